@@ -1,0 +1,540 @@
+//! The worker's side of the ring: attach, submit from many threads, wait,
+//! read the response in place, and survive sidecar restarts.
+//!
+//! A [`RingClient`] holds the current attachment (one sidecar epoch). When
+//! that sidecar stops, is replaced, or its heartbeat stands still for
+//! `sidecar_timeout`, the next call attaches to whatever segment now has the
+//! name, registers again, and carries on: the worker is never restarted.
+#![allow(unsafe_code)]
+
+use std::ptr::NonNull;
+use std::sync::atomic::{AtomicBool, AtomicUsize};
+use std::sync::{Arc, Mutex, Weak};
+use std::time::{Duration, Instant};
+
+use arc_swap::ArcSwapOption;
+use arrow_buffer::Buffer;
+
+use crate::layout::{server_state, status, FeatureSchema, Geometry, ResponseHeader, MAX_HOPS};
+use crate::liveness::{self, ClientId, HeartbeatWatch};
+use crate::payload::{self, reader, DecodeError, DecodeLimits, ResponseTables};
+use crate::request;
+use crate::segment::{server_state_name, AttachError, Segment};
+use crate::slot::{state, AbandonOutcome, SlotWord};
+use crate::submit::SubmitQueue;
+use crate::sync::Ordering;
+use crate::wait::{notify, wait_for, WaitPolicy};
+
+/// How the worker uses the ring.
+#[derive(Debug, Clone)]
+pub struct ClientOptions {
+    pub wait: WaitPolicy,
+    /// A sidecar whose heartbeat stands still this long is gone.
+    pub sidecar_timeout: Duration,
+    /// How often this client beats and checks the sidecar.
+    pub heartbeat_interval: Duration,
+    /// Deadline of a call that sets none.
+    pub default_timeout: Duration,
+}
+
+impl Default for ClientOptions {
+    fn default() -> Self {
+        Self {
+            wait: WaitPolicy::default(),
+            sidecar_timeout: Duration::from_secs(1),
+            heartbeat_interval: Duration::from_millis(100),
+            default_timeout: Duration::from_secs(1),
+        }
+    }
+}
+
+/// One call: the targets and, optionally, fanouts and a deadline.
+#[derive(Debug, Clone, Copy)]
+pub struct CallRequest<'a> {
+    pub targets: &'a [u64],
+    /// 0 = the sidecar's default for that hop.
+    pub fanouts: [u32; MAX_HOPS],
+    /// `None` = [`ClientOptions::default_timeout`].
+    pub timeout: Option<Duration>,
+    pub request_id: u64,
+}
+
+impl<'a> CallRequest<'a> {
+    pub fn new(targets: &'a [u64]) -> Self {
+        Self {
+            targets,
+            fanouts: [0; MAX_HOPS],
+            timeout: None,
+            request_id: 0,
+        }
+    }
+}
+
+/// Why a call failed.
+#[derive(Debug, thiserror::Error)]
+pub enum CallError {
+    #[error("sidecar unavailable: {0}")]
+    Attach(#[from] AttachError),
+    #[error(
+        "sidecar on /dev/shm/{name} is gone ({reason}) and no new one appeared before the deadline"
+    )]
+    SidecarGone { name: String, reason: String },
+    #[error("deadline exceeded {stage}")]
+    DeadlineExceeded { stage: &'static str },
+    #[error("{n_targets} targets in one call; the sidecar allows at most {max_targets}: split the batch")]
+    TooManyTargets { n_targets: usize, max_targets: u32 },
+    #[error(
+        "all {0} client entries of the segment are in use: too many worker processes attached"
+    )]
+    RegistryFull(usize),
+    #[error("sidecar answered {status_name}: {message}")]
+    Status {
+        status: u32,
+        status_name: &'static str,
+        message: String,
+    },
+}
+
+/// This client's registration in one sidecar epoch.
+#[derive(Debug)]
+struct Attachment {
+    segment: Segment,
+    id: ClientId,
+    /// Set by the heartbeat thread when the sidecar is gone or evicted us.
+    lost: AtomicBool,
+    lost_reason: Mutex<String>,
+    next_slot: AtomicUsize,
+}
+
+impl Attachment {
+    fn queue(&self) -> SubmitQueue<'_> {
+        let header = self.segment.header();
+        SubmitQueue {
+            bits: &header.submit_bits,
+            doorbell: &header.doorbell,
+            server_parked: &header.server_parked,
+        }
+    }
+
+    fn mark_lost(&self, reason: String) {
+        if !self.lost.swap(true, Ordering::AcqRel) {
+            tracing::warn!(segment = %self.segment.name(), %reason, "lost the sidecar");
+            *self.lost_reason.lock().unwrap_or_else(|p| p.into_inner()) = reason;
+        }
+    }
+
+    fn is_lost(&self) -> bool {
+        self.lost.load(Ordering::Acquire)
+    }
+
+    fn lost_reason(&self) -> String {
+        self.lost_reason
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
+    /// Claims a free slot, starting at a rotating index so that threads
+    /// spread over the ring.
+    fn try_claim(&self) -> Option<(usize, SlotWord)> {
+        let n = self.segment.geometry().slot_count as usize;
+        let start = self.next_slot.fetch_add(1, Ordering::Relaxed);
+        (0..n).find_map(|i| {
+            let slot_idx = (start + i) % n;
+            self.segment
+                .slot(slot_idx)
+                .try_claim(self.id.index)
+                .map(|word| (slot_idx, word))
+        })
+    }
+}
+
+impl Drop for Attachment {
+    fn drop(&mut self) {
+        liveness::unregister(self.segment.header(), self.id);
+    }
+}
+
+/// Beats this client's heartbeat and watches the sidecar's, until the
+/// attachment is dropped or lost.
+fn heartbeat_loop(attachment: Weak<Attachment>, interval: Duration, sidecar_timeout: Duration) {
+    let mut watch: Option<HeartbeatWatch> = None;
+    loop {
+        let Some(att) = attachment.upgrade() else {
+            return;
+        };
+        let header = att.segment.header();
+        let entry = &header.clients[att.id.index as usize];
+        liveness::beat(entry);
+        let now = Instant::now();
+        let state_now = header.preamble.server_state.load(Ordering::Acquire);
+        let beat = header.preamble.server_heartbeat.load(Ordering::Acquire);
+        let still = watch
+            .get_or_insert_with(|| HeartbeatWatch::new(beat, now))
+            .observe(beat, now);
+        if !matches!(state_now, server_state::READY | server_state::DRAINING) {
+            att.mark_lost(format!("sidecar state {}", server_state_name(state_now)));
+        } else if still >= sidecar_timeout {
+            att.mark_lost(format!(
+                "sidecar heartbeat stood still for {} ms",
+                still.as_millis()
+            ));
+        } else if !liveness::is_registered(header, att.id) {
+            att.mark_lost("the sidecar reaped this client (it stopped heartbeating)".into());
+        }
+        if att.is_lost() {
+            // Wake any caller parked on this epoch's slots so it notices now.
+            for slot in att.segment.slots() {
+                if SlotWord::unpack(slot.state.load(Ordering::Acquire)).owner == att.id.index {
+                    notify(&slot.wake, &slot.waiters);
+                }
+            }
+            notify(&header.free_seq, &header.free_waiters);
+            return;
+        }
+        drop(att);
+        std::thread::sleep(interval);
+    }
+}
+
+/// The worker's handle on the ring. Cheap to share between threads
+/// (`Arc<RingClient>` or `&RingClient`); every method takes `&self`.
+#[derive(Debug)]
+pub struct RingClient {
+    name: String,
+    options: ClientOptions,
+    current: ArcSwapOption<Attachment>,
+    reattach: Mutex<()>,
+}
+
+impl RingClient {
+    /// Attaches to the segment `name`, validating its header.
+    pub fn attach(name: &str, options: ClientOptions) -> Result<Self, CallError> {
+        let client = Self {
+            name: name.to_string(),
+            options,
+            current: ArcSwapOption::empty(),
+            reattach: Mutex::new(()),
+        };
+        let attachment = client.new_attachment(None)?;
+        client.current.store(Some(attachment));
+        Ok(client)
+    }
+
+    fn new_attachment(&self, previous_epoch: Option<u64>) -> Result<Arc<Attachment>, CallError> {
+        let segment = Segment::attach(&self.name)?;
+        if Some(segment.epoch()) == previous_epoch {
+            return Err(CallError::SidecarGone {
+                name: self.name.clone(),
+                reason: "the segment still belongs to the lost sidecar".into(),
+            });
+        }
+        let id = liveness::register(segment.header())
+            .ok_or(CallError::RegistryFull(crate::layout::MAX_CLIENTS))?;
+        let attachment = Arc::new(Attachment {
+            segment,
+            id,
+            lost: AtomicBool::new(false),
+            lost_reason: Mutex::new(String::new()),
+            next_slot: AtomicUsize::new(id.index as usize * 7),
+        });
+        let weak = Arc::downgrade(&attachment);
+        let (interval, timeout) = (
+            self.options.heartbeat_interval,
+            self.options.sidecar_timeout,
+        );
+        std::thread::Builder::new()
+            .name("ring-heartbeat".into())
+            .spawn(move || heartbeat_loop(weak, interval, timeout))
+            .map_err(|e| CallError::SidecarGone {
+                name: self.name.clone(),
+                reason: format!("cannot spawn the heartbeat thread: {e}"),
+            })?;
+        tracing::info!(
+            segment = %self.name,
+            epoch = format_args!("{:#x}", attachment.segment.epoch()),
+            client = id.index,
+            "attached to the sidecar"
+        );
+        Ok(attachment)
+    }
+
+    /// The current attachment, re-attaching if the sidecar was lost.
+    fn attachment(&self, deadline: Instant) -> Result<Arc<Attachment>, CallError> {
+        let mut backoff = Duration::from_millis(2);
+        loop {
+            if let Some(att) = self.current.load_full() {
+                if !att.is_lost() {
+                    return Ok(att);
+                }
+            }
+            {
+                let _one_at_a_time = self.reattach.lock().unwrap_or_else(|p| p.into_inner());
+                let current = self.current.load_full();
+                match &current {
+                    Some(att) if !att.is_lost() => return Ok(att.clone()),
+                    _ => {}
+                }
+                let previous_epoch = current.as_ref().map(|a| a.segment.epoch());
+                let reason = current
+                    .as_ref()
+                    .map(|a| a.lost_reason())
+                    .unwrap_or_default();
+                match self.new_attachment(previous_epoch) {
+                    Ok(att) => {
+                        self.current.store(Some(att.clone()));
+                        return Ok(att);
+                    }
+                    Err(
+                        e @ (CallError::RegistryFull(_)
+                        | CallError::Attach(AttachError::Mismatch { .. })),
+                    ) => return Err(e),
+                    Err(e) if Instant::now() >= deadline => {
+                        return Err(CallError::SidecarGone {
+                            name: self.name.clone(),
+                            reason: format!("{reason}; last attach attempt: {e}"),
+                        })
+                    }
+                    Err(_) => {}
+                }
+            }
+            // Nothing to park on while no segment exists: back off and retry.
+            std::thread::sleep(backoff.min(deadline.saturating_duration_since(Instant::now())));
+            backoff = (backoff * 2).min(Duration::from_millis(50));
+        }
+    }
+
+    /// The epoch of the sidecar currently attached.
+    pub fn epoch(&self) -> Option<u64> {
+        self.current.load().as_ref().map(|a| a.segment.epoch())
+    }
+
+    /// The validated geometry of the current segment.
+    pub fn geometry(&self) -> Option<Geometry> {
+        self.current.load().as_ref().map(|a| *a.segment.geometry())
+    }
+
+    /// The validated feature schema of the current segment.
+    pub fn schema(&self) -> Option<FeatureSchema> {
+        self.current.load().as_ref().map(|a| *a.segment.schema())
+    }
+
+    /// Submits one request and waits for its response. Retries on a new
+    /// sidecar if the current one is lost, until the deadline.
+    pub fn call(&self, request: &CallRequest<'_>) -> Result<Response, CallError> {
+        let deadline = Instant::now() + request.timeout.unwrap_or(self.options.default_timeout);
+        loop {
+            let att = self.attachment(deadline)?;
+            match self.call_once(&att, request, deadline) {
+                Err(CallError::SidecarGone { .. }) if Instant::now() < deadline => continue,
+                other => return other,
+            }
+        }
+    }
+
+    fn gone(&self, att: &Attachment) -> CallError {
+        CallError::SidecarGone {
+            name: self.name.clone(),
+            reason: att.lost_reason(),
+        }
+    }
+
+    fn call_once(
+        &self,
+        att: &Arc<Attachment>,
+        request: &CallRequest<'_>,
+        deadline: Instant,
+    ) -> Result<Response, CallError> {
+        let segment = &att.segment;
+        let geometry = *segment.geometry();
+        if request.targets.len() > geometry.max_targets as usize {
+            return Err(CallError::TooManyTargets {
+                n_targets: request.targets.len(),
+                max_targets: geometry.max_targets,
+            });
+        }
+        let header = segment.header();
+        let policy = self.options.wait;
+        // 1. Claim a slot, parking on free_seq while the ring is full.
+        let claimed = wait_for(
+            &header.free_seq,
+            &header.free_waiters,
+            policy,
+            Some(deadline),
+            || {
+                if att.is_lost() {
+                    return Some(None);
+                }
+                att.try_claim().map(Some)
+            },
+        );
+        let (slot_idx, claimed) = match claimed {
+            Some(Some(claimed)) => claimed,
+            Some(None) => return Err(self.gone(att)),
+            None => {
+                return Err(CallError::DeadlineExceeded {
+                    stage: "waiting for a free slot (the ring is full)",
+                })
+            }
+        };
+        let slot = segment.slot(slot_idx);
+        if !liveness::is_registered(header, att.id) {
+            slot.cancel(claimed);
+            att.mark_lost("the sidecar reaped this client (it stopped heartbeating)".into());
+            return Err(self.gone(att));
+        }
+        // 2. Write the request and submit it.
+        let remaining = deadline.saturating_duration_since(Instant::now());
+        let deadline_ns = request::mono_now_ns().saturating_add(remaining.as_nanos() as u64);
+        // SAFETY: the slot is CLAIMED by this client, which gives it exclusive
+        // access to the request area until the submit below.
+        let area = unsafe { segment.request_area(slot_idx) };
+        request::encode(
+            area,
+            request.request_id,
+            deadline_ns,
+            request.fanouts,
+            request.targets,
+        );
+        let submitted = match slot.submit(claimed) {
+            Ok(word) => word,
+            Err(_) => return Err(self.gone(att)), // reclaimed under us
+        };
+        att.queue().push(slot_idx);
+        // 3. Wait for the response.
+        let outcome = wait_for(&slot.wake, &slot.waiters, policy, Some(deadline), || {
+            let word = slot.load();
+            if word.generation != submitted.generation || word.owner != submitted.owner {
+                return Some(Err(()));
+            }
+            match word.state {
+                state::PUBLISHED => Some(Ok(word)),
+                state::SUBMITTED | state::SERVING if !att.is_lost() => None,
+                _ => Some(Err(())),
+            }
+        });
+        match outcome {
+            Some(Ok(published)) => {
+                let lease = Arc::new(Lease {
+                    attachment: att.clone(),
+                    slot_idx,
+                    word: published,
+                });
+                let response_header = reader::read_header(lease.area())
+                    .expect("the response area is larger than its header");
+                if response_header.status != status::OK {
+                    return Err(CallError::Status {
+                        status: response_header.status,
+                        status_name: reader::status_name(response_header.status),
+                        message: reader::header_message(&response_header),
+                    });
+                }
+                Ok(Response {
+                    header: response_header,
+                    lease,
+                })
+            }
+            Some(Err(())) => {
+                slot.abandon(submitted);
+                Err(self.gone(att))
+            }
+            None => match slot.abandon(submitted) {
+                AbandonOutcome::Released => {
+                    notify(&header.free_seq, &header.free_waiters);
+                    Err(CallError::DeadlineExceeded {
+                        stage: "waiting for the response",
+                    })
+                }
+                _ => Err(CallError::DeadlineExceeded {
+                    stage: "waiting for the response",
+                }),
+            },
+        }
+    }
+}
+
+/// Holds a published slot; the slot is released when the last response
+/// object or Arrow array decoded from it is dropped.
+#[derive(Debug)]
+struct Lease {
+    attachment: Arc<Attachment>,
+    slot_idx: usize,
+    word: SlotWord,
+}
+
+impl Lease {
+    fn area_ptr(&self) -> (NonNull<u8>, usize) {
+        let segment = &self.attachment.segment;
+        (
+            segment.response_ptr(self.slot_idx),
+            segment.geometry().response_bytes as usize,
+        )
+    }
+
+    fn area(&self) -> &[u8] {
+        let (ptr, len) = self.area_ptr();
+        // SAFETY: the slot is PUBLISHED and owned by this lease: the sidecar
+        // no longer writes it and no one else may claim it until the lease
+        // releases it in Drop; the area lies inside the mapping, which the
+        // lease keeps alive through its attachment.
+        unsafe { std::slice::from_raw_parts(ptr.as_ptr(), len) }
+    }
+}
+
+impl Drop for Lease {
+    fn drop(&mut self) {
+        let segment = &self.attachment.segment;
+        if segment.slot(self.slot_idx).release(self.word) {
+            let header = segment.header();
+            notify(&header.free_seq, &header.free_waiters);
+        }
+    }
+}
+
+/// An OK response, still in the slot. Decoding it borrows the slot's memory;
+/// the slot returns to the ring when this and every array decoded from it
+/// are dropped.
+#[derive(Debug)]
+pub struct Response {
+    header: ResponseHeader,
+    lease: Arc<Lease>,
+}
+
+impl Response {
+    pub fn header(&self) -> &ResponseHeader {
+        &self.header
+    }
+
+    /// The slot this response occupies.
+    pub fn slot_index(&self) -> usize {
+        self.lease.slot_idx
+    }
+
+    /// Decodes the two tables without copying: their buffers point into the
+    /// shared-memory slot and keep it leased.
+    pub fn tables(&self) -> Result<ResponseTables, DecodeError> {
+        let (ptr, len) = self.lease.area_ptr();
+        let owner: Arc<dyn arrow_buffer::alloc::Allocation> = self.lease.clone();
+        // SAFETY: `ptr..ptr+len` is the response area of a slot this lease
+        // holds PUBLISHED: valid, initialised (the sidecar wrote it before
+        // publishing, Acquire-synchronised), and not written by anyone until
+        // the lease is dropped, which `owner` prevents while the buffer lives.
+        let buffer = unsafe { Buffer::from_custom_allocation(ptr, len, owner) };
+        let segment = &self.lease.attachment.segment;
+        let geometry = segment.geometry();
+        payload::decode(
+            &buffer,
+            &DecodeLimits {
+                feature_dim: segment.schema().feature_dim,
+                max_nodes: geometry.max_nodes,
+                max_targets: geometry.max_targets,
+                max_fanouts: geometry.max_fanouts,
+            },
+        )
+    }
+
+    /// The address range of the mapping this response lives in.
+    pub fn mapping_range(&self) -> std::ops::Range<usize> {
+        self.lease.attachment.segment.address_range()
+    }
+}

@@ -1,0 +1,16 @@
+//! The response payload: two Arrow tables written in place into a slot.
+//!
+//! - [`schema`]: the columns and their codes (versioned with the layout);
+//! - `ipc`: where each buffer goes, and the IPC messages that describe them;
+//! - [`writer`]: the sidecar fills typed views of the final buffers;
+//! - [`reader`]: the worker decodes without copying, validating everything.
+
+pub(crate) mod ipc;
+pub mod reader;
+pub mod schema;
+pub mod writer;
+
+pub use reader::{decode, DecodeError, DecodeLimits, ResponseTables};
+pub use writer::{
+    write_error, NodeColumns, PayloadShape, ResponseWriter, SchemaCache, TargetColumns, WriteError,
+};

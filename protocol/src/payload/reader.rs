@@ -1,0 +1,312 @@
+//! Decoding a response without copying: the Arrow arrays borrow the slot.
+//!
+//! Every byte of a response area came from another process and is treated as
+//! hostile: offsets are bounds-checked, the IPC streams are decoded by
+//! arrow-rs with alignment *required* (a misaligned buffer is an error, never
+//! a silent copy), the schemas must be exactly the documented ones, and every
+//! row index is checked against the node table before anyone gathers with it.
+
+use std::mem::size_of;
+
+use arrow_array::cast::AsArray;
+use arrow_array::types::{Float32Type, Int32Type, UInt64Type, UInt8Type};
+use arrow_array::RecordBatch;
+use arrow_buffer::Buffer;
+use arrow_ipc::reader::StreamDecoder;
+use arrow_schema::{ArrowError, SchemaRef};
+
+use crate::layout::{status, ResponseHeader, MAX_FANOUT, MAX_HOPS, MESSAGE_BYTES};
+use crate::payload::schema::{node_schema, target_schema, target_status, tier};
+
+/// Why a response could not be decoded.
+#[derive(Debug, thiserror::Error)]
+pub enum DecodeError {
+    #[error("sidecar answered {status_name} ({status}): {message}")]
+    Status {
+        status: u32,
+        status_name: &'static str,
+        message: String,
+    },
+    #[error("malformed response: {0}")]
+    Malformed(String),
+    #[error("malformed response: {table} table: {source}")]
+    Arrow {
+        table: &'static str,
+        #[source]
+        source: ArrowError,
+    },
+}
+
+/// Name of a response status code.
+pub fn status_name(code: u32) -> &'static str {
+    match code {
+        status::OK => "OK",
+        status::INVALID_REQUEST => "INVALID_REQUEST",
+        status::TOO_LARGE => "TOO_LARGE",
+        status::DEADLINE_EXCEEDED => "DEADLINE_EXCEEDED",
+        status::UNAVAILABLE => "UNAVAILABLE",
+        status::INTERNAL => "INTERNAL",
+        _ => "UNKNOWN_STATUS",
+    }
+}
+
+/// Reads the response header at the start of `area`.
+pub fn read_header(area: &[u8]) -> Result<ResponseHeader, DecodeError> {
+    let bytes = area
+        .get(..size_of::<ResponseHeader>())
+        .ok_or_else(|| DecodeError::Malformed("response area smaller than its header".into()))?;
+    Ok(bytemuck::pod_read_unaligned(bytes))
+}
+
+/// The human-readable message of a response header (lossy UTF-8).
+pub fn header_message(header: &ResponseHeader) -> String {
+    let len = (header.message_len as usize).min(MESSAGE_BYTES);
+    String::from_utf8_lossy(&header.message[..len]).into_owned()
+}
+
+/// The decoded tables of an OK response. The arrays' buffers point into the
+/// response area they were decoded from.
+#[derive(Debug, Clone)]
+pub struct ResponseTables {
+    pub header: ResponseHeader,
+    pub nodes: RecordBatch,
+    pub targets: RecordBatch,
+}
+
+/// Limits the reader enforces, from the segment the response came from.
+#[derive(Debug, Clone, Copy)]
+pub struct DecodeLimits {
+    pub feature_dim: u32,
+    pub max_nodes: u32,
+    pub max_targets: u32,
+    pub max_fanouts: [u32; MAX_HOPS],
+}
+
+/// Decodes the response in `area` (the whole response area as one Arrow
+/// buffer). The returned arrays share `area`'s allocation: no copy.
+pub fn decode(area: &Buffer, limits: &DecodeLimits) -> Result<ResponseTables, DecodeError> {
+    let header = read_header(area.as_slice())?;
+    if header.status != status::OK {
+        return Err(DecodeError::Status {
+            status: header.status,
+            status_name: status_name(header.status),
+            message: header_message(&header),
+        });
+    }
+    let malformed = |m: String| DecodeError::Malformed(m);
+    if header.n_targets > limits.max_targets {
+        return Err(malformed(format!(
+            "{} targets, more than the segment's {}",
+            header.n_targets, limits.max_targets
+        )));
+    }
+    if header.n_nodes > limits.max_nodes {
+        return Err(malformed(format!(
+            "{} nodes, more than the segment's {}",
+            header.n_nodes, limits.max_nodes
+        )));
+    }
+    for hop in 0..MAX_HOPS {
+        let fanout = header.fanouts[hop];
+        if fanout == 0 || fanout > limits.max_fanouts[hop].min(MAX_FANOUT) {
+            return Err(malformed(format!(
+                "fanout {fanout} of hop {} outside 1..={}",
+                hop + 1,
+                limits.max_fanouts[hop]
+            )));
+        }
+    }
+    let nodes = decode_table(
+        area,
+        "node",
+        header.node_table_offset,
+        header.node_table_len,
+        &node_schema(limits.feature_dim),
+    )?;
+    let targets = decode_table(
+        area,
+        "target",
+        header.target_table_offset,
+        header.target_table_len,
+        &target_schema(header.fanouts),
+    )?;
+    if nodes.num_rows() != header.n_nodes as usize
+        || targets.num_rows() != header.n_targets as usize
+    {
+        return Err(malformed(format!(
+            "tables have {} nodes and {} targets, header says {} and {}",
+            nodes.num_rows(),
+            targets.num_rows(),
+            header.n_nodes,
+            header.n_targets
+        )));
+    }
+    let tables = ResponseTables {
+        header,
+        nodes,
+        targets,
+    };
+    tables.validate_indices()?;
+    Ok(tables)
+}
+
+fn decode_table(
+    area: &Buffer,
+    table: &'static str,
+    offset: u64,
+    len: u64,
+    expected: &SchemaRef,
+) -> Result<RecordBatch, DecodeError> {
+    let header_len = size_of::<ResponseHeader>() as u64;
+    let end = offset.checked_add(len);
+    if offset < header_len
+        || !offset.is_multiple_of(64)
+        || end.is_none_or(|e| e > area.len() as u64)
+    {
+        return Err(DecodeError::Malformed(format!(
+            "{table} table at {offset}+{len} is not a 64-aligned range inside the {} byte \
+             response area after its header",
+            area.len()
+        )));
+    }
+    let mut stream = area.slice_with_length(offset as usize, len as usize);
+    let mut decoder = StreamDecoder::new().with_require_alignment(true);
+    let arrow = |source| DecodeError::Arrow { table, source };
+    let mut batch = None;
+    while !stream.is_empty() {
+        if let Some(decoded) = decoder.decode(&mut stream).map_err(arrow)? {
+            if batch.replace(decoded).is_some() {
+                return Err(DecodeError::Malformed(format!(
+                    "{table} table holds more than one record batch"
+                )));
+            }
+        }
+    }
+    decoder.finish().map_err(arrow)?;
+    let batch = batch
+        .ok_or_else(|| DecodeError::Malformed(format!("{table} table holds no record batch")))?;
+    if batch.schema().fields() != expected.fields() {
+        return Err(DecodeError::Malformed(format!(
+            "{table} table schema {:?} is not the documented {:?}",
+            batch.schema().fields(),
+            expected.fields()
+        )));
+    }
+    Ok(batch)
+}
+
+impl ResponseTables {
+    pub fn n_nodes(&self) -> usize {
+        self.nodes.num_rows()
+    }
+
+    pub fn n_targets(&self) -> usize {
+        self.targets.num_rows()
+    }
+
+    pub fn fanouts(&self) -> [u32; MAX_HOPS] {
+        self.header.fanouts
+    }
+
+    pub fn node_ids(&self) -> &[u64] {
+        self.nodes.column(0).as_primitive::<UInt64Type>().values()
+    }
+
+    /// `n_nodes x feature_dim` f32, row-major, inside the slot.
+    pub fn features(&self) -> &[f32] {
+        self.nodes
+            .column(1)
+            .as_fixed_size_list()
+            .values()
+            .as_primitive::<Float32Type>()
+            .values()
+    }
+
+    pub fn tiers(&self) -> &[u8] {
+        self.nodes.column(2).as_primitive::<UInt8Type>().values()
+    }
+
+    pub fn fallback(&self, row: usize) -> bool {
+        self.nodes.column(3).as_boolean().value(row)
+    }
+
+    pub fn target_ids(&self) -> &[u64] {
+        self.targets.column(0).as_primitive::<UInt64Type>().values()
+    }
+
+    pub fn target_status(&self) -> &[u8] {
+        self.targets.column(1).as_primitive::<UInt8Type>().values()
+    }
+
+    fn i32_column(&self, idx: usize) -> &[i32] {
+        self.targets
+            .column(idx)
+            .as_primitive::<Int32Type>()
+            .values()
+    }
+
+    fn i32_list_column(&self, idx: usize) -> &[i32] {
+        self.targets
+            .column(idx)
+            .as_fixed_size_list()
+            .values()
+            .as_primitive::<Int32Type>()
+            .values()
+    }
+
+    pub fn target_rows(&self) -> &[i32] {
+        self.i32_column(2)
+    }
+
+    pub fn hop1_counts(&self) -> &[i32] {
+        self.i32_column(3)
+    }
+
+    /// `n_targets x f1`.
+    pub fn hop1_rows(&self) -> &[i32] {
+        self.i32_list_column(4)
+    }
+
+    /// `n_targets x f1`.
+    pub fn hop2_counts(&self) -> &[i32] {
+        self.i32_list_column(5)
+    }
+
+    /// `n_targets x f1 x f2`.
+    pub fn hop2_rows(&self) -> &[i32] {
+        self.i32_list_column(6)
+    }
+
+    /// Every row index in range, every count within its fanout, every code
+    /// known: what a consumer needs before it gathers with these indices.
+    fn validate_indices(&self) -> Result<(), DecodeError> {
+        let n_nodes = self.n_nodes() as i64;
+        let [f1, f2] = self.header.fanouts.map(|f| f as i32);
+        let bad = |what: String| Err(DecodeError::Malformed(what));
+        let in_range = |rows: &[i32]| {
+            rows.iter()
+                .all(|&r| (r as i64) >= 0 && (r as i64) < n_nodes)
+        };
+        if !in_range(self.target_rows())
+            || !in_range(self.hop1_rows())
+            || !in_range(self.hop2_rows())
+        {
+            return bad(format!(
+                "a row index is outside the node table of {n_nodes} rows"
+            ));
+        }
+        if self.hop1_counts().iter().any(|&c| !(0..=f1).contains(&c)) {
+            return bad(format!("a hop-1 count is outside 0..={f1}"));
+        }
+        if self.hop2_counts().iter().any(|&c| !(0..=f2).contains(&c)) {
+            return bad(format!("a hop-2 count is outside 0..={f2}"));
+        }
+        if self.target_status().iter().any(|&s| s > target_status::MAX) {
+            return bad("unknown target status code".into());
+        }
+        if self.tiers().iter().any(|&t| t > tier::MAX) {
+            return bad("unknown tier code".into());
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,119 @@
+//! The Arrow schema of a response: the node table and the target table.
+//!
+//! Versioned with the segment layout ([`crate::layout::LAYOUT_VERSION`]); the
+//! same text is in `docs/protocol.md`.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use arrow_schema::{DataType, Field, Schema, SchemaRef};
+
+use crate::layout::{LAYOUT_VERSION, MAX_HOPS};
+
+/// Node table columns, in order.
+pub mod node_columns {
+    /// UInt64: the node id.
+    pub const NODE_ID: &str = "node_id";
+    /// FixedSizeList<Float32, dim>: the feature row (the values buffer is a
+    /// row-major `n_nodes x dim` matrix).
+    pub const FEATURES: &str = "features";
+    /// UInt8: which tier served the row, see [`super::tier`].
+    pub const TIER: &str = "tier";
+    /// Boolean: the row is the configured default, not the node's features.
+    pub const FALLBACK: &str = "fallback";
+}
+
+/// Target table columns, in order.
+pub mod target_columns {
+    /// UInt64: the target node id, as requested.
+    pub const TARGET_ID: &str = "target_id";
+    /// UInt8: see [`super::target_status`].
+    pub const STATUS: &str = "status";
+    /// Int32: the target's row in the node table.
+    pub const TARGET_ROW: &str = "target_row";
+    /// Int32: sampled hop-1 neighbours (<= fanout 1).
+    pub const HOP1_COUNT: &str = "hop1_count";
+    /// FixedSizeList<Int32, f1>: node-table rows of the hop-1 neighbours.
+    pub const HOP1_ROWS: &str = "hop1_rows";
+    /// FixedSizeList<Int32, f1>: for each hop-1 neighbour, its sampled
+    /// hop-2 neighbours (<= fanout 2).
+    pub const HOP2_COUNT: &str = "hop2_count";
+    /// FixedSizeList<Int32, f1*f2>: node-table rows of the hop-2 neighbours,
+    /// `f2` entries per hop-1 neighbour.
+    pub const HOP2_ROWS: &str = "hop2_rows";
+}
+
+/// Codes of the node table's `tier` column.
+pub mod tier {
+    /// In-process cache.
+    pub const L1: u8 = 0;
+    /// RocksDB on local disk.
+    pub const L2: u8 = 1;
+    /// Redis.
+    pub const L3: u8 = 2;
+    /// No tier had it: the configured default row (`fallback` is true).
+    pub const DEFAULT: u8 = 3;
+    pub const MAX: u8 = DEFAULT;
+}
+
+/// Codes of the target table's `status` column.
+pub mod target_status {
+    /// Sampled normally.
+    pub const OK: u8 = 0;
+    /// The node is not in the graph index: its row holds the default features
+    /// (flagged fallback) and it has no neighbours.
+    pub const UNKNOWN_NODE: u8 = 1;
+    pub const MAX: u8 = UNKNOWN_NODE;
+}
+
+/// Schema-level metadata key carrying the layout version.
+pub const LAYOUT_VERSION_KEY: &str = "gnn.layout_version";
+
+fn with_version(fields: Vec<Field>) -> SchemaRef {
+    let metadata = HashMap::from([(LAYOUT_VERSION_KEY.to_string(), LAYOUT_VERSION.to_string())]);
+    Arc::new(Schema::new_with_metadata(fields, metadata))
+}
+
+fn fixed_list(item: DataType, size: u32) -> DataType {
+    DataType::FixedSizeList(Arc::new(Field::new("item", item, false)), size as i32)
+}
+
+/// The node table's schema for feature rows of `feature_dim` f32.
+pub fn node_schema(feature_dim: u32) -> SchemaRef {
+    with_version(vec![
+        Field::new(node_columns::NODE_ID, DataType::UInt64, false),
+        Field::new(
+            node_columns::FEATURES,
+            fixed_list(DataType::Float32, feature_dim),
+            false,
+        ),
+        Field::new(node_columns::TIER, DataType::UInt8, false),
+        Field::new(node_columns::FALLBACK, DataType::Boolean, false),
+    ])
+}
+
+/// The target table's schema for `fanouts`.
+pub fn target_schema(fanouts: [u32; MAX_HOPS]) -> SchemaRef {
+    let [f1, f2] = fanouts;
+    with_version(vec![
+        Field::new(target_columns::TARGET_ID, DataType::UInt64, false),
+        Field::new(target_columns::STATUS, DataType::UInt8, false),
+        Field::new(target_columns::TARGET_ROW, DataType::Int32, false),
+        Field::new(target_columns::HOP1_COUNT, DataType::Int32, false),
+        Field::new(
+            target_columns::HOP1_ROWS,
+            fixed_list(DataType::Int32, f1),
+            false,
+        ),
+        Field::new(
+            target_columns::HOP2_COUNT,
+            fixed_list(DataType::Int32, f1),
+            false,
+        ),
+        Field::new(
+            target_columns::HOP2_ROWS,
+            fixed_list(DataType::Int32, f1 * f2),
+            false,
+        ),
+    ])
+}

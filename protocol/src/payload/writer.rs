@@ -1,0 +1,349 @@
+//! Writing a response in place: the sidecar gets typed mutable views of the
+//! final Arrow buffers inside the slot and fills them directly.
+
+use std::collections::HashMap;
+use std::mem::size_of;
+use std::ops::Range;
+use std::sync::{Arc, Mutex};
+
+use crate::layout::{status, ResponseHeader, MAX_HOPS, MESSAGE_BYTES};
+use crate::payload::ipc::{self, BodyPlan, ColumnKind, END_OF_STREAM};
+use crate::payload::schema::{node_schema, target_schema};
+
+/// Size of one response.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct PayloadShape {
+    pub n_targets: u32,
+    pub n_nodes: u32,
+    pub feature_dim: u32,
+    pub fanouts: [u32; MAX_HOPS],
+}
+
+/// Why a response could not be written.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum WriteError {
+    #[error(
+        "response of {needed} bytes does not fit the {available} byte response area \
+         ({n_nodes} nodes x {feature_dim} features): send fewer targets per request or raise \
+         the sidecar's response bytes per slot"
+    )]
+    TooLarge {
+        needed: usize,
+        available: usize,
+        n_nodes: u32,
+        feature_dim: u32,
+    },
+    #[error("response area is not 64-byte aligned")]
+    Misaligned,
+}
+
+pub(crate) const NODE_COLUMNS: [ColumnKind; 4] = [
+    ColumnKind::Fixed { width: 8 },
+    ColumnKind::List { width: 4, size: 0 }, // size patched with the feature dim
+    ColumnKind::Fixed { width: 1 },
+    ColumnKind::Bool,
+];
+
+fn node_kinds(dim: u32) -> [ColumnKind; 4] {
+    let mut kinds = NODE_COLUMNS;
+    kinds[1] = ColumnKind::List {
+        width: 4,
+        size: dim as usize,
+    };
+    kinds
+}
+
+fn target_kinds([f1, f2]: [u32; MAX_HOPS]) -> [ColumnKind; 7] {
+    let (f1, f2) = (f1 as usize, f2 as usize);
+    [
+        ColumnKind::Fixed { width: 8 },
+        ColumnKind::Fixed { width: 1 },
+        ColumnKind::Fixed { width: 4 },
+        ColumnKind::Fixed { width: 4 },
+        ColumnKind::List { width: 4, size: f1 },
+        ColumnKind::List { width: 4, size: f1 },
+        ColumnKind::List {
+            width: 4,
+            size: f1 * f2,
+        },
+    ]
+}
+
+/// Encapsulated schema messages, built once per feature dim / fanouts.
+#[derive(Debug, Default)]
+pub struct SchemaCache {
+    nodes: Mutex<HashMap<u32, Arc<[u8]>>>,
+    targets: Mutex<HashMap<[u32; MAX_HOPS], Arc<[u8]>>>,
+}
+
+impl SchemaCache {
+    fn node_message(&self, dim: u32) -> Arc<[u8]> {
+        let mut map = self.nodes.lock().unwrap_or_else(|p| p.into_inner());
+        map.entry(dim)
+            .or_insert_with(|| ipc::schema_message(&node_schema(dim)).into())
+            .clone()
+    }
+
+    fn target_message(&self, fanouts: [u32; MAX_HOPS]) -> Arc<[u8]> {
+        let mut map = self.targets.lock().unwrap_or_else(|p| p.into_inner());
+        map.entry(fanouts)
+            .or_insert_with(|| ipc::schema_message(&target_schema(fanouts)).into())
+            .clone()
+    }
+}
+
+/// One table's place in the response area.
+#[derive(Debug, Clone)]
+struct TablePlacement {
+    /// The whole IPC stream.
+    stream: Range<usize>,
+    /// Absolute offset of the body.
+    body: usize,
+    plan: BodyPlan,
+}
+
+impl TablePlacement {
+    fn column(&self, idx: usize) -> Range<usize> {
+        let r = &self.plan.values[idx];
+        self.body + r.start..self.body + r.end
+    }
+}
+
+/// Node table columns of a response being written.
+#[derive(Debug)]
+pub struct NodeColumns<'a> {
+    pub node_id: &'a mut [u64],
+    /// `n_nodes x feature_dim`, row-major.
+    pub features: &'a mut [f32],
+    pub tier: &'a mut [u8],
+    /// Bit-packed (LSB first), zeroed when the writer was created.
+    pub fallback: &'a mut [u8],
+}
+
+impl NodeColumns<'_> {
+    /// Sets the fallback flag of `row`.
+    pub fn set_fallback(&mut self, row: usize, fallback: bool) {
+        let mask = 1u8 << (row % 8);
+        if fallback {
+            self.fallback[row / 8] |= mask;
+        } else {
+            self.fallback[row / 8] &= !mask;
+        }
+    }
+}
+
+/// Target table columns of a response being written.
+#[derive(Debug)]
+pub struct TargetColumns<'a> {
+    pub target_id: &'a mut [u64],
+    pub status: &'a mut [u8],
+    pub target_row: &'a mut [i32],
+    pub hop1_count: &'a mut [i32],
+    /// `n_targets x f1`; entries past `hop1_count` hold the target's own row.
+    pub hop1_rows: &'a mut [i32],
+    /// `n_targets x f1`; entries past `hop1_count` are 0.
+    pub hop2_count: &'a mut [i32],
+    /// `n_targets x f1 x f2`; entries past the counts hold the target's own row.
+    pub hop2_rows: &'a mut [i32],
+}
+
+/// A response being written into a slot's response area.
+#[derive(Debug)]
+pub struct ResponseWriter<'a> {
+    area: &'a mut [u8],
+    shape: PayloadShape,
+    nodes: TablePlacement,
+    targets: TablePlacement,
+}
+
+/// Writes a table's messages and end-of-stream marker at `start`; returns its
+/// placement. The caller checked that everything fits.
+fn place_table(
+    area: &mut [u8],
+    start: usize,
+    schema_message: &[u8],
+    batch_message: &[u8],
+    plan: BodyPlan,
+) -> TablePlacement {
+    let mut at = start;
+    area[at..at + schema_message.len()].copy_from_slice(schema_message);
+    at += schema_message.len();
+    area[at..at + batch_message.len()].copy_from_slice(batch_message);
+    at += batch_message.len();
+    let body = at;
+    at += plan.body_len;
+    area[at..at + END_OF_STREAM.len()].copy_from_slice(&END_OF_STREAM);
+    at += END_OF_STREAM.len();
+    TablePlacement {
+        stream: start..at,
+        body,
+        plan,
+    }
+}
+
+/// Bytes a table stream takes: messages + body + end marker, rounded to 64.
+fn stream_len(schema_message: usize, batch_message: usize, plan: &BodyPlan) -> Option<usize> {
+    schema_message
+        .checked_add(batch_message)?
+        .checked_add(plan.body_len)?
+        .checked_add(END_OF_STREAM.len())?
+        .checked_next_multiple_of(64)
+}
+
+impl<'a> ResponseWriter<'a> {
+    /// Lays the response out in `area`, writes its Arrow metadata, zeroes the
+    /// boolean bitmap, and returns the writer for the values.
+    pub fn new(
+        area: &'a mut [u8],
+        shape: PayloadShape,
+        schemas: &SchemaCache,
+    ) -> Result<Self, WriteError> {
+        if !(area.as_ptr() as usize).is_multiple_of(64) {
+            return Err(WriteError::Misaligned);
+        }
+        let too_large = |needed: usize, available: usize| WriteError::TooLarge {
+            needed,
+            available,
+            n_nodes: shape.n_nodes,
+            feature_dim: shape.feature_dim,
+        };
+        let node_plan = ipc::plan_body(shape.n_nodes as usize, &node_kinds(shape.feature_dim))
+            .ok_or(too_large(usize::MAX, area.len()))?;
+        let target_plan = ipc::plan_body(shape.n_targets as usize, &target_kinds(shape.fanouts))
+            .ok_or(too_large(usize::MAX, area.len()))?;
+        let node_schema = schemas.node_message(shape.feature_dim);
+        let target_schema = schemas.target_message(shape.fanouts);
+        let node_batch = ipc::record_batch_message(&node_plan);
+        let target_batch = ipc::record_batch_message(&target_plan);
+        let header_len = size_of::<ResponseHeader>();
+        // The exact size, checked before any write, so a response that does
+        // not fit leaves the area untouched.
+        let needed = stream_len(node_schema.len(), node_batch.len(), &node_plan)
+            .and_then(|n| {
+                n.checked_add(stream_len(
+                    target_schema.len(),
+                    target_batch.len(),
+                    &target_plan,
+                )?)
+            })
+            .and_then(|n| n.checked_add(header_len))
+            .unwrap_or(usize::MAX);
+        if needed > area.len() {
+            return Err(too_large(needed, area.len()));
+        }
+        let nodes = place_table(area, header_len, &node_schema, &node_batch, node_plan);
+        let target_start = nodes.stream.end.next_multiple_of(64);
+        let targets = place_table(
+            area,
+            target_start,
+            &target_schema,
+            &target_batch,
+            target_plan,
+        );
+        let mut writer = Self {
+            area,
+            shape,
+            nodes,
+            targets,
+        };
+        writer.columns().0.fallback.fill(0);
+        Ok(writer)
+    }
+
+    pub fn shape(&self) -> PayloadShape {
+        self.shape
+    }
+
+    /// Mutable views of every column, node table then target table.
+    pub fn columns(&mut self) -> (NodeColumns<'_>, TargetColumns<'_>) {
+        let mut ranges = Vec::with_capacity(11);
+        for idx in 0..4 {
+            ranges.push(self.nodes.column(idx));
+        }
+        for idx in 0..7 {
+            ranges.push(self.targets.column(idx));
+        }
+        let mut parts = carve(self.area, &ranges).into_iter();
+        let mut next = || parts.next().expect("eleven ranges were carved");
+        let nodes = NodeColumns {
+            node_id: bytemuck::cast_slice_mut(next()),
+            features: bytemuck::cast_slice_mut(next()),
+            tier: next(),
+            fallback: next(),
+        };
+        let targets = TargetColumns {
+            target_id: bytemuck::cast_slice_mut(next()),
+            status: next(),
+            target_row: bytemuck::cast_slice_mut(next()),
+            hop1_count: bytemuck::cast_slice_mut(next()),
+            hop1_rows: bytemuck::cast_slice_mut(next()),
+            hop2_count: bytemuck::cast_slice_mut(next()),
+            hop2_rows: bytemuck::cast_slice_mut(next()),
+        };
+        (nodes, targets)
+    }
+
+    /// Writes the response header (status OK). Returns the bytes used.
+    pub fn finish(self, request_id: u64, graph_version: u64, server_ns: u64) -> usize {
+        let header = ResponseHeader {
+            status: status::OK,
+            n_targets: self.shape.n_targets,
+            n_nodes: self.shape.n_nodes,
+            fanouts: self.shape.fanouts,
+            message_len: 0,
+            request_id,
+            graph_version,
+            node_table_offset: self.nodes.stream.start as u64,
+            node_table_len: self.nodes.stream.len() as u64,
+            target_table_offset: self.targets.stream.start as u64,
+            target_table_len: self.targets.stream.len() as u64,
+            server_ns,
+            _reserved: [0; 48],
+            message: [0; MESSAGE_BYTES],
+        };
+        self.area[..size_of::<ResponseHeader>()].copy_from_slice(bytemuck::bytes_of(&header));
+        self.targets.stream.end
+    }
+}
+
+/// Writes an error response: a header with `status` and `message`, no tables.
+pub fn write_error(area: &mut [u8], status_code: u32, request_id: u64, message: &str) {
+    let mut text = [0u8; MESSAGE_BYTES];
+    // Cut at a character boundary so the message stays valid UTF-8.
+    let mut len = message.len().min(MESSAGE_BYTES);
+    while !message.is_char_boundary(len) {
+        len -= 1;
+    }
+    text[..len].copy_from_slice(&message.as_bytes()[..len]);
+    let header = ResponseHeader {
+        status: status_code,
+        n_targets: 0,
+        n_nodes: 0,
+        fanouts: [0; MAX_HOPS],
+        message_len: len as u32,
+        request_id,
+        graph_version: 0,
+        node_table_offset: 0,
+        node_table_len: 0,
+        target_table_offset: 0,
+        target_table_len: 0,
+        server_ns: 0,
+        _reserved: [0; 48],
+        message: text,
+    };
+    area[..size_of::<ResponseHeader>()].copy_from_slice(bytemuck::bytes_of(&header));
+}
+
+/// Splits `area` into the given sorted, disjoint ranges.
+fn carve<'s>(mut area: &'s mut [u8], ranges: &[Range<usize>]) -> Vec<&'s mut [u8]> {
+    let mut out = Vec::with_capacity(ranges.len());
+    let mut consumed = 0;
+    for range in ranges {
+        let (_, rest) = area.split_at_mut(range.start - consumed);
+        let (part, rest) = rest.split_at_mut(range.len());
+        out.push(part);
+        area = rest;
+        consumed = range.end;
+    }
+    out
+}

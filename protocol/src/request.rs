@@ -1,0 +1,143 @@
+//! The request a worker writes into a slot: a [`RequestHeader`] and the
+//! target node ids after it.
+
+use std::mem::size_of;
+
+use crate::layout::{
+    align_up, request_flags, FeatureSchema, Geometry, RequestHeader, BUFFER_ALIGN, MAX_HOPS,
+};
+
+/// Offset of the target ids in the request area.
+pub const TARGETS_OFFSET: usize = size_of::<RequestHeader>();
+
+/// Bytes of request area a segment needs for `max_targets` targets.
+pub fn request_bytes_for(max_targets: u32) -> Option<u64> {
+    let targets = u64::from(max_targets).checked_mul(8)?;
+    align_up(
+        (TARGETS_OFFSET as u64).checked_add(targets)?,
+        BUFFER_ALIGN as u64,
+    )
+}
+
+/// A request as the sidecar sees it after validation: fanouts resolved
+/// against the segment defaults and checked against the caps.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Request {
+    pub request_id: u64,
+    /// CLOCK_MONOTONIC nanoseconds; 0 = the sidecar's default deadline.
+    pub deadline_mono_ns: u64,
+    pub fanouts: [u32; MAX_HOPS],
+    pub targets: Vec<u64>,
+}
+
+/// Why a request read from a slot is refused. Every variant is the client's
+/// mistake (or a hostile client's), answered with `INVALID_REQUEST`.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum RequestError {
+    #[error("request has {n_targets} targets; the segment allows at most {max_targets}")]
+    TooManyTargets { n_targets: u32, max_targets: u32 },
+    #[error(
+        "request fanout {fanout} for hop {hop} exceeds the cap {cap}; ask for at most {cap} or \
+         raise the sidecar's max fanout"
+    )]
+    FanoutAboveCap { hop: usize, fanout: u32, cap: u32 },
+    #[error("request flags {flags:#x} contain bits this sidecar does not know")]
+    UnknownFlags { flags: u32 },
+}
+
+/// Writes `request` into a request area (the caller holds the slot CLAIMED).
+/// The caller has already checked `targets.len() <= max_targets`, which the
+/// area was sized for.
+pub(crate) fn encode(
+    area: &mut [u8],
+    request_id: u64,
+    deadline_mono_ns: u64,
+    fanouts: [u32; MAX_HOPS],
+    targets: &[u64],
+) {
+    let header = RequestHeader {
+        request_id,
+        deadline_mono_ns,
+        n_targets: targets.len() as u32,
+        fanouts,
+        flags: 0,
+        _reserved: [0; 32],
+    };
+    area[..TARGETS_OFFSET].copy_from_slice(bytemuck::bytes_of(&header));
+    let ids = &mut area[TARGETS_OFFSET..TARGETS_OFFSET + targets.len() * 8];
+    for (chunk, id) in ids.chunks_exact_mut(8).zip(targets) {
+        chunk.copy_from_slice(&id.to_le_bytes());
+    }
+}
+
+/// Reads and validates a request from a request area. Never panics, whatever
+/// the bytes.
+pub fn decode(
+    area: &[u8],
+    geometry: &Geometry,
+    schema: &FeatureSchema,
+) -> Result<Request, RequestError> {
+    // The area is request_bytes long, validated at attach/create to hold
+    // the header and max_targets ids; check anyway rather than index blindly.
+    let Some(head) = area.get(..TARGETS_OFFSET) else {
+        return Err(RequestError::TooManyTargets {
+            n_targets: 0,
+            max_targets: geometry.max_targets,
+        });
+    };
+    let header: RequestHeader = bytemuck::pod_read_unaligned(head);
+    if header.flags & !request_flags::KNOWN != 0 {
+        return Err(RequestError::UnknownFlags {
+            flags: header.flags,
+        });
+    }
+    if header.n_targets > geometry.max_targets {
+        return Err(RequestError::TooManyTargets {
+            n_targets: header.n_targets,
+            max_targets: geometry.max_targets,
+        });
+    }
+    let mut fanouts = [0; MAX_HOPS];
+    for (hop, fanout) in fanouts.iter_mut().enumerate() {
+        let asked = header.fanouts[hop];
+        let cap = geometry.max_fanouts[hop];
+        *fanout = if asked == 0 {
+            schema.default_fanouts[hop]
+        } else {
+            asked
+        };
+        if *fanout > cap {
+            return Err(RequestError::FanoutAboveCap {
+                hop: hop + 1,
+                fanout: *fanout,
+                cap,
+            });
+        }
+    }
+    let end = TARGETS_OFFSET + header.n_targets as usize * 8;
+    let Some(ids) = area.get(TARGETS_OFFSET..end) else {
+        return Err(RequestError::TooManyTargets {
+            n_targets: header.n_targets,
+            max_targets: geometry.max_targets,
+        });
+    };
+    let targets = ids
+        .chunks_exact(8)
+        .map(|c| u64::from_le_bytes(c.try_into().expect("chunks of 8")))
+        .collect();
+    Ok(Request {
+        request_id: header.request_id,
+        deadline_mono_ns: header.deadline_mono_ns,
+        fanouts,
+        targets,
+    })
+}
+
+/// CLOCK_MONOTONIC now, in nanoseconds: the clock of request deadlines. Both
+/// containers of a pod share the kernel's monotonic clock (Kubernetes does not
+/// create time namespaces).
+pub fn mono_now_ns() -> u64 {
+    nix::time::clock_gettime(nix::time::ClockId::CLOCK_MONOTONIC)
+        .map(|ts| ts.tv_sec() as u64 * 1_000_000_000 + ts.tv_nsec() as u64)
+        .unwrap_or(0)
+}

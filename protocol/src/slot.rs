@@ -1,0 +1,336 @@
+//! The slot lifecycle: one 64-bit state word per slot, moved only by
+//! compare-and-swap on the whole word.
+//!
+//! The word is `generation (40 bits) << 24 | owner (16 bits) << 8 | state (8 bits)`.
+//! The generation increases on every claim and every transition compares the
+//! whole word, so a stale ticket (an old generation) can never move a slot
+//! that has since been reused: no ABA.
+//!
+//! | from        | to          | by                          | when                                              |
+//! |-------------|-------------|-----------------------------|---------------------------------------------------|
+//! | `FREE`      | `CLAIMED`   | a client                    | it needs a slot (generation + 1, owner = client)  |
+//! | `CLAIMED`   | `SUBMITTED` | the owner                   | the request is written; then it sets the slot's submission bit |
+//! | `CLAIMED`   | `FREE`      | the owner, or the reaper    | the owner gives up before submitting, or died     |
+//! | `SUBMITTED` | `SERVING`   | the sidecar                 | it takes the request                              |
+//! | `SUBMITTED` | `ABANDONED` | the owner                   | its deadline passed                               |
+//! | `SUBMITTED` | `FREE`      | the reaper                  | the owner died                                    |
+//! | `SERVING`   | `PUBLISHED` | the sidecar                 | the response is written                           |
+//! | `SERVING`   | `ABANDONED` | the owner, or the reaper    | deadline passed, or the owner died                |
+//! | `PUBLISHED` | `FREE`      | the owner, or the reaper    | the owner is done with the response, or died      |
+//! | `ABANDONED` | `FREE`      | the sidecar                 | it finds the slot abandoned when it takes or publishes it |
+//!
+//! Memory ordering: every successful transition is `AcqRel`, every load that
+//! decides something is `Acquire`.
+//! - SYNC POINT (request): the owner's plain writes of the request happen
+//!   before its `CLAIMED -> SUBMITTED` (Release); the sidecar's
+//!   `SUBMITTED -> SERVING` (Acquire) makes them visible.
+//! - SYNC POINT (response): the sidecar's plain writes of the response happen
+//!   before `SERVING -> PUBLISHED` (Release); the owner's load of `PUBLISHED`
+//!   (Acquire) makes them visible.
+//! - SYNC POINT (reuse): `-> FREE` (Release) by whoever frees the slot happens
+//!   before the next claim's CAS (Acquire), so the next owner's writes cannot
+//!   race with the previous owner's reads.
+
+use crate::layout::SlotControl;
+use crate::sync::{AtomicU32, AtomicU64, Ordering};
+
+/// The states of a slot (low byte of the state word).
+pub mod state {
+    pub const FREE: u8 = 0;
+    pub const CLAIMED: u8 = 1;
+    pub const SUBMITTED: u8 = 2;
+    pub const SERVING: u8 = 3;
+    pub const PUBLISHED: u8 = 4;
+    pub const ABANDONED: u8 = 5;
+
+    /// A name for logs and errors.
+    pub fn name(state: u8) -> &'static str {
+        match state {
+            FREE => "FREE",
+            CLAIMED => "CLAIMED",
+            SUBMITTED => "SUBMITTED",
+            SERVING => "SERVING",
+            PUBLISHED => "PUBLISHED",
+            ABANDONED => "ABANDONED",
+            _ => "INVALID",
+        }
+    }
+}
+
+const GENERATION_BITS: u32 = 40;
+const GENERATION_MASK: u64 = (1 << GENERATION_BITS) - 1;
+
+/// The decoded state word of a slot. Holding one is holding a *ticket*: the
+/// exact word a later transition expects to find.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct SlotWord {
+    pub generation: u64,
+    pub owner: u16,
+    pub state: u8,
+}
+
+impl SlotWord {
+    pub const fn pack(self) -> u64 {
+        ((self.generation & GENERATION_MASK) << 24) | ((self.owner as u64) << 8) | self.state as u64
+    }
+
+    pub const fn unpack(word: u64) -> Self {
+        Self {
+            generation: word >> 24,
+            owner: ((word >> 8) & 0xffff) as u16,
+            state: (word & 0xff) as u8,
+        }
+    }
+
+    const fn with_state(self, state: u8) -> Self {
+        Self { state, ..self }
+    }
+}
+
+/// What [`SlotControl::abandon`] found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AbandonOutcome {
+    /// The slot is now `ABANDONED`; the sidecar will free it.
+    Abandoned,
+    /// The response was published in the meantime and the slot was freed.
+    Released,
+    /// The ticket was stale: the slot was already reclaimed.
+    Stale,
+}
+
+/// What [`SlotControl::reclaim`] did for a dead owner.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ReclaimOutcome {
+    /// The slot was not the owner's (or already free).
+    NotOwned,
+    /// The slot is free again.
+    Freed,
+    /// The sidecar is serving it; it is marked abandoned and freed when served.
+    Abandoned,
+}
+
+impl SlotControl {
+    /// A free slot of generation 0 (the state of a zero-filled segment).
+    pub fn new() -> Self {
+        Self {
+            state: AtomicU64::new(0),
+            wake: AtomicU32::new(0),
+            waiters: AtomicU32::new(0),
+            _pad: [0; 48],
+        }
+    }
+
+    /// The current word (Acquire).
+    pub fn load(&self) -> SlotWord {
+        SlotWord::unpack(self.state.load(Ordering::Acquire))
+    }
+
+    fn transition(&self, from: SlotWord, to: SlotWord) -> Result<SlotWord, SlotWord> {
+        match self.state.compare_exchange(
+            from.pack(),
+            to.pack(),
+            Ordering::AcqRel,
+            Ordering::Acquire,
+        ) {
+            Ok(_) => Ok(to),
+            Err(actual) => Err(SlotWord::unpack(actual)),
+        }
+    }
+
+    /// `FREE -> CLAIMED` for `owner`, with the next generation.
+    pub fn try_claim(&self, owner: u16) -> Option<SlotWord> {
+        let current = self.load();
+        if current.state != state::FREE {
+            return None;
+        }
+        let claimed = SlotWord {
+            generation: (current.generation + 1) & GENERATION_MASK,
+            owner,
+            state: state::CLAIMED,
+        };
+        self.transition(current, claimed).ok()
+    }
+
+    /// `CLAIMED -> SUBMITTED`. Err carries the word found instead.
+    pub fn submit(&self, claimed: SlotWord) -> Result<SlotWord, SlotWord> {
+        debug_assert_eq!(claimed.state, state::CLAIMED);
+        self.transition(claimed, claimed.with_state(state::SUBMITTED))
+    }
+
+    /// `CLAIMED -> FREE`: the owner gives the slot back unused.
+    pub fn cancel(&self, claimed: SlotWord) -> bool {
+        self.transition(claimed, claimed.with_state(state::FREE))
+            .is_ok()
+    }
+
+    /// Sidecar: `SUBMITTED -> SERVING`. Frees the slot instead if its owner
+    /// abandoned it. `None` when there is nothing to serve (a stale
+    /// submission bit, or an abandoned slot that was just freed).
+    pub fn take(&self) -> Option<SlotWord> {
+        let mut current = self.load();
+        loop {
+            let next = match current.state {
+                state::SUBMITTED => current.with_state(state::SERVING),
+                state::ABANDONED => current.with_state(state::FREE),
+                _ => return None,
+            };
+            match self.transition(current, next) {
+                Ok(word) if word.state == state::SERVING => return Some(word),
+                Ok(_) => return None,
+                Err(actual) => current = actual,
+            }
+        }
+    }
+
+    /// Sidecar: `SERVING -> PUBLISHED`. If the owner abandoned the slot
+    /// meanwhile, frees it and returns `Err(FREE word)`.
+    pub fn publish(&self, serving: SlotWord) -> Result<SlotWord, SlotWord> {
+        debug_assert_eq!(serving.state, state::SERVING);
+        match self.transition(serving, serving.with_state(state::PUBLISHED)) {
+            Ok(word) => Ok(word),
+            Err(actual) if actual == serving.with_state(state::ABANDONED) => {
+                let freed = actual.with_state(state::FREE);
+                // Only the sidecar moves an ABANDONED slot, and it holds it.
+                match self.transition(actual, freed) {
+                    Ok(word) => Err(word),
+                    Err(other) => Err(other),
+                }
+            }
+            Err(actual) => Err(actual),
+        }
+    }
+
+    /// Owner: `PUBLISHED -> FREE`.
+    pub fn release(&self, published: SlotWord) -> bool {
+        debug_assert_eq!(published.state, state::PUBLISHED);
+        self.transition(published, published.with_state(state::FREE))
+            .is_ok()
+    }
+
+    /// Owner, after its deadline: `SUBMITTED | SERVING -> ABANDONED`, or
+    /// release if the response arrived in the meantime.
+    pub fn abandon(&self, submitted: SlotWord) -> AbandonOutcome {
+        let mut current = self.load();
+        loop {
+            if current.generation != submitted.generation || current.owner != submitted.owner {
+                return AbandonOutcome::Stale;
+            }
+            let (next, outcome) = match current.state {
+                state::SUBMITTED | state::SERVING => (
+                    current.with_state(state::ABANDONED),
+                    AbandonOutcome::Abandoned,
+                ),
+                state::PUBLISHED => (current.with_state(state::FREE), AbandonOutcome::Released),
+                _ => return AbandonOutcome::Stale,
+            };
+            match self.transition(current, next) {
+                Ok(_) => return outcome,
+                Err(actual) => current = actual,
+            }
+        }
+    }
+
+    /// Reaper: the client `owner` is dead; give its slot back.
+    pub fn reclaim(&self, owner: u16) -> ReclaimOutcome {
+        let mut current = self.load();
+        loop {
+            if current.owner != owner {
+                return ReclaimOutcome::NotOwned;
+            }
+            let (next, outcome) = match current.state {
+                state::CLAIMED | state::SUBMITTED | state::PUBLISHED => {
+                    (current.with_state(state::FREE), ReclaimOutcome::Freed)
+                }
+                state::SERVING => (
+                    current.with_state(state::ABANDONED),
+                    ReclaimOutcome::Abandoned,
+                ),
+                _ => return ReclaimOutcome::NotOwned,
+            };
+            match self.transition(current, next) {
+                Ok(_) => return outcome,
+                Err(actual) => current = actual,
+            }
+        }
+    }
+}
+
+impl Default for SlotControl {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+#[cfg(all(test, not(loom)))]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn pack_round_trips() {
+        let word = SlotWord {
+            generation: GENERATION_MASK,
+            owner: 0xbeef,
+            state: state::SERVING,
+        };
+        assert_eq!(SlotWord::unpack(word.pack()), word);
+    }
+
+    #[test]
+    fn a_full_cycle_bumps_the_generation_once() {
+        let slot = SlotControl::new();
+        let claimed = slot.try_claim(3).unwrap();
+        assert_eq!(claimed.generation, 1);
+        assert!(
+            slot.try_claim(4).is_none(),
+            "a claimed slot cannot be claimed"
+        );
+        let submitted = slot.submit(claimed).unwrap();
+        let serving = slot.take().unwrap();
+        assert_eq!(serving.generation, submitted.generation);
+        let published = slot.publish(serving).unwrap();
+        assert!(slot.release(published));
+        assert_eq!(slot.load().state, state::FREE);
+        assert_eq!(slot.try_claim(4).unwrap().generation, 2);
+    }
+
+    #[test]
+    fn a_stale_ticket_cannot_move_a_reused_slot() {
+        let slot = SlotControl::new();
+        let first = slot.try_claim(1).unwrap();
+        assert!(slot.cancel(first));
+        let second = slot.try_claim(1).unwrap();
+        // Same owner, same state, older generation: refused.
+        assert!(slot.submit(first).is_err());
+        assert!(!slot.cancel(first));
+        assert_eq!(slot.load(), second);
+    }
+
+    #[test]
+    fn abandoned_while_serving_is_freed_at_publish() {
+        let slot = SlotControl::new();
+        let submitted = slot.submit(slot.try_claim(1).unwrap()).unwrap();
+        let serving = slot.take().unwrap();
+        assert_eq!(slot.abandon(submitted), AbandonOutcome::Abandoned);
+        let freed = slot.publish(serving).unwrap_err();
+        assert_eq!(freed.state, state::FREE);
+        assert_eq!(slot.load().state, state::FREE);
+    }
+
+    #[test]
+    fn abandoned_before_take_is_freed_by_take() {
+        let slot = SlotControl::new();
+        let submitted = slot.submit(slot.try_claim(1).unwrap()).unwrap();
+        assert_eq!(slot.abandon(submitted), AbandonOutcome::Abandoned);
+        assert!(slot.take().is_none());
+        assert_eq!(slot.load().state, state::FREE);
+    }
+
+    #[test]
+    fn reclaim_only_touches_the_dead_owners_slot() {
+        let slot = SlotControl::new();
+        let claimed = slot.try_claim(7).unwrap();
+        assert_eq!(slot.reclaim(8), ReclaimOutcome::NotOwned);
+        assert_eq!(slot.reclaim(7), ReclaimOutcome::Freed);
+        assert!(slot.submit(claimed).is_err());
+    }
+}

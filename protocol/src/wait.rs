@@ -1,0 +1,89 @@
+//! Spin, then park on a futex word, until a condition holds or a deadline
+//! passes.
+//!
+//! The waiter announces itself in a `waiters` counter before it reads the
+//! futex word and re-checks its condition; the notifier bumps the word and
+//! makes the wake system call only if someone announced itself. Both sides use
+//! `SeqCst`, so either the notifier sees the waiter or the waiter sees the new
+//! state: no lost wake-up. A wake-up is only a hint; the condition is always
+//! re-checked.
+
+use std::time::{Duration, Instant};
+
+use crate::futex;
+use crate::sync::{spin_hint, AtomicU32, Ordering};
+
+/// How long to busy-wait before parking.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct WaitPolicy {
+    /// Time to spin re-checking the condition before the first park. Zero
+    /// parks at once (lowest CPU use); a few tens of microseconds catch most
+    /// fast answers without a system call.
+    pub spin_for: Duration,
+    /// Longest single park; the waiter wakes at least this often to check
+    /// liveness and deadlines.
+    pub max_park: Duration,
+}
+
+impl Default for WaitPolicy {
+    fn default() -> Self {
+        Self {
+            spin_for: Duration::from_micros(50),
+            max_park: Duration::from_millis(50),
+        }
+    }
+}
+
+/// Bumps `word` and wakes whoever is parked on it.
+// SYNC POINT: pairs with the SeqCst `waiters` store and word load in `wait_for`.
+pub fn notify(word: &AtomicU32, waiters: &AtomicU32) {
+    word.fetch_add(1, Ordering::SeqCst);
+    if waiters.load(Ordering::SeqCst) != 0 {
+        futex::wake(word, u32::MAX);
+    }
+}
+
+/// Calls `check` until it returns `Some`, spinning first and then parking on
+/// `word`; gives up (returns `None`) once `deadline` has passed.
+pub fn wait_for<T>(
+    word: &AtomicU32,
+    waiters: &AtomicU32,
+    policy: WaitPolicy,
+    deadline: Option<Instant>,
+    mut check: impl FnMut() -> Option<T>,
+) -> Option<T> {
+    if let Some(done) = check() {
+        return Some(done);
+    }
+    let started = Instant::now();
+    let mut spins: u32 = 0;
+    while !policy.spin_for.is_zero() {
+        spin_hint();
+        if let Some(done) = check() {
+            return Some(done);
+        }
+        spins = spins.wrapping_add(1);
+        // Reading the clock costs ~20 ns; do it every 64 spins.
+        if spins.is_multiple_of(64) && started.elapsed() >= policy.spin_for {
+            break;
+        }
+    }
+    waiters.fetch_add(1, Ordering::SeqCst);
+    let result = loop {
+        let seen = word.load(Ordering::SeqCst);
+        if let Some(done) = check() {
+            break Some(done);
+        }
+        let mut park = policy.max_park;
+        if let Some(deadline) = deadline {
+            let now = Instant::now();
+            if now >= deadline {
+                break None;
+            }
+            park = park.min(deadline - now);
+        }
+        futex::wait(word, seen, park);
+    };
+    waiters.fetch_sub(1, Ordering::SeqCst);
+    result
+}

@@ -1,0 +1,310 @@
+//! Integration harness: helpers shared by the test binaries, the tests and
+//! the ring benchmark.
+//!
+//! The ring test server (`ring-test-server`) answers requests with a
+//! *synthetic* 2-hop neighbourhood: every node's neighbours and feature
+//! values are pure functions of its id, so a client in another process can
+//! check every byte of a response ([`verify_response`]). The sampler and the
+//! feature tiers are not involved: this exercises the protocol alone, through
+//! real processes and a real segment.
+
+use std::collections::HashMap;
+use std::io::{BufRead, BufReader};
+use std::process::{Child, ChildStdin, Command, Stdio};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::Duration;
+
+use anyhow::{bail, ensure, Context};
+use protocol::layout::status;
+use protocol::payload::schema::{target_status, tier};
+use protocol::payload::PayloadShape;
+use protocol::{ResponseTables, ServeTicket};
+
+/// The `i`-th (0-based) hop neighbour of `node`.
+pub fn neighbour(node: u64, i: u32) -> u64 {
+    node.wrapping_mul(1_000).wrapping_add(u64::from(i) + 1)
+}
+
+/// How many neighbours `node` has for a fanout: all of them when `full`,
+/// otherwise between fanout-2 and fanout (to exercise padding).
+pub fn neighbour_count(node: u64, fanout: u32, full: bool) -> u32 {
+    if full {
+        fanout
+    } else {
+        fanout.saturating_sub((node % 3) as u32)
+    }
+}
+
+/// Element `j` of `node`'s feature row.
+pub fn feature(node: u64, j: usize) -> f32 {
+    (node.wrapping_mul(31).wrapping_add(j as u64) % 10_007) as f32 * 0.25
+}
+
+/// Target ids at or above this are "unknown nodes".
+pub const UNKNOWN_FROM: u64 = 1 << 60;
+
+/// Answers one ticket with the synthetic neighbourhood of its targets.
+pub fn answer_synthetic(ticket: ServeTicket, feature_dim: u32, full: bool) {
+    let request = match ticket.request() {
+        Ok(request) => request,
+        Err(e) => {
+            ticket.respond_error(status::INVALID_REQUEST, 0, &e.to_string());
+            return;
+        }
+    };
+    let [f1, f2] = request.fanouts;
+    // Assign node-table rows: targets first, then neighbours, deduplicated.
+    let mut rows: HashMap<u64, i32> = HashMap::new();
+    let mut order: Vec<u64> = Vec::new();
+    let mut row_of = |node: u64| -> i32 {
+        *rows.entry(node).or_insert_with(|| {
+            order.push(node);
+            (order.len() - 1) as i32
+        })
+    };
+    struct Plan {
+        row: i32,
+        hop1: Vec<(i32, Vec<i32>)>,
+    }
+    let plans: Vec<Plan> = request
+        .targets
+        .iter()
+        .map(|&target| {
+            let row = row_of(target);
+            let hop1 = if target >= UNKNOWN_FROM {
+                Vec::new()
+            } else {
+                (0..neighbour_count(target, f1, full))
+                    .map(|i| {
+                        let n1 = neighbour(target, i);
+                        let r1 = row_of(n1);
+                        let hop2 = (0..neighbour_count(n1, f2, full))
+                            .map(|j| row_of(neighbour(n1, j)))
+                            .collect();
+                        (r1, hop2)
+                    })
+                    .collect()
+            };
+            Plan { row, hop1 }
+        })
+        .collect();
+    let shape = PayloadShape {
+        n_targets: request.targets.len() as u32,
+        n_nodes: order.len() as u32,
+        feature_dim,
+        fanouts: request.fanouts,
+    };
+    let dim = feature_dim as usize;
+    let (f1, f2) = (f1 as usize, f2 as usize);
+    let result = ticket.respond(request.request_id, 7, shape, |nodes, targets| {
+        for (row, &node) in order.iter().enumerate() {
+            nodes.node_id[row] = node;
+            let unknown = node >= UNKNOWN_FROM;
+            for (j, value) in nodes.features[row * dim..(row + 1) * dim]
+                .iter_mut()
+                .enumerate()
+            {
+                *value = if unknown { 0.0 } else { feature(node, j) };
+            }
+            nodes.tier[row] = if unknown {
+                tier::DEFAULT
+            } else {
+                (node % 3) as u8
+            };
+            nodes.set_fallback(row, unknown);
+        }
+        for (t, plan) in plans.iter().enumerate() {
+            let target = request.targets[t];
+            targets.target_id[t] = target;
+            targets.status[t] = if target >= UNKNOWN_FROM {
+                target_status::UNKNOWN_NODE
+            } else {
+                target_status::OK
+            };
+            targets.target_row[t] = plan.row;
+            targets.hop1_count[t] = plan.hop1.len() as i32;
+            for i in 0..f1 {
+                let (r1, hop2) = plan
+                    .hop1
+                    .get(i)
+                    .map(|(r, h)| (*r, h.as_slice()))
+                    .unwrap_or((plan.row, &[]));
+                targets.hop1_rows[t * f1 + i] = r1;
+                targets.hop2_count[t * f1 + i] = hop2.len() as i32;
+                for j in 0..f2 {
+                    targets.hop2_rows[(t * f1 + i) * f2 + j] =
+                        hop2.get(j).copied().unwrap_or(plan.row);
+                }
+            }
+        }
+    });
+    if let Err(e) = result {
+        tracing::warn!(error = %e, "response did not fit");
+    }
+}
+
+/// Checks every value of a synthetic response against the pure functions
+/// that generated it.
+pub fn verify_response(
+    tables: &ResponseTables,
+    targets: &[u64],
+    feature_dim: usize,
+    full: bool,
+) -> anyhow::Result<()> {
+    let [f1, f2] = tables.fanouts().map(|f| f as usize);
+    ensure!(tables.n_targets() == targets.len(), "target count");
+    ensure!(tables.target_ids() == targets, "target ids differ");
+    let ids = tables.node_ids();
+    let features = tables.features();
+    ensure!(
+        features.len() == ids.len() * feature_dim,
+        "feature matrix shape"
+    );
+    let mut unique = ids.to_vec();
+    unique.sort_unstable();
+    unique.dedup();
+    ensure!(unique.len() == ids.len(), "node table has duplicate ids");
+    for (row, &node) in ids.iter().enumerate() {
+        let unknown = node >= UNKNOWN_FROM;
+        ensure!(
+            tables.fallback(row) == unknown,
+            "fallback flag of row {row}"
+        );
+        for j in 0..feature_dim {
+            let expected = if unknown { 0.0 } else { feature(node, j) };
+            ensure!(
+                features[row * feature_dim + j] == expected,
+                "feature {j} of node {node}"
+            );
+        }
+    }
+    for (t, &target) in targets.iter().enumerate() {
+        let row = tables.target_rows()[t];
+        ensure!(ids[row as usize] == target, "target row of {target}");
+        let c1 = tables.hop1_counts()[t] as usize;
+        let expected_c1 = if target >= UNKNOWN_FROM {
+            0
+        } else {
+            neighbour_count(target, f1 as u32, full) as usize
+        };
+        ensure!(
+            c1 == expected_c1,
+            "hop-1 count of {target}: {c1} != {expected_c1}"
+        );
+        for i in 0..f1 {
+            let r1 = tables.hop1_rows()[t * f1 + i];
+            if i >= c1 {
+                ensure!(
+                    r1 == row,
+                    "hop-1 padding of {target} must be the target row"
+                );
+                continue;
+            }
+            let n1 = neighbour(target, i as u32);
+            ensure!(ids[r1 as usize] == n1, "hop-1 neighbour {i} of {target}");
+            let c2 = tables.hop2_counts()[t * f1 + i] as usize;
+            ensure!(
+                c2 == neighbour_count(n1, f2 as u32, full) as usize,
+                "hop-2 count"
+            );
+            for j in 0..f2 {
+                let r2 = tables.hop2_rows()[(t * f1 + i) * f2 + j];
+                if j >= c2 {
+                    ensure!(r2 == row, "hop-2 padding must be the target row");
+                } else {
+                    ensure!(
+                        ids[r2 as usize] == neighbour(n1, j as u32),
+                        "hop-2 neighbour"
+                    );
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+/// A segment name no other test or run uses.
+pub fn unique_name(tag: &str) -> String {
+    static COUNTER: AtomicU32 = AtomicU32::new(0);
+    format!(
+        "gnn-test-{tag}-{}-{}",
+        std::process::id(),
+        COUNTER.fetch_add(1, Ordering::Relaxed)
+    )
+}
+
+/// A `ring-test-server` child process. Closing its stdin stops it cleanly;
+/// dropping the handle kills it.
+#[derive(Debug)]
+pub struct ServerProcess {
+    pub child: Child,
+    stdin: Option<ChildStdin>,
+    pub epoch: u64,
+}
+
+impl ServerProcess {
+    /// Starts the server and waits for its `READY <epoch>` line.
+    pub fn start(bin: &std::path::Path, args: &[String]) -> anyhow::Result<Self> {
+        let mut child = Command::new(bin)
+            .args(args)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .with_context(|| format!("starting {}", bin.display()))?;
+        let stdout = child.stdout.take().expect("piped stdout");
+        let mut line = String::new();
+        BufReader::new(stdout).read_line(&mut line)?;
+        let Some(epoch) = line.trim().strip_prefix("READY ") else {
+            let status = child.wait()?;
+            bail!("ring-test-server did not start ({status}); said {line:?}");
+        };
+        let epoch = u64::from_str_radix(epoch.trim_start_matches("0x"), 16)?;
+        let stdin = child.stdin.take();
+        Ok(Self {
+            child,
+            stdin,
+            epoch,
+        })
+    }
+
+    /// Clean stop: close stdin, wait for exit.
+    pub fn stop(mut self) -> anyhow::Result<std::process::ExitStatus> {
+        drop(self.stdin.take());
+        Ok(self.child.wait()?)
+    }
+
+    /// Crash: SIGKILL, no cleanup.
+    pub fn kill(mut self) -> anyhow::Result<()> {
+        self.child.kill()?;
+        self.child.wait()?;
+        Ok(())
+    }
+}
+
+impl Drop for ServerProcess {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Whether `/dev/shm/<name>` exists.
+pub fn segment_exists(name: &str) -> bool {
+    std::path::Path::new("/dev/shm").join(name).exists()
+}
+
+/// Polls `cond` every 10 ms for up to `limit` (for outcomes another process
+/// produces on its own schedule). Returns whether it became true.
+pub fn eventually(limit: Duration, mut cond: impl FnMut() -> bool) -> bool {
+    let start = std::time::Instant::now();
+    loop {
+        if cond() {
+            return true;
+        }
+        if start.elapsed() >= limit {
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
