@@ -85,6 +85,11 @@ pub struct DecodeLimits {
 /// Decodes the response in `area` (the whole response area as one Arrow
 /// buffer). The returned arrays share `area`'s allocation: no copy.
 pub fn decode(area: &Buffer, limits: &DecodeLimits) -> Result<ResponseTables, DecodeError> {
+    if !(area.as_ptr() as usize).is_multiple_of(64) {
+        return Err(DecodeError::Malformed(
+            "response area is not 64-byte aligned".into(),
+        ));
+    }
     let header = read_header(area.as_slice())?;
     if header.status != status::OK {
         return Err(DecodeError::Status {
@@ -169,7 +174,32 @@ fn decode_table(
             area.len()
         )));
     }
-    let mut stream = area.slice_with_length(offset as usize, len as usize);
+    let stream = area.slice_with_length(offset as usize, len as usize);
+    check_stream_framing(stream.as_slice())
+        .map_err(|reason| DecodeError::Malformed(format!("{table} table: {reason}")))?;
+    // Defence in depth: the framing check above rules out the inputs known to
+    // make arrow-rs panic (buffers past the body); should another one exist,
+    // a hostile peer must still only cause an error.
+    let batch = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        decode_stream(stream, table)
+    }))
+    .map_err(|_| {
+        DecodeError::Malformed(format!(
+            "{table} table: the Arrow decoder rejected it (panicked)"
+        ))
+    })??;
+    if batch.schema().fields() != expected.fields() {
+        return Err(DecodeError::Malformed(format!(
+            "{table} table schema {:?} is not the documented {:?}",
+            batch.schema().fields(),
+            expected.fields()
+        )));
+    }
+    Ok(batch)
+}
+
+/// Decodes exactly one record batch from a complete IPC stream.
+fn decode_stream(mut stream: Buffer, table: &'static str) -> Result<RecordBatch, DecodeError> {
     let mut decoder = StreamDecoder::new().with_require_alignment(true);
     let arrow = |source| DecodeError::Arrow { table, source };
     let mut batch = None;
@@ -183,16 +213,63 @@ fn decode_table(
         }
     }
     decoder.finish().map_err(arrow)?;
-    let batch = batch
-        .ok_or_else(|| DecodeError::Malformed(format!("{table} table holds no record batch")))?;
-    if batch.schema().fields() != expected.fields() {
-        return Err(DecodeError::Malformed(format!(
-            "{table} table schema {:?} is not the documented {:?}",
-            batch.schema().fields(),
-            expected.fields()
-        )));
+    batch.ok_or_else(|| DecodeError::Malformed(format!("{table} table holds no record batch")))
+}
+
+/// Walks the encapsulated messages of an IPC stream and checks what arrow-rs
+/// trusts: each message's flatbuffer verifies, its body lies inside the
+/// stream, every buffer of a record batch lies inside its body, nothing is
+/// compressed, and the stream ends with the end-of-stream marker.
+fn check_stream_framing(stream: &[u8]) -> Result<(), String> {
+    let mut pos = 0usize;
+    loop {
+        let prefix = stream
+            .get(pos..pos + 8)
+            .ok_or_else(|| format!("stream ends at byte {pos} without an end-of-stream marker"))?;
+        if prefix[..4] != [0xFF; 4] {
+            return Err(format!("no continuation marker at byte {pos}"));
+        }
+        let meta_len = i32::from_le_bytes(prefix[4..8].try_into().expect("4 bytes"));
+        if meta_len == 0 {
+            return Ok(());
+        }
+        let meta_len =
+            usize::try_from(meta_len).map_err(|_| "negative metadata length".to_string())?;
+        let meta_start = pos + 8;
+        let meta = meta_start
+            .checked_add(meta_len)
+            .and_then(|end| stream.get(meta_start..end))
+            .ok_or_else(|| format!("message metadata at byte {pos} runs past the stream"))?;
+        let message = arrow_ipc::root_as_message(meta)
+            .map_err(|e| format!("message at byte {pos} is not a valid flatbuffer: {e}"))?;
+        let body_len = usize::try_from(message.bodyLength())
+            .map_err(|_| format!("negative body length at byte {pos}"))?;
+        let body_start = meta_start + meta_len;
+        let body_end = body_start
+            .checked_add(body_len)
+            .filter(|&end| end <= stream.len())
+            .ok_or_else(|| format!("message body at byte {body_start} runs past the stream"))?;
+        if let Some(batch) = message.header_as_record_batch() {
+            if batch.compression().is_some() {
+                return Err("compressed record batches are not part of the protocol".into());
+            }
+            for buffer in batch.buffers().into_iter().flatten() {
+                let inside = u64::try_from(buffer.offset())
+                    .ok()
+                    .zip(u64::try_from(buffer.length()).ok())
+                    .and_then(|(o, l)| o.checked_add(l))
+                    .is_some_and(|end| end <= body_len as u64);
+                if !inside {
+                    return Err(format!(
+                        "buffer at {}+{} lies outside the {body_len} byte body",
+                        buffer.offset(),
+                        buffer.length()
+                    ));
+                }
+            }
+        }
+        pos = body_end;
     }
-    Ok(batch)
 }
 
 impl ResponseTables {

@@ -1,0 +1,179 @@
+//! Arbitrary bytes where the other process writes: in the header, in a
+//! request, in a response. Attach and decode must return errors (or valid
+//! values), never panic, never index out of bounds.
+#![cfg(not(loom))]
+
+use std::sync::OnceLock;
+
+use arrow_buffer::{Buffer, MutableBuffer};
+use proptest::prelude::*;
+use protocol::layout::{dtype, FeatureSchema, Geometry, Header};
+use protocol::payload::{self, DecodeLimits, PayloadShape, ResponseWriter, SchemaCache};
+use protocol::request;
+use protocol::{Segment, SegmentConfig};
+
+fn schema() -> FeatureSchema {
+    FeatureSchema {
+        feature_dim: 4,
+        dtype: dtype::F32,
+        graph_version: 1,
+        default_fanouts: [3, 2],
+    }
+}
+
+fn config(name: &str) -> SegmentConfig {
+    let mut cfg = SegmentConfig::new(name, schema());
+    cfg.slot_count = 2;
+    cfg.max_targets = 4;
+    cfg.response_bytes = 16 * 1024;
+    cfg
+}
+
+/// The bytes of a freshly created valid segment (created once).
+fn valid_segment_bytes() -> &'static Vec<u8> {
+    static BYTES: OnceLock<Vec<u8>> = OnceLock::new();
+    BYTES.get_or_init(|| {
+        let name = format!("gnn-hostile-src-{}", std::process::id());
+        let segment = Segment::create(&config(&name)).unwrap();
+        let bytes = std::fs::read(format!("/dev/shm/{name}")).unwrap();
+        segment.unlink().unwrap();
+        bytes
+    })
+}
+
+/// Writes `bytes` as /dev/shm/<name> and attaches to it.
+fn attach_bytes(bytes: &[u8], tag: u64) -> Result<Segment, protocol::AttachError> {
+    let name = format!("gnn-hostile-{}-{tag}", std::process::id());
+    let path = format!("/dev/shm/{name}");
+    std::fs::write(&path, bytes).unwrap();
+    let result = Segment::attach(&name);
+    std::fs::remove_file(&path).unwrap();
+    result
+}
+
+fn check_attached(segment: &Segment) {
+    // Whatever was accepted must describe slots inside the mapping.
+    let g: &Geometry = segment.geometry();
+    let end = g.slot_data_offset + g.slot_stride * u64::from(g.slot_count);
+    assert!(end <= segment.len() as u64);
+    for slot in segment.slots() {
+        let _ = slot.load();
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(256))]
+
+    #[test]
+    fn corrupted_headers_are_refused_or_valid(
+        edits in prop::collection::vec((0usize..std::mem::size_of::<Header>(), any::<u8>()), 1..8),
+        tag in any::<u64>(),
+    ) {
+        let mut bytes = valid_segment_bytes().clone();
+        for (offset, value) in edits {
+            bytes[offset] = value;
+        }
+        if let Ok(segment) = attach_bytes(&bytes, tag) {
+            check_attached(&segment);
+        }
+    }
+
+    #[test]
+    fn random_files_are_refused(
+        bytes in prop::collection::vec(any::<u8>(), 0..8192),
+        tag in any::<u64>(),
+    ) {
+        prop_assert!(attach_bytes(&bytes, tag).is_err());
+    }
+
+    #[test]
+    fn random_request_areas_decode_to_errors_or_bounded_requests(
+        bytes in prop::collection::vec(any::<u8>(), 0..512),
+    ) {
+        let segment_bytes = valid_segment_bytes();
+        let geometry: Geometry = bytemuck_geometry(segment_bytes);
+        if let Ok(req) = request::decode(&bytes, &geometry, &schema()) {
+            prop_assert!(req.targets.len() <= geometry.max_targets as usize);
+            prop_assert!(req.fanouts.iter().zip(geometry.max_fanouts).all(|(f, cap)| *f >= 1 && *f <= cap));
+        }
+    }
+
+    #[test]
+    fn random_response_areas_decode_to_errors(
+        bytes in prop::collection::vec(any::<u8>(), 0..4096),
+    ) {
+        let mut area = MutableBuffer::from_len_zeroed(bytes.len());
+        area.as_slice_mut().copy_from_slice(&bytes);
+        let _ = payload::decode(&area.into(), &limits());
+    }
+
+    #[test]
+    fn corrupted_valid_responses_decode_to_errors_or_valid_tables(
+        edits in prop::collection::vec((0usize..4096, any::<u8>()), 1..6),
+    ) {
+        let mut area = valid_response();
+        let len = area.len();
+        for (offset, value) in edits {
+            area.as_slice_mut()[offset % len] = value;
+        }
+        let buffer: Buffer = area.into();
+        if let Ok(tables) = payload::decode(&buffer, &limits()) {
+            // Accepted tables are internally consistent: indices in range.
+            let n = tables.n_nodes() as i32;
+            prop_assert!(tables.hop2_rows().iter().all(|&r| r >= 0 && r < n));
+            prop_assert_eq!(tables.features().len(), tables.n_nodes() * 4);
+        }
+    }
+}
+
+fn limits() -> DecodeLimits {
+    DecodeLimits {
+        feature_dim: 4,
+        max_nodes: 1_000,
+        max_targets: 4,
+        max_fanouts: [50, 50],
+    }
+}
+
+fn valid_response() -> MutableBuffer {
+    let mut area = MutableBuffer::from_len_zeroed(8192);
+    let shape = PayloadShape {
+        n_targets: 1,
+        n_nodes: 3,
+        feature_dim: 4,
+        fanouts: [2, 1],
+    };
+    let cache = SchemaCache::default();
+    let mut writer = ResponseWriter::new(area.as_slice_mut(), shape, &cache).unwrap();
+    {
+        let (nodes, targets) = writer.columns();
+        nodes.node_id.copy_from_slice(&[1, 2, 3]);
+        targets.target_row[0] = 0;
+        targets.hop1_count[0] = 2;
+        targets.hop1_rows.copy_from_slice(&[1, 2]);
+        targets.hop2_count.copy_from_slice(&[1, 0]);
+        targets.hop2_rows.copy_from_slice(&[2, 0]);
+    }
+    writer.finish(1, 1, 0);
+    area
+}
+
+/// The geometry stored in a segment's header bytes.
+fn bytemuck_geometry(bytes: &[u8]) -> Geometry {
+    let offset = std::mem::offset_of!(Header, geometry);
+    let raw = &bytes[offset..offset + std::mem::size_of::<Geometry>()];
+    let word = |i: usize| u32::from_le_bytes(raw[i..i + 4].try_into().unwrap());
+    let dword = |i: usize| u64::from_le_bytes(raw[i..i + 8].try_into().unwrap());
+    Geometry {
+        slot_count: word(0),
+        max_targets: word(4),
+        max_fanouts: [word(8), word(12)],
+        max_nodes: word(16),
+        _pad: 0,
+        slot_control_offset: dword(24),
+        slot_data_offset: dword(32),
+        slot_stride: dword(40),
+        request_bytes: dword(48),
+        response_bytes: dword(56),
+    }
+}

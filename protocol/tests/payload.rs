@@ -1,0 +1,188 @@
+//! The payload written in place and decoded without copying, in one process
+//! (the multi-process and pyarrow tests cover the same across processes).
+#![cfg(not(loom))]
+
+use arrow_buffer::{Buffer, MutableBuffer};
+use protocol::layout::{status, MAX_FANOUT};
+use protocol::payload::schema::{node_schema, target_schema, target_status, tier};
+use protocol::payload::{
+    self, DecodeError, DecodeLimits, PayloadShape, ResponseWriter, SchemaCache, WriteError,
+};
+
+const AREA: usize = 1 << 20;
+
+fn limits(dim: u32) -> DecodeLimits {
+    DecodeLimits {
+        feature_dim: dim,
+        max_nodes: 100_000,
+        max_targets: 1_000,
+        max_fanouts: [50, 50],
+    }
+}
+
+/// A 64-byte aligned, zeroed area (arrow's MutableBuffer allocates aligned).
+fn area() -> MutableBuffer {
+    MutableBuffer::from_len_zeroed(AREA)
+}
+
+/// One target with `f1` hop-1 and `f1*f2` hop-2 neighbours, all distinct.
+fn write_full(area: &mut [u8], dim: u32, fanouts: [u32; 2]) -> PayloadShape {
+    let [f1, f2] = fanouts.map(|f| f as usize);
+    let n_nodes = 1 + f1 + f1 * f2;
+    let shape = PayloadShape {
+        n_targets: 1,
+        n_nodes: n_nodes as u32,
+        feature_dim: dim,
+        fanouts,
+    };
+    let cache = SchemaCache::default();
+    let mut writer = ResponseWriter::new(area, shape, &cache).unwrap();
+    {
+        let (nodes, targets) = writer.columns();
+        let mut nodes = nodes;
+        for row in 0..n_nodes {
+            nodes.node_id[row] = 1000 + row as u64;
+            for j in 0..dim as usize {
+                nodes.features[row * dim as usize + j] = (row * 10_000 + j) as f32;
+            }
+            nodes.tier[row] = (row % 4) as u8;
+            nodes.set_fallback(row, row % 4 == tier::DEFAULT as usize);
+        }
+        targets.target_id[0] = 1000;
+        targets.status[0] = target_status::OK;
+        targets.target_row[0] = 0;
+        targets.hop1_count[0] = f1 as i32;
+        for i in 0..f1 {
+            targets.hop1_rows[i] = 1 + i as i32;
+            targets.hop2_count[i] = f2 as i32;
+            for j in 0..f2 {
+                targets.hop2_rows[i * f2 + j] = (1 + f1 + i * f2 + j) as i32;
+            }
+        }
+    }
+    writer.finish(99, 5, 0);
+    shape
+}
+
+#[test]
+fn a_221_row_response_round_trips_and_points_into_the_area() {
+    let mut area = area();
+    write_full(area.as_slice_mut(), 128, [20, 10]);
+    let buffer: Buffer = area.into();
+    let tables = payload::decode(&buffer, &limits(128)).unwrap();
+    assert_eq!(tables.n_nodes(), 221);
+    assert_eq!(tables.header.request_id, 99);
+    assert_eq!(tables.header.graph_version, 5);
+    assert_eq!(tables.nodes.schema().fields(), node_schema(128).fields());
+    assert_eq!(
+        tables.targets.schema().fields(),
+        target_schema([20, 10]).fields()
+    );
+    assert_eq!(
+        tables.features()[220 * 128 + 127],
+        (220 * 10_000 + 127) as f32
+    );
+    assert_eq!(tables.hop2_rows()[199], 220);
+    assert!(tables.fallback(3) && !tables.fallback(2));
+    // Every column's values are inside the area, 64-byte aligned.
+    let range = buffer.as_ptr() as usize..buffer.as_ptr() as usize + buffer.len();
+    let starts = [
+        tables.node_ids().as_ptr() as usize,
+        tables.features().as_ptr() as usize,
+        tables.tiers().as_ptr() as usize,
+        tables.target_ids().as_ptr() as usize,
+        tables.hop1_rows().as_ptr() as usize,
+        tables.hop2_rows().as_ptr() as usize,
+    ];
+    for start in starts {
+        assert!(range.contains(&start), "buffer copied out of the area");
+        assert_eq!(start % 64, 0, "buffer not 64-byte aligned");
+    }
+}
+
+#[test]
+fn a_response_that_does_not_fit_is_refused_before_any_write() {
+    let mut small = MutableBuffer::from_len_zeroed(64 * 1024);
+    let shape = PayloadShape {
+        n_targets: 1,
+        n_nodes: 221,
+        feature_dim: 128,
+        fanouts: [20, 10],
+    };
+    let err =
+        ResponseWriter::new(small.as_slice_mut(), shape, &SchemaCache::default()).unwrap_err();
+    match err {
+        WriteError::TooLarge {
+            needed, available, ..
+        } => {
+            assert!(needed > available);
+            assert_eq!(available, 64 * 1024);
+        }
+        other => panic!("{other:?}"),
+    }
+    assert!(small.as_slice().iter().all(|&b| b == 0), "area untouched");
+    assert!(err.to_string().contains("send fewer targets"));
+}
+
+#[test]
+fn an_error_response_carries_its_status_and_message() {
+    let mut area = area();
+    payload::write_error(area.as_slice_mut(), status::TOO_LARGE, 4, "too big: é");
+    let buffer: Buffer = area.into();
+    match payload::decode(&buffer, &limits(8)) {
+        Err(DecodeError::Status {
+            status: code,
+            status_name,
+            message,
+        }) => {
+            assert_eq!(code, status::TOO_LARGE);
+            assert_eq!(status_name, "TOO_LARGE");
+            assert_eq!(message, "too big: é");
+        }
+        other => panic!("{other:?}"),
+    }
+}
+
+#[test]
+fn row_indices_outside_the_node_table_are_refused() {
+    let mut area = area();
+    write_full(area.as_slice_mut(), 4, [2, 2]);
+    // Corrupt one hop-2 row index to point past the node table: find it by
+    // decoding once, then patch the byte in place.
+    let buffer: Buffer = area.into();
+    let tables = payload::decode(&buffer, &limits(4)).unwrap();
+    let offset = tables.hop2_rows().as_ptr() as usize - buffer.as_ptr() as usize;
+    drop(tables);
+    let mut bytes = buffer.as_slice().to_vec();
+    bytes[offset..offset + 4].copy_from_slice(&1_000i32.to_le_bytes());
+    let mut patched = MutableBuffer::from_len_zeroed(AREA);
+    patched.as_slice_mut().copy_from_slice(&bytes);
+    let err = payload::decode(&patched.into(), &limits(4)).unwrap_err();
+    assert!(err.to_string().contains("outside the node table"), "{err}");
+}
+
+#[test]
+fn a_misaligned_area_is_an_error_not_a_copy() {
+    // Shift a valid response off its 64-byte alignment: refused, never
+    // copied silently into an aligned allocation.
+    let mut area = area();
+    write_full(area.as_slice_mut(), 4, [2, 2]);
+    for shift in [4, 8, 32] {
+        let mut shifted = MutableBuffer::from_len_zeroed(AREA + 64);
+        shifted.as_slice_mut()[shift..shift + AREA].copy_from_slice(area.as_slice());
+        let buffer: Buffer = shifted.into();
+        let err = payload::decode(&buffer.slice(shift), &limits(4)).unwrap_err();
+        assert!(err.to_string().contains("not 64-byte aligned"), "{err}");
+    }
+}
+
+#[test]
+fn fanout_limits_are_enforced_on_decode() {
+    let mut area = area();
+    write_full(area.as_slice_mut(), 4, [3, 2]);
+    let buffer: Buffer = area.into();
+    let mut tight = limits(4);
+    tight.max_fanouts = [2, 50];
+    assert!(payload::decode(&buffer, &tight).is_err());
+    assert!(MAX_FANOUT >= 50);
+}
