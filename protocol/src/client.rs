@@ -17,7 +17,7 @@ use arrow_buffer::Buffer;
 
 use crate::layout::{server_state, status, FeatureSchema, Geometry, ResponseHeader, MAX_HOPS};
 use crate::liveness::{self, ClientId, HeartbeatWatch};
-use crate::payload::{self, reader, DecodeError, DecodeLimits, ResponseTables};
+use crate::payload::{self, reader, DecodeError, DecodeLimits, ResponseTables, SchemaCache};
 use crate::request;
 use crate::segment::{server_state_name, AttachError, Segment};
 use crate::slot::{state, AbandonOutcome, SlotWord};
@@ -104,6 +104,7 @@ struct Attachment {
     lost: AtomicBool,
     lost_reason: Mutex<String>,
     next_slot: AtomicUsize,
+    schemas: SchemaCache,
 }
 
 impl Attachment {
@@ -237,6 +238,7 @@ impl RingClient {
             lost: AtomicBool::new(false),
             lost_reason: Mutex::new(String::new()),
             next_slot: AtomicUsize::new(id.index as usize * 7),
+            schemas: SchemaCache::default(),
         });
         let weak = Arc::downgrade(&attachment);
         let (interval, timeout) = (
@@ -530,6 +532,7 @@ impl Response {
                 max_targets: geometry.max_targets,
                 max_fanouts: geometry.max_fanouts,
             },
+            &self.lease.attachment.schemas,
         )
     }
 

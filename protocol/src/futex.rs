@@ -63,10 +63,29 @@ pub(crate) fn wake(word: &AtomicU32, n: u32) {
     }
 }
 
+// Under loom the futex is a condition variable: `wait` sleeps only while the
+// word still holds `expected`, checked under the same lock `wake` takes, which
+// is the kernel's guarantee. Timeouts are ignored, so a lost wake-up is a
+// deadlock that loom reports instead of a delay that hides it.
 #[cfg(loom)]
-pub(crate) fn wait(_word: &AtomicU32, _expected: u32, _timeout: Duration) {
-    loom::thread::yield_now();
+loom::lazy_static! {
+    static ref FUTEX: (loom::sync::Mutex<()>, loom::sync::Condvar) =
+        (loom::sync::Mutex::new(()), loom::sync::Condvar::new());
 }
 
 #[cfg(loom)]
-pub(crate) fn wake(_word: &AtomicU32, _n: u32) {}
+pub(crate) fn wait(word: &AtomicU32, expected: u32, _timeout: Duration) {
+    use crate::sync::Ordering;
+    let (lock, condvar) = &*FUTEX;
+    let guard = lock.lock().unwrap();
+    if word.load(Ordering::SeqCst) == expected {
+        drop(condvar.wait(guard).unwrap());
+    }
+}
+
+#[cfg(loom)]
+pub(crate) fn wake(_word: &AtomicU32, _n: u32) {
+    let (lock, condvar) = &*FUTEX;
+    let _guard = lock.lock().unwrap();
+    condvar.notify_all();
+}

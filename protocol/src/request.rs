@@ -48,6 +48,7 @@ pub enum RequestError {
 /// Writes `request` into a request area (the caller holds the slot CLAIMED).
 /// The caller has already checked `targets.len() <= max_targets`, which the
 /// area was sized for.
+#[cfg_attr(loom, allow(dead_code))]
 pub(crate) fn encode(
     area: &mut [u8],
     request_id: u64,

@@ -12,10 +12,11 @@
 //! if it can move it `SUBMITTED -> SERVING` (see `slot`), so a stale or
 //! duplicated bit costs one failed CAS.
 //!
-//! Wake-up protocol (the classic store-buffer pair, all `SeqCst`):
-//! - client: set bit; bump `doorbell`; if `server_parked != 0`, futex-wake it.
-//! - sidecar: `server_parked = 1`; read `doorbell`; re-check the bits; futex-wait
-//!   on the value it read.
+//! Wake-up protocol (`wait::notify` / `wait::wait_for`):
+//! - client: set bit; bump `doorbell`; if `server_parked != 0` (an RMW read),
+//!   futex-wake it.
+//! - sidecar: increment `server_parked`; read `doorbell` (an RMW read);
+//!   re-check the bits; futex-wait on the value it read.
 //!
 //! Either the client sees `server_parked` and wakes it, or the sidecar sees the
 //! bit (or a changed doorbell, so the futex wait returns at once).

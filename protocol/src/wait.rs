@@ -3,10 +3,16 @@
 //!
 //! The waiter announces itself in a `waiters` counter before it reads the
 //! futex word and re-checks its condition; the notifier bumps the word and
-//! makes the wake system call only if someone announced itself. Both sides use
-//! `SeqCst`, so either the notifier sees the waiter or the waiter sees the new
-//! state: no lost wake-up. A wake-up is only a hint; the condition is always
-//! re-checked.
+//! makes the wake system call only if someone announced itself.
+//!
+//! Both reads of this handshake (the waiter's read of the word, the
+//! notifier's read of `waiters`) are read-modify-writes (`fetch_add(0)`): an
+//! RMW always reads the latest value in the variable's modification order,
+//! so the two RMW pairs order each other and the handshake holds under
+//! acquire/release alone, not only under `SeqCst` loads (which loom, the
+//! model checker, does not model). Either the notifier sees the waiter and
+//! wakes it, or the waiter reads the bumped word and sees the new state: no
+//! lost wake-up. A wake-up is only a hint; the condition is always re-checked.
 
 use std::time::{Duration, Instant};
 
@@ -35,10 +41,11 @@ impl Default for WaitPolicy {
 }
 
 /// Bumps `word` and wakes whoever is parked on it.
-// SYNC POINT: pairs with the SeqCst `waiters` store and word load in `wait_for`.
+// SYNC POINT: the word bump pairs with the waiter's RMW read of the word in
+// `wait_for`; the RMW read of `waiters` pairs with its `waiters` increment.
 pub fn notify(word: &AtomicU32, waiters: &AtomicU32) {
     word.fetch_add(1, Ordering::SeqCst);
-    if waiters.load(Ordering::SeqCst) != 0 {
+    if waiters.fetch_add(0, Ordering::SeqCst) != 0 {
         futex::wake(word, u32::MAX);
     }
 }
@@ -70,7 +77,8 @@ pub fn wait_for<T>(
     }
     waiters.fetch_add(1, Ordering::SeqCst);
     let result = loop {
-        let seen = word.load(Ordering::SeqCst);
+        // SYNC POINT: an RMW read, see the module doc.
+        let seen = word.fetch_add(0, Ordering::SeqCst);
         if let Some(done) = check() {
             break Some(done);
         }

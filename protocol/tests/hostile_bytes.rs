@@ -104,7 +104,7 @@ proptest! {
     ) {
         let mut area = MutableBuffer::from_len_zeroed(bytes.len());
         area.as_slice_mut().copy_from_slice(&bytes);
-        let _ = payload::decode(&area.into(), &limits());
+        let _ = payload::decode(&area.into(), &limits(), &SchemaCache::default());
     }
 
     #[test]
@@ -117,7 +117,7 @@ proptest! {
             area.as_slice_mut()[offset % len] = value;
         }
         let buffer: Buffer = area.into();
-        if let Ok(tables) = payload::decode(&buffer, &limits()) {
+        if let Ok(tables) = payload::decode(&buffer, &limits(), &SchemaCache::default()) {
             // Accepted tables are internally consistent: indices in range.
             let n = tables.n_nodes() as i32;
             prop_assert!(tables.hop2_rows().iter().all(|&r| r >= 0 && r < n));

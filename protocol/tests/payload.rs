@@ -69,7 +69,7 @@ fn a_221_row_response_round_trips_and_points_into_the_area() {
     let mut area = area();
     write_full(area.as_slice_mut(), 128, [20, 10]);
     let buffer: Buffer = area.into();
-    let tables = payload::decode(&buffer, &limits(128)).unwrap();
+    let tables = payload::decode(&buffer, &limits(128), &SchemaCache::default()).unwrap();
     assert_eq!(tables.n_nodes(), 221);
     assert_eq!(tables.header.request_id, 99);
     assert_eq!(tables.header.graph_version, 5);
@@ -129,7 +129,7 @@ fn an_error_response_carries_its_status_and_message() {
     let mut area = area();
     payload::write_error(area.as_slice_mut(), status::TOO_LARGE, 4, "too big: é");
     let buffer: Buffer = area.into();
-    match payload::decode(&buffer, &limits(8)) {
+    match payload::decode(&buffer, &limits(8), &SchemaCache::default()) {
         Err(DecodeError::Status {
             status: code,
             status_name,
@@ -150,14 +150,14 @@ fn row_indices_outside_the_node_table_are_refused() {
     // Corrupt one hop-2 row index to point past the node table: find it by
     // decoding once, then patch the byte in place.
     let buffer: Buffer = area.into();
-    let tables = payload::decode(&buffer, &limits(4)).unwrap();
+    let tables = payload::decode(&buffer, &limits(4), &SchemaCache::default()).unwrap();
     let offset = tables.hop2_rows().as_ptr() as usize - buffer.as_ptr() as usize;
     drop(tables);
     let mut bytes = buffer.as_slice().to_vec();
     bytes[offset..offset + 4].copy_from_slice(&1_000i32.to_le_bytes());
     let mut patched = MutableBuffer::from_len_zeroed(AREA);
     patched.as_slice_mut().copy_from_slice(&bytes);
-    let err = payload::decode(&patched.into(), &limits(4)).unwrap_err();
+    let err = payload::decode(&patched.into(), &limits(4), &SchemaCache::default()).unwrap_err();
     assert!(err.to_string().contains("outside the node table"), "{err}");
 }
 
@@ -171,7 +171,8 @@ fn a_misaligned_area_is_an_error_not_a_copy() {
         let mut shifted = MutableBuffer::from_len_zeroed(AREA + 64);
         shifted.as_slice_mut()[shift..shift + AREA].copy_from_slice(area.as_slice());
         let buffer: Buffer = shifted.into();
-        let err = payload::decode(&buffer.slice(shift), &limits(4)).unwrap_err();
+        let err =
+            payload::decode(&buffer.slice(shift), &limits(4), &SchemaCache::default()).unwrap_err();
         assert!(err.to_string().contains("not 64-byte aligned"), "{err}");
     }
 }
@@ -183,6 +184,6 @@ fn fanout_limits_are_enforced_on_decode() {
     let buffer: Buffer = area.into();
     let mut tight = limits(4);
     tight.max_fanouts = [2, 50];
-    let err = payload::decode(&buffer, &tight).unwrap_err();
+    let err = payload::decode(&buffer, &tight, &SchemaCache::default()).unwrap_err();
     assert!(err.to_string().contains("fanout 3 of hop 1"), "{err}");
 }

@@ -17,7 +17,7 @@ use std::time::Duration;
 use anyhow::{bail, ensure, Context};
 use protocol::layout::status;
 use protocol::payload::schema::{target_status, tier};
-use protocol::payload::PayloadShape;
+use protocol::payload::{NodeColumns, PayloadShape, TargetColumns};
 use protocol::{ResponseTables, ServeTicket};
 
 /// The `i`-th (0-based) hop neighbour of `node`.
@@ -306,5 +306,73 @@ pub fn eventually(limit: Duration, mut cond: impl FnMut() -> bool) -> bool {
             return false;
         }
         std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+/// One target's full synthetic neighbourhood, computed once, so that a
+/// benchmark measures moving it rather than generating it.
+#[derive(Debug, Clone)]
+pub struct Precomputed {
+    pub shape: PayloadShape,
+    pub target: u64,
+    pub node_ids: Vec<u64>,
+    pub features: Vec<f32>,
+    pub hop1_rows: Vec<i32>,
+    pub hop2_rows: Vec<i32>,
+}
+
+impl Precomputed {
+    /// Target `target` with exactly `f1` hop-1 and `f1 * f2` hop-2
+    /// neighbours, all distinct: `1 + f1 + f1 * f2` rows (221 for [20, 10]).
+    pub fn full(target: u64, [f1, f2]: [u32; 2], feature_dim: u32) -> Self {
+        let mut node_ids = vec![target];
+        let mut hop1_rows = Vec::new();
+        let mut hop2_rows = Vec::new();
+        for i in 0..f1 {
+            let n1 = neighbour(target, i);
+            hop1_rows.push(node_ids.len() as i32);
+            node_ids.push(n1);
+        }
+        for i in 0..f1 {
+            let n1 = neighbour(target, i);
+            for j in 0..f2 {
+                hop2_rows.push(node_ids.len() as i32);
+                node_ids.push(neighbour(n1, j));
+            }
+        }
+        let dim = feature_dim as usize;
+        let features = node_ids
+            .iter()
+            .flat_map(|&n| (0..dim).map(move |j| feature(n, j)))
+            .collect();
+        Self {
+            shape: PayloadShape {
+                n_targets: 1,
+                n_nodes: node_ids.len() as u32,
+                feature_dim,
+                fanouts: [f1, f2],
+            },
+            target,
+            node_ids,
+            features,
+            hop1_rows,
+            hop2_rows,
+        }
+    }
+
+    /// Copies the neighbourhood into a response's columns (a gather, as the
+    /// sidecar does from its feature cache).
+    pub fn fill(&self, nodes: &mut NodeColumns<'_>, targets: &mut TargetColumns<'_>) {
+        let f2 = self.shape.fanouts[1] as i32;
+        nodes.node_id.copy_from_slice(&self.node_ids);
+        nodes.features.copy_from_slice(&self.features);
+        nodes.tier.fill(tier::L1);
+        targets.target_id[0] = self.target;
+        targets.status[0] = target_status::OK;
+        targets.target_row[0] = 0;
+        targets.hop1_count[0] = self.hop1_rows.len() as i32;
+        targets.hop1_rows.copy_from_slice(&self.hop1_rows);
+        targets.hop2_count.fill(f2);
+        targets.hop2_rows.copy_from_slice(&self.hop2_rows);
     }
 }

@@ -12,11 +12,13 @@ use arrow_array::cast::AsArray;
 use arrow_array::types::{Float32Type, Int32Type, UInt64Type, UInt8Type};
 use arrow_array::RecordBatch;
 use arrow_buffer::Buffer;
-use arrow_ipc::reader::StreamDecoder;
-use arrow_schema::{ArrowError, SchemaRef};
+use arrow_ipc::reader::{FileDecoder, StreamDecoder};
+use arrow_ipc::{Block, MessageHeader, MetadataVersion};
+use arrow_schema::ArrowError;
 
 use crate::layout::{status, ResponseHeader, MAX_FANOUT, MAX_HOPS, MESSAGE_BYTES};
-use crate::payload::schema::{node_schema, target_schema, target_status, tier};
+use crate::payload::schema::{target_status, tier};
+use crate::payload::writer::{CachedSchema, SchemaCache};
 
 /// Why a response could not be decoded.
 #[derive(Debug, thiserror::Error)]
@@ -84,7 +86,12 @@ pub struct DecodeLimits {
 
 /// Decodes the response in `area` (the whole response area as one Arrow
 /// buffer). The returned arrays share `area`'s allocation: no copy.
-pub fn decode(area: &Buffer, limits: &DecodeLimits) -> Result<ResponseTables, DecodeError> {
+/// `schemas` caches the expected schemas between calls.
+pub fn decode(
+    area: &Buffer,
+    limits: &DecodeLimits,
+    schemas: &SchemaCache,
+) -> Result<ResponseTables, DecodeError> {
     if !(area.as_ptr() as usize).is_multiple_of(64) {
         return Err(DecodeError::Malformed(
             "response area is not 64-byte aligned".into(),
@@ -126,14 +133,14 @@ pub fn decode(area: &Buffer, limits: &DecodeLimits) -> Result<ResponseTables, De
         "node",
         header.node_table_offset,
         header.node_table_len,
-        &node_schema(limits.feature_dim),
+        &schemas.node(limits.feature_dim),
     )?;
     let targets = decode_table(
         area,
         "target",
         header.target_table_offset,
         header.target_table_len,
-        &target_schema(header.fanouts),
+        &schemas.target(header.fanouts),
     )?;
     if nodes.num_rows() != header.n_nodes as usize
         || targets.num_rows() != header.n_targets as usize
@@ -160,7 +167,7 @@ fn decode_table(
     table: &'static str,
     offset: u64,
     len: u64,
-    expected: &SchemaRef,
+    expected: &CachedSchema,
 ) -> Result<RecordBatch, DecodeError> {
     let header_len = size_of::<ResponseHeader>() as u64;
     let end = offset.checked_add(len);
@@ -175,30 +182,68 @@ fn decode_table(
         )));
     }
     let stream = area.slice_with_length(offset as usize, len as usize);
-    check_stream_framing(stream.as_slice())
+    let frame = frame_table(stream.as_slice(), &expected.message)
         .map_err(|reason| DecodeError::Malformed(format!("{table} table: {reason}")))?;
-    // Defence in depth: the framing check above rules out the inputs known to
-    // make arrow-rs panic (buffers past the body); should another one exist,
-    // a hostile peer must still only cause an error.
+    // Defence in depth: the framing check rules out the inputs known to make
+    // arrow-rs panic (buffers past the body); should another one exist, a
+    // hostile peer must still only cause an error.
     let batch = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-        decode_stream(stream, table)
+        if frame.known_schema {
+            decode_known_schema(&stream, &frame, expected, table)
+        } else {
+            decode_stream(stream.clone(), table)
+        }
     }))
     .map_err(|_| {
         DecodeError::Malformed(format!(
             "{table} table: the Arrow decoder rejected it (panicked)"
         ))
     })??;
-    if batch.schema().fields() != expected.fields() {
+    if batch.schema().fields() != expected.schema.fields() {
         return Err(DecodeError::Malformed(format!(
             "{table} table schema {:?} is not the documented {:?}",
             batch.schema().fields(),
-            expected.fields()
+            expected.schema.fields()
         )));
     }
     Ok(batch)
 }
 
-/// Decodes exactly one record batch from a complete IPC stream.
+/// Where the messages of a table stream are.
+#[derive(Debug)]
+struct TableFrame {
+    /// The schema message is byte-identical to the expected one.
+    known_schema: bool,
+    /// The record batch message: start, encapsulated metadata length
+    /// (prefix included), body length.
+    batch_start: usize,
+    batch_meta_len: usize,
+    batch_body_len: usize,
+}
+
+/// The fast path: the schema message is byte-identical to the encoding of
+/// the expected schema, so only the record batch is decoded, against the
+/// cached schema (alignment still required).
+fn decode_known_schema(
+    stream: &Buffer,
+    frame: &TableFrame,
+    expected: &CachedSchema,
+    table: &'static str,
+) -> Result<RecordBatch, DecodeError> {
+    let decoder =
+        FileDecoder::new(expected.schema.clone(), MetadataVersion::V5).with_require_alignment(true);
+    let block = Block::new(0, frame.batch_meta_len as i32, frame.batch_body_len as i64);
+    let message = stream.slice_with_length(
+        frame.batch_start,
+        frame.batch_meta_len + frame.batch_body_len,
+    );
+    decoder
+        .read_record_batch(&block, &message)
+        .map_err(|source| DecodeError::Arrow { table, source })?
+        .ok_or_else(|| DecodeError::Malformed(format!("{table} table holds no record batch")))
+}
+
+/// The general path: any valid encoding of the schema, decoded as a stream.
 fn decode_stream(mut stream: Buffer, table: &'static str) -> Result<RecordBatch, DecodeError> {
     let mut decoder = StreamDecoder::new().with_require_alignment(true);
     let arrow = |source| DecodeError::Arrow { table, source };
@@ -216,12 +261,21 @@ fn decode_stream(mut stream: Buffer, table: &'static str) -> Result<RecordBatch,
     batch.ok_or_else(|| DecodeError::Malformed(format!("{table} table holds no record batch")))
 }
 
-/// Walks the encapsulated messages of an IPC stream and checks what arrow-rs
-/// trusts: each message's flatbuffer verifies, its body lies inside the
-/// stream, every buffer of a record batch lies inside its body, nothing is
-/// compressed, and the stream ends with the end-of-stream marker.
-fn check_stream_framing(stream: &[u8]) -> Result<(), String> {
+/// Checks the framing of a table stream, which must be exactly: a schema
+/// message, one record batch message and the end-of-stream marker. Checks
+/// what arrow-rs trusts: each message's flatbuffer verifies, its body lies
+/// inside the stream, every buffer of the batch lies inside the body on a
+/// 64-byte boundary, nothing is compressed. A schema message identical to
+/// `expected_schema` (our own encoding, known good) is not re-verified.
+fn frame_table(stream: &[u8], expected_schema: &[u8]) -> Result<TableFrame, String> {
+    let known_schema = stream.starts_with(expected_schema);
     let mut pos = 0usize;
+    let mut schema_end = None;
+    let mut batch = None;
+    if known_schema {
+        pos = expected_schema.len();
+        schema_end = Some(pos);
+    }
     loop {
         let prefix = stream
             .get(pos..pos + 8)
@@ -231,7 +285,10 @@ fn check_stream_framing(stream: &[u8]) -> Result<(), String> {
         }
         let meta_len = i32::from_le_bytes(prefix[4..8].try_into().expect("4 bytes"));
         if meta_len == 0 {
-            return Ok(());
+            if pos + 8 != stream.len() {
+                return Err("bytes after the end-of-stream marker".into());
+            }
+            break;
         }
         let meta_len =
             usize::try_from(meta_len).map_err(|_| "negative metadata length".to_string())?;
@@ -249,27 +306,50 @@ fn check_stream_framing(stream: &[u8]) -> Result<(), String> {
             .checked_add(body_len)
             .filter(|&end| end <= stream.len())
             .ok_or_else(|| format!("message body at byte {body_start} runs past the stream"))?;
-        if let Some(batch) = message.header_as_record_batch() {
-            if batch.compression().is_some() {
-                return Err("compressed record batches are not part of the protocol".into());
-            }
-            for buffer in batch.buffers().into_iter().flatten() {
-                let inside = u64::try_from(buffer.offset())
-                    .ok()
-                    .zip(u64::try_from(buffer.length()).ok())
-                    .and_then(|(o, l)| o.checked_add(l))
-                    .is_some_and(|end| end <= body_len as u64);
-                if !inside {
-                    return Err(format!(
-                        "buffer at {}+{} lies outside the {body_len} byte body",
-                        buffer.offset(),
-                        buffer.length()
-                    ));
+        match (message.header_type(), schema_end, batch.is_some()) {
+            (MessageHeader::Schema, None, false) if body_len == 0 => schema_end = Some(body_end),
+            (MessageHeader::RecordBatch, Some(_), false) => {
+                let record_batch = message
+                    .header_as_record_batch()
+                    .ok_or("record batch message without a record batch")?;
+                if record_batch.compression().is_some() {
+                    return Err("compressed record batches are not part of the protocol".into());
                 }
+                for buffer in record_batch.buffers().into_iter().flatten() {
+                    let inside = u64::try_from(buffer.offset())
+                        .ok()
+                        .filter(|o| o % 64 == 0)
+                        .zip(u64::try_from(buffer.length()).ok())
+                        .and_then(|(o, l)| o.checked_add(l))
+                        .is_some_and(|end| end <= body_len as u64);
+                    if !inside {
+                        return Err(format!(
+                            "buffer at {}+{} is not 64-aligned inside the {body_len} byte body",
+                            buffer.offset(),
+                            buffer.length()
+                        ));
+                    }
+                }
+                batch = Some((pos, 8 + meta_len, body_len));
+            }
+            (kind, _, _) => {
+                return Err(format!(
+                    "unexpected {kind:?} message at byte {pos}: a table is one schema message, \
+                     one record batch and the end-of-stream marker"
+                ))
             }
         }
         pos = body_end;
     }
+    let (Some(_), Some((batch_start, batch_meta_len, batch_body_len))) = (schema_end, batch) else {
+        return Err("a table needs a schema message and a record batch".into());
+    };
+    Ok(TableFrame {
+        known_schema,
+        batch_start,
+        batch_meta_len,
+        batch_body_len,
+    })
 }
 
 impl ResponseTables {

@@ -6,6 +6,8 @@ use std::mem::size_of;
 use std::ops::Range;
 use std::sync::{Arc, Mutex};
 
+use arrow_schema::SchemaRef;
+
 use crate::layout::{status, ResponseHeader, MAX_HOPS, MESSAGE_BYTES};
 use crate::payload::ipc::{self, BodyPlan, ColumnKind, END_OF_STREAM};
 use crate::payload::schema::{node_schema, target_schema};
@@ -69,25 +71,43 @@ fn target_kinds([f1, f2]: [u32; MAX_HOPS]) -> [ColumnKind; 7] {
     ]
 }
 
-/// Encapsulated schema messages, built once per feature dim / fanouts.
+/// A table schema and its encapsulated IPC schema message.
+#[derive(Debug)]
+pub struct CachedSchema {
+    pub schema: SchemaRef,
+    pub message: Vec<u8>,
+}
+
+impl CachedSchema {
+    fn new(schema: SchemaRef) -> Arc<Self> {
+        let message = ipc::schema_message(&schema);
+        Arc::new(Self { schema, message })
+    }
+}
+
+/// Table schemas and their encoded messages, built once per feature dim and
+/// per fanouts, shared by the writer (which copies the message) and the
+/// reader (which recognises it and skips re-parsing it).
 #[derive(Debug, Default)]
 pub struct SchemaCache {
-    nodes: Mutex<HashMap<u32, Arc<[u8]>>>,
-    targets: Mutex<HashMap<[u32; MAX_HOPS], Arc<[u8]>>>,
+    nodes: Mutex<HashMap<u32, Arc<CachedSchema>>>,
+    targets: Mutex<HashMap<[u32; MAX_HOPS], Arc<CachedSchema>>>,
 }
 
 impl SchemaCache {
-    fn node_message(&self, dim: u32) -> Arc<[u8]> {
+    /// The node table schema for `dim`.
+    pub fn node(&self, dim: u32) -> Arc<CachedSchema> {
         let mut map = self.nodes.lock().unwrap_or_else(|p| p.into_inner());
         map.entry(dim)
-            .or_insert_with(|| ipc::schema_message(&node_schema(dim)).into())
+            .or_insert_with(|| CachedSchema::new(node_schema(dim)))
             .clone()
     }
 
-    fn target_message(&self, fanouts: [u32; MAX_HOPS]) -> Arc<[u8]> {
+    /// The target table schema for `fanouts`.
+    pub fn target(&self, fanouts: [u32; MAX_HOPS]) -> Arc<CachedSchema> {
         let mut map = self.targets.lock().unwrap_or_else(|p| p.into_inner());
         map.entry(fanouts)
-            .or_insert_with(|| ipc::schema_message(&target_schema(fanouts)).into())
+            .or_insert_with(|| CachedSchema::new(target_schema(fanouts)))
             .clone()
     }
 }
@@ -211,17 +231,17 @@ impl<'a> ResponseWriter<'a> {
             .ok_or(too_large(usize::MAX, area.len()))?;
         let target_plan = ipc::plan_body(shape.n_targets as usize, &target_kinds(shape.fanouts))
             .ok_or(too_large(usize::MAX, area.len()))?;
-        let node_schema = schemas.node_message(shape.feature_dim);
-        let target_schema = schemas.target_message(shape.fanouts);
+        let node_schema = schemas.node(shape.feature_dim);
+        let target_schema = schemas.target(shape.fanouts);
         let node_batch = ipc::record_batch_message(&node_plan);
         let target_batch = ipc::record_batch_message(&target_plan);
         let header_len = size_of::<ResponseHeader>();
         // The exact size, checked before any write, so a response that does
         // not fit leaves the area untouched.
-        let needed = stream_len(node_schema.len(), node_batch.len(), &node_plan)
+        let needed = stream_len(node_schema.message.len(), node_batch.len(), &node_plan)
             .and_then(|n| {
                 n.checked_add(stream_len(
-                    target_schema.len(),
+                    target_schema.message.len(),
                     target_batch.len(),
                     &target_plan,
                 )?)
@@ -231,12 +251,18 @@ impl<'a> ResponseWriter<'a> {
         if needed > area.len() {
             return Err(too_large(needed, area.len()));
         }
-        let nodes = place_table(area, header_len, &node_schema, &node_batch, node_plan);
+        let nodes = place_table(
+            area,
+            header_len,
+            &node_schema.message,
+            &node_batch,
+            node_plan,
+        );
         let target_start = nodes.stream.end.next_multiple_of(64);
         let targets = place_table(
             area,
             target_start,
-            &target_schema,
+            &target_schema.message,
             &target_batch,
             target_plan,
         );

@@ -45,6 +45,15 @@ struct Args {
     fanout1: u32,
     #[arg(long, default_value_t = 10)]
     fanout2: u32,
+    /// Answer every non-empty request with one precomputed full
+    /// neighbourhood of target 1 (for benchmarks: measures moving the
+    /// payload, not generating it).
+    #[arg(long)]
+    precomputed: bool,
+    /// Instead of a ring, serve the precomputed payload over this Unix
+    /// socket: the copy-based reference of the benchmark.
+    #[arg(long)]
+    uds: Option<std::path::PathBuf>,
 }
 
 fn main() -> anyhow::Result<()> {
@@ -55,6 +64,14 @@ fn main() -> anyhow::Result<()> {
         )
         .init();
     let args = Args::parse();
+    let precomputed = Arc::new(tests::Precomputed::full(
+        1,
+        [args.fanout1, args.fanout2],
+        args.dim,
+    ));
+    if let Some(path) = &args.uds {
+        return serve_uds(path, &precomputed, args.response_bytes as usize);
+    }
     let schema = FeatureSchema {
         feature_dim: args.dim,
         dtype: dtype::F32,
@@ -90,13 +107,17 @@ fn main() -> anyhow::Result<()> {
     let workers: Vec<_> = (0..args.threads)
         .map(|_| {
             let rx = rx.clone();
-            let (dim, full) = (args.dim, args.full);
+            let (dim, full, pre) = (
+                args.dim,
+                args.full,
+                args.precomputed.then(|| precomputed.clone()),
+            );
             std::thread::spawn(move || loop {
                 let ticket = match rx.lock().expect("not poisoned").recv() {
                     Ok(ticket) => ticket,
                     Err(_) => return,
                 };
-                tests::answer_synthetic(ticket, dim, full);
+                answer(ticket, dim, full, pre.as_deref());
             })
         })
         .collect();
@@ -106,7 +127,8 @@ fn main() -> anyhow::Result<()> {
         server.next_batch(&mut batch, Duration::from_millis(100));
         for ticket in batch.drain(..) {
             if args.inline {
-                tests::answer_synthetic(ticket, args.dim, args.full);
+                let pre = args.precomputed.then_some(&*precomputed);
+                answer(ticket, args.dim, args.full, pre);
             } else {
                 tx.send(ticket)?;
             }
@@ -120,5 +142,59 @@ fn main() -> anyhow::Result<()> {
         Ok(server) => server.shutdown(),
         Err(_) => anyhow::bail!("server still shared at shutdown"),
     }
+    Ok(())
+}
+
+fn answer(
+    ticket: protocol::ServeTicket,
+    dim: u32,
+    full: bool,
+    precomputed: Option<&tests::Precomputed>,
+) {
+    let Some(pre) = precomputed else {
+        return tests::answer_synthetic(ticket, dim, full);
+    };
+    match ticket.request() {
+        Ok(request) if !request.targets.is_empty() => {
+            let _ = ticket.respond(request.request_id, 7, pre.shape, |nodes, targets| {
+                pre.fill(nodes, targets)
+            });
+        }
+        _ => tests::answer_synthetic(ticket, dim, full),
+    }
+}
+
+/// The copy-based reference: per request, write the same Arrow response into
+/// a local buffer (the same gather as the ring path) and send it over a Unix
+/// socket; the client reads it into its own buffer.
+fn serve_uds(
+    path: &std::path::Path,
+    precomputed: &tests::Precomputed,
+    area_bytes: usize,
+) -> anyhow::Result<()> {
+    use std::io::Write;
+    let _ = std::fs::remove_file(path);
+    let listener = std::os::unix::net::UnixListener::bind(path)?;
+    println!("READY 0x0");
+    let (mut stream, _) = listener.accept()?;
+    let schemas = protocol::payload::SchemaCache::default();
+    // 64-byte aligned, like a slot's response area.
+    let mut area = arrow_buffer::MutableBuffer::from_len_zeroed(area_bytes);
+    let mut request = [0u8; 8];
+    while stream.read_exact(&mut request).is_ok() {
+        let mut writer = protocol::payload::ResponseWriter::new(
+            area.as_slice_mut(),
+            precomputed.shape,
+            &schemas,
+        )?;
+        {
+            let (mut nodes, mut targets) = writer.columns();
+            precomputed.fill(&mut nodes, &mut targets);
+        }
+        let used = writer.finish(u64::from_le_bytes(request), 7, 0);
+        stream.write_all(&(used as u64).to_le_bytes())?;
+        stream.write_all(&area.as_slice()[..used])?;
+    }
+    let _ = std::fs::remove_file(path);
     Ok(())
 }
