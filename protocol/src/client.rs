@@ -8,7 +8,7 @@
 #![allow(unsafe_code)]
 
 use std::ptr::NonNull;
-use std::sync::atomic::{AtomicBool, AtomicUsize};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant};
 
@@ -103,6 +103,8 @@ struct Attachment {
     /// Set by the heartbeat thread when the sidecar is gone or evicted us.
     lost: AtomicBool,
     lost_reason: Mutex<String>,
+    /// The sidecar's heartbeat when this attachment was marked lost.
+    lost_heartbeat: AtomicU64,
     next_slot: AtomicUsize,
     schemas: SchemaCache,
 }
@@ -118,6 +120,13 @@ impl Attachment {
     }
 
     fn mark_lost(&self, reason: String) {
+        let heartbeat = self
+            .segment
+            .header()
+            .preamble
+            .server_heartbeat
+            .load(Ordering::Acquire);
+        self.lost_heartbeat.store(heartbeat, Ordering::Release);
         if !self.lost.swap(true, Ordering::AcqRel) {
             tracing::warn!(segment = %self.segment.name(), %reason, "lost the sidecar");
             *self.lost_reason.lock().unwrap_or_else(|p| p.into_inner()) = reason;
@@ -222,13 +231,24 @@ impl RingClient {
         Ok(client)
     }
 
-    fn new_attachment(&self, previous_epoch: Option<u64>) -> Result<Arc<Attachment>, CallError> {
+    /// Attaches and registers. `lost` is the epoch and server heartbeat of
+    /// the attachment being replaced: the same epoch is accepted again only
+    /// if its heartbeat moved since (a stalled sidecar that recovered, or one
+    /// that reaped this client), never while it still stands still.
+    fn new_attachment(&self, lost: Option<(u64, u64)>) -> Result<Arc<Attachment>, CallError> {
         let segment = Segment::attach(&self.name)?;
-        if Some(segment.epoch()) == previous_epoch {
-            return Err(CallError::SidecarGone {
-                name: self.name.clone(),
-                reason: "the segment still belongs to the lost sidecar".into(),
-            });
+        if let Some((epoch, heartbeat)) = lost {
+            let now = segment
+                .header()
+                .preamble
+                .server_heartbeat
+                .load(Ordering::Acquire);
+            if segment.epoch() == epoch && now == heartbeat {
+                return Err(CallError::SidecarGone {
+                    name: self.name.clone(),
+                    reason: "the segment still belongs to the lost sidecar".into(),
+                });
+            }
         }
         let id = liveness::register(segment.header())
             .ok_or(CallError::RegistryFull(crate::layout::MAX_CLIENTS))?;
@@ -237,6 +257,7 @@ impl RingClient {
             id,
             lost: AtomicBool::new(false),
             lost_reason: Mutex::new(String::new()),
+            lost_heartbeat: AtomicU64::new(0),
             next_slot: AtomicUsize::new(id.index as usize * 7),
             schemas: SchemaCache::default(),
         });
@@ -277,12 +298,14 @@ impl RingClient {
                     Some(att) if !att.is_lost() => return Ok(att.clone()),
                     _ => {}
                 }
-                let previous_epoch = current.as_ref().map(|a| a.segment.epoch());
+                let lost = current
+                    .as_ref()
+                    .map(|a| (a.segment.epoch(), a.lost_heartbeat.load(Ordering::Acquire)));
                 let reason = current
                     .as_ref()
                     .map(|a| a.lost_reason())
                     .unwrap_or_default();
-                match self.new_attachment(previous_epoch) {
+                match self.new_attachment(lost) {
                     Ok(att) => {
                         self.current.store(Some(att.clone()));
                         return Ok(att);

@@ -283,3 +283,38 @@ fn the_sidecar_reclaims_the_slots_of_a_dead_worker() {
     drop(observer);
     server.stop().unwrap();
 }
+
+#[test]
+fn a_worker_recovers_when_a_stalled_sidecar_resumes() {
+    use nix::sys::signal::{kill, Signal};
+    use nix::unistd::Pid;
+    let name = unique_name("stall");
+    let server = start_server(&name, &[]);
+    let pid = Pid::from_raw(server.child.id() as i32);
+    let client = RingClient::attach(&name, fast_client_options()).unwrap();
+    let targets = [9u64];
+    client.call(&CallRequest::new(&targets)).unwrap();
+
+    // Freeze the sidecar well past the client's 300 ms timeout.
+    kill(pid, Signal::SIGSTOP).unwrap();
+    let mut request = CallRequest::new(&targets);
+    request.timeout = Some(Duration::from_millis(800));
+    let stalled = client.call(&request);
+    assert!(
+        matches!(
+            stalled,
+            Err(CallError::SidecarGone { .. }) | Err(CallError::DeadlineExceeded { .. })
+        ),
+        "a frozen sidecar is reported, not waited on forever: {stalled:?}"
+    );
+
+    // Once it resumes, the same client serves again from the same epoch.
+    kill(pid, Signal::SIGCONT).unwrap();
+    request.timeout = Some(Duration::from_secs(5));
+    let response = client.call(&request).expect("served again after the stall");
+    verify_response(&response.tables().unwrap(), &targets, DIM, false).unwrap();
+    assert_eq!(client.epoch(), Some(server.epoch));
+    drop(response);
+    drop(client);
+    server.stop().unwrap();
+}
