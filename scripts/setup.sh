@@ -1,0 +1,65 @@
+#!/usr/bin/env bash
+# Installs what the project needs on a fresh machine, and nothing that is
+# already there: safe to run again. Called by scripts/demo.sh and
+# scripts/test.sh.
+#
+# - the Rust toolchain's rustfmt and clippy components;
+# - Debian packages (only if missing): python3-venv where the system Python
+#   lacks the venv module;
+# - a project-local Python venv in .venv with tests/python/requirements.txt
+#   (pyarrow, numpy), reinstalled only when the requirements change.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+say() { printf 'setup: %s\n' "$*"; }
+
+if ! command -v cargo >/dev/null 2>&1; then
+    echo "setup: cargo is not installed; install the Rust toolchain (rustup) first" >&2
+    exit 1
+fi
+for component in rustfmt clippy; do
+    if ! cargo "${component/rustfmt/fmt}" --version >/dev/null 2>&1; then
+        say "adding the $component component"
+        rustup component add "$component"
+    fi
+done
+
+apt_updated=0
+apt_install() {
+    local missing=()
+    for pkg in "$@"; do
+        dpkg -s "$pkg" >/dev/null 2>&1 || missing+=("$pkg")
+    done
+    [ ${#missing[@]} -eq 0 ] && return 0
+    if [ "$apt_updated" = 0 ]; then
+        say "apt-get update"
+        apt-get update -qq
+        apt_updated=1
+    fi
+    say "installing ${missing[*]}"
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null
+}
+
+python=${PYTHON:-python3}
+if ! command -v "$python" >/dev/null 2>&1; then
+    apt_install python3 python3-venv
+    python=python3
+fi
+if ! "$python" -c 'import venv, ensurepip' >/dev/null 2>&1; then
+    apt_install python3-venv
+fi
+
+requirements=tests/python/requirements.txt
+stamp=.venv/.requirements.sha256
+want=$(sha256sum "$requirements" | cut -d' ' -f1)
+if [ ! -x .venv/bin/python ]; then
+    say "creating the Python venv in .venv"
+    "$python" -m venv .venv
+fi
+if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
+    say "installing $requirements into .venv"
+    .venv/bin/python -m pip install -q --upgrade pip
+    .venv/bin/python -m pip install -q -r "$requirements"
+    echo "$want" >"$stamp"
+fi
+say "ready"

@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# The whole test suite: formatting, lints, every test of the workspace
+# (unit, property, multi-process, pyarrow), and the loom model tests.
+# Installs what is missing first (scripts/setup.sh); safe to run again.
+#
+# Everything builds in the release profile, the one the demo and the
+# benchmarks use, so each dependency is compiled once. Set CARGO_TARGET_DIR
+# to keep builds outside the clone (.ci/run does).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+scripts/setup.sh
+
+target=${CARGO_TARGET_DIR:-$PWD/target}
+export CARGO_TARGET_DIR=$target
+
+echo "== cargo fmt --check"
+cargo fmt --all -- --check
+echo "== cargo clippy"
+cargo clippy --release --workspace --all-targets -- -D warnings
+echo "== cargo test"
+cargo test --release --workspace
+echo "== loom model tests"
+# --cfg loom changes every crate's flags: a target directory of its own keeps
+# the main build incremental.
+RUSTFLAGS="--cfg loom" CARGO_TARGET_DIR="$target/loom" \
+    cargo test --release -p protocol --test loom
