@@ -10,6 +10,7 @@
 
 use std::collections::HashMap;
 use std::io::{BufRead, BufReader};
+use std::path::Path;
 use std::process::{Child, ChildStdin, Command, Stdio};
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
@@ -240,11 +241,14 @@ pub struct ServerProcess {
     pub child: Child,
     stdin: Option<ChildStdin>,
     pub epoch: u64,
+    /// The segment name it was started with, removed on drop if the test
+    /// is failing.
+    segment: Option<String>,
 }
 
 impl ServerProcess {
     /// Starts the server and waits for its `READY <epoch>` line.
-    pub fn start(bin: &std::path::Path, args: &[String]) -> anyhow::Result<Self> {
+    pub fn start(bin: &Path, args: &[String]) -> anyhow::Result<Self> {
         let mut child = Command::new(bin)
             .args(args)
             .stdin(Stdio::piped())
@@ -261,10 +265,16 @@ impl ServerProcess {
         };
         let epoch = u64::from_str_radix(epoch.trim_start_matches("0x"), 16)?;
         let stdin = child.stdin.take();
+        let segment = args
+            .iter()
+            .position(|a| a == "--name")
+            .and_then(|i| args.get(i + 1))
+            .cloned();
         Ok(Self {
             child,
             stdin,
             epoch,
+            segment,
         })
     }
 
@@ -286,6 +296,13 @@ impl Drop for ServerProcess {
     fn drop(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
+        // A test that fails never reaches its clean stop, and a killed
+        // server leaves its segment behind; tmpfs pages are memory, so remove
+        // it. (Passing tests end with a clean stop, and the crash tests need
+        // the stale segment to outlive `kill`.)
+        if let (Some(name), true) = (&self.segment, std::thread::panicking()) {
+            let _ = std::fs::remove_file(Path::new("/dev/shm").join(name));
+        }
     }
 }
 
