@@ -30,6 +30,20 @@ pub struct Request {
     pub targets: Vec<u64>,
 }
 
+impl Request {
+    /// Time left before the request's deadline, on CLOCK_MONOTONIC: `None`
+    /// when the client set none (use the sidecar's default), `Some(ZERO)` once
+    /// it has passed.
+    pub fn remaining(&self) -> Option<std::time::Duration> {
+        self.remaining_at(mono_now_ns())
+    }
+
+    fn remaining_at(&self, now_ns: u64) -> Option<std::time::Duration> {
+        (self.deadline_mono_ns != 0)
+            .then(|| std::time::Duration::from_nanos(self.deadline_mono_ns.saturating_sub(now_ns)))
+    }
+}
+
 /// Why a request read from a slot is refused. Every variant is the client's
 /// mistake (or a hostile client's), answered with `INVALID_REQUEST`.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -141,4 +155,29 @@ pub fn mono_now_ns() -> u64 {
     nix::time::clock_gettime(nix::time::ClockId::CLOCK_MONOTONIC)
         .map(|ts| ts.tv_sec() as u64 * 1_000_000_000 + ts.tv_nsec() as u64)
         .unwrap_or(0)
+}
+
+#[cfg(all(test, not(loom)))]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+
+    #[test]
+    fn remaining_time_follows_the_deadline() {
+        let mut request = Request {
+            request_id: 1,
+            deadline_mono_ns: 0,
+            fanouts: [1, 1],
+            targets: vec![],
+        };
+        assert_eq!(request.remaining_at(5_000), None, "no deadline");
+        request.deadline_mono_ns = 8_000;
+        assert_eq!(
+            request.remaining_at(5_000),
+            Some(Duration::from_nanos(3_000))
+        );
+        assert_eq!(request.remaining_at(9_000), Some(Duration::ZERO), "passed");
+        assert!(mono_now_ns() > 0);
+    }
 }

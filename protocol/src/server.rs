@@ -122,15 +122,12 @@ impl RingServer {
     pub fn next_batch(&self, out: &mut Vec<ServeTicket>, timeout: Duration) -> usize {
         let deadline = Instant::now() + timeout;
         let queue = self.queue();
-        let mut indices = Vec::new();
         let before = out.len();
+        let slot_count = self.shared.segment.geometry().slot_count;
         loop {
-            indices.clear();
-            queue.drain_into(&mut indices);
-            let slot_count = self.shared.segment.geometry().slot_count;
-            for &slot_idx in &indices {
+            queue.drain(|slot_idx| {
                 if slot_idx >= slot_count {
-                    continue;
+                    return;
                 }
                 if let Some(word) = self.shared.segment.slot(slot_idx as usize).take() {
                     out.push(ServeTicket {
@@ -144,7 +141,7 @@ impl RingServer {
                     // An abandoned slot was freed by `take`.
                     self.notify_free();
                 }
-            }
+            });
             if out.len() > before {
                 return out.len() - before;
             }

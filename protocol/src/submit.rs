@@ -41,8 +41,9 @@ impl<'a> SubmitQueue<'a> {
         notify(self.doorbell, self.server_parked);
     }
 
-    /// Sidecar: move every pending slot index into `out` (ascending).
-    pub fn drain_into(&self, out: &mut Vec<u32>) {
+    /// Sidecar: take every pending slot index, calling `each` for each
+    /// (ascending within a word).
+    pub fn drain(&self, mut each: impl FnMut(u32)) {
         for (word_idx, word) in self.bits.iter().enumerate() {
             // Relaxed peek avoids a locked RMW on idle words.
             if word.load(Ordering::Relaxed) == 0 {
@@ -52,9 +53,14 @@ impl<'a> SubmitQueue<'a> {
             while pending != 0 {
                 let bit = pending.trailing_zeros();
                 pending &= pending - 1;
-                out.push(word_idx as u32 * 64 + bit);
+                each(word_idx as u32 * 64 + bit);
             }
         }
+    }
+
+    /// [`SubmitQueue::drain`] into a vector.
+    pub fn drain_into(&self, out: &mut Vec<u32>) {
+        self.drain(|slot_idx| out.push(slot_idx));
     }
 
     /// Whether any bit is set (SeqCst: the sidecar's re-check before parking).

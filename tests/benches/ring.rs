@@ -18,45 +18,24 @@
 //!
 //! Run: `cargo bench -p tests --bench ring` (add `-- --quick` for a short run).
 
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::{Read, Write};
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use arrow_buffer::{Buffer, MutableBuffer};
 use hdrhistogram::Histogram;
 use protocol::payload::{self, DecodeLimits, SchemaCache};
 use protocol::{CallRequest, ClientOptions, RingClient, WaitPolicy};
+use tests::ServerProcess;
 
 const SERVER: &str = env!("CARGO_BIN_EXE_ring-test-server");
 const DIM: u32 = 128;
 const FANOUTS: [u32; 2] = [20, 10];
 
-struct Server(Child);
-
-impl Server {
-    fn start(args: &[&str]) -> Self {
-        let mut child = Command::new(SERVER)
-            .args(args)
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .expect("start ring-test-server");
-        let mut line = String::new();
-        BufReader::new(child.stdout.take().unwrap())
-            .read_line(&mut line)
-            .unwrap();
-        assert!(line.starts_with("READY"), "server said {line:?}");
-        Self(child)
-    }
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        drop(self.0.stdin.take());
-        let _ = self.0.wait();
-    }
+/// A ring test server (or its Unix-socket twin) for one mode.
+fn server(args: &[&str]) -> ServerProcess {
+    let args: Vec<String> = args.iter().map(|a| a.to_string()).collect();
+    ServerProcess::start(Path::new(SERVER), &args).expect("start ring-test-server")
 }
 
 struct Stats {
@@ -113,7 +92,7 @@ fn client(name: &str, spin_for: Duration) -> RingClient {
 fn ring_empty(stats: &mut Stats, iterations: usize, spin: bool) {
     let name = format!("gnn-bench-empty-{}-{}", spin, std::process::id());
     let spin_us = if spin { "1000000" } else { "0" };
-    let _server = Server::start(&[
+    let _server = server(&[
         "--name",
         &name,
         "--inline",
@@ -146,7 +125,7 @@ fn ring_empty(stats: &mut Stats, iterations: usize, spin: bool) {
 
 fn ring_payload(stats: &mut Stats, iterations: usize, decode: bool) -> f32 {
     let name = format!("gnn-bench-payload-{}", std::process::id());
-    let _server = Server::start(&[
+    let _server = server(&[
         "--name",
         &name,
         "--inline",
@@ -191,7 +170,7 @@ fn ring_payload(stats: &mut Stats, iterations: usize, decode: bool) -> f32 {
 
 fn uds_payload(stats: &mut Stats, iterations: usize, _decode: bool) -> f32 {
     let path = std::env::temp_dir().join(format!("gnn-bench-{}.sock", std::process::id()));
-    let _server = Server::start(&[
+    let _server = server(&[
         "--name",
         "unused",
         "--uds",

@@ -53,6 +53,14 @@ pub fn answer_synthetic(ticket: ServeTicket, feature_dim: u32, full: bool) {
             return;
         }
     };
+    if request.remaining() == Some(Duration::ZERO) {
+        ticket.respond_error(
+            status::DEADLINE_EXCEEDED,
+            request.request_id,
+            "the deadline passed before the request was served",
+        );
+        return;
+    }
     let [f1, f2] = request.fanouts;
     // Assign node-table rows: targets first, then neighbours, deduplicated.
     let mut rows: HashMap<u64, i32> = HashMap::new();
@@ -235,7 +243,8 @@ pub fn unique_name(tag: &str) -> String {
 }
 
 /// A `ring-test-server` child process. Closing its stdin stops it cleanly;
-/// dropping the handle kills it.
+/// dropping the handle does that too, and kills it if it has not exited
+/// within two seconds.
 #[derive(Debug)]
 pub struct ServerProcess {
     pub child: Child,
@@ -294,7 +303,13 @@ impl ServerProcess {
 
 impl Drop for ServerProcess {
     fn drop(&mut self) {
-        let _ = self.child.kill();
+        drop(self.stdin.take());
+        let exited = eventually(Duration::from_secs(2), || {
+            matches!(self.child.try_wait(), Ok(Some(_)))
+        });
+        if !exited {
+            let _ = self.child.kill();
+        }
         let _ = self.child.wait();
         // A test that fails never reaches its clean stop, and a killed
         // server leaves its segment behind; tmpfs pages are memory, so remove
