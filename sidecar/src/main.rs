@@ -1,21 +1,77 @@
 //! `sidecar`: the feature-prefetching daemon's command line.
 #![forbid(unsafe_code)]
 
-use clap::Parser;
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+use sidecar::graph::dataset;
 
 /// The feature-prefetching sidecar for GNN serving.
-///
-/// This build carries the shared-memory ring protocol only; the `import` and
-/// `serve` commands are added with the graph index and the feature tiers.
 #[derive(Debug, Parser)]
 #[command(version, about)]
-struct Cli {}
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
 
-fn main() {
-    let _cli = Cli::parse();
-    println!(
-        "sidecar {} (ring layout v{}): no command is available in this build yet; see README.md",
-        env!("CARGO_PKG_VERSION"),
-        protocol::LAYOUT_VERSION
-    );
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Build the graph index from a dataset directory (the ../shared/data
+    /// layout) or a text edge list (`src dst` per line, `#` comments).
+    Import {
+        /// Dataset directory or text edge list.
+        input: PathBuf,
+        /// Where the sidecar keeps its index (graph.csr).
+        #[arg(long)]
+        data_dir: PathBuf,
+        /// Add the reverse of every edge of a text edge list.
+        #[arg(long)]
+        undirected: bool,
+        /// Version stamped into the index; a model declares the version it
+        /// was trained on.
+        #[arg(long, default_value_t = 1)]
+        graph_version: u64,
+    },
+}
+
+fn main() -> ExitCode {
+    tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
+        )
+        .init();
+    match run(Cli::parse()) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("sidecar: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn run(cli: Cli) -> anyhow::Result<()> {
+    match cli.command {
+        Command::Import {
+            input,
+            data_dir,
+            undirected,
+            graph_version,
+        } => {
+            let stats = dataset::import_graph(&input, &data_dir, undirected, graph_version)?;
+            println!(
+                "graph index {}: {} nodes, {} edges ({} duplicates and {} self loops dropped) \
+                 in {:.2} s ({:.1} M input edges/s)",
+                data_dir.join(dataset::INDEX_FILE).display(),
+                stats.n_nodes,
+                stats.n_edges,
+                stats.duplicates_dropped,
+                stats.self_loops_dropped,
+                stats.seconds,
+                stats.input_edges as f64 / stats.seconds / 1e6
+            );
+            Ok(())
+        }
+    }
 }

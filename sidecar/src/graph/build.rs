@@ -1,0 +1,304 @@
+//! Building a CSR index from an edge list, streaming, in bounded memory.
+//!
+//! Two passes over the edges (a text list is first converted to a binary
+//! temporary file, so it is parsed once):
+//! 1. count out-degrees (8 bytes per node);
+//! 2. scatter each edge into its row, in the output file itself (mapped,
+//!    so rows live in the page cache, not in the heap), with a cursor per
+//!    node (8 more bytes per node).
+//!
+//! Then each row is sorted, deduplicated and stripped of self loops, rows are
+//! compacted in place, the body checksum computed and the header written. The
+//! file is built under a temporary name and renamed into place. Heap use is
+//! 16 bytes per node plus one read buffer, whatever the edge count: a
+//! 10M-node, 200M-edge graph needs about 160 MB of heap.
+#![allow(unsafe_code)]
+
+use std::fs::{File, OpenOptions};
+use std::io::{BufRead, BufReader, BufWriter, Read, Write};
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+use anyhow::{bail, ensure, Context};
+use memmap2::MmapMut;
+use xxhash_rust::xxh3::xxh3_64;
+
+use crate::graph::format::{CsrHeader, FLAG_UNDIRECTED, HEADER_BYTES};
+
+/// Edges read per chunk (8 MB of u32 pairs).
+const CHUNK_EDGES: usize = 1 << 20;
+
+/// Where edges come from: a binary file of little-endian u32 pairs.
+#[derive(Debug, Clone)]
+pub struct EdgeFile {
+    pub path: PathBuf,
+    /// Node count if known (a dataset's meta.json); otherwise max id + 1.
+    pub n_nodes: Option<u64>,
+}
+
+impl EdgeFile {
+    /// Calls `each` with chunks of (src, dst) pairs.
+    fn for_each_chunk(&self, mut each: impl FnMut(&[[u32; 2]])) -> anyhow::Result<()> {
+        let file = File::open(&self.path)
+            .with_context(|| format!("opening edge file {}", self.path.display()))?;
+        let len = file.metadata()?.len();
+        ensure!(
+            len % 8 == 0,
+            "edge file {} is {len} bytes, not a whole number of u32 (src, dst) pairs",
+            self.path.display()
+        );
+        let mut reader = BufReader::with_capacity(1 << 20, file);
+        let mut buf = vec![[0u32; 2]; CHUNK_EDGES];
+        loop {
+            let bytes: &mut [u8] = bytemuck::cast_slice_mut(&mut buf[..]);
+            let mut filled = 0;
+            while filled < bytes.len() {
+                let n = reader.read(&mut bytes[filled..])?;
+                if n == 0 {
+                    break;
+                }
+                filled += n;
+            }
+            ensure!(filled % 8 == 0, "edge file ended inside a pair");
+            let pairs = &mut buf[..filled / 8];
+            if cfg!(target_endian = "big") {
+                for pair in pairs.iter_mut() {
+                    *pair = pair.map(u32::from_le);
+                }
+            }
+            if pairs.is_empty() {
+                return Ok(());
+            }
+            each(pairs);
+        }
+    }
+}
+
+/// Options of a build.
+#[derive(Debug, Clone)]
+pub struct BuildOptions {
+    /// Add the reverse of every edge.
+    pub undirected: bool,
+    pub graph_version: u64,
+}
+
+/// What a build produced.
+#[derive(Debug, Clone, Copy)]
+pub struct BuildStats {
+    pub n_nodes: u64,
+    /// Edges read (before reversing and deduplication).
+    pub input_edges: u64,
+    /// Edges in the index.
+    pub n_edges: u64,
+    pub self_loops_dropped: u64,
+    pub duplicates_dropped: u64,
+    pub seconds: f64,
+}
+
+/// Converts a text edge list (`src dst` per line, `#` comments, blank lines)
+/// to a binary edge file. Errors name the line.
+pub fn text_to_binary(text: &Path, out: &Path) -> anyhow::Result<u64> {
+    let input = File::open(text).with_context(|| format!("opening {}", text.display()))?;
+    let mut reader = BufReader::with_capacity(1 << 20, input);
+    let mut writer = BufWriter::with_capacity(1 << 20, File::create(out)?);
+    let mut line = String::new();
+    let mut line_no = 0u64;
+    let mut edges = 0u64;
+    loop {
+        line.clear();
+        if reader.read_line(&mut line)? == 0 {
+            break;
+        }
+        line_no += 1;
+        let content = line.split('#').next().unwrap_or("").trim();
+        if content.is_empty() {
+            continue;
+        }
+        let mut fields = content.split_whitespace();
+        let (Some(src), Some(dst), None) = (fields.next(), fields.next(), fields.next()) else {
+            bail!(
+                "{}:{line_no}: expected `src dst`, found {content:?}",
+                text.display()
+            );
+        };
+        let parse = |field: &str| -> anyhow::Result<u32> {
+            field.parse::<u32>().with_context(|| {
+                format!(
+                    "{}:{line_no}: node id {field:?} is not an integer in 0..=4294967295",
+                    text.display()
+                )
+            })
+        };
+        let (src, dst) = (parse(src)?, parse(dst)?);
+        writer.write_all(&src.to_le_bytes())?;
+        writer.write_all(&dst.to_le_bytes())?;
+        edges += 1;
+        if edges.is_multiple_of(50_000_000) {
+            tracing::info!(edges, "parsing the edge list");
+        }
+    }
+    writer.flush()?;
+    Ok(edges)
+}
+
+/// Builds the CSR index at `out` from `edges`.
+pub fn build(edges: &EdgeFile, out: &Path, options: &BuildOptions) -> anyhow::Result<BuildStats> {
+    let started = Instant::now();
+    // Pass 1: degrees.
+    let mut degrees: Vec<u64> = vec![0; edges.n_nodes.unwrap_or(0) as usize];
+    let mut input_edges = 0u64;
+    let mut too_large: Option<u32> = None;
+    edges.for_each_chunk(|pairs| {
+        input_edges += pairs.len() as u64;
+        for &[src, dst] in pairs {
+            let high = src.max(dst) as usize;
+            if high >= degrees.len() {
+                if edges.n_nodes.is_some() {
+                    too_large.get_or_insert(high as u32);
+                    continue;
+                }
+                degrees.resize(high + 1, 0);
+            }
+            degrees[src as usize] += 1;
+            if options.undirected {
+                degrees[dst as usize] += 1;
+            }
+        }
+    })?;
+    if let Some(id) = too_large {
+        bail!(
+            "edge endpoint {id} is not below the dataset's num_nodes {}; fix meta.json or the edges",
+            degrees.len()
+        );
+    }
+    let n_nodes = degrees.len() as u64;
+    ensure!(
+        n_nodes <= u64::from(u32::MAX),
+        "{n_nodes} nodes: node ids must be below 2^32"
+    );
+    let raw_edges: u64 = degrees.iter().sum();
+    tracing::info!(
+        nodes = n_nodes,
+        edges = input_edges,
+        secs = started.elapsed().as_secs_f64(),
+        "graph import: degrees counted"
+    );
+
+    // Prefix sums into the output file's indptr; scatter with cursors.
+    let tmp = out.with_extension("csr.tmp");
+    let file = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .open(&tmp)
+        .with_context(|| format!("creating {}", tmp.display()))?;
+    let raw_len = CsrHeader::file_bytes(n_nodes, raw_edges);
+    file.set_len(raw_len)?;
+    // SAFETY: `tmp` was just created by this process and nobody else maps or
+    // writes it until it is renamed into place below.
+    let mut map = unsafe { MmapMut::map_mut(&file) }?;
+    let indices_start = CsrHeader::indices_offset(n_nodes) as usize;
+    let (head, rest) = map.split_at_mut(indices_start);
+    let indptr: &mut [u64] =
+        bytemuck::cast_slice_mut(&mut head[HEADER_BYTES..][..8 * (n_nodes as usize + 1)]);
+    let indices: &mut [u32] = bytemuck::cast_slice_mut(&mut rest[..4 * raw_edges as usize]);
+    indptr[0] = 0;
+    for node in 0..n_nodes as usize {
+        indptr[node + 1] = indptr[node] + degrees[node];
+    }
+    // Reuse the degree vector as the scatter cursor.
+    let mut cursor = degrees;
+    cursor.copy_from_slice(&indptr[..n_nodes as usize]);
+    edges.for_each_chunk(|pairs| {
+        for &[src, dst] in pairs {
+            let c = &mut cursor[src as usize];
+            indices[*c as usize] = dst;
+            *c += 1;
+            if options.undirected {
+                let c = &mut cursor[dst as usize];
+                indices[*c as usize] = src;
+                *c += 1;
+            }
+        }
+    })?;
+    drop(cursor);
+    tracing::info!(
+        secs = started.elapsed().as_secs_f64(),
+        "graph import: edges scattered"
+    );
+
+    // Sort, dedup, drop self loops, compact rows towards the front.
+    let mut write = 0usize;
+    let mut self_loops = 0u64;
+    let mut read_start = 0usize;
+    for node in 0..n_nodes as usize {
+        let read_end = indptr[node + 1] as usize;
+        let row = &mut indices[read_start..read_end];
+        row.sort_unstable();
+        let mut kept = 0usize;
+        let mut previous: Option<u32> = None;
+        for i in 0..row.len() {
+            // Reads index i, writes index kept <= i: in place.
+            let v = row[i];
+            if v as usize == node {
+                self_loops += 1;
+                continue;
+            }
+            if previous == Some(v) {
+                continue;
+            }
+            previous = Some(v);
+            row[kept] = v;
+            kept += 1;
+        }
+        indices.copy_within(read_start..read_start + kept, write);
+        indptr[node] = write as u64;
+        write += kept;
+        read_start = read_end;
+    }
+    indptr[n_nodes as usize] = write as u64;
+    let n_edges = write as u64;
+    map.flush()?;
+    drop(map);
+    let final_len = CsrHeader::file_bytes(n_nodes, n_edges);
+    file.set_len(final_len)?;
+    // SAFETY: as above; the file was shrunk before it is mapped again.
+    let mut map = unsafe { MmapMut::map_mut(&file) }?;
+    let body_checksum = xxh3_64(&map[HEADER_BYTES..]);
+    let header = CsrHeader {
+        flags: if options.undirected {
+            FLAG_UNDIRECTED
+        } else {
+            0
+        },
+        n_nodes,
+        n_edges,
+        graph_version: options.graph_version,
+        body_checksum,
+    };
+    map[..HEADER_BYTES].copy_from_slice(&header.encode());
+    map.flush()?;
+    drop(map);
+    file.sync_all()?;
+    std::fs::rename(&tmp, out)
+        .with_context(|| format!("renaming {} to {}", tmp.display(), out.display()))?;
+    let stats = BuildStats {
+        n_nodes,
+        input_edges,
+        n_edges,
+        self_loops_dropped: self_loops,
+        duplicates_dropped: raw_edges - n_edges - self_loops,
+        seconds: started.elapsed().as_secs_f64(),
+    };
+    tracing::info!(
+        nodes = stats.n_nodes,
+        edges = stats.n_edges,
+        duplicates_dropped = stats.duplicates_dropped,
+        self_loops_dropped = stats.self_loops_dropped,
+        secs = stats.seconds,
+        edges_per_sec = (stats.input_edges as f64 / stats.seconds) as u64,
+        "graph import: index written"
+    );
+    Ok(stats)
+}

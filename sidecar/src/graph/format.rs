@@ -1,0 +1,184 @@
+//! The on-disk graph index: a CSR file.
+//!
+//! ```text
+//! offset  size        field
+//! 0       8           magic "GNNCSR\0\0"
+//! 8       4           version (1)
+//! 12      4           flags (bit 0: built with --undirected; informational)
+//! 16      8           n_nodes
+//! 24      8           n_edges
+//! 32      8           graph_version
+//! 40      8           indptr_offset (128)
+//! 48      8           indices_offset (indptr end, rounded up to 64)
+//! 56      8           file_bytes
+//! 64      8           body_checksum: xxh3-64 of bytes [128, file_bytes)
+//! 72      48          reserved (zero)
+//! 120     8           header_checksum: xxh3-64 of bytes [0, 120)
+//! 128     8 (n+1)     indptr: u64, indptr[0] = 0, non-decreasing, indptr[n] = n_edges
+//! ...     4 n_edges   indices: u32 neighbour ids < n_nodes, each row sorted, unique, no self loop
+//! ```
+//!
+//! All integers little-endian. A reader verifies both checksums and the
+//! structure (monotone indptr, ids in range) before it samples from the file.
+
+use std::ops::Range;
+
+use xxhash_rust::xxh3::xxh3_64;
+
+pub const MAGIC: [u8; 8] = *b"GNNCSR\0\0";
+pub const VERSION: u32 = 1;
+pub const HEADER_BYTES: usize = 128;
+pub const FLAG_UNDIRECTED: u32 = 1;
+
+/// The header of a CSR file.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CsrHeader {
+    pub flags: u32,
+    pub n_nodes: u64,
+    pub n_edges: u64,
+    pub graph_version: u64,
+    pub body_checksum: u64,
+}
+
+/// Why a CSR file was refused.
+#[derive(Debug, thiserror::Error)]
+pub enum FormatError {
+    #[error(
+        "graph index {path} is truncated: {found} bytes, {expected} expected; re-run sidecar import"
+    )]
+    Truncated {
+        path: String,
+        found: u64,
+        expected: u64,
+    },
+    #[error("graph index {path} is corrupt: {what}; re-run sidecar import")]
+    Corrupt { path: String, what: String },
+    #[error(
+        "graph index {path} has version {found}, this sidecar reads version {VERSION}; \
+         re-run sidecar import with this release"
+    )]
+    Version { path: String, found: u32 },
+    #[error("graph index {path} is not a graph index (bad magic); check --data-dir")]
+    NotAnIndex { path: String },
+    #[error("graph index {path}: {source}")]
+    Io {
+        path: String,
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+impl CsrHeader {
+    pub fn indptr_offset() -> usize {
+        HEADER_BYTES
+    }
+
+    pub fn indices_offset(n_nodes: u64) -> u64 {
+        let end = HEADER_BYTES as u64 + 8 * (n_nodes + 1);
+        end.next_multiple_of(64)
+    }
+
+    pub fn file_bytes(n_nodes: u64, n_edges: u64) -> u64 {
+        Self::indices_offset(n_nodes) + 4 * n_edges
+    }
+
+    /// The 128 header bytes.
+    pub fn encode(&self) -> [u8; HEADER_BYTES] {
+        let mut out = [0u8; HEADER_BYTES];
+        out[0..8].copy_from_slice(&MAGIC);
+        out[8..12].copy_from_slice(&VERSION.to_le_bytes());
+        out[12..16].copy_from_slice(&self.flags.to_le_bytes());
+        out[16..24].copy_from_slice(&self.n_nodes.to_le_bytes());
+        out[24..32].copy_from_slice(&self.n_edges.to_le_bytes());
+        out[32..40].copy_from_slice(&self.graph_version.to_le_bytes());
+        out[40..48].copy_from_slice(&(HEADER_BYTES as u64).to_le_bytes());
+        out[48..56].copy_from_slice(&Self::indices_offset(self.n_nodes).to_le_bytes());
+        out[56..64].copy_from_slice(&Self::file_bytes(self.n_nodes, self.n_edges).to_le_bytes());
+        out[64..72].copy_from_slice(&self.body_checksum.to_le_bytes());
+        let header_checksum = xxh3_64(&out[..120]);
+        out[120..128].copy_from_slice(&header_checksum.to_le_bytes());
+        out
+    }
+
+    /// Parses and checks the header against the file length. Never panics.
+    pub fn decode(bytes: &[u8], file_len: u64, path: &str) -> Result<Self, FormatError> {
+        let corrupt = |what: String| FormatError::Corrupt {
+            path: path.to_string(),
+            what,
+        };
+        if bytes.len() < HEADER_BYTES {
+            if bytes.len() >= 8 && bytes[..8] != MAGIC {
+                return Err(FormatError::NotAnIndex {
+                    path: path.to_string(),
+                });
+            }
+            return Err(FormatError::Truncated {
+                path: path.to_string(),
+                found: file_len,
+                expected: HEADER_BYTES as u64,
+            });
+        }
+        if bytes[..8] != MAGIC {
+            return Err(FormatError::NotAnIndex {
+                path: path.to_string(),
+            });
+        }
+        let u32_at = |o: usize| u32::from_le_bytes(bytes[o..o + 4].try_into().expect("4 bytes"));
+        let u64_at = |o: usize| u64::from_le_bytes(bytes[o..o + 8].try_into().expect("8 bytes"));
+        if u64_at(120) != xxh3_64(&bytes[..120]) {
+            return Err(corrupt("header checksum mismatch".into()));
+        }
+        let version = u32_at(8);
+        if version != VERSION {
+            return Err(FormatError::Version {
+                path: path.to_string(),
+                found: version,
+            });
+        }
+        let header = CsrHeader {
+            flags: u32_at(12),
+            n_nodes: u64_at(16),
+            n_edges: u64_at(24),
+            graph_version: u64_at(32),
+            body_checksum: u64_at(64),
+        };
+        if header.n_nodes > u64::from(u32::MAX) || header.n_edges > u64::MAX / 8 {
+            return Err(corrupt(format!(
+                "{} nodes / {} edges is out of range",
+                header.n_nodes, header.n_edges
+            )));
+        }
+        let expected = Self::file_bytes(header.n_nodes, header.n_edges);
+        if u64_at(40) != HEADER_BYTES as u64
+            || u64_at(48) != Self::indices_offset(header.n_nodes)
+            || u64_at(56) != expected
+        {
+            return Err(corrupt("header offsets disagree with the counts".into()));
+        }
+        if file_len < expected {
+            return Err(FormatError::Truncated {
+                path: path.to_string(),
+                found: file_len,
+                expected,
+            });
+        }
+        if file_len > expected {
+            return Err(corrupt(format!(
+                "{} bytes past the end of the index",
+                file_len - expected
+            )));
+        }
+        Ok(header)
+    }
+
+    /// Byte range of the indptr array.
+    pub fn indptr_range(&self) -> Range<usize> {
+        HEADER_BYTES..HEADER_BYTES + 8 * (self.n_nodes as usize + 1)
+    }
+
+    /// Byte range of the indices array.
+    pub fn indices_range(&self) -> Range<usize> {
+        let start = Self::indices_offset(self.n_nodes) as usize;
+        start..start + 4 * self.n_edges as usize
+    }
+}

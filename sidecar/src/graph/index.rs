@@ -1,0 +1,113 @@
+//! The memory-mapped CSR index, verified before use.
+//!
+//! This is the sidecar's only `unsafe` code: mapping a file. The file is
+//! opened read-only and owned by the sidecar's data directory; the builder
+//! writes a new index under a temporary name and renames it into place, so a
+//! mapped index is never modified underneath the mapping.
+#![allow(unsafe_code)]
+
+use std::fs::File;
+use std::path::Path;
+
+use memmap2::Mmap;
+use xxhash_rust::xxh3::xxh3_64;
+
+use crate::graph::format::{CsrHeader, FormatError};
+
+/// A verified, memory-mapped CSR graph.
+#[derive(Debug)]
+pub struct CsrIndex {
+    map: Mmap,
+    header: CsrHeader,
+}
+
+impl CsrIndex {
+    /// Maps `path` and verifies it: header, checksums, and structure
+    /// (non-decreasing indptr ending at n_edges, every neighbour id in range,
+    /// rows sorted and unique). A truncated or corrupt file is refused.
+    pub fn open(path: &Path) -> Result<Self, FormatError> {
+        let shown = path.display().to_string();
+        let io = |source| FormatError::Io {
+            path: shown.clone(),
+            source,
+        };
+        let file = File::open(path).map_err(io)?;
+        let len = file.metadata().map_err(io)?.len();
+        // SAFETY: the file is opened read-only; index files are only ever
+        // replaced by rename, never written in place, so the mapped bytes do
+        // not change while mapped (see the module doc). Every access goes
+        // through bounds-checked slices.
+        let map = unsafe { Mmap::map(&file) }.map_err(io)?;
+        let header = CsrHeader::decode(&map, len, &shown)?;
+        let index = Self { map, header };
+        index.verify(&shown)?;
+        Ok(index)
+    }
+
+    fn verify(&self, path: &str) -> Result<(), FormatError> {
+        let corrupt = |what: String| FormatError::Corrupt {
+            path: path.to_string(),
+            what,
+        };
+        let body = &self.map[CsrHeader::indptr_offset()..];
+        if xxh3_64(body) != self.header.body_checksum {
+            return Err(corrupt("body checksum mismatch".into()));
+        }
+        let indptr = self.indptr();
+        let n_edges = self.header.n_edges;
+        if indptr.first() != Some(&0) || indptr.last() != Some(&n_edges) {
+            return Err(corrupt("indptr does not span the edges".into()));
+        }
+        if indptr.windows(2).any(|w| w[0] > w[1]) {
+            return Err(corrupt("indptr decreases".into()));
+        }
+        let n = self.header.n_nodes as u32;
+        for node in 0..n {
+            let row = self.neighbors(node);
+            if row.iter().any(|&v| v >= n || v == node) || row.windows(2).any(|w| w[0] >= w[1]) {
+                return Err(corrupt(format!(
+                    "row of node {node} has an id out of range, a self loop, or is not sorted and unique"
+                )));
+            }
+        }
+        Ok(())
+    }
+
+    pub fn header(&self) -> &CsrHeader {
+        &self.header
+    }
+
+    pub fn n_nodes(&self) -> u32 {
+        self.header.n_nodes as u32
+    }
+
+    pub fn n_edges(&self) -> u64 {
+        self.header.n_edges
+    }
+
+    pub fn graph_version(&self) -> u64 {
+        self.header.graph_version
+    }
+
+    fn indptr(&self) -> &[u64] {
+        bytemuck::cast_slice(&self.map[self.header.indptr_range()])
+    }
+
+    fn indices(&self) -> &[u32] {
+        bytemuck::cast_slice(&self.map[self.header.indices_range()])
+    }
+
+    /// The sorted neighbour ids of `node` (empty for an id outside the graph).
+    pub fn neighbors(&self, node: u32) -> &[u32] {
+        let indptr = self.indptr();
+        let node = node as usize;
+        if node + 1 >= indptr.len() {
+            return &[];
+        }
+        &self.indices()[indptr[node] as usize..indptr[node + 1] as usize]
+    }
+
+    pub fn degree(&self, node: u32) -> u32 {
+        self.neighbors(node).len() as u32
+    }
+}

@@ -1,0 +1,18 @@
+//! The local graph index and the neighbour sampler.
+//!
+//! - [`format`]: the CSR file layout and its header;
+//! - [`build`]: streaming, bounded-memory construction from an edge list;
+//! - [`index`]: the memory-mapped, verified index;
+//! - [`dataset`]: the `../shared/data` dataset layout and text edge lists;
+//! - [`sampler`]: uniform sampling without replacement, O(fanout) per node.
+
+pub mod build;
+pub mod dataset;
+pub mod format;
+pub mod index;
+pub mod sampler;
+
+pub use build::{BuildOptions, BuildStats};
+pub use format::{CsrHeader, FormatError};
+pub use index::CsrIndex;
+pub use sampler::{NeighborSource, Sampled, Sampler};

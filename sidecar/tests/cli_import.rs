@@ -1,0 +1,62 @@
+//! `sidecar import` as an operator runs it.
+
+use std::path::Path;
+use std::process::Command;
+
+const SIDECAR: &str = env!("CARGO_BIN_EXE_sidecar");
+
+#[test]
+fn import_builds_the_index_and_reports_it() {
+    let data = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../shared/data/cora");
+    let out = tempfile::tempdir().unwrap();
+    let output = Command::new(SIDECAR)
+        .arg("import")
+        .arg(&data)
+        .arg("--data-dir")
+        .arg(out.path())
+        .output()
+        .unwrap();
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(stdout.contains("2708 nodes, 10556 edges"), "{stdout}");
+    let index = sidecar::graph::CsrIndex::open(&out.path().join("graph.csr")).unwrap();
+    assert_eq!(index.n_edges(), 10556);
+    // Running it again replaces the index atomically and succeeds.
+    let again = Command::new(SIDECAR)
+        .arg("import")
+        .arg(&data)
+        .arg("--data-dir")
+        .arg(out.path())
+        .output()
+        .unwrap();
+    assert!(again.status.success());
+}
+
+#[test]
+fn import_of_a_bad_input_exits_non_zero_with_one_clear_line() {
+    let out = tempfile::tempdir().unwrap();
+    let list = out.path().join("edges.txt");
+    std::fs::write(&list, "0 1\n2 three\n").unwrap();
+    let output = Command::new(SIDECAR)
+        .arg("import")
+        .arg(&list)
+        .arg("--data-dir")
+        .arg(out.path())
+        .output()
+        .unwrap();
+    assert!(!output.status.success());
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    let last = stderr.lines().last().unwrap_or_default();
+    assert!(
+        last.starts_with("sidecar: ") && last.contains(":2: node id \"three\""),
+        "{stderr}"
+    );
+    assert!(
+        !out.path().join("graph.csr").exists(),
+        "no index from a failed import"
+    );
+}

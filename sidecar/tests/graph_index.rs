@@ -1,0 +1,316 @@
+//! The graph index built from the real datasets and from text edge lists,
+//! refused when damaged, and sampled with the properties the sampler
+//! promises.
+
+use std::collections::{HashMap, HashSet};
+use std::path::{Path, PathBuf};
+
+use protocol::payload::schema::target_status;
+use sidecar::graph::dataset::{import_graph, INDEX_FILE};
+use sidecar::graph::{CsrIndex, FormatError, Sampled, Sampler};
+
+fn shared_data(name: &str) -> PathBuf {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../../shared/data")
+        .join(name);
+    assert!(
+        dir.join("edges.u32").is_file(),
+        "{} is missing: the datasets live in ../shared/data beside the checkout",
+        dir.display()
+    );
+    dir
+}
+
+/// The (src, dst) pairs of a dataset's edges.u32.
+fn dataset_edges(dir: &Path) -> Vec<(u32, u32)> {
+    let bytes = std::fs::read(dir.join("edges.u32")).unwrap();
+    bytes
+        .chunks_exact(8)
+        .map(|c| {
+            (
+                u32::from_le_bytes(c[0..4].try_into().unwrap()),
+                u32::from_le_bytes(c[4..8].try_into().unwrap()),
+            )
+        })
+        .collect()
+}
+
+fn import_text(text: &str, undirected: bool) -> (tempfile::TempDir, CsrIndex) {
+    let dir = tempfile::tempdir().unwrap();
+    let list = dir.path().join("edges.txt");
+    std::fs::write(&list, text).unwrap();
+    import_graph(&list, dir.path(), undirected, 3).unwrap();
+    let index = CsrIndex::open(&dir.path().join(INDEX_FILE)).unwrap();
+    (dir, index)
+}
+
+#[test]
+fn every_dataset_imports_to_exactly_its_edge_list() {
+    for name in ["cora", "citeseer", "cora_ml"] {
+        let data = shared_data(name);
+        let out = tempfile::tempdir().unwrap();
+        let stats = import_graph(&data, out.path(), false, 1).unwrap();
+        let index = CsrIndex::open(&out.path().join(INDEX_FILE)).unwrap();
+        let edges = dataset_edges(&data);
+        assert_eq!(index.n_edges(), edges.len() as u64, "{name}");
+        assert_eq!(
+            stats.duplicates_dropped + stats.self_loops_dropped,
+            0,
+            "{name}"
+        );
+        let mut rebuilt = Vec::with_capacity(edges.len());
+        for node in 0..index.n_nodes() {
+            rebuilt.extend(index.neighbors(node).iter().map(|&v| (node, v)));
+        }
+        assert_eq!(
+            rebuilt, edges,
+            "{name}: CSR rows equal the sorted edge list"
+        );
+        if name == "cora" {
+            assert_eq!(index.n_nodes(), 2708);
+            assert_eq!(
+                index.degree(1358),
+                168,
+                "cora's top node by degree (meta.json)"
+            );
+        }
+    }
+}
+
+#[test]
+fn a_text_edge_list_is_parsed_deduplicated_and_reversed() {
+    let text = "# a comment\n0 1\n1 2   # trailing comment\n\n2 2\n0 1\n5 0\n";
+    let (_dir, directed) = import_text(text, false);
+    assert_eq!(directed.n_nodes(), 6);
+    assert_eq!(directed.neighbors(0), &[1]);
+    assert_eq!(directed.neighbors(1), &[2]);
+    assert_eq!(directed.neighbors(2), &[] as &[u32], "self loop dropped");
+    assert_eq!(directed.neighbors(5), &[0]);
+    let (_dir, undirected) = import_text(text, true);
+    assert_eq!(undirected.neighbors(0), &[1, 5]);
+    assert_eq!(undirected.neighbors(1), &[0, 2]);
+    assert_eq!(undirected.neighbors(2), &[1]);
+    assert_eq!(undirected.n_edges(), 6);
+    assert_eq!(undirected.graph_version(), 3);
+}
+
+#[test]
+fn bad_edge_lists_name_the_line() {
+    let dir = tempfile::tempdir().unwrap();
+    for (text, expect) in [
+        ("0 1\n1 x\n", ":2: node id \"x\""),
+        ("0 1 2\n", ":1: expected `src dst`"),
+        ("0 99999999999\n", ":1: node id \"99999999999\""),
+    ] {
+        let list = dir.path().join("bad.txt");
+        std::fs::write(&list, text).unwrap();
+        let err = import_graph(&list, dir.path(), false, 1).unwrap_err();
+        assert!(format!("{err:#}").contains(expect), "{err:#}");
+    }
+    let err = import_graph(&dir.path().join("missing"), dir.path(), false, 1).unwrap_err();
+    assert!(err.to_string().contains("does not exist"), "{err}");
+}
+
+fn cora_index_file() -> (tempfile::TempDir, PathBuf) {
+    let out = tempfile::tempdir().unwrap();
+    import_graph(&shared_data("cora"), out.path(), false, 1).unwrap();
+    let path = out.path().join(INDEX_FILE);
+    (out, path)
+}
+
+#[test]
+fn truncated_and_corrupt_indexes_are_refused() {
+    let (_dir, path) = cora_index_file();
+    let good = std::fs::read(&path).unwrap();
+
+    let truncate = |len: usize| {
+        std::fs::write(&path, &good[..len]).unwrap();
+        CsrIndex::open(&path).unwrap_err()
+    };
+    for len in [0, 100, 5000, good.len() - 1] {
+        let err = truncate(len);
+        assert!(matches!(err, FormatError::Truncated { .. }), "{len}: {err}");
+        assert!(err.to_string().contains("re-run sidecar import"), "{err}");
+    }
+
+    let flip = |offset: usize| {
+        let mut bad = good.clone();
+        bad[offset] ^= 0x40;
+        std::fs::write(&path, &bad).unwrap();
+        CsrIndex::open(&path).unwrap_err()
+    };
+    assert!(matches!(flip(0), FormatError::NotAnIndex { .. }));
+    let err = flip(20); // n_nodes
+    assert!(err.to_string().contains("header checksum"), "{err}");
+    let err = flip(200); // indptr
+    assert!(err.to_string().contains("body checksum"), "{err}");
+    let err = flip(good.len() - 3); // last neighbour id
+    assert!(err.to_string().contains("body checksum"), "{err}");
+
+    let mut longer = good.clone();
+    longer.extend_from_slice(&[0; 16]);
+    std::fs::write(&path, &longer).unwrap();
+    assert!(CsrIndex::open(&path)
+        .unwrap_err()
+        .to_string()
+        .contains("past the end"));
+
+    std::fs::write(&path, &good).unwrap();
+    assert!(CsrIndex::open(&path).is_ok(), "the original still opens");
+}
+
+/// Checks a sample against the graph: caps, real neighbours, no repeats
+/// within a list, one row per unique node, padding rules.
+fn check_sample(index: &CsrIndex, targets: &[u64], s: &Sampled) {
+    let [f1, f2] = s.fanouts.map(|f| f as usize);
+    let unique: HashSet<u64> = s.nodes.iter().copied().collect();
+    assert_eq!(unique.len(), s.nodes.len(), "one row per unique node");
+    for (t, &target) in targets.iter().enumerate() {
+        let row = s.target_row[t];
+        assert_eq!(s.nodes[row as usize], target);
+        let known = target < u64::from(index.n_nodes());
+        assert_eq!(
+            s.status[t],
+            if known {
+                target_status::OK
+            } else {
+                target_status::UNKNOWN_NODE
+            }
+        );
+        let c1 = s.hop1_count[t] as usize;
+        let degree = if known {
+            index.degree(target as u32) as usize
+        } else {
+            0
+        };
+        assert_eq!(c1, degree.min(f1), "hop-1 cap");
+        let mut seen1 = HashSet::new();
+        for i in 0..f1 {
+            let r1 = s.hop1_rows[t * f1 + i];
+            if i >= c1 {
+                assert_eq!(r1, row, "hop-1 padding is the target row");
+                assert_eq!(s.hop2_count[t * f1 + i], 0);
+                continue;
+            }
+            let n1 = s.nodes[r1 as usize];
+            assert!(
+                index.neighbors(target as u32).contains(&(n1 as u32)),
+                "real neighbour"
+            );
+            assert!(seen1.insert(n1), "without replacement");
+            let c2 = s.hop2_count[t * f1 + i] as usize;
+            assert_eq!(c2, (index.degree(n1 as u32) as usize).min(f2), "hop-2 cap");
+            let mut seen2 = HashSet::new();
+            for j in 0..f2 {
+                let r2 = s.hop2_rows[(t * f1 + i) * f2 + j];
+                if j >= c2 {
+                    assert_eq!(r2, row);
+                    continue;
+                }
+                let n2 = s.nodes[r2 as usize];
+                assert!(index.neighbors(n1 as u32).contains(&(n2 as u32)));
+                assert!(seen2.insert(n2));
+            }
+        }
+    }
+}
+
+#[test]
+fn samples_respect_caps_are_real_neighbours_and_deduplicated() {
+    let (_dir, path) = cora_index_file();
+    let index = CsrIndex::open(&path).unwrap();
+    let mut sampler = Sampler::default();
+    // Overlapping targets, a repeated target, the top-degree node, unknown ids.
+    let targets = [1358u64, 306, 1358, 0, 1, 2, 2707, 2708, u64::MAX];
+    for fanouts in [[20, 10], [25, 10], [10, 5], [1, 1], [200, 200]] {
+        for seed in 0..20 {
+            let s = sampler.sample(&index, &targets, fanouts, seed);
+            check_sample(&index, &targets, &s);
+            assert_eq!(
+                s.target_row[0], s.target_row[2],
+                "a repeated target shares its row"
+            );
+        }
+    }
+    // With fanouts covering every neighbour, the whole 2-hop neighbourhood is taken.
+    let s = sampler.sample(&index, &[306], [200, 200], 1);
+    let mut expected: HashSet<u64> = HashSet::from([306]);
+    for &n1 in index.neighbors(306) {
+        expected.insert(u64::from(n1));
+        expected.extend(index.neighbors(n1).iter().map(|&v| u64::from(v)));
+    }
+    assert_eq!(s.nodes.iter().copied().collect::<HashSet<_>>(), expected);
+}
+
+#[test]
+fn sampling_is_deterministic_for_a_seed() {
+    let (_dir, path) = cora_index_file();
+    let index = CsrIndex::open(&path).unwrap();
+    let targets: Vec<u64> = (0..64).map(|i| i * 37 % 2708).collect();
+    let mut a = Sampler::default();
+    let mut b = Sampler::default();
+    assert_eq!(
+        a.sample(&index, &targets, [20, 10], 7),
+        b.sample(&index, &targets, [20, 10], 7)
+    );
+    assert_ne!(
+        a.sample(&index, &targets, [20, 10], 7),
+        a.sample(&index, &targets, [20, 10], 8)
+    );
+}
+
+/// A star: node 0 linked to nodes 1..=degree (and back).
+fn star(degree: u32) -> (tempfile::TempDir, CsrIndex) {
+    let mut text = String::with_capacity(degree as usize * 12);
+    for v in 1..=degree {
+        text.push_str(&format!("0 {v}\n"));
+    }
+    import_text(&text, true)
+}
+
+#[test]
+fn neighbours_are_sampled_uniformly() {
+    // Node 0 has 50 neighbours; draw 10 of them 20 000 times. Each neighbour
+    // is expected 4 000 times; chi-square with 49 degrees of freedom must stay
+    // below 85.35 (p = 0.001). Seeds are fixed, so the outcome is too.
+    let (_dir, index) = star(50);
+    let mut sampler = Sampler::default();
+    let mut counts: HashMap<u64, u64> = HashMap::new();
+    let draws = 20_000u64;
+    for seed in 0..draws {
+        let s = sampler.sample(&index, &[0], [10, 1], seed);
+        assert_eq!(s.hop1_count[0], 10);
+        for &r in &s.hop1_rows[..10] {
+            *counts.entry(s.nodes[r as usize]).or_default() += 1;
+        }
+    }
+    assert_eq!(counts.len(), 50, "every neighbour is drawn");
+    let expected = (draws * 10) as f64 / 50.0;
+    let chi2: f64 = counts
+        .values()
+        .map(|&c| (c as f64 - expected).powi(2) / expected)
+        .sum();
+    assert!(chi2 < 85.35, "chi-square {chi2:.1} >= 85.35: not uniform");
+}
+
+#[test]
+fn super_node_sampling_work_does_not_depend_on_degree() {
+    let (_dir, big) = star(1_000_000);
+    let (_dir2, small) = star(30);
+    let mut sampler = Sampler::default();
+    for seed in 0..50 {
+        let on_big = sampler.sample(&big, &[0], [20, 1], seed);
+        let on_small = sampler.sample(&small, &[0], [20, 1], seed);
+        assert_eq!(on_big.hop1_count[0], 20);
+        assert_eq!(on_small.hop1_count[0], 20);
+        // Hop 1: 20 draws plus at most 0+1+..+19 probes on either graph;
+        // hop 2: each leaf has one neighbour (node 0), taken without a draw.
+        let bound = 20 + 190 + 20;
+        assert!(
+            on_big.work <= bound,
+            "super node work {} > {bound}",
+            on_big.work
+        );
+        assert_eq!(on_big.work, on_small.work, "same work for degree 1M and 30");
+    }
+}
