@@ -5,7 +5,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
-use sidecar::graph::dataset;
+use sidecar::graph::{dataset, generate};
 
 /// The feature-prefetching sidecar for GNN serving.
 #[derive(Debug, Parser)]
@@ -32,6 +32,25 @@ enum Command {
         /// was trained on.
         #[arg(long, default_value_t = 1)]
         graph_version: u64,
+    },
+    /// Write a seeded synthetic power-law graph (R-MAT, optional super nodes)
+    /// as a dataset directory that `sidecar import` reads.
+    Generate {
+        /// Output dataset directory (edges.u32, meta.json).
+        #[arg(long)]
+        out: PathBuf,
+        #[arg(long)]
+        nodes: u64,
+        /// R-MAT edges; super-node edges come on top.
+        #[arg(long)]
+        edges: u64,
+        #[arg(long, default_value_t = 1)]
+        seed: u64,
+        /// Super nodes (ids 0..K) with --super-degree distinct neighbours each.
+        #[arg(long, default_value_t = 0)]
+        super_nodes: u64,
+        #[arg(long, default_value_t = 0)]
+        super_degree: u64,
     },
 }
 
@@ -70,6 +89,31 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                 stats.self_loops_dropped,
                 stats.seconds,
                 stats.input_edges as f64 / stats.seconds / 1e6
+            );
+            Ok(())
+        }
+        Command::Generate {
+            out,
+            nodes,
+            edges,
+            seed,
+            super_nodes,
+            super_degree,
+        } => {
+            let options = generate::GenerateOptions {
+                nodes,
+                edges,
+                seed,
+                super_nodes,
+                super_degree,
+            };
+            let done = generate::generate(&options, &out)?;
+            println!(
+                "dataset {}: {} nodes, {} edges in {:.2} s",
+                out.display(),
+                nodes,
+                done.edges_written,
+                done.seconds
             );
             Ok(())
         }

@@ -4,15 +4,21 @@
 //! - [`build`]: streaming, bounded-memory construction from an edge list;
 //! - [`index`]: the memory-mapped, verified index;
 //! - [`dataset`]: the `../shared/data` dataset layout and text edge lists;
-//! - [`sampler`]: uniform sampling without replacement, O(fanout) per node.
+//! - [`sampler`]: uniform sampling without replacement, O(fanout) per node;
+//! - [`live`]: the served graph, base + added nodes and edges, switched
+//!   atomically, and its compaction;
+//! - [`generate`]: seeded R-MAT graphs with planted super nodes.
 
 pub mod build;
 pub mod dataset;
 pub mod format;
+pub mod generate;
 pub mod index;
+pub mod live;
 pub mod sampler;
 
 pub use build::{BuildOptions, BuildStats};
 pub use format::{CsrHeader, FormatError};
 pub use index::CsrIndex;
+pub use live::{GraphSnapshot, LiveGraph, UpdateStats};
 pub use sampler::{NeighborSource, Sampled, Sampler};
