@@ -314,3 +314,41 @@ fn super_node_sampling_work_does_not_depend_on_degree() {
         assert_eq!(on_big.work, on_small.work, "same work for degree 1M and 30");
     }
 }
+
+#[test]
+fn a_sample_fills_a_response_that_the_protocol_reader_accepts() {
+    use arrow_buffer::{Buffer, MutableBuffer};
+    use protocol::payload::{self, DecodeLimits, PayloadShape, ResponseWriter, SchemaCache};
+
+    let (_dir, path) = cora_index_file();
+    let index = CsrIndex::open(&path).unwrap();
+    let targets = [1358u64, 0, 9999];
+    let s = Sampler::default().sample(&index, &targets, [20, 10], 3);
+    let shape = PayloadShape {
+        n_targets: targets.len() as u32,
+        n_nodes: s.nodes.len() as u32,
+        feature_dim: 2,
+        fanouts: [20, 10],
+    };
+    let mut area = MutableBuffer::from_len_zeroed(1 << 20);
+    let cache = SchemaCache::default();
+    let mut writer = ResponseWriter::new(area.as_slice_mut(), shape, &cache).unwrap();
+    {
+        let (nodes, mut columns) = writer.columns();
+        nodes.node_id.copy_from_slice(&s.nodes);
+        s.write_targets(&targets, &mut columns);
+    }
+    writer.finish(1, index.graph_version(), 0);
+    let buffer: Buffer = area.into();
+    let limits = DecodeLimits {
+        feature_dim: 2,
+        max_nodes: 100_000,
+        max_targets: 64,
+        max_fanouts: [50, 50],
+    };
+    let tables = payload::decode(&buffer, &limits, &cache).expect("the protocol reader accepts it");
+    assert_eq!(tables.target_ids(), &targets);
+    assert_eq!(tables.node_ids(), &s.nodes[..]);
+    assert_eq!(tables.hop2_rows(), &s.hop2_rows[..]);
+    assert_eq!(tables.target_status()[2], target_status::UNKNOWN_NODE);
+}

@@ -27,6 +27,8 @@ use crate::graph::format::{CsrHeader, FLAG_UNDIRECTED, HEADER_BYTES};
 
 /// Edges read per chunk (8 MB of u32 pairs).
 const CHUNK_EDGES: usize = 1 << 20;
+/// Edges between two progress lines.
+const PROGRESS_EVERY: u64 = 50_000_000;
 
 /// Where edges come from: a binary file of little-endian u32 pairs.
 #[derive(Debug, Clone)]
@@ -37,8 +39,9 @@ pub struct EdgeFile {
 }
 
 impl EdgeFile {
-    /// Calls `each` with chunks of (src, dst) pairs.
-    fn for_each_chunk(&self, mut each: impl FnMut(&[[u32; 2]])) -> anyhow::Result<()> {
+    /// Calls `each` with chunks of (src, dst) pairs, logging progress every
+    /// 50M edges under the name `pass`.
+    fn for_each_chunk(&self, pass: &str, mut each: impl FnMut(&[[u32; 2]])) -> anyhow::Result<()> {
         let file = File::open(&self.path)
             .with_context(|| format!("opening edge file {}", self.path.display()))?;
         let len = file.metadata()?.len();
@@ -49,6 +52,9 @@ impl EdgeFile {
         );
         let mut reader = BufReader::with_capacity(1 << 20, file);
         let mut buf = vec![[0u32; 2]; CHUNK_EDGES];
+        let total = len / 8;
+        let mut done = 0u64;
+        let mut next_report = PROGRESS_EVERY;
         loop {
             let bytes: &mut [u8] = bytemuck::cast_slice_mut(&mut buf[..]);
             let mut filled = 0;
@@ -70,6 +76,17 @@ impl EdgeFile {
                 return Ok(());
             }
             each(pairs);
+            done += pairs.len() as u64;
+            if done >= next_report {
+                next_report += PROGRESS_EVERY;
+                tracing::info!(
+                    pass,
+                    edges = done,
+                    of = total,
+                    percent = (done * 100 / total.max(1)),
+                    "graph import"
+                );
+            }
         }
     }
 }
@@ -133,7 +150,7 @@ pub fn text_to_binary(text: &Path, out: &Path) -> anyhow::Result<u64> {
         writer.write_all(&src.to_le_bytes())?;
         writer.write_all(&dst.to_le_bytes())?;
         edges += 1;
-        if edges.is_multiple_of(50_000_000) {
+        if edges.is_multiple_of(PROGRESS_EVERY) {
             tracing::info!(edges, "parsing the edge list");
         }
     }
@@ -148,7 +165,7 @@ pub fn build(edges: &EdgeFile, out: &Path, options: &BuildOptions) -> anyhow::Re
     let mut degrees: Vec<u64> = vec![0; edges.n_nodes.unwrap_or(0) as usize];
     let mut input_edges = 0u64;
     let mut too_large: Option<u32> = None;
-    edges.for_each_chunk(|pairs| {
+    edges.for_each_chunk("counting degrees", |pairs| {
         input_edges += pairs.len() as u64;
         for &[src, dst] in pairs {
             let high = src.max(dst) as usize;
@@ -210,7 +227,7 @@ pub fn build(edges: &EdgeFile, out: &Path, options: &BuildOptions) -> anyhow::Re
     // Reuse the degree vector as the scatter cursor.
     let mut cursor = degrees;
     cursor.copy_from_slice(&indptr[..n_nodes as usize]);
-    edges.for_each_chunk(|pairs| {
+    edges.for_each_chunk("placing edges", |pairs| {
         for &[src, dst] in pairs {
             let c = &mut cursor[src as usize];
             indices[*c as usize] = dst;

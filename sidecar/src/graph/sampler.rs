@@ -13,6 +13,7 @@ use rustc_hash::FxHashMap;
 
 use protocol::layout::MAX_HOPS;
 use protocol::payload::schema::target_status;
+use protocol::payload::TargetColumns;
 
 /// Read access to a graph by neighbour index.
 pub trait NeighborSource {
@@ -55,6 +56,18 @@ pub struct Sampled {
 impl Sampled {
     pub fn n_targets(&self) -> usize {
         self.status.len()
+    }
+
+    /// Copies the sample into a response's target table (the columns have
+    /// exactly these shapes; the node table's ids are [`Sampled::nodes`]).
+    pub fn write_targets(&self, targets: &[u64], columns: &mut TargetColumns<'_>) {
+        columns.target_id.copy_from_slice(targets);
+        columns.status.copy_from_slice(&self.status);
+        columns.target_row.copy_from_slice(&self.target_row);
+        columns.hop1_count.copy_from_slice(&self.hop1_count);
+        columns.hop1_rows.copy_from_slice(&self.hop1_rows);
+        columns.hop2_count.copy_from_slice(&self.hop2_count);
+        columns.hop2_rows.copy_from_slice(&self.hop2_rows);
     }
 }
 
