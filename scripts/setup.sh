@@ -4,8 +4,9 @@
 # scripts/test.sh.
 #
 # - the Rust toolchain's rustfmt and clippy components;
-# - Debian packages (only if missing): python3-venv where the system Python
-#   lacks the venv module;
+# - Debian packages (only if missing): redis-server and redis-tools (the
+#   tests start their own servers), clang and libclang-dev (RocksDB's build),
+#   python3-venv where the system Python lacks the venv module;
 # - a project-local Python venv in .venv with tests/python/requirements.txt
 #   (pyarrow, numpy), reinstalled only when the requirements change.
 set -euo pipefail
@@ -39,6 +40,8 @@ apt_install() {
     say "installing ${missing[*]}"
     DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null
 }
+
+apt_install redis-server redis-tools clang libclang-dev
 
 python=${PYTHON:-python3}
 if ! command -v "$python" >/dev/null 2>&1; then

@@ -2,14 +2,15 @@
 //! local graph index, the feature tiers and the Redis connections, and answers
 //! the worker's requests in place.
 //!
-//! - [`graph`]: the CSR index (build, map, verify) and the sampler.
+//! - [`graph`]: the CSR index (build, map, verify) and the sampler;
+//! - [`features`]: the feature tiers (L1 RAM, L2 RocksDB, L3 Redis).
 //!
-//! The feature tiers and `sidecar serve` arrive with the issues that build
-//! them.
+//! `sidecar serve` arrives with the issue that wires them to the ring.
 //!
 //! **Architecture invariant:** depends on `protocol`, never on `gnn-worker`;
 //! no ONNX Runtime here. `unsafe` is denied except where a file is memory
 //! mapped (`graph::index`, `graph::build`).
 #![deny(unsafe_code)]
 
+pub mod features;
 pub mod graph;

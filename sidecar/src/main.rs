@@ -5,6 +5,8 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
+use sidecar::features::import;
+use sidecar::features::redis_tier::RedisConfig;
 use sidecar::graph::{dataset, generate};
 
 /// The feature-prefetching sidecar for GNN serving.
@@ -32,6 +34,16 @@ enum Command {
         /// was trained on.
         #[arg(long, default_value_t = 1)]
         graph_version: u64,
+        /// Load the features into Redis (redis://[:password@]host:port)
+        /// instead of the embedded RocksDB store in --data-dir.
+        #[arg(long)]
+        redis: Vec<String>,
+        /// The --redis URLs are nodes of a Redis Cluster.
+        #[arg(long)]
+        redis_cluster: bool,
+        /// Redis key prefix: keys are <prefix><node id>.
+        #[arg(long, default_value = sidecar::features::contract::DEFAULT_PREFIX)]
+        redis_prefix: String,
     },
     /// Write a seeded synthetic power-law graph (R-MAT, optional super nodes)
     /// as a dataset directory that `sidecar import` reads.
@@ -77,6 +89,9 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             data_dir,
             undirected,
             graph_version,
+            redis,
+            redis_cluster,
+            redis_prefix,
         } => {
             let stats = dataset::import_graph(&input, &data_dir, undirected, graph_version)?;
             println!(
@@ -89,6 +104,36 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                 stats.self_loops_dropped,
                 stats.seconds,
                 stats.input_edges as f64 / stats.seconds / 1e6
+            );
+            let features = input.join("features.f32");
+            if !input.is_dir() || !features.is_file() {
+                println!("no features.f32 in {}: graph only", input.display());
+                return Ok(());
+            }
+            let meta = dataset::DatasetMeta::read(&input)?;
+            let dim = meta.feature_dim.ok_or_else(|| {
+                anyhow::anyhow!("{}/meta.json has no feature_dim", input.display())
+            })?;
+            let done = if redis.is_empty() {
+                import::import_to_rocksdb(&features, meta.num_nodes, dim, &data_dir)?
+            } else {
+                let config = RedisConfig {
+                    urls: redis,
+                    cluster: redis_cluster,
+                    prefix: redis_prefix,
+                    ..RedisConfig::single("")
+                };
+                tokio::runtime::Runtime::new()?.block_on(import::import_to_redis(
+                    &features,
+                    meta.num_nodes,
+                    dim,
+                    &data_dir,
+                    &config,
+                ))?
+            };
+            println!(
+                "features: {} rows of {} f32 into {} in {:.2} s",
+                done.rows, done.feature_dim, done.destination, done.seconds
             );
             Ok(())
         }

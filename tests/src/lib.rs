@@ -8,6 +8,8 @@
 //! feature tiers are not involved: this exercises the protocol alone, through
 //! real processes and a real segment.
 
+pub mod redis;
+
 use std::collections::HashMap;
 use std::io::{BufRead, BufReader};
 use std::path::Path;

@@ -1,0 +1,230 @@
+//! Feature-tier benchmark, per target at fanouts [20, 10], D = 128, printed
+//! in one run on the same unique keys of each target's sampled subgraph:
+//! - warm: every row in L1;
+//! - L2 only: rows in the RocksDB cache, L1 empty, no Redis;
+//! - cold: every row from Redis (L1 empty, no L2);
+//! - bare MGET: the same keys in one MGET on the same connection, no tiers;
+//! - naive GETs: the same keys one GET at a time;
+//! - in-memory gather: the same rows copied from a plain in-process table
+//!   (the floor).
+//!
+//! Goals (printed, not asserted): cold p50 <= 1.3x bare MGET and >= 50x
+//! faster than naive GETs; warm p50 <= 2x the in-memory floor.
+//!
+//! Run: `cargo bench -p sidecar --bench features` (`-- --quick`).
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use hdrhistogram::Histogram;
+use rand::rngs::SmallRng;
+use rand::{Rng, SeedableRng};
+use redis::AsyncCommands;
+use sidecar::features::contract::{encode_row, redis_key, DEFAULT_PREFIX};
+use sidecar::features::redis_tier::{RedisConfig, RedisTier};
+use sidecar::features::rocks::{RocksStore, Role};
+use sidecar::features::{FeatureTiers, RowSource, TierConfig};
+use sidecar::graph::dataset::{import_graph, INDEX_FILE};
+use sidecar::graph::generate::{generate, GenerateOptions};
+use sidecar::graph::{CsrIndex, Sampler};
+use tests::redis::RedisServer;
+
+const DIM: usize = 128;
+
+struct Stats {
+    name: &'static str,
+    hist: Histogram<u64>,
+}
+
+impl Stats {
+    fn new(name: &'static str) -> Self {
+        Self {
+            name,
+            hist: Histogram::new(3).unwrap(),
+        }
+    }
+
+    fn record(&mut self, started: Instant) {
+        self.hist
+            .record(started.elapsed().as_nanos().max(1) as u64)
+            .unwrap();
+    }
+
+    fn p50(&self) -> f64 {
+        self.hist.value_at_quantile(0.5) as f64 / 1000.0
+    }
+
+    fn p99(&self) -> f64 {
+        self.hist.value_at_quantile(0.99) as f64 / 1000.0
+    }
+}
+
+#[tokio::main(flavor = "multi_thread", worker_threads = 2)]
+async fn main() -> anyhow::Result<()> {
+    let quick = std::env::args().any(|a| a == "--quick");
+    let targets_n = if quick { 200 } else { 1_000 };
+    let nodes = 200_000u64;
+    let dir = tempfile::tempdir()?;
+
+    // A power-law graph and a feature row per node.
+    generate(
+        &GenerateOptions {
+            nodes,
+            edges: 4_000_000,
+            seed: 3,
+            super_nodes: 0,
+            super_degree: 0,
+        },
+        &dir.path().join("g"),
+    )?;
+    import_graph(&dir.path().join("g"), &dir.path().join("d"), true, 1)?;
+    let index = CsrIndex::open(&dir.path().join("d").join(INDEX_FILE))?;
+    let mut rng = SmallRng::seed_from_u64(9);
+    let table: Vec<f32> = (0..nodes as usize * DIM)
+        .map(|_| rng.random::<f32>())
+        .collect();
+    let row = |id: u64| &table[id as usize * DIM..(id as usize + 1) * DIM];
+
+    let redis = RedisServer::start();
+    let config = RedisConfig::single(redis.url());
+    let l3 = RedisTier::connect(&config).await?;
+    for chunk in (0..nodes).collect::<Vec<_>>().chunks(5_000) {
+        let rows: Vec<(u64, Vec<u8>)> = chunk.iter().map(|&id| (id, encode_row(row(id)))).collect();
+        l3.set_many(&rows).await?;
+    }
+    let (l2, _) = RocksStore::open(
+        &dir.path().join("l2"),
+        Role::Cache {
+            max_bytes: 1 << 30,
+            ttl: Duration::from_secs(3600),
+        },
+    )?;
+    let l2 = Arc::new(l2);
+    for chunk in (0..nodes).collect::<Vec<_>>().chunks(10_000) {
+        let rows: Vec<(u64, Vec<u8>)> = chunk.iter().map(|&id| (id, encode_row(row(id)))).collect();
+        l2.put_many(rows.iter().map(|(id, b)| (*id, b.as_slice())))?;
+    }
+    l2.flush()?;
+
+    // Each target's unique rows, from the sampler.
+    let mut sampler = Sampler::default();
+    let subgraphs: Vec<Vec<u64>> = (0..targets_n)
+        .map(|i| {
+            let target = loop {
+                let t = rng.random_range(0..nodes);
+                if index.degree(t as u32) >= 20 {
+                    break t;
+                }
+            };
+            sampler.sample(&index, &[target], [20, 10], i as u64).nodes
+        })
+        .collect();
+    let mean_rows = subgraphs.iter().map(Vec::len).sum::<usize>() as f64 / targets_n as f64;
+
+    let mut cold = Stats::new("cold: all rows from Redis (tiers)");
+    let mut l2_only = Stats::new("L2 only: RocksDB cache (tiers)");
+    let mut warm = Stats::new("warm: all rows in L1 (tiers)");
+    let mut mget = Stats::new("bare MGET of the same keys");
+    let mut naive = Stats::new("naive GET per key");
+    let mut floor = Stats::new("in-memory gather (floor)");
+    let mut tier_mget = Stats::new("L3 MGET alone (RedisTier::get_many)");
+    let warm_tiers = FeatureTiers::new(&TierConfig::new(DIM), None, Some(l3.clone()));
+    let mut client = redis::Client::open(redis.url())?
+        .get_multiplexed_async_connection()
+        .await?;
+    let mut checksum = 0f64;
+    for ids in &subgraphs {
+        let mut out = vec![0f32; ids.len() * DIM];
+        let mut sources = vec![
+            RowSource {
+                tier: 0,
+                fallback: false
+            };
+            ids.len()
+        ];
+        let far = Some(Instant::now() + Duration::from_secs(5));
+
+        let tiers = FeatureTiers::new(&TierConfig::new(DIM), None, Some(l3.clone()));
+        let t = Instant::now();
+        tiers.fetch_into(ids, far, &mut out, &mut sources).await;
+        cold.record(t);
+        assert!(sources.iter().all(|s| !s.fallback));
+
+        let tiers = FeatureTiers::new(&TierConfig::new(DIM), Some(l2.clone()), None);
+        let t = Instant::now();
+        tiers.fetch_into(ids, far, &mut out, &mut sources).await;
+        l2_only.record(t);
+        assert!(sources.iter().all(|s| !s.fallback));
+
+        warm_tiers
+            .fetch_into(ids, far, &mut out, &mut sources)
+            .await;
+        let t = Instant::now();
+        warm_tiers
+            .fetch_into(ids, far, &mut out, &mut sources)
+            .await;
+        warm.record(t);
+
+        let keys: Vec<String> = ids
+            .iter()
+            .map(|&id| redis_key(DEFAULT_PREFIX, id))
+            .collect();
+        let t = Instant::now();
+        let values: Vec<Option<Vec<u8>>> = client.mget(&keys).await?;
+        mget.record(t);
+        assert_eq!(values.len(), ids.len());
+
+        let t = Instant::now();
+        for key in &keys {
+            let _: Option<Vec<u8>> = client.get(key).await?;
+        }
+        naive.record(t);
+
+        let t = Instant::now();
+        let raw = l3.get_many(ids).await?;
+        tier_mget.record(t);
+        assert!(raw.iter().all(Option::is_some));
+
+        // The floor with the rows as warm in the CPU caches as L1's: gather
+        // once, time the second gather.
+        for (pos, &id) in ids.iter().enumerate() {
+            out[pos * DIM..(pos + 1) * DIM].copy_from_slice(row(id));
+        }
+        let t = Instant::now();
+        for (pos, &id) in ids.iter().enumerate() {
+            out[pos * DIM..(pos + 1) * DIM].copy_from_slice(row(id));
+        }
+        floor.record(t);
+        checksum += f64::from(out[out.len() - 1]);
+    }
+
+    println!(
+        "feature benchmark: {targets_n} targets at [20, 10], {mean_rows:.1} unique rows each on average, D = {DIM} f32; local redis-server; 2 cores (checksum {checksum:.3})"
+    );
+    println!();
+    println!(
+        "{:<40} {:>10} {:>10}",
+        "mode (per target)", "p50 us", "p99 us"
+    );
+    for s in [&warm, &floor, &l2_only, &cold, &tier_mget, &mget, &naive] {
+        println!("{:<40} {:>10.1} {:>10.1}", s.name, s.p50(), s.p99());
+    }
+    let verdict = |ok: bool| if ok { "met" } else { "NOT met" };
+    println!();
+    println!(
+        "goal: cold p50 <= 1.3x bare MGET: {:.2}x ({})",
+        cold.p50() / mget.p50(),
+        verdict(cold.p50() <= 1.3 * mget.p50())
+    );
+    println!(
+        "goal: cold >= 50x faster than naive GETs: {:.1}x ({})",
+        naive.p50() / cold.p50(),
+        verdict(naive.p50() >= 50.0 * cold.p50())
+    );
+    println!(
+        "goal: warm p50 <= 2x the in-memory floor: {:.2}x ({})",
+        warm.p50() / floor.p50(),
+        verdict(warm.p50() <= 2.0 * floor.p50())
+    );
+    Ok(())
+}

@@ -1,0 +1,214 @@
+//! `sidecar import` for features: a dataset's `features.f32` (N x D f32,
+//! row-major, little-endian) into the embedded RocksDB store of record
+//! (`<data-dir>/features.db`, the default) or into Redis (pipelined, one key
+//! per node). Either way the population mean row is computed on the way and
+//! written to `<data-dir>/feature_mean.f32`, with `<data-dir>/features.json`
+//! describing the store.
+
+use std::fs::File;
+use std::io::{BufReader, Read};
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+use anyhow::{ensure, Context};
+use serde::{Deserialize, Serialize};
+
+use crate::features::contract::{decode_row, encode_row};
+use crate::features::redis_tier::{RedisConfig, RedisTier};
+use crate::features::rocks::{RocksStore, Role};
+
+/// Rows written per batch (RocksDB write batch or Redis pipeline chunks).
+const BATCH_ROWS: usize = 4_096;
+
+/// `<data-dir>/features.json`: what the sidecar needs to serve the rows.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct FeatureManifest {
+    pub feature_dim: u32,
+    pub dtype: String,
+    pub num_nodes: u64,
+    /// "rocksdb" (embedded store of record) or "redis".
+    pub store: String,
+    /// Redis key prefix, when the store is Redis.
+    pub redis_prefix: Option<String>,
+    /// File with the population mean row (f32 LE).
+    pub mean_file: String,
+}
+
+impl FeatureManifest {
+    pub const FILE: &'static str = "features.json";
+    pub const STORE_DIR: &'static str = "features.db";
+    pub const MEAN_FILE: &'static str = "feature_mean.f32";
+
+    pub fn read(data_dir: &Path) -> anyhow::Result<Self> {
+        let path = data_dir.join(Self::FILE);
+        let text = std::fs::read_to_string(&path).with_context(|| {
+            format!(
+                "reading {}: run `sidecar import` for this data directory",
+                path.display()
+            )
+        })?;
+        serde_json::from_str(&text).with_context(|| format!("parsing {}", path.display()))
+    }
+
+    /// The mean row written at import.
+    pub fn read_mean(&self, data_dir: &Path) -> anyhow::Result<Vec<f32>> {
+        let bytes = std::fs::read(data_dir.join(&self.mean_file))?;
+        let mut mean = vec![0f32; self.feature_dim as usize];
+        ensure!(
+            decode_row(&bytes, &mut mean),
+            "the mean row file has the wrong size"
+        );
+        Ok(mean)
+    }
+}
+
+/// What a feature import did.
+#[derive(Debug, Clone)]
+pub struct FeatureImport {
+    pub rows: u64,
+    pub feature_dim: u32,
+    pub seconds: f64,
+    pub destination: String,
+}
+
+/// Streams `features.f32` in batches of rows to `sink`, returning the mean.
+fn stream_rows(
+    features: &Path,
+    n: u64,
+    dim: usize,
+    mut sink: impl FnMut(u64, &[f32]) -> anyhow::Result<()>,
+) -> anyhow::Result<Vec<f32>> {
+    let file = File::open(features).with_context(|| format!("opening {}", features.display()))?;
+    let len = file.metadata()?.len();
+    let expected = n * dim as u64 * 4;
+    ensure!(
+        len == expected,
+        "{} is {len} bytes; meta.json's num_nodes x feature_dim x 4 = {expected}",
+        features.display()
+    );
+    let mut reader = BufReader::with_capacity(1 << 20, file);
+    let mut bytes = vec![0u8; BATCH_ROWS * dim * 4];
+    let mut rows = vec![0f32; BATCH_ROWS * dim];
+    let mut sum = vec![0f64; dim];
+    let mut first = 0u64;
+    let started = Instant::now();
+    while first < n {
+        let count = (n - first).min(BATCH_ROWS as u64) as usize;
+        let chunk = &mut bytes[..count * dim * 4];
+        reader.read_exact(chunk)?;
+        let values = &mut rows[..count * dim];
+        decode_row(chunk, values);
+        for row in values.chunks_exact(dim) {
+            for (s, v) in sum.iter_mut().zip(row) {
+                *s += f64::from(*v);
+            }
+        }
+        sink(first, values)?;
+        first += count as u64;
+        if first % (BATCH_ROWS as u64 * 64) < count as u64 || first == n {
+            tracing::info!(
+                rows = first,
+                of = n,
+                secs = started.elapsed().as_secs_f64(),
+                "feature import"
+            );
+        }
+    }
+    Ok(sum.iter().map(|s| (*s / n.max(1) as f64) as f32).collect())
+}
+
+fn write_manifest(data_dir: &Path, manifest: &FeatureManifest, mean: &[f32]) -> anyhow::Result<()> {
+    std::fs::write(data_dir.join(FeatureManifest::MEAN_FILE), encode_row(mean))?;
+    std::fs::write(
+        data_dir.join(FeatureManifest::FILE),
+        serde_json::to_string_pretty(manifest)?,
+    )?;
+    Ok(())
+}
+
+/// Imports into the embedded store of record: `<data-dir>/features.db`.
+pub fn import_to_rocksdb(
+    features: &Path,
+    n: u64,
+    dim: u32,
+    data_dir: &Path,
+) -> anyhow::Result<FeatureImport> {
+    let started = Instant::now();
+    let store_path: PathBuf = data_dir.join(FeatureManifest::STORE_DIR);
+    let (store, _) = RocksStore::open(&store_path, Role::StoreOfRecord)?;
+    let mut row_bytes: Vec<Vec<u8>> = Vec::with_capacity(BATCH_ROWS);
+    let mean = stream_rows(features, n, dim as usize, |first, values| {
+        row_bytes.clear();
+        row_bytes.extend(values.chunks_exact(dim as usize).map(encode_row));
+        store.put_many(
+            row_bytes
+                .iter()
+                .enumerate()
+                .map(|(i, bytes)| (first + i as u64, bytes.as_slice())),
+        )
+    })?;
+    store.flush()?;
+    let manifest = FeatureManifest {
+        feature_dim: dim,
+        dtype: "f32".into(),
+        num_nodes: n,
+        store: "rocksdb".into(),
+        redis_prefix: None,
+        mean_file: FeatureManifest::MEAN_FILE.into(),
+    };
+    write_manifest(data_dir, &manifest, &mean)?;
+    Ok(FeatureImport {
+        rows: n,
+        feature_dim: dim,
+        seconds: started.elapsed().as_secs_f64(),
+        destination: format!("RocksDB store of record {}", store_path.display()),
+    })
+}
+
+/// Imports into Redis (pipelined SETs, `<prefix><node id>` keys).
+pub async fn import_to_redis(
+    features: &Path,
+    n: u64,
+    dim: u32,
+    data_dir: &Path,
+    redis: &RedisConfig,
+) -> anyhow::Result<FeatureImport> {
+    let started = Instant::now();
+    let tier = RedisTier::connect(redis).await?;
+    let (tx, mut rx) = tokio::sync::mpsc::channel::<Vec<(u64, Vec<u8>)>>(4);
+    let path = features.to_path_buf();
+    // Reading and encoding on a blocking thread; writing on the runtime.
+    let reader = tokio::task::spawn_blocking(move || {
+        stream_rows(&path, n, dim as usize, |first, values| {
+            let batch = values
+                .chunks_exact(dim as usize)
+                .enumerate()
+                .map(|(i, row)| (first + i as u64, encode_row(row)))
+                .collect();
+            tx.blocking_send(batch)
+                .map_err(|_| anyhow::anyhow!("the Redis writer stopped"))
+        })
+    });
+    while let Some(batch) = rx.recv().await {
+        tier.set_many(&batch)
+            .await
+            .with_context(|| format!("writing feature rows to Redis {}", tier.shown()))?;
+    }
+    let mean = reader.await.context("the feature reader panicked")??;
+    std::fs::create_dir_all(data_dir)?;
+    let manifest = FeatureManifest {
+        feature_dim: dim,
+        dtype: "f32".into(),
+        num_nodes: n,
+        store: "redis".into(),
+        redis_prefix: Some(tier.prefix().to_string()),
+        mean_file: FeatureManifest::MEAN_FILE.into(),
+    };
+    write_manifest(data_dir, &manifest, &mean)?;
+    Ok(FeatureImport {
+        rows: n,
+        feature_dim: dim,
+        seconds: started.elapsed().as_secs_f64(),
+        destination: format!("Redis {}", tier.shown()),
+    })
+}
