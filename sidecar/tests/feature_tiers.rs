@@ -511,3 +511,33 @@ fn a_corrupt_l2_cache_is_wiped_and_rebuilt_but_a_corrupt_store_of_record_is_refu
     let err = RocksStore::open(&record_path, Role::StoreOfRecord).unwrap_err();
     assert!(err.to_string().contains("re-run `sidecar import`"), "{err}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fetch_in_flight_during_an_invalidation_does_not_cache_the_old_row() {
+    let redis = RedisServer::start();
+    let l3 = RedisTier::connect(&redis_config(&redis)).await.unwrap();
+    l3.set_many(&[(7, encode_row(&[1.0]))]).await.unwrap();
+    let tiers = FeatureTiers::new(&TierConfig::new(1), None, Some(l3.clone()));
+    // The fetch starts while Redis still holds the old row (frozen, so it is
+    // in flight for sure), the invalidation runs, then Redis answers.
+    redis.freeze();
+    let in_flight = {
+        let tiers = tiers.clone();
+        tokio::spawn(async move { fetch(&tiers, &[7], Duration::from_secs(10)).await })
+    };
+    while tiers
+        .stats()
+        .l3_round_trips
+        .load(std::sync::atomic::Ordering::Relaxed)
+        == 0
+    {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    tiers.invalidate(&[7]).await;
+    redis.thaw();
+    let (old, _) = in_flight.await.unwrap();
+    assert_eq!(old, [1.0], "the request in flight gets what Redis had");
+    l3.set_many(&[(7, encode_row(&[2.0]))]).await.unwrap();
+    let (now, sources) = fetch(&tiers, &[7], Duration::from_secs(5)).await;
+    assert_eq!(now, [2.0], "the old row was not cached: {sources:?}");
+}

@@ -113,6 +113,10 @@ struct Inner {
     flights: Mutex<FxHashMap<u64, Flight>>,
     stats: TierStats,
     ready: AtomicBool,
+    /// Bumped by every invalidation. A fetch that saw another value when it
+    /// started does not write its rows to L1 or L2: they may predate the
+    /// invalidation (it still hands them to its waiters).
+    invalidations: AtomicU64,
 }
 
 /// The feature tiers of one sidecar. Cheap to clone (shared).
@@ -166,6 +170,7 @@ impl FeatureTiers {
                 flights: Mutex::new(FxHashMap::default()),
                 stats: TierStats::default(),
                 ready: AtomicBool::new(false),
+                invalidations: AtomicU64::new(0),
             }),
         }
     }
@@ -209,8 +214,13 @@ impl FeatureTiers {
         n
     }
 
-    /// Evicts rows from L1 (pinned set included) and from an L2 cache.
+    /// Evicts rows from L1 (pinned set included) and from an L2 cache. A
+    /// fetch already in flight will not cache what it brings back.
     pub async fn invalidate(&self, ids: &[u64]) {
+        // SYNC POINT: bumped before evicting, so a fetch that read the old
+        // epoch either finishes caching before the eviction below, or sees
+        // the new epoch and does not cache at all.
+        self.inner.invalidations.fetch_add(1, Ordering::AcqRel);
         for id in ids {
             self.inner.l1.remove(id);
         }
@@ -357,6 +367,7 @@ impl FeatureTiers {
     async fn fly(self, owned: Vec<(u64, watch::Sender<Option<Landed>>)>) {
         let inner = &self.inner;
         let dim = inner.dim;
+        let epoch = inner.invalidations.load(Ordering::Acquire);
         let ids: Vec<u64> = owned.iter().map(|(id, _)| *id).collect();
         let mut landed: Vec<Option<Landed>> = vec![None; ids.len()];
         let decode = |bytes: &[u8]| -> Option<Arc<[f32]>> {
@@ -417,12 +428,15 @@ impl FeatureTiers {
                 }
             }
         }
-        // Fill L1 first, then land the flights, then write L3 rows back to an L2 cache.
+        // Fill L1 first, then land the flights, then write L3 rows back to an
+        // L2 cache; skip the caches if an invalidation ran meanwhile.
+        let cacheable = || inner.invalidations.load(Ordering::Acquire) == epoch;
         {
             let mut flights = inner.flights.lock().unwrap_or_else(|p| p.into_inner());
+            let cache = cacheable();
             for ((id, tx), landed) in owned.into_iter().zip(landed) {
                 let landed = landed.unwrap_or(Landed::Missing);
-                if let Landed::Row(row, _) = &landed {
+                if let (Landed::Row(row, _), true) = (&landed, cache) {
                     inner.l1.insert(id, row.clone());
                 }
                 flights.remove(&id);
@@ -430,7 +444,7 @@ impl FeatureTiers {
             }
         }
         if let (Some(l2), false) = (inner.l2.clone(), from_l3.is_empty()) {
-            if matches!(l2.role(), Role::Cache { .. }) {
+            if matches!(l2.role(), Role::Cache { .. }) && cacheable() {
                 let written = tokio::task::spawn_blocking(move || {
                     l2.put_many(from_l3.iter().map(|(id, bytes)| (*id, bytes.as_slice())))
                 })
