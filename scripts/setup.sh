@@ -5,7 +5,8 @@
 #
 # - the Rust toolchain's rustfmt and clippy components;
 # - Debian packages (only if missing): redis-server and redis-tools (the
-#   tests start their own servers), clang and libclang-dev (RocksDB's build),
+#   tests start their own servers), openssl (test TLS certificates), clang
+#   and libclang-dev (RocksDB's build),
 #   python3-venv where the system Python lacks the venv module;
 # - a project-local Python venv in .venv with tests/python/requirements.txt
 #   (pyarrow, numpy), reinstalled only when the requirements change.
@@ -41,7 +42,7 @@ apt_install() {
     DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null
 }
 
-apt_install redis-server redis-tools clang libclang-dev
+apt_install redis-server redis-tools clang libclang-dev openssl
 
 python=${PYTHON:-python3}
 if ! command -v "$python" >/dev/null 2>&1; then

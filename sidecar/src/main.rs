@@ -44,6 +44,9 @@ enum Command {
         /// Redis key prefix: keys are <prefix><node id>.
         #[arg(long, default_value = sidecar::features::contract::DEFAULT_PREFIX)]
         redis_prefix: String,
+        /// PEM CA certificate for rediss:// servers signed by a private CA.
+        #[arg(long)]
+        redis_ca: Option<PathBuf>,
     },
     /// Write a seeded synthetic power-law graph (R-MAT, optional super nodes)
     /// as a dataset directory that `sidecar import` reads.
@@ -92,6 +95,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             redis,
             redis_cluster,
             redis_prefix,
+            redis_ca,
         } => {
             let stats = dataset::import_graph(&input, &data_dir, undirected, graph_version)?;
             println!(
@@ -121,6 +125,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                     urls: redis,
                     cluster: redis_cluster,
                     prefix: redis_prefix,
+                    ca_file: redis_ca,
                     ..RedisConfig::single("")
                 };
                 tokio::runtime::Runtime::new()?.block_on(import::import_to_redis(

@@ -541,3 +541,22 @@ async fn a_fetch_in_flight_during_an_invalidation_does_not_cache_the_old_row() {
     let (now, sources) = fetch(&tiers, &[7], Duration::from_secs(5)).await;
     assert_eq!(now, [2.0], "the old row was not cached: {sources:?}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rediss_urls_use_tls_checked_against_the_given_ca() {
+    let redis = RedisServer::start_tls(Some("tls-pw"));
+    assert!(redis.url().starts_with("rediss://"));
+    let mut config = redis_config(&redis);
+    config.ca_file = Some(redis.ca_file());
+    let l3 = RedisTier::connect(&config).await.unwrap();
+    l3.set_many(&[(3, encode_row(&[3.0, 4.0]))]).await.unwrap();
+    let tiers = FeatureTiers::new(&TierConfig::new(2), None, Some(l3));
+    let (features, sources) = fetch(&tiers, &[3], Duration::from_secs(2)).await;
+    assert_eq!(features, [3.0, 4.0]);
+    assert_eq!(sources[0].tier, tier::L3);
+
+    // Without the private CA, the server's certificate is not trusted.
+    let untrusted = RedisTier::connect(&redis_config(&redis)).await.unwrap_err();
+    let text = format!("{untrusted:#}");
+    assert!(!text.contains("tls-pw"), "{text}");
+}

@@ -55,6 +55,22 @@ pub struct RedisServer {
     password: Option<String>,
     dir: tempfile::TempDir,
     extra: Vec<String>,
+    /// Set when the server listens with TLS only (see `start_tls`).
+    tls: bool,
+}
+
+/// Runs openssl with `args` in `dir`, failing the test with its output.
+fn openssl(dir: &Path, args: &[&str]) {
+    let output = Command::new("openssl")
+        .args(args)
+        .current_dir(dir)
+        .output()
+        .expect("openssl (Debian package openssl) runs");
+    assert!(
+        output.status.success(),
+        "openssl {args:?}: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
 }
 
 impl RedisServer {
@@ -75,15 +91,131 @@ impl RedisServer {
             password: password.map(str::to_string),
             dir,
             extra: extra.iter().map(|s| s.to_string()).collect(),
+            tls: false,
         };
         server.spawn();
         server
     }
 
+    /// Starts a server that speaks TLS only, with a certificate for
+    /// 127.0.0.1 signed by a fresh test CA (`ca_file()`).
+    pub fn start_tls(password: Option<&str>) -> Self {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let d = dir.path();
+        openssl(
+            d,
+            &[
+                "req",
+                "-x509",
+                "-newkey",
+                "rsa:2048",
+                "-nodes",
+                "-keyout",
+                "ca.key",
+                "-out",
+                "ca.crt",
+                "-days",
+                "2",
+                "-subj",
+                "/CN=gnn-test-ca",
+            ],
+        );
+        openssl(
+            d,
+            &[
+                "req",
+                "-newkey",
+                "rsa:2048",
+                "-nodes",
+                "-keyout",
+                "server.key",
+                "-out",
+                "server.csr",
+                "-subj",
+                "/CN=localhost",
+            ],
+        );
+        std::fs::write(
+            d.join("san.ext"),
+            "subjectAltName=IP:127.0.0.1,DNS:localhost\n",
+        )
+        .unwrap();
+        openssl(
+            d,
+            &[
+                "x509",
+                "-req",
+                "-in",
+                "server.csr",
+                "-CA",
+                "ca.crt",
+                "-CAkey",
+                "ca.key",
+                "-CAcreateserial",
+                "-out",
+                "server.crt",
+                "-days",
+                "2",
+                "-extfile",
+                "san.ext",
+            ],
+        );
+        let port = free_port();
+        let file = |name: &str| d.join(name).display().to_string();
+        let extra = vec![
+            "--tls-port".to_string(),
+            port.to_string(),
+            "--tls-cert-file".into(),
+            file("server.crt"),
+            "--tls-key-file".into(),
+            file("server.key"),
+            "--tls-ca-cert-file".into(),
+            file("ca.crt"),
+            "--tls-auth-clients".into(),
+            "no".into(),
+        ];
+        let mut server = Self {
+            child: None,
+            port,
+            password: password.map(str::to_string),
+            dir,
+            extra,
+            tls: true,
+        };
+        server.spawn();
+        server
+    }
+
+    /// The test CA's certificate (PEM) of a TLS server.
+    pub fn ca_file(&self) -> std::path::PathBuf {
+        self.dir.path().join("ca.crt")
+    }
+
+    fn answers_ping(&self) -> bool {
+        if !self.tls {
+            return raw_command(self.port, self.password.as_deref(), "PING")
+                .is_ok_and(|r| r.contains("PONG"));
+        }
+        let mut cmd = Command::new("redis-cli");
+        cmd.args(["--tls", "--cacert"]).arg(self.ca_file()).args([
+            "-h",
+            "127.0.0.1",
+            "-p",
+            &self.port.to_string(),
+        ]);
+        if let Some(password) = &self.password {
+            cmd.args(["-a", password, "--no-auth-warning"]);
+        }
+        cmd.arg("PING")
+            .output()
+            .is_ok_and(|o| String::from_utf8_lossy(&o.stdout).contains("PONG"))
+    }
+
     fn spawn(&mut self) {
         let mut cmd = Command::new(redis_server());
+        let plain_port = if self.tls { 0 } else { self.port };
         cmd.arg("--port")
-            .arg(self.port.to_string())
+            .arg(plain_port.to_string())
             .arg("--bind")
             .arg("127.0.0.1")
             .arg("--save")
@@ -101,10 +233,8 @@ impl RedisServer {
         self.child = Some(cmd.spawn().expect("spawn redis-server"));
         let started = Instant::now();
         loop {
-            if let Ok(reply) = raw_command(self.port, self.password.as_deref(), "PING") {
-                if reply.contains("PONG") {
-                    return;
-                }
+            if self.answers_ping() {
+                return;
             }
             assert!(
                 started.elapsed() < Duration::from_secs(10),
@@ -115,11 +245,12 @@ impl RedisServer {
         }
     }
 
-    /// `redis://[:password@]127.0.0.1:<port>`.
+    /// `redis[s]://[:password@]127.0.0.1:<port>`.
     pub fn url(&self) -> String {
+        let scheme = if self.tls { "rediss" } else { "redis" };
         match &self.password {
-            Some(p) => format!("redis://:{p}@127.0.0.1:{}", self.port),
-            None => format!("redis://127.0.0.1:{}", self.port),
+            Some(p) => format!("{scheme}://:{p}@127.0.0.1:{}", self.port),
+            None => format!("{scheme}://127.0.0.1:{}", self.port),
         }
     }
 

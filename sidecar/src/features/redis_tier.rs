@@ -8,8 +8,10 @@
 //! exponential backoff; the cluster connection refreshes its slot map and
 //! retries on its own. Deadlines are applied by the caller.
 //!
-//! URLs may carry a password (`redis://:secret@host:6379`, `rediss://...`
-//! where the build has TLS); it is never logged: see [`redact`].
+//! URLs may carry a password (`redis://:secret@host:6379`); it is never
+//! logged: see [`redact`]. `rediss://` URLs use TLS (rustls): the server
+//! certificate is checked against `ca_file` (PEM) when given, otherwise
+//! against the system's trust store.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -34,6 +36,9 @@ pub struct RedisConfig {
     /// Most keys in one MGET.
     pub chunk_keys: usize,
     pub connect_timeout: Duration,
+    /// PEM file of the CA that signed the servers' TLS certificates, for
+    /// `rediss://` URLs with a private CA; system roots otherwise.
+    pub ca_file: Option<std::path::PathBuf>,
 }
 
 impl RedisConfig {
@@ -44,6 +49,7 @@ impl RedisConfig {
             prefix: crate::features::contract::DEFAULT_PREFIX.to_string(),
             chunk_keys: 1_000,
             connect_timeout: Duration::from_secs(2),
+            ca_file: None,
         }
     }
 }
@@ -99,9 +105,24 @@ impl RedisTier {
             .map(|u| redact(u))
             .collect::<Vec<_>>()
             .join(",");
+        // rustls needs a process-wide crypto provider; a second install is a no-op.
+        let _ = rustls::crypto::ring::default_provider().install_default();
+        let certs = match &config.ca_file {
+            Some(path) => Some(redis::TlsCertificates {
+                client_tls: None,
+                root_cert: Some(std::fs::read(path).with_context(|| {
+                    format!("reading the Redis CA certificate {}", path.display())
+                })?),
+            }),
+            None => None,
+        };
         let connection = if config.cluster {
-            let client = ClusterClient::builder(config.urls.clone())
-                .connection_timeout(config.connect_timeout)
+            let mut builder = ClusterClient::builder(config.urls.clone())
+                .connection_timeout(config.connect_timeout);
+            if let Some(certs) = certs {
+                builder = builder.certs(certs);
+            }
+            let client = builder
                 .build()
                 .with_context(|| format!("Redis Cluster {shown}: invalid URL"))?;
             Connection::Cluster(
@@ -115,8 +136,11 @@ impl RedisTier {
                 config.urls.len() == 1,
                 "several Redis URLs given without --redis-cluster"
             );
-            let client = redis::Client::open(config.urls[0].as_str())
-                .with_context(|| format!("Redis {shown}: invalid URL"))?;
+            let client = match certs {
+                Some(certs) => redis::Client::build_with_tls(config.urls[0].as_str(), certs),
+                None => redis::Client::open(config.urls[0].as_str()),
+            }
+            .with_context(|| format!("Redis {shown}: invalid URL"))?;
             let manager_config = ConnectionManagerConfig::new()
                 .set_connection_timeout(Some(config.connect_timeout))
                 .set_number_of_retries(6)
