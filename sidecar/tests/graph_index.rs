@@ -352,3 +352,16 @@ fn a_sample_fills_a_response_that_the_protocol_reader_accepts() {
     assert_eq!(tables.hop2_rows(), &s.hop2_rows[..]);
     assert_eq!(tables.target_status()[2], target_status::UNKNOWN_NODE);
 }
+
+#[test]
+fn the_hot_set_is_the_top_degree_nodes() {
+    let (_dir, path) = cora_index_file();
+    let index = CsrIndex::open(&path).unwrap();
+    // meta.json's top5_nodes_by_degree for cora.
+    assert_eq!(index.top_degree(5), vec![1358, 306, 1701, 1986, 1810]);
+    let all = index.top_degree(10_000);
+    assert_eq!(all.len(), 2708);
+    assert!(all
+        .windows(2)
+        .all(|w| index.degree(w[0]) >= index.degree(w[1])));
+}

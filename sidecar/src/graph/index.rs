@@ -110,4 +110,23 @@ impl CsrIndex {
     pub fn degree(&self, node: u32) -> u32 {
         self.neighbors(node).len() as u32
     }
+
+    /// The `k` nodes of highest degree, highest first (ties by id): the
+    /// default hot set pinned in L1 at warm-up. O(n) selection, then a sort
+    /// of the `k` chosen.
+    pub fn top_degree(&self, k: usize) -> Vec<u32> {
+        let n = self.n_nodes() as usize;
+        let k = k.min(n);
+        if k == 0 {
+            return Vec::new();
+        }
+        let order = |a: &u32, b: &u32| self.degree(*b).cmp(&self.degree(*a)).then(a.cmp(b));
+        let mut nodes: Vec<u32> = (0..n as u32).collect();
+        if k < n {
+            nodes.select_nth_unstable_by(k - 1, order);
+            nodes.truncate(k);
+        }
+        nodes.sort_unstable_by(order);
+        nodes
+    }
 }
