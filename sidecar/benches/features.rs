@@ -19,7 +19,6 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use hdrhistogram::Histogram;
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 use redis::AsyncCommands;
@@ -31,43 +30,11 @@ use sidecar::graph::dataset::{import_graph, INDEX_FILE};
 use sidecar::graph::generate::{generate, GenerateOptions};
 use sidecar::graph::{CsrIndex, Sampler};
 use tests::redis::RedisServer;
+use tests::Latency;
 
 const DIM: usize = 128;
 /// Back-to-back runs averaged for the warm path and the floor.
 const REPEAT: u32 = 8;
-
-struct Stats {
-    name: &'static str,
-    hist: Histogram<u64>,
-}
-
-impl Stats {
-    fn new(name: &'static str) -> Self {
-        Self {
-            name,
-            hist: Histogram::new(3).unwrap(),
-        }
-    }
-
-    fn record(&mut self, started: Instant) {
-        self.hist
-            .record(started.elapsed().as_nanos().max(1) as u64)
-            .unwrap();
-    }
-
-    fn record_mean(&mut self, started: Instant, runs: u32) {
-        let each = started.elapsed().as_nanos() / u128::from(runs);
-        self.hist.record(each.max(1) as u64).unwrap();
-    }
-
-    fn p50(&self) -> f64 {
-        self.hist.value_at_quantile(0.5) as f64 / 1000.0
-    }
-
-    fn p99(&self) -> f64 {
-        self.hist.value_at_quantile(0.99) as f64 / 1000.0
-    }
-}
 
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() -> anyhow::Result<()> {
@@ -131,13 +98,13 @@ async fn main() -> anyhow::Result<()> {
         .collect();
     let mean_rows = subgraphs.iter().map(Vec::len).sum::<usize>() as f64 / targets_n as f64;
 
-    let mut cold = Stats::new("cold: all rows from Redis (tiers)");
-    let mut l2_only = Stats::new("L2 only: RocksDB cache (tiers)");
-    let mut warm = Stats::new("warm: all rows in L1 (tiers)");
-    let mut mget = Stats::new("bare MGET of the same keys");
-    let mut naive = Stats::new("naive GET per key");
-    let mut floor = Stats::new("in-memory gather (floor)");
-    let mut tier_mget = Stats::new("L3 MGET alone (RedisTier::get_many)");
+    let mut cold = Latency::new("cold: all rows from Redis (tiers)");
+    let mut l2_only = Latency::new("L2 only: RocksDB cache (tiers)");
+    let mut warm = Latency::new("warm: all rows in L1 (tiers)");
+    let mut mget = Latency::new("bare MGET of the same keys");
+    let mut naive = Latency::new("naive GET per key");
+    let mut floor = Latency::new("in-memory gather (floor)");
+    let mut tier_mget = Latency::new("L3 MGET alone (RedisTier::get_many)");
     let warm_tiers = FeatureTiers::new(&TierConfig::new(DIM), None, Some(l3.clone()));
     let mut client = redis::Client::open(redis.url())?
         .get_multiplexed_async_connection()
@@ -163,23 +130,27 @@ async fn main() -> anyhow::Result<()> {
         let tiers = FeatureTiers::new(&small, None, Some(l3.clone()));
         let t = Instant::now();
         tiers.fetch_into(ids, far, &mut out, &mut sources).await;
-        cold.record(t);
+        cold.record(t.elapsed());
         assert!(sources.iter().all(|s| !s.fallback));
 
         let tiers = FeatureTiers::new(&small, Some(l2.clone()), None);
         let t = Instant::now();
         tiers.fetch_into(ids, far, &mut out, &mut sources).await;
-        l2_only.record(t);
+        l2_only.record(t.elapsed());
         assert!(sources.iter().all(|s| !s.fallback));
 
+        // Warm path and floor are timed alike: the mean of REPEAT back-to-back
+        // runs after one untimed run.
         warm_tiers
             .fetch_into(ids, far, &mut out, &mut sources)
             .await;
         let t = Instant::now();
-        warm_tiers
-            .fetch_into(ids, far, &mut out, &mut sources)
-            .await;
-        warm.record(t);
+        for _ in 0..REPEAT {
+            warm_tiers
+                .fetch_into(ids, far, &mut out, &mut sources)
+                .await;
+        }
+        warm.record_mean(t, REPEAT);
 
         let keys: Vec<String> = ids
             .iter()
@@ -187,18 +158,18 @@ async fn main() -> anyhow::Result<()> {
             .collect();
         let t = Instant::now();
         let values: Vec<Option<Vec<u8>>> = client.mget(&keys).await?;
-        mget.record(t);
+        mget.record(t.elapsed());
         assert_eq!(values.len(), ids.len());
 
         let t = Instant::now();
         for key in &keys {
             let _: Option<Vec<u8>> = client.get(key).await?;
         }
-        naive.record(t);
+        naive.record(t.elapsed());
 
         let t = Instant::now();
         let raw = l3.get_many(ids).await?;
-        tier_mget.record(t);
+        tier_mget.record(t.elapsed());
         assert!(raw.iter().all(Option::is_some));
 
         // The floor with the rows as warm in the CPU caches as L1's: gather
@@ -226,24 +197,24 @@ async fn main() -> anyhow::Result<()> {
         "mode (per target)", "p50 us", "p99 us"
     );
     for s in [&warm, &floor, &l2_only, &cold, &tier_mget, &mget, &naive] {
-        println!("{:<40} {:>10.1} {:>10.1}", s.name, s.p50(), s.p99());
+        println!("{:<40} {:>10.1} {:>10.1}", s.name, s.p50_us(), s.p99_us());
     }
     let verdict = |ok: bool| if ok { "met" } else { "NOT met" };
     println!();
     println!(
         "goal: cold p50 <= 1.3x bare MGET: {:.2}x ({})",
-        cold.p50() / mget.p50(),
-        verdict(cold.p50() <= 1.3 * mget.p50())
+        cold.p50_us() / mget.p50_us(),
+        verdict(cold.p50_us() <= 1.3 * mget.p50_us())
     );
     println!(
         "goal: cold >= 50x faster than naive GETs: {:.1}x ({})",
-        naive.p50() / cold.p50(),
-        verdict(naive.p50() >= 50.0 * cold.p50())
+        naive.p50_us() / cold.p50_us(),
+        verdict(naive.p50_us() >= 50.0 * cold.p50_us())
     );
     println!(
         "goal: warm p50 <= 2x the in-memory floor: {:.2}x ({})",
-        warm.p50() / floor.p50(),
-        verdict(warm.p50() <= 2.0 * floor.p50())
+        warm.p50_us() / floor.p50_us(),
+        verdict(warm.p50_us() <= 2.0 * floor.p50_us())
     );
     Ok(())
 }

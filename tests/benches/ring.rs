@@ -23,10 +23,9 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use arrow_buffer::{Buffer, MutableBuffer};
-use hdrhistogram::Histogram;
 use protocol::payload::{self, DecodeLimits, SchemaCache};
 use protocol::{CallRequest, ClientOptions, RingClient, WaitPolicy};
-use tests::ServerProcess;
+use tests::{Latency, ServerProcess};
 
 const SERVER: &str = env!("CARGO_BIN_EXE_ring-test-server");
 const DIM: u32 = 128;
@@ -38,41 +37,15 @@ fn server(args: &[&str]) -> ServerProcess {
     ServerProcess::start(Path::new(SERVER), &args).expect("start ring-test-server")
 }
 
-struct Stats {
-    name: &'static str,
-    hist: Histogram<u64>,
-}
-
-impl Stats {
-    fn new(name: &'static str) -> Self {
-        Self {
-            name,
-            hist: Histogram::new_with_bounds(1, 60_000_000_000, 3).unwrap(),
-        }
-    }
-
-    fn record(&mut self, elapsed: Duration) {
-        self.hist.saturating_record(elapsed.as_nanos() as u64);
-    }
-
-    fn p50_us(&self) -> f64 {
-        self.hist.value_at_quantile(0.50) as f64 / 1000.0
-    }
-
-    fn p99_us(&self) -> f64 {
-        self.hist.value_at_quantile(0.99) as f64 / 1000.0
-    }
-
-    fn print(&self) {
-        println!(
-            "{:<46} {:>8} {:>10.2} {:>10.2} {:>10.2}",
-            self.name,
-            self.hist.len(),
-            self.p50_us(),
-            self.p99_us(),
-            self.hist.mean() / 1000.0
-        );
-    }
+fn print(stats: &Latency) {
+    println!(
+        "{:<46} {:>8} {:>10.2} {:>10.2} {:>10.2}",
+        stats.name,
+        stats.hist.len(),
+        stats.p50_us(),
+        stats.p99_us(),
+        stats.mean_us()
+    );
 }
 
 fn client(name: &str, spin_for: Duration) -> RingClient {
@@ -89,7 +62,7 @@ fn client(name: &str, spin_for: Duration) -> RingClient {
     .expect("attach")
 }
 
-fn ring_empty(stats: &mut Stats, iterations: usize, spin: bool) {
+fn ring_empty(stats: &mut Latency, iterations: usize, spin: bool) {
     let name = format!("gnn-bench-empty-{}-{}", spin, std::process::id());
     let spin_us = if spin { "1000000" } else { "0" };
     let _server = server(&[
@@ -123,7 +96,7 @@ fn ring_empty(stats: &mut Stats, iterations: usize, spin: bool) {
     }
 }
 
-fn ring_payload(stats: &mut Stats, iterations: usize, decode: bool) -> f32 {
+fn ring_payload(stats: &mut Latency, iterations: usize, decode: bool) -> f32 {
     let name = format!("gnn-bench-payload-{}", std::process::id());
     let _server = server(&[
         "--name",
@@ -168,7 +141,7 @@ fn ring_payload(stats: &mut Stats, iterations: usize, decode: bool) -> f32 {
     checksum
 }
 
-fn uds_payload(stats: &mut Stats, iterations: usize, _decode: bool) -> f32 {
+fn uds_payload(stats: &mut Latency, iterations: usize, _decode: bool) -> f32 {
     let path = std::env::temp_dir().join(format!("gnn-bench-{}.sock", std::process::id()));
     let _server = server(&[
         "--name",
@@ -217,7 +190,7 @@ fn uds_payload(stats: &mut Stats, iterations: usize, _decode: bool) -> f32 {
 
 /// The floor of any parked round trip on this machine: two threads
 /// ping-ponging through the same futex primitives, no ring.
-fn futex_ping_pong(stats: &mut Stats, iterations: usize) {
+fn futex_ping_pong(stats: &mut Latency, iterations: usize) {
     use protocol::wait::{notify, wait_for};
     use std::sync::atomic::{AtomicU32, Ordering};
     use std::sync::Arc;
@@ -269,20 +242,20 @@ fn main() {
             .map(|p| p.get())
             .unwrap_or(0)
     );
-    let mut spin = Stats::new("empty request, spinning");
+    let mut spin = Latency::new("empty request, spinning");
     ring_empty(&mut spin, n, true);
-    let mut parked = Stats::new("empty request, parked (futex)");
+    let mut parked = Latency::new("empty request, parked (futex)");
     ring_empty(&mut parked, n / 2, false);
-    let mut floor = Stats::new("reference: futex ping-pong, 2 threads");
+    let mut floor = Latency::new("reference: futex ping-pong, 2 threads");
     futex_ping_pong(&mut floor, n / 2);
-    let mut ring = Stats::new("221x128 f32 in place + arrow-rs decode");
+    let mut ring = Latency::new("221x128 f32 in place + arrow-rs decode");
     let a = ring_payload(&mut ring, n, true);
-    let mut uds = Stats::new("221x128 f32 over Unix socket + decode");
+    let mut uds = Latency::new("221x128 f32 over Unix socket + decode");
     let b = uds_payload(&mut uds, n, true);
     assert_eq!(a, b, "both paths carried the same features");
-    let mut ring_raw = Stats::new("221x128 f32 in place, no decode");
+    let mut ring_raw = Latency::new("221x128 f32 in place, no decode");
     ring_payload(&mut ring_raw, n, false);
-    let mut uds_raw = Stats::new("221x128 f32 over Unix socket, no decode");
+    let mut uds_raw = Latency::new("221x128 f32 over Unix socket, no decode");
     uds_payload(&mut uds_raw, n, false);
 
     println!();
@@ -291,7 +264,7 @@ fn main() {
         "mode", "count", "p50 us", "p99 us", "mean us"
     );
     for stats in [&spin, &parked, &floor, &ring, &uds, &ring_raw, &uds_raw] {
-        stats.print();
+        print(stats);
     }
     println!();
     let verdict = |ok: bool| if ok { "met" } else { "NOT met" };

@@ -410,3 +410,43 @@ impl Precomputed {
         targets.hop2_rows.copy_from_slice(&self.hop2_rows);
     }
 }
+
+/// A named latency histogram for the benchmarks (nanoseconds recorded,
+/// microseconds reported).
+#[derive(Debug)]
+pub struct Latency {
+    pub name: &'static str,
+    pub hist: hdrhistogram::Histogram<u64>,
+}
+
+impl Latency {
+    pub fn new(name: &'static str) -> Self {
+        Self {
+            name,
+            hist: hdrhistogram::Histogram::new_with_bounds(1, 60_000_000_000, 3)
+                .expect("valid bounds"),
+        }
+    }
+
+    pub fn record(&mut self, elapsed: Duration) {
+        self.hist
+            .saturating_record(elapsed.as_nanos().max(1) as u64);
+    }
+
+    /// Records the time since `started` divided by `runs`.
+    pub fn record_mean(&mut self, started: std::time::Instant, runs: u32) {
+        self.record(started.elapsed() / runs.max(1));
+    }
+
+    pub fn p50_us(&self) -> f64 {
+        self.hist.value_at_quantile(0.50) as f64 / 1000.0
+    }
+
+    pub fn p99_us(&self) -> f64 {
+        self.hist.value_at_quantile(0.99) as f64 / 1000.0
+    }
+
+    pub fn mean_us(&self) -> f64 {
+        self.hist.mean() / 1000.0
+    }
+}

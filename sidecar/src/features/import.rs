@@ -50,6 +50,22 @@ impl FeatureManifest {
         serde_json::from_str(&text).with_context(|| format!("parsing {}", path.display()))
     }
 
+    fn new(feature_dim: u32, num_nodes: u64, redis_prefix: Option<String>) -> Self {
+        Self {
+            feature_dim,
+            dtype: "f32".into(),
+            num_nodes,
+            store: if redis_prefix.is_some() {
+                "redis"
+            } else {
+                "rocksdb"
+            }
+            .into(),
+            redis_prefix,
+            mean_file: Self::MEAN_FILE.into(),
+        }
+    }
+
     /// The mean row written at import.
     pub fn read_mean(&self, data_dir: &Path) -> anyhow::Result<Vec<f32>> {
         let bytes = std::fs::read(data_dir.join(&self.mean_file))?;
@@ -148,14 +164,7 @@ pub fn import_to_rocksdb(
         )
     })?;
     store.flush()?;
-    let manifest = FeatureManifest {
-        feature_dim: dim,
-        dtype: "f32".into(),
-        num_nodes: n,
-        store: "rocksdb".into(),
-        redis_prefix: None,
-        mean_file: FeatureManifest::MEAN_FILE.into(),
-    };
+    let manifest = FeatureManifest::new(dim, n, None);
     write_manifest(data_dir, &manifest, &mean)?;
     Ok(FeatureImport {
         rows: n,
@@ -196,14 +205,7 @@ pub async fn import_to_redis(
     }
     let mean = reader.await.context("the feature reader panicked")??;
     std::fs::create_dir_all(data_dir)?;
-    let manifest = FeatureManifest {
-        feature_dim: dim,
-        dtype: "f32".into(),
-        num_nodes: n,
-        store: "redis".into(),
-        redis_prefix: Some(tier.prefix().to_string()),
-        mean_file: FeatureManifest::MEAN_FILE.into(),
-    };
+    let manifest = FeatureManifest::new(dim, n, Some(tier.prefix().to_string()));
     write_manifest(data_dir, &manifest, &mean)?;
     Ok(FeatureImport {
         rows: n,
