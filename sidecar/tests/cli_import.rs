@@ -5,17 +5,22 @@ use std::process::Command;
 
 const SIDECAR: &str = env!("CARGO_BIN_EXE_sidecar");
 
+/// Runs `sidecar import <input> --data-dir <data_dir>`.
+fn import(input: &Path, data_dir: &Path) -> std::process::Output {
+    Command::new(SIDECAR)
+        .arg("import")
+        .arg(input)
+        .arg("--data-dir")
+        .arg(data_dir)
+        .output()
+        .unwrap()
+}
+
 #[test]
 fn import_builds_the_index_and_reports_it() {
     let data = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../shared/data/cora");
     let out = tempfile::tempdir().unwrap();
-    let output = Command::new(SIDECAR)
-        .arg("import")
-        .arg(&data)
-        .arg("--data-dir")
-        .arg(out.path())
-        .output()
-        .unwrap();
+    let output = import(&data, out.path());
     assert!(
         output.status.success(),
         "{}",
@@ -25,15 +30,18 @@ fn import_builds_the_index_and_reports_it() {
     assert!(stdout.contains("2708 nodes, 10556 edges"), "{stdout}");
     let index = sidecar::graph::CsrIndex::open(&out.path().join("graph.csr")).unwrap();
     assert_eq!(index.n_edges(), 10556);
+    // The features went into the embedded store of record.
+    assert!(
+        stdout.contains("features: 2708 rows of 1433 f32"),
+        "{stdout}"
+    );
+    let manifest = sidecar::features::import::FeatureManifest::read(out.path()).unwrap();
+    assert_eq!(
+        (manifest.store.as_str(), manifest.num_nodes),
+        ("rocksdb", 2708)
+    );
     // Running it again replaces the index atomically and succeeds.
-    let again = Command::new(SIDECAR)
-        .arg("import")
-        .arg(&data)
-        .arg("--data-dir")
-        .arg(out.path())
-        .output()
-        .unwrap();
-    assert!(again.status.success());
+    assert!(import(&data, out.path()).status.success());
 }
 
 #[test]
@@ -41,13 +49,7 @@ fn import_of_a_bad_input_exits_non_zero_with_one_clear_line() {
     let out = tempfile::tempdir().unwrap();
     let list = out.path().join("edges.txt");
     std::fs::write(&list, "0 1\n2 three\n").unwrap();
-    let output = Command::new(SIDECAR)
-        .arg("import")
-        .arg(&list)
-        .arg("--data-dir")
-        .arg(out.path())
-        .output()
-        .unwrap();
+    let output = import(&list, out.path());
     assert!(!output.status.success());
     let stderr = String::from_utf8_lossy(&output.stderr);
     let last = stderr.lines().last().unwrap_or_default();
