@@ -26,6 +26,7 @@
 //! sound in a `SAFETY:` comment.
 #![deny(unsafe_code)]
 
+pub mod admin;
 mod futex;
 pub mod layout;
 pub mod payload;
