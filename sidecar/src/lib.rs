@@ -3,9 +3,9 @@
 //! the worker's requests in place.
 //!
 //! - [`graph`]: the CSR index (build, map, verify) and the sampler;
-//! - [`features`]: the feature tiers (L1 RAM, L2 RocksDB, L3 Redis).
-//!
-//! `sidecar serve` arrives with the issue that wires them to the ring.
+//! - [`features`]: the feature tiers (L1 RAM, L2 RocksDB, L3 Redis);
+//! - [`serve`]: `sidecar serve`, the ring server wired to both, and the
+//!   admin socket.
 //!
 //! **Architecture invariant:** depends on `protocol`, never on `gnn-worker`;
 //! no ONNX Runtime here. `unsafe` is denied except where a file is memory
@@ -14,3 +14,4 @@
 
 pub mod features;
 pub mod graph;
+pub mod serve;

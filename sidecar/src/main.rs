@@ -3,11 +3,17 @@
 
 use std::path::PathBuf;
 use std::process::ExitCode;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::ensure;
 
 use clap::{Parser, Subcommand};
 use sidecar::features::import;
 use sidecar::features::redis_tier::RedisConfig;
 use sidecar::graph::{dataset, generate};
+use sidecar::serve::{self, ServeConfig};
 
 /// The feature-prefetching sidecar for GNN serving.
 #[derive(Debug, Parser)]
@@ -48,6 +54,10 @@ enum Command {
         #[arg(long)]
         redis_ca: Option<PathBuf>,
     },
+    /// Serve the shared-memory ring: sample, fetch features through the
+    /// tiers, answer in place. Stops cleanly on SIGTERM/SIGINT or
+    /// `sidecarctl shutdown`.
+    Serve(ServeArgs),
     /// Write a seeded synthetic power-law graph (R-MAT, optional super nodes)
     /// as a dataset directory that `sidecar import` reads.
     Generate {
@@ -67,6 +77,106 @@ enum Command {
         #[arg(long, default_value_t = 0)]
         super_degree: u64,
     },
+}
+
+#[derive(Debug, clap::Args)]
+struct ServeArgs {
+    /// The directory `sidecar import` wrote (graph.csr, features).
+    #[arg(long)]
+    data_dir: PathBuf,
+    /// Name of the shared-memory segment under /dev/shm.
+    #[arg(long, default_value = "gnn-sidecar")]
+    shm_name: String,
+    /// Segment file mode, octal (0600; 0660 when the containers share a group).
+    #[arg(long, default_value = "600", value_parser = parse_octal)]
+    shm_mode: u32,
+    /// Redis URL(s) of the feature store (when imported with --redis).
+    #[arg(long)]
+    redis: Vec<String>,
+    #[arg(long)]
+    redis_cluster: bool,
+    #[arg(long)]
+    redis_ca: Option<PathBuf>,
+    /// Redis pub/sub channel of node ids to invalidate.
+    #[arg(long)]
+    invalidation_channel: Option<String>,
+    /// Default fanouts per hop (used when a request leaves them at 0).
+    #[arg(long, default_value = "20,10", value_parser = parse_pair)]
+    fanouts: [u32; 2],
+    /// Hard cap of each hop's fanout that a request may ask for.
+    #[arg(long, default_value = "50,50", value_parser = parse_pair)]
+    max_fanouts: [u32; 2],
+    /// Ring slots (concurrent requests in flight).
+    #[arg(long, default_value_t = 64)]
+    slots: u32,
+    /// Most target ids per request.
+    #[arg(long, default_value_t = 64)]
+    max_targets: u32,
+    /// Most node-table rows per response.
+    #[arg(long, default_value_t = 65_536)]
+    max_nodes: u32,
+    /// Response area per slot, MiB (tmpfs pages are only allocated when used).
+    #[arg(long, default_value_t = 8)]
+    response_mib: u64,
+    /// Feature fetch deadline when a request sets none, milliseconds.
+    #[arg(long, default_value_t = 20)]
+    deadline_ms: u64,
+    /// L1 cache size, MiB of row data.
+    #[arg(long, default_value_t = 256)]
+    l1_mib: u64,
+    /// Top-degree nodes pinned in L1 before the ring is created.
+    #[arg(long, default_value_t = 10_000)]
+    warm_up: usize,
+    /// Row served for a missing or late feature row.
+    #[arg(long, value_enum, default_value = "mean")]
+    default_row: serve::DefaultRowKind,
+    /// Admin Unix socket for sidecarctl.
+    #[arg(long)]
+    admin_socket: Option<PathBuf>,
+    /// Seconds without a worker heartbeat before its slots are reclaimed.
+    #[arg(long, default_value_t = 5.0)]
+    client_timeout_s: f64,
+    /// Accepted for the documented command line; configuration comes from
+    /// the flags for now.
+    #[arg(long, hide = true)]
+    config: Option<PathBuf>,
+}
+
+fn parse_octal(s: &str) -> Result<u32, String> {
+    u32::from_str_radix(s.trim_start_matches("0o"), 8)
+        .map_err(|_| format!("{s:?} is not an octal file mode such as 600"))
+}
+
+fn parse_pair(s: &str) -> Result<[u32; 2], String> {
+    let parts: Vec<&str> = s.split(',').collect();
+    match parts.as_slice() {
+        [a, b] => match (a.trim().parse(), b.trim().parse()) {
+            (Ok(a), Ok(b)) => Ok([a, b]),
+            _ => Err(format!("{s:?}: expected two numbers such as 20,10")),
+        },
+        _ => Err(format!("{s:?}: expected two numbers such as 20,10")),
+    }
+}
+
+/// Blocks SIGTERM and SIGINT in every thread and turns them into a flag set
+/// by one waiting thread (the serving loop polls it).
+fn stop_on_signals() -> anyhow::Result<Arc<AtomicBool>> {
+    use nix::sys::signal::{SigSet, Signal};
+    let mut set = SigSet::empty();
+    set.add(Signal::SIGTERM);
+    set.add(Signal::SIGINT);
+    set.thread_block()?;
+    let flag = Arc::new(AtomicBool::new(false));
+    let for_thread = flag.clone();
+    std::thread::Builder::new()
+        .name("signals".into())
+        .spawn(move || {
+            if let Ok(signal) = set.wait() {
+                tracing::info!(%signal, "stopping");
+                for_thread.store(true, Ordering::Release);
+            }
+        })?;
+    Ok(flag)
 }
 
 fn main() -> ExitCode {
@@ -141,6 +251,34 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                 done.rows, done.feature_dim, done.destination, done.seconds
             );
             Ok(())
+        }
+        Command::Serve(args) => {
+            ensure!(
+                args.config.is_none(),
+                "--config is not supported yet: pass the settings as flags (sidecar serve --help)"
+            );
+            let stop = stop_on_signals()?;
+            let config = ServeConfig {
+                shm_mode: args.shm_mode,
+                redis: args.redis,
+                redis_cluster: args.redis_cluster,
+                redis_ca: args.redis_ca,
+                invalidation_channel: args.invalidation_channel,
+                fanouts: args.fanouts,
+                max_fanouts: args.max_fanouts,
+                slots: args.slots,
+                max_targets: args.max_targets,
+                max_nodes: args.max_nodes,
+                response_bytes: args.response_mib << 20,
+                deadline: Duration::from_millis(args.deadline_ms),
+                l1_bytes: args.l1_mib << 20,
+                warm_up: args.warm_up,
+                default_row: args.default_row,
+                admin_socket: args.admin_socket,
+                client_timeout: Duration::from_secs_f64(args.client_timeout_s),
+                ..ServeConfig::new(args.data_dir, args.shm_name)
+            };
+            serve::run(config, Some(stop))
         }
         Command::Generate {
             out,

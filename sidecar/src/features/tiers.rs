@@ -139,7 +139,7 @@ impl std::fmt::Debug for FeatureTiers {
 }
 
 /// Where each row of a fetch came from.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct RowSource {
     pub tier: u8,
     pub fallback: bool,

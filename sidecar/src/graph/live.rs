@@ -157,7 +157,8 @@ impl LiveGraph {
         self.add_edges_and_nodes(edges, &[], undirected)
     }
 
-    fn add_edges_and_nodes(
+    /// Adds edges and nodes in one snapshot.
+    pub fn add_edges_and_nodes(
         &self,
         edges: &[(u64, u64)],
         nodes: &[u64],

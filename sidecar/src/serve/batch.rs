@@ -1,0 +1,322 @@
+//! Serving one ring batch: every request taken together is sampled in one
+//! pass (per distinct fanouts), its unique rows fetched in one call through
+//! the tiers, and each request's own response written in place.
+//!
+//! A response is self-contained: its node table holds only the rows its own
+//! targets reference. When several requests share a batch, the batch-wide
+//! sample is split per request by remapping row indices, and the rows are
+//! copied from the batch's fetch buffer; a batch of one request (the common
+//! case at low load) is fetched straight into its slot.
+
+use std::time::Instant;
+
+use protocol::layout::{status, MAX_HOPS};
+use protocol::payload::{NodeColumns, PayloadShape, TargetColumns};
+use protocol::request::Request;
+use protocol::server::ServeTicket;
+use rustc_hash::FxHashMap;
+
+use crate::features::{FeatureTiers, RowSource};
+use crate::graph::live::GraphSnapshot;
+use crate::graph::sampler::{Sampled, Sampler};
+
+/// Counters of the serving loop.
+#[derive(Debug, Default)]
+pub struct ServeStats {
+    pub batches: std::sync::atomic::AtomicU64,
+    pub requests: std::sync::atomic::AtomicU64,
+    pub targets: std::sync::atomic::AtomicU64,
+    pub rows_fetched: std::sync::atomic::AtomicU64,
+    pub invalid_requests: std::sync::atomic::AtomicU64,
+    pub too_large: std::sync::atomic::AtomicU64,
+}
+
+/// Per-thread state reused across batches.
+#[derive(Debug, Default)]
+pub struct BatchServer {
+    sampler: Sampler,
+    remap: Vec<i32>,
+    seed: u64,
+}
+
+/// What the serving loop needs besides the tickets.
+#[derive(Debug)]
+pub struct BatchContext<'a> {
+    pub graph: &'a GraphSnapshot,
+    pub tiers: &'a FeatureTiers,
+    pub runtime: &'a tokio::runtime::Handle,
+    pub default_deadline: std::time::Duration,
+    pub max_nodes: u32,
+    pub stats: &'a ServeStats,
+}
+
+struct Pending {
+    ticket: ServeTicket,
+    request: Request,
+    /// Range of this request's targets in its group's sample.
+    first_target: usize,
+}
+
+impl BatchServer {
+    /// Answers every ticket of a batch.
+    pub fn serve(&mut self, ctx: &BatchContext<'_>, tickets: Vec<ServeTicket>) {
+        use std::sync::atomic::Ordering::Relaxed;
+        ctx.stats.batches.fetch_add(1, Relaxed);
+        ctx.stats.requests.fetch_add(tickets.len() as u64, Relaxed);
+        let now = Instant::now();
+        let mut deadline = None::<Instant>;
+        // Group by fanouts: one sampling pass per distinct pair.
+        let mut groups: Vec<([u32; MAX_HOPS], Vec<Pending>)> = Vec::new();
+        for ticket in tickets {
+            let request = match ticket.request() {
+                Ok(request) => request,
+                Err(e) => {
+                    ctx.stats.invalid_requests.fetch_add(1, Relaxed);
+                    ticket.respond_error(status::INVALID_REQUEST, 0, &e.to_string());
+                    continue;
+                }
+            };
+            ctx.stats
+                .targets
+                .fetch_add(request.targets.len() as u64, Relaxed);
+            let until = now + request.remaining().unwrap_or(ctx.default_deadline);
+            deadline = Some(deadline.map_or(until, |d: Instant| d.min(until)));
+            let group = match groups.iter().position(|(f, _)| *f == request.fanouts) {
+                Some(i) => i,
+                None => {
+                    groups.push((request.fanouts, Vec::new()));
+                    groups.len() - 1
+                }
+            };
+            groups[group].1.push(Pending {
+                ticket,
+                request,
+                first_target: 0,
+            });
+        }
+        if groups.is_empty() {
+            return;
+        }
+        self.seed = self.seed.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut samples: Vec<Sampled> = Vec::with_capacity(groups.len());
+        for (fanouts, pending) in &mut groups {
+            let mut targets = Vec::new();
+            for p in pending.iter_mut() {
+                p.first_target = targets.len();
+                targets.extend_from_slice(&p.request.targets);
+            }
+            samples.push(
+                self.sampler
+                    .sample(ctx.graph, &targets, *fanouts, self.seed),
+            );
+        }
+
+        // A lone request: fetch straight into its slot.
+        if groups.len() == 1 && groups[0].1.len() == 1 {
+            let pending = groups
+                .pop()
+                .expect("one group")
+                .1
+                .pop()
+                .expect("one request");
+            let sampled = &samples[0];
+            self.respond(ctx, pending, sampled, None, |ids, features, sources| {
+                ctx.stats.rows_fetched.fetch_add(ids.len() as u64, Relaxed);
+                ctx.runtime
+                    .block_on(ctx.tiers.fetch_into(ids, deadline, features, sources));
+            });
+            return;
+        }
+
+        // Several requests: one fetch of the batch's unique rows.
+        let mut unique: Vec<u64> = Vec::new();
+        let mut index: FxHashMap<u64, u32> = FxHashMap::default();
+        let group_rows: Vec<Vec<u32>> = samples
+            .iter()
+            .map(|s| {
+                s.nodes
+                    .iter()
+                    .map(|&id| {
+                        *index.entry(id).or_insert_with(|| {
+                            unique.push(id);
+                            (unique.len() - 1) as u32
+                        })
+                    })
+                    .collect()
+            })
+            .collect();
+        let dim = ctx.tiers.feature_dim();
+        let mut features = vec![0f32; unique.len() * dim];
+        let mut sources = vec![RowSource::default(); unique.len()];
+        ctx.stats
+            .rows_fetched
+            .fetch_add(unique.len() as u64, Relaxed);
+        ctx.runtime.block_on(
+            ctx.tiers
+                .fetch_into(&unique, deadline, &mut features, &mut sources),
+        );
+        for ((_, pending), (sampled, rows)) in
+            groups.into_iter().zip(samples.iter().zip(&group_rows))
+        {
+            for p in pending {
+                let batch = BatchRows {
+                    features: &features,
+                    sources: &sources,
+                    rows,
+                    dim,
+                };
+                self.respond(ctx, p, sampled, Some(batch), |_, _, _| {});
+            }
+        }
+    }
+
+    /// Writes one request's response: its slice of the group's sample,
+    /// remapped to its own node table, with features from `batch` or, for a
+    /// lone request, from `fetch` into the slot directly.
+    fn respond(
+        &mut self,
+        ctx: &BatchContext<'_>,
+        pending: Pending,
+        sampled: &Sampled,
+        batch: Option<BatchRows<'_>>,
+        fetch: impl FnOnce(&[u64], &mut [f32], &mut [RowSource]),
+    ) {
+        let [f1, f2] = sampled.fanouts;
+        let (f1, f2) = (f1 as usize, f2 as usize);
+        let n = pending.request.targets.len();
+        let t0 = pending.first_target;
+        let whole = t0 == 0 && n == sampled.n_targets();
+        // Local rows: the group's rows this request references, in order of
+        // first reference (identity when the request is the whole group).
+        let mut local: Vec<u32> = Vec::new();
+        let mut cols = SampleSlice::of(sampled, t0, n, f1, f2);
+        if !whole {
+            self.remap.clear();
+            self.remap.resize(sampled.nodes.len(), -1);
+            let remap = &mut self.remap;
+            let mut map = |row: &mut i32| {
+                let g = *row as usize;
+                if remap[g] < 0 {
+                    remap[g] = local.len() as i32;
+                    local.push(g as u32);
+                }
+                *row = remap[g];
+            };
+            cols.target_row.iter_mut().for_each(&mut map);
+            cols.hop1_rows.iter_mut().for_each(&mut map);
+            cols.hop2_rows.iter_mut().for_each(&mut map);
+        }
+        let n_nodes = if whole {
+            sampled.nodes.len()
+        } else {
+            local.len()
+        };
+        let request_id = pending.request.request_id;
+        if n_nodes > ctx.max_nodes as usize {
+            ctx.stats
+                .too_large
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            pending.ticket.respond_error(
+                status::TOO_LARGE,
+                request_id,
+                &format!(
+                    "{n_nodes} sampled nodes exceed the segment's max_nodes {}: send fewer \
+                     targets per request or lower the fanouts",
+                    ctx.max_nodes
+                ),
+            );
+            return;
+        }
+        let dim = ctx.tiers.feature_dim();
+        let shape = PayloadShape {
+            n_targets: n as u32,
+            n_nodes: n_nodes as u32,
+            feature_dim: dim as u32,
+            fanouts: sampled.fanouts,
+        };
+        let graph_version = ctx.graph.graph_version();
+        let targets = &pending.request.targets;
+        let written = pending
+            .ticket
+            .respond(request_id, graph_version, shape, |nodes, out| {
+                cols.write(targets, out);
+                match batch {
+                    None => {
+                        nodes.node_id.copy_from_slice(&sampled.nodes);
+                        let mut sources = vec![RowSource::default(); n_nodes];
+                        fetch(&sampled.nodes, nodes.features, &mut sources);
+                        write_sources(nodes, &sources);
+                    }
+                    Some(batch) => {
+                        let rows = |i: usize| if whole { i } else { local[i] as usize };
+                        let mut sources = Vec::with_capacity(n_nodes);
+                        for i in 0..n_nodes {
+                            let g = rows(i);
+                            let b = batch.rows[g] as usize;
+                            nodes.node_id[i] = sampled.nodes[g];
+                            nodes.features[i * batch.dim..(i + 1) * batch.dim].copy_from_slice(
+                                &batch.features[b * batch.dim..(b + 1) * batch.dim],
+                            );
+                            sources.push(batch.sources[b]);
+                        }
+                        write_sources(nodes, &sources);
+                    }
+                }
+            });
+        if written.is_err() {
+            ctx.stats
+                .too_large
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        }
+    }
+}
+
+/// The batch's fetched rows and where each group row lives in them.
+struct BatchRows<'a> {
+    features: &'a [f32],
+    sources: &'a [RowSource],
+    /// Group row -> batch row.
+    rows: &'a [u32],
+    dim: usize,
+}
+
+fn write_sources(nodes: &mut NodeColumns<'_>, sources: &[RowSource]) {
+    for (i, source) in sources.iter().enumerate() {
+        nodes.tier[i] = source.tier;
+        nodes.set_fallback(i, source.fallback);
+    }
+}
+
+/// One request's part of a group's sample (row indices still the group's
+/// until remapped).
+struct SampleSlice<'a> {
+    status: &'a [u8],
+    hop1_count: &'a [i32],
+    hop2_count: &'a [i32],
+    target_row: Vec<i32>,
+    hop1_rows: Vec<i32>,
+    hop2_rows: Vec<i32>,
+}
+
+impl<'a> SampleSlice<'a> {
+    fn of(s: &'a Sampled, t0: usize, n: usize, f1: usize, f2: usize) -> Self {
+        Self {
+            status: &s.status[t0..t0 + n],
+            hop1_count: &s.hop1_count[t0..t0 + n],
+            hop2_count: &s.hop2_count[t0 * f1..(t0 + n) * f1],
+            target_row: s.target_row[t0..t0 + n].to_vec(),
+            hop1_rows: s.hop1_rows[t0 * f1..(t0 + n) * f1].to_vec(),
+            hop2_rows: s.hop2_rows[t0 * f1 * f2..(t0 + n) * f1 * f2].to_vec(),
+        }
+    }
+
+    fn write(&self, targets: &[u64], out: &mut TargetColumns<'_>) {
+        out.target_id.copy_from_slice(targets);
+        out.status.copy_from_slice(self.status);
+        out.target_row.copy_from_slice(&self.target_row);
+        out.hop1_count.copy_from_slice(self.hop1_count);
+        out.hop1_rows.copy_from_slice(&self.hop1_rows);
+        out.hop2_count.copy_from_slice(self.hop2_count);
+        out.hop2_rows.copy_from_slice(&self.hop2_rows);
+    }
+}
