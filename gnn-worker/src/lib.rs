@@ -1,11 +1,23 @@
-//! The model worker: serves predictions to clients, batches their requests,
-//! submits target ids to the sidecar's ring and runs the ONNX model directly
-//! on the Arrow buffers the sidecar wrote into shared memory.
+//! The model worker: serves predictions to clients over gRPC and HTTP,
+//! batches concurrent calls, submits target ids to the sidecar's ring, and
+//! runs the ONNX model on the Arrow buffers in shared memory, in place.
 //!
-//! What exists so far is the ring client it uses (`protocol::client`); the
-//! model runtime, the batcher and the gRPC/HTTP front arrive with the issue
-//! that builds them.
+//! - [`model`]: the manifest, its check against the segment, the ONNX
+//!   Runtime session and the zero-copy input binding;
+//! - [`onnxruntime`]: finding and loading the ONNX Runtime library;
+//! - [`batcher`]: dynamic batching and the executor threads;
+//! - [`grpc`], [`http`]: the client APIs.
+//!
+//! The model tooling (train, export, reference outputs) is
+//! `gnn-worker/model/sage.py`.
 //!
 //! **Architecture invariant:** depends on `protocol`, never on `sidecar`; no
-//! RocksDB or Redis here.
+//! RocksDB, no Redis here. No `unsafe`: the shared memory is reached through
+//! `protocol`'s leases.
 #![forbid(unsafe_code)]
+
+pub mod batcher;
+pub mod grpc;
+pub mod http;
+pub mod model;
+pub mod onnxruntime;

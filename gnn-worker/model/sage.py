@@ -1,0 +1,346 @@
+#!/usr/bin/env python3
+"""Model tooling for gnn-worker: train a 2-layer GraphSAGE (mean aggregator)
+with numpy, export it to ONNX with a pinned opset and a manifest, and write
+reference outputs.
+
+    python gnn-worker/model/sage.py train --dataset ../shared/data/cora --out models/cora
+
+writes into --out:
+  model.onnx          the model; its inputs are the sidecar's response tables
+                      as they are (see docs/model.md)
+  manifest.json       feature dim, fanouts, graph version, opset, input and
+                      output names, classes, offline accuracy
+  reference/logits.f32        offline (full-neighbourhood) logits, N x C, f32 LE
+  reference/inputs.json       + reference/*.bin: a batch of model inputs
+                      built in Python for the first test nodes, with every
+                      neighbour, and reference/ort_logits.f32: what the
+                      onnxruntime Python package computes on them
+
+The offline model is full-graph GraphSAGE: h = relu(x W1s + mean_nbr(x) W1n
++ b1), logits = h W2s + mean_nbr(h) W2n + b2, on row-normalised features
+(a row is divided by its sum inside the model, so the store keeps the raw
+rows). With fanouts that cover every neighbour, the served computation is
+exactly this one.
+"""
+import argparse
+import json
+import os
+import sys
+import time
+
+import numpy as np
+
+OPSET = 17
+INPUTS = ["features", "target_row", "hop1_count", "hop1_rows", "hop2_count", "hop2_rows"]
+OUTPUT = "logits"
+
+
+def load_dataset(path):
+    with open(os.path.join(path, "meta.json")) as f:
+        meta = json.load(f)
+    n, d = meta["num_nodes"], meta["feature_dim"]
+    x = np.fromfile(os.path.join(path, "features.f32"), dtype="<f4").reshape(n, d)
+    edges = np.fromfile(os.path.join(path, "edges.u32"), dtype="<u4").reshape(-1, 2)
+    labels = np.fromfile(os.path.join(path, "labels.i32"), dtype="<i4")
+    split = np.fromfile(os.path.join(path, "split.u8"), dtype="u1")
+    if len(labels) != n or len(split) != n or len(edges) != meta["num_edges"]:
+        sys.exit(f"{path}: file sizes disagree with meta.json")
+    return meta, x, edges, labels, split
+
+
+def csr(n, edges):
+    """Neighbour lists in the order the sidecar's CSR keeps them (sorted,
+    deduplicated, no self loops)."""
+    keep = edges[:, 0] != edges[:, 1]
+    pairs = np.unique(edges[keep].astype(np.int64), axis=0)
+    indptr = np.zeros(n + 1, dtype=np.int64)
+    np.add.at(indptr, pairs[:, 0] + 1, 1)
+    return np.cumsum(indptr), pairs[:, 1]
+
+
+def mean_adjacency(n, indptr, indices):
+    a = np.zeros((n, n), dtype=np.float32)
+    for v in range(n):
+        nbrs = indices[indptr[v]:indptr[v + 1]]
+        if len(nbrs):
+            a[v, nbrs] = 1.0 / len(nbrs)
+    return a
+
+
+def normalise(x):
+    return x / np.maximum(x.sum(axis=1, keepdims=True), 1.0)
+
+
+def forward(params, xn, a):
+    w1s, w1n, b1, w2s, w2n, b2 = params
+    h = np.maximum(xn @ w1s + a @ (xn @ w1n) + b1, 0.0)
+    return h @ w2s + a @ (h @ w2n) + b2
+
+
+def train(x, a, labels, split, num_classes, hidden, epochs, lr, weight_decay, dropout, seed):
+    rng = np.random.default_rng(seed)
+    n, d = x.shape
+    xn = normalise(x).astype(np.float32)
+
+    def glorot(fan_in, fan_out):
+        s = np.sqrt(6.0 / (fan_in + fan_out))
+        return rng.uniform(-s, s, size=(fan_in, fan_out)).astype(np.float32)
+
+    params = [glorot(d, hidden), glorot(d, hidden), np.zeros(hidden, np.float32),
+              glorot(hidden, num_classes), glorot(hidden, num_classes),
+              np.zeros(num_classes, np.float32)]
+    decay = [weight_decay, weight_decay, 0.0, 0.0, 0.0, 0.0]
+    m = [np.zeros_like(p) for p in params]
+    v = [np.zeros_like(p) for p in params]
+    train_idx = np.flatnonzero(split == 0)
+    val_idx = np.flatnonzero(split == 1)
+    onehot = np.eye(num_classes, dtype=np.float32)[labels[train_idx]]
+    at = a.T.copy()
+    keep = 1.0 - dropout
+    best = (-1.0, None, 0)
+    for epoch in range(1, epochs + 1):
+        w1s, w1n, b1, w2s, w2n, b2 = params
+        mask0 = (rng.random(xn.shape) < keep).astype(np.float32) / keep
+        xd = xn * mask0
+        z1 = xd @ w1s + a @ (xd @ w1n) + b1
+        h = np.maximum(z1, 0.0)
+        mask1 = (rng.random(h.shape) < keep).astype(np.float32) / keep
+        hd = h * mask1
+        z2 = hd @ w2s + a @ (hd @ w2n) + b2
+        logits = z2[train_idx]
+        p = np.exp(logits - logits.max(axis=1, keepdims=True))
+        p /= p.sum(axis=1, keepdims=True)
+        dz2 = np.zeros_like(z2)
+        dz2[train_idx] = (p - onehot) / len(train_idx)
+        at_dz2 = at @ dz2
+        g_w2s = hd.T @ dz2
+        g_w2n = hd.T @ at_dz2
+        g_b2 = dz2.sum(axis=0)
+        dh = (dz2 @ w2s.T + at_dz2 @ w2n.T) * mask1 * (z1 > 0)
+        g_w1s = xd.T @ dh
+        g_w1n = xd.T @ (at @ dh)
+        g_b1 = dh.sum(axis=0)
+        grads = [g_w1s, g_w1n, g_b1, g_w2s, g_w2n, g_b2]
+        for i, (param, grad) in enumerate(zip(params, grads)):
+            grad = grad + decay[i] * param
+            m[i] = 0.9 * m[i] + 0.1 * grad
+            v[i] = 0.999 * v[i] + 0.001 * grad * grad
+            mhat = m[i] / (1 - 0.9 ** epoch)
+            vhat = v[i] / (1 - 0.999 ** epoch)
+            params[i] = (param - lr * mhat / (np.sqrt(vhat) + 1e-8)).astype(np.float32)
+        val = accuracy(forward(params, xn, a), labels, val_idx)
+        if val > best[0]:
+            best = (val, [p.copy() for p in params], epoch)
+    return best
+
+
+def accuracy(logits, labels, idx):
+    return float((logits[idx].argmax(axis=1) == labels[idx]).mean()) if len(idx) else 0.0
+
+
+def build_onnx(params, feature_dim, num_classes):
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    w1s, w1n, b1, w2s, w2n, b2 = params
+    inits = [numpy_helper.from_array(arr, name) for arr, name in [
+        (w1s, "w1_self"), (w1n, "w1_neigh"), (b1, "b1"),
+        (w2s, "w2_self"), (w2n, "w2_neigh"), (b2, "b2"),
+        (np.array([1], np.int64), "axis1"), (np.array([2], np.int64), "axis2"), (np.array([3], np.int64), "axis3"),
+        (np.array(1.0, np.float32), "one_f"), (np.array(0, np.int32), "zero_i"),
+        (np.array(1, np.int32), "one_i"),
+    ]]
+    nodes = []
+
+    def op(kind, inputs, output, **attrs):
+        nodes.append(helper.make_node(kind, inputs, [output], **attrs))
+        return output
+
+    # Row-normalised features, projected once per node-table row: gathering
+    # hidden-size rows instead of feature rows keeps the work per neighbour
+    # small (mean and projection commute).
+    rowsum = op("ReduceSum", ["features", "axis1"], "rowsum", keepdims=1)
+    xn = op("Div", ["features", op("Max", [rowsum, "one_f"], "rowsum1")], "xn")
+    p_self = op("MatMul", [xn, "w1_self"], "p_self")
+    p_neigh = op("MatMul", [xn, "w1_neigh"], "p_neigh")
+
+    def mask(counts, rows, axis, name):
+        # 1.0 where the list position is below the count, else 0.0 (the
+        # padding holds a valid row index; it is multiplied away here).
+        shape = op("Shape", [rows], f"{name}_shape")
+        width = op("Cast", [op("Gather", [shape, "axis" + str(axis)], f"{name}_width64", axis=0)],
+                   f"{name}_width", to=TensorProto.INT32)
+        width = op("Squeeze", [width], f"{name}_width_s")
+        positions = op("Range", ["zero_i", width, "one_i"], f"{name}_positions")
+        below = op("Less", [positions, op("Unsqueeze", [counts, "axis" + str(axis)], f"{name}_cu")],
+                   f"{name}_below")
+        return op("Cast", [below], f"{name}_mask", to=TensorProto.FLOAT)
+
+    def masked_mean(values, mask_, counts, axis, name):
+        weighted = op("Mul", [values, op("Unsqueeze", [mask_, "axis" + str(axis + 1)], f"{name}_mu")],
+                      f"{name}_weighted")
+        total = op("ReduceSum", [weighted, "axis" + str(axis)], f"{name}_sum", keepdims=0)
+        denom = op("Max", [op("Cast", [counts], f"{name}_cf", to=TensorProto.FLOAT), "one_f"],
+                   f"{name}_denom")
+        return op("Div", [total, op("Unsqueeze", [denom, "axis" + str(axis)], f"{name}_du")],
+                  f"{name}_mean")
+
+    m1 = mask("hop1_count", "hop1_rows", 1, "m1")
+    m2 = mask("hop2_count", "hop2_rows", 2, "m2")
+    # Layer 1 at the targets and at their hop-1 neighbours.
+    agg_t = masked_mean(op("Gather", [p_neigh, "hop1_rows"], "g_h1n", axis=0), m1, "hop1_count", 1, "agg_t")
+    agg_1 = masked_mean(op("Gather", [p_neigh, "hop2_rows"], "g_h2n", axis=0), m2, "hop2_count", 2, "agg_1")
+    h_t = op("Relu", [op("Add", [op("Add", [op("Gather", [p_self, "target_row"], "g_ts", axis=0), agg_t],
+                                    "z_t0"), "b1"], "z_t")], "h_t")
+    h_1 = op("Relu", [op("Add", [op("Add", [op("Gather", [p_self, "hop1_rows"], "g_1s", axis=0), agg_1],
+                                    "z_10"), "b1"], "z_1")], "h_1")
+    # Layer 2 at the targets.
+    agg_h = masked_mean(h_1, m1, "hop1_count", 1, "agg_h")
+    out = op("Add", [op("MatMul", [h_t, "w2_self"], "o_self"), op("MatMul", [agg_h, "w2_neigh"], "o_neigh")],
+             "o_sum")
+    op("Add", [out, "b2"], OUTPUT)
+
+    i32, f32 = TensorProto.INT32, TensorProto.FLOAT
+    inputs = [
+        helper.make_tensor_value_info("features", f32, ["n_nodes", feature_dim]),
+        helper.make_tensor_value_info("target_row", i32, ["n_targets"]),
+        helper.make_tensor_value_info("hop1_count", i32, ["n_targets"]),
+        helper.make_tensor_value_info("hop1_rows", i32, ["n_targets", "f1"]),
+        helper.make_tensor_value_info("hop2_count", i32, ["n_targets", "f1"]),
+        helper.make_tensor_value_info("hop2_rows", i32, ["n_targets", "f1", "f2"]),
+    ]
+    outputs = [helper.make_tensor_value_info(OUTPUT, f32, ["n_targets", num_classes])]
+    graph = helper.make_graph(nodes, "graphsage_mean_2layer", inputs, outputs, inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)],
+                              producer_name="gnn-worker/model/sage.py")
+    model.ir_version = 8
+    onnx.checker.check_model(model)
+    return model
+
+
+def full_inputs(x, indptr, indices, targets):
+    """Model inputs for `targets` with every neighbour, laid out exactly as
+    the sidecar lays out a response (targets first, rows deduplicated,
+    padding = the target's own row)."""
+    rows, nodes = {}, []
+
+    def row_of(v):
+        if v not in rows:
+            rows[v] = len(nodes)
+            nodes.append(v)
+        return rows[v]
+
+    degree = indptr[1:] - indptr[:-1]
+    target_row = [row_of(int(t)) for t in targets]
+    f1 = max(1, max(int(degree[t]) for t in targets))
+    hop1 = [indices[indptr[t]:indptr[t + 1]] for t in targets]
+    f2 = max([1] + [int(degree[u]) for h in hop1 for u in h])
+    t_n = len(targets)
+    hop1_count = np.zeros(t_n, np.int32)
+    hop1_rows = np.zeros((t_n, f1), np.int32)
+    hop2_count = np.zeros((t_n, f1), np.int32)
+    hop2_rows = np.zeros((t_n, f1, f2), np.int32)
+    for i in range(t_n):
+        hop1_count[i] = len(hop1[i])
+        hop1_rows[i, :] = target_row[i]
+        hop2_rows[i, :, :] = target_row[i]
+        for j, u in enumerate(hop1[i]):
+            hop1_rows[i, j] = row_of(int(u))
+            nbrs = indices[indptr[u]:indptr[u + 1]]
+            hop2_count[i, j] = len(nbrs)
+            for k, w in enumerate(nbrs):
+                hop2_rows[i, j, k] = row_of(int(w))
+    return {
+        "features": x[np.array(nodes)].astype(np.float32),
+        "target_row": np.array(target_row, np.int32),
+        "hop1_count": hop1_count, "hop1_rows": hop1_rows,
+        "hop2_count": hop2_count, "hop2_rows": hop2_rows,
+    }
+
+
+def cmd_train(args):
+    started = time.time()
+    meta, x, edges, labels, split = load_dataset(args.dataset)
+    n, d, c = meta["num_nodes"], meta["feature_dim"], meta["num_classes"]
+    indptr, indices = csr(n, edges)
+    a = mean_adjacency(n, indptr, indices)
+    val, params, epoch = train(x, a, labels, split, c, args.hidden, args.epochs, args.lr,
+                               args.weight_decay, args.dropout, args.seed)
+    logits = forward(params, normalise(x).astype(np.float32), a).astype(np.float32)
+    test_idx = np.flatnonzero(split == 2)
+    test_acc = accuracy(logits, labels, test_idx)
+    os.makedirs(os.path.join(args.out, "reference"), exist_ok=True)
+    model = build_onnx(params, d, c)
+    import onnx
+    onnx.save(model, os.path.join(args.out, "model.onnx"))
+    logits.tofile(os.path.join(args.out, "reference", "logits.f32"))
+
+    # A batch of inputs and what onnxruntime (Python) makes of them: the
+    # Rust worker must compute the same on the same bytes.
+    import onnxruntime as ort
+    targets = test_idx[: args.reference_targets]
+    feeds = full_inputs(x, indptr, indices, targets)
+    session = ort.InferenceSession(os.path.join(args.out, "model.onnx"), providers=["CPUExecutionProvider"])
+    ort_logits = session.run([OUTPUT], feeds)[0]
+    diff = float(np.abs(ort_logits - logits[targets]).max())
+    if diff > 1e-4:
+        sys.exit(f"onnxruntime and the offline model disagree by {diff} on the reference batch")
+    described = {}
+    for name in INPUTS:
+        arr = np.ascontiguousarray(feeds[name])
+        arr.tofile(os.path.join(args.out, "reference", name + ".bin"))
+        described[name] = {"dtype": str(arr.dtype), "shape": list(arr.shape)}
+    ort_logits.astype(np.float32).tofile(os.path.join(args.out, "reference", "ort_logits.f32"))
+    with open(os.path.join(args.out, "reference", "inputs.json"), "w") as f:
+        json.dump({"targets": [int(t) for t in targets], "inputs": described,
+                   "ort_logits": {"dtype": "float32", "shape": list(ort_logits.shape)}}, f, indent=2)
+
+    fanouts = [int(v) for v in args.fanouts.split(",")]
+    manifest = {
+        "format_version": 1,
+        "architecture": "graphsage-mean-2layer",
+        "dataset": meta["name"],
+        "feature_dim": d,
+        "dtype": "f32",
+        "num_classes": c,
+        "hidden": args.hidden,
+        "fanouts": fanouts,
+        "graph_version": args.graph_version,
+        "num_nodes": n,
+        "opset": OPSET,
+        "inputs": INPUTS,
+        "outputs": [OUTPUT],
+        "training": {"seed": args.seed, "epochs": args.epochs, "best_epoch": epoch, "lr": args.lr,
+                     "weight_decay": args.weight_decay, "dropout": args.dropout},
+        "offline": {"val_accuracy": val, "test_accuracy": test_acc,
+                    "onnxruntime_max_abs_diff": diff},
+    }
+    with open(os.path.join(args.out, "manifest.json"), "w") as f:
+        json.dump(manifest, f, indent=2)
+    print(f"{meta['name']}: offline test accuracy {test_acc * 100:.1f}% (val {val * 100:.1f}%, "
+          f"epoch {epoch}); onnxruntime diff {diff:.2e}; {time.time() - started:.1f} s -> {args.out}")
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    t = sub.add_parser("train", help="train, export ONNX + manifest, write reference outputs")
+    t.add_argument("--dataset", required=True, help="a dataset directory in the ../shared/data layout")
+    t.add_argument("--out", required=True, help="model directory to write")
+    t.add_argument("--fanouts", default="20,10", help="serving fanouts recorded in the manifest")
+    t.add_argument("--graph-version", type=int, default=1,
+                   help="graph version the model is for (sidecar import --graph-version)")
+    t.add_argument("--hidden", type=int, default=64)
+    t.add_argument("--epochs", type=int, default=200)
+    t.add_argument("--lr", type=float, default=0.01)
+    t.add_argument("--weight-decay", type=float, default=5e-4)
+    t.add_argument("--dropout", type=float, default=0.5)
+    t.add_argument("--seed", type=int, default=0)
+    t.add_argument("--reference-targets", type=int, default=32)
+    args = parser.parse_args()
+    if args.command == "train":
+        cmd_train(args)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,330 @@
+//! The model: its manifest, its check against the segment, and running it on
+//! a response's Arrow buffers in place.
+//!
+//! The model's six inputs are the response tables' buffers as they are:
+//! `features` (n_nodes x D), `target_row` (T), `hop1_count` (T), `hop1_rows`
+//! (T x f1), `hop2_count` (T x f1), `hop2_rows` (T x f1 x f2, the same
+//! buffer as the target table's T x (f1*f2) list with a 3-d shape). Each is
+//! handed to ONNX Runtime as a tensor that borrows the shared-memory bytes
+//! ([`bind_inputs`]); nothing is copied or reshaped in memory.
+
+use std::path::{Path, PathBuf};
+
+use ort::session::Session;
+use ort::value::TensorRef;
+use protocol::layout::{dtype, FeatureSchema, Geometry, MAX_HOPS};
+use protocol::payload::ResponseTables;
+use serde::Deserialize;
+
+/// Input names, in the order of the response's columns.
+pub const INPUTS: [&str; 6] = [
+    "features",
+    "target_row",
+    "hop1_count",
+    "hop1_rows",
+    "hop2_count",
+    "hop2_rows",
+];
+
+/// `manifest.json` beside `model.onnx`, written by gnn-worker/model/sage.py.
+#[derive(Debug, Clone, Deserialize)]
+pub struct Manifest {
+    pub format_version: u32,
+    pub architecture: String,
+    pub feature_dim: u32,
+    pub dtype: String,
+    pub num_classes: u32,
+    pub fanouts: [u32; MAX_HOPS],
+    pub graph_version: u64,
+    pub opset: u32,
+    pub inputs: Vec<String>,
+    pub outputs: Vec<String>,
+}
+
+/// Why a model cannot be used or run.
+#[derive(Debug, thiserror::Error)]
+pub enum ModelError {
+    #[error("reading the model manifest {path}: {reason}")]
+    Manifest { path: PathBuf, reason: String },
+    #[error("{0}")]
+    Mismatch(String),
+    #[error("loading {path} into ONNX Runtime: {reason}")]
+    Load { path: PathBuf, reason: String },
+    #[error(
+        "the CUDA execution provider could not start ({reason}); the worker does not fall back \
+         to the CPU: install the GPU build of ONNX Runtime (onnxruntime-gpu 1.31.1 with CUDA 12 \
+         and cuDNN 9) and point --onnxruntime-lib at its libonnxruntime.so, or run with \
+         --device cpu"
+    )]
+    Cuda { reason: String },
+    #[error("running the model: {0}")]
+    Run(String),
+}
+
+impl Manifest {
+    pub const FILE: &'static str = "manifest.json";
+    pub const MODEL: &'static str = "model.onnx";
+
+    pub fn read(model_dir: &Path) -> Result<Self, ModelError> {
+        let path = model_dir.join(Self::FILE);
+        let error = |reason: String| ModelError::Manifest {
+            path: path.clone(),
+            reason,
+        };
+        let text = std::fs::read_to_string(&path).map_err(|e| error(e.to_string()))?;
+        let manifest: Manifest = serde_json::from_str(&text).map_err(|e| error(e.to_string()))?;
+        if manifest.format_version != 1 {
+            return Err(error(format!(
+                "format_version {} is not 1: export the model with this release's tooling",
+                manifest.format_version
+            )));
+        }
+        if manifest.inputs != INPUTS {
+            return Err(error(format!(
+                "inputs {:?}, expected {INPUTS:?} (the response columns)",
+                manifest.inputs
+            )));
+        }
+        if manifest.outputs.len() != 1 {
+            return Err(error("exactly one output (the logits) is expected".into()));
+        }
+        Ok(manifest)
+    }
+
+    /// Refuses a model trained for other data than the sidecar serves,
+    /// naming the field and the fix.
+    pub fn check_segment(
+        &self,
+        schema: &FeatureSchema,
+        geometry: &Geometry,
+        fanouts: [u32; MAX_HOPS],
+    ) -> Result<(), ModelError> {
+        if self.dtype != "f32" || schema.dtype != dtype::F32 {
+            return Err(ModelError::Mismatch(format!(
+                "dtype {} in model manifest, code {} in segment header: only f32 is served",
+                self.dtype, schema.dtype
+            )));
+        }
+        if self.feature_dim != schema.feature_dim {
+            return Err(ModelError::Mismatch(format!(
+                "feature_dim {} in model manifest, {} in segment header: re-export the model \
+                 or re-import the data",
+                self.feature_dim, schema.feature_dim
+            )));
+        }
+        if self.graph_version != schema.graph_version {
+            return Err(ModelError::Mismatch(format!(
+                "graph_version {} in model manifest, {} in segment header: serve the model \
+                 trained on this graph, or re-import the graph with --graph-version {}",
+                self.graph_version, schema.graph_version, self.graph_version
+            )));
+        }
+        for (hop, (&fanout, &cap)) in fanouts.iter().zip(&geometry.max_fanouts).enumerate() {
+            if fanout == 0 || fanout > cap {
+                return Err(ModelError::Mismatch(format!(
+                    "fanouts[{hop}] {} (model manifest or --fanouts) is outside 1..={} \
+                     (max_fanouts in segment header): lower the fanouts or raise the \
+                     sidecar's --max-fanouts",
+                    fanout, cap
+                )));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Where the model runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Device {
+    Cpu,
+    Cuda,
+}
+
+/// A loaded model (one ONNX Runtime session).
+#[derive(Debug)]
+pub struct Model {
+    session: Session,
+    manifest: Manifest,
+}
+
+impl Model {
+    /// Loads `<dir>/model.onnx`. `--device cuda` registers the CUDA
+    /// execution provider and fails if it cannot start.
+    pub fn load(
+        env: &ort::environment::Environment,
+        dir: &Path,
+        device: Device,
+        intra_threads: usize,
+    ) -> Result<Self, ModelError> {
+        let manifest = Manifest::read(dir)?;
+        let path = dir.join(Manifest::MODEL);
+        let load = |reason: String| ModelError::Load {
+            path: path.clone(),
+            reason,
+        };
+        let mut builder = Session::builder(env)
+            .map_err(|e| load(e.to_string()))?
+            .with_intra_threads(intra_threads)
+            .map_err(|e| load(e.to_string()))?;
+        if device == Device::Cuda {
+            builder = builder
+                .with_execution_providers([ort::ep::CUDA::default().build().error_on_failure()])
+                .map_err(|e| ModelError::Cuda {
+                    reason: e.to_string(),
+                })?;
+        }
+        let session = builder
+            .commit_from_file(&path)
+            .map_err(|e| load(e.to_string()))?;
+        let names: Vec<&str> = session.inputs().iter().map(|i| i.name()).collect();
+        for name in INPUTS {
+            if !names.contains(&name) {
+                return Err(load(format!(
+                    "the graph has no input {name:?} (it has {names:?})"
+                )));
+            }
+        }
+        if !session
+            .outputs()
+            .iter()
+            .any(|o| o.name() == manifest.outputs[0])
+        {
+            return Err(load(format!(
+                "the graph has no output {:?}",
+                manifest.outputs[0]
+            )));
+        }
+        Ok(Self { session, manifest })
+    }
+
+    pub fn manifest(&self) -> &Manifest {
+        &self.manifest
+    }
+
+    /// Runs the model on a response; returns `n_targets x num_classes`
+    /// logits, row-major. The inputs borrow the response's buffers.
+    pub fn run(&mut self, tables: &ResponseTables) -> Result<Vec<f32>, ModelError> {
+        if tables.n_targets() == 0 {
+            return Ok(Vec::new());
+        }
+        let inputs = bind_inputs(tables).map_err(|e| ModelError::Run(e.to_string()))?;
+        self.run_inputs(inputs, tables.n_targets())
+    }
+
+    /// Runs the model on inputs in the response layout held anywhere (the
+    /// reference batches of the model tooling, for instance).
+    pub fn run_slices(&mut self, inputs: &InputSlices<'_>) -> Result<Vec<f32>, ModelError> {
+        let bound = inputs.bind().map_err(|e| ModelError::Run(e.to_string()))?;
+        self.run_inputs(bound, inputs.target_row.len())
+    }
+
+    fn run_inputs(
+        &mut self,
+        inputs: [Input<'_>; 6],
+        n_targets: usize,
+    ) -> Result<Vec<f32>, ModelError> {
+        let classes = self.manifest.num_classes as usize;
+        let [features, target_row, hop1_count, hop1_rows, hop2_count, hop2_rows] = inputs;
+        let outputs = self
+            .session
+            .run(ort::inputs![
+                "features" => features,
+                "target_row" => target_row,
+                "hop1_count" => hop1_count,
+                "hop1_rows" => hop1_rows,
+                "hop2_count" => hop2_count,
+                "hop2_rows" => hop2_rows,
+            ])
+            .map_err(|e| ModelError::Run(e.to_string()))?;
+        let (shape, logits) = outputs[self.manifest.outputs[0].as_str()]
+            .try_extract_tensor::<f32>()
+            .map_err(|e| ModelError::Run(e.to_string()))?;
+        if shape.len() != 2 || shape[0] as usize != n_targets || shape[1] as usize != classes {
+            return Err(ModelError::Run(format!(
+                "output shape {shape:?}, expected [{n_targets}, {classes}]"
+            )));
+        }
+        Ok(logits.to_vec())
+    }
+}
+
+/// The six inputs as plain slices in the response layout.
+#[derive(Debug, Clone, Copy)]
+pub struct InputSlices<'a> {
+    /// `n_nodes x feature_dim`.
+    pub features: &'a [f32],
+    pub feature_dim: usize,
+    pub target_row: &'a [i32],
+    pub hop1_count: &'a [i32],
+    pub hop1_rows: &'a [i32],
+    pub hop2_count: &'a [i32],
+    pub hop2_rows: &'a [i32],
+    pub fanouts: [usize; MAX_HOPS],
+}
+
+impl<'a> InputSlices<'a> {
+    /// Tensors borrowing these slices.
+    pub fn bind(&self) -> ort::Result<[Input<'a>; 6]> {
+        let n = self
+            .features
+            .len()
+            .checked_div(self.feature_dim)
+            .unwrap_or(0);
+        let t = self.target_row.len();
+        let [f1, f2] = self.fanouts;
+        Ok([
+            Input::F32(TensorRef::from_array_view((
+                [n, self.feature_dim],
+                self.features,
+            ))?),
+            Input::I32(TensorRef::from_array_view(([t], self.target_row))?),
+            Input::I32(TensorRef::from_array_view(([t], self.hop1_count))?),
+            Input::I32(TensorRef::from_array_view(([t, f1], self.hop1_rows))?),
+            Input::I32(TensorRef::from_array_view(([t, f1], self.hop2_count))?),
+            Input::I32(TensorRef::from_array_view(([t, f1, f2], self.hop2_rows))?),
+        ])
+    }
+}
+
+/// A model input: an f32 or i32 tensor borrowing a response buffer.
+#[derive(Debug)]
+pub enum Input<'a> {
+    F32(TensorRef<'a, f32>),
+    I32(TensorRef<'a, i32>),
+}
+
+impl Input<'_> {
+    /// Address of the tensor's data as ONNX Runtime sees it.
+    pub fn data_address(&self) -> usize {
+        match self {
+            Input::F32(t) => t.data_ptr() as usize,
+            Input::I32(t) => t.data_ptr() as usize,
+        }
+    }
+}
+
+impl<'a> From<Input<'a>> for ort::session::SessionInputValue<'a> {
+    fn from(input: Input<'a>) -> Self {
+        match input {
+            Input::F32(t) => t.into(),
+            Input::I32(t) => t.into(),
+        }
+    }
+}
+
+/// The six model inputs as tensors that borrow the response's buffers (in
+/// shared memory): no copy, no reshape in memory.
+pub fn bind_inputs(tables: &ResponseTables) -> ort::Result<[Input<'_>; 6]> {
+    let n = tables.n_nodes();
+    InputSlices {
+        features: tables.features(),
+        feature_dim: tables.features().len().checked_div(n).unwrap_or(0),
+        target_row: tables.target_rows(),
+        hop1_count: tables.hop1_counts(),
+        hop1_rows: tables.hop1_rows(),
+        hop2_count: tables.hop2_counts(),
+        hop2_rows: tables.hop2_rows(),
+        fanouts: tables.fanouts().map(|f| f as usize),
+    }
+    .bind()
+}
