@@ -1,16 +1,18 @@
 #!/usr/bin/env bash
-# The demo, as far as the product goes today:
-# 1. two real processes exchange requests through the shared-memory ring;
-#    the ring benchmark prints round trips (spinning, parked), a 221 x 128
-#    f32 neighbourhood written in place against the same bytes over a Unix
-#    socket, and the ratios;
-# 2. a seeded 50M-edge power-law graph is generated, imported and sampled;
-#    the graph benchmark prints the build rate, the sampling throughput and
-#    super-node against ordinary-node latency.
-# Pass --quick for a short run. Installs what is missing first; safe to run
-# again.
+# The demo, end to end on the embedded default (no Redis needed):
+# imports cora into the embedded RocksDB store, trains and exports the
+# GraphSAGE model with the tooling (numpy -> ONNX), starts `sidecar serve`
+# and `gnn-worker serve`, sends every test node through gRPC, prints the test
+# accuracy and the p50/p99 latency, and shuts both down cleanly.
+#
+# Installs what is missing first; safe to run again. Pass --dataset
+# citeseer|cora_ml for another dataset. The benchmarks are scripts/bench.sh.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh
-cargo bench -p tests --bench ring -- "$@"
-cargo bench -p sidecar --bench graph -- "$@"
+export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-$PWD/target}
+# The daemons log at info by default; the demo shows their warnings only.
+export RUST_LOG=${RUST_LOG:-warn}
+# The demo starts the binaries of the whole workspace.
+cargo build --release --workspace --bins
+"$CARGO_TARGET_DIR/release/demo" "$@"

@@ -6,10 +6,13 @@
 # - the Rust toolchain's rustfmt and clippy components;
 # - Debian packages (only if missing): redis-server and redis-tools (the
 #   tests start their own servers), openssl (test TLS certificates), clang
-#   and libclang-dev (RocksDB's build),
+#   and libclang-dev (RocksDB's build), protobuf-compiler (the worker's
+#   gRPC types),
 #   python3-venv where the system Python lacks the venv module;
-# - a project-local Python venv in .venv with tests/python/requirements.txt
-#   (pyarrow, numpy), reinstalled only when the requirements change.
+# - a project-local Python venv in .venv with requirements.txt (numpy,
+#   pyarrow, onnx, onnxruntime: the model tooling, the Python side of the
+#   tests, and the ONNX Runtime library the worker loads), reinstalled only
+#   when the requirements change.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -42,7 +45,7 @@ apt_install() {
     DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null
 }
 
-apt_install redis-server redis-tools clang libclang-dev openssl
+apt_install redis-server redis-tools clang libclang-dev openssl protobuf-compiler
 
 python=${PYTHON:-python3}
 if ! command -v "$python" >/dev/null 2>&1; then
@@ -53,7 +56,7 @@ if ! "$python" -c 'import venv, ensurepip' >/dev/null 2>&1; then
     apt_install python3-venv
 fi
 
-requirements=tests/python/requirements.txt
+requirements=requirements.txt
 stamp=.venv/.requirements.sha256
 want=$(sha256sum "$requirements" | cut -d' ' -f1)
 if [ ! -x .venv/bin/python ]; then

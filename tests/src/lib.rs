@@ -9,6 +9,7 @@
 //! real processes and a real segment.
 
 pub mod redis;
+pub mod stack;
 
 use std::collections::HashMap;
 use std::io::{BufRead, BufReader};

@@ -1,0 +1,329 @@
+//! The whole product as real processes: `sidecar import`, `sidecar serve`,
+//! `gnn-worker serve`, and the model tooling (`gnn-worker/model/sage.py`)
+//! run by the project venv's Python.
+
+use std::collections::HashMap;
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::Mutex;
+use std::time::Duration;
+
+use anyhow::{bail, ensure, Context};
+
+use crate::{eventually, unique_name};
+
+/// The repository root.
+pub fn repo_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("tests/ is inside the repository")
+        .to_path_buf()
+}
+
+/// `../shared/data/<name>`.
+pub fn dataset(name: &str) -> PathBuf {
+    let path = repo_root().join("../shared/data").join(name);
+    assert!(
+        path.join("meta.json").is_file(),
+        "{} is missing: the shared datasets must sit beside the repository",
+        path.display()
+    );
+    path
+}
+
+/// The project venv's Python (scripts/setup.sh creates it with numpy,
+/// onnx and onnxruntime).
+pub fn python() -> PathBuf {
+    let venv = repo_root().join(".venv/bin/python");
+    assert!(
+        venv.exists(),
+        "{} is missing: run scripts/setup.sh",
+        venv.display()
+    );
+    venv
+}
+
+/// A binary of the workspace, built beside the running test or binary
+/// (`cargo test --workspace` builds them all).
+pub fn workspace_bin(name: &str) -> PathBuf {
+    let exe = std::env::current_exe().expect("executable path");
+    // A test runs from target/<profile>/deps, a binary from target/<profile>.
+    let dir = exe.parent().expect("target/<profile>/...");
+    let bin = [dir.join(name), dir.join("..").join(name)]
+        .into_iter()
+        .find(|p| p.is_file())
+        .unwrap_or_else(|| dir.join(name));
+    assert!(
+        bin.is_file(),
+        "{} is missing: build the workspace (cargo test --release --workspace builds every binary)",
+        bin.display()
+    );
+    bin
+}
+
+/// A model trained by the tooling for `dataset`, once per test process.
+pub fn trained_model(dataset_name: &str) -> PathBuf {
+    static MODELS: Mutex<Option<HashMap<String, PathBuf>>> = Mutex::new(None);
+    let mut models = MODELS.lock().unwrap_or_else(|p| p.into_inner());
+    let models = models.get_or_insert_with(HashMap::new);
+    if let Some(path) = models.get(dataset_name) {
+        return path.clone();
+    }
+    let dir = tempfile::Builder::new()
+        .prefix(&format!("model-{dataset_name}-"))
+        .tempdir()
+        .expect("temp dir")
+        .keep();
+    let status = Command::new(python())
+        .arg(repo_root().join("gnn-worker/model/sage.py"))
+        .args(["train", "--dataset"])
+        .arg(dataset(dataset_name))
+        .arg("--out")
+        .arg(&dir)
+        .status()
+        .expect("running the model tooling");
+    assert!(
+        status.success(),
+        "training a model for {dataset_name} failed"
+    );
+    models.insert(dataset_name.to_string(), dir.clone());
+    dir
+}
+
+/// A free TCP port on 127.0.0.1 (bound, then released for the child).
+pub fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("a free port")
+}
+
+/// How the stack is started.
+#[derive(Debug, Clone)]
+pub struct StackOptions {
+    pub dataset: String,
+    /// Fanouts the sidecar defaults to and the worker sends.
+    pub fanouts: [u32; 2],
+    pub max_targets: u32,
+    pub response_mib: u64,
+    pub max_batch: usize,
+    pub executors: usize,
+    /// Extra `gnn-worker serve` arguments.
+    pub worker_args: Vec<String>,
+}
+
+impl StackOptions {
+    pub fn new(dataset: &str) -> Self {
+        Self {
+            dataset: dataset.into(),
+            fanouts: [20, 10],
+            max_targets: 64,
+            response_mib: 8,
+            max_batch: 64,
+            executors: 2,
+            worker_args: Vec::new(),
+        }
+    }
+}
+
+/// A child process stopped with SIGTERM (then SIGKILL after 10 s) on drop.
+#[derive(Debug)]
+pub struct Daemon {
+    pub child: Child,
+    pub name: &'static str,
+}
+
+impl Daemon {
+    /// SIGTERM and wait; returns whether it exited successfully.
+    pub fn stop(mut self) -> bool {
+        terminate(&mut self.child)
+    }
+}
+
+fn terminate(child: &mut Child) -> bool {
+    use nix::sys::signal::{kill, Signal};
+    use nix::unistd::Pid;
+    let _ = kill(Pid::from_raw(child.id() as i32), Signal::SIGTERM);
+    let exited = eventually(Duration::from_secs(10), || {
+        matches!(child.try_wait(), Ok(Some(_)))
+    });
+    if !exited {
+        let _ = child.kill();
+    }
+    child.wait().map(|s| s.success()).unwrap_or(false) && exited
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        if matches!(self.child.try_wait(), Ok(None)) {
+            terminate(&mut self.child);
+        }
+    }
+}
+
+/// Sidecar + worker on a freshly imported dataset.
+#[derive(Debug)]
+pub struct Stack {
+    pub worker: Option<Daemon>,
+    pub sidecar: Option<Daemon>,
+    pub shm_name: String,
+    pub grpc: String,
+    pub http: String,
+    pub admin_socket: PathBuf,
+    pub model: PathBuf,
+    pub dir: tempfile::TempDir,
+}
+
+impl Stack {
+    pub fn start(options: &StackOptions) -> anyhow::Result<Self> {
+        let model = trained_model(&options.dataset);
+        let dir = tempfile::tempdir()?;
+        let data = dir.path().join("data");
+        let imported = Command::new(workspace_bin("sidecar"))
+            .arg("import")
+            .arg(dataset(&options.dataset))
+            .arg("--data-dir")
+            .arg(&data)
+            .stdout(Stdio::null())
+            .status()?;
+        ensure!(imported.success(), "sidecar import failed");
+        let shm_name = unique_name("e2e");
+        let admin_socket = dir.path().join("admin.sock");
+        let [f1, f2] = options.fanouts;
+        let sidecar = Command::new(workspace_bin("sidecar"))
+            .arg("serve")
+            .arg("--data-dir")
+            .arg(&data)
+            .args(["--shm-name", &shm_name])
+            .arg("--admin-socket")
+            .arg(&admin_socket)
+            .args(["--fanouts", &format!("{f1},{f2}")])
+            .args(["--max-fanouts", &format!("{},{}", f1.max(50), f2.max(50))])
+            .args(["--max-targets", &options.max_targets.to_string()])
+            .args(["--response-mib", &options.response_mib.to_string()])
+            .args(["--slots", "16"])
+            .spawn()
+            .context("starting sidecar serve")?;
+        let sidecar = Daemon {
+            child: sidecar,
+            name: "sidecar",
+        };
+        let grpc = format!("127.0.0.1:{}", free_port());
+        let http = format!("127.0.0.1:{}", free_port());
+        let worker = Command::new(workspace_bin("gnn-worker"))
+            .arg("serve")
+            .arg("--model")
+            .arg(&model)
+            .args(["--shm-name", &shm_name, "--grpc", &grpc, "--http", &http])
+            .args(["--fanouts", &format!("{f1},{f2}")])
+            .args(["--max-batch", &options.max_batch.to_string()])
+            .args(["--executors", &options.executors.to_string()])
+            .args(&options.worker_args)
+            .spawn()
+            .context("starting gnn-worker serve")?;
+        let mut stack = Self {
+            worker: Some(Daemon {
+                child: worker,
+                name: "gnn-worker",
+            }),
+            sidecar: Some(sidecar),
+            shm_name,
+            grpc: format!("http://{grpc}"),
+            http,
+            admin_socket,
+            model,
+            dir,
+        };
+        // Ready = the worker's /readyz answers 200.
+        let ready = eventually(Duration::from_secs(120), || {
+            stack.http_get("/readyz").is_ok_and(|(code, _)| code == 200) || stack.worker_exited()
+        });
+        if stack.worker_exited() || !ready {
+            bail!("the stack did not become ready");
+        }
+        Ok(stack)
+    }
+
+    fn worker_exited(&mut self) -> bool {
+        self.worker
+            .as_mut()
+            .is_some_and(|w| !matches!(w.child.try_wait(), Ok(None)))
+    }
+
+    /// A plain HTTP/1.1 GET: (status code, body).
+    pub fn http_get(&self, path: &str) -> anyhow::Result<(u16, String)> {
+        http_request(&self.http, "GET", path, None)
+    }
+
+    /// `sidecarctl --socket <admin> <args...>`: stdout on success.
+    pub fn sidecarctl(&self, args: &[&str]) -> anyhow::Result<String> {
+        let out = Command::new(workspace_bin("sidecarctl"))
+            .arg("--socket")
+            .arg(&self.admin_socket)
+            .args(args)
+            .output()?;
+        ensure!(
+            out.status.success(),
+            "sidecarctl {args:?} failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        Ok(String::from_utf8(out.stdout)?)
+    }
+
+    /// Stops the worker then the sidecar; returns whether both exited 0.
+    pub fn stop(mut self) -> bool {
+        let worker = self.worker.take().map(Daemon::stop).unwrap_or(false);
+        let sidecar = self.sidecar.take().map(Daemon::stop).unwrap_or(false);
+        worker && sidecar
+    }
+}
+
+/// One HTTP/1.1 request with `Connection: close`.
+pub fn http_request(
+    addr: &str,
+    method: &str,
+    path: &str,
+    json: Option<&str>,
+) -> anyhow::Result<(u16, String)> {
+    use std::io::{Read, Write};
+    let mut stream = std::net::TcpStream::connect(addr)?;
+    stream.set_read_timeout(Some(Duration::from_secs(30)))?;
+    let body = json.unwrap_or("");
+    write!(
+        stream,
+        "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\
+         Content-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    )?;
+    let mut response = String::new();
+    stream.read_to_string(&mut response)?;
+    let code = response
+        .split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .context("no HTTP status line")?;
+    let body = response
+        .split_once("\r\n\r\n")
+        .map(|(_, b)| b.to_string())
+        .unwrap_or_default();
+    Ok((code, body))
+}
+
+/// Reads a little-endian f32 file.
+pub fn read_f32(path: &Path) -> Vec<f32> {
+    let bytes = std::fs::read(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    bytes
+        .chunks_exact(4)
+        .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+        .collect()
+}
+
+/// Reads a little-endian i32 file.
+pub fn read_i32(path: &Path) -> Vec<i32> {
+    let bytes = std::fs::read(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    bytes
+        .chunks_exact(4)
+        .map(|b| i32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+        .collect()
+}

@@ -1,0 +1,542 @@
+//! The whole path with real processes: gRPC/HTTP -> gnn-worker (batcher,
+//! ONNX Runtime) -> shared-memory ring -> sidecar serve (sampler, RocksDB
+//! store) -> Arrow in place -> the model, on the shared datasets with a
+//! model trained by the tooling.
+
+use std::path::Path;
+use std::sync::OnceLock;
+
+use gnn_worker::grpc::{pb, PredictorClient};
+use gnn_worker::model::{bind_inputs, Device, InputSlices, Model};
+use protocol::client::{CallRequest, ClientOptions, RingClient};
+use tests::stack::{
+    dataset, read_f32, read_i32, trained_model, workspace_bin, Stack, StackOptions,
+};
+
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("tokio runtime")
+}
+
+fn ort_env() -> &'static ort::environment::Environment {
+    static ENV: OnceLock<ort::environment::Environment> = OnceLock::new();
+    ENV.get_or_init(|| gnn_worker::onnxruntime::init(None).expect("loading ONNX Runtime"))
+}
+
+fn meta(name: &str) -> serde_json::Value {
+    let text = std::fs::read_to_string(dataset(name).join("meta.json")).unwrap();
+    serde_json::from_str(&text).unwrap()
+}
+
+fn manifest(model: &Path) -> serde_json::Value {
+    serde_json::from_str(&std::fs::read_to_string(model.join("manifest.json")).unwrap()).unwrap()
+}
+
+/// Predictions for `ids` through gRPC, `per_call` ids per call, four calls
+/// in flight at a time (so the worker batches them). In `ids` order.
+fn predict_all(stack: &Stack, ids: &[u64], per_call: usize) -> Vec<pb::Prediction> {
+    runtime().block_on(async {
+        let client = PredictorClient::connect(stack.grpc.clone()).await.unwrap();
+        let mut out = Vec::with_capacity(ids.len());
+        let chunks: Vec<Vec<u64>> = ids.chunks(per_call).map(<[u64]>::to_vec).collect();
+        for group in chunks.chunks(4) {
+            let tasks: Vec<_> = group
+                .iter()
+                .map(|chunk| {
+                    let mut client = client.clone();
+                    let chunk = chunk.clone();
+                    tokio::spawn(async move {
+                        client
+                            .predict(pb::PredictRequest {
+                                node_ids: chunk,
+                                request_id: 0,
+                            })
+                            .await
+                    })
+                })
+                .collect();
+            for task in tasks {
+                let response = task.await.unwrap().expect("predict").into_inner();
+                out.extend(response.predictions);
+            }
+        }
+        out
+    })
+}
+
+fn test_nodes(name: &str) -> Vec<u64> {
+    let split = std::fs::read(dataset(name).join("split.u8")).unwrap();
+    (0..split.len() as u64)
+        .filter(|&i| split[i as usize] == 2)
+        .collect()
+}
+
+fn accuracy(name: &str, predictions: &[pb::Prediction]) -> f64 {
+    let labels = read_i32(&dataset(name).join("labels.i32"));
+    let right = predictions
+        .iter()
+        .filter(|p| labels[p.node_id as usize] == p.label)
+        .count();
+    right as f64 / predictions.len() as f64
+}
+
+/// Fanouts covering every neighbour: served = offline, for every test node.
+fn fidelity(name: &str) -> f64 {
+    let max_degree = meta(name)["degree"]["max"].as_u64().unwrap() as u32;
+    let mut options = StackOptions::new(name);
+    options.fanouts = [max_degree, max_degree];
+    options.max_targets = 8;
+    options.max_batch = 8;
+    options.response_mib = 64;
+    let stack = Stack::start(&options).expect("stack");
+    let classes = manifest(&stack.model)["num_classes"].as_u64().unwrap() as usize;
+    let reference = read_f32(&stack.model.join("reference/logits.f32"));
+    let ids = test_nodes(name);
+    let predictions = predict_all(&stack, &ids, 8);
+    assert_eq!(predictions.len(), ids.len());
+    let mut worst = 0f32;
+    for (p, &id) in predictions.iter().zip(&ids) {
+        assert_eq!(p.node_id, id);
+        assert!(p.known, "node {id} unknown to the sidecar");
+        assert_eq!(p.fallback_rows, 0, "node {id} got default feature rows");
+        let offline = &reference[id as usize * classes..(id as usize + 1) * classes];
+        for (a, b) in p.logits.iter().zip(offline) {
+            worst = worst.max((a - b).abs());
+        }
+        assert_eq!(
+            p.label as usize,
+            gnn_worker::batcher::argmax(offline),
+            "node {id}: served label differs from the offline model's"
+        );
+    }
+    assert!(
+        worst <= 1e-4,
+        "{name}: served logits differ from the offline model's by {worst}"
+    );
+    let acc = accuracy(name, &predictions);
+    println!(
+        "{name}: {} test nodes served with fanouts [{max_degree},{max_degree}]: max |diff| {worst:.2e}, accuracy {:.1}%",
+        ids.len(),
+        acc * 100.0
+    );
+    assert!(stack.stop(), "the stack did not shut down cleanly");
+    acc
+}
+
+#[test]
+fn cora_served_equals_offline_and_reaches_80_percent() {
+    let acc = fidelity("cora");
+    assert!(acc >= 0.80, "cora served test accuracy {acc} < 80%");
+}
+
+#[test]
+fn citeseer_served_equals_offline() {
+    fidelity("citeseer");
+}
+
+#[test]
+fn cora_ml_served_equals_offline() {
+    fidelity("cora_ml");
+}
+
+#[test]
+fn sampled_fanouts_stay_within_1_5_points_of_offline() {
+    let stack = Stack::start(&StackOptions::new("cora")).expect("stack");
+    let offline = manifest(&stack.model)["offline"]["test_accuracy"]
+        .as_f64()
+        .unwrap();
+    let ids = test_nodes("cora");
+    let predictions = predict_all(&stack, &ids, 16);
+    let served = accuracy("cora", &predictions);
+    println!(
+        "cora [20,10]: served {:.1}%, offline {:.1}%",
+        served * 100.0,
+        offline * 100.0
+    );
+    assert!(
+        (served - offline).abs() <= 0.015,
+        "served accuracy {served} vs offline {offline} at fanouts [20,10]"
+    );
+    assert!(stack.stop());
+}
+
+#[test]
+fn onnxruntime_in_python_and_the_worker_agree() {
+    let model_dir = trained_model("cora");
+    let reference = model_dir.join("reference");
+    let described: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(reference.join("inputs.json")).unwrap())
+            .unwrap();
+    let shape = |name: &str| -> Vec<usize> {
+        described["inputs"][name]["shape"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|v| v.as_u64().unwrap() as usize)
+            .collect()
+    };
+    let features = read_f32(&reference.join("features.bin"));
+    let ints: Vec<Vec<i32>> = [
+        "target_row",
+        "hop1_count",
+        "hop1_rows",
+        "hop2_count",
+        "hop2_rows",
+    ]
+    .iter()
+    .map(|n| read_i32(&reference.join(format!("{n}.bin"))))
+    .collect();
+    let hop2 = shape("hop2_rows");
+    let inputs = InputSlices {
+        features: &features,
+        feature_dim: shape("features")[1],
+        target_row: &ints[0],
+        hop1_count: &ints[1],
+        hop1_rows: &ints[2],
+        hop2_count: &ints[3],
+        hop2_rows: &ints[4],
+        fanouts: [hop2[1], hop2[2]],
+    };
+    let mut model = Model::load(ort_env(), &model_dir, Device::Cpu, 1).unwrap();
+    let rust = model.run_slices(&inputs).unwrap();
+    let python = read_f32(&reference.join("ort_logits.f32"));
+    assert_eq!(rust.len(), python.len());
+    let worst = rust
+        .iter()
+        .zip(&python)
+        .map(|(a, b)| (a - b).abs())
+        .fold(0f32, f32::max);
+    assert!(
+        worst <= 1e-5,
+        "Rust and Python onnxruntime differ by {worst}"
+    );
+}
+
+#[test]
+fn model_inputs_borrow_the_shared_memory_buffers() {
+    let stack = Stack::start(&StackOptions::new("cora")).expect("stack");
+    let env = ort_env();
+    let client = RingClient::attach(&stack.shm_name, ClientOptions::default()).unwrap();
+    let targets = [0u64, 1358, 5, 99];
+    let response = client.call(&CallRequest::new(&targets)).unwrap();
+    let tables = response.tables().unwrap();
+    let mapping = response.mapping_range();
+    let inputs = bind_inputs(&tables).unwrap();
+    let buffers = [
+        tables.features().as_ptr() as usize,
+        tables.target_rows().as_ptr() as usize,
+        tables.hop1_counts().as_ptr() as usize,
+        tables.hop1_rows().as_ptr() as usize,
+        tables.hop2_counts().as_ptr() as usize,
+        tables.hop2_rows().as_ptr() as usize,
+    ];
+    for (input, buffer) in inputs.iter().zip(buffers) {
+        let address = input.data_address();
+        assert_eq!(
+            address, buffer,
+            "ONNX Runtime's tensor is not the response buffer"
+        );
+        assert!(
+            mapping.contains(&address),
+            "tensor data at {address:#x} is outside the shared-memory mapping {mapping:x?}"
+        );
+    }
+    drop(inputs);
+    // And the model runs on exactly those buffers.
+    let mut model = Model::load(env, &stack.model, Device::Cpu, 1).unwrap();
+    let logits = model.run(&tables).unwrap();
+    assert_eq!(logits.len(), targets.len() * 7);
+    assert!(logits.iter().all(|v| v.is_finite()));
+    drop(tables);
+    drop(response);
+    assert!(stack.stop());
+}
+
+fn worker_refusal(stack: &Stack, model: &Path, extra: &[&str]) -> String {
+    let out = std::process::Command::new(workspace_bin("gnn-worker"))
+        .arg("serve")
+        .arg("--model")
+        .arg(model)
+        .args([
+            "--shm-name",
+            &stack.shm_name,
+            "--grpc",
+            "127.0.0.1:0",
+            "--http",
+            "127.0.0.1:0",
+        ])
+        .args(["--attach-timeout-s", "10"])
+        .args(extra)
+        .output()
+        .unwrap();
+    assert!(
+        !out.status.success(),
+        "the worker accepted {}",
+        model.display()
+    );
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+#[test]
+fn a_model_for_other_data_or_device_is_refused_with_the_reason() {
+    let stack = Stack::start(&StackOptions::new("cora")).expect("stack");
+    // Another dataset's model: the feature dim differs.
+    let err = worker_refusal(&stack, &trained_model("citeseer"), &[]);
+    assert!(
+        err.contains("feature_dim 3703 in model manifest, 1433 in segment header"),
+        "{err}"
+    );
+    // The right model for another graph version.
+    let copy = tempfile::tempdir().unwrap();
+    for file in ["model.onnx", "manifest.json"] {
+        std::fs::copy(stack.model.join(file), copy.path().join(file)).unwrap();
+    }
+    let mut m = manifest(copy.path());
+    m["graph_version"] = 7.into();
+    std::fs::write(copy.path().join("manifest.json"), m.to_string()).unwrap();
+    let err = worker_refusal(&stack, copy.path(), &[]);
+    assert!(
+        err.contains("graph_version 7 in model manifest, 1 in segment header"),
+        "{err}"
+    );
+    // --device cuda with a CPU-only ONNX Runtime: a clear stop, no CPU fallback.
+    let err = worker_refusal(&stack, &stack.model, &["--device", "cuda"]);
+    assert!(
+        err.contains("CUDA execution provider could not start"),
+        "{err}"
+    );
+    assert!(err.contains("does not fall back"), "{err}");
+    assert!(stack.stop());
+}
+
+#[test]
+fn a_node_added_while_serving_is_predicted_without_restart() {
+    let name = "cora";
+    let max_degree = meta(name)["degree"]["max"].as_u64().unwrap() as u32;
+    let mut options = StackOptions::new(name);
+    options.fanouts = [max_degree, max_degree];
+    options.max_targets = 8;
+    options.response_mib = 64;
+    let stack = Stack::start(&options).expect("stack");
+    let n = meta(name)["num_nodes"].as_u64().unwrap();
+    let dim = meta(name)["feature_dim"].as_u64().unwrap() as usize;
+    // The new node copies test node v: its features and its out-edges.
+    let v = test_nodes(name)[3];
+    let features = read_f32(&dataset(name).join("features.f32"));
+    let row = &features[v as usize * dim..(v as usize + 1) * dim];
+    let row_file = stack.dir.path().join("row.f32");
+    std::fs::write(
+        &row_file,
+        row.iter()
+            .flat_map(|x| x.to_le_bytes())
+            .collect::<Vec<u8>>(),
+    )
+    .unwrap();
+    let edges = std::fs::read(dataset(name).join("edges.u32")).unwrap();
+    let neighbours: Vec<u32> = edges
+        .chunks_exact(8)
+        .filter(|e| u32::from_le_bytes([e[0], e[1], e[2], e[3]]) == v as u32)
+        .map(|e| u32::from_le_bytes([e[4], e[5], e[6], e[7]]))
+        .collect();
+    let new_id = n;
+    let before = predict_all(&stack, &[new_id], 1);
+    assert!(!before[0].known, "node {new_id} should not exist yet");
+
+    let id = new_id.to_string();
+    let file = row_file.to_string_lossy().into_owned();
+    let mut args = vec!["add-node", &id, "--features-file", &file, "--directed"];
+    let neighbour_args: Vec<String> = neighbours.iter().map(|u| u.to_string()).collect();
+    for u in &neighbour_args {
+        args.push("--edge");
+        args.push(u);
+    }
+    let said = stack.sidecarctl(&args).unwrap();
+    assert!(said.contains("added"), "{said}");
+
+    let after = predict_all(&stack, &[new_id], 1);
+    assert!(after[0].known, "the new node is still unknown");
+    let classes = manifest(&stack.model)["num_classes"].as_u64().unwrap() as usize;
+    let reference = read_f32(&stack.model.join("reference/logits.f32"));
+    let offline = &reference[v as usize * classes..(v as usize + 1) * classes];
+    let worst = after[0]
+        .logits
+        .iter()
+        .zip(offline)
+        .map(|(a, b)| (a - b).abs())
+        .fold(0f32, f32::max);
+    assert!(
+        worst <= 1e-4,
+        "the new node (a copy of {v}) differs from {v}'s offline logits by {worst}"
+    );
+    assert!(stack.stop());
+}
+
+#[test]
+fn http_streaming_batching_and_clean_shutdown() {
+    let stack = Stack::start(&StackOptions::new("cora")).expect("stack");
+    // HTTP/JSON.
+    let (code, body) = tests::stack::http_request(
+        &stack.http,
+        "POST",
+        "/v1/predict",
+        Some(r#"{"node_ids": [0, 1, 2]}"#),
+    )
+    .unwrap();
+    assert_eq!(code, 200, "{body}");
+    let json: serde_json::Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(json["predictions"].as_array().unwrap().len(), 3);
+    assert_eq!(json["predictions"][2]["node_id"], 2);
+    assert_eq!(stack.http_get("/healthz").unwrap().0, 200);
+    let (code, body) = tests::stack::http_request(
+        &stack.http,
+        "POST",
+        "/v1/predict",
+        Some("{\"node_ids\": 5}"),
+    )
+    .unwrap();
+    assert!((400..500).contains(&code), "bad JSON got {code}: {body}");
+
+    runtime().block_on(async {
+        let mut client = PredictorClient::connect(stack.grpc.clone()).await.unwrap();
+        // Bidirectional streaming: five requests, five answers in order.
+        let requests: Vec<pb::PredictRequest> = (0..5u64)
+            .map(|k| pb::PredictRequest {
+                node_ids: vec![k, k + 100],
+                request_id: 1000 + k,
+            })
+            .collect();
+        let mut answers = client
+            .predict_stream(tokio_stream::iter(requests))
+            .await
+            .unwrap()
+            .into_inner();
+        for k in 0..5u64 {
+            let answer = answers
+                .message()
+                .await
+                .unwrap()
+                .expect("an answer per request");
+            assert_eq!(answer.request_id, 1000 + k);
+            let ids: Vec<u64> = answer.predictions.iter().map(|p| p.node_id).collect();
+            assert_eq!(ids, vec![k, k + 100]);
+        }
+        // 64 concurrent single-node calls are batched.
+        let mut tasks = Vec::new();
+        for k in 0..64u64 {
+            let mut client = client.clone();
+            tasks.push(tokio::spawn(async move {
+                client
+                    .predict(pb::PredictRequest {
+                        node_ids: vec![k],
+                        request_id: k,
+                    })
+                    .await
+                    .map(|r| r.into_inner().predictions[0].node_id)
+            }));
+        }
+        for (k, task) in tasks.into_iter().enumerate() {
+            assert_eq!(task.await.unwrap().unwrap(), k as u64);
+        }
+        // Too many ids in one call: a clear error, not a crash.
+        let status = client
+            .predict(pb::PredictRequest {
+                node_ids: vec![1; 5000],
+                request_id: 0,
+            })
+            .await
+            .unwrap_err();
+        assert_eq!(status.code(), tonic::Code::InvalidArgument);
+    });
+    let (_, metrics) = stack.http_get("/metrics").unwrap();
+    let counter = |name: &str| -> u64 {
+        metrics
+            .lines()
+            .find_map(|l| l.strip_prefix(&format!("{name} ")))
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or_else(|| panic!("{name} missing from /metrics:\n{metrics}"))
+    };
+    let (calls, batches) = (
+        counter("gnn_worker_calls_total"),
+        counter("gnn_worker_batches_total"),
+    );
+    assert!(
+        batches < calls,
+        "concurrent calls were not batched: {batches} batches for {calls} calls"
+    );
+    let status = stack.sidecarctl(&["status", "--json"]).unwrap();
+    let status: serde_json::Value = serde_json::from_str(&status).unwrap();
+    assert_eq!(status["ready"], true);
+    assert!(status["counters"]["requests"].as_u64().unwrap() > 0);
+    let shm = stack.shm_name.clone();
+    assert!(stack.stop(), "the stack did not shut down cleanly");
+    assert!(
+        !Path::new("/dev/shm").join(&shm).exists(),
+        "the segment outlived the sidecar"
+    );
+}
+
+#[test]
+fn concurrent_ring_requests_are_served_as_batches_with_correct_rows() {
+    let mut options = StackOptions::new("cora");
+    options.fanouts = [20, 10];
+    let stack = Stack::start(&options).expect("stack");
+    let name = "cora";
+    let dim = meta(name)["feature_dim"].as_u64().unwrap() as usize;
+    let features = read_f32(&dataset(name).join("features.f32"));
+    let edges = std::fs::read(dataset(name).join("edges.u32")).unwrap();
+    let mut neighbours: std::collections::HashMap<u64, Vec<u64>> = Default::default();
+    for e in edges.chunks_exact(8) {
+        let s = u32::from_le_bytes([e[0], e[1], e[2], e[3]]) as u64;
+        let d = u32::from_le_bytes([e[4], e[5], e[6], e[7]]) as u64;
+        neighbours.entry(s).or_default().push(d);
+    }
+    let client =
+        std::sync::Arc::new(RingClient::attach(&stack.shm_name, ClientOptions::default()).unwrap());
+    let before: serde_json::Value =
+        serde_json::from_str(&stack.sidecarctl(&["status", "--json"]).unwrap()).unwrap();
+    std::thread::scope(|scope| {
+        for t in 0..8u64 {
+            let (client, features, neighbours) = (&client, &features, &neighbours);
+            scope.spawn(move || {
+                for k in 0..50u64 {
+                    let targets: Vec<u64> =
+                        (0..4).map(|i| (t * 997 + k * 31 + i * 7) % 2708).collect();
+                    let response = client.call(&CallRequest::new(&targets)).unwrap();
+                    let tables = response.tables().unwrap();
+                    assert_eq!(tables.target_ids(), &targets[..]);
+                    let ids = tables.node_ids();
+                    // Every row holds its node's features.
+                    for (row, &id) in ids.iter().enumerate() {
+                        assert_eq!(
+                            &tables.features()[row * dim..(row + 1) * dim],
+                            &features[id as usize * dim..(id as usize + 1) * dim]
+                        );
+                    }
+                    // Every sampled hop-1 node is a neighbour of its target.
+                    let f1 = tables.fanouts()[0] as usize;
+                    for (i, &target) in targets.iter().enumerate() {
+                        assert_eq!(ids[tables.target_rows()[i] as usize], target);
+                        for j in 0..tables.hop1_counts()[i] as usize {
+                            let n1 = ids[tables.hop1_rows()[i * f1 + j] as usize];
+                            assert!(neighbours[&target].contains(&n1));
+                        }
+                    }
+                }
+            });
+        }
+    });
+    let after: serde_json::Value =
+        serde_json::from_str(&stack.sidecarctl(&["status", "--json"]).unwrap()).unwrap();
+    let delta =
+        |k: &str| after["counters"][k].as_u64().unwrap() - before["counters"][k].as_u64().unwrap();
+    assert_eq!(delta("requests"), 400);
+    assert!(
+        delta("batches") < 400,
+        "no two concurrent requests were served as one batch"
+    );
+    drop(client);
+    assert!(stack.stop());
+}
