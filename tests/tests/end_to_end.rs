@@ -450,6 +450,31 @@ fn http_streaming_batching_and_clean_shutdown() {
             .unwrap_err();
         assert_eq!(status.code(), tonic::Code::InvalidArgument);
     });
+    // The command-line client.
+    let out = std::process::Command::new(workspace_bin("gnn-worker"))
+        .args(["predict", "--addr", &stack.grpc, "--json", "3", "4"])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let lines: Vec<serde_json::Value> = String::from_utf8(out.stdout)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(lines.len(), 2);
+    assert_eq!(lines[1]["node_id"], 4);
+    assert_eq!(lines[1]["known"], true);
+    let out = std::process::Command::new(workspace_bin("gnn-worker"))
+        .args(["predict", "--addr", "http://127.0.0.1:1", "3"])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("is `gnn-worker serve` running there?"));
+
     let (_, metrics) = stack.http_get("/metrics").unwrap();
     let counter = |name: &str| -> u64 {
         metrics
