@@ -65,7 +65,7 @@ struct ServeArgs {
     #[arg(long)]
     onnxruntime_lib: Option<PathBuf>,
     /// Override the manifest's fanouts (e.g. to cover every neighbour).
-    #[arg(long, value_parser = parse_pair)]
+    #[arg(long, value_parser = protocol::request::parse_fanouts)]
     fanouts: Option<[u32; 2]>,
     /// Most targets gathered into one batch.
     #[arg(long, default_value_t = 64)]
@@ -85,17 +85,6 @@ struct ServeArgs {
     /// How long to wait for the sidecar's segment at start, seconds.
     #[arg(long, default_value_t = 60.0)]
     attach_timeout_s: f64,
-}
-
-fn parse_pair(s: &str) -> Result<[u32; 2], String> {
-    let parts: Vec<&str> = s.split(',').collect();
-    match parts.as_slice() {
-        [a, b] => match (a.trim().parse(), b.trim().parse()) {
-            (Ok(a), Ok(b)) => Ok([a, b]),
-            _ => Err(format!("{s:?}: expected two numbers such as 20,10")),
-        },
-        _ => Err(format!("{s:?}: expected two numbers such as 20,10")),
-    }
 }
 
 fn main() -> ExitCode {

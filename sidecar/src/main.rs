@@ -101,10 +101,10 @@ struct ServeArgs {
     #[arg(long)]
     invalidation_channel: Option<String>,
     /// Default fanouts per hop (used when a request leaves them at 0).
-    #[arg(long, default_value = "20,10", value_parser = parse_pair)]
+    #[arg(long, default_value = "20,10", value_parser = protocol::request::parse_fanouts)]
     fanouts: [u32; 2],
     /// Hard cap of each hop's fanout that a request may ask for.
-    #[arg(long, default_value = "50,50", value_parser = parse_pair)]
+    #[arg(long, default_value = "50,50", value_parser = protocol::request::parse_fanouts)]
     max_fanouts: [u32; 2],
     /// Ring slots (concurrent requests in flight).
     #[arg(long, default_value_t = 64)]
@@ -145,17 +145,6 @@ struct ServeArgs {
 fn parse_octal(s: &str) -> Result<u32, String> {
     u32::from_str_radix(s.trim_start_matches("0o"), 8)
         .map_err(|_| format!("{s:?} is not an octal file mode such as 600"))
-}
-
-fn parse_pair(s: &str) -> Result<[u32; 2], String> {
-    let parts: Vec<&str> = s.split(',').collect();
-    match parts.as_slice() {
-        [a, b] => match (a.trim().parse(), b.trim().parse()) {
-            (Ok(a), Ok(b)) => Ok([a, b]),
-            _ => Err(format!("{s:?}: expected two numbers such as 20,10")),
-        },
-        _ => Err(format!("{s:?}: expected two numbers such as 20,10")),
-    }
 }
 
 /// Blocks SIGTERM and SIGINT in every thread and turns them into a flag set

@@ -310,20 +310,21 @@ pub fn http_request(
     Ok((code, body))
 }
 
-/// Reads a little-endian f32 file.
-pub fn read_f32(path: &Path) -> Vec<f32> {
+/// Reads a file of little-endian 4-byte values.
+fn read_le4<T>(path: &Path, from: fn([u8; 4]) -> T) -> Vec<T> {
     let bytes = std::fs::read(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
     bytes
         .chunks_exact(4)
-        .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+        .map(|b| from([b[0], b[1], b[2], b[3]]))
         .collect()
+}
+
+/// Reads a little-endian f32 file.
+pub fn read_f32(path: &Path) -> Vec<f32> {
+    read_le4(path, f32::from_le_bytes)
 }
 
 /// Reads a little-endian i32 file.
 pub fn read_i32(path: &Path) -> Vec<i32> {
-    let bytes = std::fs::read(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
-    bytes
-        .chunks_exact(4)
-        .map(|b| i32::from_le_bytes([b[0], b[1], b[2], b[3]]))
-        .collect()
+    read_le4(path, i32::from_le_bytes)
 }

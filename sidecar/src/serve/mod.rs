@@ -276,13 +276,12 @@ pub fn run(config: ServeConfig, stop_signal: Option<Arc<AtomicBool>>) -> anyhow:
                 .as_ref()
                 .is_some_and(|s| s.load(Ordering::Acquire))
     };
-    loop {
-        if stopping() {
-            break;
-        }
+    // Takes what is submitted (waiting up to `wait`) and answers it as one
+    // batch, against the graph snapshot of that moment.
+    let mut serve_next = |wait: Duration| -> bool {
         tickets.clear();
-        if server.next_batch(&mut tickets, Duration::from_millis(100)) == 0 {
-            continue;
+        if server.next_batch(&mut tickets, wait) == 0 {
+            return false;
         }
         let snapshot = daemon.graph.snapshot();
         let ctx = batch::BatchContext {
@@ -294,24 +293,16 @@ pub fn run(config: ServeConfig, stop_signal: Option<Arc<AtomicBool>>) -> anyhow:
             stats: &daemon.stats,
         };
         batch_server.serve(&ctx, std::mem::take(&mut tickets));
+        true
+    };
+    while !stopping() {
+        serve_next(Duration::from_millis(100));
     }
 
     // Drain: answer what was already submitted, then remove the segment.
     tracing::info!("draining");
     server.set_draining();
-    tickets.clear();
-    while server.next_batch(&mut tickets, Duration::from_millis(10)) > 0 {
-        let snapshot = daemon.graph.snapshot();
-        let ctx = batch::BatchContext {
-            graph: &snapshot,
-            tiers: &daemon.tiers,
-            runtime: runtime.handle(),
-            default_deadline: config.deadline,
-            max_nodes: config.max_nodes,
-            stats: &daemon.stats,
-        };
-        batch_server.serve(&ctx, std::mem::take(&mut tickets));
-    }
+    while serve_next(Duration::from_millis(10)) {}
     server.shutdown();
     drop(admin);
     if let Some(store) = &daemon.store {
