@@ -33,7 +33,6 @@ pub const MAX_CONNECTIONS: usize = 8;
 #[derive(Debug)]
 pub struct AdminServer {
     path: PathBuf,
-    listener: Arc<UnixListener>,
     stop: Arc<std::sync::atomic::AtomicBool>,
     thread: Option<JoinHandle<()>>,
 }
@@ -62,16 +61,14 @@ impl AdminServer {
         let listener = UnixListener::bind(path)
             .with_context(|| format!("binding the admin socket {}", path.display()))?;
         std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))?;
-        let listener = Arc::new(listener);
         let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
-        let (l, s) = (listener.clone(), stop.clone());
+        let s = stop.clone();
         let thread = std::thread::Builder::new()
             .name("admin-accept".into())
-            .spawn(move || accept_loop(&l, &s, daemon, runtime))?;
+            .spawn(move || accept_loop(&listener, &s, daemon, runtime))?;
         tracing::info!(socket = %path.display(), "admin socket listening");
         Ok(Self {
             path: path.to_path_buf(),
-            listener,
             stop,
             thread: Some(thread),
         })
@@ -86,7 +83,6 @@ impl Drop for AdminServer {
         if let Some(thread) = self.thread.take() {
             let _ = thread.join();
         }
-        let _ = &self.listener;
         let _ = std::fs::remove_file(&self.path);
     }
 }

@@ -8,6 +8,7 @@
 //! copied from the batch's fetch buffer; a batch of one request (the common
 //! case at low load) is fetched straight into its slot.
 
+use std::borrow::Cow;
 use std::time::Instant;
 
 use protocol::layout::{status, MAX_HOPS};
@@ -202,9 +203,9 @@ impl BatchServer {
                 }
                 *row = remap[g];
             };
-            cols.target_row.iter_mut().for_each(&mut map);
-            cols.hop1_rows.iter_mut().for_each(&mut map);
-            cols.hop2_rows.iter_mut().for_each(&mut map);
+            cols.target_row.to_mut().iter_mut().for_each(&mut map);
+            cols.hop1_rows.to_mut().iter_mut().for_each(&mut map);
+            cols.hop2_rows.to_mut().iter_mut().for_each(&mut map);
         }
         let n_nodes = if whole {
             sampled.nodes.len()
@@ -287,15 +288,16 @@ fn write_sources(nodes: &mut NodeColumns<'_>, sources: &[RowSource]) {
     }
 }
 
-/// One request's part of a group's sample (row indices still the group's
-/// until remapped).
+/// One request's part of a group's sample. The row columns borrow the
+/// sample and are copied only when a request's rows must be remapped (it
+/// shares its group with others).
 struct SampleSlice<'a> {
     status: &'a [u8],
     hop1_count: &'a [i32],
     hop2_count: &'a [i32],
-    target_row: Vec<i32>,
-    hop1_rows: Vec<i32>,
-    hop2_rows: Vec<i32>,
+    target_row: Cow<'a, [i32]>,
+    hop1_rows: Cow<'a, [i32]>,
+    hop2_rows: Cow<'a, [i32]>,
 }
 
 impl<'a> SampleSlice<'a> {
@@ -304,9 +306,9 @@ impl<'a> SampleSlice<'a> {
             status: &s.status[t0..t0 + n],
             hop1_count: &s.hop1_count[t0..t0 + n],
             hop2_count: &s.hop2_count[t0 * f1..(t0 + n) * f1],
-            target_row: s.target_row[t0..t0 + n].to_vec(),
-            hop1_rows: s.hop1_rows[t0 * f1..(t0 + n) * f1].to_vec(),
-            hop2_rows: s.hop2_rows[t0 * f1 * f2..(t0 + n) * f1 * f2].to_vec(),
+            target_row: Cow::Borrowed(&s.target_row[t0..t0 + n]),
+            hop1_rows: Cow::Borrowed(&s.hop1_rows[t0 * f1..(t0 + n) * f1]),
+            hop2_rows: Cow::Borrowed(&s.hop2_rows[t0 * f1 * f2..(t0 + n) * f1 * f2]),
         }
     }
 
