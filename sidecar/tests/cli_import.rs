@@ -18,7 +18,7 @@ fn import(input: &Path, data_dir: &Path) -> std::process::Output {
 
 #[test]
 fn import_builds_the_index_and_reports_it() {
-    let data = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../shared/data/cora");
+    let data = tests::stack::dataset("cora");
     let out = tempfile::tempdir().unwrap();
     let output = import(&data, out.path());
     assert!(

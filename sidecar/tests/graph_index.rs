@@ -10,9 +10,7 @@ use sidecar::graph::dataset::{import_graph, INDEX_FILE};
 use sidecar::graph::{CsrIndex, FormatError, Sampled, Sampler};
 
 fn shared_data(name: &str) -> PathBuf {
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../../shared/data")
-        .join(name);
+    let dir = tests::stack::repo_root().join("../shared/data").join(name);
     assert!(
         dir.join("edges.u32").is_file(),
         "{} is missing: the datasets live in ../shared/data beside the checkout",

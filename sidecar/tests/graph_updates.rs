@@ -3,7 +3,7 @@
 //! compaction.
 
 use std::collections::BTreeSet;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 
@@ -12,7 +12,7 @@ use sidecar::graph::dataset::{import_graph, INDEX_FILE};
 use sidecar::graph::{CsrIndex, LiveGraph, NeighborSource, Sampler};
 
 fn cora() -> (tempfile::TempDir, PathBuf, LiveGraph) {
-    let data = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../shared/data/cora");
+    let data = tests::stack::dataset("cora");
     let dir = tempfile::tempdir().unwrap();
     import_graph(&data, dir.path(), false, 1).unwrap();
     let path = dir.path().join(INDEX_FILE);

@@ -15,9 +15,15 @@ use crate::{eventually, unique_name};
 
 /// The repository root.
 pub fn repo_root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
+    // Cargo's run-time value first: a test binary reused from a shared
+    // target directory may have been compiled in another checkout, and the
+    // compile-time path would point there.
+    let manifest_dir = std::env::var_os("CARGO_MANIFEST_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")));
+    manifest_dir
         .parent()
-        .expect("tests/ is inside the repository")
+        .expect("a crate directory is inside the repository")
         .to_path_buf()
 }
 

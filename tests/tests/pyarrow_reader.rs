@@ -16,7 +16,7 @@ fn python() -> PathBuf {
     if let Some(python) = std::env::var_os("GNN_PYTHON") {
         return PathBuf::from(python);
     }
-    let venv = Path::new(env!("CARGO_MANIFEST_DIR")).join("../.venv/bin/python");
+    let venv = tests::stack::repo_root().join(".venv/bin/python");
     assert!(
         venv.exists(),
         "{} is missing: run scripts/setup.sh to create the project venv (pyarrow, numpy)",
@@ -43,7 +43,7 @@ fn pyarrow_decodes_a_response_in_place_from_the_segment_file() {
     let tables = response.tables().unwrap();
     verify_response(&tables, &targets, 24, false).unwrap();
 
-    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("python/read_segment.py");
+    let script = tests::stack::repo_root().join("tests/python/read_segment.py");
     let output = Command::new(python())
         .arg(&script)
         .arg(&name)
