@@ -18,7 +18,7 @@ use tests::redis::{RedisCluster, RedisServer};
 const DIM: usize = 1433;
 
 fn cora_dir() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../shared/data/cora")
+    tests::stack::dataset("cora")
 }
 
 /// Row `node` of cora's features.f32.
@@ -56,6 +56,16 @@ async fn fetch(
         )
         .await;
     (features, sources)
+}
+
+/// Waits until every flight has closed, i.e. the rows fetched so far are
+/// in L1 (filled just after a flight lands, off the request's path).
+async fn settled(tiers: &FeatureTiers) {
+    let started = Instant::now();
+    while tiers.rows_in_flight() > 0 {
+        assert!(started.elapsed() < Duration::from_secs(5), "flights closed");
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
 }
 
 fn redis_config(server: &RedisServer) -> RedisConfig {
@@ -137,6 +147,7 @@ async fn the_embedded_store_serves_cora_with_tiers_and_fallbacks() {
     );
 
     // The second time, from L1.
+    settled(&tiers).await;
     let (again, sources) = fetch(&tiers, &ids[..3], Duration::from_secs(2)).await;
     assert_eq!(again, features[..3 * DIM]);
     assert!(sources.iter().all(|s| s.tier == tier::L1));
@@ -173,6 +184,18 @@ async fn cold_rows_come_from_redis_in_one_round_trip_then_warm() {
     for (pos, &id) in ids.iter().enumerate().step_by(20) {
         assert_eq!(&features[pos * DIM..(pos + 1) * DIM], &cora_row(id)[..]);
     }
+    // Asked again at once: served by the landed flight or by L1, never by
+    // a second round trip.
+    let (again, _) = fetch(&tiers, &ids, Duration::from_secs(2)).await;
+    assert_eq!(again, features);
+    assert_eq!(
+        tiers
+            .stats()
+            .l3_round_trips
+            .load(std::sync::atomic::Ordering::Relaxed),
+        1
+    );
+    settled(&tiers).await;
     let (_, sources) = fetch(&tiers, &ids, Duration::from_secs(2)).await;
     assert!(sources.iter().all(|s| s.tier == tier::L1), "warm: L1");
 }
@@ -559,4 +582,26 @@ async fn rediss_urls_use_tls_checked_against_the_given_ca() {
     let untrusted = RedisTier::connect(&redis_config(&redis)).await.unwrap_err();
     let text = format!("{untrusted:#}");
     assert!(!text.contains("tls-pw"), "{text}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fetch_dropped_midway_leaves_no_flight_behind() {
+    let redis = RedisServer::start();
+    let data = tempfile::tempdir().unwrap();
+    let l3 = cora_in_redis(&redis, data.path()).await;
+    let tiers = FeatureTiers::new(&TierConfig::new(DIM), None, Some(l3));
+    redis.freeze();
+    // The caller gives up (drops the fetch) before the fetch's own deadline.
+    let dropped = tokio::time::timeout(
+        Duration::from_millis(50),
+        fetch(&tiers, &[7, 8, 9], Duration::from_secs(10)),
+    )
+    .await;
+    assert!(dropped.is_err(), "Redis is frozen: the fetch cannot finish");
+    assert_eq!(tiers.rows_in_flight(), 0, "the dropped flight was closed");
+    redis.thaw();
+    // Nobody joins a flight that will never land: the rows come from Redis.
+    let (features, sources) = fetch(&tiers, &[7, 8, 9], Duration::from_secs(2)).await;
+    assert!(sources.iter().all(|s| s.tier == tier::L3 && !s.fallback));
+    assert_eq!(&features[..DIM], &cora_row(7)[..]);
 }

@@ -3,7 +3,8 @@
 //! - [`contract`]: how rows are keyed and encoded in Redis and RocksDB;
 //! - [`rocks`]: L2, RocksDB (store of record without Redis, cache with it);
 //! - [`redis_tier`]: L3, Redis or Redis Cluster, one MGET per batch;
-//! - [`tiers`]: L1 and the fetch path through the tiers, with coalescing,
+//! - [`l1`]: L1, the pinned hot set and the byte-bounded cache;
+//! - [`tiers`]: the fetch path through the tiers, with coalescing,
 //!   deadlines and fallback rows;
 //! - [`import`]: loading a dataset's rows into RocksDB or Redis;
 //! - [`invalidation`]: the pub/sub channel that evicts changed rows.
@@ -11,6 +12,7 @@
 pub mod contract;
 pub mod import;
 pub mod invalidation;
+pub mod l1;
 pub mod redis_tier;
 pub mod rocks;
 pub mod tiers;

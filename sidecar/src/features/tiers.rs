@@ -1,31 +1,34 @@
 //! Fetching a batch's rows through the tiers, into the response in place.
 //!
-//! L1 (the pinned hot set, then a byte-bounded scan-resistant cache) ->
-//! L2 (RocksDB) -> L3 (Redis, one MGET per batch). Rows missing from L1 go
-//! through a *flight* per row: concurrent requests that miss the same row
-//! wait for the same fetch instead of issuing their own. The requester
-//! drives the fetch of the rows it owns itself (no task hand-off on the
-//! common path); if its deadline passes first, the fetch is moved to a
-//! background task, so it is not cancelled for the requests sharing it and
-//! a late answer still warms L1 and L2.
+//! L1 (the pinned hot set, then a byte-bounded scan-resistant cache: see
+//! [`crate::features::l1`]) -> L2 (RocksDB) -> L3 (Redis, one MGET per
+//! batch). The rows a batch misses in L1 go out as one *flight*; every row
+//! of a flight is registered in a table, so a concurrent request that
+//! misses the same row joins that flight instead of fetching it again. The
+//! requester drives its own flight (no task hand-off on the common path)
+//! and copies the rows out as soon as they land; filling L1 and the L2
+//! cache and closing the flight happen afterwards on a task of their own,
+//! off the request's path. If the deadline passes first, the flight moves
+//! to a background task, so it is not cancelled for the requests sharing
+//! it and a late answer still warms L1 and L2.
 //!
 //! A row that is missing everywhere, arrives after the request's deadline,
 //! or cannot be fetched (Redis unreachable) is the configured default row
 //! (zeros or the population mean), flagged as fallback and counted by cause;
 //! the request never fails for it.
 
+use std::collections::hash_map::Entry;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use arc_swap::ArcSwap;
 use protocol::payload::schema::tier;
-use quick_cache::sync::Cache;
-use quick_cache::Weighter;
 use rustc_hash::FxHashMap;
 use tokio::sync::watch;
 
-use crate::features::contract::decode_row;
+use crate::features::contract::{decode_row, encode_row};
+use crate::features::l1::{L1Cache, Pinned};
 use crate::features::redis_tier::RedisTier;
 use crate::features::rocks::{RocksStore, Role};
 
@@ -55,6 +58,8 @@ pub struct TierStats {
     pub coalesced: AtomicU64,
     /// Redis round trips (MGET batches).
     pub l3_round_trips: AtomicU64,
+    /// Rows from Redis written back to the L2 cache.
+    pub l2_writes: AtomicU64,
 }
 
 /// How the tiers are set up.
@@ -82,35 +87,48 @@ impl TierConfig {
     }
 }
 
-#[derive(Clone)]
-struct RowWeighter;
-
-impl Weighter<u64, Arc<[f32]>> for RowWeighter {
-    fn weight(&self, _key: &u64, row: &Arc<[f32]>) -> u64 {
-        (row.len() * 4 + 32) as u64
-    }
-}
-
-/// The outcome of one row's flight.
-#[derive(Debug, Clone)]
+/// How one row of a flight landed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Landed {
-    Row(Arc<[f32]>, u8),
+    /// Found, in the tier given.
+    Row(u8),
+    /// No tier has it (or its value was malformed).
     Missing,
+    /// The fetch failed (Redis unreachable, timed out, L2 error).
     Failed,
 }
 
-type Flight = watch::Receiver<Option<Landed>>;
+/// What a flight brought back: its rows in one table, in flight order.
+#[derive(Debug)]
+struct FlightRows {
+    rows: Vec<f32>,
+    landed: Vec<Landed>,
+}
+
+type FlightRx = watch::Receiver<Option<Arc<FlightRows>>>;
+
+/// The fetches in progress. One flight per batch of misses; each row being
+/// fetched maps to its flight and its place in it, so a request missing the
+/// same row joins that flight instead of fetching the row again.
+#[derive(Default)]
+struct Flights {
+    /// Row id -> (flight number, index in the flight).
+    by_row: FxHashMap<u64, (u64, u32)>,
+    /// Flight number -> where its rows land.
+    open: FxHashMap<u64, FlightRx>,
+    next: u64,
+}
 
 struct Inner {
     dim: usize,
-    l1: Cache<u64, Arc<[f32]>, RowWeighter>,
-    pinned: ArcSwap<FxHashMap<u64, Arc<[f32]>>>,
+    l1: L1Cache,
+    pinned: ArcSwap<Pinned>,
     l2: Option<Arc<RocksStore>>,
     l3: Option<RedisTier>,
     default_row: Arc<[f32]>,
     default_deadline: Duration,
     fetch_timeout: Duration,
-    flights: Mutex<FxHashMap<u64, Flight>>,
+    flights: Mutex<Flights>,
     stats: TierStats,
     ready: AtomicBool,
     /// Bumped by every invalidation. A fetch that saw another value when it
@@ -145,6 +163,17 @@ pub struct RowSource {
     pub fallback: bool,
 }
 
+impl RowSource {
+    const L1: Self = Self {
+        tier: tier::L1,
+        fallback: false,
+    };
+    const DEFAULT: Self = Self {
+        tier: tier::DEFAULT,
+        fallback: true,
+    };
+}
+
 impl FeatureTiers {
     pub fn new(config: &TierConfig, l2: Option<Arc<RocksStore>>, l3: Option<RedisTier>) -> Self {
         let dim = config.feature_dim;
@@ -155,19 +184,17 @@ impl FeatureTiers {
                 mean.clone()
             }
         };
-        let row_weight = (dim * 4 + 32) as u64;
-        let estimated = (config.l1_bytes / row_weight).max(16) as usize;
         Self {
             inner: Arc::new(Inner {
                 dim,
-                l1: Cache::with_weighter(estimated, config.l1_bytes, RowWeighter),
-                pinned: ArcSwap::from_pointee(FxHashMap::default()),
+                l1: L1Cache::new(config.l1_bytes, dim),
+                pinned: ArcSwap::from_pointee(Pinned::new(dim)),
                 l2,
                 l3,
                 default_row,
                 default_deadline: config.default_deadline,
                 fetch_timeout: config.fetch_timeout,
-                flights: Mutex::new(FxHashMap::default()),
+                flights: Mutex::new(Flights::default()),
                 stats: TierStats::default(),
                 ready: AtomicBool::new(false),
                 invalidations: AtomicU64::new(0),
@@ -179,13 +206,35 @@ impl FeatureTiers {
         &self.inner.stats
     }
 
-    /// Bytes of row data held by the L1 cache (the pinned set excluded).
+    /// Bytes held by the L1 cache (the pinned set excluded).
     pub fn l1_bytes(&self) -> u64 {
         self.inner.l1.weight()
     }
 
+    /// Rows held by the L1 cache and by the pinned set.
+    pub fn l1_rows(&self) -> (usize, usize) {
+        (self.inner.l1.len(), self.inner.pinned.load().len())
+    }
+
+    /// Rows an in-flight fetch did not cache because an invalidation ran
+    /// meanwhile.
+    pub fn stale_refused(&self) -> u64 {
+        self.inner.l1.stale_refused.load(Ordering::Relaxed)
+    }
+
     pub fn feature_dim(&self) -> usize {
         self.inner.dim
+    }
+
+    /// Rows being fetched now (flights not yet closed: a landed flight
+    /// stays open until its rows are in L1).
+    pub fn rows_in_flight(&self) -> usize {
+        self.inner
+            .flights
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .by_row
+            .len()
     }
 
     /// True once [`FeatureTiers::warm_up`] has completed.
@@ -196,13 +245,16 @@ impl FeatureTiers {
     /// Loads `hot` (e.g. the top-degree nodes) through the tiers and pins
     /// them in L1, then marks the tiers ready. Returns how many were pinned.
     pub async fn warm_up(&self, hot: &[u64]) -> usize {
-        let mut pinned: FxHashMap<u64, Arc<[f32]>> = FxHashMap::default();
+        let dim = self.inner.dim;
+        let mut pinned = Pinned::new(dim);
         for chunk in hot.chunks(1_000) {
-            let landed = self
-                .fetch_rows(chunk, Instant::now() + self.inner.fetch_timeout)
+            let mut rows = vec![0f32; chunk.len() * dim];
+            let mut sources = vec![RowSource::default(); chunk.len()];
+            let deadline = Instant::now() + self.inner.fetch_timeout;
+            self.fetch_into(chunk, Some(deadline), &mut rows, &mut sources)
                 .await;
-            for (&id, landed) in chunk.iter().zip(landed) {
-                if let Landed::Row(row, _) = landed {
+            for ((&id, row), source) in chunk.iter().zip(rows.chunks_exact(dim)).zip(&sources) {
+                if !source.fallback {
                     pinned.insert(id, row);
                 }
             }
@@ -217,20 +269,27 @@ impl FeatureTiers {
     /// Evicts rows from L1 (pinned set included) and from an L2 cache. A
     /// fetch already in flight will not cache what it brings back.
     pub async fn invalidate(&self, ids: &[u64]) {
-        // SYNC POINT: bumped before evicting, so a fetch that read the old
-        // epoch either finishes caching before the eviction below, or sees
-        // the new epoch and does not cache at all.
+        // SYNC POINT: bumped before the removals below, which take the L1
+        // shard locks under which a fetch checks the epoch before inserting
+        // (see l1.rs): an old row is removed here or never inserted.
         self.inner.invalidations.fetch_add(1, Ordering::AcqRel);
-        for id in ids {
-            self.inner.l1.remove(id);
-        }
-        let pinned = self.inner.pinned.load();
-        if ids.iter().any(|id| pinned.contains_key(id)) {
-            let mut next = (**pinned).clone();
+        {
+            // A flight that started before now may carry the old rows: later
+            // requests must not join it for these ids (it may have landed
+            // and be waiting to close).
+            let mut flights = self
+                .inner
+                .flights
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner);
             for id in ids {
-                next.remove(id);
+                flights.by_row.remove(id);
             }
-            self.inner.pinned.store(Arc::new(next));
+        }
+        self.inner.l1.remove_many(ids);
+        let pinned = self.inner.pinned.load();
+        if ids.iter().any(|&id| pinned.contains(id)) {
+            self.inner.pinned.store(Arc::new(pinned.without(ids)));
         }
         if let Some(l2) = self.inner.l2.clone() {
             if matches!(l2.role(), Role::Cache { .. }) {
@@ -253,206 +312,346 @@ impl FeatureTiers {
         let dim = self.inner.dim;
         assert_eq!(features.len(), ids.len() * dim);
         assert_eq!(sources.len(), ids.len());
-        let deadline = deadline.unwrap_or_else(|| Instant::now() + self.inner.default_deadline);
-        let stats = &self.inner.stats;
         let mut missing: Vec<usize> = Vec::new();
         {
+            // Hot path: no lock, reference count or allocation per row.
             let pinned = self.inner.pinned.load();
             let pinned = (!pinned.is_empty()).then_some(&**pinned);
-            for (pos, id) in ids.iter().enumerate() {
-                let row = pinned
-                    .and_then(|p| p.get(id).cloned())
-                    .or_else(|| self.inner.l1.get(id));
+            let l1 = self.inner.l1.reader();
+            // All lookups first, then all copies: the lookups' cache misses
+            // overlap instead of queueing behind each row's copy.
+            let found: Vec<Option<&[f32]>> = ids
+                .iter()
+                .map(|&id| pinned.and_then(|p| p.get(id)).or_else(|| l1.get(id)))
+                .collect();
+            for (pos, (row, out)) in found.iter().zip(features.chunks_exact_mut(dim)).enumerate() {
                 match row {
                     Some(row) => {
-                        features[pos * dim..(pos + 1) * dim].copy_from_slice(&row);
-                        sources[pos] = RowSource {
-                            tier: tier::L1,
-                            fallback: false,
-                        };
+                        out.copy_from_slice(row);
+                        sources[pos] = RowSource::L1;
                     }
                     None => missing.push(pos),
                 }
             }
         }
-        stats
+        self.inner
+            .stats
             .l1_hits
             .fetch_add((ids.len() - missing.len()) as u64, Ordering::Relaxed);
-        if missing.is_empty() {
-            return;
-        }
-        let missing_ids: Vec<u64> = missing.iter().map(|&pos| ids[pos]).collect();
-        let landed = self.fetch_rows(&missing_ids, deadline).await;
-        for (&pos, landed) in missing.iter().zip(landed) {
-            let out = &mut features[pos * dim..(pos + 1) * dim];
-            sources[pos] = match landed {
-                Landed::Row(row, from) => {
-                    out.copy_from_slice(&row);
-                    RowSource {
-                        tier: from,
-                        fallback: false,
-                    }
-                }
-                Landed::Missing | Landed::Failed => {
-                    out.copy_from_slice(&self.inner.default_row);
-                    RowSource {
-                        tier: tier::DEFAULT,
-                        fallback: true,
-                    }
-                }
-            };
+        if !missing.is_empty() {
+            let deadline = deadline.unwrap_or_else(|| Instant::now() + self.inner.default_deadline);
+            self.fetch_misses(ids, &missing, deadline, features, sources)
+                .await;
         }
     }
 
-    /// Rows for L1 misses, through flights; `Failed` also stands for
-    /// "not back before the deadline".
-    async fn fetch_rows(&self, ids: &[u64], deadline: Instant) -> Vec<Landed> {
-        let stats = &self.inner.stats;
-        let mut waits: Vec<Flight> = Vec::with_capacity(ids.len());
-        let mut owned: Vec<(u64, watch::Sender<Option<Landed>>)> = Vec::new();
-        {
-            let mut flights = self.inner.flights.lock().unwrap_or_else(|p| p.into_inner());
-            for &id in ids {
-                match flights.get(&id) {
-                    Some(flight) => {
-                        stats.coalesced.fetch_add(1, Ordering::Relaxed);
-                        waits.push(flight.clone());
+    /// The L1 misses at `missing` (positions in `ids`): joins the flights
+    /// already fetching some of them, flies the rest itself.
+    async fn fetch_misses(
+        &self,
+        ids: &[u64],
+        missing: &[usize],
+        deadline: Instant,
+        features: &mut [f32],
+        sources: &mut [RowSource],
+    ) {
+        let inner = &self.inner;
+        let stats = &inner.stats;
+        // Positions this request fetches, and their ids in flight order.
+        let mut owned_pos: Vec<usize> = Vec::with_capacity(missing.len());
+        let mut owned_ids: Vec<u64> = Vec::with_capacity(missing.len());
+        // Positions served by other requests' flights: (pos, flight, index).
+        let mut joined: Vec<(usize, u64, u32)> = Vec::new();
+        let mut joined_flights: Vec<(u64, FlightRx)> = Vec::new();
+        let mine = {
+            let mut flights = inner.flights.lock().unwrap_or_else(PoisonError::into_inner);
+            let flight_no = flights.next;
+            flights.next += 1;
+            for &pos in missing {
+                match flights.by_row.entry(ids[pos]) {
+                    Entry::Occupied(entry) => {
+                        let (no, idx) = *entry.get();
+                        joined.push((pos, no, idx));
                     }
-                    None => {
-                        let (tx, rx) = watch::channel(None);
-                        flights.insert(id, rx.clone());
-                        waits.push(rx);
-                        owned.push((id, tx));
+                    Entry::Vacant(entry) => {
+                        entry.insert((flight_no, owned_ids.len() as u32));
+                        owned_pos.push(pos);
+                        owned_ids.push(ids[pos]);
                     }
                 }
             }
-        }
-        if !owned.is_empty() {
-            let mut fly = Box::pin(self.clone().fly(owned));
+            for &(_, no, _) in &joined {
+                if !joined_flights.iter().any(|(n, _)| *n == no) {
+                    let rx = flights
+                        .open
+                        .get(&no)
+                        .expect("a row's flight is open")
+                        .clone();
+                    joined_flights.push((no, rx));
+                }
+            }
+            (!owned_ids.is_empty()).then(|| {
+                let (tx, rx) = watch::channel(None);
+                flights.open.insert(flight_no, rx);
+                (flight_no, tx)
+            })
+        };
+        stats
+            .coalesced
+            .fetch_add(joined.len() as u64, Ordering::Relaxed);
+
+        if let Some((flight_no, tx)) = mine {
+            let guard = FlightGuard {
+                tiers: self.clone(),
+                flight_no,
+                ids: owned_ids,
+            };
+            let mut fly = Box::pin(self.clone().fly(guard, tx));
             tokio::select! {
                 biased;
-                () = &mut fly => {}
+                rows = &mut fly => {
+                    for (idx, &pos) in owned_pos.iter().enumerate() {
+                        self.land(&rows, idx, pos, features, sources);
+                    }
+                }
                 () = tokio::time::sleep_until(deadline.into()) => {
-                    // Keep fetching for whoever shares these rows.
+                    // Keep fetching for whoever shares these rows, and to
+                    // warm the caches with a late answer.
                     tokio::spawn(fly);
+                    self.late(&owned_pos, features, sources);
                 }
             }
         }
-        let mut out = Vec::with_capacity(ids.len());
-        for mut flight in waits {
-            let landed =
-                match tokio::time::timeout_at(deadline.into(), flight.wait_for(|v| v.is_some()))
-                    .await
-                {
-                    Ok(Ok(value)) => value.clone().expect("waited for Some"),
-                    Ok(Err(_)) => Landed::Failed,
-                    Err(_) => {
-                        stats.fallback_deadline.fetch_add(1, Ordering::Relaxed);
-                        out.push(Landed::Failed);
-                        continue;
-                    }
-                };
-            match landed {
-                Landed::Missing => stats.fallback_missing.fetch_add(1, Ordering::Relaxed),
-                Landed::Failed => stats.fallback_unavailable.fetch_add(1, Ordering::Relaxed),
-                Landed::Row(..) => 0,
+        for (no, mut rx) in joined_flights {
+            let waited =
+                tokio::time::timeout_at(deadline.into(), rx.wait_for(Option::is_some)).await;
+            let rows = match waited {
+                Ok(Ok(rows)) => rows.clone(),
+                Ok(Err(_)) => None,
+                Err(_) => {
+                    let late: Vec<usize> = joined
+                        .iter()
+                        .filter(|(_, n, _)| *n == no)
+                        .map(|&(pos, ..)| pos)
+                        .collect();
+                    self.late(&late, features, sources);
+                    continue;
+                }
             };
-            out.push(landed);
+            for &(pos, _, idx) in joined.iter().filter(|(_, n, _)| *n == no) {
+                match &rows {
+                    Some(rows) => self.land(rows, idx as usize, pos, features, sources),
+                    None => {
+                        // The flight was dropped unfinished.
+                        stats.fallback_unavailable.fetch_add(1, Ordering::Relaxed);
+                        self.default_into(pos, features, sources);
+                    }
+                }
+            }
         }
-        out
     }
 
-    /// Fetches the owned rows from L2 then L3, lands every flight, and fills
-    /// the caches.
-    async fn fly(self, owned: Vec<(u64, watch::Sender<Option<Landed>>)>) {
+    /// Copies row `idx` of a flight to `pos` of the response.
+    fn land(
+        &self,
+        rows: &FlightRows,
+        idx: usize,
+        pos: usize,
+        features: &mut [f32],
+        sources: &mut [RowSource],
+    ) {
+        let dim = self.inner.dim;
+        let stats = &self.inner.stats;
+        match rows.landed[idx] {
+            Landed::Row(from) => {
+                features[pos * dim..(pos + 1) * dim]
+                    .copy_from_slice(&rows.rows[idx * dim..(idx + 1) * dim]);
+                sources[pos] = RowSource {
+                    tier: from,
+                    fallback: false,
+                };
+            }
+            Landed::Missing => {
+                stats.fallback_missing.fetch_add(1, Ordering::Relaxed);
+                self.default_into(pos, features, sources);
+            }
+            Landed::Failed => {
+                stats.fallback_unavailable.fetch_add(1, Ordering::Relaxed);
+                self.default_into(pos, features, sources);
+            }
+        }
+    }
+
+    /// Default rows for positions whose rows missed the deadline.
+    fn late(&self, positions: &[usize], features: &mut [f32], sources: &mut [RowSource]) {
+        self.inner
+            .stats
+            .fallback_deadline
+            .fetch_add(positions.len() as u64, Ordering::Relaxed);
+        for &pos in positions {
+            self.default_into(pos, features, sources);
+        }
+    }
+
+    fn default_into(&self, pos: usize, features: &mut [f32], sources: &mut [RowSource]) {
+        let dim = self.inner.dim;
+        features[pos * dim..(pos + 1) * dim].copy_from_slice(&self.inner.default_row);
+        sources[pos] = RowSource::DEFAULT;
+    }
+
+    /// Fetches a flight's rows from L2 then L3 and lands them. Filling the
+    /// caches and closing the flight happen after, on a task of their own,
+    /// so the requester that drives this does not wait for them.
+    async fn fly(
+        self,
+        guard: FlightGuard,
+        tx: watch::Sender<Option<Arc<FlightRows>>>,
+    ) -> Arc<FlightRows> {
         let inner = &self.inner;
         let dim = inner.dim;
         let epoch = inner.invalidations.load(Ordering::Acquire);
-        let ids: Vec<u64> = owned.iter().map(|(id, _)| *id).collect();
-        let mut landed: Vec<Option<Landed>> = vec![None; ids.len()];
-        let decode = |bytes: &[u8]| -> Option<Arc<[f32]>> {
-            let mut row = vec![0f32; dim];
-            decode_row(bytes, &mut row).then(|| row.into())
-        };
+        let ids = &guard.ids;
+        let mut rows = vec![0f32; ids.len() * dim];
+        let mut landed = vec![Landed::Missing; ids.len()];
+        let mut pending: Vec<usize> = (0..ids.len()).collect();
         // L2.
         if let Some(l2) = inner.l2.clone() {
             let lookup = ids.clone();
             match tokio::task::spawn_blocking(move || l2.get_many(&lookup, dim * 4)).await {
                 Ok(values) => {
-                    for (slot, value) in landed.iter_mut().zip(values) {
-                        if let Some(row) = value.as_deref().and_then(decode) {
-                            inner.stats.l2_hits.fetch_add(1, Ordering::Relaxed);
-                            *slot = Some(Landed::Row(row, tier::L2));
+                    for (i, value) in values.into_iter().enumerate() {
+                        let out = &mut rows[i * dim..(i + 1) * dim];
+                        if value.is_some_and(|bytes| decode_row(&bytes, out)) {
+                            landed[i] = Landed::Row(tier::L2);
                         }
                     }
+                    let before = pending.len();
+                    pending.retain(|&i| landed[i] == Landed::Missing);
+                    inner
+                        .stats
+                        .l2_hits
+                        .fetch_add((before - pending.len()) as u64, Ordering::Relaxed);
                 }
                 Err(e) => tracing::error!(error = %e, "L2 lookup task failed"),
             }
         }
         // L3, for what L2 did not have.
-        let pending: Vec<usize> = (0..ids.len()).filter(|&i| landed[i].is_none()).collect();
-        let mut from_l3: Vec<(u64, Vec<u8>)> = Vec::new();
         if let (Some(l3), false) = (&inner.l3, pending.is_empty()) {
             let wanted: Vec<u64> = pending.iter().map(|&i| ids[i]).collect();
             inner.stats.l3_round_trips.fetch_add(1, Ordering::Relaxed);
             match tokio::time::timeout(inner.fetch_timeout, l3.get_many(&wanted)).await {
                 Ok(Ok(values)) => {
+                    let mut hits = 0;
                     for (&i, value) in pending.iter().zip(values) {
-                        landed[i] = Some(match value {
-                            Some(bytes) => match decode(&bytes) {
-                                Some(row) => {
-                                    inner.stats.l3_hits.fetch_add(1, Ordering::Relaxed);
-                                    from_l3.push((ids[i], bytes));
-                                    Landed::Row(row, tier::L3)
-                                }
-                                None => {
-                                    inner.stats.malformed.fetch_add(1, Ordering::Relaxed);
-                                    Landed::Missing
-                                }
-                            },
-                            None => Landed::Missing,
-                        });
+                        let Some(bytes) = value else { continue };
+                        if decode_row(&bytes, &mut rows[i * dim..(i + 1) * dim]) {
+                            landed[i] = Landed::Row(tier::L3);
+                            hits += 1;
+                        } else {
+                            inner.stats.malformed.fetch_add(1, Ordering::Relaxed);
+                        }
                     }
+                    inner.stats.l3_hits.fetch_add(hits, Ordering::Relaxed);
                 }
                 Ok(Err(e)) => {
                     tracing::warn!(redis = %l3.shown(), error = %e, rows = wanted.len(), "L3 fetch failed; serving default rows");
                     for &i in &pending {
-                        landed[i] = Some(Landed::Failed);
+                        landed[i] = Landed::Failed;
                     }
                 }
                 Err(_) => {
                     tracing::warn!(redis = %l3.shown(), rows = wanted.len(), "L3 fetch timed out; serving default rows");
                     for &i in &pending {
-                        landed[i] = Some(Landed::Failed);
+                        landed[i] = Landed::Failed;
                     }
                 }
             }
         }
-        // Fill L1 first, then land the flights, then write L3 rows back to an
-        // L2 cache; skip the caches if an invalidation ran meanwhile.
-        let cacheable = || inner.invalidations.load(Ordering::Acquire) == epoch;
-        {
-            let mut flights = inner.flights.lock().unwrap_or_else(|p| p.into_inner());
-            let cache = cacheable();
-            for ((id, tx), landed) in owned.into_iter().zip(landed) {
-                let landed = landed.unwrap_or(Landed::Missing);
-                if let (Landed::Row(row, _), true) = (&landed, cache) {
-                    inner.l1.insert(id, row.clone());
-                }
-                flights.remove(&id);
-                let _ = tx.send(Some(landed));
-            }
-        }
-        if let (Some(l2), false) = (inner.l2.clone(), from_l3.is_empty()) {
-            if matches!(l2.role(), Role::Cache { .. }) && cacheable() {
+        let flight = Arc::new(FlightRows { rows, landed });
+        tx.send_replace(Some(flight.clone()));
+        let filled = flight.clone();
+        tokio::spawn(async move { guard.fill_and_close(&filled, epoch).await });
+        flight
+    }
+}
+
+/// A flight's rows and its entries in the flight table. Closing it removes
+/// the entries; dropping it unclosed (its fetch was cancelled) does too, so
+/// no later request joins a flight that will never land.
+struct FlightGuard {
+    tiers: FeatureTiers,
+    flight_no: u64,
+    ids: Vec<u64>,
+}
+
+impl FlightGuard {
+    /// Fills L1 (unless an invalidation ran since `epoch`), closes the
+    /// flight, then writes L3 rows back to an L2 cache.
+    async fn fill_and_close(self, flight: &FlightRows, epoch: u64) {
+        let inner = &self.tiers.inner;
+        let dim = inner.dim;
+        let found = || {
+            self.ids
+                .iter()
+                .enumerate()
+                .filter_map(move |(i, &id)| match flight.landed[i] {
+                    Landed::Row(from) => Some((i, id, from)),
+                    _ => None,
+                })
+        };
+        // L1 before closing: a request that no longer finds the flight
+        // finds the row in L1.
+        inner.l1.insert_many(
+            found().map(|(i, id, _)| (id, &flight.rows[i * dim..(i + 1) * dim])),
+            epoch,
+            &inner.invalidations,
+        );
+        let l2_rows: Vec<(u64, Vec<u8>)> = match &inner.l2 {
+            Some(l2) if matches!(l2.role(), Role::Cache { .. }) => found()
+                .filter(|&(_, _, from)| from == tier::L3)
+                .map(|(i, id, _)| (id, encode_row(&flight.rows[i * dim..(i + 1) * dim])))
+                .collect(),
+            _ => Vec::new(),
+        };
+        let tiers = self.tiers.clone();
+        drop(self);
+        let inner = &tiers.inner;
+        if let (Some(l2), false) = (inner.l2.clone(), l2_rows.is_empty()) {
+            if inner.invalidations.load(Ordering::Acquire) == epoch {
+                let n = l2_rows.len() as u64;
                 let written = tokio::task::spawn_blocking(move || {
-                    l2.put_many(from_l3.iter().map(|(id, bytes)| (*id, bytes.as_slice())))
+                    l2.put_many(l2_rows.iter().map(|(id, bytes)| (*id, bytes.as_slice())))
                 })
                 .await;
-                if let Ok(Err(e)) = written {
-                    tracing::warn!(error = %e, "writing L3 rows to the L2 cache failed");
+                match written {
+                    Ok(Ok(())) => {
+                        inner.stats.l2_writes.fetch_add(n, Ordering::Relaxed);
+                    }
+                    Ok(Err(e)) => {
+                        tracing::warn!(error = %e, "writing L3 rows to the L2 cache failed")
+                    }
+                    Err(e) => tracing::error!(error = %e, "L2 write-back task failed"),
                 }
             }
         }
+    }
+}
+
+impl Drop for FlightGuard {
+    fn drop(&mut self) {
+        let mut flights = self
+            .tiers
+            .inner
+            .flights
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        for id in &self.ids {
+            if let Entry::Occupied(entry) = flights.by_row.entry(*id) {
+                if entry.get().0 == self.flight_no {
+                    entry.remove();
+                }
+            }
+        }
+        flights.open.remove(&self.flight_no);
     }
 }
