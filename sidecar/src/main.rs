@@ -136,6 +136,23 @@ struct ServeArgs {
     /// Seconds without a worker heartbeat before its slots are reclaimed.
     #[arg(long, default_value_t = 5.0)]
     client_timeout_s: f64,
+    /// L2 RocksDB cache in front of Redis (default: <data-dir>/l2-cache);
+    /// put it on local NVMe. Kept across restarts.
+    #[arg(long)]
+    l2_dir: Option<PathBuf>,
+    /// Size bound of the L2 cache, MiB.
+    #[arg(long, default_value_t = 4096)]
+    l2_mib: u64,
+    /// Seconds an L2 row is served before it is fetched from Redis again.
+    #[arg(long, default_value_t = 3600)]
+    l2_ttl_s: u64,
+    /// No L2 cache: L1 misses go straight to Redis.
+    #[arg(long, conflicts_with = "l2_dir")]
+    no_l2: bool,
+    /// Address of the Prometheus endpoint (GET /metrics, /healthz, /readyz),
+    /// e.g. 0.0.0.0:9100.
+    #[arg(long)]
+    metrics_addr: Option<std::net::SocketAddr>,
     /// Accepted for the documented command line; configuration comes from
     /// the flags for now.
     #[arg(long, hide = true)]
@@ -247,7 +264,17 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                 "--config is not supported yet: pass the settings as flags (sidecar serve --help)"
             );
             let stop = stop_on_signals()?;
+            let l2_cache = (!args.no_l2).then(|| {
+                let default = serve::L2CacheConfig::in_data_dir(&args.data_dir);
+                serve::L2CacheConfig {
+                    path: args.l2_dir.unwrap_or(default.path),
+                    max_bytes: args.l2_mib << 20,
+                    ttl: Duration::from_secs(args.l2_ttl_s.max(1)),
+                }
+            });
             let config = ServeConfig {
+                l2_cache,
+                metrics_addr: args.metrics_addr,
                 shm_mode: args.shm_mode,
                 redis: args.redis,
                 redis_cluster: args.redis_cluster,

@@ -285,6 +285,17 @@ fn status(daemon: &Daemon) -> StatusReport {
         ("fallback_deadline", load(&t.fallback_deadline)),
         ("fallback_unavailable", load(&t.fallback_unavailable)),
         ("coalesced", load(&t.coalesced)),
+        ("malformed", load(&t.malformed)),
+        ("l2_writes", load(&t.l2_writes)),
+        ("l2_rebuilds", daemon.l2_rebuilds),
+        (
+            "l2_read_errors",
+            daemon.store.as_ref().map_or(0, |s| load(&s.read_errors)),
+        ),
+        ("l1_rows", daemon.tiers.l1_rows().0 as u64),
+        ("l1_pinned_rows", daemon.tiers.l1_rows().1 as u64),
+        ("l1_bytes", daemon.tiers.l1_bytes()),
+        ("rows_in_flight", daemon.tiers.rows_in_flight() as u64),
     ];
     StatusReport {
         shm_name: daemon.shm_name.clone(),

@@ -20,9 +20,11 @@ use rustc_hash::FxHashMap;
 use crate::features::{FeatureTiers, RowSource};
 use crate::graph::live::GraphSnapshot;
 use crate::graph::sampler::{Sampled, Sampler};
+use crate::serve::metrics::{Histogram, ROWS_BOUNDS, SECONDS_BOUNDS};
 
-/// Counters of the serving loop.
-#[derive(Debug, Default)]
+/// Counters and histograms of the serving loop (exported by
+/// [`crate::serve::metrics`]).
+#[derive(Debug)]
 pub struct ServeStats {
     pub batches: std::sync::atomic::AtomicU64,
     pub requests: std::sync::atomic::AtomicU64,
@@ -30,6 +32,31 @@ pub struct ServeStats {
     pub rows_fetched: std::sync::atomic::AtomicU64,
     pub invalid_requests: std::sync::atomic::AtomicU64,
     pub too_large: std::sync::atomic::AtomicU64,
+    /// Sampling time per batch.
+    pub sample_seconds: Histogram,
+    /// Feature fetch time per batch (all tiers).
+    pub fetch_seconds: Histogram,
+    /// Whole batch, from taking the requests to the last response.
+    pub batch_seconds: Histogram,
+    /// Node-table rows per request.
+    pub request_rows: Histogram,
+}
+
+impl Default for ServeStats {
+    fn default() -> Self {
+        Self {
+            batches: Default::default(),
+            requests: Default::default(),
+            targets: Default::default(),
+            rows_fetched: Default::default(),
+            invalid_requests: Default::default(),
+            too_large: Default::default(),
+            sample_seconds: Histogram::new(SECONDS_BOUNDS),
+            fetch_seconds: Histogram::new(SECONDS_BOUNDS),
+            batch_seconds: Histogram::new(SECONDS_BOUNDS),
+            request_rows: Histogram::new(ROWS_BOUNDS),
+        }
+    }
 }
 
 /// Per-thread state reused across batches.
@@ -61,6 +88,12 @@ struct Pending {
 impl BatchServer {
     /// Answers every ticket of a batch.
     pub fn serve(&mut self, ctx: &BatchContext<'_>, tickets: Vec<ServeTicket>) {
+        let started = Instant::now();
+        self.serve_batch(ctx, tickets);
+        ctx.stats.batch_seconds.observe_duration(started.elapsed());
+    }
+
+    fn serve_batch(&mut self, ctx: &BatchContext<'_>, tickets: Vec<ServeTicket>) {
         use std::sync::atomic::Ordering::Relaxed;
         ctx.stats.batches.fetch_add(1, Relaxed);
         ctx.stats.requests.fetch_add(tickets.len() as u64, Relaxed);
@@ -99,6 +132,7 @@ impl BatchServer {
             return;
         }
         self.seed = self.seed.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let sampling = Instant::now();
         let mut samples: Vec<Sampled> = Vec::with_capacity(groups.len());
         for (fanouts, pending) in &mut groups {
             let mut targets = Vec::new();
@@ -112,6 +146,10 @@ impl BatchServer {
             );
         }
 
+        ctx.stats
+            .sample_seconds
+            .observe_duration(sampling.elapsed());
+
         // A lone request: fetch straight into its slot.
         if groups.len() == 1 && groups[0].1.len() == 1 {
             let pending = groups
@@ -123,8 +161,10 @@ impl BatchServer {
             let sampled = &samples[0];
             self.respond(ctx, pending, sampled, None, |ids, features, sources| {
                 ctx.stats.rows_fetched.fetch_add(ids.len() as u64, Relaxed);
+                let fetching = Instant::now();
                 ctx.runtime
                     .block_on(ctx.tiers.fetch_into(ids, deadline, features, sources));
+                ctx.stats.fetch_seconds.observe_duration(fetching.elapsed());
             });
             return;
         }
@@ -152,10 +192,12 @@ impl BatchServer {
         ctx.stats
             .rows_fetched
             .fetch_add(unique.len() as u64, Relaxed);
+        let fetching = Instant::now();
         ctx.runtime.block_on(
             ctx.tiers
                 .fetch_into(&unique, deadline, &mut features, &mut sources),
         );
+        ctx.stats.fetch_seconds.observe_duration(fetching.elapsed());
         for ((_, pending), (sampled, rows)) in
             groups.into_iter().zip(samples.iter().zip(&group_rows))
         {
@@ -213,6 +255,7 @@ impl BatchServer {
             local.len()
         };
         let request_id = pending.request.request_id;
+        ctx.stats.request_rows.observe(n_nodes as f64);
         if n_nodes > ctx.max_nodes as usize {
             ctx.stats
                 .too_large

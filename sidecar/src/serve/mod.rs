@@ -14,6 +14,7 @@
 
 pub mod admin;
 pub mod batch;
+pub mod metrics;
 
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -28,7 +29,7 @@ use protocol::server::{RingServer, ServerOptions};
 use crate::features::import::FeatureManifest;
 use crate::features::invalidation::{self, InvalidationStats};
 use crate::features::redis_tier::{RedisConfig, RedisTier};
-use crate::features::rocks::{RocksStore, Role};
+use crate::features::rocks::{Opened, RocksStore, Role};
 use crate::features::{DefaultRow, FeatureTiers, TierConfig};
 use crate::graph::live::LiveGraph;
 use crate::graph::{dataset, CsrIndex};
@@ -68,13 +69,44 @@ pub struct ServeConfig {
     /// Admin Unix socket (mode 0600, peer uid checked).
     pub admin_socket: Option<PathBuf>,
     pub client_timeout: Duration,
+    /// The L2 RocksDB cache in front of Redis (unused with the embedded
+    /// store, which is L2 and store of record at once). `None`: no L2.
+    pub l2_cache: Option<L2CacheConfig>,
+    /// Address of the Prometheus endpoint (`GET /metrics`).
+    pub metrics_addr: Option<std::net::SocketAddr>,
+}
+
+/// Where and how big the L2 cache is.
+#[derive(Debug, Clone)]
+pub struct L2CacheConfig {
+    /// Directory of the RocksDB cache (local NVMe in production).
+    pub path: PathBuf,
+    /// Size bound of its files, bytes.
+    pub max_bytes: u64,
+    /// How long a cached row is served before it is fetched again (bounds
+    /// its staleness when an invalidation message is lost).
+    pub ttl: Duration,
+}
+
+impl L2CacheConfig {
+    /// `<data dir>/l2-cache`, 4 GiB, rows kept one hour.
+    pub fn in_data_dir(data_dir: &std::path::Path) -> Self {
+        Self {
+            path: data_dir.join("l2-cache"),
+            max_bytes: 4 << 30,
+            ttl: Duration::from_secs(3600),
+        }
+    }
 }
 
 impl ServeConfig {
     /// Defaults for everything but the data directory and segment name.
     pub fn new(data_dir: impl Into<PathBuf>, shm_name: impl Into<String>) -> Self {
+        let data_dir = data_dir.into();
         Self {
-            data_dir: data_dir.into(),
+            l2_cache: Some(L2CacheConfig::in_data_dir(&data_dir)),
+            metrics_addr: None,
+            data_dir,
             shm_name: shm_name.into(),
             shm_mode: 0o600,
             redis: Vec::new(),
@@ -124,6 +156,8 @@ pub struct Daemon {
     pub stop: AtomicBool,
     pub started: Instant,
     pub shm_name: String,
+    /// Times the L2 cache was found corrupt at start and rebuilt empty.
+    pub l2_rebuilds: u64,
 }
 
 /// Runs the sidecar until `stop` is set (by a signal or the admin socket).
@@ -161,6 +195,7 @@ pub fn run(config: ServeConfig, stop_signal: Option<Arc<AtomicBool>>) -> anyhow:
         manifest.dtype
     );
     let dim = manifest.feature_dim as usize;
+    let mut l2_rebuilds = 0;
     let (store, redis) = match manifest.store.as_str() {
         "rocksdb" => {
             ensure!(
@@ -190,7 +225,29 @@ pub fn run(config: ServeConfig, stop_signal: Option<Arc<AtomicBool>>) -> anyhow:
                 ..RedisConfig::single("")
             };
             let tier = runtime.block_on(RedisTier::connect(&redis_config))?;
-            (None, Some(tier))
+            let l2 = match &config.l2_cache {
+                Some(l2) => {
+                    let (store, opened) = RocksStore::open(
+                        &l2.path,
+                        Role::Cache {
+                            max_bytes: l2.max_bytes,
+                            ttl: l2.ttl,
+                        },
+                    )
+                    .with_context(|| {
+                        format!(
+                            "opening the L2 cache {} (choose another --l2-dir, or --no-l2)",
+                            l2.path.display()
+                        )
+                    })?;
+                    if opened == Opened::Rebuilt {
+                        l2_rebuilds += 1;
+                    }
+                    Some(Arc::new(store))
+                }
+                None => None,
+            };
+            (l2, Some(tier))
         }
         other => bail!("features.json names an unknown store {other:?}"),
     };
@@ -232,7 +289,12 @@ pub fn run(config: ServeConfig, stop_signal: Option<Arc<AtomicBool>>) -> anyhow:
         stop: AtomicBool::new(false),
         started: Instant::now(),
         shm_name: config.shm_name.clone(),
+        l2_rebuilds,
     });
+    let _metrics = match config.metrics_addr {
+        Some(addr) => Some(metrics::serve(addr, daemon.clone(), runtime.handle())?),
+        None => None,
+    };
     let admin = match &config.admin_socket {
         Some(path) => Some(admin::AdminServer::start(
             path,
