@@ -11,6 +11,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh
 export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-$PWD/target}
-cargo bench -p tests --bench ring -- "$@"
-cargo bench -p sidecar --bench graph -- "$@"
-cargo bench -p sidecar --bench features -- "$@"
+# --workspace: the same feature set as scripts/test.sh, so RocksDB's C++ is
+# not compiled a second time for a narrower selection of packages.
+cargo bench --workspace --bench ring -- "$@"
+cargo bench --workspace --bench graph -- "$@"
+cargo bench --workspace --bench features -- "$@"

@@ -13,6 +13,8 @@ scripts/setup.sh
 export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-$PWD/target}
 # The daemons log at info by default; the demo shows their warnings only.
 export RUST_LOG=${RUST_LOG:-warn}
-# The demo starts the binaries of the whole workspace.
-cargo build --release --workspace --bins
+# The demo starts the binaries of the whole workspace. All targets, so the
+# dependencies are resolved with the same features as scripts/test.sh and
+# RocksDB's C++ (the slowest step) is compiled once for both.
+cargo build --release --workspace --all-targets
 "$CARGO_TARGET_DIR/release/demo" "$@"
