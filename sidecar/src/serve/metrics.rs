@@ -17,6 +17,7 @@
 //! | `sidecar_feature_malformed_total` | counter | values of the wrong length (also counted as missing) |
 //! | `sidecar_feature_coalesced_total` | counter | rows that joined another request's fetch |
 //! | `sidecar_redis_round_trips_total` | counter | MGET round trips (one per batch of misses) |
+//! | `sidecar_l1_stale_refused_total` | counter | fetched rows not cached because an invalidation ran during their fetch |
 //! | `sidecar_l2_writes_total` | counter | rows from Redis written back to the L2 cache |
 //! | `sidecar_l2_rebuilds_total` | counter | corrupt L2 caches wiped and rebuilt at start |
 //! | `sidecar_l2_read_errors_total` | counter | L2 reads that failed and were served as misses |
@@ -205,6 +206,13 @@ pub fn render(daemon: &Daemon) -> String {
             load(value)
         );
     }
+    single(
+        &mut out,
+        "sidecar_l1_stale_refused_total",
+        "counter",
+        "fetched rows not cached because an invalidation ran during their fetch",
+        daemon.tiers.stale_refused(),
+    );
     single(
         &mut out,
         "sidecar_l2_rebuilds_total",
