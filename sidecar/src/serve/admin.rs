@@ -267,36 +267,6 @@ fn handle(
 
 fn status(daemon: &Daemon) -> StatusReport {
     let graph = daemon.graph.snapshot();
-    let s = &daemon.stats;
-    let t = daemon.tiers.stats();
-    let load = |a: &std::sync::atomic::AtomicU64| a.load(Ordering::Relaxed);
-    let counters = [
-        ("batches", load(&s.batches)),
-        ("requests", load(&s.requests)),
-        ("targets", load(&s.targets)),
-        ("rows_fetched", load(&s.rows_fetched)),
-        ("invalid_requests", load(&s.invalid_requests)),
-        ("too_large", load(&s.too_large)),
-        ("l1_hits", load(&t.l1_hits)),
-        ("l2_hits", load(&t.l2_hits)),
-        ("l3_hits", load(&t.l3_hits)),
-        ("l3_round_trips", load(&t.l3_round_trips)),
-        ("fallback_missing", load(&t.fallback_missing)),
-        ("fallback_deadline", load(&t.fallback_deadline)),
-        ("fallback_unavailable", load(&t.fallback_unavailable)),
-        ("coalesced", load(&t.coalesced)),
-        ("malformed", load(&t.malformed)),
-        ("l2_writes", load(&t.l2_writes)),
-        ("l2_rebuilds", daemon.l2_rebuilds),
-        (
-            "l2_read_errors",
-            daemon.store.as_ref().map_or(0, |s| load(&s.read_errors)),
-        ),
-        ("l1_rows", daemon.tiers.l1_rows().0 as u64),
-        ("l1_pinned_rows", daemon.tiers.l1_rows().1 as u64),
-        ("l1_bytes", daemon.tiers.l1_bytes()),
-        ("rows_in_flight", daemon.tiers.rows_in_flight() as u64),
-    ];
     StatusReport {
         shm_name: daemon.shm_name.clone(),
         ready: daemon.tiers.is_ready(),
@@ -306,9 +276,9 @@ fn status(daemon: &Daemon) -> StatusReport {
         n_nodes: graph.n_nodes(),
         n_edges: graph.n_edges(),
         graph_generation: graph.generation(),
-        counters: counters
+        counters: crate::serve::metrics::samples(daemon)
             .iter()
-            .map(|(name, v)| (name.to_string(), *v))
+            .map(|sample| (sample.key.to_string(), sample.value))
             .collect(),
     }
 }

@@ -121,11 +121,178 @@ fn single(out: &mut String, name: &str, kind: &str, help: &str, value: u64) {
     let _ = writeln!(out, "{name} {value}");
 }
 
-/// The Prometheus text exposition of the daemon's state.
-pub fn render(daemon: &Daemon) -> String {
+/// One value of the daemon's state, as `sidecarctl status` shows it
+/// (`key`) and as Prometheus scrapes it (`metric`, with an optional label).
+#[derive(Debug, Clone, Copy)]
+pub struct Sample {
+    pub key: &'static str,
+    pub metric: &'static str,
+    pub label: Option<(&'static str, &'static str)>,
+    pub kind: &'static str,
+    pub help: &'static str,
+    pub value: u64,
+}
+
+/// Every counter and gauge of the daemon besides readiness and the graph
+/// (which the status report carries in fields of their own). Samples of
+/// one metric are adjacent.
+pub fn samples(daemon: &Daemon) -> Vec<Sample> {
     let load = |a: &AtomicU64| a.load(Ordering::Relaxed);
     let s = &daemon.stats;
     let t = daemon.tiers.stats();
+    let (l1_rows, pinned_rows) = daemon.tiers.l1_rows();
+    let counter = |key, metric, help, value| Sample {
+        key,
+        metric,
+        label: None,
+        kind: "counter",
+        help,
+        value,
+    };
+    let gauge = |key, metric, help, value| Sample {
+        kind: "gauge",
+        ..counter(key, metric, help, value)
+    };
+    let labelled = |key, metric, label, help, value| Sample {
+        label: Some(label),
+        ..counter(key, metric, help, value)
+    };
+    const ROWS: &str = "sidecar_feature_rows_total";
+    const ROWS_HELP: &str = "feature rows served, per tier";
+    const FALLBACKS: &str = "sidecar_feature_fallbacks_total";
+    const FALLBACKS_HELP: &str = "default rows served, per cause";
+    vec![
+        counter(
+            "batches",
+            "sidecar_batches_total",
+            "batches served",
+            load(&s.batches),
+        ),
+        counter(
+            "requests",
+            "sidecar_requests_total",
+            "requests served",
+            load(&s.requests),
+        ),
+        counter(
+            "targets",
+            "sidecar_targets_total",
+            "target nodes served",
+            load(&s.targets),
+        ),
+        counter(
+            "invalid_requests",
+            "sidecar_invalid_requests_total",
+            "requests refused as malformed",
+            load(&s.invalid_requests),
+        ),
+        counter(
+            "too_large",
+            "sidecar_too_large_total",
+            "requests refused for exceeding the slot",
+            load(&s.too_large),
+        ),
+        counter(
+            "rows_fetched",
+            "sidecar_rows_fetched_total",
+            "unique feature rows asked of the tiers",
+            load(&s.rows_fetched),
+        ),
+        labelled("l1_hits", ROWS, ("tier", "l1"), ROWS_HELP, load(&t.l1_hits)),
+        labelled("l2_hits", ROWS, ("tier", "l2"), ROWS_HELP, load(&t.l2_hits)),
+        labelled("l3_hits", ROWS, ("tier", "l3"), ROWS_HELP, load(&t.l3_hits)),
+        labelled(
+            "fallback_missing",
+            FALLBACKS,
+            ("cause", "missing"),
+            FALLBACKS_HELP,
+            load(&t.fallback_missing),
+        ),
+        labelled(
+            "fallback_deadline",
+            FALLBACKS,
+            ("cause", "deadline"),
+            FALLBACKS_HELP,
+            load(&t.fallback_deadline),
+        ),
+        labelled(
+            "fallback_unavailable",
+            FALLBACKS,
+            ("cause", "unavailable"),
+            FALLBACKS_HELP,
+            load(&t.fallback_unavailable),
+        ),
+        counter(
+            "malformed",
+            "sidecar_feature_malformed_total",
+            "feature values of the wrong length",
+            load(&t.malformed),
+        ),
+        counter(
+            "coalesced",
+            "sidecar_feature_coalesced_total",
+            "rows that joined another request's fetch",
+            load(&t.coalesced),
+        ),
+        counter(
+            "l3_round_trips",
+            "sidecar_redis_round_trips_total",
+            "Redis MGET round trips",
+            load(&t.l3_round_trips),
+        ),
+        counter(
+            "l1_stale_refused",
+            "sidecar_l1_stale_refused_total",
+            "fetched rows not cached because an invalidation ran during their fetch",
+            daemon.tiers.stale_refused(),
+        ),
+        counter(
+            "l2_writes",
+            "sidecar_l2_writes_total",
+            "rows from Redis written back to the L2 cache",
+            load(&t.l2_writes),
+        ),
+        counter(
+            "l2_rebuilds",
+            "sidecar_l2_rebuilds_total",
+            "corrupt L2 caches wiped and rebuilt at start",
+            daemon.l2_rebuilds,
+        ),
+        counter(
+            "l2_read_errors",
+            "sidecar_l2_read_errors_total",
+            "L2 reads that failed and were served as misses",
+            daemon.store.as_ref().map_or(0, |s| load(&s.read_errors)),
+        ),
+        gauge(
+            "l1_bytes",
+            "sidecar_l1_bytes",
+            "bytes held by the L1 cache",
+            daemon.tiers.l1_bytes(),
+        ),
+        gauge(
+            "l1_rows",
+            "sidecar_l1_rows",
+            "rows held by the L1 cache",
+            l1_rows as u64,
+        ),
+        gauge(
+            "l1_pinned_rows",
+            "sidecar_l1_pinned_rows",
+            "rows of the pinned hot set",
+            pinned_rows as u64,
+        ),
+        gauge(
+            "rows_in_flight",
+            "sidecar_rows_in_flight",
+            "rows being fetched from L2 or L3",
+            daemon.tiers.rows_in_flight() as u64,
+        ),
+    ]
+}
+
+/// The Prometheus text exposition of the daemon's state.
+pub fn render(daemon: &Daemon) -> String {
     let mut out = String::with_capacity(8 << 10);
     single(
         &mut out,
@@ -134,122 +301,23 @@ pub fn render(daemon: &Daemon) -> String {
         "1 once the graph is mapped, the stores are open and the warm-up is done",
         u64::from(daemon.tiers.is_ready()),
     );
-    for (name, help, value) in [
-        ("sidecar_batches_total", "batches served", &s.batches),
-        ("sidecar_requests_total", "requests served", &s.requests),
-        ("sidecar_targets_total", "target nodes served", &s.targets),
-        (
-            "sidecar_invalid_requests_total",
-            "requests refused as malformed",
-            &s.invalid_requests,
-        ),
-        (
-            "sidecar_too_large_total",
-            "requests refused for exceeding the slot",
-            &s.too_large,
-        ),
-        (
-            "sidecar_rows_fetched_total",
-            "unique feature rows asked of the tiers",
-            &s.rows_fetched,
-        ),
-        (
-            "sidecar_feature_malformed_total",
-            "feature values of the wrong length",
-            &t.malformed,
-        ),
-        (
-            "sidecar_feature_coalesced_total",
-            "rows that joined another request's fetch",
-            &t.coalesced,
-        ),
-        (
-            "sidecar_redis_round_trips_total",
-            "Redis MGET round trips",
-            &t.l3_round_trips,
-        ),
-        (
-            "sidecar_l2_writes_total",
-            "rows from Redis written back to the L2 cache",
-            &t.l2_writes,
-        ),
-    ] {
-        single(&mut out, name, "counter", help, load(value));
+    let mut previous = "";
+    for sample in samples(daemon) {
+        if sample.metric != previous {
+            header(&mut out, sample.metric, sample.kind, sample.help);
+            previous = sample.metric;
+        }
+        let _ = match sample.label {
+            Some((name, value)) => writeln!(
+                out,
+                "{}{{{name}=\"{value}\"}} {}",
+                sample.metric, sample.value
+            ),
+            None => writeln!(out, "{} {}", sample.metric, sample.value),
+        };
     }
-    header(
-        &mut out,
-        "sidecar_feature_rows_total",
-        "counter",
-        "feature rows served, per tier",
-    );
-    for (tier, value) in [("l1", &t.l1_hits), ("l2", &t.l2_hits), ("l3", &t.l3_hits)] {
-        let _ = writeln!(
-            out,
-            "sidecar_feature_rows_total{{tier=\"{tier}\"}} {}",
-            load(value)
-        );
-    }
-    header(
-        &mut out,
-        "sidecar_feature_fallbacks_total",
-        "counter",
-        "default rows served, per cause",
-    );
-    for (cause, value) in [
-        ("missing", &t.fallback_missing),
-        ("deadline", &t.fallback_deadline),
-        ("unavailable", &t.fallback_unavailable),
-    ] {
-        let _ = writeln!(
-            out,
-            "sidecar_feature_fallbacks_total{{cause=\"{cause}\"}} {}",
-            load(value)
-        );
-    }
-    single(
-        &mut out,
-        "sidecar_l1_stale_refused_total",
-        "counter",
-        "fetched rows not cached because an invalidation ran during their fetch",
-        daemon.tiers.stale_refused(),
-    );
-    single(
-        &mut out,
-        "sidecar_l2_rebuilds_total",
-        "counter",
-        "corrupt L2 caches wiped and rebuilt at start",
-        daemon.l2_rebuilds,
-    );
-    single(
-        &mut out,
-        "sidecar_l2_read_errors_total",
-        "counter",
-        "L2 reads that failed and were served as misses",
-        daemon.store.as_ref().map_or(0, |s| load(&s.read_errors)),
-    );
-    let (l1_rows, pinned_rows) = daemon.tiers.l1_rows();
     let graph = daemon.graph.snapshot();
     for (name, help, value) in [
-        (
-            "sidecar_l1_bytes",
-            "bytes held by the L1 cache",
-            daemon.tiers.l1_bytes(),
-        ),
-        (
-            "sidecar_l1_rows",
-            "rows held by the L1 cache",
-            l1_rows as u64,
-        ),
-        (
-            "sidecar_l1_pinned_rows",
-            "rows of the pinned hot set",
-            pinned_rows as u64,
-        ),
-        (
-            "sidecar_rows_in_flight",
-            "rows being fetched from L2 or L3",
-            daemon.tiers.rows_in_flight() as u64,
-        ),
         (
             "sidecar_graph_nodes",
             "nodes of the served graph",
@@ -268,6 +336,7 @@ pub fn render(daemon: &Daemon) -> String {
     ] {
         single(&mut out, name, "gauge", help, value);
     }
+    let s = &daemon.stats;
     header(
         &mut out,
         "sidecar_stage_seconds",
