@@ -129,6 +129,8 @@ struct Inner {
     default_deadline: Duration,
     fetch_timeout: Duration,
     flights: Mutex<Flights>,
+    /// Orders write-backs to an L2 cache with invalidations' deletes.
+    l2_writes: Mutex<()>,
     stats: TierStats,
     ready: AtomicBool,
     /// Bumped by every invalidation. A fetch that saw another value when it
@@ -195,6 +197,7 @@ impl FeatureTiers {
                 default_deadline: config.default_deadline,
                 fetch_timeout: config.fetch_timeout,
                 flights: Mutex::new(Flights::default()),
+                l2_writes: Mutex::new(()),
                 stats: TierStats::default(),
                 ready: AtomicBool::new(false),
                 invalidations: AtomicU64::new(0),
@@ -294,7 +297,17 @@ impl FeatureTiers {
         if let Some(l2) = self.inner.l2.clone() {
             if matches!(l2.role(), Role::Cache { .. }) {
                 let ids = ids.to_vec();
-                let _ = tokio::task::spawn_blocking(move || l2.delete_many(&ids)).await;
+                let tiers = self.clone();
+                let _ = tokio::task::spawn_blocking(move || {
+                    // SYNC POINT: see the write-back in `fill_and_close`.
+                    let _l2 = tiers
+                        .inner
+                        .l2_writes
+                        .lock()
+                        .unwrap_or_else(PoisonError::into_inner);
+                    l2.delete_many(&ids)
+                })
+                .await;
             }
         }
     }
@@ -617,21 +630,33 @@ impl FlightGuard {
         drop(self);
         let inner = &tiers.inner;
         if let (Some(l2), false) = (inner.l2.clone(), l2_rows.is_empty()) {
-            if inner.invalidations.load(Ordering::Acquire) == epoch {
-                let n = l2_rows.len() as u64;
-                let written = tokio::task::spawn_blocking(move || {
-                    l2.put_many(l2_rows.iter().map(|(id, bytes)| (*id, bytes.as_slice())))
-                })
-                .await;
-                match written {
-                    Ok(Ok(())) => {
-                        inner.stats.l2_writes.fetch_add(n, Ordering::Relaxed);
-                    }
-                    Ok(Err(e)) => {
-                        tracing::warn!(error = %e, "writing L3 rows to the L2 cache failed")
-                    }
-                    Err(e) => tracing::error!(error = %e, "L2 write-back task failed"),
+            let n = l2_rows.len() as u64;
+            let writer = tiers.clone();
+            let written = tokio::task::spawn_blocking(move || {
+                let inner = &writer.inner;
+                // SYNC POINT: the same lock as the invalidation's L2 delete,
+                // which bumps the epoch first: an old row is deleted after
+                // this write, or this write sees the new epoch.
+                let _l2 = inner
+                    .l2_writes
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner);
+                if inner.invalidations.load(Ordering::Acquire) != epoch {
+                    return Ok(false);
                 }
+                l2.put_many(l2_rows.iter().map(|(id, bytes)| (*id, bytes.as_slice())))
+                    .map(|()| true)
+            })
+            .await;
+            match written {
+                Ok(Ok(true)) => {
+                    inner.stats.l2_writes.fetch_add(n, Ordering::Relaxed);
+                }
+                Ok(Ok(false)) => {}
+                Ok(Err(e)) => {
+                    tracing::warn!(error = %e, "writing L3 rows to the L2 cache failed")
+                }
+                Err(e) => tracing::error!(error = %e, "L2 write-back task failed"),
             }
         }
     }
