@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# The demo, end to end on the embedded default (no Redis needed):
-# imports cora into the embedded RocksDB store, trains and exports the
+# The demo, end to end on the embedded default (no Redis needed): uses the
+# cora dataset the repository ships (demo/data/cora.tar.gz), imports it into
+# the embedded RocksDB store, trains and exports the
 # GraphSAGE model with the tooling (numpy -> ONNX), starts `sidecar serve`
 # and `gnn-worker serve`, sends every test node through gRPC, prints the test
 # accuracy and the p50/p99 latency, and shuts both down cleanly.
@@ -12,7 +13,8 @@ cd "$(dirname "$0")/.."
 scripts/setup.sh
 export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-$PWD/target}
 # The daemons log at info by default; the demo shows their warnings only.
-export RUST_LOG=${RUST_LOG:-warn}
+export SIDECAR_LOG_LEVEL=${SIDECAR_LOG_LEVEL:-warn}
+export GNN_WORKER_LOG_LEVEL=${GNN_WORKER_LOG_LEVEL:-warn}
 # The demo starts the binaries of the whole workspace. All targets, so the
 # dependencies are resolved with the same features as scripts/test.sh and
 # RocksDB's C++ (the slowest step) is compiled once for both.

@@ -7,12 +7,15 @@
 # - Debian packages (only if missing): redis-server and redis-tools (the
 #   tests start their own servers), openssl (test TLS certificates), clang
 #   and libclang-dev (RocksDB's build), protobuf-compiler (the worker's
-#   gRPC types),
+#   gRPC types), podman and runc (the pod test runs the Kubernetes
+#   Deployment with `podman kube play`), and kubernetes-client when no
+#   kubectl is on the PATH (`kubectl kustomize` renders k8s/),
 #   python3-venv where the system Python lacks the venv module;
 # - a project-local Python venv in .venv with requirements.txt (numpy,
 #   pyarrow, onnx, onnxruntime: the model tooling, the Python side of the
-#   tests, and the ONNX Runtime library the worker loads), reinstalled only
-#   when the requirements change.
+#   tests, and the ONNX Runtime library the worker loads; kubernetes-validate
+#   for the rendered manifests), reinstalled only when the requirements
+#   change.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -45,7 +48,10 @@ apt_install() {
     DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null
 }
 
-apt_install redis-server redis-tools clang libclang-dev openssl protobuf-compiler
+apt_install redis-server redis-tools clang libclang-dev openssl protobuf-compiler podman runc
+if ! command -v kubectl >/dev/null 2>&1; then
+    apt_install kubernetes-client
+fi
 
 python=${PYTHON:-python3}
 if ! command -v "$python" >/dev/null 2>&1; then

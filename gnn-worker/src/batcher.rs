@@ -6,19 +6,24 @@
 //!
 //! The gathering is one tokio task; the ring calls and ONNX runs happen on
 //! dedicated executor threads (each with its own session), never on the
-//! async runtime's workers.
+//! async runtime's workers. An executor that panics answers its batch with
+//! an error and retires (its session may be inconsistent); the worker is
+//! not ready once no executor is left.
 
+use std::panic::AssertUnwindSafe;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc as std_mpsc;
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
-use protocol::client::{CallRequest, RingClient};
+use protocol::client::{CallRequest, ClientStatus, RingClient};
 use protocol::layout::{FeatureSchema, MAX_HOPS};
 use protocol::payload::schema::target_status;
 use protocol::payload::ResponseTables;
 use tokio::sync::{mpsc, oneshot};
 
+use crate::config::WorkerConfig;
+use crate::metrics::WorkerMetrics;
 use crate::model::Model;
 
 /// How calls are batched.
@@ -28,7 +33,8 @@ pub struct BatchConfig {
     pub max_batch: usize,
     /// Longest the first call of a batch waits for others.
     pub max_delay: Duration,
-    /// Fanouts sent with every ring request.
+    /// Fanouts sent with every ring request; `[0, 0]` leaves them to the
+    /// sidecar.
     pub fanouts: [u32; MAX_HOPS],
     /// Deadline of one ring call (sampling + features).
     pub ring_timeout: Duration,
@@ -36,15 +42,22 @@ pub struct BatchConfig {
     pub max_request_targets: usize,
 }
 
+impl BatchConfig {
+    /// The batching part of the worker's configuration.
+    pub fn from_config(config: &WorkerConfig) -> Self {
+        Self {
+            max_batch: config.max_batch.max(1),
+            max_delay: config.max_delay(),
+            fanouts: config.fanouts.map_or([0; MAX_HOPS], |f| f.0),
+            ring_timeout: config.ring_timeout(),
+            max_request_targets: config.max_request_targets,
+        }
+    }
+}
+
 impl Default for BatchConfig {
     fn default() -> Self {
-        Self {
-            max_batch: 64,
-            max_delay: Duration::from_millis(2),
-            fanouts: [20, 10],
-            ring_timeout: Duration::from_millis(500),
-            max_request_targets: 4096,
-        }
+        Self::from_config(&WorkerConfig::default())
     }
 }
 
@@ -69,18 +82,20 @@ pub enum PredictError {
     Internal(String),
 }
 
-/// Counters, for logs and the readiness endpoint.
-#[derive(Debug, Default)]
-pub struct BatchStats {
-    pub calls: AtomicU64,
-    pub batches: AtomicU64,
-    pub ring_requests: AtomicU64,
-    pub targets: AtomicU64,
-    pub errors: AtomicU64,
+impl PredictError {
+    /// The `kind` label of `gnn_worker_call_errors_total`.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            PredictError::InvalidArgument(_) => "invalid_argument",
+            PredictError::Unavailable(_) => "unavailable",
+            PredictError::Internal(_) => "internal",
+        }
+    }
 }
 
 struct Job {
     ids: Vec<u64>,
+    enqueued: Instant,
     reply: oneshot::Sender<Result<Vec<Prediction>, PredictError>>,
 }
 
@@ -89,8 +104,9 @@ struct Job {
 pub struct Predictor {
     jobs: mpsc::Sender<Job>,
     config: Arc<BatchConfig>,
-    stats: Arc<BatchStats>,
+    metrics: Arc<WorkerMetrics>,
     client: Arc<RingClient>,
+    schema: FeatureSchema,
 }
 
 impl std::fmt::Debug for Predictor {
@@ -101,73 +117,122 @@ impl std::fmt::Debug for Predictor {
     }
 }
 
+/// Decrements the live-executor count when its thread ends, however it ends.
+struct Alive(Arc<WorkerMetrics>);
+
+impl Drop for Alive {
+    fn drop(&mut self) {
+        self.0.executors_alive.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
 impl Predictor {
     /// Starts the batching task (on the current tokio runtime) and one
     /// executor thread per model session. `schema` is the segment header the
     /// models were checked against: a sidecar that comes back with another
-    /// one is refused.
+    /// one makes the worker not ready.
     pub fn start(
         client: Arc<RingClient>,
         models: Vec<Model>,
         schema: FeatureSchema,
         config: BatchConfig,
-    ) -> Self {
+        metrics: Arc<WorkerMetrics>,
+    ) -> std::io::Result<Self> {
         let config = Arc::new(config);
-        let stats = Arc::new(BatchStats::default());
         let (jobs_tx, jobs_rx) = mpsc::channel::<Job>(4096);
         let (batch_tx, batch_rx) = std_mpsc::channel::<Vec<Job>>();
         let batch_rx = Arc::new(Mutex::new(batch_rx));
         for (i, model) in models.into_iter().enumerate() {
-            let (client, config, stats, rx) = (
+            let (client, config, metrics, rx) = (
                 client.clone(),
                 config.clone(),
-                stats.clone(),
+                metrics.clone(),
                 batch_rx.clone(),
             );
+            metrics.executors_alive.fetch_add(1, Ordering::AcqRel);
+            let alive = Alive(metrics.clone());
             std::thread::Builder::new()
                 .name(format!("executor-{i}"))
-                .spawn(move || executor(&client, model, schema, &config, &stats, &rx))
-                .expect("spawning an executor thread");
+                .spawn(move || {
+                    let _alive = alive;
+                    executor(&client, model, schema, &config, &metrics, &rx)
+                })?;
         }
-        tokio::spawn(gather(jobs_rx, batch_tx, config.clone(), stats.clone()));
-        Self {
+        tokio::spawn(gather(jobs_rx, batch_tx, config.clone(), metrics.clone()));
+        Ok(Self {
             jobs: jobs_tx,
             config,
-            stats,
+            metrics,
             client,
+            schema,
+        })
+    }
+
+    pub fn metrics(&self) -> &WorkerMetrics {
+        &self.metrics
+    }
+
+    /// The ring client (for re-attaching while idle).
+    pub fn client(&self) -> &Arc<RingClient> {
+        &self.client
+    }
+
+    /// Ready: attached to a sidecar that is not draining, whose schema is
+    /// the one the model was checked against, with an executor alive.
+    pub fn readiness(&self) -> Result<(), String> {
+        match self.client.status() {
+            ClientStatus::Ready => {}
+            ClientStatus::Draining => {
+                return Err("the sidecar is draining: it takes no new requests".into())
+            }
+            ClientStatus::Lost(reason) => return Err(format!("the sidecar is gone: {reason}")),
+            ClientStatus::NotAttached => return Err("not attached to a sidecar".into()),
         }
-    }
-
-    pub fn stats(&self) -> &BatchStats {
-        &self.stats
-    }
-
-    /// Ready when attached to a live sidecar.
-    pub fn is_ready(&self) -> bool {
-        self.client.epoch().is_some()
+        if self.client.schema() != Some(self.schema) {
+            return Err(
+                "the sidecar now serves another feature schema or graph version than \
+                        the model was checked against: restart the worker with a matching model"
+                    .into(),
+            );
+        }
+        if self.metrics.executors_alive.load(Ordering::Acquire) == 0 {
+            return Err(
+                "no executor is alive (each was retired after a panic; see the log): \
+                        restart the worker"
+                    .into(),
+            );
+        }
+        Ok(())
     }
 
     /// Predicts `ids` (batched with concurrent calls).
     pub async fn predict(&self, ids: Vec<u64>) -> Result<Vec<Prediction>, PredictError> {
-        self.stats.calls.fetch_add(1, Ordering::Relaxed);
         if ids.is_empty() {
             return Ok(Vec::new());
         }
         if ids.len() > self.config.max_request_targets {
             return Err(PredictError::InvalidArgument(format!(
-                "{} node ids in one call; at most {} (split the call)",
+                "{} node ids in one call; at most {} (split the call, or raise \
+                 max_request_targets)",
                 ids.len(),
                 self.config.max_request_targets
             )));
         }
+        self.readiness().map_err(PredictError::Unavailable)?;
         let (reply, answer) = oneshot::channel();
         self.jobs
-            .send(Job { ids, reply })
+            .send(Job {
+                ids,
+                enqueued: Instant::now(),
+                reply,
+            })
             .await
             .map_err(|_| PredictError::Unavailable("the worker is shutting down".into()))?;
-        answer
-            .await
-            .map_err(|_| PredictError::Internal("the executor dropped the call".into()))?
+        answer.await.map_err(|_| {
+            PredictError::Unavailable(
+                "no executor took the call (all retired): restart the worker".into(),
+            )
+        })?
     }
 }
 
@@ -175,7 +240,7 @@ async fn gather(
     mut jobs: mpsc::Receiver<Job>,
     batches: std_mpsc::Sender<Vec<Job>>,
     config: Arc<BatchConfig>,
-    stats: Arc<BatchStats>,
+    metrics: Arc<WorkerMetrics>,
 ) {
     while let Some(first) = jobs.recv().await {
         let until = tokio::time::Instant::now() + config.max_delay;
@@ -190,7 +255,9 @@ async fn gather(
                 _ => break,
             }
         }
-        stats.batches.fetch_add(1, Ordering::Relaxed);
+        metrics.batches.inc();
+        metrics.batch_targets.observe(n as f64);
+        metrics.batch_calls.observe(batch.len() as f64);
         if batches.send(batch).is_err() {
             return;
         }
@@ -202,7 +269,7 @@ fn executor(
     mut model: Model,
     schema: FeatureSchema,
     config: &BatchConfig,
-    stats: &BatchStats,
+    metrics: &WorkerMetrics,
     batches: &Mutex<std_mpsc::Receiver<Vec<Job>>>,
 ) {
     loop {
@@ -213,11 +280,50 @@ fn executor(
                 Err(_) => return,
             }
         };
+        let taken = Instant::now();
+        for job in &batch {
+            metrics
+                .queue_wait_seconds
+                .observe(taken.duration_since(job.enqueued).as_secs_f64());
+        }
         let ids: Vec<u64> = batch.iter().flat_map(|j| j.ids.iter().copied()).collect();
-        stats.targets.fetch_add(ids.len() as u64, Ordering::Relaxed);
-        let result = run_batch(client, &mut model, &schema, config, stats, &ids);
+        metrics.targets.inc_by(ids.len() as u64);
+        let ran = std::panic::catch_unwind(AssertUnwindSafe(|| {
+            fail::fail_point!("gnn-worker-executor");
+            run_batch(client, &mut model, &schema, config, metrics, &ids)
+        }));
+        let (result, retire) = match ran {
+            Ok(result) => (result, false),
+            Err(panic) => {
+                let what = panic
+                    .downcast_ref::<&str>()
+                    .map(|s| s.to_string())
+                    .or_else(|| panic.downcast_ref::<String>().cloned())
+                    .unwrap_or_else(|| "a panic".into());
+                tracing::error!(panic = %what, "an executor panicked; its batch gets an error and it retires");
+                metrics.executor_panics.inc();
+                (
+                    Err(PredictError::Internal(format!(
+                        "the executor running this call failed ({what}); retry"
+                    ))),
+                    true,
+                )
+            }
+        };
+        let result = result.and_then(|predictions| {
+            if predictions.len() == ids.len() {
+                Ok(predictions)
+            } else {
+                Err(PredictError::Internal(format!(
+                    "{} predictions for {} targets: the sidecar's response does not match the \
+                     request",
+                    predictions.len(),
+                    ids.len()
+                )))
+            }
+        });
         if result.is_err() {
-            stats.errors.fetch_add(1, Ordering::Relaxed);
+            metrics.batch_errors.inc();
         }
         let mut offset = 0;
         for job in batch {
@@ -229,6 +335,9 @@ fn executor(
             offset += n;
             let _ = job.reply.send(answer);
         }
+        if retire {
+            return;
+        }
     }
 }
 
@@ -239,7 +348,7 @@ fn run_batch(
     model: &mut Model,
     schema: &FeatureSchema,
     config: &BatchConfig,
-    stats: &BatchStats,
+    metrics: &WorkerMetrics,
     ids: &[u64],
 ) -> Result<Vec<Prediction>, PredictError> {
     let max_targets = client
@@ -255,10 +364,14 @@ fn run_batch(
             timeout: Some(config.ring_timeout),
             request_id: REQUEST_ID.fetch_add(1, Ordering::Relaxed),
         };
-        stats.ring_requests.fetch_add(1, Ordering::Relaxed);
+        metrics.ring_requests.inc();
+        let calling = Instant::now();
         let response = client
             .call(&request)
             .map_err(|e| PredictError::Unavailable(e.to_string()))?;
+        metrics
+            .ring_wait_seconds
+            .observe(calling.elapsed().as_secs_f64());
         if client.schema().is_some_and(|s| s != *schema) {
             return Err(PredictError::Unavailable(
                 "the sidecar now serves another feature schema or graph version than the \
@@ -269,9 +382,21 @@ fn run_batch(
         let tables = response
             .tables()
             .map_err(|e| PredictError::Internal(format!("decoding the sidecar's response: {e}")))?;
+        if tables.target_ids() != chunk {
+            return Err(PredictError::Internal(format!(
+                "the sidecar answered {} targets for the {} asked (or other ids): a malformed \
+                 response",
+                tables.target_ids().len(),
+                chunk.len()
+            )));
+        }
+        let running = Instant::now();
         let logits = model
             .run(&tables)
             .map_err(|e| PredictError::Internal(e.to_string()))?;
+        metrics
+            .onnx_run_seconds
+            .observe(running.elapsed().as_secs_f64());
         let classes = model.manifest().num_classes as usize;
         for (i, &node_id) in tables.target_ids().iter().enumerate() {
             let row = &logits[i * classes..(i + 1) * classes];

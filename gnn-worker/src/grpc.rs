@@ -1,5 +1,7 @@
 //! The gRPC API (proto/predictor.proto): unary `Predict` and bidirectional
-//! `PredictStream`, both through the batcher.
+//! `PredictStream`, both through the batcher. A call made while the worker
+//! is not ready (no sidecar yet, sidecar gone or draining) is answered
+//! UNAVAILABLE with the reason.
 
 use std::pin::Pin;
 
@@ -7,7 +9,8 @@ use tokio_stream::wrappers::ReceiverStream;
 use tokio_stream::Stream;
 use tonic::{Request, Response, Status, Streaming};
 
-use crate::batcher::{PredictError, Prediction, Predictor};
+use crate::batcher::{PredictError, Prediction};
+use crate::service::Service;
 
 /// Generated types of `gnn.v1`.
 #[allow(clippy::all, missing_debug_implementations)]
@@ -21,12 +24,12 @@ pub use pb::predictor_server::PredictorServer;
 /// The gRPC service.
 #[derive(Debug, Clone)]
 pub struct PredictService {
-    predictor: Predictor,
+    service: Service,
 }
 
 impl PredictService {
-    pub fn new(predictor: Predictor) -> Self {
-        Self { predictor }
+    pub fn new(service: Service) -> Self {
+        Self { service }
     }
 }
 
@@ -49,13 +52,10 @@ fn to_pb(p: Prediction) -> pb::Prediction {
 }
 
 async fn answer(
-    predictor: &Predictor,
+    service: &Service,
     request: pb::PredictRequest,
 ) -> Result<pb::PredictResponse, Status> {
-    let predictions = predictor
-        .predict(request.node_ids)
-        .await
-        .map_err(to_status)?;
+    let predictions = service.predict(request.node_ids).await.map_err(to_status)?;
     Ok(pb::PredictResponse {
         predictions: predictions.into_iter().map(to_pb).collect(),
         request_id: request.request_id,
@@ -70,7 +70,7 @@ impl pb::predictor_server::Predictor for PredictService {
         &self,
         request: Request<pb::PredictRequest>,
     ) -> Result<Response<pb::PredictResponse>, Status> {
-        answer(&self.predictor, request.into_inner())
+        answer(&self.service, request.into_inner())
             .await
             .map(Response::new)
     }
@@ -82,12 +82,12 @@ impl pb::predictor_server::Predictor for PredictService {
         request: Request<Streaming<pb::PredictRequest>>,
     ) -> Result<Response<Self::PredictStreamStream>, Status> {
         let mut incoming = request.into_inner();
-        let predictor = self.predictor.clone();
+        let service = self.service.clone();
         let (tx, rx) = tokio::sync::mpsc::channel(64);
         tokio::spawn(async move {
             loop {
                 let next = match incoming.message().await {
-                    Ok(Some(request)) => answer(&predictor, request).await,
+                    Ok(Some(request)) => answer(&service, request).await,
                     Ok(None) => return,
                     Err(status) => Err(status),
                 };

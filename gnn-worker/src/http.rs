@@ -1,14 +1,17 @@
 //! HTTP/JSON: `POST /v1/predict` with `{"node_ids": [..]}`, `GET /healthz`
-//! (the process is up), `GET /readyz` (attached to a live sidecar with a
-//! matching model: 200, else 503), `GET /metrics` (Prometheus text).
+//! (the process answers: 200), `GET /readyz` (200 when the worker can
+//! serve; 503 with the reason otherwise: no sidecar yet, sidecar gone or
+//! draining, schema mismatch, no executor alive), `GET /metrics`
+//! (OpenMetrics text).
 
 use axum::extract::State;
-use axum::http::StatusCode;
+use axum::http::{header, StatusCode};
 use axum::routing::{get, post};
 use axum::{Json, Router};
 use serde::{Deserialize, Serialize};
 
-use crate::batcher::{PredictError, Predictor};
+use crate::batcher::PredictError;
+use crate::service::Service;
 
 #[derive(Debug, Deserialize)]
 pub struct PredictBody {
@@ -25,20 +28,20 @@ pub struct PredictionJson {
 }
 
 /// The router, for `axum::serve`.
-pub fn router(predictor: Predictor) -> Router {
+pub fn router(service: Service) -> Router {
     Router::new()
         .route("/v1/predict", post(predict))
         .route("/healthz", get(|| async { "ok\n" }))
         .route("/readyz", get(ready))
         .route("/metrics", get(metrics))
-        .with_state(predictor)
+        .with_state(service)
 }
 
 async fn predict(
-    State(predictor): State<Predictor>,
+    State(service): State<Service>,
     Json(body): Json<PredictBody>,
 ) -> Result<Json<serde_json::Value>, (StatusCode, String)> {
-    match predictor.predict(body.node_ids).await {
+    match service.predict(body.node_ids).await {
         Ok(predictions) => {
             let predictions: Vec<PredictionJson> = predictions
                 .into_iter()
@@ -63,46 +66,21 @@ async fn predict(
     }
 }
 
-async fn ready(State(predictor): State<Predictor>) -> (StatusCode, &'static str) {
-    if predictor.is_ready() {
-        (StatusCode::OK, "ready\n")
-    } else {
-        (
+async fn ready(State(service): State<Service>) -> (StatusCode, String) {
+    match service.readiness() {
+        Ok(()) => (StatusCode::OK, "ready\n".into()),
+        Err(reason) => (
             StatusCode::SERVICE_UNAVAILABLE,
-            "not attached to a sidecar\n",
-        )
+            format!("not ready: {reason}\n"),
+        ),
     }
 }
 
-async fn metrics(State(predictor): State<Predictor>) -> String {
-    use std::fmt::Write;
-    let s = predictor.stats();
-    let mut out = String::new();
-    for (name, help, value) in [
-        ("gnn_worker_calls_total", "client calls", &s.calls),
-        ("gnn_worker_batches_total", "batches formed", &s.batches),
-        (
-            "gnn_worker_ring_requests_total",
-            "ring requests sent",
-            &s.ring_requests,
-        ),
-        ("gnn_worker_targets_total", "targets predicted", &s.targets),
-        (
-            "gnn_worker_batch_errors_total",
-            "batches that failed",
-            &s.errors,
-        ),
-    ] {
-        let v = value.load(std::sync::atomic::Ordering::Relaxed);
-        let _ = writeln!(
-            out,
-            "# HELP {name} {help}\n# TYPE {name} counter\n{name} {v}"
-        );
-    }
-    let _ = writeln!(
-        out,
-        "# HELP gnn_worker_ready 1 when attached to a live sidecar\n# TYPE gnn_worker_ready gauge\ngnn_worker_ready {}",
-        u8::from(predictor.is_ready())
-    );
-    out
+async fn metrics(
+    State(service): State<Service>,
+) -> ([(header::HeaderName, &'static str); 1], String) {
+    (
+        [(header::CONTENT_TYPE, daemon_kit::metrics::CONTENT_TYPE)],
+        service.metrics().encode(),
+    )
 }

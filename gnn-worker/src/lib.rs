@@ -6,7 +6,10 @@
 //!   Runtime session and the zero-copy input binding;
 //! - [`onnxruntime`]: finding and loading the ONNX Runtime library;
 //! - [`batcher`]: dynamic batching and the executor threads;
-//! - [`grpc`], [`http`]: the client APIs.
+//! - [`service`]: the worker as the front ends see it (readiness, calls);
+//! - [`grpc`], [`http`]: the client APIs;
+//! - [`config`]: every setting of `gnn-worker serve`, its default and range;
+//! - [`metrics`]: the worker's Prometheus registry.
 //!
 //! The model tooling (train, export, reference outputs) is
 //! `gnn-worker/model/sage.py`.
@@ -17,7 +20,10 @@
 #![forbid(unsafe_code)]
 
 pub mod batcher;
+pub mod config;
 pub mod grpc;
 pub mod http;
+pub mod metrics;
 pub mod model;
 pub mod onnxruntime;
+pub mod service;

@@ -1,12 +1,16 @@
 //! `gnn-worker`: the model worker's command line.
 //!
 //! ```text
-//! gnn-worker serve --model <dir> --shm-name <name> [--grpc <addr>] [--http <addr>] [--device cpu|cuda]
+//! gnn-worker serve [--config <file.toml>] [--print-config] --model <dir> [--shm-name <name>]
+//!                  [--grpc <addr>] [--http <addr>] [--device cpu|cuda] [...]
 //! gnn-worker predict --addr <addr> <node ids...> [--json]
 //! ```
+//!
+//! Every setting of `serve` is a flag, a `GNN_WORKER_*` variable and a key
+//! of the TOML file (docs/configuration.md). SIGTERM/SIGINT stop it;
+//! SIGHUP re-reads `log_level`.
 #![forbid(unsafe_code)]
 
-use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::Arc;
@@ -14,9 +18,12 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
 use clap::{Parser, Subcommand};
+use daemon_kit::config::{ConfigError, Layered};
 use gnn_worker::batcher::{BatchConfig, Predictor};
+use gnn_worker::config::{WorkerConfig, WorkerFlags, SPEC};
 use gnn_worker::grpc::{pb, PredictService, PredictorClient, PredictorServer};
-use gnn_worker::model::{Device, Manifest, Model};
+use gnn_worker::model::{Manifest, Model};
+use gnn_worker::service::Service;
 use protocol::client::{ClientOptions, RingClient};
 
 /// The GNN model worker.
@@ -29,8 +36,8 @@ struct Cli {
 
 #[derive(Debug, Subcommand)]
 enum Command {
-    /// Attach to the sidecar's ring, load the model, serve gRPC and HTTP.
-    Serve(ServeArgs),
+    /// Load the model, attach to the sidecar's ring, serve gRPC and HTTP.
+    Serve(Box<ServeArgs>),
     /// Ask a serving worker (gRPC) for predictions.
     Predict {
         /// The worker's gRPC address, e.g. http://127.0.0.1:50051.
@@ -46,54 +53,29 @@ enum Command {
 
 #[derive(Debug, clap::Args)]
 struct ServeArgs {
-    /// Model directory: model.onnx and manifest.json (gnn-worker/model/sage.py).
+    /// TOML file of settings (keys: docs/configuration.md); also
+    /// $GNN_WORKER_CONFIG. Precedence: flags > GNN_WORKER_* variables >
+    /// file > defaults.
     #[arg(long)]
-    model: PathBuf,
-    /// The sidecar's shared-memory segment name.
-    #[arg(long, default_value = "gnn-sidecar")]
-    shm_name: String,
-    /// gRPC listen address.
-    #[arg(long, default_value = "127.0.0.1:50051")]
-    grpc: SocketAddr,
-    /// HTTP/JSON listen address (predict, healthz, readyz, metrics).
-    #[arg(long, default_value = "127.0.0.1:8080")]
-    http: SocketAddr,
-    #[arg(long, value_enum, default_value = "cpu")]
-    device: Device,
-    /// libonnxruntime.so to load (default: $ORT_DYLIB_PATH, then the
-    /// onnxruntime wheel in the project's .venv).
+    config: Option<PathBuf>,
+    /// Print the effective configuration (each key's source noted) and exit.
     #[arg(long)]
-    onnxruntime_lib: Option<PathBuf>,
-    /// Override the manifest's fanouts (e.g. to cover every neighbour).
-    #[arg(long, value_parser = protocol::request::parse_fanouts)]
-    fanouts: Option<[u32; 2]>,
-    /// Most targets gathered into one batch.
-    #[arg(long, default_value_t = 64)]
-    max_batch: usize,
-    /// Longest a call waits for others to batch with, milliseconds.
-    #[arg(long, default_value_t = 2.0)]
-    max_delay_ms: f64,
-    /// Executor threads (each runs ring calls and its own ONNX session).
-    #[arg(long, default_value_t = 2)]
-    executors: usize,
-    /// ONNX Runtime intra-op threads per session.
-    #[arg(long, default_value_t = 1)]
-    intra_threads: usize,
-    /// Deadline of one ring call, milliseconds.
-    #[arg(long, default_value_t = 500)]
-    ring_timeout_ms: u64,
-    /// How long to wait for the sidecar's segment at start, seconds.
-    #[arg(long, default_value_t = 60.0)]
-    attach_timeout_s: f64,
+    print_config: bool,
+    #[command(flatten)]
+    flags: WorkerFlags,
 }
 
 fn main() -> ExitCode {
-    tracing_subscriber::fmt()
-        .with_writer(std::io::stderr)
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
-        )
-        .init();
+    let cli = Cli::parse();
+    if !matches!(cli.command, Command::Serve(_)) {
+        tracing_subscriber::fmt()
+            .with_writer(std::io::stderr)
+            .with_env_filter(
+                tracing_subscriber::EnvFilter::try_from_default_env()
+                    .unwrap_or_else(|_| "info".into()),
+            )
+            .init();
+    }
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -105,8 +87,8 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    let result = match Cli::parse().command {
-        Command::Serve(args) => runtime.block_on(serve(args)),
+    let result = match cli.command {
+        Command::Serve(args) => runtime.block_on(serve(*args)),
         Command::Predict { addr, ids, json } => runtime.block_on(predict(addr, ids, json)),
     };
     match result {
@@ -118,94 +100,190 @@ fn main() -> ExitCode {
     }
 }
 
-async fn serve(args: ServeArgs) -> anyhow::Result<()> {
-    let manifest = Manifest::read(&args.model)?;
-    let env = gnn_worker::onnxruntime::init(args.onnxruntime_lib.as_deref())?;
-    let executors = args.executors.max(1);
-    let mut models = Vec::with_capacity(executors);
-    for _ in 0..executors {
-        models.push(Model::load(
-            &env,
-            &args.model,
-            args.device,
-            args.intra_threads,
-        )?);
-    }
-    tracing::info!(model = %args.model.display(), device = ?args.device, executors, "model loaded");
+/// Loads the layered configuration of `gnn-worker serve`.
+fn load_config(args: &ServeArgs) -> Result<Layered<WorkerConfig>, ConfigError> {
+    let file = args
+        .config
+        .clone()
+        .or_else(|| std::env::var_os(SPEC.config_var()).map(PathBuf::from));
+    Layered::load(SPEC, file.as_deref(), &args.flags)
+}
 
-    // Attach, waiting for the sidecar for a while (pods start in any order).
+/// Resolves when SIGTERM or SIGINT arrives; SIGHUP re-reads `log_level`.
+async fn signals(
+    args: Arc<ServeArgs>,
+    log: Arc<daemon_kit::logging::LogHandle>,
+) -> anyhow::Result<()> {
+    use tokio::signal::unix::{signal, SignalKind};
+    let mut term = signal(SignalKind::terminate()).context("installing the SIGTERM handler")?;
+    let mut hup = signal(SignalKind::hangup()).context("installing the SIGHUP handler")?;
+    loop {
+        tokio::select! {
+            _ = tokio::signal::ctrl_c() => break,
+            _ = term.recv() => break,
+            _ = hup.recv() => match load_config(&args) {
+                Ok(fresh) => match log.set_level(&fresh.value.log_level) {
+                    Ok(()) => tracing::info!(level = %fresh.value.log_level, "log level reloaded (SIGHUP)"),
+                    Err(e) => tracing::warn!(error = %e, "SIGHUP: log level not changed"),
+                },
+                Err(e) => tracing::warn!(error = %e, "SIGHUP: configuration not reloaded"),
+            },
+        }
+    }
+    tracing::info!("stopping");
+    Ok(())
+}
+
+/// Attaches to the sidecar's segment, retrying until `attach_timeout_s`
+/// (for ever when 0); the service's readiness says what it waits for.
+async fn attach(config: &WorkerConfig, service: &Service) -> anyhow::Result<RingClient> {
     let started = Instant::now();
-    let client = loop {
-        let name = args.shm_name.clone();
+    loop {
+        let name = config.shm_name.clone();
         match tokio::task::spawn_blocking(move || {
             RingClient::attach(&name, ClientOptions::default())
         })
         .await?
         {
-            Ok(client) => break client,
-            Err(e) if started.elapsed().as_secs_f64() < args.attach_timeout_s => {
-                tracing::info!(error = %e, "waiting for the sidecar");
+            Ok(client) => return Ok(client),
+            Err(e) => {
+                if config
+                    .attach_timeout()
+                    .is_some_and(|limit| started.elapsed() >= limit)
+                {
+                    bail!(
+                        "no sidecar on /dev/shm/{} after {:.0} s: {e}",
+                        config.shm_name,
+                        config.attach_timeout_s
+                    );
+                }
+                service.set_waiting(e.to_string());
+                tracing::debug!(error = %e, "waiting for the sidecar");
                 tokio::time::sleep(Duration::from_millis(200)).await;
             }
-            Err(e) => bail!(
-                "no sidecar on /dev/shm/{} after {:.0} s: {e}",
-                args.shm_name,
-                args.attach_timeout_s
-            ),
         }
-    };
+    }
+}
+
+/// Loads the model, attaches, checks the model against the segment and
+/// installs the predictor.
+async fn start(config: &WorkerConfig, service: &Service) -> anyhow::Result<()> {
+    let manifest = Manifest::read(&config.model)?;
+    let env = gnn_worker::onnxruntime::init(config.onnxruntime_lib.as_deref())?;
+    let mut models = Vec::with_capacity(config.executors);
+    for _ in 0..config.executors {
+        models.push(Model::load(
+            &env,
+            &config.model,
+            config.device,
+            config.intra_threads,
+        )?);
+    }
+    tracing::info!(model = %config.model.display(), device = ?config.device, executors = config.executors, "model loaded");
+    service.set_waiting(format!("no sidecar on /dev/shm/{} yet", config.shm_name));
+    let client = attach(config, service).await?;
     let (Some(schema), Some(geometry)) = (client.schema(), client.geometry()) else {
         bail!("the sidecar went away while attaching");
     };
-    let fanouts = args.fanouts.unwrap_or(manifest.fanouts);
+    let fanouts = config.fanouts.map_or(schema.default_fanouts, |f| f.0);
     manifest.check_segment(&schema, &geometry, fanouts)?;
-    let config = BatchConfig {
-        max_batch: args.max_batch.max(1),
-        max_delay: Duration::from_secs_f64(args.max_delay_ms.max(0.0) / 1e3),
-        fanouts,
-        ring_timeout: Duration::from_millis(args.ring_timeout_ms),
-        ..BatchConfig::default()
-    };
-    let predictor = Predictor::start(Arc::new(client), models, schema, config);
+    let predictor = Predictor::start(
+        Arc::new(client),
+        models,
+        schema,
+        BatchConfig::from_config(config),
+        service.metrics().clone(),
+    )
+    .context("starting the executor threads")?;
+    service.set_predictor(predictor);
+    service.spawn_reattacher(Duration::from_millis(200));
+    tracing::info!(
+        fanouts = ?config.fanouts.map(|f| f.0),
+        "worker serving (fanouts: the sidecar's unless set)"
+    );
+    Ok(())
+}
 
-    let grpc = tokio::net::TcpListener::bind(args.grpc)
+async fn serve(args: ServeArgs) -> anyhow::Result<()> {
+    let layered = load_config(&args).map_err(anyhow::Error::msg)?;
+    if args.print_config {
+        print!("{}", layered.to_toml(&layered.value));
+        return Ok(());
+    }
+    let config = layered.value.clone();
+    let log = Arc::new(
+        daemon_kit::logging::init(config.log_format, &config.log_level)
+            .map_err(anyhow::Error::msg)?,
+    );
+    #[cfg(feature = "failpoints")]
+    let _failpoints = fail::FailScenario::setup();
+    #[cfg(not(feature = "failpoints"))]
+    if std::env::var_os("FAILPOINTS").is_some() {
+        bail!(
+            "FAILPOINTS is set but this gnn-worker was built without failpoints (they exist in \
+             the test suite's builds only): unset it"
+        );
+    }
+
+    // The front ends first: probes answer (not ready, and why) meanwhile.
+    let service = Service::new();
+    service.set_waiting("loading the model");
+    let grpc = tokio::net::TcpListener::bind(config.grpc)
         .await
-        .with_context(|| format!("binding gRPC on {}", args.grpc))?;
-    let http = tokio::net::TcpListener::bind(args.http)
+        .with_context(|| {
+            format!(
+                "binding gRPC on {}: choose another grpc address",
+                config.grpc
+            )
+        })?;
+    let http = tokio::net::TcpListener::bind(config.http)
         .await
-        .with_context(|| format!("binding HTTP on {}", args.http))?;
-    tracing::info!(grpc = %grpc.local_addr()?, http = %http.local_addr()?, ?fanouts, "worker serving");
-    let shutdown = async {
-        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
-            .expect("installing the SIGTERM handler");
-        tokio::select! {
-            _ = tokio::signal::ctrl_c() => {}
-            _ = term.recv() => {}
-        }
-        tracing::info!("stopping");
-    };
+        .with_context(|| {
+            format!(
+                "binding HTTP on {}: choose another http address",
+                config.http
+            )
+        })?;
+    tracing::info!(grpc = %grpc.local_addr()?, http = %http.local_addr()?, "listening");
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let mut grpc_stop = stop_rx.clone();
     let mut http_stop = stop_rx;
     let grpc_server = tonic::transport::Server::builder()
-        .add_service(PredictorServer::new(PredictService::new(predictor.clone())))
+        .add_service(PredictorServer::new(PredictService::new(service.clone())))
         .serve_with_incoming_shutdown(
             tokio_stream::wrappers::TcpListenerStream::new(grpc),
             async move {
                 let _ = grpc_stop.wait_for(|s| *s).await;
             },
         );
-    let http_server = axum::serve(http, gnn_worker::http::router(predictor))
+    let http_server = axum::serve(http, gnn_worker::http::router(service.clone()))
         .with_graceful_shutdown(async move {
             let _ = http_stop.wait_for(|s| *s).await;
         });
     let grpc_task = tokio::spawn(grpc_server);
     let http_task = tokio::spawn(async move { http_server.await });
-    shutdown.await;
+
+    let signalled = signals(Arc::new(args), log);
+    tokio::pin!(signalled);
+    let outcome = tokio::select! {
+        s = &mut signalled => s,
+        started = start(&config, &service) => match started {
+            Ok(()) => (&mut signalled).await,
+            Err(e) => Err(e),
+        },
+    };
+    if outcome.is_ok() && !config.shutdown_delay().is_zero() {
+        service.set_stopping();
+        tracing::info!(
+            seconds = config.shutdown_delay_s,
+            "not ready; serving until the shutdown delay ends"
+        );
+        tokio::time::sleep(config.shutdown_delay()).await;
+    }
     let _ = stop_tx.send(true);
     grpc_task.await?.context("gRPC server")?;
     http_task.await?.context("HTTP server")?;
-    Ok(())
+    outcome
 }
 
 async fn predict(addr: String, ids: Vec<u64>, json: bool) -> anyhow::Result<()> {

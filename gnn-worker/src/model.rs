@@ -134,7 +134,8 @@ impl Manifest {
 }
 
 /// Where the model runs.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, serde::Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
 pub enum Device {
     Cpu,
     Cuda,

@@ -1,57 +1,52 @@
-//! Finding and loading the ONNX Runtime shared library (`load-dynamic`): the
-//! one the `onnxruntime==1.31.1` Python wheel ships, so nothing is
-//! downloaded at build or run time.
+//! Loading the ONNX Runtime shared library (`load-dynamic`): the one the
+//! `onnxruntime==1.31.1` Python wheel ships (or the GPU build of the same
+//! version), so nothing is downloaded at build or run time.
+//!
+//! Where it comes from, in order: the `onnxruntime_lib` setting (flag,
+//! `GNN_WORKER_ONNXRUNTIME_LIB`, config file), `$ORT_DYLIB_PATH`, then
+//! [`LIBRARY`] by name: beside the executable, then the system's library
+//! path (`LD_LIBRARY_PATH`, the `ld.so` cache, /lib and /usr/lib). The
+//! worker never goes looking for a Python environment.
 
 use std::path::{Path, PathBuf};
 
-use anyhow::{bail, Context};
+use anyhow::Context;
 
 /// The library file the wheel ships in `onnxruntime/capi/`.
 pub const LIBRARY: &str = "libonnxruntime.so.1.31.1";
 
-/// `explicit`, else `$ORT_DYLIB_PATH`, else `.venv/lib/python3*/site-packages/
-/// onnxruntime/capi/` under the current directory or any ancestor of it or
-/// of the executable.
-pub fn find_library(explicit: Option<&Path>) -> anyhow::Result<PathBuf> {
+/// The library to load: `explicit`, else `$ORT_DYLIB_PATH`, else
+/// [`LIBRARY`] by name (resolved by the dynamic loader).
+pub fn library_path(explicit: Option<&Path>) -> PathBuf {
     if let Some(path) = explicit {
-        return Ok(path.to_path_buf());
+        return path.to_path_buf();
     }
     if let Some(path) = std::env::var_os("ORT_DYLIB_PATH") {
-        return Ok(PathBuf::from(path));
+        return PathBuf::from(path);
     }
-    let mut bases: Vec<PathBuf> = Vec::new();
-    if let Ok(cwd) = std::env::current_dir() {
-        bases.extend(cwd.ancestors().map(Path::to_path_buf));
-    }
-    if let Ok(exe) = std::env::current_exe() {
-        bases.extend(exe.ancestors().skip(1).map(Path::to_path_buf));
-    }
-    for base in bases {
-        let lib = base.join(".venv/lib");
-        let Ok(entries) = std::fs::read_dir(&lib) else {
-            continue;
-        };
-        for entry in entries.flatten() {
-            let candidate = entry
-                .path()
-                .join("site-packages/onnxruntime/capi")
-                .join(LIBRARY);
-            if candidate.is_file() {
-                return Ok(candidate);
-            }
-        }
-    }
-    bail!(
-        "{LIBRARY} not found: install onnxruntime==1.31.1 into the project's .venv \
-         (scripts/setup.sh does), set ORT_DYLIB_PATH, or pass --onnxruntime-lib"
-    )
+    PathBuf::from(LIBRARY)
 }
 
 /// Loads the library and builds the process-wide environment.
 pub fn init(explicit: Option<&Path>) -> anyhow::Result<ort::environment::Environment> {
-    let path = find_library(explicit)?;
-    let builder = ort::init_from(&path)
-        .with_context(|| format!("loading ONNX Runtime from {}", path.display()))?;
+    let path = library_path(explicit);
+    let fix = || {
+        if path.is_absolute() {
+            format!(
+                "loading ONNX Runtime from {}: check the path (onnxruntime_lib or \
+                 ORT_DYLIB_PATH)",
+                path.display()
+            )
+        } else {
+            format!(
+                "loading ONNX Runtime ({}) from the system library path: install \
+                 onnxruntime==1.31.1's library there, or point onnxruntime_lib \
+                 (--onnxruntime-lib, GNN_WORKER_ONNXRUNTIME_LIB) or ORT_DYLIB_PATH at it",
+                path.display()
+            )
+        }
+    };
+    let builder = ort::init_from(&path).with_context(fix)?;
     builder
         .with_name("gnn-worker")
         .build()

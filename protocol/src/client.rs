@@ -79,6 +79,11 @@ pub enum CallError {
         "sidecar on /dev/shm/{name} is gone ({reason}) and no new one appeared before the deadline"
     )]
     SidecarGone { name: String, reason: String },
+    #[error(
+        "sidecar on /dev/shm/{name} is draining: it answers what was submitted and takes no \
+         new requests; retry once its replacement is up"
+    )]
+    Draining { name: String },
     #[error("deadline exceeded {stage}")]
     DeadlineExceeded { stage: &'static str },
     #[error("{n_targets} targets in one call; the sidecar allows at most {max_targets}: split the batch")]
@@ -93,6 +98,19 @@ pub enum CallError {
         status_name: &'static str,
         message: String,
     },
+}
+
+/// What [`RingClient::status`] reports.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ClientStatus {
+    /// Attached to a sidecar that takes requests.
+    Ready,
+    /// The sidecar is draining: calls are refused until a new one is up.
+    Draining,
+    /// The sidecar was lost (the reason); the next call re-attaches.
+    Lost(String),
+    /// Never attached.
+    NotAttached,
 }
 
 /// This client's registration in one sidecar epoch.
@@ -329,6 +347,31 @@ impl RingClient {
         }
     }
 
+    /// Re-attaches now if the sidecar was lost: one attempt, no waiting.
+    /// `Ok` when attached to a sidecar that has not been lost.
+    pub fn reattach(&self) -> Result<(), CallError> {
+        self.attachment(Instant::now()).map(|_| ())
+    }
+
+    /// Whether calls can be made now, without waiting or re-attaching.
+    pub fn status(&self) -> ClientStatus {
+        match self.current.load().as_ref() {
+            None => ClientStatus::NotAttached,
+            Some(att) if att.is_lost() => ClientStatus::Lost(att.lost_reason()),
+            Some(att) => match att
+                .segment
+                .header()
+                .preamble
+                .server_state
+                .load(Ordering::Acquire)
+            {
+                server_state::READY => ClientStatus::Ready,
+                server_state::DRAINING => ClientStatus::Draining,
+                other => ClientStatus::Lost(format!("sidecar state {}", server_state_name(other))),
+            },
+        }
+    }
+
     /// The epoch of the sidecar currently attached.
     pub fn epoch(&self) -> Option<u64> {
         self.current.load().as_ref().map(|a| a.segment.epoch())
@@ -379,6 +422,12 @@ impl RingClient {
             });
         }
         let header = segment.header();
+        // The client rule of DRAINING (docs/protocol.md): submit nothing new.
+        if header.preamble.server_state.load(Ordering::Acquire) == server_state::DRAINING {
+            return Err(CallError::Draining {
+                name: self.name.clone(),
+            });
+        }
         let policy = self.options.wait;
         // 1. Claim a slot, parking on free_seq while the ring is full.
         let claimed = wait_for(

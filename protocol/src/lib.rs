@@ -26,7 +26,6 @@
 //! sound in a `SAFETY:` comment.
 #![deny(unsafe_code)]
 
-pub mod admin;
 mod futex;
 pub mod layout;
 pub mod payload;
@@ -46,13 +45,13 @@ pub mod segment;
 pub mod server;
 
 #[cfg(not(loom))]
-pub use client::{CallError, CallRequest, ClientOptions, Response, RingClient};
+pub use client::{CallError, CallRequest, ClientOptions, ClientStatus, Response, RingClient};
 pub use layout::{FeatureSchema, Geometry, LAYOUT_VERSION};
 pub use payload::{PayloadShape, ResponseTables};
 #[cfg(not(loom))]
 pub use segment::{AttachError, CreateError, Segment, SegmentConfig};
 #[cfg(not(loom))]
-pub use server::{RingServer, ServeTicket, ServerOptions};
+pub use server::{RingMonitor, RingServer, ServeTicket, ServerOptions, SlotOccupancy};
 pub use wait::WaitPolicy;
 
 /// Hooks for the loom model tests: the atomics and wait helpers the ring is

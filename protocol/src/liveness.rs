@@ -105,6 +105,15 @@ pub fn is_registered(header: &Header, id: ClientId) -> bool {
     })
 }
 
+/// How many entries are registered (ACTIVE) now.
+pub fn registered_count(header: &Header) -> u32 {
+    header
+        .clients
+        .iter()
+        .filter(|entry| entry.state.load(Ordering::Acquire) & 0xff == client_state::ACTIVE)
+        .count() as u32
+}
+
 /// One client heartbeat.
 pub fn beat(entry: &ClientEntry) {
     entry.heartbeat.fetch_add(1, Ordering::Release);

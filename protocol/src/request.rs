@@ -27,6 +27,10 @@ pub struct Request {
     /// CLOCK_MONOTONIC nanoseconds; 0 = the sidecar's default deadline.
     pub deadline_mono_ns: u64,
     pub fanouts: [u32; MAX_HOPS],
+    /// The hops whose fanout the client left at 0 ("the sidecar's choice"):
+    /// `fanouts` holds the segment default there, which a sidecar may
+    /// replace with its current setting.
+    pub defaulted: [bool; MAX_HOPS],
     pub targets: Vec<u64>,
 }
 
@@ -113,8 +117,10 @@ pub fn decode(
         });
     }
     let mut fanouts = [0; MAX_HOPS];
+    let mut defaulted = [false; MAX_HOPS];
     for (hop, fanout) in fanouts.iter_mut().enumerate() {
         let asked = header.fanouts[hop];
+        defaulted[hop] = asked == 0;
         let cap = geometry.max_fanouts[hop];
         *fanout = if asked == 0 {
             schema.default_fanouts[hop]
@@ -144,6 +150,7 @@ pub fn decode(
         request_id: header.request_id,
         deadline_mono_ns: header.deadline_mono_ns,
         fanouts,
+        defaulted,
         targets,
     })
 }
@@ -169,6 +176,7 @@ mod tests {
             request_id: 1,
             deadline_mono_ns: 0,
             fanouts: [1, 1],
+            defaulted: [false; 2],
             targets: vec![],
         };
         assert_eq!(request.remaining_at(5_000), None, "no deadline");

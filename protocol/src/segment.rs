@@ -58,20 +58,39 @@ pub struct SegmentConfig {
     pub stale_after: Duration,
 }
 
+/// The defaults of the ring's geometry: the one place they are written
+/// (`sidecar serve` takes its defaults from here).
+pub mod defaults {
+    use std::time::Duration;
+
+    use crate::layout::MAX_HOPS;
+
+    pub const MODE: u32 = 0o600;
+    pub const SLOT_COUNT: u32 = 64;
+    pub const MAX_TARGETS: u32 = 64;
+    pub const MAX_FANOUTS: [u32; MAX_HOPS] = [50, 50];
+    pub const MAX_NODES: u32 = 65_536;
+    pub const RESPONSE_BYTES: u64 = 8 << 20;
+    pub const HEARTBEAT_INTERVAL: Duration = Duration::from_millis(100);
+    pub const STALE_AFTER: Duration = Duration::from_secs(1);
+    /// How long a worker may stay silent before its slots are reclaimed.
+    pub const CLIENT_TIMEOUT: Duration = Duration::from_secs(5);
+}
+
 impl SegmentConfig {
-    /// Defaults for everything but the name and the feature schema.
+    /// [`defaults`] for everything but the name and the feature schema.
     pub fn new(name: impl Into<String>, schema: FeatureSchema) -> Self {
         Self {
             name: name.into(),
-            mode: 0o600,
-            slot_count: 64,
-            max_targets: 64,
-            max_fanouts: [50, 50],
-            max_nodes: 16_384,
-            response_bytes: 8 << 20,
+            mode: defaults::MODE,
+            slot_count: defaults::SLOT_COUNT,
+            max_targets: defaults::MAX_TARGETS,
+            max_fanouts: defaults::MAX_FANOUTS,
+            max_nodes: defaults::MAX_NODES,
+            response_bytes: defaults::RESPONSE_BYTES,
             schema,
-            heartbeat_interval: Duration::from_millis(100),
-            stale_after: Duration::from_secs(1),
+            heartbeat_interval: defaults::HEARTBEAT_INTERVAL,
+            stale_after: defaults::STALE_AFTER,
         }
     }
 }

@@ -13,7 +13,7 @@ use crate::liveness::{self, ClientWatch};
 use crate::payload::{self, NodeColumns, PayloadShape, SchemaCache, TargetColumns, WriteError};
 use crate::request::{self, Request, RequestError};
 use crate::segment::{CreateError, Segment, SegmentConfig};
-use crate::slot::{ReclaimOutcome, SlotWord};
+use crate::slot::{state, ReclaimOutcome, SlotWord};
 use crate::submit::SubmitQueue;
 use crate::sync::Ordering;
 use crate::wait::{notify, wait_for, WaitPolicy};
@@ -34,8 +34,70 @@ impl ServerOptions {
         Self {
             segment,
             wait: WaitPolicy::default(),
-            client_timeout: Duration::from_secs(5),
+            client_timeout: crate::segment::defaults::CLIENT_TIMEOUT,
         }
+    }
+}
+
+/// Slots per state, at one moment.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct SlotOccupancy {
+    pub free: u32,
+    pub claimed: u32,
+    pub submitted: u32,
+    pub serving: u32,
+    pub published: u32,
+    pub abandoned: u32,
+}
+
+impl SlotOccupancy {
+    /// Requests submitted but not yet answered.
+    pub fn pending(&self) -> u32 {
+        self.submitted + self.serving
+    }
+
+    /// Slots not free.
+    pub fn used(&self) -> u32 {
+        self.claimed + self.submitted + self.serving + self.published + self.abandoned
+    }
+}
+
+/// Reads a running ring's state; cheap to clone, usable from any thread.
+#[derive(Debug, Clone)]
+pub struct RingMonitor {
+    shared: Arc<Shared>,
+}
+
+impl RingMonitor {
+    /// How many slots are in each state now (a racy snapshot, for metrics).
+    pub fn occupancy(&self) -> SlotOccupancy {
+        let mut occupancy = SlotOccupancy::default();
+        for slot in self.shared.segment.slots() {
+            match slot.load().state {
+                state::FREE => occupancy.free += 1,
+                state::CLAIMED => occupancy.claimed += 1,
+                state::SUBMITTED => occupancy.submitted += 1,
+                state::SERVING => occupancy.serving += 1,
+                state::PUBLISHED => occupancy.published += 1,
+                _ => occupancy.abandoned += 1,
+            }
+        }
+        occupancy
+    }
+
+    /// Workers registered in the segment's client table now.
+    pub fn registered_clients(&self) -> u32 {
+        liveness::registered_count(self.shared.segment.header())
+    }
+
+    /// The housekeeping thread's counters.
+    pub fn counters(&self) -> &ServerCounters {
+        &self.shared.counters
+    }
+
+    /// Slots of the ring.
+    pub fn slot_count(&self) -> u32 {
+        self.shared.segment.geometry().slot_count
     }
 }
 
@@ -164,7 +226,27 @@ impl RingServer {
         notify(&header.free_seq, &header.free_waiters);
     }
 
+    /// A handle for reading the ring's state from other threads (metrics,
+    /// the admin socket) while this one serves.
+    pub fn monitor(&self) -> RingMonitor {
+        RingMonitor {
+            shared: self.shared.clone(),
+        }
+    }
+
+    /// True while the segment is DRAINING.
+    pub fn is_draining(&self) -> bool {
+        self.shared
+            .segment
+            .header()
+            .preamble
+            .server_state
+            .load(Ordering::Acquire)
+            == server_state::DRAINING
+    }
+
     /// Stops accepting new requests; in-flight ones can still be answered.
+    /// Clients see the state and stop submitting (docs/protocol.md).
     pub fn set_draining(&self) {
         self.shared
             .segment

@@ -4,14 +4,18 @@
 //!
 //! - [`graph`]: the CSR index (build, map, verify) and the sampler;
 //! - [`features`]: the feature tiers (L1 RAM, L2 RocksDB, L3 Redis);
-//! - [`serve`]: `sidecar serve`, the ring server wired to both, and the
-//!   admin socket.
+//! - [`serve`]: `sidecar serve`, the ring server wired to both, its metrics
+//!   and probes;
+//! - [`admin`]: the admin socket and its wire format (`sidecarctl`);
+//! - [`config`]: every setting of `sidecar serve`, its default and range.
 //!
 //! **Architecture invariant:** depends on `protocol`, never on `gnn-worker`;
 //! no ONNX Runtime here. `unsafe` is denied except where a file is memory
 //! mapped (`graph::index`, `graph::build`).
 #![deny(unsafe_code)]
 
+pub mod admin;
+pub mod config;
 pub mod features;
 pub mod graph;
 pub mod serve;

@@ -43,7 +43,8 @@ async fn fetch(
     let mut sources = vec![
         RowSource {
             tier: 99,
-            fallback: false
+            fallback: false,
+            late: false
         };
         ids.len()
     ];
@@ -122,7 +123,8 @@ async fn the_embedded_store_serves_cora_with_tiers_and_fallbacks() {
             sources[pos],
             RowSource {
                 tier: tier::L2,
-                fallback: false
+                fallback: false,
+                late: false
             }
         );
     }
@@ -135,7 +137,8 @@ async fn the_embedded_store_serves_cora_with_tiers_and_fallbacks() {
         sources[3],
         RowSource {
             tier: tier::DEFAULT,
-            fallback: true
+            fallback: true,
+            late: false
         }
     );
     assert_eq!(
@@ -172,7 +175,8 @@ async fn cold_rows_come_from_redis_in_one_round_trip_then_warm() {
     assert!(sources.iter().all(|s| *s
         == RowSource {
             tier: tier::L3,
-            fallback: false
+            fallback: false,
+            late: false
         }));
     assert_eq!(
         tiers
@@ -250,7 +254,8 @@ async fn a_frozen_or_dead_redis_yields_flagged_default_rows_never_an_error() {
     assert!(sources.iter().all(|s| *s
         == RowSource {
             tier: tier::DEFAULT,
-            fallback: true
+            fallback: true,
+            late: true
         }));
     assert!(features.iter().all(|&v| v == 0.0), "zeros by default");
     assert_eq!(
@@ -434,7 +439,19 @@ async fn auth_urls_work_and_errors_never_show_the_password() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_invalidation_message_makes_the_new_row_visible_within_a_second() {
     let redis = RedisServer::start();
-    let l3 = RedisTier::connect(&redis_config(&redis)).await.unwrap();
+    invalidation_reaches_the_tiers(&redis, redis_config(&redis)).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_invalidation_listener_uses_the_tls_settings_of_the_fetch_path() {
+    let redis = RedisServer::start_tls(Some("tls-pw"));
+    let mut config = redis_config(&redis);
+    config.ca_file = Some(redis.ca_file());
+    invalidation_reaches_the_tiers(&redis, config).await;
+}
+
+async fn invalidation_reaches_the_tiers(_redis: &RedisServer, config: RedisConfig) {
+    let l3 = RedisTier::connect(&config).await.unwrap();
     l3.set_many(&[(42, encode_row(&[1.0, 1.0]))]).await.unwrap();
     let data = tempfile::tempdir().unwrap();
     let (l2, _) = RocksStore::open(
@@ -450,7 +467,7 @@ async fn an_invalidation_message_makes_the_new_row_visible_within_a_second() {
     let stats = Arc::new(InvalidationStats::default());
     let listener = invalidation::spawn_listener(
         tiers.clone(),
-        redis.url(),
+        &config,
         invalidation::DEFAULT_CHANNEL.into(),
         stats.clone(),
     )
@@ -460,7 +477,19 @@ async fn an_invalidation_message_makes_the_new_row_visible_within_a_second() {
     assert_eq!(old, [1.0, 1.0]);
     // Cached now in L1 (and on its way to L2): change the row, publish its id.
     l3.set_many(&[(42, encode_row(&[2.0, 2.0]))]).await.unwrap();
-    redis.command(&format!("PUBLISH {} 42", invalidation::DEFAULT_CHANNEL));
+    // Published over a connection of the same configuration (plain or TLS).
+    let mut publisher = config
+        .client(&config.urls[0])
+        .unwrap()
+        .get_multiplexed_async_connection()
+        .await
+        .unwrap();
+    let _: i64 = redis::cmd("PUBLISH")
+        .arg(invalidation::DEFAULT_CHANNEL)
+        .arg("42")
+        .query_async(&mut publisher)
+        .await
+        .unwrap();
     let published = Instant::now();
     loop {
         let (now, _) = fetch(&tiers, &[42], Duration::from_secs(1)).await;

@@ -50,6 +50,27 @@ pub fn python() -> PathBuf {
     venv
 }
 
+/// The ONNX Runtime library of the project venv (the `onnxruntime==1.31.1`
+/// wheel that scripts/setup.sh installs), passed to the worker explicitly:
+/// the worker itself never looks for a venv.
+pub fn onnxruntime_lib() -> PathBuf {
+    let lib = repo_root().join(".venv/lib");
+    let found = std::fs::read_dir(&lib).ok().and_then(|entries| {
+        entries.flatten().find_map(|entry| {
+            let candidate = entry
+                .path()
+                .join("site-packages/onnxruntime/capi/libonnxruntime.so.1.31.1");
+            candidate.is_file().then_some(candidate)
+        })
+    });
+    found.unwrap_or_else(|| {
+        panic!(
+            "libonnxruntime.so.1.31.1 is not in {}: run scripts/setup.sh",
+            lib.display()
+        )
+    })
+}
+
 /// A binary of the workspace, built beside the running test or binary
 /// (`cargo test --workspace` builds them all).
 pub fn workspace_bin(name: &str) -> PathBuf {
@@ -68,33 +89,72 @@ pub fn workspace_bin(name: &str) -> PathBuf {
     bin
 }
 
-/// A model trained by the tooling for `dataset`, once per test process.
+/// A model trained by the tooling for `dataset` (of ../shared/data), once
+/// per test process.
 pub fn trained_model(dataset_name: &str) -> PathBuf {
-    static MODELS: Mutex<Option<HashMap<String, PathBuf>>> = Mutex::new(None);
+    trained_model_for(&dataset(dataset_name))
+}
+
+/// A model trained by the tooling for the dataset directory `dir`, once per
+/// test process.
+pub fn trained_model_for(dir: &Path) -> PathBuf {
+    static MODELS: Mutex<Option<HashMap<PathBuf, PathBuf>>> = Mutex::new(None);
     let mut models = MODELS.lock().unwrap_or_else(|p| p.into_inner());
     let models = models.get_or_insert_with(HashMap::new);
-    if let Some(path) = models.get(dataset_name) {
+    if let Some(path) = models.get(dir) {
         return path.clone();
     }
-    let dir = tempfile::Builder::new()
-        .prefix(&format!("model-{dataset_name}-"))
+    let name = dir
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let out = tempfile::Builder::new()
+        .prefix(&format!("model-{name}-"))
         .tempdir()
         .expect("temp dir")
         .keep();
     let status = Command::new(python())
         .arg(repo_root().join("gnn-worker/model/sage.py"))
         .args(["train", "--dataset"])
-        .arg(dataset(dataset_name))
+        .arg(dir)
         .arg("--out")
-        .arg(&dir)
+        .arg(&out)
         .status()
         .expect("running the model tooling");
     assert!(
         status.success(),
-        "training a model for {dataset_name} failed"
+        "training a model for {} failed",
+        dir.display()
     );
-    models.insert(dataset_name.to_string(), dir.clone());
-    dir
+    models.insert(dir.to_path_buf(), out.clone());
+    out
+}
+
+/// The demo dataset the repository ships (`demo/data/cora.tar.gz`),
+/// extracted once per test process into a temporary directory.
+pub fn shipped_cora() -> PathBuf {
+    static DIR: Mutex<Option<PathBuf>> = Mutex::new(None);
+    let mut dir = DIR.lock().unwrap_or_else(|p| p.into_inner());
+    if let Some(dir) = dir.as_ref() {
+        return dir.clone();
+    }
+    let out = tempfile::Builder::new()
+        .prefix("shipped-cora-")
+        .tempdir()
+        .expect("temp dir")
+        .keep();
+    let archive = repo_root().join("demo/data/cora.tar.gz");
+    let status = Command::new("tar")
+        .arg("-xzf")
+        .arg(&archive)
+        .arg("-C")
+        .arg(&out)
+        .status()
+        .expect("running tar");
+    assert!(status.success(), "extracting {} failed", archive.display());
+    let cora = out.join("cora");
+    *dir = Some(cora.clone());
+    cora
 }
 
 /// A free TCP port on 127.0.0.1 (bound, then released for the child).
@@ -108,7 +168,10 @@ pub fn free_port() -> u16 {
 /// How the stack is started.
 #[derive(Debug, Clone)]
 pub struct StackOptions {
+    /// A dataset of ../shared/data, unless `dataset_dir` is set.
     pub dataset: String,
+    /// A dataset directory of the shared layout (overrides `dataset`).
+    pub dataset_dir: Option<PathBuf>,
     /// Fanouts the sidecar defaults to and the worker sends.
     pub fanouts: [u32; 2],
     pub max_targets: u32,
@@ -117,19 +180,30 @@ pub struct StackOptions {
     pub executors: usize,
     /// Extra `gnn-worker serve` arguments.
     pub worker_args: Vec<String>,
+    /// Extra `sidecar serve` arguments.
+    pub sidecar_args: Vec<String>,
 }
 
 impl StackOptions {
     pub fn new(dataset: &str) -> Self {
         Self {
             dataset: dataset.into(),
+            dataset_dir: None,
             fanouts: [20, 10],
             max_targets: 64,
             response_mib: 8,
             max_batch: 64,
             executors: 2,
             worker_args: Vec::new(),
+            sidecar_args: Vec::new(),
         }
+    }
+
+    /// The dataset directory to import.
+    pub fn dataset_path(&self) -> PathBuf {
+        self.dataset_dir
+            .clone()
+            .unwrap_or_else(|| dataset(&self.dataset))
     }
 }
 
@@ -183,12 +257,13 @@ pub struct Stack {
 
 impl Stack {
     pub fn start(options: &StackOptions) -> anyhow::Result<Self> {
-        let model = trained_model(&options.dataset);
+        let dataset_dir = options.dataset_path();
+        let model = trained_model_for(&dataset_dir);
         let dir = tempfile::tempdir()?;
         let data = dir.path().join("data");
         let imported = Command::new(workspace_bin("sidecar"))
             .arg("import")
-            .arg(dataset(&options.dataset))
+            .arg(&dataset_dir)
             .arg("--data-dir")
             .arg(&data)
             .stdout(Stdio::null())
@@ -209,6 +284,7 @@ impl Stack {
             .args(["--max-targets", &options.max_targets.to_string()])
             .args(["--response-mib", &options.response_mib.to_string()])
             .args(["--slots", "16"])
+            .args(&options.sidecar_args)
             .spawn()
             .context("starting sidecar serve")?;
         let sidecar = Daemon {
@@ -225,6 +301,8 @@ impl Stack {
             .args(["--fanouts", &format!("{f1},{f2}")])
             .args(["--max-batch", &options.max_batch.to_string()])
             .args(["--executors", &options.executors.to_string()])
+            .arg("--onnxruntime-lib")
+            .arg(onnxruntime_lib())
             .args(&options.worker_args)
             .spawn()
             .context("starting gnn-worker serve")?;

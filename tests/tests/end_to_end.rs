@@ -23,7 +23,10 @@ fn runtime() -> tokio::runtime::Runtime {
 
 fn ort_env() -> &'static ort::environment::Environment {
     static ENV: OnceLock<ort::environment::Environment> = OnceLock::new();
-    ENV.get_or_init(|| gnn_worker::onnxruntime::init(None).expect("loading ONNX Runtime"))
+    ENV.get_or_init(|| {
+        gnn_worker::onnxruntime::init(Some(&tests::stack::onnxruntime_lib()))
+            .expect("loading ONNX Runtime")
+    })
 }
 
 fn meta(name: &str) -> serde_json::Value {
@@ -269,6 +272,8 @@ fn worker_refusal(stack: &Stack, model: &Path, extra: &[&str]) -> String {
             "127.0.0.1:0",
         ])
         .args(["--attach-timeout-s", "10"])
+        .arg("--onnxruntime-lib")
+        .arg(tests::stack::onnxruntime_lib())
         .args(extra)
         .output()
         .unwrap();
@@ -347,7 +352,14 @@ fn a_node_added_while_serving_is_predicted_without_restart() {
 
     let id = new_id.to_string();
     let file = row_file.to_string_lossy().into_owned();
-    let mut args = vec!["add-node", &id, "--features-file", &file, "--directed"];
+    let mut args = vec![
+        "graph",
+        "add-node",
+        &id,
+        "--features-file",
+        &file,
+        "--directed",
+    ];
     let neighbour_args: Vec<String> = neighbours.iter().map(|u| u.to_string()).collect();
     for u in &neighbour_args {
         args.push("--edge");
@@ -494,7 +506,9 @@ fn http_streaming_batching_and_clean_shutdown() {
     let status = stack.sidecarctl(&["status", "--json"]).unwrap();
     let status: serde_json::Value = serde_json::from_str(&status).unwrap();
     assert_eq!(status["ready"], true);
-    assert!(status["counters"]["requests"].as_u64().unwrap() > 0);
+    let stats: serde_json::Value =
+        serde_json::from_str(&stack.sidecarctl(&["stats", "--json"]).unwrap()).unwrap();
+    assert!(stats["requests"].as_u64().unwrap() > 0);
     let shm = stack.shm_name.clone();
     assert!(stack.stop(), "the stack did not shut down cleanly");
     assert!(
@@ -521,7 +535,7 @@ fn concurrent_ring_requests_are_served_as_batches_with_correct_rows() {
     let client =
         std::sync::Arc::new(RingClient::attach(&stack.shm_name, ClientOptions::default()).unwrap());
     let before: serde_json::Value =
-        serde_json::from_str(&stack.sidecarctl(&["status", "--json"]).unwrap()).unwrap();
+        serde_json::from_str(&stack.sidecarctl(&["stats", "--json"]).unwrap()).unwrap();
     std::thread::scope(|scope| {
         for t in 0..8u64 {
             let (client, features, neighbours) = (&client, &features, &neighbours);
@@ -554,9 +568,8 @@ fn concurrent_ring_requests_are_served_as_batches_with_correct_rows() {
         }
     });
     let after: serde_json::Value =
-        serde_json::from_str(&stack.sidecarctl(&["status", "--json"]).unwrap()).unwrap();
-    let delta =
-        |k: &str| after["counters"][k].as_u64().unwrap() - before["counters"][k].as_u64().unwrap();
+        serde_json::from_str(&stack.sidecarctl(&["stats", "--json"]).unwrap()).unwrap();
+    let delta = |k: &str| after[k].as_u64().unwrap() - before[k].as_u64().unwrap();
     assert_eq!(delta("requests"), 400);
     assert!(
         delta("batches") < 400,

@@ -1,45 +1,153 @@
 //! `sidecarctl`: the operator's command line for a running sidecar, over its
-//! admin Unix socket (see `protocol::admin` for the frames).
+//! admin Unix socket (frames: `sidecar::admin::wire`, docs/admin.md).
 //!
 //! ```text
-//! sidecarctl --socket <path> status [--json]
-//! sidecarctl --socket <path> add-node <id> --features 0.1,0.2,... | --features-file row.f32
-//!            [--edge <neighbour>]... [--directed]
-//! sidecarctl --socket <path> invalidate <id>...
-//! sidecarctl --socket <path> shutdown
+//! sidecarctl [--socket <path>] [--json] <command>
+//!   status | stats | ready | live
+//!   warm --top K | --ids-file F
+//!   invalidate <id>...
+//!   fanouts get | fanouts set F1,F2
+//!   deadline get | deadline set MS
+//!   log-level get | log-level set LEVEL
+//!   graph add-node <id> (--features a,b,.. | --features-file row.f32) [--edge N]... [--directed]
+//!   graph add-edges --file edges.txt [--directed]
+//!   graph compact
+//!   cache flush [--l1] [--l2]
+//!   drain | shutdown
 //! ```
+//!
+//! Exit status: 0 on success (for `ready` and `live`: the probe passed), 1
+//! when the command failed or the probe did not pass, 2 on bad usage.
 #![forbid(unsafe_code)]
 
-use std::io::BufReader;
+use std::io::{BufReader, Write};
 use std::os::unix::net::UnixStream;
 use std::path::PathBuf;
 use std::process::ExitCode;
+use std::time::Duration;
 
 use anyhow::{bail, Context};
 use clap::{Parser, Subcommand};
-use protocol::admin::{
-    read_frame, write_frame, AdminRequest, AdminResponse, NewNode, ADMIN_VERSION,
+use sidecar::admin::wire::{
+    read_frame, write_frame, AdminRequest, AdminResponse, Distribution, FrameError, NewNode,
+    StatsReport, StatusReport, ADMIN_VERSION,
 };
 
 /// Operate a running sidecar over its admin socket.
 #[derive(Debug, Parser)]
 #[command(version, about)]
 struct Cli {
-    /// The sidecar's --admin-socket.
-    #[arg(long)]
+    /// The sidecar's admin socket (its admin_socket setting).
+    #[arg(long, env = "SIDECAR_ADMIN_SOCKET")]
     socket: PathBuf,
-    /// Print JSON instead of a table.
+    /// Print JSON (one object) instead of a table.
     #[arg(long, global = true)]
     json: bool,
+    /// Give up when the sidecar sends nothing for this long, seconds (a
+    /// long command's progress frames count).
+    #[arg(long, global = true, default_value_t = 60.0)]
+    timeout_s: f64,
     #[command(subcommand)]
     command: Command,
 }
 
 #[derive(Debug, Subcommand)]
 enum Command {
-    /// Readiness, graph and counters.
+    /// Phase, readiness, graph, store, runtime knobs, ring.
     Status,
-    /// Add a node with its feature row and edges, while serving.
+    /// Stage latency percentiles, rows per tier, neighbourhood sizes,
+    /// fallbacks, deadline misses, ring occupancy.
+    Stats,
+    /// Readiness probe: exit 0 when ready, 1 when not (with the reason).
+    Ready,
+    /// Liveness probe: exit 0 when live, 1 when not.
+    Live,
+    /// Pin nodes' feature rows in L1 (progress on stderr).
+    Warm {
+        /// The K highest-degree nodes.
+        #[arg(
+            long,
+            conflicts_with = "ids_file",
+            required_unless_present = "ids_file"
+        )]
+        top: Option<u64>,
+        /// Node ids, one per line (or separated by spaces or commas).
+        #[arg(long)]
+        ids_file: Option<PathBuf>,
+    },
+    /// Evict rows from the sidecar's caches (L1, pinned set, L2 cache).
+    Invalidate {
+        #[arg(required = true)]
+        ids: Vec<u64>,
+    },
+    /// Fanouts of requests that leave them to the sidecar.
+    Fanouts {
+        #[command(subcommand)]
+        action: FanoutsAction,
+    },
+    /// The feature-fetch deadline, milliseconds.
+    Deadline {
+        #[command(subcommand)]
+        action: DeadlineAction,
+    },
+    /// The log level (tracing directives).
+    LogLevel {
+        #[command(subcommand)]
+        action: LogLevelAction,
+    },
+    /// Graph updates while serving.
+    Graph {
+        #[command(subcommand)]
+        action: GraphAction,
+    },
+    /// The feature caches.
+    Cache {
+        #[command(subcommand)]
+        action: CacheAction,
+    },
+    /// Stop taking new requests, answer what is submitted, report when the
+    /// ring is empty. The sidecar stays up, not ready, until stopped.
+    Drain {
+        /// First report not ready and keep serving this long (a preStop
+        /// hook: the Service and the worker stop sending first).
+        #[arg(long, default_value_t = 0.0)]
+        after_s: f64,
+    },
+    /// Drain and stop the sidecar.
+    Shutdown,
+}
+
+#[derive(Debug, Subcommand)]
+enum FanoutsAction {
+    Get,
+    /// e.g. `fanouts set 10,5`.
+    Set {
+        #[arg(value_parser = protocol::request::parse_fanouts)]
+        fanouts: [u32; 2],
+    },
+}
+
+#[derive(Debug, Subcommand)]
+enum DeadlineAction {
+    Get,
+    /// e.g. `deadline set 15`.
+    Set {
+        ms: f64,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+enum LogLevelAction {
+    Get,
+    /// e.g. `log-level set debug` or `log-level set sidecar=debug,warn`.
+    Set {
+        level: String,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+enum GraphAction {
+    /// Add a node with its feature row and edges.
     AddNode {
         id: u64,
         /// The feature row, comma separated.
@@ -55,70 +163,188 @@ enum Command {
         #[arg(long)]
         directed: bool,
     },
-    /// Evict rows from the sidecar's caches.
-    Invalidate { ids: Vec<u64> },
-    /// Drain and stop the sidecar.
-    Shutdown,
+    /// Add edges from a text file: `src dst` per line, `#` comments.
+    AddEdges {
+        #[arg(long)]
+        file: PathBuf,
+        /// Add only src -> dst, not the reverse edges.
+        #[arg(long)]
+        directed: bool,
+    },
+    /// Rewrite the graph index with every update folded in.
+    Compact,
+}
+
+#[derive(Debug, Subcommand)]
+enum CacheAction {
+    /// Empty caches: both flags absent means every cache there is (L1 and
+    /// pinned set; the L2 cache in front of Redis).
+    Flush {
+        #[arg(long)]
+        l1: bool,
+        #[arg(long)]
+        l2: bool,
+    },
+}
+
+/// Writes to stdout; a closed pipe (`sidecarctl status | head`) ends the
+/// process quietly.
+fn out(text: &str) {
+    let mut stdout = std::io::stdout().lock();
+    if let Err(e) = writeln!(stdout, "{text}").and_then(|()| stdout.flush()) {
+        if e.kind() == std::io::ErrorKind::BrokenPipe {
+            std::process::exit(0);
+        }
+        eprintln!("sidecarctl: writing the answer: {e}");
+        std::process::exit(1);
+    }
 }
 
 fn main() -> ExitCode {
-    match run(Cli::parse()) {
-        Ok(()) => ExitCode::SUCCESS,
+    let cli = Cli::parse();
+    match run(cli) {
+        Ok(true) => ExitCode::SUCCESS,
+        Ok(false) => ExitCode::from(1),
         Err(e) => {
             eprintln!("sidecarctl: {e:#}");
-            ExitCode::FAILURE
+            ExitCode::from(1)
         }
     }
 }
 
-fn run(cli: Cli) -> anyhow::Result<()> {
-    let request = match cli.command {
-        Command::Status => AdminRequest::Status,
-        Command::AddNode {
-            id,
-            features,
-            features_file,
-            edges,
-            directed,
-        } => {
-            let features = match (features, features_file) {
-                (Some(text), None) => text
-                    .split(',')
-                    .map(|v| {
-                        v.trim()
-                            .parse::<f32>()
-                            .with_context(|| format!("{v:?} in --features is not a number"))
-                    })
-                    .collect::<anyhow::Result<Vec<f32>>>()?,
-                (None, Some(path)) => {
-                    let bytes = std::fs::read(&path)
-                        .with_context(|| format!("reading {}", path.display()))?;
-                    if bytes.len() % 4 != 0 {
-                        bail!("{} is not a whole number of f32 values", path.display());
-                    }
-                    bytes
-                        .chunks_exact(4)
-                        .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
-                        .collect()
-                }
-                _ => bail!("give the feature row with --features or --features-file"),
-            };
-            AdminRequest::AddNodes {
-                nodes: vec![NewNode { id, features }],
-                edges: edges.into_iter().map(|n| (id, n)).collect(),
-                undirected: !directed,
-            }
+fn parse_ids(text: &str, source: &str) -> anyhow::Result<Vec<u64>> {
+    text.lines()
+        .map(|line| line.split('#').next().unwrap_or(""))
+        .flat_map(|line| line.split(|c: char| c.is_whitespace() || c == ','))
+        .filter(|t| !t.is_empty())
+        .map(|t| {
+            t.parse::<u64>()
+                .with_context(|| format!("{t:?} in {source} is not a node id"))
+        })
+        .collect()
+}
+
+fn parse_edges(path: &PathBuf) -> anyhow::Result<Vec<(u64, u64)>> {
+    let text =
+        std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+    let mut edges = Vec::new();
+    for (i, line) in text.lines().enumerate() {
+        let line = line.split('#').next().unwrap_or("").trim();
+        if line.is_empty() {
+            continue;
         }
+        let mut parts = line.split_whitespace();
+        let (Some(a), Some(b), None) = (parts.next(), parts.next(), parts.next()) else {
+            bail!("{}:{}: expected `src dst`", path.display(), i + 1);
+        };
+        let parse = |t: &str| {
+            t.parse::<u64>()
+                .with_context(|| format!("{}:{}: {t:?} is not a node id", path.display(), i + 1))
+        };
+        edges.push((parse(a)?, parse(b)?));
+    }
+    Ok(edges)
+}
+
+fn request_of(command: Command) -> anyhow::Result<AdminRequest> {
+    Ok(match command {
+        Command::Status => AdminRequest::Status,
+        Command::Stats => AdminRequest::Stats,
+        Command::Ready => AdminRequest::Ready,
+        Command::Live => AdminRequest::Live,
+        Command::Warm { top, ids_file } => match (top, ids_file) {
+            (Some(k), None) => AdminRequest::WarmTop { k },
+            (None, Some(path)) => {
+                let text = std::fs::read_to_string(&path)
+                    .with_context(|| format!("reading {}", path.display()))?;
+                AdminRequest::WarmIds {
+                    ids: parse_ids(&text, &path.display().to_string())?,
+                }
+            }
+            _ => bail!("give --top K or --ids-file F"),
+        },
         Command::Invalidate { ids } => AdminRequest::Invalidate { ids },
+        Command::Fanouts { action } => match action {
+            FanoutsAction::Get => AdminRequest::GetFanouts,
+            FanoutsAction::Set { fanouts } => AdminRequest::SetFanouts { fanouts },
+        },
+        Command::Deadline { action } => match action {
+            DeadlineAction::Get => AdminRequest::GetDeadline,
+            DeadlineAction::Set { ms } => AdminRequest::SetDeadline { ms },
+        },
+        Command::LogLevel { action } => match action {
+            LogLevelAction::Get => AdminRequest::GetLogLevel,
+            LogLevelAction::Set { level } => AdminRequest::SetLogLevel { level },
+        },
+        Command::Graph { action } => match action {
+            GraphAction::AddNode {
+                id,
+                features,
+                features_file,
+                edges,
+                directed,
+            } => {
+                let features = match (features, features_file) {
+                    (Some(text), None) => text
+                        .split(',')
+                        .map(|v| {
+                            v.trim()
+                                .parse::<f32>()
+                                .with_context(|| format!("{v:?} in --features is not a number"))
+                        })
+                        .collect::<anyhow::Result<Vec<f32>>>()?,
+                    (None, Some(path)) => {
+                        let bytes = std::fs::read(&path)
+                            .with_context(|| format!("reading {}", path.display()))?;
+                        if bytes.len() % 4 != 0 {
+                            bail!("{} is not a whole number of f32 values", path.display());
+                        }
+                        bytes
+                            .chunks_exact(4)
+                            .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+                            .collect()
+                    }
+                    _ => bail!("give the feature row with --features or --features-file"),
+                };
+                AdminRequest::AddNodes {
+                    nodes: vec![NewNode { id, features }],
+                    edges: edges.into_iter().map(|n| (id, n)).collect(),
+                    undirected: !directed,
+                }
+            }
+            GraphAction::AddEdges { file, directed } => AdminRequest::AddEdges {
+                edges: parse_edges(&file)?,
+                undirected: !directed,
+            },
+            GraphAction::Compact => AdminRequest::Compact,
+        },
+        Command::Cache {
+            action: CacheAction::Flush { l1, l2 },
+        } => AdminRequest::FlushCache { l1, l2 },
+        Command::Drain { after_s } => AdminRequest::Drain { after_s },
         Command::Shutdown => AdminRequest::Shutdown,
-    };
+    })
+}
+
+/// Runs the command; `Ok(false)` when a probe did not pass.
+fn run(cli: Cli) -> anyhow::Result<bool> {
+    let request = request_of(cli.command)?;
     let stream = UnixStream::connect(&cli.socket).with_context(|| {
         format!(
-            "connecting to {}: is the sidecar running with --admin-socket {}?",
+            "connecting to {}: is the sidecar running with admin_socket {}?",
             cli.socket.display(),
             cli.socket.display()
         )
     })?;
+    if !(cli.timeout_s.is_finite() && cli.timeout_s > 0.0) {
+        bail!(
+            "--timeout-s {} must be a positive number of seconds",
+            cli.timeout_s
+        );
+    }
+    let timeout = Duration::from_secs_f64(cli.timeout_s);
+    stream.set_read_timeout(Some(timeout))?;
+    stream.set_write_timeout(Some(timeout))?;
     let mut writer = stream.try_clone()?;
     let mut reader = BufReader::new(stream);
     write_frame(
@@ -127,46 +353,123 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             version: ADMIN_VERSION,
         },
     )?;
-    match read_frame::<AdminResponse>(&mut reader)? {
+    let timeout_s = cli.timeout_s;
+    let read = |reader: &mut BufReader<UnixStream>| -> anyhow::Result<AdminResponse> {
+        read_frame(reader).map_err(|e| match e {
+            FrameError::Io(io)
+                if matches!(
+                    io.kind(),
+                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                ) =>
+            {
+                anyhow::anyhow!(
+                    "the sidecar sent nothing for {timeout_s} s (is it stopped or overloaded?)"
+                )
+            }
+            FrameError::Closed => anyhow::anyhow!("the sidecar closed the connection"),
+            other => other.into(),
+        })
+    };
+    match read(&mut reader)? {
         AdminResponse::Hello { .. } => {}
         AdminResponse::Error { message } => bail!("{message}"),
         other => bail!("unexpected handshake answer {other:?}"),
     }
     write_frame(&mut writer, &request)?;
-    let response: AdminResponse = read_frame(&mut reader)?;
-    print(&response, cli.json)
+    loop {
+        let response = read(&mut reader)?;
+        match response {
+            AdminResponse::Progress { done, total } => {
+                let percent = if total == 0 {
+                    100.0
+                } else {
+                    done as f64 * 100.0 / total as f64
+                };
+                eprintln!("sidecarctl: {done}/{total} ({percent:.0}%)");
+            }
+            final_answer => return print(&final_answer, cli.json),
+        }
+    }
 }
 
-fn print(response: &AdminResponse, json: bool) -> anyhow::Result<()> {
+fn json(value: &impl serde::Serialize) {
+    out(&serde_json::to_string(value).unwrap_or_else(|e| format!("{{\"error\":\"{e}\"}}")));
+}
+
+fn ms(seconds: Option<f64>) -> String {
+    seconds.map_or_else(|| "-".into(), |s| format!("{:.3}", s * 1e3))
+}
+
+fn print(response: &AdminResponse, as_json: bool) -> anyhow::Result<bool> {
+    use serde_json::json as j;
     match response {
         AdminResponse::Error { message } => bail!("{message}"),
-        AdminResponse::Status(s) if !json => {
-            println!("segment           {}", s.shm_name);
-            println!("ready             {}", s.ready);
-            println!("uptime            {:.1} s", s.uptime_s);
-            println!("feature dim       {}", s.feature_dim);
-            println!("graph version     {}", s.graph_version);
-            println!("nodes / edges     {} / {}", s.n_nodes, s.n_edges);
-            println!("graph generation  {}", s.graph_generation);
-            for (name, value) in &s.counters {
-                println!("{name:<17} {value}");
+        AdminResponse::Hello { .. } | AdminResponse::Progress { .. } => {
+            bail!("unexpected answer {response:?}")
+        }
+        AdminResponse::Status(s) if as_json => json(s),
+        AdminResponse::Status(s) => print_status(s),
+        AdminResponse::Stats(s) if as_json => json(s),
+        AdminResponse::Stats(s) => print_stats(s),
+        AdminResponse::Probe { ok, reason } => {
+            if as_json {
+                json(&j!({"ok": ok, "reason": reason}));
+            } else if *ok {
+                out("ok");
+            } else {
+                out(reason);
+            }
+            return Ok(*ok);
+        }
+        AdminResponse::Warmed {
+            pinned,
+            requested,
+            pinned_total,
+            seconds,
+        } => {
+            if as_json {
+                json(&j!({"pinned": pinned, "requested": requested,
+                    "pinned_total": pinned_total, "seconds": seconds}));
+            } else {
+                out(&format!(
+                    "pinned {pinned} of {requested} rows in {seconds:.2} s; {pinned_total} rows \
+                     pinned in all"
+                ));
             }
         }
-        AdminResponse::Status(s) => {
-            let counters: serde_json::Map<String, serde_json::Value> = s
-                .counters
-                .iter()
-                .map(|(k, v)| (k.clone(), (*v).into()))
-                .collect();
-            println!(
-                "{}",
-                serde_json::json!({
-                    "shm_name": s.shm_name, "ready": s.ready, "uptime_s": s.uptime_s,
-                    "feature_dim": s.feature_dim, "graph_version": s.graph_version,
-                    "n_nodes": s.n_nodes, "n_edges": s.n_edges,
-                    "graph_generation": s.graph_generation, "counters": counters,
-                })
-            );
+        AdminResponse::Invalidated { ids } => {
+            if as_json {
+                json(&j!({"invalidated": ids}));
+            } else {
+                out(&format!("invalidated {ids} id(s)"));
+            }
+        }
+        AdminResponse::Fanouts {
+            fanouts,
+            max_fanouts,
+        } => {
+            if as_json {
+                json(&j!({"fanouts": fanouts, "max_fanouts": max_fanouts}));
+            } else {
+                out(&format!(
+                    "fanouts {},{} (max {},{})",
+                    fanouts[0], fanouts[1], max_fanouts[0], max_fanouts[1]
+                ));
+            }
+        }
+        AdminResponse::Deadline { ms } => {
+            if as_json {
+                json(&j!({"deadline_ms": ms}));
+            } else {
+                out(&format!("deadline {ms} ms"));
+            }
+        }
+        AdminResponse::LogLevel { level } => {
+            if as_json {
+                json(&j!({"log_level": level}));
+            } else {
+                out(&format!("log level {level}"));
+            }
         }
         AdminResponse::Updated {
             nodes_added,
@@ -174,22 +477,164 @@ fn print(response: &AdminResponse, json: bool) -> anyhow::Result<()> {
             n_nodes,
             generation,
         } => {
-            if json {
-                println!(
-                    "{}",
-                    serde_json::json!({"nodes_added": nodes_added, "edges_added": edges_added,
-                        "n_nodes": n_nodes, "generation": generation})
-                );
+            if as_json {
+                json(&j!({"nodes_added": nodes_added, "edges_added": edges_added,
+                    "n_nodes": n_nodes, "generation": generation}));
             } else {
-                println!(
+                out(&format!(
                     "added {nodes_added} node(s), {edges_added} edge(s); {n_nodes} nodes, \
                      generation {generation}"
-                );
+                ));
             }
         }
-        AdminResponse::Invalidated { ids } => println!("invalidated {ids} id(s)"),
-        AdminResponse::ShuttingDown => println!("sidecar is draining and stopping"),
-        AdminResponse::Hello { .. } => bail!("unexpected Hello"),
+        AdminResponse::Compacted {
+            n_nodes,
+            n_edges,
+            generation,
+            seconds,
+        } => {
+            if as_json {
+                json(&j!({"n_nodes": n_nodes, "n_edges": n_edges,
+                    "generation": generation, "seconds": seconds}));
+            } else {
+                out(&format!(
+                    "compacted: {n_nodes} nodes, {n_edges} edges in {seconds:.2} s; generation \
+                     {generation}"
+                ));
+            }
+        }
+        AdminResponse::Flushed {
+            l1_rows,
+            pinned_rows,
+            l2,
+        } => {
+            if as_json {
+                json(&j!({"l1_rows": l1_rows, "pinned_rows": pinned_rows, "l2": l2}));
+            } else {
+                out(&format!(
+                    "flushed L1 ({l1_rows} cached, {pinned_rows} pinned rows){}",
+                    if *l2 { " and the L2 cache" } else { "" }
+                ));
+            }
+        }
+        AdminResponse::Drained {
+            answered,
+            pending,
+            seconds,
+            complete,
+        } => {
+            if as_json {
+                json(&j!({"answered": answered, "pending": pending,
+                    "seconds": seconds, "complete": complete}));
+            } else if *complete {
+                out(&format!(
+                    "drained: {answered} request(s) answered in {seconds:.2} s; the ring is empty"
+                ));
+            } else {
+                out(&format!(
+                    "drain timed out after {seconds:.2} s: {answered} answered, {pending} still \
+                     pending"
+                ));
+            }
+            return Ok(*complete);
+        }
+        AdminResponse::ShuttingDown => {
+            if as_json {
+                json(&j!({"shutting_down": true}));
+            } else {
+                out("sidecar is draining and stopping");
+            }
+        }
     }
-    Ok(())
+    Ok(true)
+}
+
+fn print_status(s: &StatusReport) {
+    let rows: Vec<(&str, String)> = vec![
+        ("server", s.server.clone()),
+        ("segment", s.shm_name.clone()),
+        ("phase", s.phase.clone()),
+        ("ready", s.ready.to_string()),
+        ("uptime", format!("{:.1} s", s.uptime_s)),
+        ("store", s.store.clone()),
+        ("feature dim", s.feature_dim.to_string()),
+        ("graph version", s.graph_version.to_string()),
+        ("nodes / edges", format!("{} / {}", s.n_nodes, s.n_edges)),
+        ("graph generation", s.graph_generation.to_string()),
+        (
+            "fanouts",
+            format!(
+                "{},{} (max {},{})",
+                s.fanouts[0], s.fanouts[1], s.max_fanouts[0], s.max_fanouts[1]
+            ),
+        ),
+        ("deadline", format!("{} ms", s.deadline_ms)),
+        ("log level", s.log_level.clone()),
+        (
+            "ring",
+            format!(
+                "{} of {} slots used, {} worker(s)",
+                s.slots_used, s.slots, s.clients
+            ),
+        ),
+        (
+            "L1",
+            format!(
+                "{} rows, {} bytes; {} pinned rows",
+                s.l1_rows, s.l1_bytes, s.pinned_rows
+            ),
+        ),
+    ];
+    for (key, value) in rows {
+        out(&format!("{key:<18}{value}"));
+    }
+}
+
+fn print_distribution(d: &Distribution, unit_ms: bool) {
+    let show = |v: Option<f64>| {
+        if unit_ms {
+            ms(v)
+        } else {
+            v.map_or_else(|| "-".into(), |v| format!("{v:.0}"))
+        }
+    };
+    out(&format!(
+        "  {:<22}{:>10}{:>12}{:>12}{:>12}{:>12}",
+        d.name,
+        d.count,
+        show(d.mean),
+        show(d.p50),
+        show(d.p90),
+        show(d.p99)
+    ));
+}
+
+fn print_stats(s: &StatsReport) {
+    out(&format!("batches {}  requests {}", s.batches, s.requests));
+    out("latency per batch (ms)      count        mean         p50         p90         p99");
+    for stage in &s.stages {
+        print_distribution(stage, true);
+    }
+    out("rows per request            count        mean         p50         p90         p99");
+    print_distribution(&s.neighbor_fetch_count, false);
+    out("rows per tier");
+    for t in &s.tiers {
+        out(&format!(
+            "  {:<10}{:>14}{:>9.1}%",
+            t.tier,
+            t.rows,
+            t.ratio * 100.0
+        ));
+    }
+    out("fallback rows by cause");
+    for (cause, n) in &s.fallbacks {
+        out(&format!("  {cause:<12}{n:>12}"));
+    }
+    out(&format!("deadline misses (requests) {}", s.deadline_misses));
+    let r = &s.ring;
+    out(&format!(
+        "ring: {} slots: {} free, {} claimed, {} submitted, {} serving, {} published, {} \
+         abandoned; {} worker(s)",
+        r.slots, r.free, r.claimed, r.submitted, r.serving, r.published, r.abandoned, r.clients
+    ));
 }

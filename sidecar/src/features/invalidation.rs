@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use futures_util::StreamExt;
 
-use crate::features::redis_tier::redact;
+use crate::features::redis_tier::{redact, RedisConfig};
 use crate::features::FeatureTiers;
 
 /// Default channel name.
@@ -43,19 +43,25 @@ pub fn parse_ids(message: &str) -> (Vec<u64>, usize) {
     (ids, bad)
 }
 
-/// Subscribes to `channel` on `url` and applies invalidations to `tiers`
-/// until the task is aborted. Returns once the first subscription is in
-/// place (so a test or a readiness check can rely on it).
+/// Subscribes to `channel` on the first node of `redis` (with its TLS
+/// settings; on a cluster, PUBLISH reaches every node) and applies
+/// invalidations to `tiers` until the task is aborted. Returns once the
+/// first subscription is in place (so a test or a readiness check can rely
+/// on it).
 pub async fn spawn_listener(
     tiers: FeatureTiers,
-    url: String,
+    redis: &RedisConfig,
     channel: String,
     stats: Arc<InvalidationStats>,
 ) -> anyhow::Result<tokio::task::JoinHandle<()>> {
-    let client = redis::Client::open(url.as_str())?;
+    let url = redis
+        .urls
+        .first()
+        .ok_or_else(|| anyhow::anyhow!("the invalidation channel needs a Redis URL"))?;
+    let client = redis.client(url)?;
     let mut pubsub = client.get_async_pubsub().await?;
     pubsub.subscribe(&channel).await?;
-    let shown = redact(&url);
+    let shown = redact(url);
     Ok(tokio::spawn(async move {
         let mut backoff = Duration::from_millis(50);
         loop {

@@ -233,6 +233,17 @@ impl L1Cache {
         }
     }
 
+    /// Drops every row; returns how many there were.
+    pub fn clear(&self) -> usize {
+        let mut dropped = 0;
+        for shard in self.shards.iter() {
+            let mut shard = shard.write().unwrap_or_else(PoisonError::into_inner);
+            dropped += shard.len();
+            shard.clear();
+        }
+        dropped
+    }
+
     /// Rows held.
     pub fn len(&self) -> usize {
         self.shards

@@ -54,6 +54,35 @@ impl RedisConfig {
     }
 }
 
+impl RedisConfig {
+    /// The TLS roots for `rediss://` URLs: `ca_file` when given (the system
+    /// roots otherwise: `None`).
+    fn certificates(&self) -> anyhow::Result<Option<redis::TlsCertificates>> {
+        // rustls needs a process-wide crypto provider; a second install is a no-op.
+        let _ = rustls::crypto::ring::default_provider().install_default();
+        Ok(match &self.ca_file {
+            Some(path) => Some(redis::TlsCertificates {
+                client_tls: None,
+                root_cert: Some(std::fs::read(path).with_context(|| {
+                    format!("reading the Redis CA certificate {}", path.display())
+                })?),
+            }),
+            None => None,
+        })
+    }
+
+    /// A client for one node `url`, with this configuration's TLS settings
+    /// (every connection the sidecar makes goes through here: the fetch
+    /// path, writes, the invalidation listener).
+    pub fn client(&self, url: &str) -> anyhow::Result<redis::Client> {
+        match self.certificates()? {
+            Some(certs) => redis::Client::build_with_tls(url, certs),
+            None => redis::Client::open(url),
+        }
+        .with_context(|| format!("Redis {}: invalid URL", redact(url)))
+    }
+}
+
 /// `url` with any password replaced by `***`, for logs and errors.
 pub fn redact(url: &str) -> String {
     let Some((scheme, rest)) = url.split_once("://") else {
@@ -105,17 +134,7 @@ impl RedisTier {
             .map(|u| redact(u))
             .collect::<Vec<_>>()
             .join(",");
-        // rustls needs a process-wide crypto provider; a second install is a no-op.
-        let _ = rustls::crypto::ring::default_provider().install_default();
-        let certs = match &config.ca_file {
-            Some(path) => Some(redis::TlsCertificates {
-                client_tls: None,
-                root_cert: Some(std::fs::read(path).with_context(|| {
-                    format!("reading the Redis CA certificate {}", path.display())
-                })?),
-            }),
-            None => None,
-        };
+        let certs = config.certificates()?;
         let connection = if config.cluster {
             let mut builder = ClusterClient::builder(config.urls.clone())
                 .connection_timeout(config.connect_timeout);
@@ -136,11 +155,7 @@ impl RedisTier {
                 config.urls.len() == 1,
                 "several Redis URLs given without --redis-cluster"
             );
-            let client = match certs {
-                Some(certs) => redis::Client::build_with_tls(config.urls[0].as_str(), certs),
-                None => redis::Client::open(config.urls[0].as_str()),
-            }
-            .with_context(|| format!("Redis {shown}: invalid URL"))?;
+            let client = config.client(&config.urls[0])?;
             let manager_config = ConnectionManagerConfig::new()
                 .set_connection_timeout(Some(config.connect_timeout))
                 .set_number_of_retries(6)

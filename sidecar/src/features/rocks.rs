@@ -180,6 +180,24 @@ impl RocksStore {
         Ok(self.db.write(batch)?)
     }
 
+    /// Deletes every row (a cache flush): one range tombstone over the
+    /// whole key space, then a compaction that drops the files.
+    pub fn clear(&self) -> anyhow::Result<()> {
+        anyhow::ensure!(
+            self.role != Role::StoreOfRecord,
+            "{} is the store of record; it is never cleared",
+            self.path.display()
+        );
+        let mut batch = WriteBatch::default();
+        batch.delete_range(rocks_key(0), rocks_key(u64::MAX));
+        batch.delete(rocks_key(u64::MAX));
+        self.db
+            .write(batch)
+            .with_context(|| format!("clearing {}", self.path.display()))?;
+        self.db.compact_range(None::<&[u8]>, None::<&[u8]>);
+        Ok(())
+    }
+
     /// Flushes memtables to disk (import, shutdown).
     pub fn flush(&self) -> anyhow::Result<()> {
         Ok(self.db.flush()?)

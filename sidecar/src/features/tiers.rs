@@ -76,11 +76,13 @@ pub struct TierConfig {
 }
 
 impl TierConfig {
+    /// `sidecar serve`'s defaults (`ServeConfig::default()`: the one set).
     pub fn new(feature_dim: usize) -> Self {
+        let defaults = crate::config::ServeConfig::default();
         Self {
             feature_dim,
-            l1_bytes: 256 << 20,
-            default_deadline: Duration::from_millis(20),
+            l1_bytes: defaults.l1_bytes(),
+            default_deadline: defaults.deadline(),
             default_row: DefaultRow::Zeros,
             fetch_timeout: Duration::from_secs(1),
         }
@@ -163,16 +165,20 @@ impl std::fmt::Debug for FeatureTiers {
 pub struct RowSource {
     pub tier: u8,
     pub fallback: bool,
+    /// The row missed its deadline (a fallback whose cause is the deadline).
+    pub late: bool,
 }
 
 impl RowSource {
     const L1: Self = Self {
         tier: tier::L1,
         fallback: false,
+        late: false,
     };
     const DEFAULT: Self = Self {
         tier: tier::DEFAULT,
         fallback: true,
+        late: false,
     };
 }
 
@@ -267,6 +273,88 @@ impl FeatureTiers {
         self.inner.ready.store(true, Ordering::Release);
         tracing::info!(pinned = n, requested = hot.len(), "feature warm-up done");
         n
+    }
+
+    /// Fetches `ids` through the tiers and adds them to the pinned hot set
+    /// (the rows already pinned stay), `chunk` ids at a time, calling
+    /// `progress(done, total)` after each chunk. Rows no tier has are not
+    /// pinned. Returns how many rows this call pinned.
+    pub async fn pin(
+        &self,
+        ids: &[u64],
+        chunk: usize,
+        mut progress: impl FnMut(u64, u64),
+    ) -> usize {
+        let dim = self.inner.dim;
+        let mut fetched: Vec<(u64, Vec<f32>)> = Vec::new();
+        let total = ids.len() as u64;
+        let mut done = 0u64;
+        for chunk in ids.chunks(chunk.max(1)) {
+            let mut rows = vec![0f32; chunk.len() * dim];
+            let mut sources = vec![RowSource::default(); chunk.len()];
+            let deadline = Instant::now() + self.inner.fetch_timeout;
+            self.fetch_into(chunk, Some(deadline), &mut rows, &mut sources)
+                .await;
+            for ((&id, row), source) in chunk.iter().zip(rows.chunks_exact(dim)).zip(&sources) {
+                if !source.fallback {
+                    fetched.push((id, row.to_vec()));
+                }
+            }
+            done += chunk.len() as u64;
+            progress(done, total);
+        }
+        let current = self.inner.pinned.load();
+        let mut next = current.without(&[]);
+        for (id, row) in &fetched {
+            next.insert(*id, row);
+        }
+        self.inner.pinned.store(Arc::new(next));
+        fetched.len()
+    }
+
+    /// Empties L1: the cache and, when `pinned`, the pinned hot set.
+    /// Returns the (cache, pinned) rows dropped.
+    pub fn flush_l1(&self, pinned: bool) -> (usize, usize) {
+        // SYNC POINT: as an invalidation of everything: a fetch in flight
+        // does not put its (older) rows back.
+        self.inner.invalidations.fetch_add(1, Ordering::AcqRel);
+        let cache_rows = self.inner.l1.clear();
+        let pinned_rows = if pinned {
+            let n = self.inner.pinned.load().len();
+            self.inner
+                .pinned
+                .store(Arc::new(Pinned::new(self.inner.dim)));
+            n
+        } else {
+            0
+        };
+        (cache_rows, pinned_rows)
+    }
+
+    /// Empties the L2 cache. Refused when L2 is the store of record (its
+    /// rows exist nowhere else) or there is no L2.
+    pub async fn flush_l2(&self) -> anyhow::Result<()> {
+        let Some(l2) = self.inner.l2.clone() else {
+            anyhow::bail!("there is no L2 cache to flush (no_l2, or no Redis)");
+        };
+        anyhow::ensure!(
+            matches!(l2.role(), Role::Cache { .. }),
+            "L2 is the embedded store of record here (no Redis): its rows exist nowhere else, \
+             so it is never flushed; flush L1 only (--l1)"
+        );
+        self.inner.invalidations.fetch_add(1, Ordering::AcqRel);
+        let tiers = self.clone();
+        tokio::task::spawn_blocking(move || {
+            // SYNC POINT: the write-back lock, as an invalidation's delete.
+            let _l2 = tiers
+                .inner
+                .l2_writes
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner);
+            l2.clear()
+        })
+        .await
+        .map_err(|e| anyhow::anyhow!("the L2 flush task failed: {e}"))?
     }
 
     /// Evicts rows from L1 (pinned set included) and from an L2 cache. A
@@ -482,6 +570,7 @@ impl FeatureTiers {
                 sources[pos] = RowSource {
                     tier: from,
                     fallback: false,
+                    late: false,
                 };
             }
             Landed::Missing => {
@@ -503,6 +592,7 @@ impl FeatureTiers {
             .fetch_add(positions.len() as u64, Ordering::Relaxed);
         for &pos in positions {
             self.default_into(pos, features, sources);
+            sources[pos].late = true;
         }
     }
 

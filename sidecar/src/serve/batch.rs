@@ -20,44 +20,8 @@ use rustc_hash::FxHashMap;
 use crate::features::{FeatureTiers, RowSource};
 use crate::graph::live::GraphSnapshot;
 use crate::graph::sampler::{Sampled, Sampler};
-use crate::serve::metrics::{Histogram, ROWS_BOUNDS, SECONDS_BOUNDS};
-
-/// Counters and histograms of the serving loop (exported by
-/// [`crate::serve::metrics`]).
-#[derive(Debug)]
-pub struct ServeStats {
-    pub batches: std::sync::atomic::AtomicU64,
-    pub requests: std::sync::atomic::AtomicU64,
-    pub targets: std::sync::atomic::AtomicU64,
-    pub rows_fetched: std::sync::atomic::AtomicU64,
-    pub invalid_requests: std::sync::atomic::AtomicU64,
-    pub too_large: std::sync::atomic::AtomicU64,
-    /// Sampling time per batch.
-    pub sample_seconds: Histogram,
-    /// Feature fetch time per batch (all tiers).
-    pub fetch_seconds: Histogram,
-    /// Whole batch, from taking the requests to the last response.
-    pub batch_seconds: Histogram,
-    /// Node-table rows per request.
-    pub request_rows: Histogram,
-}
-
-impl Default for ServeStats {
-    fn default() -> Self {
-        Self {
-            batches: Default::default(),
-            requests: Default::default(),
-            targets: Default::default(),
-            rows_fetched: Default::default(),
-            invalid_requests: Default::default(),
-            too_large: Default::default(),
-            sample_seconds: Histogram::new(SECONDS_BOUNDS),
-            fetch_seconds: Histogram::new(SECONDS_BOUNDS),
-            batch_seconds: Histogram::new(SECONDS_BOUNDS),
-            request_rows: Histogram::new(ROWS_BOUNDS),
-        }
-    }
-}
+use crate::serve::metrics::Metrics;
+use crate::serve::Knobs;
 
 /// Per-thread state reused across batches.
 #[derive(Debug, Default)]
@@ -73,9 +37,11 @@ pub struct BatchContext<'a> {
     pub graph: &'a GraphSnapshot,
     pub tiers: &'a FeatureTiers,
     pub runtime: &'a tokio::runtime::Handle,
-    pub default_deadline: std::time::Duration,
+    /// The fanouts for requests that leave them to the sidecar, and the
+    /// feature-fetch deadline.
+    pub knobs: &'a Knobs,
     pub max_nodes: u32,
-    pub stats: &'a ServeStats,
+    pub metrics: &'a Metrics,
 }
 
 struct Pending {
@@ -90,30 +56,45 @@ impl BatchServer {
     pub fn serve(&mut self, ctx: &BatchContext<'_>, tickets: Vec<ServeTicket>) {
         let started = Instant::now();
         self.serve_batch(ctx, tickets);
-        ctx.stats.batch_seconds.observe_duration(started.elapsed());
+        ctx.metrics
+            .stage("batch")
+            .observe(started.elapsed().as_secs_f64());
     }
 
     fn serve_batch(&mut self, ctx: &BatchContext<'_>, tickets: Vec<ServeTicket>) {
-        use std::sync::atomic::Ordering::Relaxed;
-        ctx.stats.batches.fetch_add(1, Relaxed);
-        ctx.stats.requests.fetch_add(tickets.len() as u64, Relaxed);
+        let m = ctx.metrics;
+        m.batches.inc();
+        m.requests.inc_by(tickets.len() as u64);
+        m.batch_requests.observe(tickets.len() as f64);
         let now = Instant::now();
+        // The feature deadline: the sidecar's knob, or a request's own
+        // earlier deadline.
+        let cap = ctx.knobs.deadline();
+        let knob_fanouts = ctx.knobs.fanouts();
         let mut deadline = None::<Instant>;
         // Group by fanouts: one sampling pass per distinct pair.
         let mut groups: Vec<([u32; MAX_HOPS], Vec<Pending>)> = Vec::new();
         for ticket in tickets {
-            let request = match ticket.request() {
+            let mut request = match ticket.request() {
                 Ok(request) => request,
                 Err(e) => {
-                    ctx.stats.invalid_requests.fetch_add(1, Relaxed);
+                    m.invalid_requests.inc();
                     ticket.respond_error(status::INVALID_REQUEST, 0, &e.to_string());
                     continue;
                 }
             };
-            ctx.stats
-                .targets
-                .fetch_add(request.targets.len() as u64, Relaxed);
-            let until = now + request.remaining().unwrap_or(ctx.default_deadline);
+            for ((fanout, defaulted), knob) in request
+                .fanouts
+                .iter_mut()
+                .zip(request.defaulted)
+                .zip(knob_fanouts)
+            {
+                if defaulted {
+                    *fanout = knob;
+                }
+            }
+            m.targets.inc_by(request.targets.len() as u64);
+            let until = now + request.remaining().map_or(cap, |left| left.min(cap));
             deadline = Some(deadline.map_or(until, |d: Instant| d.min(until)));
             let group = match groups.iter().position(|(f, _)| *f == request.fanouts) {
                 Some(i) => i,
@@ -146,9 +127,7 @@ impl BatchServer {
             );
         }
 
-        ctx.stats
-            .sample_seconds
-            .observe_duration(sampling.elapsed());
+        m.stage("sample").observe(sampling.elapsed().as_secs_f64());
 
         // A lone request: fetch straight into its slot.
         if groups.len() == 1 && groups[0].1.len() == 1 {
@@ -160,11 +139,11 @@ impl BatchServer {
                 .expect("one request");
             let sampled = &samples[0];
             self.respond(ctx, pending, sampled, None, |ids, features, sources| {
-                ctx.stats.rows_fetched.fetch_add(ids.len() as u64, Relaxed);
+                m.rows_fetched.inc_by(ids.len() as u64);
                 let fetching = Instant::now();
                 ctx.runtime
                     .block_on(ctx.tiers.fetch_into(ids, deadline, features, sources));
-                ctx.stats.fetch_seconds.observe_duration(fetching.elapsed());
+                m.stage("fetch").observe(fetching.elapsed().as_secs_f64());
             });
             return;
         }
@@ -189,15 +168,13 @@ impl BatchServer {
         let dim = ctx.tiers.feature_dim();
         let mut features = vec![0f32; unique.len() * dim];
         let mut sources = vec![RowSource::default(); unique.len()];
-        ctx.stats
-            .rows_fetched
-            .fetch_add(unique.len() as u64, Relaxed);
+        m.rows_fetched.inc_by(unique.len() as u64);
         let fetching = Instant::now();
         ctx.runtime.block_on(
             ctx.tiers
                 .fetch_into(&unique, deadline, &mut features, &mut sources),
         );
-        ctx.stats.fetch_seconds.observe_duration(fetching.elapsed());
+        m.stage("fetch").observe(fetching.elapsed().as_secs_f64());
         for ((_, pending), (sampled, rows)) in
             groups.into_iter().zip(samples.iter().zip(&group_rows))
         {
@@ -255,11 +232,9 @@ impl BatchServer {
             local.len()
         };
         let request_id = pending.request.request_id;
-        ctx.stats.request_rows.observe(n_nodes as f64);
+        ctx.metrics.neighbor_fetch_count.observe(n_nodes as f64);
         if n_nodes > ctx.max_nodes as usize {
-            ctx.stats
-                .too_large
-                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            ctx.metrics.too_large.inc();
             pending.ticket.respond_error(
                 status::TOO_LARGE,
                 request_id,
@@ -280,6 +255,7 @@ impl BatchServer {
         };
         let graph_version = ctx.graph.graph_version();
         let targets = &pending.request.targets;
+        let mut late = false;
         let written = pending
             .ticket
             .respond(request_id, graph_version, shape, |nodes, out| {
@@ -289,6 +265,7 @@ impl BatchServer {
                         nodes.node_id.copy_from_slice(&sampled.nodes);
                         let mut sources = vec![RowSource::default(); n_nodes];
                         fetch(&sampled.nodes, nodes.features, &mut sources);
+                        late = sources.iter().any(|s| s.late);
                         write_sources(nodes, &sources);
                     }
                     Some(batch) => {
@@ -303,14 +280,16 @@ impl BatchServer {
                             );
                             sources.push(batch.sources[b]);
                         }
+                        late = sources.iter().any(|s| s.late);
                         write_sources(nodes, &sources);
                     }
                 }
             });
         if written.is_err() {
-            ctx.stats
-                .too_large
-                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            ctx.metrics.too_large.inc();
+        }
+        if late {
+            ctx.metrics.deadline_misses.inc();
         }
     }
 }

@@ -1,175 +1,377 @@
 //! `sidecar serve`: the ring server wired to the graph, the sampler and the
-//! feature tiers.
+//! feature tiers, with the operator's surface (admin socket, metrics,
+//! probes) around it.
 //!
-//! Start-up order is the readiness order: map the graph index, open the
-//! feature store (and connect to Redis), warm the L1 hot set (the
-//! top-degree nodes), and only then create the shared-memory segment, so a
-//! worker that attaches finds a sidecar that can answer. The serving loop is
-//! one dedicated thread (no async runtime worker blocks on the ring): take
-//! every submitted request, serve them as one batch ([`batch`]), repeat. The
-//! tiers' Redis I/O runs on a small tokio runtime beside it.
+//! Start-up is the readiness order, one [`Phase`] after another:
+//! `starting` (the admin socket and the metrics endpoint are bound first,
+//! so probes and `sidecarctl` answer from the start), `loading` (seed the
+//! data directory if asked, map the graph index, open the feature store,
+//! connect to Redis), `warming-up` (pin the top-degree nodes in L1), then
+//! `ready` once the shared-memory segment exists. A worker therefore never
+//! attaches to a sidecar that is not ready, and readiness (`/readyz`,
+//! `sidecarctl ready`) is false until then.
 //!
-//! SIGTERM or SIGINT drains: the segment is marked DRAINING, requests
-//! already submitted are answered, the segment is removed, the process exits.
+//! The serving loop is one dedicated thread (no async runtime worker blocks
+//! on the ring): take every submitted request, serve them as one batch
+//! ([`batch`]), repeat. The tiers' Redis and RocksDB I/O runs on a small
+//! tokio runtime beside it.
+//!
+//! Draining (`sidecarctl drain`, and every stop): the segment goes
+//! DRAINING, so workers submit nothing new; what was submitted is answered;
+//! the drain ends when no request is pending (or after `drain_timeout_s`).
+//! A drained sidecar is not ready and stays up until it is stopped. A stop
+//! (SIGTERM, SIGINT, `sidecarctl shutdown`) drains, removes the segment,
+//! flushes the store and exits 0.
 
-pub mod admin;
 pub mod batch;
 pub mod metrics;
 
-use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
+use std::sync::{Arc, Condvar, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, ensure, Context};
+use daemon_kit::logging::LogHandle;
 use protocol::layout::{dtype, FeatureSchema, MAX_HOPS};
 use protocol::segment::SegmentConfig;
-use protocol::server::{RingServer, ServerOptions};
+use protocol::server::{RingMonitor, RingServer, ServerOptions};
 
-use crate::features::import::FeatureManifest;
+pub use crate::config::{DefaultRowKind, ServeConfig};
+use crate::features::import::{self, FeatureManifest};
 use crate::features::invalidation::{self, InvalidationStats};
 use crate::features::redis_tier::{RedisConfig, RedisTier};
 use crate::features::rocks::{Opened, RocksStore, Role};
 use crate::features::{DefaultRow, FeatureTiers, TierConfig};
 use crate::graph::live::LiveGraph;
 use crate::graph::{dataset, CsrIndex};
+use metrics::Metrics;
 
-pub use batch::ServeStats;
-
-/// Which default row a fallback gets.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
-pub enum DefaultRowKind {
-    Zeros,
-    Mean,
+/// Where the sidecar is in its life.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u8)]
+pub enum Phase {
+    Starting = 0,
+    Loading = 1,
+    WarmingUp = 2,
+    Ready = 3,
+    Draining = 4,
+    Stopping = 5,
 }
 
-/// Everything `sidecar serve` is told.
-#[derive(Debug, Clone)]
-pub struct ServeConfig {
-    pub data_dir: PathBuf,
-    pub shm_name: String,
-    /// File mode of the segment (0o600; 0o660 when the containers share a group).
-    pub shm_mode: u32,
-    pub redis: Vec<String>,
-    pub redis_cluster: bool,
-    pub redis_ca: Option<PathBuf>,
-    /// Redis pub/sub channel carrying node ids to invalidate.
-    pub invalidation_channel: Option<String>,
-    pub fanouts: [u32; MAX_HOPS],
-    pub max_fanouts: [u32; MAX_HOPS],
-    pub slots: u32,
-    pub max_targets: u32,
-    pub max_nodes: u32,
-    pub response_bytes: u64,
-    pub deadline: Duration,
-    pub l1_bytes: u64,
-    /// Top-degree nodes pinned in L1 before the sidecar reports ready.
-    pub warm_up: usize,
-    pub default_row: DefaultRowKind,
-    /// Admin Unix socket (mode 0600, peer uid checked).
-    pub admin_socket: Option<PathBuf>,
-    pub client_timeout: Duration,
-    /// The L2 RocksDB cache in front of Redis (unused with the embedded
-    /// store, which is L2 and store of record at once). `None`: no L2.
-    pub l2_cache: Option<L2CacheConfig>,
-    /// Address of the Prometheus endpoint (`GET /metrics`).
-    pub metrics_addr: Option<std::net::SocketAddr>,
-}
+impl Phase {
+    fn from_u8(v: u8) -> Self {
+        match v {
+            0 => Phase::Starting,
+            1 => Phase::Loading,
+            2 => Phase::WarmingUp,
+            3 => Phase::Ready,
+            4 => Phase::Draining,
+            _ => Phase::Stopping,
+        }
+    }
 
-/// Where and how big the L2 cache is.
-#[derive(Debug, Clone)]
-pub struct L2CacheConfig {
-    /// Directory of the RocksDB cache (local NVMe in production).
-    pub path: PathBuf,
-    /// Size bound of its files, bytes.
-    pub max_bytes: u64,
-    /// How long a cached row is served before it is fetched again (bounds
-    /// its staleness when an invalidation message is lost).
-    pub ttl: Duration,
-}
-
-impl L2CacheConfig {
-    /// `<data dir>/l2-cache`, 4 GiB, rows kept one hour.
-    pub fn in_data_dir(data_dir: &std::path::Path) -> Self {
-        Self {
-            path: data_dir.join("l2-cache"),
-            max_bytes: 4 << 30,
-            ttl: Duration::from_secs(3600),
+    pub fn name(self) -> &'static str {
+        match self {
+            Phase::Starting => "starting",
+            Phase::Loading => "loading",
+            Phase::WarmingUp => "warming-up",
+            Phase::Ready => "ready",
+            Phase::Draining => "draining",
+            Phase::Stopping => "stopping",
         }
     }
 }
 
-impl ServeConfig {
-    /// Defaults for everything but the data directory and segment name.
-    pub fn new(data_dir: impl Into<PathBuf>, shm_name: impl Into<String>) -> Self {
-        let data_dir = data_dir.into();
-        Self {
-            l2_cache: Some(L2CacheConfig::in_data_dir(&data_dir)),
-            metrics_addr: None,
-            data_dir,
-            shm_name: shm_name.into(),
-            shm_mode: 0o600,
-            redis: Vec::new(),
-            redis_cluster: false,
-            redis_ca: None,
-            invalidation_channel: None,
-            fanouts: [20, 10],
-            max_fanouts: [50, 50],
-            slots: 64,
-            max_targets: 64,
-            max_nodes: 65_536,
-            response_bytes: 8 << 20,
-            deadline: Duration::from_millis(20),
-            l1_bytes: 256 << 20,
-            warm_up: 10_000,
-            default_row: DefaultRowKind::Mean,
-            admin_socket: None,
-            client_timeout: Duration::from_secs(5),
-        }
+/// The settings an operator changes while the sidecar runs.
+#[derive(Debug)]
+pub struct Knobs {
+    /// Hop 1 in the high half, hop 2 in the low half.
+    fanouts: AtomicU64,
+    deadline_ns: AtomicU64,
+    max_fanouts: [u32; MAX_HOPS],
+}
+
+impl Knobs {
+    fn new(config: &ServeConfig) -> Self {
+        let knobs = Self {
+            fanouts: AtomicU64::new(0),
+            deadline_ns: AtomicU64::new(config.deadline().as_nanos() as u64),
+            max_fanouts: config.max_fanouts.0,
+        };
+        knobs.store_fanouts(config.fanouts.0);
+        knobs
     }
 
-    fn check(&self) -> anyhow::Result<()> {
-        for hop in 0..MAX_HOPS {
+    fn store_fanouts(&self, [f1, f2]: [u32; MAX_HOPS]) {
+        self.fanouts
+            .store((u64::from(f1) << 32) | u64::from(f2), Ordering::Release);
+    }
+
+    /// Fanouts of requests that leave them to the sidecar.
+    pub fn fanouts(&self) -> [u32; MAX_HOPS] {
+        let v = self.fanouts.load(Ordering::Acquire);
+        [(v >> 32) as u32, v as u32]
+    }
+
+    pub fn max_fanouts(&self) -> [u32; MAX_HOPS] {
+        self.max_fanouts
+    }
+
+    /// Sets the fanouts; each must be within 1..=its max.
+    pub fn set_fanouts(&self, fanouts: [u32; MAX_HOPS]) -> anyhow::Result<()> {
+        for (hop, (&fanout, &cap)) in fanouts.iter().zip(&self.max_fanouts).enumerate() {
             ensure!(
-                (1..=self.max_fanouts[hop]).contains(&self.fanouts[hop]),
-                "fanout {} of hop {} must be between 1 and the max fanout {}: lower --fanouts \
-                 or raise --max-fanouts",
-                self.fanouts[hop],
+                (1..=cap).contains(&fanout),
+                "fanout {fanout} of hop {} is outside 1..={cap} (max_fanouts): choose a smaller \
+                 one, or restart the sidecar with a larger max_fanouts",
                 hop + 1,
-                self.max_fanouts[hop]
             );
         }
+        self.store_fanouts(fanouts);
+        Ok(())
+    }
+
+    /// Longest a batch waits for feature rows from L2/L3.
+    pub fn deadline(&self) -> Duration {
+        Duration::from_nanos(self.deadline_ns.load(Ordering::Acquire))
+    }
+
+    pub fn set_deadline_ms(&self, ms: f64) -> anyhow::Result<()> {
+        ensure!(
+            ms.is_finite() && ms > 0.0 && ms <= crate::config::MAX_DEADLINE_MS,
+            "deadline {ms} ms is outside (0, {}] ms",
+            crate::config::MAX_DEADLINE_MS
+        );
+        self.deadline_ns
+            .store((ms * 1e6).round() as u64, Ordering::Release);
         Ok(())
     }
 }
 
-/// The state the serving loop and the admin socket share.
+/// What the sidecar serves from, once loaded.
 #[derive(Debug)]
-pub struct Daemon {
+pub struct Core {
     pub graph: LiveGraph,
+    /// The graph index file (compaction rewrites it).
+    pub index_path: PathBuf,
     pub tiers: FeatureTiers,
     /// The embedded store (store of record, or L2 cache in front of Redis).
     pub store: Option<Arc<RocksStore>>,
     pub redis: Option<RedisTier>,
-    pub stats: ServeStats,
     pub feature_dim: usize,
-    pub stop: AtomicBool,
-    pub started: Instant,
-    pub shm_name: String,
     /// Times the L2 cache was found corrupt at start and rebuilt empty.
     pub l2_rebuilds: u64,
+    pub invalidation: Arc<InvalidationStats>,
 }
 
-/// Runs the sidecar until `stop` is set (by a signal or the admin socket).
-pub fn run(config: ServeConfig, stop_signal: Option<Arc<AtomicBool>>) -> anyhow::Result<()> {
-    config.check()?;
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .thread_name("sidecar-io")
-        .enable_all()
-        .build()
-        .context("starting the I/O runtime")?;
+/// How a drain ended.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct DrainOutcome {
+    pub answered: u64,
+    pub pending: u64,
+    pub seconds: f64,
+    pub complete: bool,
+}
 
+#[derive(Debug, Default)]
+struct DrainState {
+    /// A drain was asked for with a delay: not ready, still serving.
+    announced: AtomicBool,
+    requested: AtomicBool,
+    outcome: Mutex<Option<DrainOutcome>>,
+    done: Condvar,
+}
+
+/// The state the serving loop, the admin socket and the metrics endpoint
+/// share.
+#[derive(Debug)]
+pub struct Daemon {
+    pub config: ServeConfig,
+    pub started: Instant,
+    phase: AtomicU8,
+    pub knobs: Knobs,
+    pub metrics: Metrics,
+    pub log: Option<Arc<LogHandle>>,
+    stop: AtomicBool,
+    drain: DrainState,
+    core: OnceLock<Core>,
+    ring: OnceLock<RingMonitor>,
+    /// Milliseconds since `started` at the serving loop's last turn.
+    last_turn_ms: AtomicU64,
+}
+
+/// How long the serving loop may go without a turn before the sidecar is
+/// reported not live (on top of the feature deadline a batch may wait).
+pub const LOOP_STALL: Duration = Duration::from_secs(10);
+
+impl Daemon {
+    fn new(config: ServeConfig, log: Option<Arc<LogHandle>>) -> Arc<Self> {
+        Arc::new_cyclic(|weak| Self {
+            knobs: Knobs::new(&config),
+            metrics: Metrics::new(weak.clone()),
+            config,
+            started: Instant::now(),
+            phase: AtomicU8::new(Phase::Starting as u8),
+            log,
+            stop: AtomicBool::new(false),
+            drain: DrainState::default(),
+            core: OnceLock::new(),
+            ring: OnceLock::new(),
+            last_turn_ms: AtomicU64::new(0),
+        })
+    }
+
+    pub fn phase(&self) -> Phase {
+        Phase::from_u8(self.phase.load(Ordering::Acquire))
+    }
+
+    fn set_phase(&self, phase: Phase) {
+        self.phase.store(phase as u8, Ordering::Release);
+        tracing::info!(phase = phase.name(), "sidecar phase");
+    }
+
+    /// The graph and the tiers, once loaded.
+    pub fn core(&self) -> Option<&Core> {
+        self.core.get()
+    }
+
+    /// The loaded core, or the error an admin command reports before then.
+    pub fn loaded(&self) -> anyhow::Result<&Core> {
+        self.core.get().ok_or_else(|| {
+            anyhow::anyhow!(
+                "the sidecar is still {} (not ready yet): retry when `sidecarctl ready` succeeds",
+                self.phase().name()
+            )
+        })
+    }
+
+    /// The ring, once created.
+    pub fn ring(&self) -> Option<&RingMonitor> {
+        self.ring.get()
+    }
+
+    pub fn is_ready(&self) -> bool {
+        self.readiness().is_ok()
+    }
+
+    /// Ready: the ring exists, the warm-up is done, and it is not draining.
+    pub fn readiness(&self) -> Result<(), String> {
+        match self.phase() {
+            Phase::Ready if self.drain.announced.load(Ordering::Acquire) => {
+                Err("not ready: about to drain".into())
+            }
+            Phase::Ready => Ok(()),
+            Phase::Draining => Err("not ready: draining (takes no new requests)".into()),
+            Phase::Stopping => Err("not ready: stopping".into()),
+            phase => Err(format!("not ready: {}", phase.name())),
+        }
+    }
+
+    /// Live: the process answers and, once serving, the serving loop turns.
+    pub fn liveness(&self) -> Result<(), String> {
+        if !matches!(self.phase(), Phase::Ready | Phase::Draining) {
+            return Ok(());
+        }
+        let now_ms = self.started.elapsed().as_millis() as u64;
+        let last = self.last_turn_ms.load(Ordering::Acquire);
+        let stalled = Duration::from_millis(now_ms.saturating_sub(last));
+        if stalled > LOOP_STALL + self.knobs.deadline() {
+            return Err(format!(
+                "not live: the serving loop has not turned for {:.1} s",
+                stalled.as_secs_f64()
+            ));
+        }
+        Ok(())
+    }
+
+    /// Asks the sidecar to drain and stop.
+    pub fn request_stop(&self) {
+        self.stop.store(true, Ordering::Release);
+    }
+
+    /// Asks for a drain and waits for it to end (at most `wait` after the
+    /// drain began). With a non-zero `after`, first reports not ready and
+    /// keeps serving for that long.
+    pub fn drain_and_wait(&self, after: Duration, wait: Duration) -> anyhow::Result<DrainOutcome> {
+        ensure!(
+            self.ring.get().is_some(),
+            "the sidecar is still {}: there is no ring to drain yet",
+            self.phase().name()
+        );
+        if !after.is_zero() && !self.drain.requested.load(Ordering::Acquire) {
+            self.drain.announced.store(true, Ordering::Release);
+            tracing::info!(
+                seconds = after.as_secs_f64(),
+                "not ready; draining after a delay"
+            );
+            std::thread::sleep(after);
+        }
+        self.drain.requested.store(true, Ordering::Release);
+        let outcome = self.drain.outcome.lock().unwrap_or_else(|p| p.into_inner());
+        let (outcome, _) = self
+            .drain
+            .done
+            .wait_timeout_while(outcome, wait, |o| o.is_none())
+            .unwrap_or_else(|p| p.into_inner());
+        (*outcome)
+            .ok_or_else(|| anyhow::anyhow!("the drain did not end within {} s", wait.as_secs()))
+    }
+
+    fn finish_drain(&self, outcome: DrainOutcome) {
+        *self.drain.outcome.lock().unwrap_or_else(|p| p.into_inner()) = Some(outcome);
+        self.drain.done.notify_all();
+    }
+}
+
+/// Imports `dataset` (graph and features, into the embedded store) into
+/// `data_dir` unless it already holds an imported feature store.
+fn seed(dataset_dir: &Path, data_dir: &Path) -> anyhow::Result<()> {
+    if data_dir.join(FeatureManifest::FILE).is_file() {
+        tracing::info!(data_dir = %data_dir.display(), "data directory already imported; not seeding");
+        return Ok(());
+    }
+    tracing::info!(dataset = %dataset_dir.display(), data_dir = %data_dir.display(), "seeding the data directory");
+    let stats = dataset::import_graph(dataset_dir, data_dir, false, 1).with_context(|| {
+        format!(
+            "seeding {} from {}",
+            data_dir.display(),
+            dataset_dir.display()
+        )
+    })?;
+    let meta = dataset::DatasetMeta::read(dataset_dir)?;
+    let dim = meta
+        .feature_dim
+        .ok_or_else(|| anyhow::anyhow!("{}/meta.json has no feature_dim", dataset_dir.display()))?;
+    let done = import::import_to_rocksdb(
+        &dataset_dir.join("features.f32"),
+        meta.num_nodes,
+        dim,
+        data_dir,
+    )?;
+    tracing::info!(
+        nodes = stats.n_nodes,
+        edges = stats.n_edges,
+        rows = done.rows,
+        seconds = done.seconds,
+        "data directory seeded"
+    );
+    Ok(())
+}
+
+/// Opens the stores, connects to Redis and builds the tiers.
+fn load(
+    config: &ServeConfig,
+    runtime: &tokio::runtime::Runtime,
+) -> anyhow::Result<(Core, Vec<u64>, FeatureSchema)> {
+    if let Some(dataset_dir) = &config.seed_dataset {
+        ensure!(
+            config.redis.0.is_empty(),
+            "seed_dataset imports into the embedded store; with redis, import the features \
+             with `sidecar import --redis` instead"
+        );
+        seed(dataset_dir, &config.data_dir)?;
+    }
     // 1. The graph.
     let index_path = config.data_dir.join(dataset::INDEX_FILE);
     let index = CsrIndex::open(&index_path).with_context(|| {
@@ -196,11 +398,21 @@ pub fn run(config: ServeConfig, stop_signal: Option<Arc<AtomicBool>>) -> anyhow:
     );
     let dim = manifest.feature_dim as usize;
     let mut l2_rebuilds = 0;
+    let redis_config = RedisConfig {
+        urls: config.redis.0.clone(),
+        cluster: config.redis_cluster,
+        prefix: manifest
+            .redis_prefix
+            .clone()
+            .unwrap_or_else(|| crate::features::contract::DEFAULT_PREFIX.into()),
+        ca_file: config.redis_ca.clone(),
+        ..RedisConfig::single("")
+    };
     let (store, redis) = match manifest.store.as_str() {
         "rocksdb" => {
             ensure!(
-                config.redis.is_empty(),
-                "the features of {} are in the embedded store; drop --redis, or re-import \
+                config.redis.0.is_empty(),
+                "the features of {} are in the embedded store; drop redis, or re-import \
                  them with --redis",
                 config.data_dir.display()
             );
@@ -210,22 +422,12 @@ pub fn run(config: ServeConfig, stop_signal: Option<Arc<AtomicBool>>) -> anyhow:
         }
         "redis" => {
             ensure!(
-                !config.redis.is_empty(),
-                "the features of {} were imported into Redis: pass --redis <url>",
+                !config.redis.0.is_empty(),
+                "the features of {} were imported into Redis: set redis (--redis <url>)",
                 config.data_dir.display()
             );
-            let redis_config = RedisConfig {
-                urls: config.redis.clone(),
-                cluster: config.redis_cluster,
-                prefix: manifest
-                    .redis_prefix
-                    .clone()
-                    .unwrap_or_else(|| crate::features::contract::DEFAULT_PREFIX.into()),
-                ca_file: config.redis_ca.clone(),
-                ..RedisConfig::single("")
-            };
             let tier = runtime.block_on(RedisTier::connect(&redis_config))?;
-            let l2 = match &config.l2_cache {
+            let l2 = match config.l2_cache() {
                 Some(l2) => {
                     let (store, opened) = RocksStore::open(
                         &l2.path,
@@ -236,7 +438,7 @@ pub fn run(config: ServeConfig, stop_signal: Option<Arc<AtomicBool>>) -> anyhow:
                     )
                     .with_context(|| {
                         format!(
-                            "opening the L2 cache {} (choose another --l2-dir, or --no-l2)",
+                            "opening the L2 cache {} (choose another l2_dir, or set no_l2)",
                             l2.path.display()
                         )
                     })?;
@@ -252,51 +454,80 @@ pub fn run(config: ServeConfig, stop_signal: Option<Arc<AtomicBool>>) -> anyhow:
         other => bail!("features.json names an unknown store {other:?}"),
     };
     let mut tier_config = TierConfig::new(dim);
-    tier_config.l1_bytes = config.l1_bytes;
-    tier_config.default_deadline = config.deadline;
+    tier_config.l1_bytes = config.l1_bytes();
+    tier_config.default_deadline = config.deadline();
     tier_config.default_row = match config.default_row {
         DefaultRowKind::Zeros => DefaultRow::Zeros,
         DefaultRowKind::Mean => DefaultRow::Mean(manifest.read_mean(&config.data_dir)?.into()),
     };
     let tiers = FeatureTiers::new(&tier_config, store.clone(), redis.clone());
-    let _invalidation = match (&config.invalidation_channel, config.redis.first()) {
-        (Some(channel), Some(url)) => Some(runtime.block_on(invalidation::spawn_listener(
+    let invalidation = Arc::new(InvalidationStats::default());
+    if let Some(channel) = &config.invalidation_channel {
+        let listener = runtime.block_on(invalidation::spawn_listener(
             tiers.clone(),
-            url.clone(),
+            &redis_config,
             channel.clone(),
-            Arc::new(InvalidationStats::default()),
-        ))?),
-        (Some(_), None) => bail!("--invalidation-channel needs --redis"),
-        _ => None,
+            invalidation.clone(),
+        ))?;
+        // Runs for the life of the runtime.
+        drop(listener);
+    }
+    let schema = FeatureSchema {
+        feature_dim: manifest.feature_dim,
+        dtype: dtype::F32,
+        graph_version,
+        default_fanouts: config.fanouts.0,
+    };
+    Ok((
+        Core {
+            graph,
+            index_path,
+            tiers,
+            store,
+            redis,
+            feature_dim: dim,
+            l2_rebuilds,
+            invalidation,
+        },
+        hot,
+        schema,
+    ))
+}
+
+/// Runs the sidecar until it is stopped (a signal sets `stop_signal`;
+/// `sidecarctl shutdown` sets the daemon's own flag). `log` is the
+/// installed logger, whose level the admin socket can change.
+pub fn run(
+    config: ServeConfig,
+    log: Option<Arc<LogHandle>>,
+    stop_signal: Option<Arc<AtomicBool>>,
+) -> anyhow::Result<()> {
+    use daemon_kit::config::Validate;
+    config
+        .validate()
+        .map_err(|e| anyhow::anyhow!("`{}`: {}; {}", e.key, e.problem, e.fix))?;
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .thread_name("sidecar-io")
+        .enable_all()
+        .build()
+        .context("starting the I/O runtime")?;
+    let daemon = Daemon::new(config, log);
+    let config = &daemon.config;
+    let stopping = || {
+        daemon.stop.load(Ordering::Acquire)
+            || stop_signal
+                .as_ref()
+                .is_some_and(|s| s.load(Ordering::Acquire))
     };
 
-    // 3. Warm-up: readiness waits for it.
-    let started = Instant::now();
-    let pinned = runtime.block_on(tiers.warm_up(&hot));
-    tracing::info!(
-        pinned,
-        seconds = started.elapsed().as_secs_f64(),
-        "L1 hot set warmed"
-    );
-
-    let daemon = Arc::new(Daemon {
-        graph,
-        tiers,
-        store,
-        redis,
-        stats: ServeStats::default(),
-        feature_dim: dim,
-        stop: AtomicBool::new(false),
-        started: Instant::now(),
-        shm_name: config.shm_name.clone(),
-        l2_rebuilds,
-    });
+    // The operator's surface first: probes answer "not ready" meanwhile.
     let _metrics = match config.metrics_addr {
         Some(addr) => Some(metrics::serve(addr, daemon.clone(), runtime.handle())?),
         None => None,
     };
     let admin = match &config.admin_socket {
-        Some(path) => Some(admin::AdminServer::start(
+        Some(path) => Some(crate::admin::server::AdminServer::start(
             path,
             daemon.clone(),
             runtime.handle().clone(),
@@ -304,70 +535,123 @@ pub fn run(config: ServeConfig, stop_signal: Option<Arc<AtomicBool>>) -> anyhow:
         None => None,
     };
 
-    // 4. The ring: created last, so attaching workers find a ready sidecar.
-    let schema = FeatureSchema {
-        feature_dim: manifest.feature_dim,
-        dtype: dtype::F32,
-        graph_version,
-        default_fanouts: config.fanouts,
-    };
+    daemon.set_phase(Phase::Loading);
+    let (core, hot, schema) = load(config, &runtime)?;
+    if stopping() {
+        tracing::info!("stopped before the warm-up");
+        return Ok(());
+    }
+    daemon.set_phase(Phase::WarmingUp);
+    let warming = Instant::now();
+    let pinned = runtime.block_on(core.tiers.warm_up(&hot));
+    tracing::info!(
+        pinned,
+        seconds = warming.elapsed().as_secs_f64(),
+        "L1 hot set warmed"
+    );
+    let dim = core.feature_dim;
+    let _ = daemon.core.set(core);
+    if stopping() {
+        tracing::info!("stopped before the ring was created");
+        return Ok(());
+    }
+
+    // The ring: created last, so attaching workers find a ready sidecar.
     let mut segment = SegmentConfig::new(config.shm_name.clone(), schema);
-    segment.mode = config.shm_mode;
+    segment.mode = config.shm_mode.0;
     segment.slot_count = config.slots;
     segment.max_targets = config.max_targets;
-    segment.max_fanouts = config.max_fanouts;
+    segment.max_fanouts = config.max_fanouts.0;
     segment.max_nodes = config.max_nodes;
-    segment.response_bytes = config.response_bytes;
+    segment.response_bytes = config.response_bytes();
     let mut options = ServerOptions::new(segment);
-    options.client_timeout = config.client_timeout;
+    options.client_timeout = config.client_timeout();
     let server = RingServer::create(options)
         .with_context(|| format!("creating the shared-memory ring {}", config.shm_name))?;
+    let _ = daemon.ring.set(server.monitor());
+    daemon.set_phase(Phase::Ready);
     tracing::info!(
         segment = %config.shm_name,
         feature_dim = dim,
-        graph_version,
-        fanouts = ?config.fanouts,
+        graph_version = schema.graph_version,
+        fanouts = ?config.fanouts.0,
         "sidecar ready"
     );
 
+    let core = daemon.loaded()?;
     let mut batch_server = batch::BatchServer::default();
     let mut tickets = Vec::new();
-    let stopping = || {
-        daemon.stop.load(Ordering::Acquire)
-            || stop_signal
-                .as_ref()
-                .is_some_and(|s| s.load(Ordering::Acquire))
-    };
     // Takes what is submitted (waiting up to `wait`) and answers it as one
     // batch, against the graph snapshot of that moment.
-    let mut serve_next = |wait: Duration| -> bool {
+    let mut serve_next = |wait: Duration| -> usize {
+        daemon.last_turn_ms.store(
+            daemon.started.elapsed().as_millis() as u64,
+            Ordering::Release,
+        );
         tickets.clear();
-        if server.next_batch(&mut tickets, wait) == 0 {
-            return false;
+        let n = server.next_batch(&mut tickets, wait);
+        if n == 0 {
+            return 0;
         }
-        let snapshot = daemon.graph.snapshot();
+        let snapshot = core.graph.snapshot();
         let ctx = batch::BatchContext {
             graph: &snapshot,
-            tiers: &daemon.tiers,
+            tiers: &core.tiers,
             runtime: runtime.handle(),
-            default_deadline: config.deadline,
+            knobs: &daemon.knobs,
             max_nodes: config.max_nodes,
-            stats: &daemon.stats,
+            metrics: &daemon.metrics,
         };
         batch_server.serve(&ctx, std::mem::take(&mut tickets));
-        true
+        n
     };
+    let drain = |serve_next: &mut dyn FnMut(Duration) -> usize| {
+        let began = Instant::now();
+        let answered_before = daemon.metrics.requests.get();
+        server.set_draining();
+        daemon.set_phase(Phase::Draining);
+        let timeout = config.drain_timeout();
+        let ring = server.monitor();
+        loop {
+            let served = serve_next(Duration::from_millis(10));
+            let pending = ring.occupancy().pending();
+            if (served == 0 && pending == 0) || began.elapsed() >= timeout {
+                break;
+            }
+        }
+        let pending = u64::from(ring.occupancy().pending());
+        let outcome = DrainOutcome {
+            answered: daemon.metrics.requests.get() - answered_before,
+            pending,
+            seconds: began.elapsed().as_secs_f64(),
+            complete: pending == 0,
+        };
+        tracing::info!(
+            answered = outcome.answered,
+            pending = outcome.pending,
+            seconds = outcome.seconds,
+            "drained"
+        );
+        daemon.finish_drain(outcome);
+    };
+    let mut drained = false;
     while !stopping() {
+        if !drained && daemon.drain.requested.load(Ordering::Acquire) {
+            drain(&mut serve_next);
+            drained = true;
+            continue;
+        }
         serve_next(Duration::from_millis(100));
     }
 
-    // Drain: answer what was already submitted, then remove the segment.
-    tracing::info!("draining");
-    server.set_draining();
-    while serve_next(Duration::from_millis(10)) {}
+    // Stop: drain (if not done yet), then remove the segment.
+    if !drained {
+        drain(&mut serve_next);
+    }
+    daemon.set_phase(Phase::Stopping);
     server.shutdown();
     drop(admin);
-    if let Some(store) = &daemon.store {
+    if let Some(store) = &core.store {
         store.flush()?;
     }
     tracing::info!("sidecar stopped");

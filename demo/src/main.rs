@@ -1,6 +1,8 @@
 //! The README demo: the whole product on cora, end to end.
 //!
-//! Imports the dataset into the embedded store, trains and exports the model
+//! Uses the cora dataset the repository ships (`demo/data/cora.tar.gz`;
+//! `--dataset citeseer|cora_ml` reads ../shared/data instead). Imports the
+//! dataset into the embedded store, trains and exports the model
 //! with the tooling, starts `sidecar serve` and `gnn-worker serve`, sends
 //! every test node through gRPC (one node per call, one call at a time, for
 //! latency; then 16 calls in flight, for throughput), prints the test
@@ -12,12 +14,12 @@ use std::time::Instant;
 use anyhow::{ensure, Context};
 use clap::Parser;
 use gnn_worker::grpc::{pb, PredictorClient};
-use tests::stack::{dataset, read_i32, Stack, StackOptions};
+use tests::stack::{dataset, read_i32, shipped_cora, Stack, StackOptions};
 use tests::Latency;
 
 #[derive(Debug, Parser)]
 struct Args {
-    /// A dataset of ../shared/data.
+    /// `cora` (shipped with the repository), or a dataset of ../shared/data.
     #[arg(long, default_value = "cora")]
     dataset: String,
     /// Calls in flight in the throughput pass.
@@ -28,11 +30,20 @@ struct Args {
 fn main() -> anyhow::Result<()> {
     let args = Args::parse();
     println!("demo: importing {0} into the embedded store, training the model, starting sidecar + worker", args.dataset);
-    let stack = Stack::start(&StackOptions::new(&args.dataset))?;
+    let dataset_dir = if args.dataset == "cora" {
+        shipped_cora()
+    } else {
+        dataset(&args.dataset)
+    };
+    let options = StackOptions {
+        dataset_dir: Some(dataset_dir.clone()),
+        ..StackOptions::new(&args.dataset)
+    };
+    let stack = Stack::start(&options)?;
     let manifest: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(stack.model.join("manifest.json"))?)?;
-    let split = std::fs::read(dataset(&args.dataset).join("split.u8"))?;
-    let labels = read_i32(&dataset(&args.dataset).join("labels.i32"));
+    let split = std::fs::read(dataset_dir.join("split.u8"))?;
+    let labels = read_i32(&dataset_dir.join("labels.i32"));
     let test: Vec<u64> = (0..split.len() as u64)
         .filter(|&i| split[i as usize] == 2)
         .collect();

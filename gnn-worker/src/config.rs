@@ -1,0 +1,293 @@
+//! `gnn-worker serve`'s configuration: every setting, its default, its
+//! range.
+//!
+//! [`WorkerConfig`] is the one declaration: each field is a key of the TOML
+//! file, an environment variable `GNN_WORKER_<KEY>` and a flag `--<key>`
+//! ([`WorkerFlags`], checked against it by a test); its `Default` is the one
+//! set of defaults. Precedence and error reporting are
+//! `daemon_kit::config`'s: flags > environment > file > defaults.
+//! `docs/configuration.md` has the table of every key.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use daemon_kit::config::{Fanouts, Invalid, Spec, Validate};
+use daemon_kit::logging::LogFormat;
+use serde::{Deserialize, Serialize};
+
+use crate::model::Device;
+
+/// The worker's layering: `GNN_WORKER_*` variables, keys documented in
+/// docs/configuration.md.
+pub const SPEC: Spec = Spec {
+    env_prefix: "GNN_WORKER_",
+    docs: "docs/configuration.md",
+};
+
+/// Everything `gnn-worker serve` is told. Field docs are the keys' docs.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct WorkerConfig {
+    /// Model directory: model.onnx and manifest.json.
+    pub model: PathBuf,
+    /// The sidecar's shared-memory segment name.
+    pub shm_name: String,
+    /// gRPC listen address.
+    pub grpc: SocketAddr,
+    /// HTTP/JSON listen address (predict, healthz, readyz, metrics).
+    pub http: SocketAddr,
+    /// cpu, or cuda (never falls back to the CPU silently).
+    pub device: Device,
+    /// libonnxruntime.so to load; unset: $ORT_DYLIB_PATH, then the system
+    /// library path.
+    pub onnxruntime_lib: Option<PathBuf>,
+    /// Fanouts sent with every ring request; unset: the sidecar's current
+    /// fanouts (`sidecarctl fanouts set` then applies).
+    pub fanouts: Option<Fanouts>,
+    /// Most targets gathered into one batch.
+    pub max_batch: usize,
+    /// Longest a call waits for others to batch with, milliseconds.
+    pub max_delay_ms: f64,
+    /// Most node ids one client call may ask for.
+    pub max_request_targets: usize,
+    /// Executor threads (each runs ring calls and its own ONNX session).
+    pub executors: usize,
+    /// ONNX Runtime intra-op threads per session.
+    pub intra_threads: usize,
+    /// Deadline of one ring call, milliseconds.
+    pub ring_timeout_ms: f64,
+    /// How long to wait for the sidecar's segment at start, seconds; 0
+    /// waits for ever (not ready meanwhile).
+    pub attach_timeout_s: f64,
+    /// On SIGTERM, seconds the worker keeps serving while reporting not
+    /// ready (so a load balancer stops sending first), before it stops.
+    pub shutdown_delay_s: f64,
+    /// Log lines as text or json.
+    pub log_format: LogFormat,
+    /// Log level (tracing directives); SIGHUP re-reads it.
+    pub log_level: String,
+}
+
+impl Default for WorkerConfig {
+    fn default() -> Self {
+        Self {
+            model: PathBuf::new(),
+            shm_name: "gnn-sidecar".into(),
+            grpc: SocketAddr::from(([127, 0, 0, 1], 50051)),
+            http: SocketAddr::from(([127, 0, 0, 1], 8080)),
+            device: Device::Cpu,
+            onnxruntime_lib: None,
+            fanouts: None,
+            max_batch: 64,
+            max_delay_ms: 2.0,
+            max_request_targets: 4096,
+            executors: 2,
+            intra_threads: 1,
+            ring_timeout_ms: 500.0,
+            attach_timeout_s: 0.0,
+            shutdown_delay_s: 0.0,
+            log_format: LogFormat::Text,
+            log_level: "info".into(),
+        }
+    }
+}
+
+fn between(key: &'static str, value: f64, low: f64, high: f64) -> Result<(), Invalid> {
+    if value.is_finite() && (low..=high).contains(&value) {
+        Ok(())
+    } else {
+        Err(Invalid::new(
+            key,
+            format!("{value} is outside {low}..={high}"),
+            format!("set {key} between {low} and {high}"),
+        ))
+    }
+}
+
+impl Validate for WorkerConfig {
+    fn validate(&self) -> Result<(), Invalid> {
+        if self.model.as_os_str().is_empty() {
+            return Err(Invalid::new(
+                "model",
+                "is not set",
+                "pass --model, set GNN_WORKER_MODEL, or model in the config file",
+            ));
+        }
+        if self.shm_name.is_empty()
+            || !self
+                .shm_name
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_' || b == b'.')
+        {
+            return Err(Invalid::new(
+                "shm_name",
+                format!("{:?} is not a segment name", self.shm_name),
+                "use letters, digits, '-', '_' and '.', as the sidecar's shm_name",
+            ));
+        }
+        if self.grpc == self.http && self.http.port() != 0 {
+            return Err(Invalid::new(
+                "http",
+                format!("{} is also the gRPC address", self.http),
+                "give HTTP and gRPC different ports",
+            ));
+        }
+        if let Some(Fanouts([f1, f2])) = self.fanouts {
+            if f1 == 0 || f2 == 0 {
+                return Err(Invalid::new(
+                    "fanouts",
+                    format!("{f1},{f2} has a zero fanout"),
+                    "leave fanouts unset to use the sidecar's, or give two fanouts of at least 1",
+                ));
+            }
+        }
+        between("max_batch", self.max_batch as f64, 1.0, 65_536.0)?;
+        between("max_delay_ms", self.max_delay_ms, 0.0, 1_000.0)?;
+        between(
+            "max_request_targets",
+            self.max_request_targets as f64,
+            1.0,
+            1_048_576.0,
+        )?;
+        between("executors", self.executors as f64, 1.0, 256.0)?;
+        between("intra_threads", self.intra_threads as f64, 1.0, 256.0)?;
+        between("ring_timeout_ms", self.ring_timeout_ms, 1.0, 600_000.0)?;
+        between("attach_timeout_s", self.attach_timeout_s, 0.0, 86_400.0)?;
+        between("shutdown_delay_s", self.shutdown_delay_s, 0.0, 3_600.0)?;
+        daemon_kit::logging::parse_level(&self.log_level)
+            .map_err(|e| Invalid::new("log_level", e, "set a level such as info"))?;
+        Ok(())
+    }
+}
+
+impl WorkerConfig {
+    pub fn max_delay(&self) -> Duration {
+        Duration::from_secs_f64(self.max_delay_ms / 1e3)
+    }
+
+    pub fn ring_timeout(&self) -> Duration {
+        Duration::from_secs_f64(self.ring_timeout_ms / 1e3)
+    }
+
+    pub fn shutdown_delay(&self) -> Duration {
+        Duration::from_secs_f64(self.shutdown_delay_s)
+    }
+
+    /// `None`: wait for ever.
+    pub fn attach_timeout(&self) -> Option<Duration> {
+        (self.attach_timeout_s > 0.0).then(|| Duration::from_secs_f64(self.attach_timeout_s))
+    }
+}
+
+/// The flags of `gnn-worker serve`: one per key of [`WorkerConfig`], all
+/// optional (a flag not given leaves the lower layers' value).
+#[derive(Debug, Default, clap::Args, Serialize)]
+pub struct WorkerFlags {
+    /// Model directory: model.onnx and manifest.json (gnn-worker/model/sage.py).
+    #[arg(long)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub model: Option<PathBuf>,
+    /// The sidecar's shared-memory segment name [default: gnn-sidecar].
+    #[arg(long)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub shm_name: Option<String>,
+    /// gRPC listen address [default: 127.0.0.1:50051].
+    #[arg(long)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub grpc: Option<SocketAddr>,
+    /// HTTP/JSON listen address [default: 127.0.0.1:8080].
+    #[arg(long)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub http: Option<SocketAddr>,
+    /// cpu or cuda [default: cpu].
+    #[arg(long, value_enum)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub device: Option<Device>,
+    /// libonnxruntime.so to load [default: $ORT_DYLIB_PATH, then the system library path].
+    #[arg(long)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub onnxruntime_lib: Option<PathBuf>,
+    /// Fanouts sent with every request, e.g. 20,10 [default: the sidecar's].
+    #[arg(long)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub fanouts: Option<Fanouts>,
+    /// Most targets gathered into one batch [default: 64].
+    #[arg(long)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub max_batch: Option<usize>,
+    /// Longest a call waits for others to batch with, ms [default: 2].
+    #[arg(long)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub max_delay_ms: Option<f64>,
+    /// Most node ids one client call may ask for [default: 4096].
+    #[arg(long)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub max_request_targets: Option<usize>,
+    /// Executor threads [default: 2].
+    #[arg(long)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub executors: Option<usize>,
+    /// ONNX Runtime intra-op threads per session [default: 1].
+    #[arg(long)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub intra_threads: Option<usize>,
+    /// Deadline of one ring call, ms [default: 500].
+    #[arg(long)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub ring_timeout_ms: Option<f64>,
+    /// Seconds to wait for the sidecar at start; 0 waits for ever [default: 0].
+    #[arg(long)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub attach_timeout_s: Option<f64>,
+    /// Seconds to keep serving, not ready, after SIGTERM [default: 0].
+    #[arg(long)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub shutdown_delay_s: Option<f64>,
+    /// Log lines as text or json [default: text].
+    #[arg(long)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub log_format: Option<LogFormat>,
+    /// Log level, e.g. info or gnn_worker=debug,warn [default: info].
+    #[arg(long)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub log_level: Option<String>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::CommandFactory;
+
+    #[derive(clap::Parser)]
+    struct Cli {
+        #[command(flatten)]
+        flags: WorkerFlags,
+    }
+
+    #[test]
+    fn every_key_has_a_flag_and_every_flag_a_key() {
+        let keys = daemon_kit::config::keys_of::<WorkerConfig>();
+        let flags: std::collections::BTreeSet<String> = Cli::command()
+            .get_arguments()
+            .filter(|a| a.get_long().is_some())
+            .map(|a| a.get_id().to_string())
+            .collect();
+        assert_eq!(keys, flags);
+    }
+
+    #[test]
+    fn the_defaults_are_valid_once_a_model_is_given() {
+        assert_eq!(WorkerConfig::default().validate().unwrap_err().key, "model");
+        let config = WorkerConfig {
+            model: "/models/cora".into(),
+            ..WorkerConfig::default()
+        };
+        config.validate().unwrap();
+        let bad = WorkerConfig {
+            max_delay_ms: f64::NAN,
+            ..config
+        };
+        assert_eq!(bad.validate().unwrap_err().key, "max_delay_ms");
+    }
+}

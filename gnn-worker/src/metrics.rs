@@ -1,0 +1,195 @@
+//! The worker's metrics, in one `prometheus_client` registry, served at
+//! `GET /metrics` (OpenMetrics text). Every name is listed in
+//! docs/metrics.md (a test compares the two).
+//!
+//! Latency histograms follow a call through the worker: `call` (end to end,
+//! from the client's request to its answer), `queue_wait` (waiting for an
+//! executor), `ring_wait` (one ring round trip: sampling and features in the
+//! sidecar), `onnx_run` (one model run on the response in place).
+
+use std::fmt;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Weak};
+
+use prometheus_client::collector::Collector;
+use prometheus_client::encoding::{DescriptorEncoder, EncodeLabelSet, EncodeMetric};
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::ConstGauge;
+use prometheus_client::metrics::histogram::Histogram;
+use prometheus_client::registry::Registry;
+
+/// Bounds for targets per batch.
+pub const TARGET_BUCKETS: [f64; 10] = [1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0, 1024.0];
+
+/// The `kind` label of failed calls.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ErrorKind {
+    pub kind: &'static str,
+}
+
+/// Whether the worker can serve, read at scrape time.
+pub trait Health: Send + Sync + fmt::Debug {
+    fn ready(&self) -> bool;
+}
+
+/// Every metric of the worker.
+#[derive(Debug)]
+pub struct WorkerMetrics {
+    registry: Registry,
+    pub calls: Counter,
+    pub call_errors: Family<ErrorKind, Counter>,
+    pub batches: Counter,
+    pub ring_requests: Counter,
+    pub targets: Counter,
+    pub batch_errors: Counter,
+    pub executor_panics: Counter,
+    /// Executors running (set by the executors themselves).
+    pub executors_alive: Arc<AtomicUsize>,
+    pub call_seconds: Histogram,
+    pub queue_wait_seconds: Histogram,
+    pub ring_wait_seconds: Histogram,
+    pub onnx_run_seconds: Histogram,
+    pub batch_targets: Histogram,
+    pub batch_calls: Histogram,
+}
+
+fn latency() -> Histogram {
+    Histogram::new(daemon_kit::metrics::LATENCY_BUCKETS)
+}
+
+impl WorkerMetrics {
+    /// The registry, reading readiness from `health` at scrape time.
+    pub fn new(health: Weak<dyn Health>) -> Self {
+        let mut r = Registry::default();
+        let counter = |r: &mut Registry, name: &str, help: &str| {
+            let c = Counter::default();
+            r.register(name, help, c.clone());
+            c
+        };
+        let histogram = |r: &mut Registry, name: &str, help: &str, h: Histogram| {
+            r.register(name, help, h.clone());
+            h
+        };
+        let calls = counter(&mut r, "gnn_worker_calls", "client calls (gRPC and HTTP)");
+        let call_errors = Family::<ErrorKind, Counter>::default();
+        // Every kind from the start (at 0), so dashboards see the series.
+        for kind in ["invalid_argument", "unavailable", "internal"] {
+            let _ = call_errors.get_or_create(&ErrorKind { kind });
+        }
+        r.register(
+            "gnn_worker_call_errors",
+            "client calls answered with an error, per kind (invalid_argument, unavailable, internal)",
+            call_errors.clone(),
+        );
+        let batches = counter(
+            &mut r,
+            "gnn_worker_batches",
+            "batches formed by the batcher",
+        );
+        let ring_requests = counter(&mut r, "gnn_worker_ring_requests", "ring requests sent");
+        let targets = counter(&mut r, "gnn_worker_targets", "targets predicted");
+        let batch_errors = counter(&mut r, "gnn_worker_batch_errors", "batches that failed");
+        let executor_panics = counter(
+            &mut r,
+            "gnn_worker_executor_panics",
+            "executors retired after a panic (their batch answered with an error)",
+        );
+        let call_seconds = histogram(
+            &mut r,
+            "gnn_worker_call_seconds",
+            "one client call, end to end (batching, ring, model)",
+            latency(),
+        );
+        let queue_wait_seconds = histogram(
+            &mut r,
+            "gnn_worker_queue_wait_seconds",
+            "time a call waits before an executor takes its batch",
+            latency(),
+        );
+        let ring_wait_seconds = histogram(
+            &mut r,
+            "gnn_worker_ring_wait_seconds",
+            "one ring round trip (sampling and features in the sidecar)",
+            latency(),
+        );
+        let onnx_run_seconds = histogram(
+            &mut r,
+            "gnn_worker_onnx_run_seconds",
+            "one ONNX Runtime run on a response in place",
+            latency(),
+        );
+        let batch_targets = histogram(
+            &mut r,
+            "gnn_worker_batch_targets",
+            "targets per batch",
+            Histogram::new(TARGET_BUCKETS),
+        );
+        let batch_calls = histogram(
+            &mut r,
+            "gnn_worker_batch_calls",
+            "client calls per batch",
+            Histogram::new(TARGET_BUCKETS),
+        );
+        let executors_alive = Arc::new(AtomicUsize::new(0));
+        r.register_collector(Box::new(StateCollector {
+            health,
+            executors_alive: executors_alive.clone(),
+        }));
+        Self {
+            registry: r,
+            calls,
+            call_errors,
+            batches,
+            ring_requests,
+            targets,
+            batch_errors,
+            executor_panics,
+            executors_alive,
+            call_seconds,
+            queue_wait_seconds,
+            ring_wait_seconds,
+            onnx_run_seconds,
+            batch_targets,
+            batch_calls,
+        }
+    }
+
+    /// Counts a failed call.
+    pub fn call_failed(&self, kind: &'static str) {
+        self.call_errors.get_or_create(&ErrorKind { kind }).inc();
+    }
+
+    /// The OpenMetrics text of every metric.
+    pub fn encode(&self) -> String {
+        daemon_kit::metrics::encode(&self.registry)
+    }
+}
+
+#[derive(Debug)]
+struct StateCollector {
+    health: Weak<dyn Health>,
+    executors_alive: Arc<AtomicUsize>,
+}
+
+impl Collector for StateCollector {
+    fn encode(&self, mut e: DescriptorEncoder) -> fmt::Result {
+        let ready = self.health.upgrade().is_some_and(|h| h.ready());
+        let gauge = ConstGauge::new(i64::from(ready));
+        gauge.encode(e.encode_descriptor(
+            "gnn_worker_ready",
+            "1 when the worker can serve (attached to a ready sidecar whose schema matches the \
+             model, and an executor alive)",
+            None,
+            gauge.metric_type(),
+        )?)?;
+        let alive = ConstGauge::new(self.executors_alive.load(Ordering::Relaxed) as i64);
+        alive.encode(e.encode_descriptor(
+            "gnn_worker_executors_alive",
+            "executor threads running",
+            None,
+            alive.metric_type(),
+        )?)?;
+        Ok(())
+    }
+}

@@ -1,0 +1,149 @@
+//! The worker as its front ends (gRPC, HTTP) see it: predictions once the
+//! worker has attached to a sidecar and checked the model against it,
+//! truthful readiness before and after, and the metrics.
+//!
+//! The front ends are bound before the sidecar is found, so the pod's
+//! probes get an answer (not ready, and why) from the start; calls made
+//! meanwhile are answered UNAVAILABLE.
+
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::Duration;
+
+use crate::batcher::{PredictError, Prediction, Predictor};
+use crate::metrics::{Health, WorkerMetrics};
+
+/// Shared by the front ends. Cheap to clone.
+#[derive(Debug, Clone)]
+pub struct Service {
+    inner: Arc<Inner>,
+}
+
+#[derive(Debug)]
+struct Inner {
+    predictor: OnceLock<Predictor>,
+    /// Set on SIGTERM: not ready from then on, still serving.
+    stopping: std::sync::atomic::AtomicBool,
+    /// Why there is no predictor yet.
+    waiting: Mutex<String>,
+    metrics: OnceLock<Arc<WorkerMetrics>>,
+}
+
+impl Health for Inner {
+    fn ready(&self) -> bool {
+        !self.stopping.load(std::sync::atomic::Ordering::Acquire)
+            && self.predictor.get().is_some_and(|p| p.readiness().is_ok())
+    }
+}
+
+impl Default for Service {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Service {
+    pub fn new() -> Self {
+        let inner = Arc::new(Inner {
+            predictor: OnceLock::new(),
+            stopping: std::sync::atomic::AtomicBool::new(false),
+            waiting: Mutex::new("starting".into()),
+            metrics: OnceLock::new(),
+        });
+        let health: std::sync::Weak<dyn Health> = Arc::downgrade(&inner) as _;
+        let _ = inner.metrics.set(Arc::new(WorkerMetrics::new(health)));
+        Self { inner }
+    }
+
+    pub fn metrics(&self) -> &Arc<WorkerMetrics> {
+        self.inner.metrics.get().expect("set in new")
+    }
+
+    /// Records why the worker cannot serve yet (shown by `/readyz`).
+    pub fn set_waiting(&self, why: impl Into<String>) {
+        *self.inner.waiting.lock().unwrap_or_else(|p| p.into_inner()) = why.into();
+    }
+
+    /// Installs the predictor once the sidecar is attached and the model
+    /// checked; from then on readiness is the predictor's.
+    pub fn set_predictor(&self, predictor: Predictor) {
+        let _ = self.inner.predictor.set(predictor);
+    }
+
+    pub fn predictor(&self) -> Option<&Predictor> {
+        self.inner.predictor.get()
+    }
+
+    /// Reports not ready from now on (the worker is stopping); calls are
+    /// still served.
+    pub fn set_stopping(&self) {
+        self.inner
+            .stopping
+            .store(true, std::sync::atomic::Ordering::Release);
+    }
+
+    /// `Ok` when the worker can serve; otherwise why not.
+    pub fn readiness(&self) -> Result<(), String> {
+        if self
+            .inner
+            .stopping
+            .load(std::sync::atomic::Ordering::Acquire)
+        {
+            return Err("stopping (SIGTERM received)".into());
+        }
+        match self.inner.predictor.get() {
+            Some(predictor) => predictor.readiness(),
+            None => Err(format!(
+                "waiting for the sidecar: {}",
+                self.inner.waiting.lock().unwrap_or_else(|p| p.into_inner())
+            )),
+        }
+    }
+
+    /// One client call: counted, timed, batched.
+    pub async fn predict(&self, ids: Vec<u64>) -> Result<Vec<Prediction>, PredictError> {
+        let metrics = self.metrics();
+        metrics.calls.inc();
+        let started = std::time::Instant::now();
+        let result = match self.inner.predictor.get() {
+            Some(predictor) => predictor.predict(ids).await,
+            None => Err(PredictError::Unavailable(
+                self.readiness().err().unwrap_or_default(),
+            )),
+        };
+        metrics
+            .call_seconds
+            .observe(started.elapsed().as_secs_f64());
+        if let Err(e) = &result {
+            metrics.call_failed(e.kind());
+        }
+        result
+    }
+
+    /// Keeps the worker attached while no calls come: when the sidecar is
+    /// lost (restarted, replaced), re-attaches every `period`, so readiness
+    /// comes back without waiting for a call.
+    pub fn spawn_reattacher(&self, period: Duration) -> tokio::task::JoinHandle<()> {
+        let service = self.clone();
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(period);
+            loop {
+                tick.tick().await;
+                let Some(predictor) = service.predictor() else {
+                    continue;
+                };
+                if matches!(
+                    predictor.client().status(),
+                    protocol::client::ClientStatus::Ready
+                        | protocol::client::ClientStatus::Draining
+                ) {
+                    continue;
+                }
+                let client = predictor.client().clone();
+                let attached = tokio::task::spawn_blocking(move || client.reattach()).await;
+                if let Ok(Ok(())) = attached {
+                    tracing::info!("re-attached to the sidecar");
+                }
+            }
+        })
+    }
+}

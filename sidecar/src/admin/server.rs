@@ -1,0 +1,618 @@
+//! The admin Unix socket: `sidecarctl` talks to a running sidecar here.
+//!
+//! Commands ([`AdminRequest`], docs/admin.md): `status`, `stats`, `ready`,
+//! `live`, `warm`, `invalidate`, `fanouts get|set`, `deadline get|set`,
+//! `log-level get|set`, `graph add-node|add-edges|compact`, `cache flush`,
+//! `drain`, `shutdown`. The socket is bound before the graph is loaded, so
+//! the probes answer (not ready) during start-up; commands that need the
+//! graph or the tiers say the sidecar is not ready yet.
+//!
+//! The socket file is created with mode 0600 and every connection's peer
+//! credentials are checked: only root or the sidecar's own uid may talk to
+//! it. Connections are served on their own threads, at most
+//! [`MAX_CONNECTIONS`] at a time; a connection idle for [`IDLE_TIMEOUT`]
+//! is closed; a malformed frame closes that connection only.
+
+use std::io::BufReader;
+use std::os::unix::fs::PermissionsExt;
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, ensure, Context};
+use nix::sys::socket::{getsockopt, sockopt::PeerCredentials};
+
+use crate::admin::wire::{
+    read_frame, write_frame, AdminRequest, AdminResponse, Distribution, FrameError, RingOccupancy,
+    StatsReport, StatusReport, TierRows, ADMIN_VERSION,
+};
+use crate::features::contract::encode_row;
+use crate::features::rocks::Role;
+use crate::serve::Daemon;
+
+/// Most admin connections served at once.
+pub const MAX_CONNECTIONS: usize = 8;
+
+/// A connection that sends nothing for this long is closed.
+pub const IDLE_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// Ids fetched per step of a warm-up (one progress frame each).
+const WARM_CHUNK: usize = 1_000;
+
+/// The running admin socket; dropping it stops accepting and removes the file.
+#[derive(Debug)]
+pub struct AdminServer {
+    path: PathBuf,
+    stop: Arc<AtomicBool>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl AdminServer {
+    /// Binds `path` (replacing a stale socket file, never another file).
+    pub fn start(
+        path: &Path,
+        daemon: Arc<Daemon>,
+        runtime: tokio::runtime::Handle,
+    ) -> anyhow::Result<Self> {
+        if let Ok(meta) = std::fs::symlink_metadata(path) {
+            use std::os::unix::fs::FileTypeExt;
+            ensure!(
+                meta.file_type().is_socket(),
+                "{} exists and is not a socket: choose another admin_socket",
+                path.display()
+            );
+            ensure!(
+                UnixStream::connect(path).is_err(),
+                "another sidecar answers on {}: stop it or choose another admin_socket",
+                path.display()
+            );
+            std::fs::remove_file(path)?;
+        }
+        let listener = UnixListener::bind(path)
+            .with_context(|| format!("binding the admin socket {}", path.display()))?;
+        std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))?;
+        let stop = Arc::new(AtomicBool::new(false));
+        let s = stop.clone();
+        let thread = std::thread::Builder::new()
+            .name("admin-accept".into())
+            .spawn(move || accept_loop(&listener, &s, daemon, runtime))?;
+        tracing::info!(socket = %path.display(), "admin socket listening");
+        Ok(Self {
+            path: path.to_path_buf(),
+            stop,
+            thread: Some(thread),
+        })
+    }
+}
+
+impl Drop for AdminServer {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Release);
+        // Wake the accept loop with a connection of our own.
+        let _ = UnixStream::connect(&self.path);
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+        let _ = std::fs::remove_file(&self.path);
+    }
+}
+
+fn accept_loop(
+    listener: &UnixListener,
+    stop: &AtomicBool,
+    daemon: Arc<Daemon>,
+    runtime: tokio::runtime::Handle,
+) {
+    let active = Arc::new(AtomicUsize::new(0));
+    let own_uid = nix::unistd::getuid().as_raw();
+    for stream in listener.incoming() {
+        if stop.load(Ordering::Acquire) {
+            break;
+        }
+        let Ok(stream) = stream else { continue };
+        match getsockopt(&stream, PeerCredentials) {
+            Ok(cred) if cred.uid() == own_uid || cred.uid() == 0 => {}
+            Ok(cred) => {
+                tracing::warn!(
+                    peer_uid = cred.uid(),
+                    "admin connection refused: not root nor the sidecar's user"
+                );
+                continue;
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "admin connection refused: no peer credentials");
+                continue;
+            }
+        }
+        if active.fetch_add(1, Ordering::AcqRel) >= MAX_CONNECTIONS {
+            active.fetch_sub(1, Ordering::AcqRel);
+            let mut stream = stream;
+            let _ = write_frame(
+                &mut stream,
+                &AdminResponse::Error {
+                    message: format!(
+                        "too many admin connections (at most {MAX_CONNECTIONS}); retry shortly"
+                    ),
+                },
+            );
+            continue;
+        }
+        let (daemon, runtime, active) = (daemon.clone(), runtime.clone(), active.clone());
+        let spawned = std::thread::Builder::new()
+            .name("admin-conn".into())
+            .spawn(move || {
+                if let Err(e) = serve_connection(stream, &daemon, &runtime) {
+                    tracing::warn!(error = %e, "admin connection ended with an error");
+                }
+                active.fetch_sub(1, Ordering::AcqRel);
+            });
+        if spawned.is_err() {
+            tracing::error!("could not spawn an admin connection thread");
+        }
+    }
+}
+
+fn serve_connection(
+    stream: UnixStream,
+    daemon: &Daemon,
+    runtime: &tokio::runtime::Handle,
+) -> Result<(), FrameError> {
+    stream.set_read_timeout(Some(IDLE_TIMEOUT))?;
+    let mut writer = stream.try_clone()?;
+    let mut reader = BufReader::new(stream);
+    match read_frame::<AdminRequest>(&mut reader)? {
+        AdminRequest::Hello { version } if version == ADMIN_VERSION => write_frame(
+            &mut writer,
+            &AdminResponse::Hello {
+                version: ADMIN_VERSION,
+                server: format!("sidecar {}", env!("CARGO_PKG_VERSION")),
+            },
+        )?,
+        AdminRequest::Hello { version } => {
+            return write_frame(
+                &mut writer,
+                &AdminResponse::Error {
+                    message: format!(
+                        "sidecarctl speaks admin version {version}, this sidecar {ADMIN_VERSION}: \
+                         use the sidecarctl of the same release"
+                    ),
+                },
+            )
+        }
+        _ => {
+            return write_frame(
+                &mut writer,
+                &AdminResponse::Error {
+                    message: "the first admin frame must be Hello".into(),
+                },
+            )
+        }
+    }
+    loop {
+        let request = match read_frame::<AdminRequest>(&mut reader) {
+            Ok(request) => request,
+            Err(FrameError::Closed) => return Ok(()),
+            Err(e) => {
+                let _ = write_frame(
+                    &mut writer,
+                    &AdminResponse::Error {
+                        message: e.to_string(),
+                    },
+                );
+                return Err(e);
+            }
+        };
+        let mut progress_error = None;
+        let mut send_progress = |done: u64, total: u64| {
+            if progress_error.is_none() {
+                if let Err(e) = write_frame(&mut writer, &AdminResponse::Progress { done, total }) {
+                    progress_error = Some(e);
+                }
+            }
+        };
+        let response = handle(request, daemon, runtime, &mut send_progress).unwrap_or_else(|e| {
+            AdminResponse::Error {
+                message: format!("{e:#}"),
+            }
+        });
+        if let Some(e) = progress_error {
+            return Err(e);
+        }
+        write_frame(&mut writer, &response)?;
+    }
+}
+
+fn probe(result: Result<(), String>) -> AdminResponse {
+    match result {
+        Ok(()) => AdminResponse::Probe {
+            ok: true,
+            reason: String::new(),
+        },
+        Err(reason) => AdminResponse::Probe { ok: false, reason },
+    }
+}
+
+fn handle(
+    request: AdminRequest,
+    daemon: &Daemon,
+    runtime: &tokio::runtime::Handle,
+    progress: &mut dyn FnMut(u64, u64),
+) -> anyhow::Result<AdminResponse> {
+    Ok(match request {
+        AdminRequest::Hello { .. } => bail!("handshake already done"),
+        AdminRequest::Status => AdminResponse::Status(status(daemon)),
+        AdminRequest::Stats => AdminResponse::Stats(stats(daemon)),
+        AdminRequest::Ready => probe(daemon.readiness()),
+        AdminRequest::Live => probe(daemon.liveness()),
+        AdminRequest::WarmTop { k } => {
+            let core = daemon.loaded()?;
+            let k = usize::try_from(k).unwrap_or(usize::MAX);
+            let ids: Vec<u64> = core
+                .graph
+                .snapshot()
+                .base()
+                .top_degree(k)
+                .into_iter()
+                .map(u64::from)
+                .collect();
+            warm(daemon, runtime, &ids, progress)?
+        }
+        AdminRequest::WarmIds { ids } => {
+            let core = daemon.loaded()?;
+            let n_nodes = core.graph.snapshot().n_nodes();
+            if let Some(&unknown) = ids.iter().find(|&&id| id >= n_nodes) {
+                bail!(
+                    "node {unknown} is not in the graph ({n_nodes} nodes): warm known nodes only"
+                );
+            }
+            warm(daemon, runtime, &ids, progress)?
+        }
+        AdminRequest::Invalidate { ids } => {
+            let core = daemon.loaded()?;
+            runtime.block_on(core.tiers.invalidate(&ids));
+            daemon
+                .metrics
+                .admin_invalidated_ids
+                .inc_by(ids.len() as u64);
+            AdminResponse::Invalidated {
+                ids: ids.len() as u64,
+            }
+        }
+        AdminRequest::GetFanouts => fanouts(daemon),
+        AdminRequest::SetFanouts { fanouts: wanted } => {
+            daemon.knobs.set_fanouts(wanted)?;
+            tracing::info!(fanouts = ?wanted, "fanouts set through the admin socket");
+            fanouts(daemon)
+        }
+        AdminRequest::GetDeadline => deadline(daemon),
+        AdminRequest::SetDeadline { ms } => {
+            daemon.knobs.set_deadline_ms(ms)?;
+            tracing::info!(ms, "feature deadline set through the admin socket");
+            deadline(daemon)
+        }
+        AdminRequest::GetLogLevel => AdminResponse::LogLevel {
+            level: log_handle(daemon)?.level(),
+        },
+        AdminRequest::SetLogLevel { level } => {
+            let log = log_handle(daemon)?;
+            log.set_level(&level).map_err(anyhow::Error::msg)?;
+            tracing::info!(%level, "log level set through the admin socket");
+            AdminResponse::LogLevel { level: log.level() }
+        }
+        AdminRequest::AddNodes {
+            nodes,
+            edges,
+            undirected,
+        } => {
+            let core = daemon.loaded()?;
+            let dim = core.feature_dim;
+            for node in &nodes {
+                ensure!(
+                    node.features.len() == dim,
+                    "node {} has {} features; the sidecar serves rows of {dim}",
+                    node.id,
+                    node.features.len()
+                );
+            }
+            // Rows first, then the graph: a node is never reachable before
+            // its features are stored.
+            let rows: Vec<(u64, Vec<u8>)> = nodes
+                .iter()
+                .map(|n| (n.id, encode_row(&n.features)))
+                .collect();
+            let ids: Vec<u64> = nodes.iter().map(|n| n.id).collect();
+            match (&core.store, &core.redis) {
+                (Some(store), None) if store.role() == Role::StoreOfRecord => {
+                    store.put_many(rows.iter().map(|(id, row)| (*id, row.as_slice())))?
+                }
+                (_, Some(redis)) => runtime
+                    .block_on(redis.set_many(&rows))
+                    .context("writing the new rows to Redis")?,
+                _ => bail!("no feature store to write the new rows to"),
+            }
+            runtime.block_on(core.tiers.invalidate(&ids));
+            let before = core.graph.snapshot().n_nodes();
+            let stats = core.graph.add_edges_and_nodes(&edges, &ids, undirected)?;
+            tracing::info!(
+                nodes = ids.len(),
+                edges = stats.edges_added,
+                n_nodes = stats.n_nodes,
+                "graph updated through the admin socket"
+            );
+            AdminResponse::Updated {
+                nodes_added: stats.n_nodes.saturating_sub(before),
+                edges_added: stats.edges_added,
+                n_nodes: stats.n_nodes,
+                generation: stats.generation,
+            }
+        }
+        AdminRequest::AddEdges { edges, undirected } => {
+            let core = daemon.loaded()?;
+            let before = core.graph.snapshot().n_nodes();
+            let stats = core.graph.add_edges(&edges, undirected)?;
+            tracing::info!(
+                edges = stats.edges_added,
+                ignored = stats.edges_ignored,
+                n_nodes = stats.n_nodes,
+                "edges added through the admin socket"
+            );
+            AdminResponse::Updated {
+                nodes_added: stats.n_nodes.saturating_sub(before),
+                edges_added: stats.edges_added,
+                n_nodes: stats.n_nodes,
+                generation: stats.generation,
+            }
+        }
+        AdminRequest::Compact => {
+            let core = daemon.loaded()?;
+            let started = Instant::now();
+            let built = core.graph.compact(&core.index_path)?;
+            AdminResponse::Compacted {
+                n_nodes: built.n_nodes,
+                n_edges: built.n_edges,
+                generation: core.graph.snapshot().generation(),
+                seconds: started.elapsed().as_secs_f64(),
+            }
+        }
+        AdminRequest::FlushCache { l1, l2 } => {
+            let core = daemon.loaded()?;
+            let l2_is_cache = core
+                .store
+                .as_ref()
+                .is_some_and(|s| matches!(s.role(), Role::Cache { .. }));
+            // Neither flag: every cache there is.
+            let (l1, l2) = if !l1 && !l2 {
+                (true, l2_is_cache)
+            } else {
+                (l1, l2)
+            };
+            if l2 {
+                runtime.block_on(core.tiers.flush_l2())?;
+            }
+            let (l1_rows, pinned_rows) = if l1 {
+                core.tiers.flush_l1(true)
+            } else {
+                (0, 0)
+            };
+            tracing::info!(
+                l1,
+                l2,
+                l1_rows,
+                pinned_rows,
+                "caches flushed through the admin socket"
+            );
+            AdminResponse::Flushed {
+                l1_rows: l1_rows as u64,
+                pinned_rows: pinned_rows as u64,
+                l2,
+            }
+        }
+        AdminRequest::Drain { after_s } => {
+            ensure!(
+                after_s.is_finite() && (0.0..=3600.0).contains(&after_s),
+                "drain --after-s {after_s} is outside 0..=3600 seconds"
+            );
+            let wait = daemon.config.drain_timeout() + Duration::from_secs(5);
+            let outcome = daemon.drain_and_wait(Duration::from_secs_f64(after_s), wait)?;
+            AdminResponse::Drained {
+                answered: outcome.answered,
+                pending: outcome.pending,
+                seconds: outcome.seconds,
+                complete: outcome.complete,
+            }
+        }
+        AdminRequest::Shutdown => {
+            daemon.request_stop();
+            AdminResponse::ShuttingDown
+        }
+    })
+}
+
+fn log_handle(daemon: &Daemon) -> anyhow::Result<&daemon_kit::logging::LogHandle> {
+    daemon.log.as_deref().ok_or_else(|| {
+        anyhow::anyhow!("this sidecar was started without a managed logger (library use)")
+    })
+}
+
+fn fanouts(daemon: &Daemon) -> AdminResponse {
+    AdminResponse::Fanouts {
+        fanouts: daemon.knobs.fanouts(),
+        max_fanouts: daemon.knobs.max_fanouts(),
+    }
+}
+
+fn deadline(daemon: &Daemon) -> AdminResponse {
+    AdminResponse::Deadline {
+        ms: daemon.knobs.deadline().as_secs_f64() * 1e3,
+    }
+}
+
+fn warm(
+    daemon: &Daemon,
+    runtime: &tokio::runtime::Handle,
+    ids: &[u64],
+    progress: &mut dyn FnMut(u64, u64),
+) -> anyhow::Result<AdminResponse> {
+    let core = daemon.loaded()?;
+    let started = Instant::now();
+    let pinned = runtime.block_on(core.tiers.pin(ids, WARM_CHUNK, progress));
+    let (_, pinned_total) = core.tiers.l1_rows();
+    tracing::info!(
+        pinned,
+        requested = ids.len(),
+        pinned_total,
+        "warmed through the admin socket"
+    );
+    Ok(AdminResponse::Warmed {
+        pinned: pinned as u64,
+        requested: ids.len() as u64,
+        pinned_total: pinned_total as u64,
+        seconds: started.elapsed().as_secs_f64(),
+    })
+}
+
+fn status(daemon: &Daemon) -> StatusReport {
+    let core = daemon.core();
+    let graph = core.map(|c| c.graph.snapshot());
+    let (l1_rows, pinned_rows) = core.map_or((0, 0), |c| c.tiers.l1_rows());
+    let occupancy = daemon
+        .ring()
+        .map(|r| (r.slot_count(), r.occupancy(), r.registered_clients()));
+    StatusReport {
+        server: format!("sidecar {}", env!("CARGO_PKG_VERSION")),
+        shm_name: daemon.config.shm_name.clone(),
+        phase: daemon.phase().name().into(),
+        ready: daemon.is_ready(),
+        uptime_s: daemon.started.elapsed().as_secs_f64(),
+        feature_dim: core.map_or(0, |c| c.feature_dim as u32),
+        graph_version: graph.as_ref().map_or(0, |g| g.graph_version()),
+        n_nodes: graph.as_ref().map_or(0, |g| g.n_nodes()),
+        n_edges: graph.as_ref().map_or(0, |g| g.n_edges()),
+        graph_generation: graph.as_ref().map_or(0, |g| g.generation()),
+        store: match core {
+            None => "not open yet".into(),
+            Some(c) => match (&c.store, &c.redis) {
+                (_, Some(_)) if c.store.is_some() => "redis+l2".into(),
+                (_, Some(_)) => "redis".into(),
+                (Some(_), None) => "rocksdb".into(),
+                (None, None) => "none".into(),
+            },
+        },
+        fanouts: daemon.knobs.fanouts(),
+        max_fanouts: daemon.knobs.max_fanouts(),
+        deadline_ms: daemon.knobs.deadline().as_secs_f64() * 1e3,
+        log_level: daemon.log.as_ref().map_or_else(String::new, |l| l.level()),
+        slots: occupancy.map_or(0, |(n, _, _)| n),
+        slots_used: occupancy.map_or(0, |(_, o, _)| o.used()),
+        clients: occupancy.map_or(0, |(_, _, c)| c),
+        l1_rows: l1_rows as u64,
+        l1_bytes: core.map_or(0, |c| c.tiers.l1_bytes()),
+        pinned_rows: pinned_rows as u64,
+    }
+}
+
+fn distribution(name: &str, histogram: Option<&daemon_kit::metrics::Histogram>) -> Distribution {
+    Distribution {
+        name: name.to_string(),
+        count: histogram.map_or(0, |h| h.count),
+        mean: histogram.and_then(|h| h.mean()),
+        p50: histogram.and_then(|h| h.quantile(0.5)),
+        p90: histogram.and_then(|h| h.quantile(0.9)),
+        p99: histogram.and_then(|h| h.quantile(0.99)),
+    }
+}
+
+/// The stats report, read from the same registry `/metrics` serves.
+fn stats(daemon: &Daemon) -> StatsReport {
+    use daemon_kit::metrics::{histograms, samples};
+    let text = daemon.metrics.encode();
+    let stage_histograms = histograms(&text, "sidecar_stage_seconds");
+    let stages = ["sample", "fetch", "batch"]
+        .iter()
+        .map(|&stage| {
+            distribution(
+                stage,
+                stage_histograms
+                    .iter()
+                    .find(|h| h.label("stage") == Some(stage)),
+            )
+        })
+        .collect();
+    let rows = histograms(&text, "sidecar_neighbor_fetch_count");
+    let all = samples(&text);
+    let value = |name: &str, label: Option<(&str, &str)>| -> u64 {
+        all.iter()
+            .find(|s| s.name == name && label.is_none_or(|(k, v)| s.label(k) == Some(v)))
+            .map_or(0, |s| s.value as u64)
+    };
+    let fallbacks: Vec<(String, u64)> = ["missing", "deadline", "unavailable"]
+        .iter()
+        .map(|&cause| {
+            (
+                cause.to_string(),
+                value("sidecar_feature_fallbacks_total", Some(("cause", cause))),
+            )
+        })
+        .collect();
+    let mut tier_rows: Vec<(String, u64)> = ["l1", "l2", "l3"]
+        .iter()
+        .map(|&tier| {
+            (
+                tier.to_string(),
+                value("sidecar_feature_rows_total", Some(("tier", tier))),
+            )
+        })
+        .collect();
+    tier_rows.push(("default".into(), fallbacks.iter().map(|(_, n)| n).sum()));
+    let served: u64 = tier_rows.iter().map(|(_, n)| n).sum();
+    let tiers = tier_rows
+        .into_iter()
+        .map(|(tier, rows)| TierRows {
+            ratio: if served == 0 {
+                0.0
+            } else {
+                rows as f64 / served as f64
+            },
+            tier,
+            rows,
+        })
+        .collect();
+    let ring = match daemon.ring() {
+        Some(ring) => {
+            let o = ring.occupancy();
+            RingOccupancy {
+                slots: ring.slot_count(),
+                free: o.free,
+                claimed: o.claimed,
+                submitted: o.submitted,
+                serving: o.serving,
+                published: o.published,
+                abandoned: o.abandoned,
+                clients: ring.registered_clients(),
+            }
+        }
+        None => RingOccupancy {
+            slots: 0,
+            free: 0,
+            claimed: 0,
+            submitted: 0,
+            serving: 0,
+            published: 0,
+            abandoned: 0,
+            clients: 0,
+        },
+    };
+    StatsReport {
+        batches: daemon.metrics.batches.get(),
+        requests: daemon.metrics.requests.get(),
+        stages,
+        neighbor_fetch_count: distribution("neighbor_fetch_count", rows.first()),
+        tiers,
+        fallbacks,
+        deadline_misses: daemon.metrics.deadline_misses.get(),
+        ring,
+    }
+}

@@ -1,0 +1,536 @@
+//! Every `sidecarctl` command against a running `sidecar serve` (a real
+//! process on cora, the embedded store), each checked by its effect: on the
+//! ring (a real ring client), on `/metrics`, or on the sidecar's state. The
+//! probes are checked in their failing states too: not ready while warming
+//! up (Redis stopped), while about to drain and while draining; not live
+//! when the process does not answer.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use protocol::client::{CallError, CallRequest, ClientOptions, RingClient};
+use tests::stack::{dataset, free_port, http_request, workspace_bin};
+use tests::{eventually, segment_exists, unique_name};
+
+/// A `sidecar serve` process with an admin socket and a metrics endpoint.
+struct Sidecar {
+    child: Child,
+    shm_name: String,
+    socket: PathBuf,
+    metrics: String,
+    dir: tempfile::TempDir,
+}
+
+impl Drop for Sidecar {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn import_cora(data: &Path) {
+    let out = Command::new(workspace_bin("sidecar"))
+        .arg("import")
+        .arg(dataset("cora"))
+        .arg("--data-dir")
+        .arg(data)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+impl Sidecar {
+    /// Starts on an imported cora with `extra` flags; does not wait.
+    fn spawn(dir: tempfile::TempDir, extra: &[&str]) -> Self {
+        let shm_name = unique_name("admin");
+        let socket = dir.path().join("admin.sock");
+        let metrics = format!("127.0.0.1:{}", free_port());
+        let warm_up: &[&str] = if extra.contains(&"--warm-up") {
+            &[]
+        } else {
+            &["--warm-up", "100"]
+        };
+        let child = Command::new(workspace_bin("sidecar"))
+            .arg("serve")
+            .arg("--data-dir")
+            .arg(dir.path().join("data"))
+            .args(["--shm-name", &shm_name, "--metrics-addr", &metrics])
+            .arg("--admin-socket")
+            .arg(&socket)
+            .args(["--slots", "8"])
+            .args(warm_up)
+            .args(extra)
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        Self {
+            child,
+            shm_name,
+            socket,
+            metrics,
+            dir,
+        }
+    }
+
+    fn start() -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        import_cora(&dir.path().join("data"));
+        let sidecar = Self::spawn(dir, &[]);
+        sidecar.wait_ready();
+        sidecar
+    }
+
+    fn wait_ready(&self) {
+        assert!(
+            eventually(Duration::from_secs(60), || self
+                .ctl(&["ready"])
+                .status
+                .success()),
+            "the sidecar did not become ready"
+        );
+    }
+
+    fn ctl(&self, args: &[&str]) -> Output {
+        Command::new(workspace_bin("sidecarctl"))
+            .arg("--socket")
+            .arg(&self.socket)
+            .args(args)
+            .output()
+            .unwrap()
+    }
+
+    /// stdout of a command that must succeed.
+    fn ok(&self, args: &[&str]) -> String {
+        let out = self.ctl(args);
+        assert!(
+            out.status.success(),
+            "sidecarctl {args:?} failed: {}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8(out.stdout).unwrap()
+    }
+
+    /// stderr of a command that must fail.
+    fn fails(&self, args: &[&str]) -> String {
+        let out = self.ctl(args);
+        assert_eq!(
+            out.status.code(),
+            Some(1),
+            "sidecarctl {args:?} should fail: {}",
+            String::from_utf8_lossy(&out.stdout)
+        );
+        String::from_utf8(out.stderr).unwrap()
+    }
+
+    fn json(&self, args: &[&str]) -> serde_json::Value {
+        let mut all = args.to_vec();
+        all.push("--json");
+        serde_json::from_str(&self.ok(&all)).unwrap()
+    }
+
+    fn metric(&self, name: &str) -> f64 {
+        let (code, body) = http_request(&self.metrics, "GET", "/metrics", None).unwrap();
+        assert_eq!(code, 200);
+        body.lines()
+            .find_map(|line| line.strip_prefix(name)?.strip_prefix(' '))
+            .unwrap_or_else(|| panic!("no metric {name} in:\n{body}"))
+            .parse()
+            .unwrap()
+    }
+
+    fn client(&self) -> RingClient {
+        RingClient::attach(&self.shm_name, ClientOptions::default()).unwrap()
+    }
+}
+
+/// One ring call with the sidecar's fanouts (0, 0); returns (fanouts used,
+/// hop-1 neighbours of each target, node ids).
+fn call(client: &RingClient, targets: &[u64]) -> ([u32; 2], Vec<Vec<u64>>, Vec<u64>) {
+    let response = client.call(&CallRequest::new(targets)).unwrap();
+    let tables = response.tables().unwrap();
+    let fanouts = tables.fanouts();
+    let f1 = fanouts[0] as usize;
+    let ids = tables.node_ids().to_vec();
+    let hop1 = (0..targets.len())
+        .map(|i| {
+            (0..tables.hop1_counts()[i] as usize)
+                .map(|j| ids[tables.hop1_rows()[i * f1 + j] as usize])
+                .collect()
+        })
+        .collect();
+    (fanouts, hop1, ids)
+}
+
+#[test]
+fn status_stats_and_the_probes_report_a_serving_sidecar() {
+    let sidecar = Sidecar::start();
+    assert_eq!(sidecar.ok(&["ready"]).trim(), "ok");
+    assert_eq!(sidecar.ok(&["live"]).trim(), "ok");
+    let status = sidecar.json(&["status"]);
+    assert_eq!(status["phase"], "ready");
+    assert_eq!(status["ready"], true);
+    assert_eq!(status["n_nodes"], 2708);
+    assert_eq!(status["feature_dim"], 1433);
+    assert_eq!(status["store"], "rocksdb");
+    assert_eq!(status["fanouts"], serde_json::json!([20, 10]));
+    assert_eq!(status["slots"], 8);
+    assert_eq!(status["pinned_rows"], 100);
+    let table = sidecar.ok(&["status"]);
+    assert!(table.contains("phase             ready"), "{table}");
+
+    let client = sidecar.client();
+    for k in 0..20u64 {
+        call(&client, &[k, k + 100]);
+    }
+    let stats = sidecar.json(&["stats"]);
+    assert_eq!(stats["requests"], 20);
+    let stages = stats["stages"].as_array().unwrap();
+    for stage in stages {
+        assert!(stage["count"].as_u64().unwrap() > 0, "{stage}");
+        assert!(stage["p50"].as_f64().unwrap() > 0.0, "{stage}");
+        assert!(stage["p99"].as_f64().unwrap() >= stage["p50"].as_f64().unwrap());
+    }
+    assert_eq!(stats["neighbor_fetch_count"]["count"], 20);
+    let rows: u64 = stats["tiers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t["rows"].as_u64().unwrap())
+        .sum();
+    // The tiers also served the warm-up's 100 rows.
+    assert_eq!(
+        rows as f64,
+        sidecar.metric("sidecar_rows_fetched_total") + 100.0
+    );
+    assert_eq!(stats["ring"]["slots"], 8);
+    assert_eq!(stats["ring"]["clients"], 1);
+    assert_eq!(stats["deadline_misses"], 0);
+    let table = sidecar.ok(&["stats"]);
+    assert!(table.contains("rows per tier"), "{table}");
+    assert!(table.contains("fetch"), "{table}");
+
+    // A closed pipe ends sidecarctl quietly (exit 0, nothing on stderr).
+    let piped = Command::new("bash")
+        .arg("-c")
+        .arg(format!(
+            "{} --socket {} stats | true; echo ${{PIPESTATUS[0]}}",
+            workspace_bin("sidecarctl").display(),
+            sidecar.socket.display()
+        ))
+        .output()
+        .unwrap();
+    assert!(
+        piped.stderr.is_empty(),
+        "{}",
+        String::from_utf8_lossy(&piped.stderr)
+    );
+    assert_eq!(String::from_utf8_lossy(&piped.stdout).trim(), "0");
+}
+
+#[test]
+fn runtime_knobs_take_effect_without_a_restart() {
+    let sidecar = Sidecar::start();
+    let client = sidecar.client();
+    // The hub 1358 has 168 neighbours: the fanout caps what is sampled.
+    assert_eq!(call(&client, &[1358]).0, [20, 10]);
+    assert!(sidecar
+        .ok(&["fanouts", "get"])
+        .contains("fanouts 20,10 (max 50,50)"));
+    sidecar.ok(&["fanouts", "set", "5,3"]);
+    let (fanouts, hop1, _) = call(&client, &[1358]);
+    assert_eq!(fanouts, [5, 3]);
+    assert_eq!(hop1[0].len(), 5);
+    assert_eq!(
+        sidecar.json(&["status"])["fanouts"],
+        serde_json::json!([5, 3])
+    );
+    let e = sidecar.fails(&["fanouts", "set", "60,1"]);
+    assert!(e.contains("fanout 60 of hop 1 is outside 1..=50"), "{e}");
+
+    assert!(sidecar.ok(&["deadline", "get"]).contains("deadline 20 ms"));
+    sidecar.ok(&["deadline", "set", "7.5"]);
+    assert_eq!(sidecar.json(&["status"])["deadline_ms"], 7.5);
+    assert_eq!(sidecar.metric("sidecar_deadline_seconds"), 0.0075);
+    assert!(sidecar.fails(&["deadline", "set", "0"]).contains("outside"));
+    assert!(sidecar
+        .fails(&["deadline", "set", "inf"])
+        .contains("outside"));
+
+    assert_eq!(sidecar.json(&["log-level", "get"])["log_level"], "info");
+    sidecar.ok(&["log-level", "set", "sidecar=debug,warn"]);
+    assert_eq!(sidecar.json(&["status"])["log_level"], "sidecar=debug,warn");
+    let e = sidecar.fails(&["log-level", "set", "loud"]);
+    assert!(e.contains("is not a log level"), "{e}");
+    assert_eq!(
+        sidecar.json(&["log-level", "get"])["log_level"],
+        "sidecar=debug,warn"
+    );
+}
+
+#[test]
+fn warm_invalidate_and_cache_flush_change_the_l1_contents() {
+    let sidecar = Sidecar::start();
+    assert_eq!(sidecar.json(&["status"])["pinned_rows"], 100);
+    let out = sidecar.ctl(&["warm", "--top", "2500"]);
+    assert!(out.status.success());
+    let progress = String::from_utf8_lossy(&out.stderr);
+    assert!(progress.contains("1000/2500"), "progress: {progress}");
+    assert!(
+        progress.contains("2500/2500 (100%)"),
+        "progress: {progress}"
+    );
+    assert!(String::from_utf8_lossy(&out.stdout).contains("pinned 2500 of 2500 rows"));
+    assert_eq!(sidecar.json(&["status"])["pinned_rows"], 2500);
+    let ids = sidecar.dir.path().join("ids.txt");
+    std::fs::write(&ids, "5 6\n7, 2603 # a comment\n").unwrap();
+    let warmed = sidecar.json(&["warm", "--ids-file", ids.to_str().unwrap()]);
+    assert_eq!(warmed["pinned"], 4);
+    let pinned = sidecar.json(&["status"])["pinned_rows"].as_u64().unwrap();
+    assert!(pinned >= 2500, "{pinned}");
+    std::fs::write(&ids, "99999\n").unwrap();
+    let e = sidecar.fails(&["warm", "--ids-file", ids.to_str().unwrap()]);
+    assert!(e.contains("node 99999 is not in the graph"), "{e}");
+
+    // Everything pinned is now served from L1.
+    let client = sidecar.client();
+    let before = sidecar.metric("sidecar_feature_rows_total{tier=\"l1\"}");
+    let (_, _, ids_served) = call(&client, &[5]);
+    assert_eq!(
+        sidecar.metric("sidecar_feature_rows_total{tier=\"l1\"}") - before,
+        ids_served.len() as f64
+    );
+    assert!(sidecar
+        .ok(&["invalidate", "5", "6", "7"])
+        .contains("invalidated 3 id(s)"));
+    assert_eq!(sidecar.json(&["status"])["pinned_rows"], pinned - 3);
+    assert_eq!(sidecar.metric("sidecar_invalidated_ids_admin_total"), 3.0);
+
+    let e = sidecar.fails(&["cache", "flush", "--l2"]);
+    assert!(e.contains("store of record"), "{e}");
+    let flushed = sidecar.json(&["cache", "flush"]);
+    assert_eq!(flushed["pinned_rows"], pinned - 3);
+    assert_eq!(flushed["l2"], false);
+    assert_eq!(sidecar.json(&["status"])["pinned_rows"], 0);
+    assert_eq!(sidecar.json(&["status"])["l1_rows"], 0);
+    // Served again from the store, then cached.
+    let before = sidecar.metric("sidecar_feature_rows_total{tier=\"l2\"}");
+    call(&client, &[5]);
+    assert!(sidecar.metric("sidecar_feature_rows_total{tier=\"l2\"}") > before);
+}
+
+#[test]
+fn graph_updates_reach_the_ring_and_survive_compaction() {
+    let sidecar = Sidecar::start();
+    let client = sidecar.client();
+    let dim = 1433;
+    let row: Vec<String> = (0..dim).map(|i| format!("{}", (i % 3) as f32)).collect();
+    let added = sidecar.json(&[
+        "graph",
+        "add-node",
+        "2708",
+        "--features",
+        &row.join(","),
+        "--edge",
+        "1",
+        "--edge",
+        "2",
+    ]);
+    assert_eq!(added["nodes_added"], 1);
+    assert_eq!(added["edges_added"], 4);
+    let (_, hop1, _) = call(&client, &[2708]);
+    let mut neighbours = hop1[0].clone();
+    neighbours.sort();
+    assert_eq!(neighbours, [1, 2]);
+
+    let edges = sidecar.dir.path().join("edges.txt");
+    std::fs::write(&edges, "# new links\n2708 3\n2708 4\n\n").unwrap();
+    let added = sidecar.json(&["graph", "add-edges", "--file", edges.to_str().unwrap()]);
+    assert_eq!(added["edges_added"], 4);
+    let (_, hop1, _) = call(&client, &[2708]);
+    assert_eq!(hop1[0].len(), 4);
+    std::fs::write(&edges, "2708 x\n").unwrap();
+    let e = sidecar.fails(&["graph", "add-edges", "--file", edges.to_str().unwrap()]);
+    assert!(e.contains(":1:"), "the error names the line: {e}");
+
+    let before = sidecar.json(&["status"]);
+    let compacted = sidecar.json(&["graph", "compact"]);
+    assert_eq!(compacted["n_nodes"], 2709);
+    assert_eq!(compacted["n_edges"], before["n_edges"]);
+    let (_, hop1, _) = call(&client, &[2708]);
+    assert_eq!(hop1[0].len(), 4);
+    assert_eq!(sidecar.json(&["status"])["n_edges"], before["n_edges"]);
+}
+
+#[test]
+fn drain_answers_what_was_submitted_then_refuses_new_requests() {
+    let sidecar = Sidecar::start();
+    let client = sidecar.client();
+    call(&client, &[1]);
+    // A preStop-style drain: not ready at once, still serving meanwhile.
+    let socket = sidecar.socket.clone();
+    let drain = std::thread::spawn(move || {
+        Command::new(workspace_bin("sidecarctl"))
+            .arg("--socket")
+            .arg(&socket)
+            .args(["drain", "--after-s", "1.5", "--json"])
+            .output()
+            .unwrap()
+    });
+    assert!(eventually(Duration::from_secs(1), || {
+        !sidecar.ctl(&["ready"]).status.success()
+    }));
+    let why = sidecar.ctl(&["ready"]);
+    assert_eq!(why.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&why.stdout).contains("about to drain"));
+    let (code, _) = http_request(&sidecar.metrics, "GET", "/readyz", None).unwrap();
+    assert_eq!(code, 503);
+    call(&client, &[2]); // still served during the delay
+    let drained = drain.join().unwrap();
+    assert!(
+        drained.status.success(),
+        "{}",
+        String::from_utf8_lossy(&drained.stderr)
+    );
+    let drained: serde_json::Value = serde_json::from_slice(&drained.stdout).unwrap();
+    assert_eq!(drained["complete"], true);
+    assert_eq!(drained["pending"], 0);
+    // Draining: not ready, live, and new requests are refused by the client rule.
+    let why = sidecar.ctl(&["ready"]);
+    assert_eq!(why.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&why.stdout).contains("draining"));
+    assert!(sidecar.ctl(&["live"]).status.success());
+    assert_eq!(sidecar.metric("sidecar_draining"), 1.0);
+    assert!(matches!(
+        client.call(&CallRequest::new(&[3])),
+        Err(CallError::Draining { .. })
+    ));
+    // Draining twice reports the same drain.
+    assert_eq!(sidecar.json(&["drain"])["complete"], true);
+}
+
+#[test]
+fn shutdown_stops_the_sidecar_and_removes_the_segment() {
+    let mut sidecar = Sidecar::start();
+    let shm = sidecar.shm_name.clone();
+    assert!(segment_exists(&shm));
+    assert!(sidecar.ok(&["shutdown"]).contains("draining and stopping"));
+    let started = Instant::now();
+    let status = loop {
+        if let Some(status) = sidecar.child.try_wait().unwrap() {
+            break status;
+        }
+        assert!(started.elapsed() < Duration::from_secs(30), "still running");
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    assert!(status.success());
+    assert!(!segment_exists(&shm));
+    assert!(
+        !sidecar.socket.exists(),
+        "the admin socket outlived the sidecar"
+    );
+    let e = sidecar.fails(&["status"]);
+    assert!(e.contains("is the sidecar running"), "{e}");
+}
+
+/// A dataset of `n` nodes in a ring (each linked to the next, both
+/// directions) with `dim` features per node: large enough that importing
+/// it takes seconds.
+fn ring_dataset(dir: &Path, n: u32, dim: usize) {
+    use std::io::Write;
+    std::fs::create_dir_all(dir).unwrap();
+    let mut pairs: Vec<(u32, u32)> = (0..n)
+        .flat_map(|i| [(i, (i + 1) % n), ((i + 1) % n, i)])
+        .collect();
+    pairs.sort_unstable();
+    let mut edges = std::io::BufWriter::new(std::fs::File::create(dir.join("edges.u32")).unwrap());
+    for (a, b) in &pairs {
+        edges.write_all(&a.to_le_bytes()).unwrap();
+        edges.write_all(&b.to_le_bytes()).unwrap();
+    }
+    edges.flush().unwrap();
+    let mut features =
+        std::io::BufWriter::new(std::fs::File::create(dir.join("features.f32")).unwrap());
+    for i in 0..n {
+        for j in 0..dim {
+            features
+                .write_all(&(((i as usize + j) % 7) as f32).to_le_bytes())
+                .unwrap();
+        }
+    }
+    features.flush().unwrap();
+    std::fs::write(
+        dir.join("meta.json"),
+        format!(
+            "{{\"name\": \"ring\", \"num_nodes\": {n}, \"num_edges\": {}, \"feature_dim\": {dim}}}",
+            pairs.len()
+        ),
+    )
+    .unwrap();
+}
+
+#[test]
+fn not_ready_until_loaded_and_warm_and_not_live_when_it_does_not_answer() {
+    // The sidecar seeds its data directory from a 128 MB dataset at start:
+    // seconds of `loading`, then `warming-up`, before the ring exists.
+    let dir = tempfile::tempdir().unwrap();
+    let seed = dir.path().join("ring-dataset");
+    ring_dataset(&seed, 500_000, 64);
+    let sidecar = Sidecar::spawn(
+        dir,
+        &[
+            "--seed-dataset",
+            seed.to_str().unwrap(),
+            "--warm-up",
+            "200000",
+        ],
+    );
+    assert!(
+        eventually(Duration::from_secs(30), || {
+            let out = sidecar.ctl(&["ready"]);
+            let said = String::from_utf8_lossy(&out.stdout);
+            out.status.code() == Some(1)
+                && (said.contains("not ready: loading") || said.contains("not ready: warming-up"))
+        }),
+        "no 'not ready' answer while loading"
+    );
+    let (code, body) = http_request(&sidecar.metrics, "GET", "/readyz", None).unwrap();
+    assert!(code == 503 || code == 200, "{code} {body}");
+    if code == 503 {
+        assert!(body.starts_with("not ready"), "{body}");
+        assert!(!segment_exists(&sidecar.shm_name), "a ring before ready");
+    }
+    assert!(
+        sidecar.ctl(&["live"]).status.success(),
+        "live while loading"
+    );
+    sidecar.wait_ready();
+    assert!(segment_exists(&sidecar.shm_name));
+    assert_eq!(sidecar.metric("sidecar_ready"), 1.0);
+    assert_eq!(sidecar.json(&["status"])["n_nodes"], 500_000);
+
+    // A stopped process answers nothing: the probes fail (and say why).
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(sidecar.child.id() as i32),
+        nix::sys::signal::Signal::SIGSTOP,
+    )
+    .unwrap();
+    let out = sidecar.ctl(&["--timeout-s", "1", "live"]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("sent nothing for 1 s"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(sidecar.child.id() as i32),
+        nix::sys::signal::Signal::SIGCONT,
+    )
+    .unwrap();
+    assert!(sidecar.ctl(&["live"]).status.success());
+}
