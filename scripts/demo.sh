@@ -12,7 +12,9 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh
 export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-$PWD/target}
-# The daemons log at info by default; the demo shows their warnings only.
+# The daemons log at info by default; the demo shows their warnings only
+# (log_level for the daemons, RUST_LOG for `sidecar import`).
+export RUST_LOG=${RUST_LOG:-warn}
 export SIDECAR_LOG_LEVEL=${SIDECAR_LOG_LEVEL:-warn}
 export GNN_WORKER_LOG_LEVEL=${GNN_WORKER_LOG_LEVEL:-warn}
 # The demo starts the binaries of the whole workspace. All targets, so the

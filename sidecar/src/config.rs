@@ -321,13 +321,6 @@ impl Validate for ServeConfig {
         u64_between("max_nodes", self.max_nodes.into(), 1, u32::MAX.into())?;
         u64_between("response_mib", self.response_mib, 1, MAX_RESPONSE_MIB)?;
         finite_between("deadline_ms", self.deadline_ms, 0.01, MAX_DEADLINE_MS, "ms")?;
-        if self.deadline_ms <= 0.0 {
-            return Err(Invalid::new(
-                "deadline_ms",
-                "must be above 0",
-                "set deadline_ms above 0",
-            ));
-        }
         u64_between("l1_mib", self.l1_mib, 0, 1 << 20)?;
         u64_between("warm_up", self.warm_up as u64, 0, u32::MAX.into())?;
         finite_between("client_timeout_s", self.client_timeout_s, 0.5, 3600.0, "s")?;
