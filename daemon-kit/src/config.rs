@@ -283,6 +283,19 @@ where
         Self::load_from(spec, file, &env, flags)
     }
 
+    /// [`Layered::load`] for a daemon's command line: the file is the
+    /// `--config` flag's, else the one `<PREFIX>CONFIG` names, else none.
+    pub fn load_for_command(
+        spec: Spec,
+        config_flag: Option<&Path>,
+        flags: &impl Serialize,
+    ) -> Result<Self, ConfigError> {
+        let file = config_flag
+            .map(Path::to_path_buf)
+            .or_else(|| std::env::var_os(spec.config_var()).map(PathBuf::from));
+        Self::load(spec, file.as_deref(), flags)
+    }
+
     /// [`Layered::load`] with the environment given (tests).
     pub fn load_from(
         spec: Spec,

@@ -92,6 +92,15 @@ impl LogHandle {
     }
 }
 
+/// Logging for a one-shot command (`sidecar import`, `gnn-worker predict`):
+/// text on stderr at `$RUST_LOG`, else `info`.
+pub fn init_for_command() {
+    tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        .with_env_filter(EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()))
+        .init();
+}
+
 /// Installs the process-wide subscriber. Fails if `level` does not parse or
 /// a subscriber is already installed.
 pub fn init(format: LogFormat, level: &str) -> Result<LogHandle, String> {

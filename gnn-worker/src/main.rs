@@ -68,13 +68,7 @@ struct ServeArgs {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     if !matches!(cli.command, Command::Serve(_)) {
-        tracing_subscriber::fmt()
-            .with_writer(std::io::stderr)
-            .with_env_filter(
-                tracing_subscriber::EnvFilter::try_from_default_env()
-                    .unwrap_or_else(|_| "info".into()),
-            )
-            .init();
+        daemon_kit::logging::init_for_command();
     }
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
@@ -102,11 +96,7 @@ fn main() -> ExitCode {
 
 /// Loads the layered configuration of `gnn-worker serve`.
 fn load_config(args: &ServeArgs) -> Result<Layered<WorkerConfig>, ConfigError> {
-    let file = args
-        .config
-        .clone()
-        .or_else(|| std::env::var_os(SPEC.config_var()).map(PathBuf::from));
-    Layered::load(SPEC, file.as_deref(), &args.flags)
+    Layered::load_for_command(SPEC, args.config.as_deref(), &args.flags)
 }
 
 /// Resolves when SIGTERM or SIGINT arrives; SIGHUP re-reads `log_level`.

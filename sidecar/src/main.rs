@@ -124,13 +124,7 @@ fn stop_on_signals(reload_level: impl Fn() + Send + 'static) -> anyhow::Result<A
 fn main() -> ExitCode {
     let cli = Cli::parse();
     if !matches!(cli.command, Command::Serve(_)) {
-        tracing_subscriber::fmt()
-            .with_writer(std::io::stderr)
-            .with_env_filter(
-                tracing_subscriber::EnvFilter::try_from_default_env()
-                    .unwrap_or_else(|_| "info".into()),
-            )
-            .init();
+        daemon_kit::logging::init_for_command();
     }
     match run(cli) {
         Ok(()) => ExitCode::SUCCESS,
@@ -143,11 +137,7 @@ fn main() -> ExitCode {
 
 /// Loads the layered configuration of `sidecar serve`.
 fn load_config(args: &ServeArgs) -> Result<Layered<ServeConfig>, ConfigError> {
-    let file = args
-        .config
-        .clone()
-        .or_else(|| std::env::var_os(SPEC.config_var()).map(PathBuf::from));
-    Layered::load(SPEC, file.as_deref(), &args.flags)
+    Layered::load_for_command(SPEC, args.config.as_deref(), &args.flags)
 }
 
 fn serve(args: ServeArgs) -> anyhow::Result<()> {

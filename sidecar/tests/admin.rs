@@ -10,7 +10,10 @@ use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
 use protocol::client::{CallError, CallRequest, ClientOptions, RingClient};
-use tests::stack::{dataset, free_port, http_request, workspace_bin};
+use tests::stack::{
+    dataset, free_port, http_request, http_status_within as status_within, metric_value,
+    sidecar_import, workspace_bin,
+};
 use tests::{eventually, segment_exists, unique_name};
 
 /// A `sidecar serve` process with an admin socket and a metrics endpoint.
@@ -30,18 +33,7 @@ impl Drop for Sidecar {
 }
 
 fn import_cora(data: &Path) {
-    let out = Command::new(workspace_bin("sidecar"))
-        .arg("import")
-        .arg(dataset("cora"))
-        .arg("--data-dir")
-        .arg(data)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    sidecar_import(&dataset("cora"), data, &[]);
 }
 
 impl Sidecar {
@@ -135,13 +127,7 @@ impl Sidecar {
     }
 
     fn metric(&self, name: &str) -> f64 {
-        let (code, body) = http_request(&self.metrics, "GET", "/metrics", None).unwrap();
-        assert_eq!(code, 200);
-        body.lines()
-            .find_map(|line| line.strip_prefix(name)?.strip_prefix(' '))
-            .unwrap_or_else(|| panic!("no metric {name} in:\n{body}"))
-            .parse()
-            .unwrap()
+        metric_value(&self.metrics, name)
     }
 
     fn client(&self) -> RingClient {
@@ -527,10 +513,19 @@ fn not_ready_until_loaded_and_warm_and_not_live_when_it_does_not_answer() {
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
+    assert_eq!(
+        status_within(&sidecar.metrics, "/healthz", Duration::from_secs(1)),
+        None,
+        "/healthz answered from a stopped process"
+    );
     nix::sys::signal::kill(
         nix::unistd::Pid::from_raw(sidecar.child.id() as i32),
         nix::sys::signal::Signal::SIGCONT,
     )
     .unwrap();
     assert!(sidecar.ctl(&["live"]).status.success());
+    assert_eq!(
+        status_within(&sidecar.metrics, "/healthz", Duration::from_secs(5)),
+        Some(200)
+    );
 }

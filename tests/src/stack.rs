@@ -363,6 +363,53 @@ impl Stack {
     }
 }
 
+/// `sidecar import <dataset> --data-dir <data_dir> <extra...>`, which must
+/// succeed.
+pub fn sidecar_import(dataset_dir: &Path, data_dir: &Path, extra: &[&str]) {
+    let out = Command::new(workspace_bin("sidecar"))
+        .arg("import")
+        .arg(dataset_dir)
+        .arg("--data-dir")
+        .arg(data_dir)
+        .args(extra)
+        .output()
+        .expect("running sidecar import");
+    assert!(
+        out.status.success(),
+        "sidecar import {}: {}",
+        dataset_dir.display(),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// The value of one sample of `GET /metrics` on `addr`: `name` with its
+/// labels as the exposition writes them, e.g. `x_total{tier="l1"}`.
+pub fn metric_value(addr: &str, name: &str) -> f64 {
+    let (code, body) = http_request(addr, "GET", "/metrics", None).expect("GET /metrics");
+    assert_eq!(code, 200, "GET /metrics on {addr}");
+    body.lines()
+        .find_map(|line| line.strip_prefix(name)?.strip_prefix(' '))
+        .unwrap_or_else(|| panic!("no metric {name} in:\n{body}"))
+        .parse()
+        .unwrap_or_else(|e| panic!("{name}: {e}"))
+}
+
+/// The status code of `GET path`, or `None` when no answer comes within
+/// `limit`: what a probe with that timeout sees.
+pub fn http_status_within(addr: &str, path: &str, limit: Duration) -> Option<u16> {
+    use std::io::{Read, Write};
+    let mut stream = std::net::TcpStream::connect(addr).ok()?;
+    stream.set_read_timeout(Some(limit)).ok()?;
+    write!(
+        stream,
+        "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
+    )
+    .ok()?;
+    let mut head = [0u8; 12];
+    stream.read_exact(&mut head).ok()?;
+    std::str::from_utf8(&head[9..12]).ok()?.parse().ok()
+}
+
 /// One HTTP/1.1 request with `Connection: close`.
 pub fn http_request(
     addr: &str,

@@ -13,8 +13,8 @@ use std::time::Duration;
 
 use gnn_worker::grpc::{pb, PredictorClient};
 use tests::stack::{
-    dataset, free_port, http_request, onnxruntime_lib, repo_root, trained_model, workspace_bin,
-    Stack, StackOptions,
+    dataset, free_port, http_request, http_status_within as status_within, metric_value,
+    onnxruntime_lib, repo_root, sidecar_import, trained_model, workspace_bin, Stack, StackOptions,
 };
 use tests::{eventually, unique_name};
 
@@ -29,19 +29,8 @@ impl Drop for Proc {
 }
 
 fn import(data: &Path, graph_version: u64) {
-    let out = Command::new(workspace_bin("sidecar"))
-        .arg("import")
-        .arg(dataset("cora"))
-        .arg("--data-dir")
-        .arg(data)
-        .args(["--graph-version", &graph_version.to_string()])
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let version = graph_version.to_string();
+    sidecar_import(&dataset("cora"), data, &["--graph-version", &version]);
 }
 
 fn sidecar(data: &Path, shm: &str, socket: &Path) -> Proc {
@@ -95,6 +84,10 @@ fn worker(shm: &str, extra_env: &[(&str, &str)]) -> Worker {
 }
 
 impl Worker {
+    fn pid(&self) -> u32 {
+        self._proc.0.id()
+    }
+
     fn readyz(&self) -> (u16, String) {
         http_request(&self.http, "GET", "/readyz", None).unwrap()
     }
@@ -131,12 +124,7 @@ impl Worker {
     }
 
     fn metric(&self, name: &str) -> f64 {
-        let (_, body) = http_request(&self.http, "GET", "/metrics", None).unwrap();
-        body.lines()
-            .find_map(|line| line.strip_prefix(name)?.strip_prefix(' '))
-            .unwrap_or_else(|| panic!("no {name} in:\n{body}"))
-            .parse()
-            .unwrap()
+        metric_value(&self.http, name)
     }
 }
 
@@ -199,6 +187,18 @@ fn the_workers_readiness_follows_the_sidecar() {
     let _ = std::fs::remove_file(&socket);
     let why = worker.wait_ready(false, Duration::from_secs(3));
     assert!(why.contains("gone") || why.contains("draining"), "{why}");
+
+    // Liveness: the worker answers /healthz however its sidecar is, and
+    // stops answering (the probe fails) when the process hangs.
+    let pid = nix::unistd::Pid::from_raw(worker.pid() as i32);
+    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGSTOP).unwrap();
+    let hung = status_within(&worker.http, "/healthz", Duration::from_secs(1));
+    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGCONT).unwrap();
+    assert_eq!(hung, None, "/healthz answered from a stopped worker");
+    assert_eq!(
+        status_within(&worker.http, "/healthz", Duration::from_secs(5)),
+        Some(200)
+    );
 
     // Its replacement: ready again without a worker restart.
     sidecar_proc = sidecar(&data, &shm, &socket);

@@ -59,13 +59,7 @@ impl Sidecar {
 
     /// The value of one metric line (`name` with its labels).
     fn metric(&self, name: &str) -> u64 {
-        let (code, body) = http_request(&self.metrics, "GET", "/metrics", None).unwrap();
-        assert_eq!(code, 200);
-        body.lines()
-            .find_map(|line| line.strip_prefix(name)?.strip_prefix(' '))
-            .unwrap_or_else(|| panic!("no metric {name} in:\n{body}"))
-            .parse()
-            .unwrap()
+        tests::stack::metric_value(&self.metrics, name) as u64
     }
 }
 

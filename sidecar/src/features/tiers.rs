@@ -254,22 +254,7 @@ impl FeatureTiers {
     /// Loads `hot` (e.g. the top-degree nodes) through the tiers and pins
     /// them in L1, then marks the tiers ready. Returns how many were pinned.
     pub async fn warm_up(&self, hot: &[u64]) -> usize {
-        let dim = self.inner.dim;
-        let mut pinned = Pinned::new(dim);
-        for chunk in hot.chunks(1_000) {
-            let mut rows = vec![0f32; chunk.len() * dim];
-            let mut sources = vec![RowSource::default(); chunk.len()];
-            let deadline = Instant::now() + self.inner.fetch_timeout;
-            self.fetch_into(chunk, Some(deadline), &mut rows, &mut sources)
-                .await;
-            for ((&id, row), source) in chunk.iter().zip(rows.chunks_exact(dim)).zip(&sources) {
-                if !source.fallback {
-                    pinned.insert(id, row);
-                }
-            }
-        }
-        let n = pinned.len();
-        self.inner.pinned.store(Arc::new(pinned));
+        let n = self.pin(hot, 1_000, |_, _| {}).await;
         self.inner.ready.store(true, Ordering::Release);
         tracing::info!(pinned = n, requested = hot.len(), "feature warm-up done");
         n
