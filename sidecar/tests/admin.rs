@@ -11,8 +11,8 @@ use std::time::{Duration, Instant};
 
 use protocol::client::{CallError, CallRequest, ClientOptions, RingClient};
 use tests::stack::{
-    dataset, free_port, http_request, http_status_within as status_within, metric_value,
-    sidecar_import, workspace_bin,
+    dataset, free_port, freeze_process, http_request, http_status_within as status_within,
+    metric_value, sidecar_import, thaw_process, workspace_bin,
 };
 use tests::{eventually, segment_exists, unique_name};
 
@@ -72,7 +72,9 @@ impl Sidecar {
     fn start() -> Self {
         let dir = tempfile::tempdir().unwrap();
         import_cora(&dir.path().join("data"));
-        let sidecar = Self::spawn(dir, &[]);
+        // A generous feature deadline: the counts these tests check must not
+        // depend on how loaded the machine is (no row served late).
+        let sidecar = Self::spawn(dir, &["--deadline-ms", "10000"]);
         sidecar.wait_ready();
         sidecar
     }
@@ -189,9 +191,10 @@ fn status_stats_and_the_probes_report_a_serving_sidecar() {
         .iter()
         .map(|t| t["rows"].as_u64().unwrap())
         .sum();
-    // The tiers also served the warm-up's 100 rows.
+    // Every row asked (the warm-up's 100 too) was served by a tier, or
+    // joined a fetch already in flight for it.
     assert_eq!(
-        rows as f64,
+        rows as f64 + sidecar.metric("sidecar_feature_coalesced_total"),
         sidecar.metric("sidecar_rows_fetched_total") + 100.0
     );
     assert_eq!(stats["ring"]["slots"], 8);
@@ -239,7 +242,9 @@ fn runtime_knobs_take_effect_without_a_restart() {
     let e = sidecar.fails(&["fanouts", "set", "60,1"]);
     assert!(e.contains("fanout 60 of hop 1 is outside 1..=50"), "{e}");
 
-    assert!(sidecar.ok(&["deadline", "get"]).contains("deadline 20 ms"));
+    assert!(sidecar
+        .ok(&["deadline", "get"])
+        .contains("deadline 10000 ms"));
     sidecar.ok(&["deadline", "set", "7.5"]);
     assert_eq!(sidecar.json(&["status"])["deadline_ms"], 7.5);
     assert_eq!(sidecar.metric("sidecar_deadline_seconds"), 0.0075);
@@ -364,16 +369,18 @@ fn drain_answers_what_was_submitted_then_refuses_new_requests() {
         Command::new(workspace_bin("sidecarctl"))
             .arg("--socket")
             .arg(&socket)
-            .args(["drain", "--after-s", "1.5", "--json"])
+            .args(["drain", "--after-s", "6", "--json"])
             .output()
             .unwrap()
     });
-    assert!(eventually(Duration::from_secs(1), || {
-        !sidecar.ctl(&["ready"]).status.success()
+    // Within the 6 s delay (a slow machine still has seconds to spare).
+    let mut said = String::new();
+    assert!(eventually(Duration::from_secs(4), || {
+        let out = sidecar.ctl(&["ready"]);
+        said = String::from_utf8_lossy(&out.stdout).into_owned();
+        out.status.code() == Some(1)
     }));
-    let why = sidecar.ctl(&["ready"]);
-    assert_eq!(why.status.code(), Some(1));
-    assert!(String::from_utf8_lossy(&why.stdout).contains("about to drain"));
+    assert!(said.contains("about to drain"), "{said}");
     let (code, _) = http_request(&sidecar.metrics, "GET", "/readyz", None).unwrap();
     assert_eq!(code, 503);
     call(&client, &[2]); // still served during the delay
@@ -501,11 +508,7 @@ fn not_ready_until_loaded_and_warm_and_not_live_when_it_does_not_answer() {
     assert_eq!(sidecar.json(&["status"])["n_nodes"], 500_000);
 
     // A stopped process answers nothing: the probes fail (and say why).
-    nix::sys::signal::kill(
-        nix::unistd::Pid::from_raw(sidecar.child.id() as i32),
-        nix::sys::signal::Signal::SIGSTOP,
-    )
-    .unwrap();
+    freeze_process(sidecar.child.id());
     let out = sidecar.ctl(&["--timeout-s", "1", "live"]);
     assert_eq!(out.status.code(), Some(1));
     assert!(
@@ -518,11 +521,7 @@ fn not_ready_until_loaded_and_warm_and_not_live_when_it_does_not_answer() {
         None,
         "/healthz answered from a stopped process"
     );
-    nix::sys::signal::kill(
-        nix::unistd::Pid::from_raw(sidecar.child.id() as i32),
-        nix::sys::signal::Signal::SIGCONT,
-    )
-    .unwrap();
+    thaw_process(sidecar.child.id());
     assert!(sidecar.ctl(&["live"]).status.success());
     assert_eq!(
         status_within(&sidecar.metrics, "/healthz", Duration::from_secs(5)),

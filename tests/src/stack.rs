@@ -394,6 +394,39 @@ pub fn metric_value(addr: &str, name: &str) -> f64 {
         .unwrap_or_else(|e| panic!("{name}: {e}"))
 }
 
+/// Stops process `pid` (SIGSTOP) and returns once every one of its threads
+/// is stopped: a signal is delivered asynchronously, and a probe sent
+/// before the stop lands would still be answered.
+pub fn freeze_process(pid: u32) {
+    use nix::sys::signal::{kill, Signal};
+    kill(nix::unistd::Pid::from_raw(pid as i32), Signal::SIGSTOP).expect("SIGSTOP");
+    let all_stopped = || -> bool {
+        let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+            return false;
+        };
+        tasks.flatten().all(|task| {
+            std::fs::read_to_string(task.path().join("stat"))
+                .ok()
+                .and_then(|stat| {
+                    // The state follows the command name in parentheses.
+                    let state = stat.rsplit_once(')')?.1.trim_start().chars().next()?;
+                    Some(state == 'T' || state == 't')
+                })
+                .unwrap_or(false)
+        })
+    };
+    assert!(
+        eventually(Duration::from_secs(5), all_stopped),
+        "process {pid} did not stop"
+    );
+}
+
+/// Resumes a process stopped by [`freeze_process`].
+pub fn thaw_process(pid: u32) {
+    use nix::sys::signal::{kill, Signal};
+    kill(nix::unistd::Pid::from_raw(pid as i32), Signal::SIGCONT).expect("SIGCONT");
+}
+
 /// The status code of `GET path`, or `None` when no answer comes within
 /// `limit`: what a probe with that timeout sees.
 pub fn http_status_within(addr: &str, path: &str, limit: Duration) -> Option<u16> {

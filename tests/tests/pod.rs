@@ -228,35 +228,23 @@ fn the_dev_pod_pair_runs_under_podman_and_survives_a_sidecar_kill() {
     // Names of this run (Kubernetes names: lowercase, digits, '-').
     let id = format!("p{}", std::process::id());
 
-    // 1. Render the dev overlay and validate every object.
-    let rendered = run(Command::new("kubectl")
-        .arg("kustomize")
-        .arg(repo_root().join("k8s/overlays/dev")));
-    let rendered_file = work.path().join("dev.yaml");
-    std::fs::write(&rendered_file, &rendered).unwrap();
-    let report = run(Command::new(&validate)
-        .args(["-k", KUBERNETES_VERSION, "--strict"])
-        .arg(&rendered_file));
-    let kinds: Vec<String> = rendered
-        .lines()
-        .filter_map(|l| l.strip_prefix("kind: "))
-        .map(str::to_string)
-        .collect();
-    println!("rendered objects: {kinds:?}");
-    for kind in [
-        "ConfigMap",
-        "Service",
-        "Deployment",
-        "PodDisruptionBudget",
-        "HorizontalPodAutoscaler",
-    ] {
-        assert!(kinds.iter().any(|k| k == kind), "no {kind} rendered");
+    // 1. Render the base and both overlays; validate every object.
+    for kustomization in ["k8s/base", "k8s/overlays/prod", "k8s/overlays/dev"] {
+        let objects = render_and_validate(&validate, kustomization, work.path());
+        println!("{kustomization}: {}", objects.join(", "));
+        for kind in [
+            "ConfigMap/",
+            "Service/",
+            "Deployment/",
+            "PodDisruptionBudget/",
+            "HorizontalPodAutoscaler/",
+        ] {
+            assert!(
+                objects.iter().any(|o| o.starts_with(kind)),
+                "{kustomization} renders no {kind}"
+            );
+        }
     }
-    assert_eq!(
-        report.matches(" passed for resource ").count(),
-        kinds.len(),
-        "kubernetes-validate did not pass every object:\n{report}"
-    );
 
     // 2. Assemble the two images from this machine's files.
     let cora = shipped_cora();
@@ -574,6 +562,38 @@ fn the_dev_pod_pair_runs_under_podman_and_survives_a_sidecar_kill() {
     let exists = podman.cmd().args(["pod", "exists", &pod]).status().unwrap();
     assert!(!exists.success(), "the pod is still there after kube down");
     println!("pod test took {:.1} s", started.elapsed().as_secs_f64());
+}
+
+/// Renders `kustomization` (relative to the repository) with `kubectl
+/// kustomize`, validates every object with kubernetes-validate against
+/// [`KUBERNETES_VERSION`] (strict: unknown fields are errors), and returns
+/// the objects as `Kind/name`.
+fn render_and_validate(validate: &Path, kustomization: &str, work: &Path) -> Vec<String> {
+    let rendered = run(Command::new("kubectl")
+        .arg("kustomize")
+        .arg(repo_root().join(kustomization)));
+    let file = work.join(format!("{}.yaml", kustomization.replace('/', "-")));
+    std::fs::write(&file, &rendered).unwrap();
+    let report = run(Command::new(validate)
+        .args(["-k", KUBERNETES_VERSION, "--strict"])
+        .arg(&file));
+    let objects: Vec<String> = rendered
+        .split("\n---\n")
+        .filter_map(|doc| {
+            let kind = doc.lines().find_map(|l| l.strip_prefix("kind: "))?;
+            let name = doc
+                .lines()
+                .skip_while(|l| *l != "metadata:")
+                .find_map(|l| l.strip_prefix("  name: "))?;
+            Some(format!("{kind}/{name}"))
+        })
+        .collect();
+    assert_eq!(
+        report.matches(" passed for resource ").count(),
+        objects.len(),
+        "kubernetes-validate did not pass every object of {kustomization}:\n{report}"
+    );
+    objects
 }
 
 /// `target` relative to `base` (kustomize resolves resources relative to

@@ -13,8 +13,9 @@ use std::time::Duration;
 
 use gnn_worker::grpc::{pb, PredictorClient};
 use tests::stack::{
-    dataset, free_port, http_request, http_status_within as status_within, metric_value,
-    onnxruntime_lib, repo_root, sidecar_import, trained_model, workspace_bin, Stack, StackOptions,
+    dataset, free_port, freeze_process, http_request, http_status_within as status_within,
+    metric_value, onnxruntime_lib, repo_root, sidecar_import, thaw_process, trained_model,
+    workspace_bin, Stack, StackOptions,
 };
 use tests::{eventually, unique_name};
 
@@ -190,10 +191,9 @@ fn the_workers_readiness_follows_the_sidecar() {
 
     // Liveness: the worker answers /healthz however its sidecar is, and
     // stops answering (the probe fails) when the process hangs.
-    let pid = nix::unistd::Pid::from_raw(worker.pid() as i32);
-    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGSTOP).unwrap();
+    freeze_process(worker.pid());
     let hung = status_within(&worker.http, "/healthz", Duration::from_secs(1));
-    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGCONT).unwrap();
+    thaw_process(worker.pid());
     assert_eq!(hung, None, "/healthz answered from a stopped worker");
     assert_eq!(
         status_within(&worker.http, "/healthz", Duration::from_secs(5)),
