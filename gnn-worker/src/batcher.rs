@@ -1,14 +1,29 @@
-//! Dynamic batching: concurrent client calls are gathered for at most
-//! `max_delay` (or until `max_batch` targets are waiting), submitted to the
-//! ring as one request per `max_targets` chunk, run through the model on
-//! the response buffers in place, and the predictions handed back to each
-//! caller.
+//! Dynamic batching that never waits for nothing: a call is dispatched at
+//! once when an executor is free; calls gather into one batch only while
+//! every executor is busy, until one frees up, `max_batch` targets are
+//! waiting, or `max_delay` has passed (an upper bound, not a fixed wait).
+//! A batch is submitted to the ring as one request per `max_targets` chunk,
+//! run through the model on the response buffers in place, and the
+//! predictions handed back to each caller.
 //!
-//! The gathering is one tokio task; the ring calls and ONNX runs happen on
-//! dedicated executor threads (each with its own session), never on the
-//! async runtime's workers. An executor that panics answers its batch with
-//! an error and retires (its session may be inconsistent); the worker is
-//! not ready once no executor is left.
+//! Three stages, so that ring round trips overlap model runs:
+//! - **gather** (one tokio task) forms batches;
+//! - **ring** (`ring_concurrency` threads) submits a batch's chunks to the
+//!   sidecar and waits for the responses: up to `ring_concurrency` batches
+//!   are on the ring at once (each response holds its slot until its model
+//!   run ends);
+//! - **model** (`executors` threads, each with its own ONNX Runtime
+//!   session) runs the model on each response in place and answers the
+//!   callers.
+//!
+//! "An executor is free" for the batching rule means fewer than
+//! `ring_concurrency` batches are between dispatch and answer (on the ring,
+//! waiting for a model executor, or in a model run): up to that many are in
+//! flight at once, and batches gather while the pipeline is full. A ring
+//! thread whose responses find the model stage full waits with them. Nothing runs on the async runtime's workers but the
+//! gathering. A model executor that panics answers its batch with an error
+//! and retires (its session may be inconsistent); the worker is not ready
+//! once no model executor is left.
 
 use std::panic::AssertUnwindSafe;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -16,7 +31,7 @@ use std::sync::mpsc as std_mpsc;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use protocol::client::{CallRequest, ClientStatus, RingClient};
+use protocol::client::{CallRequest, ClientStatus, Response, RingClient};
 use protocol::layout::{FeatureSchema, MAX_HOPS};
 use protocol::payload::schema::target_status;
 use protocol::payload::ResponseTables;
@@ -40,6 +55,8 @@ pub struct BatchConfig {
     pub ring_timeout: Duration,
     /// Most targets one client call may ask for.
     pub max_request_targets: usize,
+    /// Batches on the ring at once (ring threads).
+    pub ring_concurrency: usize,
 }
 
 impl BatchConfig {
@@ -51,6 +68,7 @@ impl BatchConfig {
             fanouts: config.fanouts.map_or([0; MAX_HOPS], |f| f.0),
             ring_timeout: config.ring_timeout(),
             max_request_targets: config.max_request_targets,
+            ring_concurrency: config.ring_concurrency.max(1),
         }
     }
 }
@@ -117,6 +135,26 @@ impl std::fmt::Debug for Predictor {
     }
 }
 
+/// How many executors can take a batch now: dispatching claims one (the
+/// count may go below zero when `max_delay` forces a batch into the queue),
+/// an executor that finishes a batch gives it back and says so.
+#[derive(Debug, Default)]
+struct Capacity {
+    free: std::sync::atomic::AtomicIsize,
+    freed: tokio::sync::Notify,
+}
+
+impl Capacity {
+    fn has_free(&self) -> bool {
+        self.free.load(Ordering::Acquire) > 0
+    }
+
+    fn release(&self) {
+        self.free.fetch_add(1, Ordering::AcqRel);
+        self.freed.notify_one();
+    }
+}
+
 /// Decrements the live-executor count when its thread ends, however it ends.
 struct Alive(Arc<WorkerMetrics>);
 
@@ -142,23 +180,49 @@ impl Predictor {
         let (jobs_tx, jobs_rx) = mpsc::channel::<Job>(4096);
         let (batch_tx, batch_rx) = std_mpsc::channel::<Vec<Job>>();
         let batch_rx = Arc::new(Mutex::new(batch_rx));
-        for (i, model) in models.into_iter().enumerate() {
-            let (client, config, metrics, rx) = (
+        // The model stage takes at most one waiting batch per executor: a
+        // ring thread with responses for a full stage waits (and keeps its
+        // slots) instead of piling responses up.
+        let (ready_tx, ready_rx) = std_mpsc::sync_channel::<RingDone>(models.len());
+        let ready_rx = Arc::new(Mutex::new(ready_rx));
+        let capacity = Arc::new(Capacity::default());
+        capacity
+            .free
+            .store(config.ring_concurrency as isize, Ordering::Release);
+        for i in 0..config.ring_concurrency {
+            let (client, config, metrics, rx, tx, capacity) = (
                 client.clone(),
                 config.clone(),
                 metrics.clone(),
                 batch_rx.clone(),
+                ready_tx.clone(),
+                capacity.clone(),
             );
+            std::thread::Builder::new()
+                .name(format!("ring-{i}"))
+                .spawn(move || {
+                    ring_stage(&client, schema, &config, &metrics, &rx, &tx, &capacity)
+                })?;
+        }
+        drop(ready_tx);
+        for (i, model) in models.into_iter().enumerate() {
+            let (metrics, rx, capacity) = (metrics.clone(), ready_rx.clone(), capacity.clone());
             metrics.executors_alive.fetch_add(1, Ordering::AcqRel);
             let alive = Alive(metrics.clone());
             std::thread::Builder::new()
                 .name(format!("executor-{i}"))
                 .spawn(move || {
                     let _alive = alive;
-                    executor(&client, model, schema, &config, &metrics, &rx)
+                    model_stage(model, &metrics, &rx, &capacity)
                 })?;
         }
-        tokio::spawn(gather(jobs_rx, batch_tx, config.clone(), metrics.clone()));
+        tokio::spawn(gather(
+            jobs_rx,
+            batch_tx,
+            config.clone(),
+            metrics.clone(),
+            capacity,
+        ));
         Ok(Self {
             jobs: jobs_tx,
             config,
@@ -236,25 +300,66 @@ impl Predictor {
     }
 }
 
+/// Moves every job already queued into `batch`, up to `max_batch` targets.
+fn take_queued(
+    jobs: &mut mpsc::Receiver<Job>,
+    batch: &mut Vec<Job>,
+    n: &mut usize,
+    max_batch: usize,
+) {
+    while *n < max_batch {
+        match jobs.try_recv() {
+            Ok(job) => {
+                *n += job.ids.len();
+                batch.push(job);
+            }
+            Err(_) => return,
+        }
+    }
+}
+
 async fn gather(
     mut jobs: mpsc::Receiver<Job>,
     batches: std_mpsc::Sender<Vec<Job>>,
     config: Arc<BatchConfig>,
     metrics: Arc<WorkerMetrics>,
+    capacity: Arc<Capacity>,
 ) {
     while let Some(first) = jobs.recv().await {
-        let until = tokio::time::Instant::now() + config.max_delay;
         let mut n = first.ids.len();
         let mut batch = vec![first];
-        while n < config.max_batch {
-            match tokio::time::timeout_at(until, jobs.recv()).await {
-                Ok(Some(job)) => {
-                    n += job.ids.len();
-                    batch.push(job);
+        // Calls that arrived together go together, whatever the executors do.
+        take_queued(&mut jobs, &mut batch, &mut n, config.max_batch);
+        if !capacity.has_free() && n < config.max_batch {
+            // Every executor is busy: gather until one frees up, the batch is
+            // full, or max_delay has passed.
+            let until = tokio::time::sleep(config.max_delay);
+            tokio::pin!(until);
+            loop {
+                let freed = capacity.freed.notified();
+                tokio::pin!(freed);
+                // Registered before the check, so a release in between is
+                // not missed.
+                freed.as_mut().enable();
+                if capacity.has_free() || n >= config.max_batch {
+                    break;
                 }
-                _ => break,
+                tokio::select! {
+                    biased;
+                    () = &mut freed => {}
+                    job = jobs.recv() => match job {
+                        Some(job) => {
+                            n += job.ids.len();
+                            batch.push(job);
+                            take_queued(&mut jobs, &mut batch, &mut n, config.max_batch);
+                        }
+                        None => break,
+                    },
+                    () = &mut until => break,
+                }
             }
         }
+        capacity.free.fetch_sub(1, Ordering::AcqRel);
         metrics.batches.inc();
         metrics.batch_targets.observe(n as f64);
         metrics.batch_calls.observe(batch.len() as f64);
@@ -264,13 +369,67 @@ async fn gather(
     }
 }
 
-fn executor(
+/// A batch whose ring round trips are done: its callers, its ids, and the
+/// responses (one per chunk, in order) or why there are none.
+struct RingDone {
+    batch: Vec<Job>,
+    ids: Vec<u64>,
+    responses: Result<Vec<Response>, PredictError>,
+}
+
+/// The description of a caught panic.
+fn panic_text(panic: &(dyn std::any::Any + Send)) -> String {
+    panic
+        .downcast_ref::<&str>()
+        .map(|s| s.to_string())
+        .or_else(|| panic.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "a panic".into())
+}
+
+/// Sends every caller of `batch` its share of `result`.
+fn answer(
+    batch: Vec<Job>,
+    ids: &[u64],
+    result: Result<Vec<Prediction>, PredictError>,
+    metrics: &WorkerMetrics,
+) {
+    let result = result.and_then(|predictions| {
+        if predictions.len() == ids.len() {
+            Ok(predictions)
+        } else {
+            Err(PredictError::Internal(format!(
+                "{} predictions for {} targets: the sidecar's response does not match the \
+                 request",
+                predictions.len(),
+                ids.len()
+            )))
+        }
+    });
+    if result.is_err() {
+        metrics.batch_errors.inc();
+    }
+    let mut offset = 0;
+    for job in batch {
+        let n = job.ids.len();
+        let answer = match &result {
+            Ok(predictions) => Ok(predictions[offset..offset + n].to_vec()),
+            Err(e) => Err(e.clone()),
+        };
+        offset += n;
+        let _ = job.reply.send(answer);
+    }
+}
+
+/// A ring thread: takes batches, makes their ring calls, hands the
+/// responses to the model stage.
+fn ring_stage(
     client: &RingClient,
-    mut model: Model,
     schema: FeatureSchema,
     config: &BatchConfig,
     metrics: &WorkerMetrics,
     batches: &Mutex<std_mpsc::Receiver<Vec<Job>>>,
+    ready: &std_mpsc::SyncSender<RingDone>,
+    capacity: &Capacity,
 ) {
     loop {
         let batch = {
@@ -288,18 +447,65 @@ fn executor(
         }
         let ids: Vec<u64> = batch.iter().flat_map(|j| j.ids.iter().copied()).collect();
         metrics.targets.inc_by(ids.len() as u64);
+        let responses = std::panic::catch_unwind(AssertUnwindSafe(|| {
+            ring_calls(client, &schema, config, metrics, &ids)
+        }))
+        .unwrap_or_else(|panic| {
+            let what = panic_text(&*panic);
+            tracing::error!(panic = %what, "a ring call panicked; its batch gets an error");
+            Err(PredictError::Internal(format!(
+                "the ring call failed ({what}); retry"
+            )))
+        });
+        let done = RingDone {
+            batch,
+            ids,
+            responses,
+        };
+        if let Err(std_mpsc::SendError(done)) = ready.send(done) {
+            // No model executor is left to take it.
+            answer(
+                done.batch,
+                &done.ids,
+                Err(PredictError::Unavailable(
+                    "no executor is alive: restart the worker".into(),
+                )),
+                metrics,
+            );
+            capacity.release();
+        }
+    }
+}
+
+/// A model executor: runs the model on each batch's responses in place and
+/// answers its callers.
+fn model_stage(
+    mut model: Model,
+    metrics: &WorkerMetrics,
+    ready: &Mutex<std_mpsc::Receiver<RingDone>>,
+    capacity: &Capacity,
+) {
+    loop {
+        let done = {
+            let rx = ready.lock().unwrap_or_else(|p| p.into_inner());
+            match rx.recv() {
+                Ok(done) => done,
+                Err(_) => return,
+            }
+        };
+        let RingDone {
+            batch,
+            ids,
+            responses,
+        } = done;
         let ran = std::panic::catch_unwind(AssertUnwindSafe(|| {
             fail::fail_point!("gnn-worker-executor");
-            run_batch(client, &mut model, &schema, config, metrics, &ids)
+            responses.and_then(|responses| run_model(&mut model, metrics, &ids, responses))
         }));
         let (result, retire) = match ran {
             Ok(result) => (result, false),
             Err(panic) => {
-                let what = panic
-                    .downcast_ref::<&str>()
-                    .map(|s| s.to_string())
-                    .or_else(|| panic.downcast_ref::<String>().cloned())
-                    .unwrap_or_else(|| "a panic".into());
+                let what = panic_text(&*panic);
                 tracing::error!(panic = %what, "an executor panicked; its batch gets an error and it retires");
                 metrics.executor_panics.inc();
                 (
@@ -310,31 +516,8 @@ fn executor(
                 )
             }
         };
-        let result = result.and_then(|predictions| {
-            if predictions.len() == ids.len() {
-                Ok(predictions)
-            } else {
-                Err(PredictError::Internal(format!(
-                    "{} predictions for {} targets: the sidecar's response does not match the \
-                     request",
-                    predictions.len(),
-                    ids.len()
-                )))
-            }
-        });
-        if result.is_err() {
-            metrics.batch_errors.inc();
-        }
-        let mut offset = 0;
-        for job in batch {
-            let n = job.ids.len();
-            let answer = match &result {
-                Ok(predictions) => Ok(predictions[offset..offset + n].to_vec()),
-                Err(e) => Err(e.clone()),
-            };
-            offset += n;
-            let _ = job.reply.send(answer);
-        }
+        answer(batch, &ids, result, metrics);
+        capacity.release();
         if retire {
             return;
         }
@@ -343,20 +526,20 @@ fn executor(
 
 static REQUEST_ID: AtomicU64 = AtomicU64::new(1);
 
-fn run_batch(
+/// The ring calls of one batch: one per `max_targets` chunk, in order.
+fn ring_calls(
     client: &RingClient,
-    model: &mut Model,
     schema: &FeatureSchema,
     config: &BatchConfig,
     metrics: &WorkerMetrics,
     ids: &[u64],
-) -> Result<Vec<Prediction>, PredictError> {
+) -> Result<Vec<Response>, PredictError> {
     let max_targets = client
         .geometry()
         .map(|g| g.max_targets as usize)
         .unwrap_or(1)
         .max(1);
-    let mut out = Vec::with_capacity(ids.len());
+    let mut responses = Vec::with_capacity(ids.len().div_ceil(max_targets));
     for chunk in ids.chunks(max_targets) {
         let request = CallRequest {
             targets: chunk,
@@ -379,17 +562,34 @@ fn run_batch(
                     .into(),
             ));
         }
+        responses.push(response);
+    }
+    Ok(responses)
+}
+
+/// Runs the model on each response of a batch whose targets are `ids`.
+fn run_model(
+    model: &mut Model,
+    metrics: &WorkerMetrics,
+    ids: &[u64],
+    responses: Vec<Response>,
+) -> Result<Vec<Prediction>, PredictError> {
+    let mut out = Vec::with_capacity(ids.len());
+    let mut offset = 0;
+    for response in responses {
         let tables = response
             .tables()
             .map_err(|e| PredictError::Internal(format!("decoding the sidecar's response: {e}")))?;
-        if tables.target_ids() != chunk {
+        let asked =
+            &ids[offset.min(ids.len())..(offset + tables.target_ids().len()).min(ids.len())];
+        if tables.target_ids() != asked || asked.is_empty() {
             return Err(PredictError::Internal(format!(
-                "the sidecar answered {} targets for the {} asked (or other ids): a malformed \
+                "the sidecar answered {} targets that are not the ones asked: a malformed \
                  response",
-                tables.target_ids().len(),
-                chunk.len()
+                tables.target_ids().len()
             )));
         }
+        offset += asked.len();
         let running = Instant::now();
         let logits = model
             .run(&tables)

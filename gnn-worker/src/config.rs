@@ -51,8 +51,13 @@ pub struct WorkerConfig {
     pub max_delay_ms: f64,
     /// Most node ids one client call may ask for.
     pub max_request_targets: usize,
-    /// Executor threads (each runs ring calls and its own ONNX session).
+    /// Model executor threads, each with its own ONNX Runtime session.
     pub executors: usize,
+    /// Batches in flight at once: on the ring, waiting for a model executor,
+    /// or in a model run (each holds its slot until its run ends); calls
+    /// gather into batches only while this many are in flight. At most the
+    /// segment's slot count.
+    pub ring_concurrency: usize,
     /// ONNX Runtime intra-op threads per session.
     pub intra_threads: usize,
     /// Deadline of one ring call, milliseconds.
@@ -83,6 +88,7 @@ impl Default for WorkerConfig {
             max_delay_ms: 2.0,
             max_request_targets: 4096,
             executors: 2,
+            ring_concurrency: 2,
             intra_threads: 1,
             ring_timeout_ms: 500.0,
             attach_timeout_s: 0.0,
@@ -151,6 +157,12 @@ impl Validate for WorkerConfig {
             1_048_576.0,
         )?;
         between("executors", self.executors as f64, 1.0, 256.0)?;
+        between(
+            "ring_concurrency",
+            self.ring_concurrency as f64,
+            1.0,
+            1024.0,
+        )?;
         between("intra_threads", self.intra_threads as f64, 1.0, 256.0)?;
         between("ring_timeout_ms", self.ring_timeout_ms, 1.0, 600_000.0)?;
         between("attach_timeout_s", self.attach_timeout_s, 0.0, 86_400.0)?;
@@ -224,10 +236,14 @@ pub struct WorkerFlags {
     #[arg(long)]
     #[serde(skip_serializing_if = "Option::is_none")]
     pub max_request_targets: Option<usize>,
-    /// Executor threads [default: 2].
+    /// Model executor threads [default: 2].
     #[arg(long)]
     #[serde(skip_serializing_if = "Option::is_none")]
     pub executors: Option<usize>,
+    /// Batches in flight at once (on the ring or in a model run) [default: 2].
+    #[arg(long)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub ring_concurrency: Option<usize>,
     /// ONNX Runtime intra-op threads per session [default: 1].
     #[arg(long)]
     #[serde(skip_serializing_if = "Option::is_none")]

@@ -177,11 +177,20 @@ async fn start(config: &WorkerConfig, service: &Service) -> anyhow::Result<()> {
     };
     let fanouts = config.fanouts.map_or(schema.default_fanouts, |f| f.0);
     manifest.check_segment(&schema, &geometry, fanouts)?;
+    let mut batching = BatchConfig::from_config(config);
+    if batching.ring_concurrency > geometry.slot_count as usize {
+        tracing::warn!(
+            ring_concurrency = batching.ring_concurrency,
+            slots = geometry.slot_count,
+            "ring_concurrency exceeds the ring's slots; using the slot count"
+        );
+        batching.ring_concurrency = geometry.slot_count as usize;
+    }
     let predictor = Predictor::start(
         Arc::new(client),
         models,
         schema,
-        BatchConfig::from_config(config),
+        batching,
         service.metrics().clone(),
     )
     .context("starting the executor threads")?;

@@ -141,6 +141,9 @@ pub struct ServeConfig {
     pub max_fanouts: Fanouts,
     /// Ring slots (requests in flight at once).
     pub slots: u32,
+    /// Threads serving the ring: a batch waiting for its rows blocks only
+    /// its own thread.
+    pub serve_threads: usize,
     /// Most target ids per request.
     pub max_targets: u32,
     /// Most node-table rows per response.
@@ -196,6 +199,7 @@ impl Default for ServeConfig {
             fanouts: Fanouts([20, 10]),
             max_fanouts: Fanouts(defaults::MAX_FANOUTS),
             slots: defaults::SLOT_COUNT,
+            serve_threads: 2,
             max_targets: defaults::MAX_TARGETS,
             max_nodes: defaults::MAX_NODES,
             response_mib: defaults::RESPONSE_BYTES >> 20,
@@ -317,6 +321,7 @@ impl Validate for ServeConfig {
             }
         }
         u64_between("slots", self.slots.into(), 1, MAX_SLOTS as u64)?;
+        u64_between("serve_threads", self.serve_threads as u64, 1, 64)?;
         u64_between("max_targets", self.max_targets.into(), 1, 1 << 20)?;
         u64_between("max_nodes", self.max_nodes.into(), 1, u32::MAX.into())?;
         u64_between("response_mib", self.response_mib, 1, MAX_RESPONSE_MIB)?;
@@ -457,6 +462,10 @@ pub struct ServeFlags {
     #[arg(long)]
     #[serde(skip_serializing_if = "Option::is_none")]
     pub slots: Option<u32>,
+    /// Threads serving the ring [default: 2].
+    #[arg(long)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub serve_threads: Option<usize>,
     /// Most target ids per request [default: 64].
     #[arg(long)]
     #[serde(skip_serializing_if = "Option::is_none")]

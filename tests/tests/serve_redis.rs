@@ -24,6 +24,10 @@ struct Sidecar {
 
 impl Sidecar {
     fn start(data: &Path, redis_url: &str) -> Self {
+        Self::start_with(data, redis_url, &[])
+    }
+
+    fn start_with(data: &Path, redis_url: &str, extra: &[&str]) -> Self {
         let shm_name = unique_name("l2");
         let metrics = format!("127.0.0.1:{}", free_port());
         let child = Command::new(workspace_bin("sidecar"))
@@ -32,6 +36,7 @@ impl Sidecar {
             .arg(data)
             .args(["--shm-name", &shm_name, "--redis", redis_url])
             .args(["--metrics-addr", &metrics, "--warm-up", "0"])
+            .args(extra)
             .spawn()
             .expect("starting sidecar serve");
         let mut daemon = Daemon {
@@ -139,5 +144,103 @@ fn the_l2_cache_fills_from_redis_serves_a_restart_warm_and_is_rebuilt_when_corru
         sidecar.metric("sidecar_feature_fallbacks_total{cause=\"missing\"}"),
         0
     );
+    assert!(sidecar.daemon.stop(), "clean exit");
+}
+
+#[test]
+fn many_workers_at_once_get_every_row_right_through_every_tier() {
+    // Features in Redis, a small L1 and an L2 cache: rows come from all
+    // three tiers while four serving threads answer six clients (separate
+    // registrations in the segment, as separate workers are) of four
+    // threads each.
+    let redis = RedisServer::start();
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    tests::stack::sidecar_import(&dataset("cora"), &data, &["--redis", &redis.url()]);
+    let sidecar = Sidecar::start_with(
+        &data,
+        &redis.url(),
+        &[
+            "--serve-threads",
+            "4",
+            "--l1-mib",
+            "2",
+            "--deadline-ms",
+            "10000",
+        ],
+    );
+    let features = read_f32(&dataset("cora").join("features.f32"));
+    let edges = std::fs::read(dataset("cora").join("edges.u32")).unwrap();
+    let mut neighbours: std::collections::HashMap<u64, Vec<u64>> = Default::default();
+    for e in edges.chunks_exact(8) {
+        let s = u32::from_le_bytes([e[0], e[1], e[2], e[3]]) as u64;
+        let d = u32::from_le_bytes([e[4], e[5], e[6], e[7]]) as u64;
+        neighbours.entry(s).or_default().push(d);
+    }
+    const CLIENTS: u64 = 6;
+    const THREADS: u64 = 4;
+    const CALLS: u64 = 40;
+    let clients: Vec<RingClient> = (0..CLIENTS)
+        .map(|_| RingClient::attach(&sidecar.shm_name, ClientOptions::default()).unwrap())
+        .collect();
+    std::thread::scope(|scope| {
+        for (c, client) in clients.iter().enumerate() {
+            for t in 0..THREADS {
+                let (features, neighbours) = (&features, &neighbours);
+                scope.spawn(move || {
+                    let mut seed = (c as u64 * 31 + t) * 2_654_435_761 + 7;
+                    for _ in 0..CALLS {
+                        let mut targets = Vec::new();
+                        let n = 1 + (seed % 8);
+                        for _ in 0..n {
+                            seed = seed.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1);
+                            targets.push((seed >> 33) % 2708);
+                        }
+                        let response = client.call(&CallRequest::new(&targets)).unwrap();
+                        let tables = response.tables().unwrap();
+                        assert_eq!(tables.target_ids(), &targets[..]);
+                        let ids = tables.node_ids();
+                        for (row, &id) in ids.iter().enumerate() {
+                            assert!(!tables.fallback(row), "row {row} ({id}) is a fallback");
+                            assert_eq!(
+                                &tables.features()[row * DIM..(row + 1) * DIM],
+                                &features[id as usize * DIM..(id as usize + 1) * DIM],
+                                "the features of node {id}"
+                            );
+                        }
+                        let f1 = tables.fanouts()[0] as usize;
+                        for (i, &target) in targets.iter().enumerate() {
+                            assert_eq!(ids[tables.target_rows()[i] as usize], target);
+                            for j in 0..tables.hop1_counts()[i] as usize {
+                                let n1 = ids[tables.hop1_rows()[i * f1 + j] as usize];
+                                assert!(neighbours[&target].contains(&n1));
+                            }
+                        }
+                    }
+                });
+            }
+        }
+    });
+    let calls = CLIENTS * THREADS * CALLS;
+    assert_eq!(sidecar.metric("sidecar_requests_total"), calls);
+    assert!(sidecar.metric("sidecar_feature_rows_total{tier=\"l3\"}") > 0);
+    assert!(
+        eventually(Duration::from_secs(10), || {
+            sidecar.metric("sidecar_rows_in_flight") == 0
+        }),
+        "fetches left in flight"
+    );
+    // Every row asked was served by a tier or joined a fetch in flight.
+    let served: u64 = ["l1", "l2", "l3"]
+        .iter()
+        .map(|t| sidecar.metric(&format!("sidecar_feature_rows_total{{tier=\"{t}\"}}")))
+        .sum::<u64>()
+        + sidecar.metric("sidecar_feature_coalesced_total");
+    assert_eq!(served, sidecar.metric("sidecar_rows_fetched_total"));
+    assert_eq!(
+        sidecar.metric("sidecar_feature_fallbacks_total{cause=\"deadline\"}"),
+        0
+    );
+    drop(clients);
     assert!(sidecar.daemon.stop(), "clean exit");
 }

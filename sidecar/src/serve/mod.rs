@@ -11,10 +11,12 @@
 //! attaches to a sidecar that is not ready, and readiness (`/readyz`,
 //! `sidecarctl ready`) is false until then.
 //!
-//! The serving loop is one dedicated thread (no async runtime worker blocks
-//! on the ring): take every submitted request, serve them as one batch
-//! ([`batch`]), repeat. The tiers' Redis and RocksDB I/O runs on a small
-//! tokio runtime beside it.
+//! The ring is served by `serve_threads` dedicated threads (no async
+//! runtime worker blocks on the ring): each takes every request submitted
+//! at that moment, serves them as one batch ([`batch`]), and repeats, so a
+//! batch that waits for its rows (L2, Redis) holds up only its own thread
+//! while the others sample and answer. The tiers' Redis and RocksDB I/O
+//! runs on a small tokio runtime beside them.
 //!
 //! Draining (`sidecarctl drain`, and every stop): the segment goes
 //! DRAINING, so workers submit nothing new; what was submitted is answered;
@@ -579,17 +581,20 @@ pub fn run(
     );
 
     let core = daemon.loaded()?;
-    let mut batch_server = batch::BatchServer::default();
-    let mut tickets = Vec::new();
     // Takes what is submitted (waiting up to `wait`) and answers it as one
-    // batch, against the graph snapshot of that moment.
-    let mut serve_next = |wait: Duration| -> usize {
+    // batch, against the graph snapshot of that moment. Each serving thread
+    // has its own batch server (sampler buffers); a batch waiting for its
+    // rows blocks only its own thread.
+    let serve_next = |batch_server: &mut batch::BatchServer,
+                      tickets: &mut Vec<protocol::ServeTicket>,
+                      wait: Duration|
+     -> usize {
         daemon.last_turn_ms.store(
             daemon.started.elapsed().as_millis() as u64,
             Ordering::Release,
         );
         tickets.clear();
-        let n = server.next_batch(&mut tickets, wait);
+        let n = server.next_batch(tickets, wait);
         if n == 0 {
             return 0;
         }
@@ -602,22 +607,20 @@ pub fn run(
             max_nodes: config.max_nodes,
             metrics: &daemon.metrics,
         };
-        batch_server.serve(&ctx, std::mem::take(&mut tickets));
+        batch_server.serve(&ctx, std::mem::take(tickets));
         n
     };
-    let drain = |serve_next: &mut dyn FnMut(Duration) -> usize| {
+    // The drain: the serving threads go on answering; this waits until no
+    // request is pending (or the drain timeout).
+    let drain = || {
         let began = Instant::now();
         let answered_before = daemon.metrics.requests.get();
         server.set_draining();
         daemon.set_phase(Phase::Draining);
         let timeout = config.drain_timeout();
         let ring = server.monitor();
-        loop {
-            let served = serve_next(Duration::from_millis(10));
-            let pending = ring.occupancy().pending();
-            if (served == 0 && pending == 0) || began.elapsed() >= timeout {
-                break;
-            }
+        while ring.occupancy().pending() > 0 && began.elapsed() < timeout {
+            std::thread::sleep(Duration::from_millis(2));
         }
         let pending = u64::from(ring.occupancy().pending());
         let outcome = DrainOutcome {
@@ -634,20 +637,37 @@ pub fn run(
         );
         daemon.finish_drain(outcome);
     };
-    let mut drained = false;
-    while !stopping() {
-        if !drained && daemon.drain.requested.load(Ordering::Acquire) {
-            drain(&mut serve_next);
-            drained = true;
-            continue;
+    let serving = AtomicBool::new(true);
+    std::thread::scope(|scope| -> anyhow::Result<()> {
+        for i in 0..config.serve_threads {
+            std::thread::Builder::new()
+                .name(format!("serve-{i}"))
+                .spawn_scoped(scope, || {
+                    let mut batch_server = batch::BatchServer::default();
+                    let mut tickets = Vec::new();
+                    while serving.load(Ordering::Acquire) {
+                        serve_next(&mut batch_server, &mut tickets, Duration::from_millis(100));
+                    }
+                })
+                .context("starting a serving thread")?;
         }
-        serve_next(Duration::from_millis(100));
-    }
+        // This thread watches for a drain and for the stop.
+        let mut drained = false;
+        while !stopping() {
+            if !drained && daemon.drain.requested.load(Ordering::Acquire) {
+                drain();
+                drained = true;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        if !drained {
+            drain();
+        }
+        serving.store(false, Ordering::Release);
+        Ok(())
+    })?;
 
-    // Stop: drain (if not done yet), then remove the segment.
-    if !drained {
-        drain(&mut serve_next);
-    }
+    // Stopped serving: remove the segment.
     daemon.set_phase(Phase::Stopping);
     server.shutdown();
     drop(admin);
