@@ -4,6 +4,7 @@ with numpy, export it to ONNX with a pinned opset and a manifest, and write
 reference outputs.
 
     python gnn-worker/model/sage.py train --dataset ../shared/data/cora --out models/cora
+    python gnn-worker/model/sage.py init --feature-dim 128 --classes 16 --out models/bench
 
 writes into --out:
   model.onnx          the model; its inputs are the sidecar's response tables
@@ -321,6 +322,44 @@ def cmd_train(args):
           f"epoch {epoch}); onnxruntime diff {diff:.2e}; {time.time() - started:.1f} s -> {args.out}")
 
 
+def cmd_init(args):
+    """A model of the right shape with random (Glorot) weights and no
+    training: for load tests on graphs without labels (the synthetic
+    graphs of `sidecar generate`). Its predictions mean nothing."""
+    rng = np.random.default_rng(args.seed)
+    d, c, hidden = args.feature_dim, args.classes, args.hidden
+
+    def glorot(fan_in, fan_out):
+        s = np.sqrt(6.0 / (fan_in + fan_out))
+        return rng.uniform(-s, s, size=(fan_in, fan_out)).astype(np.float32)
+
+    params = [glorot(d, hidden), glorot(d, hidden), np.zeros(hidden, np.float32),
+              glorot(hidden, c), glorot(hidden, c), np.zeros(c, np.float32)]
+    os.makedirs(args.out, exist_ok=True)
+    import onnx
+    onnx.save(build_onnx(params, d, c), os.path.join(args.out, "model.onnx"))
+    manifest = {
+        "format_version": 1,
+        "architecture": "graphsage-mean-2layer",
+        "dataset": None,
+        "feature_dim": d,
+        "dtype": "f32",
+        "num_classes": c,
+        "hidden": hidden,
+        "fanouts": [int(v) for v in args.fanouts.split(",")],
+        "graph_version": args.graph_version,
+        "num_nodes": None,
+        "opset": OPSET,
+        "inputs": INPUTS,
+        "outputs": [OUTPUT],
+        "training": None,
+        "offline": None,
+    }
+    with open(os.path.join(args.out, "manifest.json"), "w") as f:
+        json.dump(manifest, f, indent=2)
+    print(f"untrained model: {d} features, {c} classes, hidden {hidden} -> {args.out}")
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -337,9 +376,19 @@ def main():
     t.add_argument("--dropout", type=float, default=0.5)
     t.add_argument("--seed", type=int, default=0)
     t.add_argument("--reference-targets", type=int, default=32)
+    i = sub.add_parser("init", help="export an untrained model of the right shape (load tests)")
+    i.add_argument("--feature-dim", type=int, required=True)
+    i.add_argument("--classes", type=int, default=16)
+    i.add_argument("--out", required=True, help="model directory to write")
+    i.add_argument("--fanouts", default="20,10", help="serving fanouts recorded in the manifest")
+    i.add_argument("--graph-version", type=int, default=1)
+    i.add_argument("--hidden", type=int, default=64)
+    i.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
     if args.command == "train":
         cmd_train(args)
+    else:
+        cmd_init(args)
 
 
 if __name__ == "__main__":

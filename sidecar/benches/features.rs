@@ -58,6 +58,7 @@ async fn main() -> anyhow::Result<()> {
             seed: 3,
             super_nodes: 0,
             super_degree: 0,
+            feature_dim: 0,
         },
         &dir.path().join("g"),
     )?;

@@ -36,6 +36,7 @@ fn main() -> anyhow::Result<()> {
             seed: 1,
             super_nodes: 1,
             super_degree,
+            feature_dim: 0,
         },
         &dataset,
     )?;

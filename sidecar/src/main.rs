@@ -60,7 +60,8 @@ enum Command {
     /// Write a seeded synthetic power-law graph (R-MAT, optional super nodes)
     /// as a dataset directory that `sidecar import` reads.
     Generate {
-        /// Output dataset directory (edges.u32, meta.json).
+        /// Output dataset directory (edges.u32, meta.json, and features.f32
+        /// with --feature-dim).
         #[arg(long)]
         out: PathBuf,
         #[arg(long)]
@@ -75,6 +76,10 @@ enum Command {
         super_nodes: u64,
         #[arg(long, default_value_t = 0)]
         super_degree: u64,
+        /// Also write seeded features (`features.f32`, uniform in [0, 1))
+        /// of this many values per node.
+        #[arg(long, default_value_t = 0)]
+        feature_dim: u32,
     },
 }
 
@@ -226,6 +231,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             seed,
             super_nodes,
             super_degree,
+            feature_dim,
         } => {
             let options = generate::GenerateOptions {
                 nodes,
@@ -233,6 +239,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                 seed,
                 super_nodes,
                 super_degree,
+                feature_dim,
             };
             let done = generate::generate(&options, &out)?;
             println!(

@@ -8,8 +8,9 @@
 //! out-neighbours each, visited with a stride coprime to `n`.
 //!
 //! The output is a dataset directory in the shared layout (`edges.u32`,
-//! `meta.json`), so `sidecar import` reads it like any other dataset. Edges
-//! are unsorted and may repeat; the importer sorts and deduplicates.
+//! `meta.json`, and with `feature_dim` > 0 `features.f32`: seeded values
+//! uniform in [0, 1)), so `sidecar import` reads it like any other dataset.
+//! Edges are unsorted and may repeat; the importer sorts and deduplicates.
 
 use std::fs::File;
 use std::io::{BufWriter, Write};
@@ -29,6 +30,8 @@ pub struct GenerateOptions {
     pub seed: u64,
     pub super_nodes: u64,
     pub super_degree: u64,
+    /// Features per node (0: no `features.f32`).
+    pub feature_dim: u32,
 }
 
 /// What was generated.
@@ -74,7 +77,25 @@ fn gcd(mut a: u64, mut b: u64) -> u64 {
     a
 }
 
-/// Writes `<out>/edges.u32` and `<out>/meta.json`.
+/// Writes `n x dim` seeded features to `<out>/features.f32`.
+fn write_features(out: &Path, n: u64, dim: u32, seed: u64) -> anyhow::Result<()> {
+    let mut rng = SmallRng::seed_from_u64(seed ^ 0x5eed_f00d);
+    let mut writer = BufWriter::with_capacity(1 << 20, File::create(out.join("features.f32"))?);
+    let mut row = vec![0u8; dim as usize * 4];
+    for node in 0..n {
+        for value in row.chunks_exact_mut(4) {
+            value.copy_from_slice(&rng.random::<f32>().to_le_bytes());
+        }
+        writer.write_all(&row)?;
+        if (node + 1).is_multiple_of(10_000_000) {
+            tracing::info!(rows = node + 1, "generating features");
+        }
+    }
+    writer.flush()?;
+    Ok(())
+}
+
+/// Writes `<out>/edges.u32` and `<out>/meta.json` (and `features.f32`).
 pub fn generate(options: &GenerateOptions, out: &Path) -> anyhow::Result<Generated> {
     let started = Instant::now();
     let n = options.nodes;
@@ -127,7 +148,10 @@ pub fn generate(options: &GenerateOptions, out: &Path) -> anyhow::Result<Generat
         written += planted;
     }
     writer.flush()?;
-    let meta = serde_json::json!({
+    if options.feature_dim > 0 {
+        write_features(out, n, options.feature_dim, options.seed)?;
+    }
+    let mut meta = serde_json::json!({
         "name": format!("rmat-n{}-e{}-s{}", n, options.edges, options.seed),
         "num_nodes": n,
         "num_edges": written,
@@ -140,6 +164,11 @@ pub fn generate(options: &GenerateOptions, out: &Path) -> anyhow::Result<Generat
         },
         "format": "edges.u32: u32 LE (src, dst) pairs, unsorted, may repeat; directed",
     });
+    if options.feature_dim > 0 {
+        meta["feature_dim"] = options.feature_dim.into();
+        meta["features"] =
+            "features.f32: f32 LE, num_nodes x feature_dim, uniform in [0, 1)".into();
+    }
     std::fs::write(out.join("meta.json"), serde_json::to_string_pretty(&meta)?)?;
     Ok(Generated {
         edges_written: written,
