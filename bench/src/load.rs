@@ -1,0 +1,254 @@
+//! Load, two ways, both recorded with HdrHistogram (microseconds):
+//!
+//! - **lone calls**: one call at a time, closed loop (the latency of a call
+//!   that has the system to itself);
+//! - **open loop** at a fixed rate: call `k` is due at `start + k / rate`,
+//!   whether or not earlier calls have answered, and its latency is
+//!   measured from that due time, not from when it was actually sent: a
+//!   system that falls behind is charged for the wait it causes (no
+//!   coordinated omission).
+//!
+//! Every system gets the same request sequence: call `k` is request
+//! `k % n` of the scenario's list.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use hdrhistogram::Histogram;
+use serde::Serialize;
+
+/// A system under test: answers request `k` of the scenario's sequence.
+pub trait Caller: Send + Sync + 'static {
+    fn call(&self, request: usize)
+        -> Pin<Box<dyn Future<Output = anyhow::Result<()>> + Send + '_>>;
+}
+
+/// Latencies, microseconds.
+pub fn histogram() -> Histogram<u64> {
+    Histogram::new_with_bounds(1, 120_000_000, 3).expect("histogram bounds")
+}
+
+/// What a run measured.
+#[derive(Debug, Clone, Serialize)]
+pub struct Summary {
+    pub calls: u64,
+    pub errors: u64,
+    pub p50_us: f64,
+    pub p90_us: f64,
+    pub p99_us: f64,
+    pub p999_us: f64,
+    pub max_us: f64,
+    pub mean_us: f64,
+    /// Calls answered per second over the run.
+    pub throughput: f64,
+    /// (percentile, microseconds) for the CDF plots.
+    pub cdf: Vec<(f64, f64)>,
+    /// The first error seen, if any.
+    pub first_error: Option<String>,
+}
+
+impl Summary {
+    pub fn of(h: &Histogram<u64>, errors: u64, seconds: f64, first_error: Option<String>) -> Self {
+        let q = |p: f64| {
+            if h.is_empty() {
+                0.0
+            } else {
+                h.value_at_quantile(p) as f64
+            }
+        };
+        let cdf = [
+            0.0, 0.05, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 0.97, 0.99, 0.995, 0.999,
+            1.0,
+        ]
+        .iter()
+        .map(|&p| (p * 100.0, q(p)))
+        .collect();
+        Self {
+            calls: h.len(),
+            errors,
+            p50_us: q(0.5),
+            p90_us: q(0.9),
+            p99_us: q(0.99),
+            p999_us: q(0.999),
+            max_us: if h.is_empty() { 0.0 } else { h.max() as f64 },
+            mean_us: if h.is_empty() { 0.0 } else { h.mean() },
+            throughput: if seconds > 0.0 {
+                h.len() as f64 / seconds
+            } else {
+                0.0
+            },
+            cdf,
+            first_error,
+        }
+    }
+}
+
+/// `calls` lone calls (requests 0, 1, ... of the sequence), one at a time.
+pub async fn lone(caller: &dyn Caller, calls: usize, warmup: usize) -> Summary {
+    for k in 0..warmup {
+        let _ = caller.call(k).await;
+    }
+    let mut h = histogram();
+    let mut errors = 0;
+    let mut first_error = None;
+    let started = Instant::now();
+    for k in 0..calls {
+        let t = Instant::now();
+        match caller.call(warmup + k).await {
+            Ok(()) => {
+                let _ = h.record((t.elapsed().as_micros() as u64).max(1));
+            }
+            Err(e) => {
+                errors += 1;
+                first_error.get_or_insert_with(|| format!("{e:#}"));
+            }
+        }
+    }
+    Summary::of(&h, errors, started.elapsed().as_secs_f64(), first_error)
+}
+
+/// `concurrency` callers in closed loop for `duration`: a quick estimate of
+/// the most a system can answer per second.
+pub async fn closed(caller: Arc<dyn Caller>, concurrency: usize, duration: Duration) -> Summary {
+    let h = Arc::new(Mutex::new(histogram()));
+    let errors = Arc::new(AtomicU64::new(0));
+    let next = Arc::new(AtomicU64::new(0));
+    let started = Instant::now();
+    let until = started + duration;
+    let mut tasks = Vec::new();
+    for _ in 0..concurrency {
+        let (caller, h, errors, next) = (caller.clone(), h.clone(), errors.clone(), next.clone());
+        tasks.push(tokio::spawn(async move {
+            while Instant::now() < until {
+                let k = next.fetch_add(1, Ordering::Relaxed) as usize;
+                let t = Instant::now();
+                match caller.call(k).await {
+                    Ok(()) => {
+                        let _ = h
+                            .lock()
+                            .unwrap()
+                            .record((t.elapsed().as_micros() as u64).max(1));
+                    }
+                    Err(_) => {
+                        errors.fetch_add(1, Ordering::Relaxed);
+                    }
+                }
+            }
+        }));
+    }
+    for task in tasks {
+        let _ = task.await;
+    }
+    let seconds = started.elapsed().as_secs_f64();
+    let h = h.lock().unwrap();
+    Summary::of(&h, errors.load(Ordering::Relaxed), seconds, None)
+}
+
+/// Calls at `rate` per second for `duration`, open loop; latency from each
+/// call's due time. Calls still unanswered `grace` after the last one was
+/// due are counted as errors.
+pub async fn open(
+    caller: Arc<dyn Caller>,
+    rate: f64,
+    duration: Duration,
+    grace: Duration,
+) -> Summary {
+    let n = (rate * duration.as_secs_f64()).ceil().max(1.0) as u64;
+    let h = Arc::new(Mutex::new(histogram()));
+    let errors = Arc::new(AtomicU64::new(0));
+    let first_error = Arc::new(Mutex::new(None::<String>));
+    let last_done = Arc::new(Mutex::new(Instant::now()));
+    let started = Instant::now() + Duration::from_millis(20);
+    let mut tasks = Vec::with_capacity(n as usize);
+    for k in 0..n {
+        let due = started + Duration::from_secs_f64(k as f64 / rate);
+        tokio::time::sleep_until(due.into()).await;
+        let (caller, h, errors, first_error, last_done) = (
+            caller.clone(),
+            h.clone(),
+            errors.clone(),
+            first_error.clone(),
+            last_done.clone(),
+        );
+        tasks.push(tokio::spawn(async move {
+            match caller.call(k as usize).await {
+                Ok(()) => {
+                    let now = Instant::now();
+                    let _ = h
+                        .lock()
+                        .unwrap()
+                        .record((now.duration_since(due).as_micros() as u64).max(1));
+                    let mut last = last_done.lock().unwrap();
+                    if now > *last {
+                        *last = now;
+                    }
+                }
+                Err(e) => {
+                    errors.fetch_add(1, Ordering::Relaxed);
+                    first_error
+                        .lock()
+                        .unwrap()
+                        .get_or_insert_with(|| format!("{e:#}"));
+                }
+            }
+        }));
+    }
+    let deadline = Instant::now() + grace;
+    for mut task in tasks {
+        let left = deadline.saturating_duration_since(Instant::now());
+        if tokio::time::timeout(left, &mut task).await.is_err() {
+            task.abort();
+            errors.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+    let seconds = last_done
+        .lock()
+        .unwrap()
+        .saturating_duration_since(started)
+        .as_secs_f64()
+        .max(duration.as_secs_f64());
+    let h = h.lock().unwrap();
+    let first_error = first_error.lock().unwrap().clone();
+    Summary::of(&h, errors.load(Ordering::Relaxed), seconds, first_error)
+}
+
+/// One step of a rate sweep.
+#[derive(Debug, Clone, Serialize)]
+pub struct Step {
+    /// The offered rate, calls per second.
+    pub offered: f64,
+    /// The fraction of the estimated saturation it stands for.
+    pub fraction: f64,
+    pub summary: Summary,
+}
+
+/// Open-loop steps at `fractions` of `saturation`.
+pub async fn sweep(
+    caller: Arc<dyn Caller>,
+    saturation: f64,
+    fractions: &[f64],
+    step: Duration,
+) -> Vec<Step> {
+    let mut steps = Vec::new();
+    for &fraction in fractions {
+        let offered = (saturation * fraction).max(1.0);
+        let summary = open(caller.clone(), offered, step, Duration::from_secs(20)).await;
+        tracing::info!(
+            offered,
+            achieved = summary.throughput,
+            p50_us = summary.p50_us,
+            p99_us = summary.p99_us,
+            errors = summary.errors,
+            "sweep step"
+        );
+        steps.push(Step {
+            offered,
+            fraction,
+            summary,
+        });
+    }
+    steps
+}
