@@ -578,3 +578,38 @@ fn concurrent_ring_requests_are_served_as_batches_with_correct_rows() {
     drop(client);
     assert!(stack.stop());
 }
+
+/// A lone call is dispatched at once: `--max-delay-ms` bounds how long calls
+/// may gather while every executor is busy, it is no fixed wait. With the
+/// longest delay the worker accepts (1 s), twenty calls one after another
+/// must average far below it (a batcher that waited for company would take
+/// at least 1 s for each).
+#[test]
+fn a_lone_call_does_not_wait_for_company() {
+    let mut options = StackOptions::new("cora");
+    options.worker_args = vec!["--max-delay-ms".into(), "1000".into()];
+    let stack = Stack::start(&options).expect("stack");
+    let calls = 20u64;
+    runtime().block_on(async {
+        let mut client = PredictorClient::connect(stack.grpc.clone()).await.unwrap();
+        for k in 0..calls {
+            let answer = client
+                .predict(pb::PredictRequest {
+                    node_ids: vec![k * 101 % 2708],
+                    request_id: k,
+                })
+                .await
+                .expect("predict");
+            assert_eq!(answer.get_ref().predictions.len(), 1);
+        }
+    });
+    let count = tests::stack::metric_value(&stack.http, "gnn_worker_call_seconds_count");
+    let sum = tests::stack::metric_value(&stack.http, "gnn_worker_call_seconds_sum");
+    assert_eq!(count, calls as f64, "every call is counted");
+    let mean = sum / count;
+    assert!(
+        mean < 0.5,
+        "lone calls took {mean:.3} s on average with --max-delay-ms 1000: they waited for company"
+    );
+    assert!(stack.stop(), "clean shutdown");
+}
