@@ -247,14 +247,28 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let mut grpc_stop = stop_rx.clone();
     let mut http_stop = stop_rx;
+    // TCP_NODELAY on every connection: an HTTP/2 response is several
+    // small writes (headers, data, trailers), and Nagle's algorithm would
+    // hold the last one for the client's delayed ACK (40 ms).
+    let grpc_incoming = tokio_stream::StreamExt::map(
+        tokio_stream::wrappers::TcpListenerStream::new(grpc),
+        |conn| {
+            conn.and_then(|stream| {
+                stream.set_nodelay(true)?;
+                Ok(stream)
+            })
+        },
+    );
     let grpc_server = tonic::transport::Server::builder()
         .add_service(PredictorServer::new(PredictService::new(service.clone())))
-        .serve_with_incoming_shutdown(
-            tokio_stream::wrappers::TcpListenerStream::new(grpc),
-            async move {
-                let _ = grpc_stop.wait_for(|s| *s).await;
-            },
-        );
+        .serve_with_incoming_shutdown(grpc_incoming, async move {
+            let _ = grpc_stop.wait_for(|s| *s).await;
+        });
+    let http = axum::serve::ListenerExt::tap_io(http, |stream: &mut tokio::net::TcpStream| {
+        if let Err(e) = stream.set_nodelay(true) {
+            tracing::debug!(error = %e, "TCP_NODELAY not set");
+        }
+    });
     let http_server = axum::serve(http, gnn_worker::http::router(service.clone()))
         .with_graceful_shutdown(async move {
             let _ = http_stop.wait_for(|s| *s).await;
