@@ -117,7 +117,7 @@ pub fn floors(
         rows += sampled.nodes.len();
         let t = Instant::now();
         features.gather(&sampled.nodes, &mut buffer);
-        let _ = gather_h.record((t.elapsed().as_nanos() as u64 / 1000).max(1));
+        let _ = gather_h.record((t.elapsed().as_nanos() as u64).max(1));
         let t = Instant::now();
         model.run_slices(&inputs(&sampled, &buffer, features.dim))?;
         let _ = onnx_h.record((t.elapsed().as_micros() as u64).max(1));
@@ -160,7 +160,7 @@ pub fn floors(
     })?;
     let seconds = started.elapsed().as_secs_f64();
     Ok(Floors {
-        gather: Summary::of(&gather_h, 0, 0.0, None),
+        gather: Summary::of(&gather_h, 0, 0.0, None).scaled(1000.0),
         onnx: Summary::of(&onnx_h, 0, 0.0, None),
         onnx_throughput: runs.load(std::sync::atomic::Ordering::Relaxed) as f64 / seconds,
         sessions,

@@ -26,19 +26,60 @@ impl HttpClient {
 
     /// POSTs `body` (JSON) to `path`; returns the response body of a 200.
     pub async fn post(&self, path: &str, body: &[u8]) -> anyhow::Result<Vec<u8>> {
+        self.request("POST", path, body).await
+    }
+
+    /// GETs `path`; returns the response body of a 200.
+    pub async fn get(&self, path: &str) -> anyhow::Result<Vec<u8>> {
+        self.request("GET", path, b"").await
+    }
+
+    /// One call. A pooled connection the server has closed meanwhile (an
+    /// idle keep-alive timeout: uvicorn closes after 5 s) fails on first
+    /// use; the call is then made once more on a fresh connection (every
+    /// call of the benchmark is idempotent).
+    async fn request(&self, method: &str, path: &str, body: &[u8]) -> anyhow::Result<Vec<u8>> {
         let pooled = self.idle.lock().unwrap().pop();
-        let mut conn = match pooled {
-            Some(conn) => conn,
+        let (status, response) = match pooled {
+            Some(conn) => match self.exchange(conn, method, path, body).await {
+                Ok(answer) => answer,
+                Err(_) => {
+                    self.exchange(self.connect().await?, method, path, body)
+                        .await?
+                }
+            },
             None => {
-                let stream = TcpStream::connect(&self.addr)
-                    .await
-                    .with_context(|| format!("connecting to {}", self.addr))?;
-                stream.set_nodelay(true)?;
-                BufReader::new(stream)
+                self.exchange(self.connect().await?, method, path, body)
+                    .await?
             }
         };
+        if status != 200 {
+            bail!(
+                "HTTP {status}: {}",
+                String::from_utf8_lossy(&response).trim()
+            );
+        }
+        Ok(response)
+    }
+
+    async fn connect(&self) -> anyhow::Result<BufReader<TcpStream>> {
+        let stream = TcpStream::connect(&self.addr)
+            .await
+            .with_context(|| format!("connecting to {}", self.addr))?;
+        stream.set_nodelay(true)?;
+        Ok(BufReader::new(stream))
+    }
+
+    /// Sends the request and reads the whole response: (status, body).
+    async fn exchange(
+        &self,
+        mut conn: BufReader<TcpStream>,
+        method: &str,
+        path: &str,
+        body: &[u8],
+    ) -> anyhow::Result<(u16, Vec<u8>)> {
         let head = format!(
-            "POST {path} HTTP/1.1\r\nHost: {}\r\nContent-Type: application/json\r\n\
+            "{method} {path} HTTP/1.1\r\nHost: {}\r\nContent-Type: application/json\r\n\
              Content-Length: {}\r\n\r\n",
             self.addr,
             body.len()
@@ -77,12 +118,6 @@ impl HttpClient {
         if keep {
             self.idle.lock().unwrap().push(conn);
         }
-        if status != 200 {
-            bail!(
-                "HTTP {status}: {}",
-                String::from_utf8_lossy(&response).trim()
-            );
-        }
-        Ok(response)
+        Ok((status, response))
     }
 }

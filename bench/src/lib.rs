@@ -1,8 +1,12 @@
 //! The end-to-end benchmark's parts: load generation free of coordinated
 //! omission ([`load`]), callers for each system under test ([`systems`],
-//! [`http`]) and the machine's floors ([`floors`]).
+//! [`http`]), the machine's floors ([`floors`]), the scenarios
+//! ([`scenario`]) and the report ([`report`]). The command is `bench-e2e`
+//! (`src/main.rs`).
 
 pub mod floors;
 pub mod http;
 pub mod load;
+pub mod report;
+pub mod scenario;
 pub mod systems;

@@ -84,10 +84,30 @@ impl Summary {
             first_error,
         }
     }
+
+    /// The same summary with every latency divided by `by` (a histogram
+    /// recorded in nanoseconds, shown in microseconds).
+    pub fn scaled(mut self, by: f64) -> Self {
+        for v in [
+            &mut self.p50_us,
+            &mut self.p90_us,
+            &mut self.p99_us,
+            &mut self.p999_us,
+            &mut self.max_us,
+            &mut self.mean_us,
+        ] {
+            *v /= by;
+        }
+        for point in &mut self.cdf {
+            point.1 /= by;
+        }
+        self
+    }
 }
 
-/// `calls` lone calls (requests 0, 1, ... of the sequence), one at a time.
-pub async fn lone(caller: &dyn Caller, calls: usize, warmup: usize) -> Summary {
+/// Up to `calls` lone calls (requests 0, 1, ... of the sequence), one at a
+/// time, stopping early once `budget` has passed and 20 calls are in.
+pub async fn lone(caller: &dyn Caller, calls: usize, warmup: usize, budget: Duration) -> Summary {
     for k in 0..warmup {
         let _ = caller.call(k).await;
     }
@@ -96,6 +116,9 @@ pub async fn lone(caller: &dyn Caller, calls: usize, warmup: usize) -> Summary {
     let mut first_error = None;
     let started = Instant::now();
     for k in 0..calls {
+        if k >= 20 && started.elapsed() > budget {
+            break;
+        }
         let t = Instant::now();
         match caller.call(warmup + k).await {
             Ok(()) => {
@@ -225,7 +248,8 @@ pub struct Step {
     pub summary: Summary,
 }
 
-/// Open-loop steps at `fractions` of `saturation`.
+/// Open-loop steps at `fractions` of `saturation`, each `step` long (longer,
+/// up to four times, where that is too short for 30 calls).
 pub async fn sweep(
     caller: Arc<dyn Caller>,
     saturation: f64,
@@ -235,7 +259,14 @@ pub async fn sweep(
     let mut steps = Vec::new();
     for &fraction in fractions {
         let offered = (saturation * fraction).max(1.0);
-        let summary = open(caller.clone(), offered, step, Duration::from_secs(20)).await;
+        let long_enough = Duration::from_secs_f64(30.0 / offered).min(step * 4);
+        let summary = open(
+            caller.clone(),
+            offered,
+            step.max(long_enough),
+            Duration::from_secs(20),
+        )
+        .await;
         tracing::info!(
             offered,
             achieved = summary.throughput,

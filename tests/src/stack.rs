@@ -182,6 +182,11 @@ pub struct StackOptions {
     pub worker_args: Vec<String>,
     /// Extra `sidecar serve` arguments.
     pub sidecar_args: Vec<String>,
+    /// A directory `sidecar import` already wrote: served as it is, with
+    /// no import at start (several stacks over one large import).
+    pub imported: Option<PathBuf>,
+    /// The model to serve instead of one trained for the dataset.
+    pub model: Option<PathBuf>,
 }
 
 impl StackOptions {
@@ -196,6 +201,8 @@ impl StackOptions {
             executors: 2,
             worker_args: Vec::new(),
             sidecar_args: Vec::new(),
+            imported: None,
+            model: None,
         }
     }
 
@@ -257,18 +264,26 @@ pub struct Stack {
 
 impl Stack {
     pub fn start(options: &StackOptions) -> anyhow::Result<Self> {
-        let dataset_dir = options.dataset_path();
-        let model = trained_model_for(&dataset_dir);
         let dir = tempfile::tempdir()?;
-        let data = dir.path().join("data");
-        let imported = Command::new(workspace_bin("sidecar"))
-            .arg("import")
-            .arg(&dataset_dir)
-            .arg("--data-dir")
-            .arg(&data)
-            .stdout(Stdio::null())
-            .status()?;
-        ensure!(imported.success(), "sidecar import failed");
+        let model = match &options.model {
+            Some(model) => model.clone(),
+            None => trained_model_for(&options.dataset_path()),
+        };
+        let data = match &options.imported {
+            Some(data) => data.clone(),
+            None => {
+                let data = dir.path().join("data");
+                let imported = Command::new(workspace_bin("sidecar"))
+                    .arg("import")
+                    .arg(options.dataset_path())
+                    .arg("--data-dir")
+                    .arg(&data)
+                    .stdout(Stdio::null())
+                    .status()?;
+                ensure!(imported.success(), "sidecar import failed");
+                data
+            }
+        };
         let shm_name = unique_name("e2e");
         let admin_socket = dir.path().join("admin.sock");
         let [f1, f2] = options.fanouts;

@@ -1,0 +1,774 @@
+//! `bench-e2e`: the product end to end against what a team would build
+//! instead, and against the machine's floors, side by side in one run
+//! (README "Benchmarks"; `scripts/bench-e2e.sh` builds and runs it).
+//!
+//! One Redis holds every dataset's features (under its own key prefix);
+//! every system of a scenario reads the same rows and gets the same request
+//! sequence. Results go to `<out>/report.json`, `report.md` and the plots
+//! (`bench/python/plots.py`).
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, ensure, Context};
+use bench::floors::{self, Features};
+use bench::http::HttpClient;
+use bench::load::{self, Caller};
+use bench::report::{self, FetchResult, Machine, Report, ScenarioResult, SystemResult};
+use bench::scenario::{self, Cache, Scenario, Store};
+use bench::systems::{FastApi, Naive, ProductGrpc, ProductHttp, Requests};
+use clap::Parser;
+use gnn_worker::grpc::PredictorClient;
+use sidecar::graph::CsrIndex;
+use tests::redis::RedisServer;
+use tests::stack::{self, Daemon, Stack, StackOptions};
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "bench-e2e",
+    about = "The end-to-end benchmark: the product against the key-by-key JSON design, a FastAPI \
+             service, Feast, bare Redis and the machine's floors, in one run"
+)]
+struct Args {
+    /// A short run: four scenarios, a 100k-node synthetic graph, short steps.
+    #[arg(long)]
+    quick: bool,
+    /// Directory of the results [default: bench/results/<date>, <date>-quick
+    /// with --quick].
+    #[arg(long)]
+    out: Option<PathBuf>,
+    /// Python with bench/requirements.txt installed (FastAPI, uvicorn,
+    /// redis-py, onnxruntime, Feast, matplotlib).
+    #[arg(long, default_value = ".venv-bench/bin/python")]
+    python: PathBuf,
+    /// Where the synthetic graph, the imports and the untrained model are
+    /// kept (the graph is generated again only when missing).
+    #[arg(long, default_value = "target/bench-e2e")]
+    work_dir: PathBuf,
+    /// Only the scenarios whose name contains this (e.g. `cora/`).
+    #[arg(long)]
+    only: Option<String>,
+}
+
+/// How long each measurement runs.
+#[derive(Debug, Clone)]
+struct Timing {
+    /// Requests in each scenario's sequence.
+    requests: usize,
+    lone_calls: usize,
+    lone_budget: Duration,
+    closed_for: Duration,
+    closed_concurrency: usize,
+    step: Duration,
+    fractions: Vec<f64>,
+    floor_calls: usize,
+    floor_throughput_for: Duration,
+    fetch_requests: usize,
+    naive_fetch_calls: usize,
+}
+
+impl Timing {
+    fn new(quick: bool) -> Self {
+        if quick {
+            Self {
+                requests: 500,
+                lone_calls: 200,
+                lone_budget: Duration::from_secs(1),
+                closed_for: Duration::from_secs(1),
+                closed_concurrency: 32,
+                step: Duration::from_millis(1000),
+                fractions: vec![0.3, 0.7, 1.0],
+                floor_calls: 200,
+                floor_throughput_for: Duration::from_secs(1),
+                fetch_requests: 60,
+                naive_fetch_calls: 20,
+            }
+        } else {
+            Self {
+                requests: 2000,
+                lone_calls: 500,
+                lone_budget: Duration::from_secs(3),
+                closed_for: Duration::from_secs(3),
+                closed_concurrency: 32,
+                step: Duration::from_secs(3),
+                fractions: vec![0.25, 0.5, 0.7, 0.85, 1.0],
+                floor_calls: 500,
+                floor_throughput_for: Duration::from_secs(2),
+                fetch_requests: 300,
+                naive_fetch_calls: 100,
+            }
+        }
+    }
+}
+
+/// A dataset, imported twice (embedded store and Redis), with its model
+/// and its features in RAM (the floors).
+struct Dataset {
+    name: String,
+    dir: PathBuf,
+    feature_dim: usize,
+    super_nodes: u32,
+    features: Arc<Features>,
+    index: Arc<CsrIndex>,
+    model: PathBuf,
+    embedded: Option<PathBuf>,
+    redis_data: PathBuf,
+    prefix: String,
+    /// The key-by-key design's model server (started once per dataset).
+    naive: Option<(Daemon, String)>,
+}
+
+fn main() -> anyhow::Result<()> {
+    let args = Args::parse();
+    let root = stack::repo_root();
+    let command = std::env::args().collect::<Vec<_>>().join(" ");
+    let python = absolute(&root, &args.python);
+    ensure!(
+        python.is_file(),
+        "{} is missing: run scripts/bench-e2e.sh, which creates .venv-bench from \
+         bench/requirements.txt (or pass --python)",
+        python.display()
+    );
+    let work = absolute(&root, &args.work_dir);
+    std::fs::create_dir_all(&work)?;
+    let date = now_utc_date();
+    let out = args.out.clone().map_or_else(
+        || {
+            root.join("bench/results").join(if args.quick {
+                format!("{date}-quick")
+            } else {
+                date.clone()
+            })
+        },
+        |o| absolute(&root, &o),
+    );
+    std::fs::create_dir_all(&out)?;
+    let timing = Timing::new(args.quick);
+    let started = Instant::now();
+
+    let redis = RedisServer::start();
+    let redis_url = redis.url();
+    say(&format!("redis-server on {redis_url}"));
+
+    // Datasets: cora (real) and the synthetic power-law graph.
+    let (nodes, edges) = if args.quick {
+        (100_000u64, 5_000_000u64)
+    } else {
+        (1_000_000, 50_000_000)
+    };
+    let synthetic = if args.quick { "rmat-100k" } else { "rmat-1m" };
+    let mut datasets = vec![
+        prepare("cora", &stack::dataset("cora"), None, &work, &redis_url)?,
+        prepare(
+            synthetic,
+            &generate(&work, synthetic, nodes, edges)?,
+            Some(128),
+            &work,
+            &redis_url,
+        )?,
+    ];
+
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()?;
+    let ort_env = gnn_worker::onnxruntime::init(Some(&stack::onnxruntime_lib()))?;
+
+    let scenarios: Vec<Scenario> = scenario::scenarios(args.quick, synthetic)
+        .into_iter()
+        .filter(|s| {
+            args.only
+                .as_ref()
+                .is_none_or(|o| s.name.contains(o.as_str()))
+        })
+        .collect();
+    ensure!(!scenarios.is_empty(), "no scenario matches --only");
+
+    let mut results = Vec::new();
+    let mut product: Option<(String, Stack)> = None;
+    let mut fastapi: Option<(String, Daemon, String)> = None;
+    for (i, scenario) in scenarios.iter().enumerate() {
+        say(&format!(
+            "scenario {}/{}: {}",
+            i + 1,
+            scenarios.len(),
+            scenario.name
+        ));
+        let d = datasets
+            .iter_mut()
+            .find(|d| d.name == scenario.dataset)
+            .context("the scenario's dataset")?;
+        let requests: Requests = Arc::new(scenario::requests(
+            &d.index,
+            d.super_nodes,
+            scenario.targets,
+            timing.requests,
+            scenario.super_mix,
+            0x5eed + i as u64,
+        ));
+
+        // (f) the floors, measured with nothing else running.
+        let floors = floors::floors(
+            &d.index,
+            &d.features,
+            &requests,
+            scenario.fanouts,
+            &ort_env,
+            &d.model,
+            timing.floor_calls,
+            2,
+            timing.floor_throughput_for,
+        )?;
+        say(&format!(
+            "  floors: gather p50 {:.1} us, onnx p50 {:.0} us, onnx {:.0} requests/s, {:.0} rows",
+            floors.gather.p50_us, floors.onnx.p50_us, floors.onnx_throughput, floors.mean_rows
+        ));
+
+        // (a) the product: one stack per configuration, kept while the
+        // next scenario needs the same one.
+        let key = scenario.product_key();
+        if product.as_ref().is_none_or(|(k, _)| *k != key) {
+            if let Some((_, old)) = product.take() {
+                old.stop();
+            }
+            product = Some((key.clone(), start_product(d, scenario, &redis_url)?));
+        }
+        let stack = &product.as_ref().expect("started").1;
+
+        // (c) FastAPI: one service per dataset and fanouts.
+        let fast_key = format!("{}/{:?}", d.name, scenario.fanouts);
+        if fastapi.as_ref().is_none_or(|(k, _, _)| *k != fast_key) {
+            drop(fastapi.take());
+            let (daemon, addr) = start_fastapi(&python, &root, d, scenario.fanouts, &redis_url)?;
+            fastapi = Some((fast_key, daemon, addr));
+        }
+        let fast_addr = fastapi.as_ref().expect("started").2.clone();
+
+        // (b) the naive model server: one per dataset.
+        if d.naive.is_none() {
+            d.naive = Some(start_naive(d)?);
+        }
+        let naive_addr = d.naive.as_ref().expect("started").1.clone();
+
+        let result = runtime.block_on(async {
+            let grpc = PredictorClient::connect(stack.grpc.clone())
+                .await
+                .context("connecting to the worker's gRPC")?;
+            let redis_conn = redis::Client::open(redis_url.as_str())?
+                .get_multiplexed_async_connection()
+                .await?;
+            let systems: Vec<(&str, Arc<dyn Caller>)> = vec![
+                (
+                    "product-grpc",
+                    Arc::new(ProductGrpc {
+                        client: grpc,
+                        requests: requests.clone(),
+                    }),
+                ),
+                (
+                    "product-http",
+                    Arc::new(ProductHttp {
+                        http: HttpClient::new(&stack.http),
+                        requests: requests.clone(),
+                    }),
+                ),
+                (
+                    "fastapi",
+                    Arc::new(FastApi {
+                        http: HttpClient::new(&fast_addr),
+                        requests: requests.clone(),
+                    }),
+                ),
+                (
+                    "naive-json",
+                    Arc::new(Naive {
+                        index: d.index.clone(),
+                        fanouts: scenario.fanouts,
+                        redis: redis_conn,
+                        prefix: d.prefix.clone(),
+                        feature_dim: d.feature_dim,
+                        http: HttpClient::new(&naive_addr),
+                        requests: requests.clone(),
+                        samplers: Mutex::new(Vec::new()),
+                    }),
+                ),
+            ];
+            // The transport alone: an HTTP round trip to the worker that
+            // does no work (GET /healthz), the floor under any HTTP call.
+            let health = HttpClient::new(&stack.http);
+            let round_trip = load::lone(
+                &HealthCheck(health),
+                timing.lone_calls,
+                20,
+                timing.lone_budget,
+            )
+            .await;
+            let mut measured = Vec::new();
+            for (name, caller) in systems {
+                measured.push(measure(name, caller, &timing).await);
+            }
+            anyhow::Ok(ScenarioResult {
+                scenario: scenario.clone(),
+                requests: requests.len(),
+                floors,
+                http_round_trip: round_trip,
+                systems: measured,
+            })
+        })?;
+        report::print_scenario(&result);
+        results.push(result);
+    }
+    if let Some((_, stack)) = product.take() {
+        stack.stop();
+    }
+    drop(fastapi);
+
+    // (d) Feast against our cold fetch, and (e) bare MGET and naive GETs,
+    // on the rows of each Redis dataset's [20, 10] one-target requests.
+    let mut fetches = Vec::new();
+    for d in &datasets {
+        if args.only.as_ref().is_some_and(|o| {
+            !scenarios
+                .iter()
+                .any(|s| s.dataset == d.name && s.name.contains(o.as_str()))
+        }) {
+            continue;
+        }
+        say(&format!("feature fetch: {}", d.name));
+        let requests =
+            scenario::requests(&d.index, d.super_nodes, 1, timing.fetch_requests, false, 7);
+        let rows = floors::row_lists(&d.index, &requests, [20, 10], timing.fetch_requests);
+        let mut fetched = runtime.block_on(floors::fetches(
+            &redis_url,
+            &d.prefix,
+            d.feature_dim,
+            &rows,
+            timing.naive_fetch_calls,
+        ))?;
+        fetched.feast = Some(feast(&python, &root, &work, d, &redis, &rows)?);
+        fetches.push(FetchResult {
+            dataset: d.name.clone(),
+            requests: rows.len(),
+            fetches: fetched,
+        });
+    }
+
+    let report = Report {
+        machine: Machine::probe(),
+        commit: git_commit(&root),
+        command,
+        date,
+        quick: args.quick,
+        seconds: started.elapsed().as_secs_f64(),
+        scenarios: results,
+        fetches,
+        goals: Vec::new(),
+    }
+    .with_goals();
+    report::write(&report, &out)?;
+    let plotted = Command::new(&python)
+        .arg(root.join("bench/python/plots.py"))
+        .arg(out.join("report.json"))
+        .arg(&out)
+        .status()
+        .context("running bench/python/plots.py")?;
+    ensure!(plotted.success(), "bench/python/plots.py failed");
+    say(&format!(
+        "report: {} ({:.0} s)",
+        out.join("report.md").display(),
+        started.elapsed().as_secs_f64()
+    ));
+    Ok(())
+}
+
+/// Lone calls, the saturation estimate (closed loop) and the open-loop
+/// sweep of one system.
+async fn measure(name: &str, caller: Arc<dyn Caller>, timing: &Timing) -> SystemResult {
+    let lone = load::lone(&*caller, timing.lone_calls, 10, timing.lone_budget).await;
+    let closed = load::closed(caller.clone(), timing.closed_concurrency, timing.closed_for).await;
+    let saturation = closed.throughput;
+    let sweep = if saturation > 0.0 {
+        load::sweep(caller, saturation, &timing.fractions, timing.step).await
+    } else {
+        Vec::new()
+    };
+    say(&format!(
+        "  {name:<13} lone p50 {:>9.0} us p99 {:>9.0} us | saturation {:>8.0} calls/s | errors {}",
+        lone.p50_us,
+        lone.p99_us,
+        saturation,
+        lone.errors + closed.errors + sweep.iter().map(|s| s.summary.errors).sum::<u64>()
+    ));
+    SystemResult {
+        system: name.to_string(),
+        lone,
+        closed,
+        sweep,
+    }
+}
+
+struct HealthCheck(HttpClient);
+
+impl Caller for HealthCheck {
+    fn call(
+        &self,
+        _: usize,
+    ) -> std::pin::Pin<Box<dyn std::future::Future<Output = anyhow::Result<()>> + Send + '_>> {
+        Box::pin(async move {
+            self.0.get("/healthz").await?;
+            Ok(())
+        })
+    }
+}
+
+fn say(line: &str) {
+    println!("bench-e2e: {line}");
+}
+
+fn absolute(root: &Path, path: &Path) -> PathBuf {
+    if path.is_absolute() {
+        path.to_path_buf()
+    } else {
+        root.join(path)
+    }
+}
+
+/// Today's date (UTC), YYYY-MM-DD.
+fn now_utc_date() -> String {
+    let days = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs() / 86_400) as i64;
+    // Civil from days (Howard Hinnant's algorithm).
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    format!("{year:04}-{month:02}-{day:02}")
+}
+
+fn git_commit(root: &Path) -> String {
+    let run = |args: &[&str]| {
+        Command::new("git")
+            .args(args)
+            .current_dir(root)
+            .output()
+            .ok()
+            .filter(|o| o.status.success())
+            .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+    };
+    let commit = run(&["rev-parse", "HEAD"]).unwrap_or_else(|| "unknown".into());
+    let dirty =
+        run(&["status", "--porcelain", "--untracked-files=no"]).is_some_and(|s| !s.is_empty());
+    if dirty {
+        format!("{commit} (with uncommitted changes)")
+    } else {
+        commit
+    }
+}
+
+/// The synthetic dataset: `sidecar generate` with one super node adjacent
+/// to every other node, D = 128; kept in `work` between runs.
+fn generate(work: &Path, name: &str, nodes: u64, edges: u64) -> anyhow::Result<PathBuf> {
+    let dir = work.join(name);
+    if dir.join("meta.json").is_file() && dir.join("features.f32").is_file() {
+        return Ok(dir);
+    }
+    say(&format!(
+        "generating {name}: {nodes} nodes, {edges} edges, D = 128"
+    ));
+    let status = Command::new(stack::workspace_bin("sidecar"))
+        .arg("generate")
+        .arg("--out")
+        .arg(&dir)
+        .args(["--nodes", &nodes.to_string(), "--edges", &edges.to_string()])
+        .args([
+            "--super-nodes",
+            "1",
+            "--super-degree",
+            &(nodes - 1).to_string(),
+        ])
+        .args(["--feature-dim", "128"])
+        .status()?;
+    ensure!(status.success(), "sidecar generate failed");
+    Ok(dir)
+}
+
+/// Imports `dir` into the embedded store (cora only: the embedded scenarios
+/// are cora's) and into Redis under `<name>:`, and finds its model.
+fn prepare(
+    name: &str,
+    dir: &Path,
+    synthetic_dim: Option<u32>,
+    work: &Path,
+    redis_url: &str,
+) -> anyhow::Result<Dataset> {
+    let meta: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("meta.json"))?)?;
+    let feature_dim = meta["feature_dim"]
+        .as_u64()
+        .context("meta.json has no feature_dim")? as usize;
+    let prefix = format!("{name}:");
+    let import = |data: &Path, extra: &[&str]| -> anyhow::Result<()> {
+        let _ = std::fs::remove_dir_all(data);
+        let t = Instant::now();
+        let out = Command::new(stack::workspace_bin("sidecar"))
+            .arg("import")
+            .arg(dir)
+            .arg("--data-dir")
+            .arg(data)
+            .args(extra)
+            .stdout(Stdio::null())
+            .output()?;
+        ensure!(
+            out.status.success(),
+            "sidecar import {}: {}",
+            dir.display(),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        say(&format!(
+            "imported {name} into {} in {:.1} s",
+            data.display(),
+            t.elapsed().as_secs_f64()
+        ));
+        Ok(())
+    };
+    let redis_data = work.join(format!("{name}-redis"));
+    import(
+        &redis_data,
+        &["--redis", redis_url, "--redis-prefix", &prefix],
+    )?;
+    let embedded = if synthetic_dim.is_none() {
+        let data = work.join(format!("{name}-embedded"));
+        import(&data, &[])?;
+        Some(data)
+    } else {
+        None
+    };
+    let model = match synthetic_dim {
+        None => stack::trained_model_for(dir),
+        Some(dim) => {
+            let model = work.join(format!("{name}-model"));
+            let status = Command::new(stack::python())
+                .arg(stack::repo_root().join("gnn-worker/model/sage.py"))
+                .args(["init", "--feature-dim", &dim.to_string(), "--classes", "16"])
+                .arg("--out")
+                .arg(&model)
+                .stdout(Stdio::null())
+                .status()?;
+            ensure!(status.success(), "sage.py init failed");
+            model
+        }
+    };
+    let index = Arc::new(CsrIndex::open(&redis_data.join("graph.csr"))?);
+    let features = Arc::new(Features::read(&dir.join("features.f32"), feature_dim)?);
+    let super_nodes = meta["generator"]["super_nodes"].as_u64().unwrap_or(0) as u32;
+    Ok(Dataset {
+        name: name.to_string(),
+        dir: dir.to_path_buf(),
+        feature_dim,
+        super_nodes,
+        features,
+        index,
+        model,
+        embedded,
+        redis_data,
+        prefix,
+        naive: None,
+    })
+}
+
+/// Sidecar + worker for the scenario's store, cache and fanouts.
+fn start_product(d: &Dataset, scenario: &Scenario, redis_url: &str) -> anyhow::Result<Stack> {
+    let mut sidecar_args: Vec<String> = vec!["--log-level".into(), "warn".into()];
+    let imported = match scenario.store {
+        Store::Embedded => d
+            .embedded
+            .clone()
+            .context("no embedded import of this dataset")?,
+        Store::Redis => {
+            sidecar_args.extend(["--redis".into(), redis_url.into()]);
+            d.redis_data.clone()
+        }
+    };
+    match scenario.cache {
+        Cache::Warm => {
+            let rows = d.index.n_nodes() as u64;
+            let mib = ((rows * d.feature_dim as u64 * 4) >> 20) + 64;
+            sidecar_args.extend([
+                "--warm-up".into(),
+                rows.to_string(),
+                "--l1-mib".into(),
+                mib.to_string(),
+            ]);
+        }
+        Cache::Cold => {
+            sidecar_args.extend([
+                "--warm-up".into(),
+                "0".into(),
+                "--l1-mib".into(),
+                "0".into(),
+            ]);
+            if scenario.store == Store::Redis {
+                sidecar_args.push("--no-l2".into());
+            }
+        }
+    }
+    // L2 is kept across restarts in the data directory; a warm stack over
+    // Redis starts from an empty one so runs do not depend on earlier ones.
+    let _ = std::fs::remove_dir_all(imported.join("l2-cache"));
+    let options = StackOptions {
+        dataset_dir: Some(d.dir.clone()),
+        fanouts: scenario.fanouts,
+        response_mib: 32,
+        imported: Some(imported),
+        model: Some(d.model.clone()),
+        sidecar_args,
+        // Deadlines long enough that a cold 64-target batch is never served
+        // default rows: every system answers with the real features.
+        worker_args: vec![
+            "--ring-timeout-ms".into(),
+            "5000".into(),
+            "--log-level".into(),
+            "warn".into(),
+        ],
+        ..StackOptions::new(&d.name)
+    };
+    let t = Instant::now();
+    let stack = Stack::start(&options)?;
+    say(&format!(
+        "  product started ({}) in {:.1} s",
+        scenario.product_key(),
+        t.elapsed().as_secs_f64()
+    ));
+    Ok(stack)
+}
+
+/// The FastAPI service under uvicorn with two worker processes (one per
+/// core), ready once a predict answers.
+fn start_fastapi(
+    python: &Path,
+    root: &Path,
+    d: &Dataset,
+    fanouts: [u32; 2],
+    redis_url: &str,
+) -> anyhow::Result<(Daemon, String)> {
+    let port = stack::free_port();
+    let child = Command::new(python)
+        .args(["-m", "uvicorn", "fastapi_service:app", "--app-dir"])
+        .arg(root.join("bench/python"))
+        .args(["--host", "127.0.0.1", "--port", &port.to_string()])
+        .args([
+            "--workers",
+            "2",
+            "--log-level",
+            "warning",
+            "--no-access-log",
+        ])
+        .env("GRAPH_CSR", d.redis_data.join("graph.csr"))
+        .env("REDIS_URL", redis_url)
+        .env("MODEL_DIR", &d.model)
+        .env("FANOUTS", format!("{},{}", fanouts[0], fanouts[1]))
+        .env("FEATURE_DIM", d.feature_dim.to_string())
+        .env("REDIS_PREFIX", &d.prefix)
+        .spawn()
+        .context("starting uvicorn")?;
+    let daemon = Daemon {
+        child,
+        name: "fastapi",
+    };
+    let addr = format!("127.0.0.1:{port}");
+    wait_for_predict(&addr, "/predict", br#"{"node_ids":[1]}"#)?;
+    Ok((daemon, addr))
+}
+
+/// The key-by-key design's axum model server.
+fn start_naive(d: &Dataset) -> anyhow::Result<(Daemon, String)> {
+    let addr = format!("127.0.0.1:{}", stack::free_port());
+    let child = Command::new(stack::workspace_bin("naive-model-server"))
+        .arg("--model")
+        .arg(&d.model)
+        .args(["--listen", &addr])
+        .arg("--onnxruntime-lib")
+        .arg(stack::onnxruntime_lib())
+        .args(["--sessions", "2"])
+        .spawn()
+        .context("starting naive-model-server")?;
+    let daemon = Daemon {
+        child,
+        name: "naive-model-server",
+    };
+    let body = serde_json::to_vec(&serde_json::json!({
+        "feature_dim": d.feature_dim,
+        "fanouts": [1, 1],
+        "features": vec![0.0f32; d.feature_dim],
+        "target_row": [0],
+        "hop1_count": [0],
+        "hop1_rows": [0],
+        "hop2_count": [0],
+        "hop2_rows": [0],
+    }))?;
+    wait_for_predict(&addr, "/predict", &body)?;
+    Ok((daemon, addr))
+}
+
+fn wait_for_predict(addr: &str, path: &str, body: &[u8]) -> anyhow::Result<()> {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    let client = HttpClient::new(addr);
+    let until = Instant::now() + Duration::from_secs(60);
+    let mut last = None;
+    while Instant::now() < until {
+        match runtime.block_on(client.post(path, body)) {
+            Ok(_) => return Ok(()),
+            Err(e) => last = Some(e),
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    bail!(
+        "{addr}{path} did not answer within 60 s: {:#}",
+        last.expect("tried")
+    )
+}
+
+/// (d) Feast's `get_online_features` for the same row lists, by
+/// bench/python/feast_fetch.py.
+fn feast(
+    python: &Path,
+    root: &Path,
+    work: &Path,
+    d: &Dataset,
+    redis: &RedisServer,
+    rows: &[Vec<u64>],
+) -> anyhow::Result<load::Summary> {
+    let rows_file = work.join(format!("{}-feast-rows.json", d.name));
+    let out_file = work.join(format!("{}-feast.json", d.name));
+    std::fs::write(&rows_file, serde_json::to_vec(rows)?)?;
+    let status = Command::new(python)
+        .arg(root.join("bench/python/feast_fetch.py"))
+        .args(["--redis", &format!("127.0.0.1:{}", redis.port)])
+        .arg("--features")
+        .arg(d.dir.join("features.f32"))
+        .args(["--dim", &d.feature_dim.to_string()])
+        .args(["--num-nodes", &d.index.n_nodes().to_string()])
+        .arg("--rows")
+        .arg(&rows_file)
+        .arg("--out")
+        .arg(&out_file)
+        .status()
+        .context("running bench/python/feast_fetch.py")?;
+    ensure!(status.success(), "bench/python/feast_fetch.py failed");
+    let out: serde_json::Value = serde_json::from_slice(&std::fs::read(&out_file)?)?;
+    let mut h = load::histogram();
+    for v in out["latencies_us"].as_array().context("latencies_us")? {
+        let _ = h.record((v.as_f64().unwrap_or(0.0) as u64).max(1));
+    }
+    Ok(load::Summary::of(&h, 0, 0.0, None))
+}
