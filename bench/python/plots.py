@@ -46,7 +46,9 @@ def main():
 
         fig, ax = plt.subplots(figsize=(7, 4.5))
         for system in scenario["systems"]:
-            steps = [s for s in system["sweep"] if s["summary"]["calls"] > 0]
+            steps = system["sweep"] + ([system["at_70"]] if system.get("at_70") else [])
+            steps = sorted((s for s in steps if s["summary"]["calls"] > 0),
+                           key=lambda s: s["summary"]["throughput"])
             ax.plot([s["summary"]["throughput"] for s in steps],
                     [s["summary"]["p99_us"] / 1000 for s in steps],
                     marker="o", label=system["system"])

@@ -243,7 +243,8 @@ pub async fn open(
 pub struct Step {
     /// The offered rate, calls per second.
     pub offered: f64,
-    /// The fraction of the estimated saturation it stands for.
+    /// The fraction of the rate the step was derived from (the closed-loop
+    /// estimate in a sweep; the saturation for the step at 70%).
     pub fraction: f64,
     pub summary: Summary,
 }

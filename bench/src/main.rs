@@ -79,7 +79,7 @@ impl Timing {
                 closed_for: Duration::from_secs(1),
                 closed_concurrency: 32,
                 step: Duration::from_millis(1000),
-                fractions: vec![0.3, 0.7, 1.0],
+                fractions: vec![0.5, 0.8, 1.0, 1.2],
                 floor_calls: 200,
                 floor_throughput_for: Duration::from_secs(1),
                 fetch_requests: 60,
@@ -93,7 +93,7 @@ impl Timing {
                 closed_for: Duration::from_secs(3),
                 closed_concurrency: 32,
                 step: Duration::from_secs(3),
-                fractions: vec![0.25, 0.5, 0.7, 0.85, 1.0],
+                fractions: vec![0.4, 0.6, 0.8, 1.0, 1.2],
                 floor_calls: 500,
                 floor_throughput_for: Duration::from_secs(2),
                 fetch_requests: 300,
@@ -317,7 +317,6 @@ fn main() -> anyhow::Result<()> {
                 systems: measured,
             })
         })?;
-        report::print_scenario(&result);
         results.push(result);
     }
     if let Some((_, stack)) = product.take() {
@@ -383,29 +382,54 @@ fn main() -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Lone calls, the saturation estimate (closed loop) and the open-loop
-/// sweep of one system.
+/// Lone calls; a closed-loop estimate of the most the system answers; an
+/// open-loop sweep around it, whose highest sustained rate is the
+/// saturation; and an open-loop step at 70% of that saturation.
 async fn measure(name: &str, caller: Arc<dyn Caller>, timing: &Timing) -> SystemResult {
     let lone = load::lone(&*caller, timing.lone_calls, 10, timing.lone_budget).await;
     let closed = load::closed(caller.clone(), timing.closed_concurrency, timing.closed_for).await;
-    let saturation = closed.throughput;
-    let sweep = if saturation > 0.0 {
-        load::sweep(caller, saturation, &timing.fractions, timing.step).await
+    let sweep = if closed.throughput > 0.0 {
+        load::sweep(
+            caller.clone(),
+            closed.throughput,
+            &timing.fractions,
+            timing.step,
+        )
+        .await
     } else {
         Vec::new()
     };
+    let saturation = report::saturation_of(&sweep);
+    let at_70 = if saturation > 0.0 {
+        load::sweep(caller, saturation, &[0.7], timing.step)
+            .await
+            .pop()
+    } else {
+        None
+    };
+    let errors = lone.errors
+        + closed.errors
+        + sweep
+            .iter()
+            .chain(&at_70)
+            .map(|s| s.summary.errors)
+            .sum::<u64>();
     say(&format!(
-        "  {name:<13} lone p50 {:>9.0} us p99 {:>9.0} us | saturation {:>8.0} calls/s | errors {}",
+        "  {name:<13} lone p50 {:>9.0} us p99 {:>9.0} us | saturation {:>8.0} calls/s | at 70%: \
+         p50 {:>8.0} us p99 {:>8.0} us | errors {errors}",
         lone.p50_us,
         lone.p99_us,
         saturation,
-        lone.errors + closed.errors + sweep.iter().map(|s| s.summary.errors).sum::<u64>()
+        at_70.as_ref().map_or(0.0, |s| s.summary.p50_us),
+        at_70.as_ref().map_or(0.0, |s| s.summary.p99_us),
     ));
     SystemResult {
         system: name.to_string(),
         lone,
         closed,
         sweep,
+        saturation,
+        at_70,
     }
 }
 

@@ -49,47 +49,54 @@ pub struct SystemResult {
     pub system: String,
     /// One call at a time.
     pub lone: Summary,
-    /// Closed loop at the saturation-estimate concurrency.
+    /// Closed loop at a fixed concurrency: the first estimate of the most
+    /// the system answers, which the open-loop sweep starts from.
     pub closed: Summary,
     /// Open-loop steps at fractions of `closed.throughput`.
     pub sweep: Vec<Step>,
+    /// Saturation: the highest offered rate of a sweep step the system
+    /// kept up with (see [`sustained`]), calls per second.
+    pub saturation: f64,
+    /// An open-loop step at 70% of `saturation`.
+    pub at_70: Option<Step>,
+}
+
+/// Whether the system kept up with an open-loop step: no errors, and the
+/// calls answered per second (from the first due time to the last answer)
+/// at least 95% of the offered rate. A system that falls behind builds a
+/// backlog and finishes late, which this catches.
+pub fn sustained(step: &Step) -> bool {
+    step.summary.errors == 0 && step.summary.throughput >= 0.95 * step.offered
+}
+
+/// The saturation of a sweep: the highest sustained offered rate; when no
+/// step was sustained, the most calls per second any step achieved.
+pub fn saturation_of(sweep: &[Step]) -> f64 {
+    let best = sweep
+        .iter()
+        .filter(|s| sustained(s))
+        .map(|s| s.offered)
+        .fold(0.0, f64::max);
+    if best > 0.0 {
+        best
+    } else {
+        sweep
+            .iter()
+            .map(|s| s.summary.throughput)
+            .fold(0.0, f64::max)
+    }
 }
 
 impl SystemResult {
-    /// The most calls per second answered without errors: the closed-loop
-    /// estimate or any open-loop step that kept up.
-    pub fn saturation(&self) -> f64 {
-        self.sweep
-            .iter()
-            .filter(|s| s.summary.errors == 0)
-            .map(|s| s.summary.throughput.min(s.offered * 1.02))
-            .fold(self.closed.throughput, f64::max)
-    }
-
-    /// The step nearest to 70% of saturation.
-    pub fn at_70(&self) -> Option<&Step> {
-        self.sweep.iter().min_by(|a, b| {
-            (a.fraction - 0.7)
-                .abs()
-                .total_cmp(&(b.fraction - 0.7).abs())
-        })
-    }
-
-    /// The most calls per second of a step (or the closed loop) whose p99
-    /// is at most `p99_us`.
+    /// The most calls per second of a sustained open-loop step whose p99 is
+    /// at most `p99_us`.
     pub fn throughput_within(&self, p99_us: f64) -> f64 {
         self.sweep
             .iter()
-            .filter(|s| s.summary.errors == 0 && s.summary.p99_us <= p99_us)
-            .map(|s| s.summary.throughput.min(s.offered * 1.02))
-            .fold(
-                if self.closed.p99_us <= p99_us && self.closed.errors == 0 {
-                    self.closed.throughput
-                } else {
-                    0.0
-                },
-                f64::max,
-            )
+            .chain(&self.at_70)
+            .filter(|s| sustained(s) && s.summary.p99_us <= p99_us)
+            .map(|s| s.offered)
+            .fold(0.0, f64::max)
     }
 
     fn errors(&self) -> u64 {
@@ -206,7 +213,7 @@ impl Report {
                     });
                 }
                 // 2. Throughput at saturation against the model alone.
-                let saturation = product.saturation();
+                let saturation = product.saturation;
                 let ratio = saturation / f.onnx_throughput;
                 let mut detail = format!(
                     "{saturation:.0} calls/s end to end; ONNX alone {:.0} requests/s with {} \
@@ -234,7 +241,7 @@ impl Report {
                     detail,
                 });
                 // 3. Tail at 70% of saturation.
-                if let Some(step) = product.at_70() {
+                if let Some(step) = &product.at_70 {
                     let s = &step.summary;
                     let ratio = s.p99_us / s.p50_us.max(1.0);
                     let mut detail = format!(
@@ -300,7 +307,8 @@ impl Report {
             if let Some(fast) = r.system("fastapi") {
                 let p50_ratio = fast.lone.p50_us / ours.lone.p50_us;
                 let budget = fast
-                    .at_70()
+                    .at_70
+                    .as_ref()
                     .map_or(fast.closed.p99_us, |s| s.summary.p99_us);
                 let theirs = fast.throughput_within(budget);
                 let ours_within = ours.throughput_within(budget);
@@ -373,19 +381,6 @@ pub fn write(report: &Report, out: &Path) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// One line per system, printed as each scenario finishes.
-pub fn print_scenario(r: &ScenarioResult) {
-    for s in &r.systems {
-        println!(
-            "bench-e2e:   {:<13} saturation {:>8.0} calls/s, at 70%: p50 {:>8.0} us p99 {:>8.0} us",
-            s.system,
-            s.saturation(),
-            s.at_70().map_or(0.0, |x| x.summary.p50_us),
-            s.at_70().map_or(0.0, |x| x.summary.p99_us),
-        );
-    }
-}
-
 fn us(v: f64) -> String {
     if v >= 10_000.0 {
         format!("{:.1} ms", v / 1000.0)
@@ -412,7 +407,10 @@ pub fn markdown(r: &Report) -> String {
         md,
         "- run: {}{:.0} s; latencies in microseconds (us) or milliseconds (ms), from \
          HdrHistogram; open-loop load timed from each call's due time (no coordinated \
-         omission); every system of a scenario gets the same request sequence\n",
+         omission); every system of a scenario gets the same request sequence. Saturation: \
+         the highest open-loop rate a system kept up with (no errors, answers per second at \
+         least 95% of the offered rate), found by a sweep around a closed-loop estimate; \
+         \"70%\" is a further open-loop step at 70% of that rate\n",
         if r.quick { "quick, " } else { "" },
         r.seconds
     );
@@ -485,14 +483,14 @@ pub fn markdown(r: &Report) -> String {
         let _ = writeln!(md, "| system | lone p50 | lone p99 | saturation (calls/s) | 70%: offered | 70%: p50 | 70%: p99 | errors |");
         let _ = writeln!(md, "|---|---:|---:|---:|---:|---:|---:|---:|");
         for sys in &s.systems {
-            let step = sys.at_70();
+            let step = sys.at_70.as_ref();
             let _ = writeln!(
                 md,
                 "| {} | {} | {} | {:.0} | {} | {} | {} | {} |",
                 sys.system,
                 us(sys.lone.p50_us),
                 us(sys.lone.p99_us),
-                sys.saturation(),
+                sys.saturation,
                 step.map_or("-".into(), |x| format!("{:.0}", x.offered)),
                 step.map_or("-".into(), |x| us(x.summary.p50_us)),
                 step.map_or("-".into(), |x| us(x.summary.p99_us)),
