@@ -16,7 +16,7 @@ use anyhow::{bail, ensure, Context};
 use bench::floors::{self, Features};
 use bench::http::HttpClient;
 use bench::load::{self, Caller};
-use bench::report::{self, FetchResult, Machine, Report, ScenarioResult, SystemResult};
+use bench::report::{self, Breakdown, FetchResult, Machine, Report, ScenarioResult, SystemResult};
 use bench::scenario::{self, Cache, Scenario, Store};
 use bench::systems::{FastApi, Naive, ProductGrpc, ProductHttp, Requests};
 use clap::Parser;
@@ -295,25 +295,60 @@ fn main() -> anyhow::Result<()> {
                     }),
                 ),
             ];
+            let health = HttpClient::new(&stack.http);
             // The transport alone: an HTTP round trip to the worker that
             // does no work (GET /healthz), the floor under any HTTP call.
-            let health = HttpClient::new(&stack.http);
             let round_trip = load::lone(
-                &HealthCheck(health),
+                &HealthCheck(HttpClient::new(&stack.http)),
                 timing.lone_calls,
                 20,
                 timing.lone_budget,
             )
             .await;
+            // Where a lone call's time goes: the worker's histograms around
+            // a run of lone HTTP calls.
+            let before = String::from_utf8_lossy(&health.get("/metrics").await?).into_owned();
+            let lone_http = load::lone(
+                &ProductHttp {
+                    http: HttpClient::new(&stack.http),
+                    requests: requests.clone(),
+                },
+                timing.lone_calls,
+                0,
+                timing.lone_budget,
+            )
+            .await;
+            let after = String::from_utf8_lossy(&health.get("/metrics").await?).into_owned();
+            let breakdown = Breakdown::between(&before, &after, lone_http.mean_us);
             let mut measured = Vec::new();
-            for (name, caller) in systems {
-                measured.push(measure(name, caller, &timing).await);
+            for (name, caller) in &systems {
+                measured.push(measure(name, caller.clone(), &timing).await);
+            }
+            // (c) at equal p99: the product's HTTP front end at 5x the rate
+            // the FastAPI service sustains within its p99 at 70% load.
+            let fast = measured.iter().find(|s| s.system == "fastapi");
+            if let Some(budget) = fast
+                .and_then(|f| f.at_70.as_ref())
+                .map(|s| s.summary.p99_us)
+            {
+                let rate = fast.map_or(0.0, |f| f.throughput_within(budget));
+                let http = systems
+                    .iter()
+                    .find(|(name, _)| *name == "product-http")
+                    .map(|(_, caller)| caller.clone());
+                if let (Some(http), true) = (http, rate > 0.0) {
+                    let steps = load::sweep(http, rate, &[5.0], timing.step).await;
+                    if let Some(ours) = measured.iter_mut().find(|s| s.system == "product-http") {
+                        ours.extra = steps;
+                    }
+                }
             }
             anyhow::Ok(ScenarioResult {
                 scenario: scenario.clone(),
                 requests: requests.len(),
                 floors,
                 http_round_trip: round_trip,
+                breakdown,
                 systems: measured,
             })
         })?;
@@ -430,6 +465,7 @@ async fn measure(name: &str, caller: Arc<dyn Caller>, timing: &Timing) -> System
         sweep,
         saturation,
         at_70,
+        extra: Vec::new(),
     }
 }
 

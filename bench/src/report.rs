@@ -59,6 +59,10 @@ pub struct SystemResult {
     pub saturation: f64,
     /// An open-loop step at 70% of `saturation`.
     pub at_70: Option<Step>,
+    /// Open-loop steps run to compare with another system (the product's
+    /// HTTP front end at 5x the rate the FastAPI service sustains within
+    /// its p99 at 70% load).
+    pub extra: Vec<Step>,
 }
 
 /// Whether the system kept up with an open-loop step: no errors, and the
@@ -94,6 +98,7 @@ impl SystemResult {
         self.sweep
             .iter()
             .chain(&self.at_70)
+            .chain(&self.extra)
             .filter(|s| sustained(s) && s.summary.p99_us <= p99_us)
             .map(|s| s.offered)
             .fold(0.0, f64::max)
@@ -118,6 +123,56 @@ impl SystemResult {
     }
 }
 
+/// Where a lone product call's time goes, from the worker's own histograms
+/// (docs/metrics.md) read before and after a run of lone HTTP calls: means,
+/// microseconds.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct Breakdown {
+    pub calls: f64,
+    /// At the client: the whole call.
+    pub client_us: f64,
+    /// `gnn_worker_call_seconds`: from the front end handing the call to
+    /// the batcher to its answer.
+    pub worker_call_us: f64,
+    /// `gnn_worker_queue_wait_seconds`.
+    pub queue_wait_us: f64,
+    /// `gnn_worker_ring_wait_seconds`: the ring round trip (the sidecar's
+    /// sampling and fetch inside).
+    pub ring_wait_us: f64,
+    /// `gnn_worker_onnx_run_seconds`.
+    pub onnx_run_us: f64,
+}
+
+impl Breakdown {
+    /// The means between two scrapes of the worker's `/metrics`.
+    pub fn between(before: &str, after: &str, client_us: f64) -> Self {
+        let value = |text: &str, name: &str| -> f64 {
+            text.lines()
+                .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.trim().parse().ok())
+                .unwrap_or(0.0)
+        };
+        let mean = |name: &str| {
+            let sum = value(after, &format!("{name}_sum")) - value(before, &format!("{name}_sum"));
+            let count =
+                value(after, &format!("{name}_count")) - value(before, &format!("{name}_count"));
+            if count > 0.0 {
+                sum / count * 1e6
+            } else {
+                0.0
+            }
+        };
+        Self {
+            calls: value(after, "gnn_worker_call_seconds_count")
+                - value(before, "gnn_worker_call_seconds_count"),
+            client_us,
+            worker_call_us: mean("gnn_worker_call_seconds"),
+            queue_wait_us: mean("gnn_worker_queue_wait_seconds"),
+            ring_wait_us: mean("gnn_worker_ring_wait_seconds"),
+            onnx_run_us: mean("gnn_worker_onnx_run_seconds"),
+        }
+    }
+}
+
 /// One scenario: the floors and every system.
 #[derive(Debug, Clone, Serialize)]
 pub struct ScenarioResult {
@@ -126,6 +181,8 @@ pub struct ScenarioResult {
     pub floors: Floors,
     /// GET /healthz on the worker, one at a time: the transport alone.
     pub http_round_trip: Summary,
+    /// Lone HTTP calls to the product, with the worker's view of them.
+    pub breakdown: Breakdown,
     pub systems: Vec<SystemResult>,
 }
 
@@ -191,14 +248,23 @@ impl Report {
                         product.lone.p50_us, f.onnx.p50_us, f.gather.p50_us, f.mean_rows
                     );
                     if ratio > 1.2 {
+                        let b = &r.breakdown;
                         let _ = write!(
                             detail,
-                            ". Miss: {:.0} us above the floors, of which an HTTP round trip \
-                             to the same worker doing no work (GET /healthz) takes {:.0} us; \
-                             the rest is the front end's parsing and encoding, the ring round \
-                             trip, the sidecar's sampling and the batcher's hand-off between \
-                             threads",
+                            ". Miss: {:.0} us above the floors. Lone HTTP calls take {:.0} us on \
+                             average at the client; the worker measured {:.0} us of it from \
+                             taking the call to answering (queue {:.0} us, ring round trip {:.0} \
+                             us with the sidecar's sampling and fetch inside, ONNX {:.0} us); \
+                             the other {:.0} us are the loopback transport, the HTTP/JSON or \
+                             gRPC front end and the client (an HTTP round trip to the worker \
+                             doing no work: {:.0} us)",
                             product.lone.p50_us - floor_us,
+                            b.client_us,
+                            b.worker_call_us,
+                            b.queue_wait_us,
+                            b.ring_wait_us,
+                            b.onnx_run_us,
+                            b.client_us - b.worker_call_us,
                             r.http_round_trip.p50_us
                         );
                     }
@@ -479,6 +545,18 @@ pub fn markdown(r: &Report) -> String {
             f.onnx_throughput,
             f.sessions,
             us(s.http_round_trip.p50_us)
+        );
+        let b = &s.breakdown;
+        let _ = writeln!(
+            md,
+            "A lone HTTP call to the product, means of {:.0} calls: {} at the client, of \
+             which the worker measured {} (queue {}, ring round trip {}, ONNX {}).\n",
+            b.calls,
+            us(b.client_us),
+            us(b.worker_call_us),
+            us(b.queue_wait_us),
+            us(b.ring_wait_us),
+            us(b.onnx_run_us)
         );
         let _ = writeln!(md, "| system | lone p50 | lone p99 | saturation (calls/s) | 70%: offered | 70%: p50 | 70%: p99 | errors |");
         let _ = writeln!(md, "|---|---:|---:|---:|---:|---:|---:|---:|");
