@@ -20,6 +20,16 @@ def slug(name):
     return name.replace("/", "-")
 
 
+def finish(fig, ax, title, path):
+    """Title, grid and legend; writes the figure to path."""
+    ax.set_title(title)
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
 def main():
     report_path, out = sys.argv[1], sys.argv[2]
     with open(report_path) as f:
@@ -37,12 +47,8 @@ def main():
         ax.set_xscale("log")
         ax.set_xlabel("latency of a lone call (ms, log scale)")
         ax.set_ylabel("percentile")
-        ax.set_title(f"{name}: lone-call latency CDF")
-        ax.grid(True, which="both", alpha=0.3)
-        ax.legend(fontsize=8)
-        fig.tight_layout()
-        fig.savefig(os.path.join(out, f"cdf-{slug(name)}.png"), dpi=110)
-        plt.close(fig)
+        finish(fig, ax, f"{name}: lone-call latency CDF",
+               os.path.join(out, f"cdf-{slug(name)}.png"))
 
         fig, ax = plt.subplots(figsize=(7, 4.5))
         for system in scenario["systems"]:
@@ -56,12 +62,8 @@ def main():
         ax.set_yscale("log")
         ax.set_xlabel("calls per second achieved (open loop, log scale)")
         ax.set_ylabel("p99 latency (ms, log scale)")
-        ax.set_title(f"{name}: throughput against p99")
-        ax.grid(True, which="both", alpha=0.3)
-        ax.legend(fontsize=8)
-        fig.tight_layout()
-        fig.savefig(os.path.join(out, f"throughput-p99-{slug(name)}.png"), dpi=110)
-        plt.close(fig)
+        finish(fig, ax, f"{name}: throughput against p99",
+               os.path.join(out, f"throughput-p99-{slug(name)}.png"))
 
 
 if __name__ == "__main__":

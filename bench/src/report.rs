@@ -233,6 +233,7 @@ const PRODUCT: [&str; 2] = ["product-grpc", "product-http"];
 impl Report {
     /// Evaluates every goal of the issue on the measurements.
     pub fn with_goals(mut self) -> Self {
+        let cores = self.machine.cores;
         let mut goals = Vec::new();
         for r in &self.scenarios {
             let f = &r.floors;
@@ -293,8 +294,7 @@ impl Report {
                          else; end to end the same cores also run the sidecar (sampling, \
                          fetching, writing the Arrow tensors), the front end (parsing, \
                          encoding) and the load generator itself",
-                        f.sessions,
-                        Machine::probe().cores
+                        f.sessions, cores
                     );
                 }
                 goals.push(Goal {
@@ -324,7 +324,7 @@ impl Report {
                             ". Miss: at this load calls queue behind one another on {} \
                              cores shared by the load generator, the worker, the sidecar and \
                              Redis; a call arriving behind a batch waits for the whole batch",
-                            Machine::probe().cores
+                            cores
                         );
                     }
                     goals.push(Goal {
