@@ -171,7 +171,7 @@ impl Attachment {
             let slot_idx = (start + i) % n;
             self.segment
                 .slot(slot_idx)
-                .try_claim(self.id.index)
+                .try_claim(self.id.tag())
                 .map(|word| (slot_idx, word))
         })
     }
@@ -179,7 +179,10 @@ impl Attachment {
 
 impl Drop for Attachment {
     fn drop(&mut self) {
+        // Every lease holds the attachment, so no slot of ours is in use:
+        // unregistering gives them all up (the sidecar reclaims any left).
         liveness::unregister(self.segment.header(), self.id);
+        self.segment.unlock_client_entry(self.id.index);
     }
 }
 
@@ -213,7 +216,7 @@ fn heartbeat_loop(attachment: Weak<Attachment>, interval: Duration, sidecar_time
         if att.is_lost() {
             // Wake any caller parked on this epoch's slots so it notices now.
             for slot in att.segment.slots() {
-                if SlotWord::unpack(slot.state.load(Ordering::Acquire)).owner == att.id.index {
+                if SlotWord::unpack(slot.state.load(Ordering::Acquire)).owner == att.id.tag() {
                     notify(&slot.wake, &slot.waiters);
                 }
             }
@@ -268,8 +271,14 @@ impl RingClient {
                 });
             }
         }
-        let id = liveness::register(segment.header())
-            .ok_or(CallError::RegistryFull(crate::layout::MAX_CLIENTS))?;
+        // Register, then hold the entry's lock for as long as we are
+        // registered: the sidecar then never takes our slots (nor the
+        // responses we read in place) from under a live process, even one
+        // whose heartbeat thread stalls (docs/protocol.md, section 6).
+        let id = liveness::register_with(segment.header(), |index| {
+            segment.lock_client_entry(index).unwrap_or(false)
+        })
+        .ok_or(CallError::RegistryFull(crate::layout::MAX_CLIENTS))?;
         let attachment = Arc::new(Attachment {
             segment,
             id,
@@ -280,8 +289,11 @@ impl RingClient {
             schemas: SchemaCache::default(),
         });
         let weak = Arc::downgrade(&attachment);
+        // Beat at least as often as the sidecar asks in its header.
         let (interval, timeout) = (
-            self.options.heartbeat_interval,
+            self.options
+                .heartbeat_interval
+                .min(attachment.segment.heartbeat_interval()),
             self.options.sidecar_timeout,
         );
         std::thread::Builder::new()

@@ -36,7 +36,7 @@ pub unsafe trait ShmSafe: Sized {}
 pub const MAGIC: [u8; 8] = *b"GNNRING\0";
 /// Version of everything in this module and of the payload schema. Any change
 /// to a shared type, an offset, a state code or a payload column bumps it.
-pub const LAYOUT_VERSION: u32 = 1;
+pub const LAYOUT_VERSION: u32 = 2;
 /// Hops of neighbourhood sampling the protocol carries (GraphSAGE 2-hop).
 pub const MAX_HOPS: usize = 2;
 /// Largest fanout a segment may allow for one hop.
@@ -94,9 +94,14 @@ pub struct Preamble {
     pub server_pid: AtomicU32,
     /// Incremented by the sidecar every `heartbeat_interval_us`.
     pub server_heartbeat: AtomicU64,
-    /// How often the sidecar beats, in microseconds.
+    /// How often the sidecar beats, in microseconds; a client beats its own
+    /// entry at least this often.
     pub heartbeat_interval_us: u32,
-    pub _pad: [u8; 12],
+    /// How long a client's heartbeat may stand still before the sidecar
+    /// treats the client as dead (unless it holds its entry's lock), in
+    /// milliseconds.
+    pub client_timeout_ms: u32,
+    pub _pad: [u8; 8],
 }
 
 /// Name, size and alignment of one shared type.
@@ -196,7 +201,8 @@ pub struct ClientEntry {
 #[repr(C, align(64))]
 #[derive(Debug)]
 pub struct SlotControl {
-    /// generation (40 bits) << 24 | owner client index (16 bits) << 8 | state (8 bits).
+    /// generation (32 bits) << 32 | owner tag (24 bits: client generation
+    /// low 16 bits << 8 | client index) << 8 | state (8 bits).
     pub state: AtomicU64,
     /// Futex word the owning client parks on; bumped after every transition
     /// the client waits for.
@@ -384,6 +390,7 @@ mod tests {
         assert_eq!(offset_of!(Preamble, server_pid), 36);
         assert_eq!(offset_of!(Preamble, server_heartbeat), 40);
         assert_eq!(offset_of!(Preamble, heartbeat_interval_us), 48);
+        assert_eq!(offset_of!(Preamble, client_timeout_ms), 52);
 
         assert_eq!(size_of::<TypeDesc>(), 40);
         assert_eq!(size_of::<Geometry>(), 64);

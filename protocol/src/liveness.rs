@@ -15,6 +15,7 @@
 use std::time::{Duration, Instant};
 
 use crate::layout::{client_state, ClientEntry, Header, MAX_CLIENTS};
+use crate::slot::OwnerTag;
 use crate::sync::Ordering;
 
 /// When a heartbeat counter last changed, on the observer's clock.
@@ -53,8 +54,32 @@ pub struct ClientId {
     pub generation: u64,
 }
 
+impl ClientId {
+    /// The owner tag this client writes into the slots it claims.
+    pub const fn tag(self) -> OwnerTag {
+        OwnerTag::new(self.index, self.generation)
+    }
+}
+
+/// Whether `owner` names a client that is registered (ACTIVE) now, with the
+/// generation in the tag: the sidecar serves only such owners' slots.
+pub fn owner_is_live(header: &Header, owner: OwnerTag) -> bool {
+    header.clients.get(owner.index()).is_some_and(|entry| {
+        let word = entry.state.load(Ordering::Acquire);
+        word & 0xff == client_state::ACTIVE
+            && ((word >> 8) & 0xffff) as u16 == owner.generation_low()
+    })
+}
+
 /// Registers a client in the first free entry.
 pub fn register(header: &Header) -> Option<ClientId> {
+    register_with(header, |_| true)
+}
+
+/// Registers a client in the first free entry for which `lock(index)`
+/// succeeds once the entry is ACTIVE (the caller takes the entry's lock
+/// there); an entry whose lock fails is given back and the next one tried.
+pub fn register_with(header: &Header, mut lock: impl FnMut(u16) -> bool) -> Option<ClientId> {
     for (index, entry) in header.clients.iter().enumerate() {
         let current = entry.state.load(Ordering::Acquire);
         if current & 0xff != client_state::FREE {
@@ -71,12 +96,17 @@ pub fn register(header: &Header) -> Option<ClientId> {
             )
             .is_ok()
         {
-            entry.heartbeat.fetch_add(1, Ordering::Release);
-            entry.pid.store(std::process::id(), Ordering::Relaxed);
-            return Some(ClientId {
+            let id = ClientId {
                 index: index as u16,
                 generation,
-            });
+            };
+            if !lock(id.index) {
+                unregister(header, id);
+                continue;
+            }
+            entry.heartbeat.fetch_add(1, Ordering::Release);
+            entry.pid.store(std::process::id(), Ordering::Relaxed);
+            return Some(id);
         }
     }
     None

@@ -61,6 +61,11 @@ pub enum RequestError {
     FanoutAboveCap { hop: usize, fanout: u32, cap: u32 },
     #[error("request flags {flags:#x} contain bits this sidecar does not know")]
     UnknownFlags { flags: u32 },
+    #[error(
+        "request bytes 32..64 (reserved) are not zero: the client writes a newer layout than \
+         this sidecar's"
+    )]
+    ReservedNotZero,
 }
 
 /// Writes `request` into a request area (the caller holds the slot CLAIMED).
@@ -109,6 +114,9 @@ pub fn decode(
         return Err(RequestError::UnknownFlags {
             flags: header.flags,
         });
+    }
+    if header._reserved != [0; 32] {
+        return Err(RequestError::ReservedNotZero);
     }
     if header.n_targets > geometry.max_targets {
         return Err(RequestError::TooManyTargets {

@@ -53,6 +53,10 @@ pub struct SegmentConfig {
     pub response_bytes: u64,
     pub schema: FeatureSchema,
     pub heartbeat_interval: Duration,
+    /// A client whose heartbeat stands still this long (and that holds no
+    /// lock on its entry) is dead: its slots are reclaimed. Written into the
+    /// header so that every client can read it.
+    pub client_timeout: Duration,
     /// How long an existing segment's heartbeat must stand still before it is
     /// considered abandoned by a dead sidecar and taken over.
     pub stale_after: Duration,
@@ -90,6 +94,7 @@ impl SegmentConfig {
             response_bytes: defaults::RESPONSE_BYTES,
             schema,
             heartbeat_interval: defaults::HEARTBEAT_INTERVAL,
+            client_timeout: defaults::CLIENT_TIMEOUT,
             stale_after: defaults::STALE_AFTER,
         }
     }
@@ -287,6 +292,12 @@ pub struct Segment {
     /// (device, inode) of the file, for a safe unlink.
     identity: (u64, u64),
     created: bool,
+    /// The open file: its description carries this process's entry lock
+    /// (a client) or tests the clients' locks (the sidecar).
+    file: File,
+    /// The header's liveness parameters, copied at create or attach.
+    heartbeat_interval: Duration,
+    client_timeout: Duration,
 }
 
 // SAFETY (Send/Sync are automatic): MmapRaw is Send + Sync; all access to the
@@ -366,8 +377,11 @@ impl Segment {
                 epoch,
                 identity: (meta.dev(), meta.ino()),
                 created: true,
+                file,
+                heartbeat_interval: cfg.heartbeat_interval,
+                client_timeout: cfg.client_timeout,
             };
-            segment.initialize(total, cfg.heartbeat_interval);
+            segment.initialize(total);
             return Ok(segment);
         }
         Err(CreateError::Contended {
@@ -377,7 +391,7 @@ impl Segment {
 
     /// Writes the header of a freshly created, zero-filled segment and
     /// publishes it with `server_state = READY`.
-    fn initialize(&self, total: u64, heartbeat_interval: Duration) {
+    fn initialize(&self, total: u64) {
         let base = self.map.as_mut_ptr();
         let types = layout::shared_types();
         let mut table = [TypeDesc {
@@ -399,8 +413,13 @@ impl Segment {
             (&raw mut (*p).header_bytes).write(size_of::<Header>() as u32);
             (&raw mut (*p).segment_bytes).write(total);
             (&raw mut (*p).epoch).write(self.epoch);
-            (&raw mut (*p).heartbeat_interval_us)
-                .write(heartbeat_interval.as_micros().min(u32::MAX as u128) as u32);
+            (&raw mut (*p).heartbeat_interval_us).write(
+                self.heartbeat_interval
+                    .as_micros()
+                    .clamp(1, u32::MAX as u128) as u32,
+            );
+            (&raw mut (*p).client_timeout_ms)
+                .write(self.client_timeout.as_millis().clamp(1, u32::MAX as u128) as u32);
             (&raw mut (*h).fingerprint).write(layout::fingerprint(&types));
             (&raw mut (*h).n_types).write(types.len() as u32);
             (&raw mut (*h).types).write(table);
@@ -482,6 +501,9 @@ impl Segment {
             epoch: snapshot.epoch,
             identity: (meta.dev(), meta.ino()),
             created: false,
+            file,
+            heartbeat_interval: Duration::from_micros(snapshot.heartbeat_interval_us.into()),
+            client_timeout: Duration::from_millis(snapshot.client_timeout_ms.into()),
         })
     }
 
@@ -601,6 +623,65 @@ impl Segment {
         unsafe { NonNull::new_unchecked(data.as_ptr().add(self.geometry.request_bytes as usize)) }
     }
 
+    /// How often the sidecar beats (from the header); clients beat at least
+    /// this often.
+    pub fn heartbeat_interval(&self) -> Duration {
+        self.heartbeat_interval
+    }
+
+    /// How long a client's heartbeat may stand still (from the header).
+    pub fn client_timeout(&self) -> Duration {
+        self.client_timeout
+    }
+
+    /// Takes this open file's exclusive lock on client entry `index`'s 64
+    /// bytes (an open-file-description lock, `F_OFD_SETLK`), held until it is
+    /// unlocked or every descriptor of this open file is closed (the process
+    /// exits or dies). `Ok(false)`: another open file holds it.
+    pub fn lock_client_entry(&self, index: u16) -> std::io::Result<bool> {
+        match self.entry_lock(index, nix::libc::F_WRLCK as i16, false) {
+            Ok(_) => Ok(true),
+            Err(Errno::EAGAIN | Errno::EACCES) => Ok(false),
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    /// Releases [`Segment::lock_client_entry`].
+    pub fn unlock_client_entry(&self, index: u16) {
+        let _ = self.entry_lock(index, nix::libc::F_UNLCK as i16, false);
+    }
+
+    /// Whether some other open file of the segment holds entry `index`'s
+    /// lock: its holder is a live process, however long its heartbeat has
+    /// stood still.
+    pub fn client_entry_locked(&self, index: u16) -> std::io::Result<bool> {
+        self.entry_lock(index, nix::libc::F_WRLCK as i16, true)
+            .map(|found| found != nix::libc::F_UNLCK as i16)
+            .map_err(Into::into)
+    }
+
+    /// One `F_OFD_SETLK` (or `F_OFD_GETLK` when `probe`) of `kind` on entry
+    /// `index`'s bytes; returns the lock type found (`F_UNLCK` when free).
+    fn entry_lock(&self, index: u16, kind: i16, probe: bool) -> Result<i16, Errno> {
+        let start =
+            offset_of!(Header, clients) + index as usize * size_of::<crate::layout::ClientEntry>();
+        // SAFETY: `flock` is plain data; all-zero is a valid value that the
+        // fields below complete.
+        let mut lock: nix::libc::flock = unsafe { std::mem::zeroed() };
+        lock.l_type = kind;
+        lock.l_whence = nix::libc::SEEK_SET as i16;
+        lock.l_start = start as nix::libc::off_t;
+        lock.l_len = size_of::<crate::layout::ClientEntry>() as nix::libc::off_t;
+        lock.l_pid = 0;
+        if probe {
+            nix::fcntl::fcntl(&self.file, nix::fcntl::FcntlArg::F_OFD_GETLK(&mut lock))?;
+            Ok(lock.l_type)
+        } else {
+            nix::fcntl::fcntl(&self.file, nix::fcntl::FcntlArg::F_OFD_SETLK(&lock))?;
+            Ok(kind)
+        }
+    }
+
     /// Whether `/dev/shm/<name>` still names this very file.
     pub fn name_refers_to_us(&self) -> bool {
         let Ok(path) = shm_path(&self.name) else {
@@ -639,6 +720,8 @@ struct HeaderSnapshot {
     segment_bytes: u64,
     epoch: u64,
     server_state: u32,
+    heartbeat_interval_us: u32,
+    client_timeout_ms: u32,
     fingerprint: u64,
     n_types: u32,
     types: [TypeDesc; MAX_TYPES],
@@ -681,6 +764,11 @@ impl HeaderSnapshot {
                 segment_bytes: read_raw(base, pre + offset_of!(Preamble, segment_bytes)),
                 epoch: read_raw(base, pre + offset_of!(Preamble, epoch)),
                 server_state,
+                heartbeat_interval_us: read_raw(
+                    base,
+                    pre + offset_of!(Preamble, heartbeat_interval_us),
+                ),
+                client_timeout_ms: read_raw(base, pre + offset_of!(Preamble, client_timeout_ms)),
                 fingerprint: read_raw(base, offset_of!(Header, fingerprint)),
                 n_types: read_raw(base, offset_of!(Header, n_types)),
                 types: read_raw(base, offset_of!(Header, types)),
@@ -777,6 +865,12 @@ impl HeaderSnapshot {
                 format!("{:#x}", layout::fingerprint(&ours)),
                 FIX_REBUILD,
             ));
+        }
+        if self.heartbeat_interval_us == 0 {
+            return Err(invalid("heartbeat_interval_us", "is 0".into()));
+        }
+        if self.client_timeout_ms == 0 {
+            return Err(invalid("client_timeout_ms", "is 0".into()));
         }
         validate_geometry(&self.geometry, file_len).map_err(|r| invalid("geometry", r))?;
         validate_schema(&self.schema, &self.geometry).map_err(|r| invalid("feature schema", r))?;

@@ -1,9 +1,25 @@
 //! The sidecar's side of the ring: create the segment, take submitted
-//! requests in batches, answer each in place, beat the heartbeat, and reclaim
-//! the slots of dead workers.
+//! requests in batches, answer each in place, beat the heartbeat, and keep
+//! every slot usable whatever the clients do.
+//!
+//! Housekeeping, every heartbeat interval (docs/protocol.md, section 6):
+//! - a client whose heartbeat stood still for `client_timeout` and that
+//!   holds no lock on its registry entry is dead: its entry is freed. One
+//!   that still holds its lock is a live process that stalled: its slots
+//!   (and the responses it may be reading) are left alone;
+//! - a slot whose owner is not a live registered client (it died, was
+//!   reaped, unregistered while owning slots, or never registered) is
+//!   reclaimed, whatever its state;
+//! - an `ABANDONED` slot that no serve thread holds is freed (a client that
+//!   abandoned it before setting its submission bit);
+//! - a `SUBMITTED` slot seen unchanged at two scans gets its submission bit
+//!   set again (a client that died between the two steps of a submission).
+//!
+//! A request whose owner is not a live registered client is refused when
+//! taken: the slot is freed unanswered.
 #![allow(unsafe_code)]
 
-use std::sync::atomic::AtomicBool;
+use std::sync::atomic::{AtomicBool, AtomicU32 as StdAtomicU32};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -24,9 +40,6 @@ pub struct ServerOptions {
     pub segment: SegmentConfig,
     /// How [`RingServer::next_batch`] waits for work.
     pub wait: WaitPolicy,
-    /// A worker whose heartbeat stands still this long is dead: its slots are
-    /// reclaimed.
-    pub client_timeout: Duration,
 }
 
 impl ServerOptions {
@@ -34,7 +47,6 @@ impl ServerOptions {
         Self {
             segment,
             wait: WaitPolicy::default(),
-            client_timeout: crate::segment::defaults::CLIENT_TIMEOUT,
         }
     }
 }
@@ -101,11 +113,22 @@ impl RingMonitor {
     }
 }
 
-/// Counters of the housekeeping thread.
+/// Counters of the housekeeping thread and of refused requests.
 #[derive(Debug, Default)]
 pub struct ServerCounters {
+    /// Clients found dead (heartbeat still, no entry lock) and unregistered.
     pub clients_reaped: std::sync::atomic::AtomicU64,
+    /// Times a client's heartbeat stood still past `client_timeout` while it
+    /// still held its entry lock (a stalled, live process: kept).
+    pub clients_stalled: std::sync::atomic::AtomicU64,
+    /// Slots reclaimed from owners that are not live registered clients.
     pub slots_reclaimed: std::sync::atomic::AtomicU64,
+    /// Abandoned slots freed by housekeeping (no serve thread held them).
+    pub abandoned_freed: std::sync::atomic::AtomicU64,
+    /// Submitted slots whose submission bit was set again.
+    pub submissions_repaired: std::sync::atomic::AtomicU64,
+    /// Requests refused unanswered: their owner is not a live registered client.
+    pub requests_refused: std::sync::atomic::AtomicU64,
 }
 
 #[derive(Debug)]
@@ -114,6 +137,9 @@ struct Shared {
     schemas: SchemaCache,
     stop: AtomicBool,
     counters: ServerCounters,
+    /// Per slot: serve threads that hold it (or are about to) in SERVING.
+    /// Housekeeping frees an ABANDONED slot only when this is 0.
+    serving: Vec<StdAtomicU32>,
 }
 
 /// The sidecar's handle on its segment. Dropping it stops the sidecar side
@@ -130,14 +156,18 @@ impl RingServer {
     /// heartbeat and reaper thread.
     pub fn create(options: ServerOptions) -> Result<Self, CreateError> {
         let segment = Segment::create(&options.segment)?;
+        let serving = (0..segment.geometry().slot_count)
+            .map(|_| StdAtomicU32::new(0))
+            .collect();
         let shared = Arc::new(Shared {
             segment,
             schemas: SchemaCache::default(),
             stop: AtomicBool::new(false),
             counters: ServerCounters::default(),
+            serving,
         });
         let interval = options.segment.heartbeat_interval;
-        let client_timeout = options.client_timeout;
+        let client_timeout = options.segment.client_timeout;
         let for_thread = shared.clone();
         let housekeeper = std::thread::Builder::new()
             .name("ring-housekeeper".into())
@@ -186,22 +216,50 @@ impl RingServer {
         let queue = self.queue();
         let before = out.len();
         let slot_count = self.shared.segment.geometry().slot_count;
+        let header = self.shared.segment.header();
         loop {
             queue.drain(|slot_idx| {
                 if slot_idx >= slot_count {
                     return;
                 }
-                if let Some(word) = self.shared.segment.slot(slot_idx as usize).take() {
-                    out.push(ServeTicket {
-                        shared: self.shared.clone(),
-                        slot_idx,
-                        word,
-                        taken_at: Instant::now(),
-                        answered: false,
-                    });
-                } else {
-                    // An abandoned slot was freed by `take`.
-                    self.notify_free();
+                let serving = &self.shared.serving[slot_idx as usize];
+                // Counted before the take, so that housekeeping never frees
+                // an ABANDONED slot this thread is about to hold or holds.
+                serving.fetch_add(1, Ordering::SeqCst);
+                let slot = self.shared.segment.slot(slot_idx as usize);
+                match slot.take() {
+                    Some(word) if liveness::owner_is_live(header, word.owner) => {
+                        out.push(ServeTicket {
+                            shared: self.shared.clone(),
+                            slot_idx,
+                            word,
+                            taken_at: Instant::now(),
+                            answered: false,
+                        });
+                    }
+                    Some(word) => {
+                        // Nobody registered is waiting for this answer.
+                        let freed = slot.refuse(word);
+                        serving.fetch_sub(1, Ordering::SeqCst);
+                        self.shared
+                            .counters
+                            .requests_refused
+                            .fetch_add(1, Ordering::Relaxed);
+                        tracing::debug!(
+                            slot = slot_idx,
+                            owner = %word.owner,
+                            "refused a request whose owner is not a live registered client"
+                        );
+                        if freed {
+                            notify(&slot.wake, &slot.waiters);
+                            self.notify_free();
+                        }
+                    }
+                    None => {
+                        serving.fetch_sub(1, Ordering::SeqCst);
+                        // An abandoned slot was freed by `take`.
+                        self.notify_free();
+                    }
                 }
             });
             if out.len() > before {
@@ -298,51 +356,125 @@ impl Drop for RingServer {
     }
 }
 
-/// Heartbeat and reaper loop, until `stop`.
+/// Heartbeat and housekeeping loop, until `stop`.
 fn housekeep(shared: &Shared, interval: Duration, client_timeout: Duration) {
     let segment = &shared.segment;
     let header = segment.header();
     let mut watch = ClientWatch::default();
+    // Per client entry: whether its stall was already logged.
+    let mut stall_logged = [false; crate::layout::MAX_CLIENTS];
+    let mut last_seen: Vec<Option<SlotWord>> = vec![None; segment.geometry().slot_count as usize];
     while !shared.stop.load(Ordering::Acquire) {
         header
             .preamble
             .server_heartbeat
             .fetch_add(1, Ordering::Release);
-        for dead in watch.dead_clients(header, client_timeout, Instant::now()) {
-            let mut reclaimed = 0u64;
-            for slot in segment.slots() {
-                match slot.reclaim(dead.index) {
-                    ReclaimOutcome::Freed => {
-                        reclaimed += 1;
-                        notify(&slot.wake, &slot.waiters);
-                    }
-                    ReclaimOutcome::Abandoned => {
-                        reclaimed += 1;
-                        notify(&slot.wake, &slot.waiters);
-                    }
-                    ReclaimOutcome::NotOwned => {}
-                }
+        let dead = watch.dead_clients(header, client_timeout, Instant::now());
+        for (index, logged) in stall_logged.iter_mut().enumerate() {
+            if !dead.iter().any(|d| d.index as usize == index) {
+                *logged = false;
             }
-            let freed = liveness::unregister(header, dead);
-            if reclaimed > 0 {
-                notify(&header.free_seq, &header.free_waiters);
-            }
-            shared
-                .counters
-                .clients_reaped
-                .fetch_add(u64::from(freed), Ordering::Relaxed);
-            shared
-                .counters
-                .slots_reclaimed
-                .fetch_add(reclaimed, Ordering::Relaxed);
-            tracing::warn!(
-                client = dead.index,
-                slots = reclaimed,
-                timeout_ms = client_timeout.as_millis() as u64,
-                "worker stopped heartbeating; reclaimed its slots"
-            );
         }
+        for dead in dead {
+            match segment.client_entry_locked(dead.index) {
+                Ok(true) => {
+                    if !stall_logged[dead.index as usize] {
+                        stall_logged[dead.index as usize] = true;
+                        shared
+                            .counters
+                            .clients_stalled
+                            .fetch_add(1, Ordering::Relaxed);
+                        tracing::warn!(
+                            client = dead.index,
+                            timeout_ms = client_timeout.as_millis() as u64,
+                            "a worker stopped heartbeating but its process still holds its \
+                             entry lock (stalled, not dead); its slots are kept"
+                        );
+                    }
+                    continue;
+                }
+                Ok(false) => {}
+                Err(e) => tracing::warn!(
+                    client = dead.index,
+                    error = %e,
+                    "cannot test a silent worker's entry lock; treating it as dead"
+                ),
+            }
+            if liveness::unregister(header, dead) {
+                shared
+                    .counters
+                    .clients_reaped
+                    .fetch_add(1, Ordering::Relaxed);
+                tracing::warn!(
+                    client = dead.index,
+                    timeout_ms = client_timeout.as_millis() as u64,
+                    "worker stopped heartbeating and holds no entry lock (dead); \
+                     reclaiming its slots"
+                );
+            }
+        }
+        scan_slots(shared, &mut last_seen);
         std::thread::park_timeout(interval);
+    }
+}
+
+/// One pass over every slot: reclaims orphans, frees lone abandoned slots,
+/// repairs lost submission bits (see the module doc).
+fn scan_slots(shared: &Shared, last_seen: &mut [Option<SlotWord>]) {
+    let segment = &shared.segment;
+    let header = segment.header();
+    let queue = SubmitQueue {
+        bits: &header.submit_bits,
+        doorbell: &header.doorbell,
+        server_parked: &header.server_parked,
+    };
+    let mut freed = 0u64;
+    for (slot_idx, slot) in segment.slots().enumerate() {
+        let word = slot.load();
+        let seen_before = last_seen[slot_idx].replace(word);
+        match word.state {
+            state::FREE => {}
+            state::ABANDONED
+                if shared.serving[slot_idx].load(Ordering::SeqCst) == 0
+                    && slot.free_abandoned(word) =>
+            {
+                freed += 1;
+                shared
+                    .counters
+                    .abandoned_freed
+                    .fetch_add(1, Ordering::Relaxed);
+            }
+            state::ABANDONED => {}
+            _ if !liveness::owner_is_live(header, word.owner) => match slot.reclaim(word.owner) {
+                ReclaimOutcome::Freed => {
+                    freed += 1;
+                    shared
+                        .counters
+                        .slots_reclaimed
+                        .fetch_add(1, Ordering::Relaxed);
+                    notify(&slot.wake, &slot.waiters);
+                }
+                ReclaimOutcome::Abandoned => {
+                    shared
+                        .counters
+                        .slots_reclaimed
+                        .fetch_add(1, Ordering::Relaxed);
+                    notify(&slot.wake, &slot.waiters);
+                }
+                ReclaimOutcome::NotOwned => {}
+            },
+            state::SUBMITTED if seen_before == Some(word) => {
+                queue.push(slot_idx);
+                shared
+                    .counters
+                    .submissions_repaired
+                    .fetch_add(1, Ordering::Relaxed);
+            }
+            _ => {}
+        }
+    }
+    if freed > 0 {
+        notify(&header.free_seq, &header.free_waiters);
     }
 }
 
@@ -360,6 +492,14 @@ pub struct ServeTicket {
 impl ServeTicket {
     pub fn slot_index(&self) -> u32 {
         self.slot_idx
+    }
+
+    /// The request id as the client wrote it, even when the rest of the
+    /// request is invalid: every answer echoes it.
+    pub fn request_id(&self) -> u64 {
+        // SAFETY: as in `request`; the request area is at least 64 bytes.
+        let area = unsafe { self.shared.segment.request_area(self.slot_idx as usize) };
+        u64::from_le_bytes(area[..8].try_into().expect("8 bytes"))
     }
 
     /// Reads and validates the request (a copy; the request area is small).
@@ -420,7 +560,9 @@ impl ServeTicket {
         self.answered = true;
         let segment = &self.shared.segment;
         let slot = segment.slot(self.slot_idx as usize);
-        match slot.publish(self.word) {
+        let published = slot.publish(self.word);
+        self.shared.serving[self.slot_idx as usize].fetch_sub(1, Ordering::SeqCst);
+        match published {
             Ok(_) => notify(&slot.wake, &slot.waiters),
             Err(_) => {
                 // The worker abandoned it (deadline) or died: the slot is free.
@@ -434,9 +576,10 @@ impl ServeTicket {
 impl Drop for ServeTicket {
     fn drop(&mut self) {
         if !self.answered {
+            let request_id = self.request_id();
             self.write_error(
                 status::INTERNAL,
-                0,
+                request_id,
                 "the sidecar dropped the request without answering (see its log)",
             );
             self.publish();

@@ -1,10 +1,14 @@
 //! The slot lifecycle: one 64-bit state word per slot, moved only by
 //! compare-and-swap on the whole word.
 //!
-//! The word is `generation (40 bits) << 24 | owner (16 bits) << 8 | state (8 bits)`.
-//! The generation increases on every claim and every transition compares the
-//! whole word, so a stale ticket (an old generation) can never move a slot
-//! that has since been reused: no ABA.
+//! The word is `generation (32 bits) << 32 | owner (24 bits) << 8 | state (8 bits)`,
+//! where the owner is an [`OwnerTag`]: the client's registry index and the low
+//! 16 bits of the generation it registered with, so a later client at the same
+//! index never inherits its predecessor's slots. In a FREE word the owner bits
+//! hold the last owner's tag and mean nothing. The generation increases on
+//! every claim and every transition compares the whole word, so a stale ticket
+//! (an old generation) can never move a slot that has since been reused: no
+//! ABA.
 //!
 //! | from        | to          | by                          | when                                              |
 //! |-------------|-------------|-----------------------------|---------------------------------------------------|
@@ -17,7 +21,8 @@
 //! | `SERVING`   | `PUBLISHED` | the sidecar                 | the response is written                           |
 //! | `SERVING`   | `ABANDONED` | the owner, or the reaper    | deadline passed, or the owner died                |
 //! | `PUBLISHED` | `FREE`      | the owner, or the reaper    | the owner is done with the response, or died      |
-//! | `ABANDONED` | `FREE`      | the sidecar                 | it finds the slot abandoned when it takes or publishes it |
+//! | `SERVING`   | `FREE`      | the sidecar                 | the owner is not a live registered client: the request is refused unanswered |
+//! | `ABANDONED` | `FREE`      | the sidecar                 | it finds the slot abandoned when it takes or publishes it, or no serve thread holds it |
 //!
 //! Memory ordering: every successful transition is `AcqRel`, every load that
 //! decides something is `Acquire`.
@@ -57,27 +62,66 @@ pub mod state {
     }
 }
 
-const GENERATION_BITS: u32 = 40;
+const GENERATION_BITS: u32 = 32;
 const GENERATION_MASK: u64 = (1 << GENERATION_BITS) - 1;
+const OWNER_MASK: u32 = 0x00ff_ffff;
+
+/// Who owns a slot: a client's registry index (low 8 bits) and the low 16
+/// bits of the generation it registered with (bits 8..24). Two registrations
+/// at the same index differ in their tag unless 65,536 registrations of that
+/// index lie between them, and the sidecar reclaims a departed client's slots
+/// within one heartbeat interval, long before.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub struct OwnerTag(pub u32);
+
+impl OwnerTag {
+    /// The tag of the client registered at `index` with `generation`.
+    pub const fn new(index: u16, generation: u64) -> Self {
+        Self((((generation & 0xffff) as u32) << 8) | (index as u32 & 0xff))
+    }
+
+    /// The registry index (0..=255; a valid one is below `MAX_CLIENTS`).
+    pub const fn index(self) -> usize {
+        (self.0 & 0xff) as usize
+    }
+
+    /// The low 16 bits of the owner's registration generation.
+    pub const fn generation_low(self) -> u16 {
+        ((self.0 >> 8) & 0xffff) as u16
+    }
+}
+
+impl std::fmt::Display for OwnerTag {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "client {} (generation {})",
+            self.index(),
+            self.generation_low()
+        )
+    }
+}
 
 /// The decoded state word of a slot. Holding one is holding a *ticket*: the
 /// exact word a later transition expects to find.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct SlotWord {
     pub generation: u64,
-    pub owner: u16,
+    pub owner: OwnerTag,
     pub state: u8,
 }
 
 impl SlotWord {
     pub const fn pack(self) -> u64 {
-        ((self.generation & GENERATION_MASK) << 24) | ((self.owner as u64) << 8) | self.state as u64
+        ((self.generation & GENERATION_MASK) << 32)
+            | (((self.owner.0 & OWNER_MASK) as u64) << 8)
+            | self.state as u64
     }
 
     pub const fn unpack(word: u64) -> Self {
         Self {
-            generation: word >> 24,
-            owner: ((word >> 8) & 0xffff) as u16,
+            generation: word >> 32,
+            owner: OwnerTag(((word >> 8) as u32) & OWNER_MASK),
             state: (word & 0xff) as u8,
         }
     }
@@ -138,7 +182,7 @@ impl SlotControl {
     }
 
     /// `FREE -> CLAIMED` for `owner`, with the next generation.
-    pub fn try_claim(&self, owner: u16) -> Option<SlotWord> {
+    pub fn try_claim(&self, owner: OwnerTag) -> Option<SlotWord> {
         let current = self.load();
         if current.state != state::FREE {
             return None;
@@ -230,8 +274,26 @@ impl SlotControl {
         }
     }
 
-    /// Reaper: the client `owner` is dead; give its slot back.
-    pub fn reclaim(&self, owner: u16) -> ReclaimOutcome {
+    /// Sidecar, holding the slot `SERVING`: the owner is not a live
+    /// registered client, so the request is refused and the slot freed
+    /// without an answer (nobody is waiting for one).
+    pub fn refuse(&self, serving: SlotWord) -> bool {
+        debug_assert_eq!(serving.state, state::SERVING);
+        self.transition(serving, serving.with_state(state::FREE))
+            .is_ok()
+    }
+
+    /// Sidecar housekeeping: frees the slot if it still holds exactly the
+    /// `ABANDONED` word `abandoned` (the caller checked no serve thread holds
+    /// it, so nobody else will).
+    pub fn free_abandoned(&self, abandoned: SlotWord) -> bool {
+        debug_assert_eq!(abandoned.state, state::ABANDONED);
+        self.transition(abandoned, abandoned.with_state(state::FREE))
+            .is_ok()
+    }
+
+    /// Reaper: the client `owner` is gone; give its slot back.
+    pub fn reclaim(&self, owner: OwnerTag) -> ReclaimOutcome {
         let mut current = self.load();
         loop {
             if current.owner != owner {
@@ -269,7 +331,7 @@ mod tests {
     fn pack_round_trips() {
         let word = SlotWord {
             generation: GENERATION_MASK,
-            owner: 0xbeef,
+            owner: OwnerTag::new(63, 0xbeef),
             state: state::SERVING,
         };
         assert_eq!(SlotWord::unpack(word.pack()), word);
@@ -278,10 +340,10 @@ mod tests {
     #[test]
     fn a_full_cycle_bumps_the_generation_once() {
         let slot = SlotControl::new();
-        let claimed = slot.try_claim(3).unwrap();
+        let claimed = slot.try_claim(OwnerTag(3)).unwrap();
         assert_eq!(claimed.generation, 1);
         assert!(
-            slot.try_claim(4).is_none(),
+            slot.try_claim(OwnerTag(4)).is_none(),
             "a claimed slot cannot be claimed"
         );
         let submitted = slot.submit(claimed).unwrap();
@@ -290,15 +352,15 @@ mod tests {
         let published = slot.publish(serving).unwrap();
         assert!(slot.release(published));
         assert_eq!(slot.load().state, state::FREE);
-        assert_eq!(slot.try_claim(4).unwrap().generation, 2);
+        assert_eq!(slot.try_claim(OwnerTag(4)).unwrap().generation, 2);
     }
 
     #[test]
     fn a_stale_ticket_cannot_move_a_reused_slot() {
         let slot = SlotControl::new();
-        let first = slot.try_claim(1).unwrap();
+        let first = slot.try_claim(OwnerTag(1)).unwrap();
         assert!(slot.cancel(first));
-        let second = slot.try_claim(1).unwrap();
+        let second = slot.try_claim(OwnerTag(1)).unwrap();
         // Same owner, same state, older generation: refused.
         assert!(slot.submit(first).is_err());
         assert!(!slot.cancel(first));
@@ -308,7 +370,7 @@ mod tests {
     #[test]
     fn abandoned_while_serving_is_freed_at_publish() {
         let slot = SlotControl::new();
-        let submitted = slot.submit(slot.try_claim(1).unwrap()).unwrap();
+        let submitted = slot.submit(slot.try_claim(OwnerTag(1)).unwrap()).unwrap();
         let serving = slot.take().unwrap();
         assert_eq!(slot.abandon(submitted), AbandonOutcome::Abandoned);
         let freed = slot.publish(serving).unwrap_err();
@@ -319,7 +381,7 @@ mod tests {
     #[test]
     fn abandoned_before_take_is_freed_by_take() {
         let slot = SlotControl::new();
-        let submitted = slot.submit(slot.try_claim(1).unwrap()).unwrap();
+        let submitted = slot.submit(slot.try_claim(OwnerTag(1)).unwrap()).unwrap();
         assert_eq!(slot.abandon(submitted), AbandonOutcome::Abandoned);
         assert!(slot.take().is_none());
         assert_eq!(slot.load().state, state::FREE);
@@ -328,9 +390,42 @@ mod tests {
     #[test]
     fn reclaim_only_touches_the_dead_owners_slot() {
         let slot = SlotControl::new();
-        let claimed = slot.try_claim(7).unwrap();
-        assert_eq!(slot.reclaim(8), ReclaimOutcome::NotOwned);
-        assert_eq!(slot.reclaim(7), ReclaimOutcome::Freed);
+        let claimed = slot.try_claim(OwnerTag(7)).unwrap();
+        assert_eq!(slot.reclaim(OwnerTag(8)), ReclaimOutcome::NotOwned);
+        assert_eq!(slot.reclaim(OwnerTag(7)), ReclaimOutcome::Freed);
         assert!(slot.submit(claimed).is_err());
+    }
+
+    #[test]
+    fn a_later_client_at_the_same_index_does_not_own_its_predecessors_slots() {
+        let slot = SlotControl::new();
+        let before = OwnerTag::new(5, 1);
+        let after = OwnerTag::new(5, 2);
+        assert_eq!(before.index(), after.index());
+        let claimed = slot.try_claim(before).unwrap();
+        assert_eq!(slot.reclaim(after), ReclaimOutcome::NotOwned);
+        assert_eq!(slot.load(), claimed);
+        assert_eq!(slot.reclaim(before), ReclaimOutcome::Freed);
+    }
+
+    #[test]
+    fn the_sidecar_refuses_a_taken_request_and_frees_a_lone_abandoned_slot() {
+        let slot = SlotControl::new();
+        slot.submit(slot.try_claim(OwnerTag(1)).unwrap()).unwrap();
+        let serving = slot.take().unwrap();
+        assert!(slot.refuse(serving));
+        assert_eq!(slot.load().state, state::FREE);
+
+        // Abandoned before the submission bit was ever set: nobody will take
+        // it, so housekeeping frees it, once, from the exact word.
+        let submitted = slot.submit(slot.try_claim(OwnerTag(1)).unwrap()).unwrap();
+        assert_eq!(slot.abandon(submitted), AbandonOutcome::Abandoned);
+        let abandoned = slot.load();
+        assert!(slot.free_abandoned(abandoned));
+        assert!(
+            !slot.free_abandoned(abandoned),
+            "a stale word moves nothing"
+        );
+        assert_eq!(slot.load().state, state::FREE);
     }
 }

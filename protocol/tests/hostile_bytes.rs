@@ -104,7 +104,17 @@ proptest! {
     ) {
         let mut area = MutableBuffer::from_len_zeroed(bytes.len());
         area.as_slice_mut().copy_from_slice(&bytes);
-        let _ = payload::decode(&area.into(), &limits(), &SchemaCache::default());
+        // Random bytes are never a valid response (the framing, the
+        // flatbuffers and the schemas would all have to hold by chance):
+        // decoding must refuse them, without panicking.
+        let decoded = payload::decode(&area.into(), &limits(), &SchemaCache::default());
+        prop_assert!(decoded.is_err(), "random bytes decoded as a response");
+    }
+
+    #[test]
+    fn a_zeroed_response_area_is_refused(len in 0usize..4096) {
+        let area = MutableBuffer::from_len_zeroed(len);
+        prop_assert!(payload::decode(&area.into(), &limits(), &SchemaCache::default()).is_err());
     }
 
     #[test]

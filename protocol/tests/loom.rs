@@ -17,7 +17,7 @@ use loom::sync::Arc;
 use loom::thread;
 use protocol::layout::SlotControl;
 use protocol::loom_hooks::{notify, wait_for};
-use protocol::slot::state;
+use protocol::slot::{state, OwnerTag};
 use protocol::submit::SubmitQueue;
 use protocol::WaitPolicy;
 
@@ -66,7 +66,11 @@ impl Ring {
     /// A client's whole call: claim any slot, write, submit, wait, read, release.
     fn call(&self, client: u16, value: u64) -> u64 {
         let (idx, claimed) = wait_for(&self.free_seq, &self.free_waiters, PARK, None, || {
-            (0..self.slots.len()).find_map(|i| self.slots[i].try_claim(client).map(|w| (i, w)))
+            (0..self.slots.len()).find_map(|i| {
+                self.slots[i]
+                    .try_claim(OwnerTag(client.into()))
+                    .map(|w| (i, w))
+            })
         })
         .expect("no deadline");
         // SAFETY: CLAIMED by this client: nobody else touches the request.
@@ -121,8 +125,12 @@ impl Ring {
 }
 
 fn model(f: impl Fn() + Sync + Send + 'static) {
+    model_bounded(2, f);
+}
+
+fn model_bounded(preemptions: usize, f: impl Fn() + Sync + Send + 'static) {
     let mut builder = loom::model::Builder::new();
-    builder.preemption_bound = Some(2);
+    builder.preemption_bound = Some(preemptions);
     builder.check(f);
 }
 
@@ -183,7 +191,7 @@ fn two_clients_two_slots_no_submission_is_lost_or_served_twice() {
 fn abandon_races_publish_and_the_slot_always_comes_back() {
     model(|| {
         let slot = Arc::new(SlotControl::new());
-        let submitted = slot.submit(slot.try_claim(0).unwrap()).unwrap();
+        let submitted = slot.submit(slot.try_claim(OwnerTag(0)).unwrap()).unwrap();
         let server = {
             let slot = slot.clone();
             thread::spawn(move || {
@@ -203,6 +211,80 @@ fn abandon_races_publish_and_the_slot_always_comes_back() {
                 assert_eq!(outcome, protocol::slot::AbandonOutcome::Abandoned);
                 assert!(slot.take().is_none());
                 assert_eq!(slot.load().state, state::FREE);
+            }
+            other => panic!("slot stuck in {}", state::name(other)),
+        }
+    });
+}
+
+/// Housekeeping frees an ABANDONED slot only when no serve thread holds it
+/// (the per-slot serving count, raised before the take): whatever the
+/// interleaving of the owner abandoning, a serve thread taking and answering,
+/// housekeeping freeing, and a new client claiming, the serve thread never
+/// touches the data region while the new client owns it (loom would report
+/// the unsynchronised cell accesses), and the slot never sticks.
+#[test]
+fn housekeeping_never_frees_a_slot_under_a_serve_thread() {
+    model_bounded(3, || {
+        let ring = Arc::new(Ring::new(1));
+        let serving = Arc::new(AtomicU32::new(0));
+        let submitted = {
+            let slot = &ring.slots[0];
+            slot.submit(slot.try_claim(OwnerTag(0)).unwrap()).unwrap()
+        };
+        let server = {
+            let (ring, serving) = (ring.clone(), serving.clone());
+            thread::spawn(move || {
+                serving.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                if let Some(word) = ring.slots[0].take() {
+                    // SAFETY: SERVING: the sidecar alone touches the areas.
+                    let request = ring.requests[0].with(|p| unsafe { *p });
+                    // SAFETY: as above.
+                    ring.responses[0].with_mut(|p| unsafe { *p = request + 1 });
+                    let _ = ring.slots[0].publish(word);
+                }
+                serving.fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
+            })
+        };
+        let housekeeper = {
+            let (ring, serving) = (ring.clone(), serving.clone());
+            thread::spawn(move || {
+                let word = ring.slots[0].load();
+                if word.state == state::ABANDONED
+                    && serving.load(std::sync::atomic::Ordering::SeqCst) == 0
+                {
+                    ring.slots[0].free_abandoned(word);
+                }
+            })
+        };
+        let newcomer = {
+            let ring = ring.clone();
+            thread::spawn(move || {
+                if let Some(claimed) = ring.slots[0].try_claim(OwnerTag(1)) {
+                    // SAFETY: CLAIMED by this client: it alone touches the
+                    // request area.
+                    ring.requests[0].with_mut(|p| unsafe { *p = 9 });
+                    // SAFETY: as above (a client may reuse the whole region).
+                    ring.responses[0].with_mut(|p| unsafe { *p = 0 });
+                    assert!(ring.slots[0].cancel(claimed));
+                }
+            })
+        };
+        let _ = ring.slots[0].abandon(submitted);
+        server.join().unwrap();
+        housekeeper.join().unwrap();
+        newcomer.join().unwrap();
+        // Nothing sticks: at most an ABANDONED slot that a later take frees.
+        let word = ring.slots[0].load();
+        match word.state {
+            state::FREE => {}
+            state::ABANDONED => {
+                assert!(ring.slots[0].take().is_none());
+                assert_eq!(ring.slots[0].load().state, state::FREE);
+            }
+            state::PUBLISHED => {
+                // The answer arrived before the abandon: the owner releases it.
+                assert!(ring.slots[0].release(word));
             }
             other => panic!("slot stuck in {}", state::name(other)),
         }

@@ -117,7 +117,10 @@ fn a_mismatch_names_the_field() {
     // Another layout version.
     let err = attach_after_patch(&n, 8, &99u32.to_le_bytes());
     assert!(
-        err.to_string().contains("layout version is 99, expected 1"),
+        err.to_string().contains(&format!(
+            "layout version is 99, expected {}",
+            protocol::LAYOUT_VERSION
+        )),
         "{err}"
     );
     patch(&n, 8, &protocol::LAYOUT_VERSION.to_le_bytes());

@@ -6,7 +6,16 @@
 
 use proptest::prelude::*;
 use protocol::layout::SlotControl;
-use protocol::slot::{state, AbandonOutcome, ReclaimOutcome, SlotWord};
+use protocol::slot::{state, AbandonOutcome, OwnerTag, ReclaimOutcome, SlotWord};
+
+/// The three clients' tags: client 2 has client 0's registry index with a
+/// later generation (a successor at the same index), so the model checks that
+/// a tag, not an index, owns a slot.
+const TAGS: [OwnerTag; 3] = [
+    OwnerTag::new(0, 1),
+    OwnerTag::new(1, 1),
+    OwnerTag::new(0, 2),
+];
 
 #[derive(Debug, Clone)]
 enum Op {
@@ -18,6 +27,11 @@ enum Op {
     Release(u16),
     Abandon(u16),
     Reclaim(u16),
+    /// The sidecar refuses the request it holds (owner not live).
+    Refuse,
+    /// Housekeeping frees the slot if it is ABANDONED and no serve thread
+    /// holds it.
+    FreeAbandoned,
     /// Replays a client's oldest ticket: must never move a newer generation.
     Stale(u16),
 }
@@ -33,6 +47,8 @@ fn op() -> impl Strategy<Value = Op> {
         client.clone().prop_map(Op::Release),
         client.clone().prop_map(Op::Abandon),
         client.clone().prop_map(Op::Reclaim),
+        Just(Op::Refuse),
+        Just(Op::FreeAbandoned),
         client.prop_map(Op::Stale),
     ]
 }
@@ -41,7 +57,7 @@ fn op() -> impl Strategy<Value = Op> {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 struct Model {
     generation: u64,
-    owner: u16,
+    owner: OwnerTag,
     state: u8,
 }
 
@@ -60,7 +76,7 @@ proptest! {
     #[test]
     fn the_slot_behaves_like_its_transition_table(ops in prop::collection::vec(op(), 1..80)) {
         let slot = SlotControl::new();
-        let mut model = Model { generation: 0, owner: 0, state: state::FREE };
+        let mut model = Model { generation: 0, owner: OwnerTag::default(), state: state::FREE };
         // Per client: the ticket of its current claim, and its first ever ticket.
         let mut tickets: [Option<SlotWord>; 3] = [None; 3];
         let mut first: [Option<SlotWord>; 3] = [None; 3];
@@ -69,9 +85,9 @@ proptest! {
         for op in ops {
             match op {
                 Op::Claim(c) => {
-                    let real = slot.try_claim(c);
+                    let real = slot.try_claim(TAGS[c as usize]);
                     if model.state == state::FREE {
-                        model = Model { generation: model.generation + 1, owner: c, state: state::CLAIMED };
+                        model = Model { generation: model.generation + 1, owner: TAGS[c as usize], state: state::CLAIMED };
                         prop_assert_eq!(real, Some(model.word()));
                         tickets[c as usize] = real;
                         first[c as usize].get_or_insert(model.word());
@@ -120,7 +136,8 @@ proptest! {
                     if model.word() == ticket {
                         model.state = state::PUBLISHED;
                         prop_assert_eq!(real, Ok(model.word()));
-                        tickets[model.owner as usize] = Some(model.word());
+                        let c = TAGS.iter().position(|t| *t == model.owner).expect("a known tag");
+                        tickets[c] = Some(model.word());
                     } else if model.generation == ticket.generation && model.state == state::ABANDONED {
                         model.state = state::FREE;
                         prop_assert_eq!(real, Err(model.word()));
@@ -155,8 +172,8 @@ proptest! {
                     prop_assert_eq!(real, expected);
                 }
                 Op::Reclaim(c) => {
-                    let real = slot.reclaim(c);
-                    let expected = if model.owner != c {
+                    let real = slot.reclaim(TAGS[c as usize]);
+                    let expected = if model.owner != TAGS[c as usize] {
                         ReclaimOutcome::NotOwned
                     } else {
                         match model.state {
@@ -172,6 +189,24 @@ proptest! {
                         }
                     };
                     prop_assert_eq!(real, expected);
+                }
+                Op::Refuse => {
+                    let Some(ticket) = serving else { continue };
+                    let real = slot.refuse(ticket);
+                    let expected = model.word() == ticket;
+                    if expected {
+                        model.state = state::FREE;
+                        serving = None;
+                    }
+                    prop_assert_eq!(real, expected);
+                }
+                Op::FreeAbandoned => {
+                    // Housekeeping's rule: only when no serve thread holds it.
+                    if serving.is_some() { continue; }
+                    let observed = slot.load();
+                    if observed.state != state::ABANDONED { continue; }
+                    prop_assert!(slot.free_abandoned(observed));
+                    model.state = state::FREE;
                 }
                 Op::Stale(c) => {
                     let Some(old) = first[c as usize] else { continue };

@@ -52,7 +52,8 @@ pub fn answer_synthetic(ticket: ServeTicket, feature_dim: u32, full: bool) {
     let request = match ticket.request() {
         Ok(request) => request,
         Err(e) => {
-            ticket.respond_error(status::INVALID_REQUEST, 0, &e.to_string());
+            let request_id = ticket.request_id();
+            ticket.respond_error(status::INVALID_REQUEST, request_id, &e.to_string());
             return;
         }
     };

@@ -23,6 +23,10 @@ use crate::graph::sampler::{Sampled, Sampler};
 use crate::serve::metrics::Metrics;
 use crate::serve::Knobs;
 
+/// Most of a request's remaining time kept back from the feature fetch for
+/// writing its response (docs/serving.md, "Deadlines").
+pub const RESPONSE_RESERVE: std::time::Duration = std::time::Duration::from_millis(5);
+
 /// Per-thread state reused across batches.
 #[derive(Debug, Default)]
 pub struct BatchServer {
@@ -79,10 +83,23 @@ impl BatchServer {
                 Ok(request) => request,
                 Err(e) => {
                     m.invalid_requests.inc();
-                    ticket.respond_error(status::INVALID_REQUEST, 0, &e.to_string());
+                    let request_id = ticket.request_id();
+                    ticket.respond_error(status::INVALID_REQUEST, request_id, &e.to_string());
                     continue;
                 }
             };
+            if request.remaining() == Some(std::time::Duration::ZERO) {
+                // Its client has given up or is about to: answering with rows
+                // would be work nobody reads.
+                m.expired_requests.inc();
+                ticket.respond_error(
+                    status::DEADLINE_EXCEEDED,
+                    request.request_id,
+                    "the request's deadline had passed when the sidecar took it: give it \
+                     more time (the worker's ring_timeout_ms) or add capacity",
+                );
+                continue;
+            }
             for ((fanout, defaulted), knob) in request
                 .fanouts
                 .iter_mut()
@@ -94,7 +111,14 @@ impl BatchServer {
                 }
             }
             m.targets.inc_by(request.targets.len() as u64);
-            let until = now + request.remaining().map_or(cap, |left| left.min(cap));
+            // The fetch stops early enough to write the answer before the
+            // request's own deadline: a tenth of the time left is kept back
+            // (at most RESPONSE_RESERVE).
+            let until = now
+                + request.remaining().map_or(cap, |left| {
+                    left.saturating_sub((left / 10).min(RESPONSE_RESERVE))
+                        .min(cap)
+                });
             deadline = Some(deadline.map_or(until, |d: Instant| d.min(until)));
             let group = match groups.iter().position(|(f, _)| *f == request.fanouts) {
                 Some(i) => i,

@@ -60,6 +60,8 @@ pub struct Metrics {
     pub targets: Counter,
     pub rows_fetched: Counter,
     pub invalid_requests: Counter,
+    /// Requests whose deadline had passed when they were taken.
+    pub expired_requests: Counter,
     pub too_large: Counter,
     /// Requests whose batch served at least one row late.
     pub deadline_misses: Counter,
@@ -95,6 +97,11 @@ impl Metrics {
             &mut registry,
             "sidecar_invalid_requests",
             "requests refused as malformed",
+        );
+        let expired_requests = counter(
+            &mut registry,
+            "sidecar_expired_requests",
+            "requests answered DEADLINE_EXCEEDED: their deadline had passed when taken",
         );
         let too_large = counter(
             &mut registry,
@@ -143,6 +150,7 @@ impl Metrics {
             targets,
             rows_fetched,
             invalid_requests,
+            expired_requests,
             too_large,
             deadline_misses,
             admin_invalidated_ids,
@@ -291,8 +299,33 @@ impl Collector for StateCollector {
             counter(
                 &mut e,
                 "sidecar_ring_slots_reclaimed",
-                "slots reclaimed from dead workers",
+                "slots reclaimed from owners that are not live registered workers",
                 load(&c.slots_reclaimed),
+            )?;
+            counter(
+                &mut e,
+                "sidecar_ring_clients_stalled",
+                "times a worker's heartbeat stopped while its process still held its entry lock \
+                 (kept, not reaped)",
+                load(&c.clients_stalled),
+            )?;
+            counter(
+                &mut e,
+                "sidecar_ring_abandoned_freed",
+                "abandoned slots freed by housekeeping (no serve thread held them)",
+                load(&c.abandoned_freed),
+            )?;
+            counter(
+                &mut e,
+                "sidecar_ring_submissions_repaired",
+                "submitted slots whose lost submission bit housekeeping set again",
+                load(&c.submissions_repaired),
+            )?;
+            counter(
+                &mut e,
+                "sidecar_ring_requests_refused",
+                "requests freed unanswered: their owner is not a live registered worker",
+                load(&c.requests_refused),
             )?;
         }
         let Some(core) = daemon.core() else {

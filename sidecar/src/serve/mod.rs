@@ -567,7 +567,7 @@ pub fn run(
     segment.max_nodes = config.max_nodes;
     segment.response_bytes = config.response_bytes();
     let mut options = ServerOptions::new(segment);
-    options.client_timeout = config.client_timeout();
+    options.segment.client_timeout = config.client_timeout();
     let server = RingServer::create(options)
         .with_context(|| format!("creating the shared-memory ring {}", config.shm_name))?;
     let _ = daemon.ring.set(server.monitor());

@@ -84,7 +84,7 @@ fn main() -> anyhow::Result<()> {
     segment.response_bytes = args.response_bytes;
     segment.stale_after = Duration::from_millis(args.stale_after_ms);
     let mut options = ServerOptions::new(segment);
-    options.client_timeout = Duration::from_millis(args.client_timeout_ms);
+    options.segment.client_timeout = Duration::from_millis(args.client_timeout_ms);
     options.wait = WaitPolicy {
         spin_for: Duration::from_micros(args.spin_us),
         max_park: Duration::from_millis(100),

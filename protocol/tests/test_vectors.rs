@@ -1,0 +1,155 @@
+//! The hex test vectors of docs/protocol.md (appendix A) are exactly what
+//! this implementation writes: a reader in another language can be
+//! unit-tested against them without a sidecar.
+//!
+//! To print the vectors after a deliberate layout change (with a
+//! `LAYOUT_VERSION` bump): `GNN_PRINT_VECTORS=1 cargo test --release
+//! --workspace --test test_vectors -- --nocapture`.
+#![cfg(not(loom))]
+
+use std::mem::offset_of;
+
+use arrow_buffer::MutableBuffer;
+use protocol::layout::{dtype, FeatureSchema, Header, Preamble};
+use protocol::payload::schema::{target_status, tier};
+use protocol::payload::{PayloadShape, ResponseWriter, SchemaCache};
+use protocol::{Segment, SegmentConfig};
+
+/// The header vector covers the header up to the end of the feature schema.
+const HEADER_VECTOR_BYTES: usize = 808;
+
+/// The header of a segment created with the appendix's configuration, with
+/// the fields that differ on every start (epoch, PID, heartbeat) zeroed.
+fn header_vector() -> Vec<u8> {
+    let name = format!("gnn-vectors-{}", std::process::id());
+    let schema = FeatureSchema {
+        feature_dim: 2,
+        dtype: dtype::F32,
+        graph_version: 7,
+        default_fanouts: [1, 1],
+    };
+    let mut cfg = SegmentConfig::new(&name, schema);
+    cfg.slot_count = 2;
+    cfg.max_targets = 4;
+    cfg.max_fanouts = [2, 2];
+    cfg.max_nodes = 16;
+    cfg.response_bytes = 8192;
+    let segment = Segment::create(&cfg).expect("create");
+    let mut bytes = std::fs::read(format!("/dev/shm/{name}")).expect("read the segment");
+    segment.unlink().expect("unlink");
+    bytes.truncate(HEADER_VECTOR_BYTES);
+    let pre = offset_of!(Header, preamble);
+    for (field, len) in [
+        (offset_of!(Preamble, epoch), 8),
+        (offset_of!(Preamble, server_pid), 4),
+        (offset_of!(Preamble, server_heartbeat), 8),
+    ] {
+        bytes[pre + field..pre + field + len].fill(0);
+    }
+    bytes
+}
+
+/// A response to request 0x1122334455667788 for target 5: its neighbour 9
+/// (fetched from Redis) at hop 1, no hop-2 neighbour, feature dim 2,
+/// fanouts [1, 1], graph version 7, server_ns 1000.
+fn response_vector() -> Vec<u8> {
+    let mut area = MutableBuffer::from_len_zeroed(4096);
+    let shape = PayloadShape {
+        n_targets: 1,
+        n_nodes: 2,
+        feature_dim: 2,
+        fanouts: [1, 1],
+    };
+    let cache = SchemaCache::default();
+    let mut writer = ResponseWriter::new(area.as_slice_mut(), shape, &cache).expect("fits");
+    {
+        let (mut nodes, targets) = writer.columns();
+        nodes.node_id.copy_from_slice(&[5, 9]);
+        nodes.features.copy_from_slice(&[1.0, 2.0, 3.0, 4.0]);
+        nodes.tier.copy_from_slice(&[tier::L1, tier::L3]);
+        nodes.set_fallback(0, false);
+        nodes.set_fallback(1, false);
+        targets.target_id[0] = 5;
+        targets.status[0] = target_status::OK;
+        targets.target_row[0] = 0;
+        targets.hop1_count[0] = 1;
+        targets.hop1_rows[0] = 1;
+        targets.hop2_count[0] = 0;
+        targets.hop2_rows[0] = 0;
+    }
+    writer.finish(0x1122_3344_5566_7788, 7, 1000);
+    let bytes = area.as_slice();
+    let u64_at = |at: usize| u64::from_le_bytes(bytes[at..at + 8].try_into().unwrap());
+    // The area up to the end of the target table (the last thing written).
+    let end = (u64_at(56) + u64_at(64)) as usize;
+    bytes[..end].to_vec()
+}
+
+/// `offset: hex bytes` lines, 32 bytes each.
+fn to_hex_lines(bytes: &[u8]) -> String {
+    let mut out = String::new();
+    for (i, chunk) in bytes.chunks(32).enumerate() {
+        let hex: Vec<String> = chunk.iter().map(|b| format!("{b:02x}")).collect();
+        out.push_str(&format!("{:04x}: {}\n", i * 32, hex.join(" ")));
+    }
+    out
+}
+
+/// The bytes of the fenced block that follows `marker` in the document.
+fn vector_in_doc(doc: &str, marker: &str) -> Vec<u8> {
+    let start = doc
+        .find(marker)
+        .unwrap_or_else(|| panic!("docs/protocol.md has no {marker}"));
+    let block = &doc[start..];
+    let open = block
+        .find("```text\n")
+        .expect("a ```text block after the marker")
+        + 8;
+    let close = open + block[open..].find("```").expect("the block is closed");
+    let mut bytes = Vec::new();
+    for line in block[open..close].lines() {
+        let (offset, hex) = line.split_once(':').expect("offset: bytes");
+        assert_eq!(
+            usize::from_str_radix(offset.trim(), 16).expect("hex offset"),
+            bytes.len(),
+            "offsets run on without gaps"
+        );
+        for byte in hex.split_whitespace() {
+            bytes.push(u8::from_str_radix(byte, 16).expect("a hex byte"));
+        }
+    }
+    bytes
+}
+
+fn doc() -> String {
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs/protocol.md");
+    std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+}
+
+#[test]
+fn the_documented_header_vector_is_what_the_sidecar_writes() {
+    let ours = header_vector();
+    if std::env::var_os("GNN_PRINT_VECTORS").is_some() {
+        println!("header vector:\n{}", to_hex_lines(&ours));
+    }
+    let documented = vector_in_doc(&doc(), "<!-- vector: header -->");
+    assert_eq!(
+        to_hex_lines(&documented),
+        to_hex_lines(&ours),
+        "docs/protocol.md appendix A (header) differs from the implementation"
+    );
+}
+
+#[test]
+fn the_documented_response_vector_is_what_the_sidecar_writes() {
+    let ours = response_vector();
+    if std::env::var_os("GNN_PRINT_VECTORS").is_some() {
+        println!("response vector:\n{}", to_hex_lines(&ours));
+    }
+    let documented = vector_in_doc(&doc(), "<!-- vector: response -->");
+    assert_eq!(
+        to_hex_lines(&documented),
+        to_hex_lines(&ours),
+        "docs/protocol.md appendix A (response) differs from the implementation"
+    );
+}
