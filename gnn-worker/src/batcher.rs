@@ -16,6 +16,13 @@
 //!   session) runs the model on each response in place and answers the
 //!   callers.
 //!
+//! A batch never fails for its size: a ring request answered TOO_LARGE (its
+//! merged neighbourhoods do not fit the slot's response area) is split in
+//! halves and sent again, down to single targets; only a target whose own
+//! neighbourhood cannot fit gets an error naming the limit, and then only
+//! the call that asked for it (the batch's other calls are answered
+//! separately).
+//!
 //! "An executor is free" for the batching rule means fewer than
 //! `ring_concurrency` batches are between dispatch and answer (on the ring,
 //! waiting for a model executor, or in a model run): up to that many are in
@@ -31,8 +38,9 @@ use std::sync::mpsc as std_mpsc;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use protocol::client::CallError;
 use protocol::client::{CallRequest, ClientStatus, Response, RingClient};
-use protocol::layout::{FeatureSchema, MAX_HOPS};
+use protocol::layout::{status, FeatureSchema, MAX_HOPS};
 use protocol::payload::schema::target_status;
 use protocol::payload::ResponseTables;
 use tokio::sync::{mpsc, oneshot};
@@ -375,7 +383,18 @@ struct RingDone {
     batch: Vec<Job>,
     ids: Vec<u64>,
     responses: Result<Vec<Response>, PredictError>,
+    /// Whether answering this gives the batch's pipeline place back (the
+    /// last part of a batch that was split per call).
+    releases: bool,
 }
+
+/// A ring call failed because one target's own neighbourhood does not fit
+/// the response area, however the batch is split.
+fn is_too_large_alone(result: &Result<Vec<Response>, PredictError>) -> bool {
+    matches!(result, Err(PredictError::InvalidArgument(m)) if m.starts_with(TOO_LARGE_ALONE))
+}
+
+const TOO_LARGE_ALONE: &str = "the sampled neighbourhood of node";
 
 /// The description of a caught panic.
 fn panic_text(panic: &(dyn std::any::Any + Send)) -> String {
@@ -447,32 +466,58 @@ fn ring_stage(
         }
         let ids: Vec<u64> = batch.iter().flat_map(|j| j.ids.iter().copied()).collect();
         metrics.targets.inc_by(ids.len() as u64);
-        let responses = std::panic::catch_unwind(AssertUnwindSafe(|| {
-            ring_calls(client, &schema, config, metrics, &ids)
-        }))
-        .unwrap_or_else(|panic| {
-            let what = panic_text(&*panic);
-            tracing::error!(panic = %what, "a ring call panicked; its batch gets an error");
-            Err(PredictError::Internal(format!(
-                "the ring call failed ({what}); retry"
-            )))
-        });
-        let done = RingDone {
-            batch,
-            ids,
-            responses,
+        let call = |ids: &[u64]| {
+            std::panic::catch_unwind(AssertUnwindSafe(|| {
+                ring_calls(client, &schema, config, metrics, ids)
+            }))
+            .unwrap_or_else(|panic| {
+                let what = panic_text(&*panic);
+                tracing::error!(panic = %what, "a ring call panicked; its batch gets an error");
+                Err(PredictError::Internal(format!(
+                    "the ring call failed ({what}); retry"
+                )))
+            })
         };
-        if let Err(std_mpsc::SendError(done)) = ready.send(done) {
-            // No model executor is left to take it.
-            answer(
-                done.batch,
-                &done.ids,
-                Err(PredictError::Unavailable(
-                    "no executor is alive: restart the worker".into(),
-                )),
-                metrics,
-            );
-            capacity.release();
+        let responses = call(&ids);
+        let mut parts = Vec::new();
+        if batch.len() > 1 && is_too_large_alone(&responses) {
+            // One call's target cannot fit: answer every call on its own,
+            // so that only that call gets the error.
+            drop(responses);
+            let n = batch.len();
+            for (i, job) in batch.into_iter().enumerate() {
+                let ids = job.ids.clone();
+                let responses = call(&ids);
+                parts.push(RingDone {
+                    batch: vec![job],
+                    ids,
+                    responses,
+                    releases: i + 1 == n,
+                });
+            }
+        } else {
+            parts.push(RingDone {
+                batch,
+                ids,
+                responses,
+                releases: true,
+            });
+        }
+        for done in parts {
+            if let Err(std_mpsc::SendError(done)) = ready.send(done) {
+                // No model executor is left to take it.
+                answer(
+                    done.batch,
+                    &done.ids,
+                    Err(PredictError::Unavailable(
+                        "no executor is alive: restart the worker".into(),
+                    )),
+                    metrics,
+                );
+                if done.releases {
+                    capacity.release();
+                }
+            }
         }
     }
 }
@@ -497,6 +542,7 @@ fn model_stage(
             batch,
             ids,
             responses,
+            releases,
         } = done;
         let ran = std::panic::catch_unwind(AssertUnwindSafe(|| {
             fail::fail_point!("gnn-worker-executor");
@@ -517,7 +563,9 @@ fn model_stage(
             }
         };
         answer(batch, &ids, result, metrics);
-        capacity.release();
+        if releases {
+            capacity.release();
+        }
         if retire {
             return;
         }
@@ -541,30 +589,64 @@ fn ring_calls(
         .max(1);
     let mut responses = Vec::with_capacity(ids.len().div_ceil(max_targets));
     for chunk in ids.chunks(max_targets) {
-        let request = CallRequest {
-            targets: chunk,
-            fanouts: config.fanouts,
-            timeout: Some(config.ring_timeout),
-            request_id: REQUEST_ID.fetch_add(1, Ordering::Relaxed),
-        };
-        metrics.ring_requests.inc();
-        let calling = Instant::now();
-        let response = client
-            .call(&request)
-            .map_err(|e| PredictError::Unavailable(e.to_string()))?;
-        metrics
-            .ring_wait_seconds
-            .observe(calling.elapsed().as_secs_f64());
-        if client.schema().is_some_and(|s| s != *schema) {
-            return Err(PredictError::Unavailable(
-                "the sidecar now serves another feature schema or graph version than the \
-                 model was checked against: restart the worker with a matching model"
-                    .into(),
-            ));
-        }
-        responses.push(response);
+        ring_call_split(client, schema, config, metrics, chunk, &mut responses)?;
     }
     Ok(responses)
+}
+
+/// One ring request for `targets`; if its answer does not fit the response
+/// area, the two halves are asked for separately (recursively), so that only
+/// a target that cannot fit alone fails.
+fn ring_call_split(
+    client: &RingClient,
+    schema: &FeatureSchema,
+    config: &BatchConfig,
+    metrics: &WorkerMetrics,
+    targets: &[u64],
+    responses: &mut Vec<Response>,
+) -> Result<(), PredictError> {
+    let request = CallRequest {
+        targets,
+        fanouts: config.fanouts,
+        timeout: Some(config.ring_timeout),
+        request_id: REQUEST_ID.fetch_add(1, Ordering::Relaxed),
+    };
+    metrics.ring_requests.inc();
+    let calling = Instant::now();
+    let called = client.call(&request);
+    metrics
+        .ring_wait_seconds
+        .observe(calling.elapsed().as_secs_f64());
+    let response = match called {
+        Ok(response) => response,
+        Err(CallError::Status {
+            status: status::TOO_LARGE,
+            message,
+            ..
+        }) => {
+            if targets.len() == 1 {
+                return Err(PredictError::InvalidArgument(format!(
+                    "{TOO_LARGE_ALONE} {} does not fit one response of the sidecar ({message}); \
+                     ask for smaller fanouts, or raise the sidecar's response_mib or max_nodes",
+                    targets[0]
+                )));
+            }
+            metrics.ring_splits.inc();
+            let (first, second) = targets.split_at(targets.len() / 2);
+            ring_call_split(client, schema, config, metrics, first, responses)?;
+            return ring_call_split(client, schema, config, metrics, second, responses);
+        }
+        Err(e) => return Err(PredictError::Unavailable(e.to_string())),
+    };
+    if client.schema().is_some_and(|s| s != *schema) {
+        return Err(PredictError::Unavailable(
+            "the sidecar now serves another feature schema or graph version than the \
+             model was checked against: restart the worker with a matching model"
+                .into(),
+        ));
+    }
+    responses.push(response);
+    Ok(())
 }
 
 /// Runs the model on each response of a batch whose targets are `ids`.

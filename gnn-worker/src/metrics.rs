@@ -41,6 +41,8 @@ pub struct WorkerMetrics {
     pub call_errors: Family<ErrorKind, Counter>,
     pub batches: Counter,
     pub ring_requests: Counter,
+    /// Ring requests answered TOO_LARGE and split in two.
+    pub ring_splits: Counter,
     pub targets: Counter,
     pub batch_errors: Counter,
     pub executor_panics: Counter,
@@ -88,6 +90,11 @@ impl WorkerMetrics {
             "batches formed by the batcher",
         );
         let ring_requests = counter(&mut r, "gnn_worker_ring_requests", "ring requests sent");
+        let ring_splits = counter(
+            &mut r,
+            "gnn_worker_ring_splits",
+            "ring requests whose answer did not fit one response area, sent again in two halves",
+        );
         let targets = counter(&mut r, "gnn_worker_targets", "targets predicted");
         let batch_errors = counter(&mut r, "gnn_worker_batch_errors", "batches that failed");
         let executor_panics = counter(
@@ -142,6 +149,7 @@ impl WorkerMetrics {
             call_errors,
             batches,
             ring_requests,
+            ring_splits,
             targets,
             batch_errors,
             executor_panics,
