@@ -106,6 +106,9 @@ pub enum PredictError {
     Unavailable(String),
     #[error("{0}")]
     Internal(String),
+    /// The worker or its sidecar is saturated: retry after a moment.
+    #[error("{0}")]
+    Overloaded(String),
 }
 
 impl PredictError {
@@ -115,9 +118,14 @@ impl PredictError {
             PredictError::InvalidArgument(_) => "invalid_argument",
             PredictError::Unavailable(_) => "unavailable",
             PredictError::Internal(_) => "internal",
+            PredictError::Overloaded(_) => "overloaded",
         }
     }
 }
+
+/// Calls that may wait for the batcher at once; one more is refused as
+/// overloaded (docs/serving.md, "Overload").
+pub const MAX_QUEUED_CALLS: usize = 4096;
 
 struct Job {
     ids: Vec<u64>,
@@ -185,7 +193,7 @@ impl Predictor {
         metrics: Arc<WorkerMetrics>,
     ) -> std::io::Result<Self> {
         let config = Arc::new(config);
-        let (jobs_tx, jobs_rx) = mpsc::channel::<Job>(4096);
+        let (jobs_tx, jobs_rx) = mpsc::channel::<Job>(MAX_QUEUED_CALLS);
         let (batch_tx, batch_rx) = std_mpsc::channel::<Vec<Job>>();
         let batch_rx = Arc::new(Mutex::new(batch_rx));
         // The model stage takes at most one waiting batch per executor: a
@@ -292,14 +300,23 @@ impl Predictor {
         }
         self.readiness().map_err(PredictError::Unavailable)?;
         let (reply, answer) = oneshot::channel();
+        // A bounded queue, never a wait for room in it: a full queue is an
+        // explicit overload error the caller can retry elsewhere.
         self.jobs
-            .send(Job {
+            .try_send(Job {
                 ids,
                 enqueued: Instant::now(),
                 reply,
             })
-            .await
-            .map_err(|_| PredictError::Unavailable("the worker is shutting down".into()))?;
+            .map_err(|e| match e {
+                mpsc::error::TrySendError::Full(_) => PredictError::Overloaded(format!(
+                    "the worker is saturated ({MAX_QUEUED_CALLS} calls already wait for the \
+                     batcher); retry after a moment, or add replicas"
+                )),
+                mpsc::error::TrySendError::Closed(_) => {
+                    PredictError::Unavailable("the worker is shutting down".into())
+                }
+            })?;
         answer.await.map_err(|_| {
             PredictError::Unavailable(
                 "no executor took the call (all retired): restart the worker".into(),
@@ -636,6 +653,7 @@ fn ring_call_split(
             ring_call_split(client, schema, config, metrics, first, responses)?;
             return ring_call_split(client, schema, config, metrics, second, responses);
         }
+        Err(e @ CallError::RingFull { .. }) => return Err(PredictError::Overloaded(e.to_string())),
         Err(e) => return Err(PredictError::Unavailable(e.to_string())),
     };
     if client.schema().is_some_and(|s| s != *schema) {

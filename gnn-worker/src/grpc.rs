@@ -33,11 +33,61 @@ impl PredictService {
     }
 }
 
+/// A stream's answer to a request that failed: the status in band.
+fn error_response(request_id: u64, status: &Status) -> pb::PredictResponse {
+    pb::PredictResponse {
+        predictions: Vec::new(),
+        request_id,
+        error: Some(pb::Error {
+            code: status.code() as i32,
+            message: status.message().to_string(),
+        }),
+    }
+}
+
+/// A unary call whose message could not be decoded gets INVALID_ARGUMENT
+/// instead of the INTERNAL that tonic's codec reports (the status of such an
+/// early failure is in the response headers: a trailers-only response).
+pub fn invalid_argument_for_undecodable<B>(
+    mut response: tonic::codegen::http::Response<B>,
+) -> tonic::codegen::http::Response<B> {
+    let headers = response.headers_mut();
+    let internal = headers
+        .get("grpc-status")
+        .is_some_and(|code| code.as_bytes() == b"13");
+    let undecodable = headers
+        .get("grpc-message")
+        .and_then(|m| m.to_str().ok())
+        .is_some_and(|m| m.contains("decode"));
+    if internal && undecodable {
+        headers.insert(
+            "grpc-status",
+            tonic::codegen::http::HeaderValue::from_static("3"),
+        );
+    }
+    response
+}
+
+/// A message that could not be decoded is the client's mistake:
+/// INVALID_ARGUMENT, not the INTERNAL that the codec reports.
+pub fn malformed(status: Status) -> Status {
+    if status.code() == tonic::Code::Internal && status.message().contains("decode") {
+        Status::invalid_argument(format!(
+            "the request is not a valid gnn.v1.PredictRequest ({}): check the client's \
+             generated code against gnn-worker/proto/predictor.proto",
+            status.message()
+        ))
+    } else {
+        status
+    }
+}
+
 fn to_status(e: PredictError) -> Status {
     match e {
         PredictError::InvalidArgument(m) => Status::invalid_argument(m),
         PredictError::Unavailable(m) => Status::unavailable(m),
         PredictError::Internal(m) => Status::internal(m),
+        PredictError::Overloaded(m) => Status::resource_exhausted(m),
     }
 }
 
@@ -59,6 +109,7 @@ async fn answer(
     Ok(pb::PredictResponse {
         predictions: predictions.into_iter().map(to_pb).collect(),
         request_id: request.request_id,
+        error: None,
     })
 }
 
@@ -87,12 +138,20 @@ impl pb::predictor_server::Predictor for PredictService {
         tokio::spawn(async move {
             loop {
                 let next = match incoming.message().await {
-                    Ok(Some(request)) => answer(&service, request).await,
+                    Ok(Some(request)) => {
+                        let request_id = request.request_id;
+                        match answer(&service, request).await {
+                            Ok(response) => Ok(response),
+                            Err(status) => Ok(error_response(request_id, &status)),
+                        }
+                    }
                     Ok(None) => return,
-                    Err(status) => Err(status),
+                    // Bytes that are not a message: the decoder cannot find
+                    // the next one reliably, so the stream ends here.
+                    Err(status) => Err(malformed(status)),
                 };
-                let failed = next.is_err();
-                if tx.send(next).await.is_err() || failed {
+                let ended = next.is_err();
+                if tx.send(next).await.is_err() || ended {
                     return;
                 }
             }

@@ -6,6 +6,7 @@
 
 use axum::extract::State;
 use axum::http::{header, StatusCode};
+use axum::response::IntoResponse;
 use axum::routing::{get, post};
 use axum::{Json, Router};
 use serde::{Deserialize, Serialize};
@@ -40,7 +41,7 @@ pub fn router(service: Service) -> Router {
 async fn predict(
     State(service): State<Service>,
     Json(body): Json<PredictBody>,
-) -> Result<Json<serde_json::Value>, (StatusCode, String)> {
+) -> Result<Json<serde_json::Value>, axum::response::Response> {
     match service.predict(body.node_ids).await {
         Ok(predictions) => {
             let predictions: Vec<PredictionJson> = predictions
@@ -58,10 +59,18 @@ async fn predict(
         Err(e) => {
             let code = match e {
                 PredictError::InvalidArgument(_) => StatusCode::BAD_REQUEST,
-                PredictError::Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
+                PredictError::Unavailable(_) | PredictError::Overloaded(_) => {
+                    StatusCode::SERVICE_UNAVAILABLE
+                }
                 PredictError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
             };
-            Err((code, format!("{e}\n")))
+            let mut response = (code, format!("{e}\n")).into_response();
+            if matches!(e, PredictError::Overloaded(_)) {
+                response
+                    .headers_mut()
+                    .insert(header::RETRY_AFTER, header::HeaderValue::from_static("1"));
+            }
+            Err(response)
         }
     }
 }

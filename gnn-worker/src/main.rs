@@ -260,6 +260,9 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         },
     );
     let grpc_server = tonic::transport::Server::builder()
+        .layer(tower::util::MapResponseLayer::new(
+            gnn_worker::grpc::invalid_argument_for_undecodable,
+        ))
         .add_service(PredictorServer::new(PredictService::new(service.clone())))
         .serve_with_incoming_shutdown(grpc_incoming, async move {
             let _ = grpc_stop.wait_for(|s| *s).await;

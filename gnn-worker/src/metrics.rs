@@ -76,7 +76,7 @@ impl WorkerMetrics {
         let calls = counter(&mut r, "gnn_worker_calls", "client calls (gRPC and HTTP)");
         let call_errors = Family::<ErrorKind, Counter>::default();
         // Every kind from the start (at 0), so dashboards see the series.
-        for kind in ["invalid_argument", "unavailable", "internal"] {
+        for kind in ["invalid_argument", "unavailable", "internal", "overloaded"] {
             let _ = call_errors.get_or_create(&ErrorKind { kind });
         }
         r.register(

@@ -86,6 +86,11 @@ pub enum CallError {
     Draining { name: String },
     #[error("deadline exceeded {stage}")]
     DeadlineExceeded { stage: &'static str },
+    #[error(
+        "no ring slot came free before the deadline: all {slots} slots of the sidecar on \
+         /dev/shm/{name} are busy (it is saturated); retry shortly, or add capacity"
+    )]
+    RingFull { name: String, slots: u32 },
     #[error("{n_targets} targets in one call; the sidecar allows at most {max_targets}: split the batch")]
     TooManyTargets { n_targets: usize, max_targets: u32 },
     #[error(
@@ -458,8 +463,9 @@ impl RingClient {
             Some(Some(claimed)) => claimed,
             Some(None) => return Err(self.gone(att)),
             None => {
-                return Err(CallError::DeadlineExceeded {
-                    stage: "waiting for a free slot (the ring is full)",
+                return Err(CallError::RingFull {
+                    name: self.name.clone(),
+                    slots: geometry.slot_count,
                 })
             }
         };

@@ -7,7 +7,8 @@
 //! - [`serve`]: `sidecar serve`, the ring server wired to both, its metrics
 //!   and probes;
 //! - [`admin`]: the admin socket and its wire format (`sidecarctl`);
-//! - [`config`]: every setting of `sidecar serve`, its default and range.
+//! - [`config`]: every setting of `sidecar serve`, its default and range;
+//! - [`data_dir`]: the lock that keeps one sidecar per data directory.
 //!
 //! **Architecture invariant:** depends on `protocol`, never on `gnn-worker`;
 //! no ONNX Runtime here. `unsafe` is denied except where a file is memory
@@ -16,6 +17,7 @@
 
 pub mod admin;
 pub mod config;
+pub mod data_dir;
 pub mod features;
 pub mod graph;
 pub mod serve;

@@ -6,6 +6,7 @@ use std::process::ExitCode;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
+use anyhow::Context;
 use clap::{Parser, Subcommand};
 use daemon_kit::config::{ConfigError, Layered};
 use sidecar::config::{ServeConfig, ServeFlags, SPEC};
@@ -178,6 +179,10 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             redis_prefix,
             redis_ca,
         } => {
+            // Refused while a sidecar serves (or imports into) this directory.
+            std::fs::create_dir_all(&data_dir)
+                .with_context(|| format!("creating the data directory {}", data_dir.display()))?;
+            let _lock = sidecar::data_dir::DataDirLock::acquire(&data_dir)?;
             let stats = dataset::import_graph(&input, &data_dir, undirected, graph_version)?;
             println!(
                 "graph index {}: {} nodes, {} edges ({} duplicates and {} self loops dropped) \

@@ -528,3 +528,53 @@ fn not_ready_until_loaded_and_warm_and_not_live_when_it_does_not_answer() {
         Some(200)
     );
 }
+
+#[test]
+fn idle_connections_cannot_lock_operators_out_and_a_refusal_says_why() {
+    let sidecar = Sidecar::start();
+    // Every connection slot taken by a client that never says Hello.
+    let idle: Vec<std::os::unix::net::UnixStream> = (0..10)
+        .map(|_| std::os::unix::net::UnixStream::connect(&sidecar.socket).unwrap())
+        .collect();
+    std::thread::sleep(Duration::from_millis(200));
+    // While they hold the slots, an operator gets the server's reason.
+    let err = sidecar.fails(&["status"]);
+    assert!(err.contains("too many admin connections"), "{err}");
+    assert!(!err.contains("Broken pipe"), "{err}");
+    // Past the Hello timeout they are closed, and the operator gets in.
+    std::thread::sleep(sidecar::admin::server::HELLO_TIMEOUT + Duration::from_millis(500));
+    let status = sidecar.json(&["status"]);
+    assert_eq!(status["ready"], true, "{status}");
+    drop(idle);
+
+    // A Hello that trickles in byte by byte is cut off as a whole.
+    let mut slow = std::os::unix::net::UnixStream::connect(&sidecar.socket).unwrap();
+    use std::io::{Read, Write};
+    slow.set_read_timeout(Some(Duration::from_millis(100)))
+        .unwrap();
+    slow.write_all(&64u32.to_le_bytes()).unwrap();
+    let mut closed = false;
+    for _ in 0..80 {
+        if slow.write_all(&[0]).is_err() {
+            closed = true;
+            break;
+        }
+        let mut byte = [0u8; 1];
+        match slow.read(&mut byte) {
+            Ok(0) => {
+                closed = true;
+                break;
+            }
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                ) => {}
+            _ => {
+                closed = true;
+                break;
+            }
+        }
+    }
+    assert!(closed, "a Hello trickling in for 8 s kept its connection");
+}

@@ -62,3 +62,30 @@ fn import_of_a_bad_input_exits_non_zero_with_one_clear_line() {
         "no index from a failed import"
     );
 }
+
+#[test]
+fn an_import_with_an_impossible_feature_shape_is_refused_not_a_panic() {
+    let cora = tests::stack::dataset("cora");
+    for (dim, expect) in [
+        ("0", "feature_dim 0 is outside 1..=1048576"),
+        ("2147483648", "feature_dim 2147483648 is outside"),
+    ] {
+        let input = tempfile::tempdir().unwrap();
+        for file in ["edges.u32", "features.f32", "labels.i32", "split.u8"] {
+            std::fs::copy(cora.join(file), input.path().join(file)).unwrap();
+        }
+        let meta = std::fs::read_to_string(cora.join("meta.json")).unwrap();
+        let mut meta: serde_json::Value = serde_json::from_str(&meta).unwrap();
+        meta["feature_dim"] = serde_json::json!(dim.parse::<u64>().unwrap());
+        std::fs::write(input.path().join("meta.json"), meta.to_string()).unwrap();
+        let out = tempfile::tempdir().unwrap();
+        let output = import(input.path(), out.path());
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert_eq!(
+            output.status.code(),
+            Some(1),
+            "exit 1, not a panic: {stderr}"
+        );
+        assert!(stderr.contains(expect), "{stderr}");
+    }
+}

@@ -99,6 +99,11 @@ fn bad_edge_lists_name_the_line() {
         ("0 1\n1 x\n", ":2: node id \"x\""),
         ("0 1 2\n", ":1: expected `src dst`"),
         ("0 99999999999\n", ":1: node id \"99999999999\""),
+        // The largest u32 is refused before 32 GiB are set aside for it.
+        (
+            "0 4294967295\n",
+            "edge endpoint 4294967295: node ids must be below",
+        ),
     ] {
         let list = dir.path().join("bad.txt");
         std::fs::write(&list, text).unwrap();

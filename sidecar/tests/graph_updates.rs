@@ -69,6 +69,17 @@ fn duplicate_and_existing_edges_are_ignored_and_isolated_nodes_can_be_added() {
     assert_eq!(snapshot.degree(3000), Some(0), "known, isolated");
     assert_eq!(snapshot.degree(3001), None);
     assert!(graph.add_edges(&[(0, u64::from(u32::MAX))], false).is_err());
+    // Ids stay dense: a mistyped id far past the end is refused, naming it.
+    let far = 3001 + sidecar::graph::live::MAX_ID_GROWTH;
+    let err = graph.add_nodes(&[far]).unwrap_err().to_string();
+    assert!(
+        err.contains(&far.to_string()) && err.contains("dense"),
+        "{err}"
+    );
+    assert_eq!(graph.snapshot().n_nodes(), 3001, "nothing was added");
+    graph
+        .add_nodes(&[far - 1])
+        .expect("just within the growth bound");
 }
 
 #[test]

@@ -175,6 +175,8 @@ pub struct StackOptions {
     /// Fanouts the sidecar defaults to and the worker sends.
     pub fanouts: [u32; 2],
     pub max_targets: u32,
+    /// Slots of the ring (16).
+    pub slots: u32,
     pub response_mib: u64,
     pub max_batch: usize,
     pub executors: usize,
@@ -196,6 +198,7 @@ impl StackOptions {
             dataset_dir: None,
             fanouts: [20, 10],
             max_targets: 64,
+            slots: 16,
             response_mib: 8,
             max_batch: 64,
             executors: 2,
@@ -298,7 +301,7 @@ impl Stack {
             .args(["--max-fanouts", &format!("{},{}", f1.max(50), f2.max(50))])
             .args(["--max-targets", &options.max_targets.to_string()])
             .args(["--response-mib", &options.response_mib.to_string()])
-            .args(["--slots", "16"])
+            .args(["--slots", &options.slots.to_string()])
             .args(&options.sidecar_args)
             .spawn()
             .context("starting sidecar serve")?;

@@ -195,3 +195,394 @@ fn redis_stopped_or_killed_costs_fallback_rows_never_a_failed_call_and_serving_r
     );
     assert!(stack.stop(), "clean shutdown");
 }
+
+/// The names under `dir`, recursively, sorted (what "touches nothing" means
+/// for a directory another process owns).
+fn tree(dir: &std::path::Path) -> Vec<String> {
+    let mut names = Vec::new();
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(at) = stack.pop() {
+        for entry in std::fs::read_dir(&at).unwrap() {
+            let path = entry.unwrap().path();
+            names.push(path.strip_prefix(dir).unwrap().display().to_string());
+            if path.is_dir() {
+                stack.push(path);
+            }
+        }
+    }
+    names.sort();
+    names
+}
+
+#[test]
+fn a_second_sidecar_on_a_data_directory_in_use_is_refused_and_touches_nothing() {
+    let data = tempfile::tempdir().unwrap();
+    let data_dir = data.path().join("data");
+    tests::stack::sidecar_import(&tests::stack::dataset("cora"), &data_dir, &[]);
+    let mut options = StackOptions::new("cora");
+    options.imported = Some(data_dir.clone());
+    let stack = Stack::start(&options).expect("stack");
+    let store = data_dir.join("features.db");
+    let before: Vec<String> = tree(&store)
+        .into_iter()
+        .filter(|name| !name.starts_with("LOG"))
+        .collect();
+
+    let second = std::process::Command::new(tests::stack::workspace_bin("sidecar"))
+        .arg("serve")
+        .arg("--data-dir")
+        .arg(&data_dir)
+        .args([
+            "--shm-name",
+            &tests::unique_name("second"),
+            "--warm-up",
+            "0",
+        ])
+        .output()
+        .expect("running a second sidecar");
+    let stderr = String::from_utf8_lossy(&second.stderr);
+    assert!(
+        !second.status.success(),
+        "the second sidecar started: {stderr}"
+    );
+    assert!(
+        stderr.contains("sidecar.lock") && stderr.contains("in use by another sidecar"),
+        "names the lock: {stderr}"
+    );
+    let import = std::process::Command::new(tests::stack::workspace_bin("sidecar"))
+        .arg("import")
+        .arg(tests::stack::dataset("cora"))
+        .arg("--data-dir")
+        .arg(&data_dir)
+        .output()
+        .expect("running an import");
+    assert!(
+        !import.status.success(),
+        "an import into a served directory ran"
+    );
+    assert!(String::from_utf8_lossy(&import.stderr).contains("sidecar.lock"));
+
+    let after: Vec<String> = tree(&store)
+        .into_iter()
+        .filter(|name| !name.starts_with("LOG"))
+        .collect();
+    assert_eq!(before, after, "the first sidecar's store was touched");
+    let (code, json) = predict(&stack, &[1, 2, 3]);
+    assert_eq!(code, 200, "the first sidecar still serves: {json}");
+    assert_eq!(fallback_rows(&json), 0);
+    assert!(stack.stop(), "clean shutdown");
+}
+
+#[test]
+fn an_l2_directory_in_use_is_refused_never_wiped() {
+    let redis = tests::redis::RedisServer::start();
+    let base = tempfile::tempdir().unwrap();
+    let l2 = base.path().join("shared-l2");
+    let mut sidecars = Vec::new();
+    for name in ["a", "b"] {
+        let data_dir = base.path().join(name);
+        tests::stack::sidecar_import(
+            &tests::stack::dataset("cora"),
+            &data_dir,
+            &["--redis", &redis.url()],
+        );
+        sidecars.push(data_dir);
+    }
+    let mut options = StackOptions::new("cora");
+    options.imported = Some(sidecars[0].clone());
+    options.sidecar_args = ["--redis", &redis.url(), "--l2-dir", l2.to_str().unwrap()]
+        .map(String::from)
+        .to_vec();
+    let stack = Stack::start(&options).expect("stack");
+    let (code, json) = predict(&stack, &[1, 2, 3]);
+    assert_eq!(code, 200, "{json}");
+    let before: Vec<String> = tree(&l2)
+        .into_iter()
+        .filter(|name| !name.starts_with("LOG"))
+        .collect();
+
+    // Another sidecar (its own data directory) given the same L2 directory.
+    let second = std::process::Command::new(tests::stack::workspace_bin("sidecar"))
+        .arg("serve")
+        .arg("--data-dir")
+        .arg(&sidecars[1])
+        .args(["--redis", &redis.url(), "--l2-dir", l2.to_str().unwrap()])
+        .args([
+            "--shm-name",
+            &tests::unique_name("second"),
+            "--warm-up",
+            "0",
+        ])
+        .output()
+        .expect("running a second sidecar");
+    let stderr = String::from_utf8_lossy(&second.stderr);
+    assert!(
+        !second.status.success(),
+        "the second sidecar started: {stderr}"
+    );
+    assert!(stderr.contains("in use by another process"), "{stderr}");
+    let after: Vec<String> = tree(&l2)
+        .into_iter()
+        .filter(|name| !name.starts_with("LOG"))
+        .collect();
+    assert_eq!(before, after, "the L2 directory in use was touched");
+    assert!(
+        !std::fs::read_dir(base.path()).unwrap().any(|e| e
+            .unwrap()
+            .file_name()
+            .to_string_lossy()
+            .contains("damaged")),
+        "a directory in use was treated as damaged"
+    );
+    let (code, _) = predict(&stack, &[4, 5]);
+    assert_eq!(code, 200);
+    assert!(stack.stop(), "clean shutdown");
+}
+
+#[test]
+fn the_store_directory_deleted_while_serving_refuses_writes_and_raises_the_alarm() {
+    let data = tempfile::tempdir().unwrap();
+    let data_dir = data.path().join("data");
+    tests::stack::sidecar_import(&tests::stack::dataset("cora"), &data_dir, &[]);
+    let metrics = format!("127.0.0.1:{}", tests::stack::free_port());
+    let mut options = StackOptions::new("cora");
+    options.imported = Some(data_dir.clone());
+    options.sidecar_args = vec!["--metrics-addr".into(), metrics.clone()];
+    let stack = Stack::start(&options).expect("stack");
+    assert_eq!(metric_value(&metrics, "sidecar_store_directory_lost"), 0.0);
+
+    std::fs::remove_dir_all(data_dir.join("features.db")).unwrap();
+    // Reads go on (from the caches and the files still open).
+    let (code, json) = predict(&stack, &[1, 2, 3]);
+    assert_eq!(code, 200, "{json}");
+    // A write is refused, never acknowledged and lost.
+    let row = vec!["0.5"; 1433].join(",");
+    let added = stack.sidecarctl(&[
+        "graph",
+        "add-node",
+        "2708",
+        "--features",
+        &row,
+        "--edge",
+        "1",
+    ]);
+    let err = added.expect_err("a write into a deleted store was acknowledged");
+    assert!(err.to_string().contains("write refused"), "{err}");
+    assert!(
+        tests::eventually(std::time::Duration::from_secs(5), || {
+            metric_value(&metrics, "sidecar_store_directory_lost") == 1.0
+        }),
+        "the alarm is raised"
+    );
+    assert!(metric_value(&metrics, "sidecar_store_writes_refused_total") >= 1.0);
+    // The node was not added half-way: the graph does not know it.
+    let (code, json) = predict(&stack, &[2708]);
+    assert_eq!(code, 200, "{json}");
+    assert_eq!(json["predictions"][0]["known"], false, "{json}");
+    assert_eq!(stack.http_get("/readyz").unwrap().0, 200, "still serving");
+}
+
+/// `POST /v1/predict` returning the status, the `Retry-After` header and
+/// the body.
+fn predict_raw(addr: &str, ids: &[u64]) -> (u16, Option<String>, String) {
+    use std::io::{Read, Write};
+    let body = serde_json::json!({ "node_ids": ids }).to_string();
+    let mut stream = std::net::TcpStream::connect(addr).expect("connect");
+    write!(
+        stream,
+        "POST /v1/predict HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/json\r\n\
+         Content-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    )
+    .unwrap();
+    let mut reply = String::new();
+    stream.read_to_string(&mut reply).unwrap();
+    let (head, body) = reply.split_once("\r\n\r\n").unwrap_or((&reply, ""));
+    let code = head
+        .split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(0);
+    let retry_after = head.lines().find_map(|line| {
+        let (name, value) = line.split_once(':')?;
+        name.eq_ignore_ascii_case("retry-after")
+            .then(|| value.trim().to_string())
+    });
+    (code, retry_after, body.to_string())
+}
+
+#[test]
+fn a_full_ring_is_an_explicit_overload_error_with_retry_after() {
+    let mut options = StackOptions::new("cora");
+    options.slots = 1;
+    options.sidecar_args = ["--serve-threads", "1"].map(String::from).to_vec();
+    options.worker_args = ["--ring-timeout-ms", "300"].map(String::from).to_vec();
+    let stack = Stack::start(&options).expect("stack");
+    assert_eq!(predict(&stack, &[1]).0, 200);
+
+    // The sidecar frozen: the one slot stays taken, and within the worker's
+    // 1 s sidecar timeout a second call finds no free slot.
+    let pid = stack.sidecar.as_ref().unwrap().child.id();
+    tests::stack::freeze_process(pid);
+    let (first, second) = std::thread::scope(|scope| {
+        let first = scope.spawn(|| predict_raw(&stack.http, &[1]));
+        std::thread::sleep(std::time::Duration::from_millis(50));
+        let second = scope.spawn(|| predict_raw(&stack.http, &[2]));
+        (first.join().unwrap(), second.join().unwrap())
+    });
+    tests::stack::thaw_process(pid);
+    let overloaded = [&first, &second]
+        .into_iter()
+        .find(|(_, _, body)| body.contains("no ring slot came free"))
+        .unwrap_or_else(|| panic!("no overload error: {first:?} {second:?}"));
+    assert_eq!(overloaded.0, 503, "{overloaded:?}");
+    assert_eq!(
+        overloaded.1.as_deref(),
+        Some("1"),
+        "Retry-After: {overloaded:?}"
+    );
+    assert!(
+        metric_value(
+            &stack.http,
+            "gnn_worker_call_errors_total{kind=\"overloaded\"}"
+        ) >= 1.0
+    );
+
+    // Serving recovers by itself once the sidecar runs again.
+    assert!(
+        tests::eventually(std::time::Duration::from_secs(10), || predict(&stack, &[3])
+            .0
+            == 200),
+        "serving recovered"
+    );
+    assert!(stack.stop(), "clean shutdown");
+}
+
+/// A gRPC codec of raw bytes: sends what a broken or hostile client would.
+#[derive(Debug, Clone, Default)]
+struct RawCodec;
+
+impl tonic::codec::Codec for RawCodec {
+    type Encode = Vec<u8>;
+    type Decode = Vec<u8>;
+    type Encoder = RawCodec;
+    type Decoder = RawCodec;
+    fn encoder(&mut self) -> Self::Encoder {
+        RawCodec
+    }
+    fn decoder(&mut self) -> Self::Decoder {
+        RawCodec
+    }
+}
+
+impl tonic::codec::Encoder for RawCodec {
+    type Item = Vec<u8>;
+    type Error = tonic::Status;
+    fn encode(
+        &mut self,
+        item: Vec<u8>,
+        buf: &mut tonic::codec::EncodeBuf<'_>,
+    ) -> Result<(), tonic::Status> {
+        bytes::BufMut::put_slice(buf, &item);
+        Ok(())
+    }
+}
+
+impl tonic::codec::Decoder for RawCodec {
+    type Item = Vec<u8>;
+    type Error = tonic::Status;
+    fn decode(
+        &mut self,
+        buf: &mut tonic::codec::DecodeBuf<'_>,
+    ) -> Result<Option<Vec<u8>>, tonic::Status> {
+        let n = bytes::Buf::remaining(buf);
+        Ok(Some(bytes::Buf::copy_to_bytes(buf, n).to_vec()))
+    }
+}
+
+fn encoded(ids: &[u64], request_id: u64) -> Vec<u8> {
+    prost::Message::encode_to_vec(&gnn_worker::grpc::pb::PredictRequest {
+        node_ids: ids.to_vec(),
+        request_id,
+    })
+}
+
+#[test]
+fn grpc_malformed_messages_are_invalid_argument_and_a_stream_goes_on() {
+    use gnn_worker::grpc::pb;
+    let stack = Stack::start(&StackOptions::new("cora")).expect("stack");
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    runtime.block_on(async {
+        let channel = tonic::transport::Channel::from_shared(stack.grpc.clone())
+            .unwrap()
+            .connect()
+            .await
+            .expect("connect");
+        let mut grpc = tonic::client::Grpc::new(channel);
+        // An incomplete varint: not a protobuf message.
+        let garbage = vec![0xff, 0xff, 0xff];
+
+        grpc.ready().await.unwrap();
+        let status = grpc
+            .unary(
+                tonic::Request::new(garbage.clone()),
+                tonic::codegen::http::uri::PathAndQuery::from_static("/gnn.v1.Predictor/Predict"),
+                RawCodec,
+            )
+            .await
+            .expect_err("garbage was answered");
+        assert_eq!(status.code(), tonic::Code::InvalidArgument, "{status:?}");
+
+        // On a stream: a good request, an invalid request (too many ids), a
+        // good request, garbage. Three answers in order (the invalid one in
+        // band, the stream going on), then the stream ends INVALID_ARGUMENT.
+        let messages = vec![
+            encoded(&[1], 1),
+            encoded(&vec![1; 5000], 3),
+            encoded(&[2], 4),
+            garbage,
+        ];
+        grpc.ready().await.unwrap();
+        let mut answers = grpc
+            .streaming(
+                tonic::Request::new(tokio_stream::iter(messages)),
+                tonic::codegen::http::uri::PathAndQuery::from_static(
+                    "/gnn.v1.Predictor/PredictStream",
+                ),
+                RawCodec,
+            )
+            .await
+            .expect("the stream opens")
+            .into_inner();
+        let mut got = Vec::new();
+        let ended = loop {
+            match answers.message().await {
+                Ok(Some(bytes)) => got.push(
+                    <pb::PredictResponse as prost::Message>::decode(bytes.as_slice()).unwrap(),
+                ),
+                Ok(None) => panic!("the stream ended without a status: {got:?}"),
+                Err(status) => break status,
+            }
+        };
+        assert_eq!(got.len(), 3, "{got:?}");
+        assert_eq!((got[0].request_id, got[0].error.is_none()), (1, true));
+        assert_eq!(got[0].predictions[0].node_id, 1);
+        assert_eq!(got[1].request_id, 3);
+        let invalid = tonic::Code::InvalidArgument as i32;
+        assert_eq!(
+            got[1].error.as_ref().map(|e| e.code),
+            Some(invalid),
+            "{got:?}"
+        );
+        assert!(got[1].predictions.is_empty());
+        assert_eq!((got[2].request_id, got[2].error.is_none()), (4, true));
+        assert_eq!(got[2].predictions[0].node_id, 2);
+        assert_eq!(ended.code(), tonic::Code::InvalidArgument, "{ended:?}");
+    });
+    // The client's connections close with its runtime.
+    drop(runtime);
+    assert!(stack.stop(), "clean shutdown");
+}

@@ -10,8 +10,11 @@
 //! The socket file is created with mode 0600 and every connection's peer
 //! credentials are checked: only root or the sidecar's own uid may talk to
 //! it. Connections are served on their own threads, at most
-//! [`MAX_CONNECTIONS`] at a time; a connection idle for [`IDLE_TIMEOUT`]
-//! is closed; a malformed frame closes that connection only.
+//! [`MAX_CONNECTIONS`] at a time (one more gets an error frame saying so);
+//! a connection must send its Hello within [`HELLO_TIMEOUT`], and each
+//! later frame whole within [`IDLE_TIMEOUT`] of the previous answer, or it
+//! is closed: idle or trickling connections cannot hold the slots for
+//! long. A malformed frame closes that connection only.
 
 use std::io::BufReader;
 use std::os::unix::fs::PermissionsExt;
@@ -36,8 +39,34 @@ use crate::serve::Daemon;
 /// Most admin connections served at once.
 pub const MAX_CONNECTIONS: usize = 8;
 
-/// A connection that sends nothing for this long is closed.
+/// A connection whose next frame has not fully arrived this long after the
+/// previous answer is closed.
 pub const IDLE_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// A connection whose Hello has not fully arrived this long after it was
+/// accepted is closed.
+pub const HELLO_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// Reads from the connection, failing with `TimedOut` once `until` passes,
+/// however slowly the bytes trickle in.
+struct DeadlineReader {
+    stream: UnixStream,
+    until: Instant,
+}
+
+impl std::io::Read for DeadlineReader {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        let left = self.until.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::TimedOut,
+                "the admin frame did not arrive in time",
+            ));
+        }
+        self.stream.set_read_timeout(Some(left))?;
+        self.stream.read(buf)
+    }
+}
 
 /// Ids fetched per step of a warm-up (one progress frame each).
 const WARM_CHUNK: usize = 1_000;
@@ -160,9 +189,12 @@ fn serve_connection(
     daemon: &Daemon,
     runtime: &tokio::runtime::Handle,
 ) -> Result<(), FrameError> {
-    stream.set_read_timeout(Some(IDLE_TIMEOUT))?;
     let mut writer = stream.try_clone()?;
-    let mut reader = BufReader::new(stream);
+    writer.set_write_timeout(Some(IDLE_TIMEOUT))?;
+    let mut reader = BufReader::new(DeadlineReader {
+        stream,
+        until: Instant::now() + HELLO_TIMEOUT,
+    });
     match read_frame::<AdminRequest>(&mut reader)? {
         AdminRequest::Hello { version } if version == ADMIN_VERSION => write_frame(
             &mut writer,
@@ -192,6 +224,7 @@ fn serve_connection(
         }
     }
     loop {
+        reader.get_mut().until = Instant::now() + IDLE_TIMEOUT;
         let request = match read_frame::<AdminRequest>(&mut reader) {
             Ok(request) => request,
             Err(FrameError::Closed) => return Ok(()),

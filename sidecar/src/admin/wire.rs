@@ -312,8 +312,15 @@ pub fn read_frame<T: for<'de> Deserialize<'de>>(r: &mut impl Read) -> Result<T, 
     if len > MAX_FRAME_BYTES {
         return Err(FrameError::TooLarge(len));
     }
-    let mut body = vec![0u8; len as usize];
-    r.read_exact(&mut body)?;
+    // Grown as the bytes arrive, not set aside from the length alone.
+    let mut body = Vec::new();
+    r.take(u64::from(len)).read_to_end(&mut body)?;
+    if body.len() != len as usize {
+        return Err(FrameError::Io(io::Error::new(
+            io::ErrorKind::UnexpectedEof,
+            format!("frame ended after {} of {len} bytes", body.len()),
+        )));
+    }
     let (message, used) = bincode::serde::decode_from_slice(&body, bincode::config::standard())
         .map_err(|e| FrameError::Malformed(e.to_string()))?;
     if used != body.len() {

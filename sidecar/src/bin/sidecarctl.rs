@@ -347,12 +347,20 @@ fn run(cli: Cli) -> anyhow::Result<bool> {
     stream.set_write_timeout(Some(timeout))?;
     let mut writer = stream.try_clone()?;
     let mut reader = BufReader::new(stream);
-    write_frame(
+    let hello = write_frame(
         &mut writer,
         &AdminRequest::Hello {
             version: ADMIN_VERSION,
         },
-    )?;
+    );
+    if let Err(e) = hello {
+        // A sidecar that refuses the connection (too many connections)
+        // writes why and closes: show that, not the broken pipe.
+        if let Ok(AdminResponse::Error { message }) = read_frame(&mut reader) {
+            bail!("{message}");
+        }
+        return Err(e.into());
+    }
     let timeout_s = cli.timeout_s;
     let read = |reader: &mut BufReader<UnixStream>| -> anyhow::Result<AdminResponse> {
         read_frame(reader).map_err(|e| match e {

@@ -20,6 +20,9 @@ use crate::features::rocks::{RocksStore, Role};
 /// Rows written per batch (RocksDB write batch or Redis pipeline chunks).
 const BATCH_ROWS: usize = 4_096;
 
+/// Largest feature dimension an import accepts (docs/features.md).
+pub const MAX_FEATURE_DIM: usize = 1 << 20;
+
 /// `<data-dir>/features.json`: what the sidecar needs to serve the rows.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct FeatureManifest {
@@ -96,7 +99,13 @@ fn stream_rows(
 ) -> anyhow::Result<Vec<f32>> {
     let file = File::open(features).with_context(|| format!("opening {}", features.display()))?;
     let len = file.metadata()?.len();
-    let expected = n * dim as u64 * 4;
+    ensure!(
+        (1..=MAX_FEATURE_DIM).contains(&dim),
+        "feature_dim {dim} is outside 1..={MAX_FEATURE_DIM}; fix meta.json"
+    );
+    let expected = n
+        .checked_mul(dim as u64 * 4)
+        .ok_or_else(|| anyhow::anyhow!("num_nodes {n} x feature_dim {dim} x 4 bytes overflows"))?;
     ensure!(
         len == expected,
         "{} is {len} bytes; meta.json's num_nodes x feature_dim x 4 = {expected}",

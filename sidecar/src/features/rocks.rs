@@ -7,18 +7,29 @@
 //! - **cache** in front of Redis: rows carry an expiry (the TTL bounds their
 //!   staleness when an invalidation is lost), the size is bounded by FIFO
 //!   compaction (the oldest files are dropped past the bound), and a store
-//!   found corrupt at open is wiped and rebuilt empty, with an error log and
-//!   a counter: it is only a cache. It survives restarts, so a restarted
-//!   sidecar serves warm.
+//!   found corrupt at open is moved aside and rebuilt empty, with an error
+//!   log and a counter: it is only a cache. It survives restarts, so a
+//!   restarted sidecar serves warm.
+//!
+//! The directory is watched: if it is deleted or replaced while the store is
+//! open (RocksDB would go on accepting writes into files nobody can find
+//! again), [`RocksStore::directory_problem`] says so, the alarm is logged
+//! once and raised as a metric, and every write is refused with an error
+//! instead of being acknowledged and lost. Reads go on from the files still
+//! open. Writes to the store of record are synced before they are
+//! acknowledged.
 //!
 //! RocksDB calls block: callers run them on blocking threads.
 
+use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use anyhow::Context;
-use rocksdb::{DBCompactionStyle, ErrorKind, FifoCompactOptions, Options, WriteBatch, DB};
+use rocksdb::{
+    DBCompactionStyle, ErrorKind, FifoCompactOptions, Options, WriteBatch, WriteOptions, DB,
+};
 
 use crate::features::contract::{rocks_key, rocks_value, split_rocks_value};
 
@@ -34,7 +45,7 @@ pub enum Role {
 pub enum Opened {
     /// An existing store (or a new empty one) opened normally.
     Existing,
-    /// The cache was corrupt: it was wiped and recreated empty.
+    /// The cache was corrupt: it was moved aside and recreated empty.
     Rebuilt,
 }
 
@@ -48,6 +59,12 @@ pub struct RocksStore {
     pub read_errors: AtomicU64,
     /// Values of the wrong shape, served as misses.
     pub malformed: AtomicU64,
+    /// (device, inode) of the directory when it was opened.
+    identity: (u64, u64),
+    /// Set once the directory was found deleted or replaced (logged once).
+    alarmed: AtomicBool,
+    /// Writes refused because of it.
+    pub writes_refused: AtomicU64,
 }
 
 fn now_secs() -> u64 {
@@ -79,18 +96,31 @@ impl RocksStore {
         let options = Self::options(role);
         let (db, opened) = match DB::open(&options, path) {
             Ok(db) => (db, Opened::Existing),
+            Err(e) if is_lock_held(&e) => {
+                return Err(anyhow::anyhow!(
+                    "{} is in use by another process (its RocksDB LOCK is held): stop that \
+                     process, or give this sidecar its own directory ({e})",
+                    path.display()
+                ))
+            }
             Err(e) if role != Role::StoreOfRecord && is_damage(&e) => {
+                // Moved aside, never deleted: whatever the directory holds
+                // (an operator's mistaken --l2-dir included) survives.
+                let aside = aside_path(path);
                 tracing::error!(
                     path = %path.display(),
+                    moved_to = %aside.display(),
                     error = %e,
-                    "L2 feature cache is corrupt; wiping and rebuilding it empty"
+                    "L2 feature cache is corrupt; moved it aside and rebuilding it empty \
+                     (delete the moved directory once it is not needed)"
                 );
-                let _ = DB::destroy(&options, path);
-                if path.exists() {
-                    std::fs::remove_dir_all(path).with_context(|| {
-                        format!("wiping the corrupt L2 cache at {}", path.display())
-                    })?;
-                }
+                std::fs::rename(path, &aside).with_context(|| {
+                    format!(
+                        "moving the corrupt L2 cache {} aside to {}",
+                        path.display(),
+                        aside.display()
+                    )
+                })?;
                 let db = DB::open(&options, path)
                     .with_context(|| format!("recreating the L2 cache at {}", path.display()))?;
                 (db, Opened::Rebuilt)
@@ -103,6 +133,8 @@ impl RocksStore {
                 ))
             }
         };
+        let meta = std::fs::metadata(path)
+            .with_context(|| format!("reading {} after opening it", path.display()))?;
         Ok((
             Self {
                 db,
@@ -110,9 +142,66 @@ impl RocksStore {
                 path: path.to_path_buf(),
                 read_errors: AtomicU64::new(0),
                 malformed: AtomicU64::new(0),
+                identity: (meta.dev(), meta.ino()),
+                alarmed: AtomicBool::new(false),
+                writes_refused: AtomicU64::new(0),
             },
             opened,
         ))
+    }
+
+    /// What is wrong with the store's directory, if anything: deleted, or
+    /// replaced by another directory, since it was opened. Logs the first
+    /// finding once.
+    pub fn directory_problem(&self) -> Option<String> {
+        let problem = match std::fs::metadata(&self.path) {
+            Ok(meta) if (meta.dev(), meta.ino()) == self.identity => return None,
+            Ok(_) => format!(
+                "{} was replaced by another directory while the sidecar had it open",
+                self.path.display()
+            ),
+            Err(e) => format!(
+                "{} is gone while the sidecar had it open ({e})",
+                self.path.display()
+            ),
+        };
+        if !self.alarmed.swap(true, Ordering::AcqRel) {
+            tracing::error!(
+                path = %self.path.display(),
+                problem = %problem,
+                "feature store directory lost: reads go on from the files still open, \
+                 writes are refused; restore the directory (`sidecar import`) and restart \
+                 the sidecar"
+            );
+        }
+        Some(problem)
+    }
+
+    /// Whether the directory was ever found lost (the alarm metric).
+    pub fn alarmed(&self) -> bool {
+        self.alarmed.load(Ordering::Acquire)
+    }
+
+    /// Refuses a write while the directory is lost.
+    fn check_writable(&self) -> anyhow::Result<()> {
+        match self.directory_problem() {
+            None => Ok(()),
+            Some(problem) => {
+                self.writes_refused.fetch_add(1, Ordering::Relaxed);
+                Err(anyhow::anyhow!(
+                    "write refused: {problem}, so the write would be lost; restore the \
+                     directory (`sidecar import`) and restart the sidecar"
+                ))
+            }
+        }
+    }
+
+    /// A write, synced first for the store of record (acknowledged means on
+    /// disk).
+    fn write(&self, batch: WriteBatch) -> Result<(), rocksdb::Error> {
+        let mut options = WriteOptions::default();
+        options.set_sync(self.role == Role::StoreOfRecord);
+        self.db.write_opt(batch, &options)
     }
 
     pub fn role(&self) -> Role {
@@ -162,22 +251,23 @@ impl RocksStore {
             Role::StoreOfRecord => 0,
             Role::Cache { ttl, .. } => now_secs() + ttl.as_secs().max(1),
         };
+        self.check_writable()?;
         let mut batch = WriteBatch::default();
         for (id, row) in rows {
             batch.put(rocks_key(id), rocks_value(expires_at, row));
         }
-        self.db
-            .write(batch)
+        self.write(batch)
             .with_context(|| format!("writing feature rows to {}", self.path.display()))
     }
 
     /// Removes rows (invalidation).
     pub fn delete_many(&self, ids: &[u64]) -> anyhow::Result<()> {
+        self.check_writable()?;
         let mut batch = WriteBatch::default();
         for &id in ids {
             batch.delete(rocks_key(id));
         }
-        Ok(self.db.write(batch)?)
+        Ok(self.write(batch)?)
     }
 
     /// Deletes every row (a cache flush): one range tombstone over the
@@ -188,11 +278,11 @@ impl RocksStore {
             "{} is the store of record; it is never cleared",
             self.path.display()
         );
+        self.check_writable()?;
         let mut batch = WriteBatch::default();
         batch.delete_range(rocks_key(0), rocks_key(u64::MAX));
         batch.delete(rocks_key(u64::MAX));
-        self.db
-            .write(batch)
+        self.write(batch)
             .with_context(|| format!("clearing {}", self.path.display()))?;
         self.db.compact_range(None::<&[u8]>, None::<&[u8]>);
         Ok(())
@@ -211,6 +301,30 @@ impl RocksStore {
             .flatten()
             .unwrap_or(0)
     }
+}
+
+/// RocksDB's refusal to open a database whose LOCK another process (or
+/// another handle of this one) holds: an IOError naming the lock file.
+fn is_lock_held(e: &rocksdb::Error) -> bool {
+    e.kind() == ErrorKind::IOError && e.to_string().contains("lock")
+        || e.to_string().contains("LOCK")
+}
+
+/// `<path>.damaged-<unix seconds>` beside `path` (a suffix added if taken).
+fn aside_path(path: &Path) -> PathBuf {
+    let seconds = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
+    let name = path
+        .file_name()
+        .map_or_else(|| "l2".into(), |n| n.to_string_lossy().into_owned());
+    let mut aside = path.with_file_name(format!("{name}.damaged-{seconds}"));
+    let mut n = 1;
+    while aside.exists() {
+        aside = path.with_file_name(format!("{name}.damaged-{seconds}-{n}"));
+        n += 1;
+    }
+    aside
 }
 
 fn is_damage(e: &rocksdb::Error) -> bool {

@@ -162,16 +162,34 @@ pub fn text_to_binary(text: &Path, out: &Path) -> anyhow::Result<u64> {
 pub fn build(edges: &EdgeFile, out: &Path, options: &BuildOptions) -> anyhow::Result<BuildStats> {
     let started = Instant::now();
     // Pass 1: degrees.
-    let mut degrees: Vec<u64> = vec![0; edges.n_nodes.unwrap_or(0) as usize];
+    let declared = edges.n_nodes.unwrap_or(0);
+    ensure!(
+        declared <= u64::from(u32::MAX),
+        "num_nodes {declared}: node ids must be below 2^32; fix meta.json"
+    );
+    let mut degrees: Vec<u64> = Vec::new();
+    degrees
+        .try_reserve_exact(declared as usize)
+        .map_err(|_| anyhow::anyhow!("num_nodes {declared}: not enough memory for the index"))?;
+    degrees.resize(declared as usize, 0);
     let mut input_edges = 0u64;
     let mut too_large: Option<u32> = None;
+    let mut unallocatable: Option<u32> = None;
     edges.for_each_chunk("counting degrees", |pairs| {
         input_edges += pairs.len() as u64;
         for &[src, dst] in pairs {
             let high = src.max(dst) as usize;
             if high >= degrees.len() {
-                if edges.n_nodes.is_some() {
+                if edges.n_nodes.is_some() || high >= u32::MAX as usize {
+                    // Ids are below 2^32 - 1 (a count of nodes must fit a u32):
+                    // refused before any memory is set aside for them.
                     too_large.get_or_insert(high as u32);
+                    continue;
+                }
+                if unallocatable.is_some()
+                    || degrees.try_reserve_exact(high + 1 - degrees.len()).is_err()
+                {
+                    unallocatable.get_or_insert(high as u32);
                     continue;
                 }
                 degrees.resize(high + 1, 0);
@@ -183,9 +201,24 @@ pub fn build(edges: &EdgeFile, out: &Path, options: &BuildOptions) -> anyhow::Re
         }
     })?;
     if let Some(id) = too_large {
+        match edges.n_nodes {
+            Some(n) => bail!(
+                "edge endpoint {id} is not below the dataset's num_nodes {n}; fix meta.json or \
+                 the edges"
+            ),
+            None => bail!(
+                "edge endpoint {id}: node ids must be below {} (4294967295 is reserved); \
+                 renumber the nodes",
+                u32::MAX
+            ),
+        }
+    }
+    if let Some(id) = unallocatable {
         bail!(
-            "edge endpoint {id} is not below the dataset's num_nodes {}; fix meta.json or the edges",
-            degrees.len()
+            "edge endpoint {id} needs an index of {} nodes, more memory than this machine can \
+             set aside for its degrees ({} GiB): renumber the nodes densely from 0",
+            u64::from(id) + 1,
+            ((u64::from(id) + 1) * 8) >> 30
         );
     }
     let n_nodes = degrees.len() as u64;
@@ -227,18 +260,35 @@ pub fn build(edges: &EdgeFile, out: &Path, options: &BuildOptions) -> anyhow::Re
     // Reuse the degree vector as the scatter cursor.
     let mut cursor = degrees;
     cursor.copy_from_slice(&indptr[..n_nodes as usize]);
+    // The edge file is read twice; if it changed in between, an edge may
+    // fall outside the rows counted by the first pass: refused, never
+    // written out of bounds.
+    let mut changed = false;
+    let mut placed_edges = 0u64;
     edges.for_each_chunk("placing edges", |pairs| {
+        placed_edges += pairs.len() as u64;
         for &[src, dst] in pairs {
-            let c = &mut cursor[src as usize];
-            indices[*c as usize] = dst;
-            *c += 1;
+            let mut place = |from: u32, to: u32| {
+                let from = from as usize;
+                match cursor.get_mut(from) {
+                    Some(c) if *c < indptr[from + 1] => {
+                        indices[*c as usize] = to;
+                        *c += 1;
+                    }
+                    _ => changed = true,
+                }
+            };
+            place(src, dst);
             if options.undirected {
-                let c = &mut cursor[dst as usize];
-                indices[*c as usize] = src;
-                *c += 1;
+                place(dst, src);
             }
         }
     })?;
+    ensure!(
+        !changed && placed_edges == input_edges,
+        "the edge file changed while it was read ({input_edges} edges at the first pass, \
+         {placed_edges} at the second): import from a file nothing else writes"
+    );
     drop(cursor);
     tracing::info!(
         secs = started.elapsed().as_secs_f64(),

@@ -29,6 +29,10 @@ use crate::graph::build::{self, BuildOptions, BuildStats, EdgeFile};
 use crate::graph::sampler::NeighborSource;
 use crate::graph::CsrIndex;
 
+/// How far past the graph's last node id one update may add nodes
+/// (docs/graph-index.md, "Updates").
+pub const MAX_ID_GROWTH: u64 = 1 << 20;
+
 /// An immutable view of the graph: base index + added rows.
 #[derive(Debug)]
 pub struct GraphSnapshot {
@@ -175,6 +179,15 @@ impl LiveGraph {
             ensure!(
                 max_id < u64::from(u32::MAX),
                 "node id {max_id} is too large: node ids must be below 2^32 - 1"
+            );
+            // Ids are dense: an update may extend the graph by at most
+            // MAX_ID_GROWTH ids, so a mistyped id cannot make the next
+            // compaction write billions of empty rows.
+            let n_nodes = old.n_nodes();
+            ensure!(
+                max_id < n_nodes + MAX_ID_GROWTH,
+                "node id {max_id} lies more than {MAX_ID_GROWTH} ids past the graph's {n_nodes} \
+                 nodes: node ids are dense; add the nodes in between first (or check the id)"
             );
         }
         // New neighbours per source node, before merging.

@@ -391,8 +391,24 @@ impl Collector for StateCollector {
         counter(
             &mut e,
             "sidecar_l2_rebuilds",
-            "corrupt L2 caches wiped and rebuilt at start",
+            "corrupt L2 caches moved aside and rebuilt empty at start",
             core.l2_rebuilds,
+        )?;
+        gauge(
+            &mut e,
+            "sidecar_store_directory_lost",
+            "1 once the embedded store's directory was found deleted or replaced while open \
+             (writes are refused; restore it and restart)",
+            u64::from(core.store.as_ref().is_some_and(|s| {
+                s.directory_problem();
+                s.alarmed()
+            })),
+        )?;
+        counter(
+            &mut e,
+            "sidecar_store_writes_refused",
+            "writes to the embedded store refused because its directory was lost",
+            core.store.as_ref().map_or(0, |s| load(&s.writes_refused)),
         )?;
         counter(
             &mut e,

@@ -165,6 +165,8 @@ pub struct Core {
     /// Times the L2 cache was found corrupt at start and rebuilt empty.
     pub l2_rebuilds: u64,
     pub invalidation: Arc<InvalidationStats>,
+    /// Held for the sidecar's life: no other process uses the data directory.
+    pub data_dir_lock: crate::data_dir::DataDirLock,
 }
 
 /// How a drain ended.
@@ -366,6 +368,13 @@ fn load(
     config: &ServeConfig,
     runtime: &tokio::runtime::Runtime,
 ) -> anyhow::Result<(Core, Vec<u64>, FeatureSchema)> {
+    // Before anything in the directory is opened: one sidecar per directory.
+    if config.seed_dataset.is_some() {
+        std::fs::create_dir_all(&config.data_dir).with_context(|| {
+            format!("creating the data directory {}", config.data_dir.display())
+        })?;
+    }
+    let data_dir_lock = crate::data_dir::DataDirLock::acquire(&config.data_dir)?;
     if let Some(dataset_dir) = &config.seed_dataset {
         ensure!(
             config.redis.0.is_empty(),
@@ -490,6 +499,7 @@ fn load(
             feature_dim: dim,
             l2_rebuilds,
             invalidation,
+            data_dir_lock,
         },
         hot,
         schema,
@@ -651,12 +661,20 @@ pub fn run(
                 })
                 .context("starting a serving thread")?;
         }
-        // This thread watches for a drain and for the stop.
+        // This thread watches for a drain and for the stop, and every
+        // second that the embedded store's directory is still there.
         let mut drained = false;
+        let mut store_checked = Instant::now();
         while !stopping() {
             if !drained && daemon.drain.requested.load(Ordering::Acquire) {
                 drain();
                 drained = true;
+            }
+            if store_checked.elapsed() >= Duration::from_secs(1) {
+                store_checked = Instant::now();
+                if let Some(store) = daemon.core().and_then(|core| core.store.as_ref()) {
+                    store.directory_problem();
+                }
             }
             std::thread::sleep(Duration::from_millis(10));
         }
