@@ -1,0 +1,341 @@
+//! `soak`: the whole stack (Redis, the sidecar with its features in Redis
+//! and an L2 cache, the worker) under open-loop HTTP load at a fraction of
+//! its measured saturation rate for many minutes, with graph updates and
+//! invalidations in the background. Reports per minute: calls, errors,
+//! latency percentiles, and the RSS of both daemons; then the RSS slopes.
+//! Run through `scripts/soak.sh` (README, "Soak").
+
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{ensure, Context};
+use bench::http::HttpClient;
+use bench::load::{self, Caller};
+use bench::systems::ProductHttp;
+use clap::Parser;
+use rand::{Rng, SeedableRng};
+use serde::Serialize;
+use tests::redis::RedisServer;
+use tests::stack::{dataset, free_port, metric_value, sidecar_import, Stack, StackOptions};
+
+#[derive(Debug, Parser)]
+#[command(about = "Soak the whole stack at a fraction of its saturation rate")]
+struct Args {
+    /// Minutes of load.
+    #[arg(long, default_value_t = 10)]
+    minutes: u32,
+    /// Fraction of the measured saturation rate to offer.
+    #[arg(long, default_value_t = 0.8)]
+    fraction: f64,
+    /// A dataset of ../shared/data.
+    #[arg(long, default_value = "cora")]
+    dataset: String,
+    /// Graph updates and invalidations per second in the background.
+    #[arg(long, default_value_t = 5.0)]
+    updates_per_s: f64,
+    /// Where the report goes (report.json, report.md).
+    #[arg(long, default_value = "bench/results/soak")]
+    out: PathBuf,
+}
+
+#[derive(Debug, Serialize)]
+struct Minute {
+    minute: u32,
+    offered_per_s: f64,
+    answered_per_s: f64,
+    calls: u64,
+    errors: u64,
+    p50_ms: f64,
+    p99_ms: f64,
+    p999_ms: f64,
+    max_ms: f64,
+    sidecar_rss_mib: f64,
+    worker_rss_mib: f64,
+    ring_used_slots: f64,
+    updates: u64,
+    update_errors: u64,
+    first_error: Option<String>,
+}
+
+#[derive(Debug, Serialize)]
+struct Report {
+    command: String,
+    dataset: String,
+    cores: usize,
+    saturation_per_s: f64,
+    rate_per_s: f64,
+    minutes: Vec<Minute>,
+    errors: u64,
+    sidecar_rss_slope_mib_per_min: f64,
+    worker_rss_slope_mib_per_min: f64,
+}
+
+/// Resident set size of `pid`, MiB.
+fn rss_mib(pid: u32) -> f64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find_map(|l| l.strip_prefix("VmRSS:"))
+                .and_then(|v| v.split_whitespace().next()?.parse::<f64>().ok())
+        })
+        .map_or(f64::NAN, |kib| kib / 1024.0)
+}
+
+/// Least-squares slope of `ys` over their indices (per minute).
+fn slope(ys: &[f64]) -> f64 {
+    let n = ys.len() as f64;
+    if ys.len() < 2 {
+        return 0.0;
+    }
+    let mean_x = (n - 1.0) / 2.0;
+    let mean_y = ys.iter().sum::<f64>() / n;
+    let (mut num, mut den) = (0.0, 0.0);
+    for (i, y) in ys.iter().enumerate() {
+        let dx = i as f64 - mean_x;
+        num += dx * (y - mean_y);
+        den += dx * dx;
+    }
+    num / den
+}
+
+fn main() -> anyhow::Result<()> {
+    let args = Args::parse();
+    ensure!(args.minutes >= 1, "--minutes must be at least 1");
+    ensure!(
+        args.fraction > 0.0 && args.fraction <= 1.0,
+        "--fraction must be in (0, 1]"
+    );
+    let runtime = tokio::runtime::Runtime::new()?;
+
+    // Redis holds the features; the sidecar caches them in L1 and L2.
+    let redis = RedisServer::start();
+    let work = tempfile::tempdir()?;
+    let data = work.path().join("data");
+    sidecar_import(&dataset(&args.dataset), &data, &["--redis", &redis.url()]);
+    let metrics = format!("127.0.0.1:{}", free_port());
+    let mut options = StackOptions::new(&args.dataset);
+    options.imported = Some(data);
+    options.sidecar_args = [
+        "--redis",
+        &redis.url(),
+        "--invalidation-channel",
+        "feat-invalidate",
+        "--metrics-addr",
+        &metrics,
+    ]
+    .map(String::from)
+    .to_vec();
+    let stack = Stack::start(&options).context("starting the stack")?;
+    let sidecar_pid = stack.sidecar.as_ref().expect("sidecar").child.id();
+    let worker_pid = stack.worker.as_ref().expect("worker").child.id();
+    let meta: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(
+        dataset(&args.dataset).join("meta.json"),
+    )?)?;
+    let n_nodes = meta["num_nodes"]
+        .as_u64()
+        .context("meta.json has no num_nodes")?;
+
+    // One-target calls over every node, in a fixed random order.
+    let mut rng = rand::rngs::SmallRng::seed_from_u64(13);
+    let requests: Vec<Vec<u64>> = (0..100_000)
+        .map(|_| vec![rng.random_range(0..n_nodes)])
+        .collect();
+    let caller: Arc<dyn Caller> = Arc::new(ProductHttp {
+        http: HttpClient::new(&stack.http),
+        requests: Arc::new(requests),
+    });
+
+    // Saturation: a closed-loop estimate, then the highest open-loop rate
+    // (80% to 100% of it) answered without errors at 95% of the offer.
+    let estimate = runtime.block_on(load::closed(caller.clone(), 16, Duration::from_secs(10)));
+    let mut saturation = estimate.throughput;
+    for step in [1.0, 0.9, 0.8, 0.7, 0.6] {
+        let rate = estimate.throughput * step;
+        let s = runtime.block_on(load::open(
+            caller.clone(),
+            rate,
+            Duration::from_secs(10),
+            Duration::from_secs(5),
+        ));
+        saturation = rate;
+        if s.errors == 0 && s.throughput >= 0.95 * rate {
+            break;
+        }
+    }
+    let rate = saturation * args.fraction;
+    eprintln!(
+        "soak: saturation about {saturation:.0} calls/s (closed-loop estimate {:.0}); \
+         offering {rate:.0} calls/s for {} minutes",
+        estimate.throughput, args.minutes
+    );
+
+    // Background: graph updates (new edges between random nodes, through
+    // the admin socket) and invalidations (Redis pub/sub).
+    let stop = Arc::new(AtomicBool::new(false));
+    let updates = Arc::new(AtomicU64::new(0));
+    let update_errors = Arc::new(AtomicU64::new(0));
+    let background = {
+        let (stop, updates, update_errors) = (stop.clone(), updates.clone(), update_errors.clone());
+        let admin = stack.admin_socket.clone();
+        let edge_file = work.path().join("edge.txt");
+        let port = redis.port;
+        let period = Duration::from_secs_f64(1.0 / args.updates_per_s.max(0.1));
+        std::thread::spawn(move || {
+            let mut rng = rand::rngs::SmallRng::seed_from_u64(7);
+            let mut k = 0u64;
+            while !stop.load(Ordering::Acquire) {
+                let (a, b) = (rng.random_range(0..n_nodes), rng.random_range(0..n_nodes));
+                let ok = if k.is_multiple_of(2) {
+                    std::fs::write(&edge_file, format!("{a} {b}\n")).is_ok()
+                        && std::process::Command::new(tests::stack::workspace_bin("sidecarctl"))
+                            .arg("--socket")
+                            .arg(&admin)
+                            .args(["graph", "add-edges", "--file"])
+                            .arg(&edge_file)
+                            .output()
+                            .is_ok_and(|o| o.status.success())
+                } else {
+                    tests::redis::raw_command(
+                        port,
+                        None,
+                        &format!("PUBLISH feat-invalidate {a},{b}"),
+                    )
+                    .is_ok()
+                };
+                updates.fetch_add(1, Ordering::Relaxed);
+                if !ok {
+                    update_errors.fetch_add(1, Ordering::Relaxed);
+                }
+                k += 1;
+                std::thread::sleep(period);
+            }
+        })
+    };
+
+    let mut minutes = Vec::new();
+    let started = Instant::now();
+    for minute in 1..=args.minutes {
+        let (u0, e0) = (
+            updates.load(Ordering::Relaxed),
+            update_errors.load(Ordering::Relaxed),
+        );
+        let s = runtime.block_on(load::open(
+            caller.clone(),
+            rate,
+            Duration::from_secs(60),
+            Duration::from_secs(5),
+        ));
+        let used = ["claimed", "submitted", "serving", "published", "abandoned"]
+            .iter()
+            .map(|state| {
+                metric_value(
+                    &metrics,
+                    &format!("sidecar_ring_slots{{state=\"{state}\"}}"),
+                )
+            })
+            .sum();
+        let m = Minute {
+            minute,
+            offered_per_s: rate,
+            answered_per_s: s.throughput,
+            calls: s.calls,
+            errors: s.errors,
+            p50_ms: s.p50_us / 1e3,
+            p99_ms: s.p99_us / 1e3,
+            p999_ms: s.p999_us / 1e3,
+            max_ms: s.max_us / 1e3,
+            sidecar_rss_mib: rss_mib(sidecar_pid),
+            worker_rss_mib: rss_mib(worker_pid),
+            ring_used_slots: used,
+            updates: updates.load(Ordering::Relaxed) - u0,
+            update_errors: update_errors.load(Ordering::Relaxed) - e0,
+            first_error: s.first_error.clone(),
+        };
+        eprintln!(
+            "soak: minute {minute}: {} calls, {} errors, p50 {:.2} ms, p99 {:.2} ms, sidecar \
+             {:.0} MiB, worker {:.0} MiB, {} updates",
+            m.calls, m.errors, m.p50_ms, m.p99_ms, m.sidecar_rss_mib, m.worker_rss_mib, m.updates
+        );
+        minutes.push(m);
+    }
+    stop.store(true, Ordering::Release);
+    let _ = background.join();
+    let clean = stack.stop();
+    eprintln!(
+        "soak: {:.1} minutes; clean shutdown: {clean}",
+        started.elapsed().as_secs_f64() / 60.0
+    );
+
+    // The first minute warms the caches: the slopes are over the rest.
+    let steady = if minutes.len() > 2 {
+        &minutes[1..]
+    } else {
+        &minutes[..]
+    };
+    let report = Report {
+        command: std::env::args().collect::<Vec<_>>().join(" "),
+        dataset: args.dataset.clone(),
+        cores: std::thread::available_parallelism().map_or(0, |n| n.get()),
+        saturation_per_s: saturation,
+        rate_per_s: rate,
+        errors: minutes.iter().map(|m| m.errors).sum(),
+        sidecar_rss_slope_mib_per_min: slope(
+            &steady.iter().map(|m| m.sidecar_rss_mib).collect::<Vec<_>>(),
+        ),
+        worker_rss_slope_mib_per_min: slope(
+            &steady.iter().map(|m| m.worker_rss_mib).collect::<Vec<_>>(),
+        ),
+        minutes,
+    };
+    std::fs::create_dir_all(&args.out)?;
+    std::fs::write(
+        args.out.join("report.json"),
+        serde_json::to_string_pretty(&report)?,
+    )?;
+    let mut md = format!(
+        "# Soak: {} at {:.0} calls/s ({:.0}% of about {:.0}), {} minutes, {} cores\n\n\
+         Command: `{}`\n\n\
+         | minute | calls | errors | answered/s | p50 ms | p99 ms | p99.9 ms | max ms | sidecar RSS MiB | worker RSS MiB | used slots | updates |\n\
+         |---|---|---|---|---|---|---|---|---|---|---|---|\n",
+        report.dataset,
+        report.rate_per_s,
+        args.fraction * 100.0,
+        report.saturation_per_s,
+        report.minutes.len(),
+        report.cores,
+        report.command
+    );
+    for m in &report.minutes {
+        md.push_str(&format!(
+            "| {} | {} | {} | {:.0} | {:.2} | {:.2} | {:.2} | {:.1} | {:.1} | {:.1} | {} | {} |\n",
+            m.minute,
+            m.calls,
+            m.errors,
+            m.answered_per_s,
+            m.p50_ms,
+            m.p99_ms,
+            m.p999_ms,
+            m.max_ms,
+            m.sidecar_rss_mib,
+            m.worker_rss_mib,
+            m.ring_used_slots,
+            m.updates
+        ));
+    }
+    md.push_str(&format!(
+        "\nErrors: {} (goal 0). RSS slope after the first minute: sidecar {:+.2} MiB/min, \
+         worker {:+.2} MiB/min (goal: about 0).\n",
+        report.errors, report.sidecar_rss_slope_mib_per_min, report.worker_rss_slope_mib_per_min
+    ));
+    std::fs::write(args.out.join("report.md"), &md)?;
+    print!("{md}");
+    ensure!(
+        report.errors == 0,
+        "{} calls failed during the soak",
+        report.errors
+    );
+    Ok(())
+}
