@@ -3,7 +3,8 @@
 # already there: safe to run again. Called by scripts/demo.sh and
 # scripts/test.sh.
 #
-# - the Rust toolchain's rustfmt and clippy components;
+# - the Rust toolchain's rustfmt and clippy components, and cargo-deny
+#   (`cargo install`, pinned) for the dependency policy in deny.toml;
 # - Debian packages (only if missing): redis-server and redis-tools (the
 #   tests start their own servers), openssl (test TLS certificates), clang
 #   and libclang-dev (RocksDB's build), protobuf-compiler (the worker's
@@ -21,6 +22,8 @@ cd "$(dirname "$0")/.."
 
 say() { printf 'setup: %s\n' "$*"; }
 
+CARGO_DENY_VERSION=0.18.6
+
 if ! command -v cargo >/dev/null 2>&1; then
     echo "setup: cargo is not installed; install the Rust toolchain (rustup) first" >&2
     exit 1
@@ -31,6 +34,13 @@ for component in rustfmt clippy; do
         rustup component add "$component"
     fi
 done
+
+# cargo-deny checks the dependency policy (deny.toml) in scripts/test.sh.
+# Built from crates.io once (a few minutes), then found on the PATH.
+if ! cargo deny --version >/dev/null 2>&1; then
+    say "installing cargo-deny $CARGO_DENY_VERSION (built once from crates.io)"
+    cargo install --locked --quiet cargo-deny --version "$CARGO_DENY_VERSION"
+fi
 
 apt_updated=0
 apt_install() {

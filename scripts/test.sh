@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# The whole test suite: formatting, lints, every test of the workspace
+# The whole test suite: formatting, lints, the dependency policy
+# (cargo deny), every test of the workspace
 # (unit, property, multi-process, pyarrow), and the loom model tests.
 # Installs what is missing first (scripts/setup.sh); safe to run again.
 #
@@ -17,6 +18,8 @@ echo "== cargo fmt --check"
 cargo fmt --all -- --check
 echo "== cargo clippy"
 cargo clippy --release --workspace --all-targets -- -D warnings
+echo "== cargo deny (licences, bans, sources; deny.toml)"
+cargo deny --log-level error check licenses bans sources
 echo "== cargo test"
 cargo test --release --workspace
 echo "== loom model tests"

@@ -1,0 +1,201 @@
+//! The controls of docs/security.md, tested on real processes: no secret in
+//! any output, owner-only segment and socket, strangers refused by the
+//! admin socket's peer-credential check.
+
+use std::os::unix::fs::PermissionsExt;
+use std::os::unix::process::CommandExt;
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use protocol::client::{CallRequest, ClientOptions, RingClient};
+use tests::redis::RedisServer;
+use tests::stack::{dataset, free_port, http_request, sidecar_import, workspace_bin, Daemon};
+use tests::{eventually, segment_exists, unique_name};
+
+const PASSWORD: &str = "s3cret-Hunter2-do-not-log";
+
+struct Sidecar {
+    daemon: Daemon,
+    shm_name: String,
+    socket: std::path::PathBuf,
+    metrics: String,
+    log: std::path::PathBuf,
+    _dir: tempfile::TempDir,
+}
+
+/// A sidecar with its features in a password-protected Redis, logging at
+/// debug level into a file.
+fn start(redis: &RedisServer) -> Sidecar {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    sidecar_import(&dataset("cora"), &data, &["--redis", &redis.url()]);
+    let shm_name = unique_name("sec");
+    let socket = dir.path().join("admin.sock");
+    let metrics = format!("127.0.0.1:{}", free_port());
+    let log = dir.path().join("sidecar.log");
+    let child = Command::new(workspace_bin("sidecar"))
+        .arg("serve")
+        .arg("--data-dir")
+        .arg(&data)
+        .args(["--shm-name", &shm_name, "--redis", &redis.url()])
+        .args(["--metrics-addr", &metrics, "--log-level", "debug"])
+        .args([
+            "--invalidation-channel",
+            "feat-invalidate",
+            "--warm-up",
+            "10",
+        ])
+        .arg("--admin-socket")
+        .arg(&socket)
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(&log).unwrap())
+        .spawn()
+        .expect("starting sidecar serve");
+    let sidecar = Sidecar {
+        daemon: Daemon {
+            child,
+            name: "sidecar",
+        },
+        shm_name,
+        socket,
+        metrics,
+        log,
+        _dir: dir,
+    };
+    assert!(
+        eventually(Duration::from_secs(60), || {
+            segment_exists(&sidecar.shm_name)
+                && http_request(&sidecar.metrics, "GET", "/readyz", None)
+                    .is_ok_and(|(code, _)| code == 200)
+        }),
+        "the sidecar became ready"
+    );
+    sidecar
+}
+
+fn sidecarctl(socket: &std::path::Path, args: &[&str]) -> std::process::Output {
+    Command::new(workspace_bin("sidecarctl"))
+        .arg("--socket")
+        .arg(socket)
+        .args(args)
+        .output()
+        .unwrap()
+}
+
+#[test]
+fn no_secret_reaches_a_log_line_a_metric_or_an_admin_answer() {
+    let redis = RedisServer::start_with_password(PASSWORD);
+    let sidecar = start(&redis);
+    // Rows fetched from Redis, an invalidation, every admin view.
+    let client = RingClient::attach(&sidecar.shm_name, ClientOptions::default()).unwrap();
+    let response = client.call(&CallRequest::new(&[1, 2, 3])).unwrap();
+    drop(response);
+    redis.command("PUBLISH feat-invalidate 1,2");
+    let mut seen = String::new();
+    for args in [
+        &["status", "--json"][..],
+        &["stats", "--json"],
+        &["status"],
+        &["stats"],
+    ] {
+        let out = sidecarctl(&sidecar.socket, args);
+        assert!(out.status.success(), "sidecarctl {args:?}");
+        seen.push_str(&String::from_utf8_lossy(&out.stdout));
+    }
+    let (code, metrics) = http_request(&sidecar.metrics, "GET", "/metrics", None).unwrap();
+    assert_eq!(code, 200);
+    seen.push_str(&metrics);
+    let printed = Command::new(workspace_bin("sidecar"))
+        .args([
+            "serve",
+            "--print-config",
+            "--data-dir",
+            "/tmp",
+            "--redis",
+            &redis.url(),
+        ])
+        .output()
+        .unwrap();
+    seen.push_str(&String::from_utf8_lossy(&printed.stdout));
+    seen.push_str(&String::from_utf8_lossy(&printed.stderr));
+    drop(client);
+    assert!(sidecar.daemon.child.id() > 0);
+    let Sidecar { daemon, log, .. } = sidecar;
+    assert!(daemon.stop(), "clean shutdown");
+    seen.push_str(&std::fs::read_to_string(&log).unwrap());
+    assert!(seen.len() > 1000, "the outputs were captured");
+    assert!(
+        seen.contains("redis://:***@127.0.0.1"),
+        "the URL is shown redacted somewhere"
+    );
+    assert!(
+        !seen.contains(PASSWORD),
+        "the Redis password leaked: {}",
+        seen.lines()
+            .find(|line| line.contains(PASSWORD))
+            .unwrap_or_default()
+    );
+}
+
+#[test]
+fn the_segment_and_the_socket_are_owner_only_and_strangers_are_refused() {
+    let redis = RedisServer::start();
+    let sidecar = start(&redis);
+    let mode =
+        |path: &std::path::Path| std::fs::metadata(path).unwrap().permissions().mode() & 0o777;
+    assert_eq!(
+        mode(std::path::Path::new(&format!(
+            "/dev/shm/{}",
+            sidecar.shm_name
+        ))),
+        0o600
+    );
+    assert_eq!(mode(&sidecar.socket), 0o600);
+    assert!(sidecarctl(&sidecar.socket, &["status"]).status.success());
+
+    // Another user, even with the socket file opened up to everyone, is
+    // refused by the peer-credential check. (The suite runs as root, as
+    // scripts/setup.sh needs; root may act as any user.)
+    assert!(
+        nix::unistd::geteuid().is_root(),
+        "this test runs as root to act as another user"
+    );
+    let open_up = |path: &std::path::Path, mode: u32| {
+        std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode)).unwrap()
+    };
+    open_up(sidecar.socket.parent().unwrap(), 0o755);
+    open_up(&sidecar.socket, 0o666);
+    // A copy of sidecarctl the stranger may run (the build directory may
+    // not be readable by other users).
+    let bin = tempfile::tempdir().unwrap();
+    open_up(bin.path(), 0o755);
+    let ctl = bin.path().join("sidecarctl");
+    std::fs::copy(workspace_bin("sidecarctl"), &ctl).unwrap();
+    open_up(&ctl, 0o755);
+    let stranger = Command::new(&ctl)
+        .arg("--socket")
+        .arg(&sidecar.socket)
+        .args(["--timeout-s", "3", "status"])
+        .uid(65534)
+        .gid(65534)
+        .output()
+        .unwrap();
+    assert!(
+        !stranger.status.success(),
+        "a stranger was answered: {}",
+        String::from_utf8_lossy(&stranger.stdout)
+    );
+    let stderr = String::from_utf8_lossy(&stranger.stderr);
+    assert!(
+        !stderr.contains("Permission denied") && !stderr.contains("connecting to"),
+        "the stranger could not even connect, so the peer check was not exercised: {stderr}"
+    );
+    assert!(
+        stranger.stdout.is_empty(),
+        "a stranger got an answer: {}",
+        String::from_utf8_lossy(&stranger.stdout)
+    );
+    // The sidecar is unaffected.
+    assert!(sidecarctl(&sidecar.socket, &["status"]).status.success());
+    assert!(sidecar.daemon.stop(), "clean shutdown");
+}
