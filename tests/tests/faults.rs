@@ -586,3 +586,98 @@ fn grpc_malformed_messages_are_invalid_argument_and_a_stream_goes_on() {
     drop(runtime);
     assert!(stack.stop(), "clean shutdown");
 }
+
+#[test]
+fn a_request_whose_deadline_has_passed_gets_deadline_exceeded_with_its_id() {
+    use protocol::liveness;
+    use protocol::slot::state;
+    let stack = Stack::start(&StackOptions::new("cora")).expect("stack");
+    // A client by hand on the real sidecar's segment: registered, holding
+    // its entry lock, writing a request whose deadline is long past.
+    let segment = protocol::Segment::attach(&stack.shm_name).unwrap();
+    let id = liveness::register_with(segment.header(), |index| {
+        segment.lock_client_entry(index).unwrap()
+    })
+    .expect("a client entry");
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(format!("/dev/shm/{}", stack.shm_name))
+        .unwrap();
+    let raw = memmap2::MmapOptions::new().map_raw(&file).unwrap();
+    let slot_idx = 0;
+    let slot = segment.slot(slot_idx);
+    // The worker is idle: slot 0 is free.
+    let claimed = slot.try_claim(id.tag()).expect("slot 0 is free");
+    let g = segment.geometry();
+    let region = g.slot_data_offset as usize + slot_idx * g.slot_stride as usize;
+    let mut request = [0u8; 72];
+    request[0..8].copy_from_slice(&0xdead_beef_u64.to_le_bytes());
+    request[8..16].copy_from_slice(&1u64.to_le_bytes()); // 1 ns after boot
+    request[16..20].copy_from_slice(&1u32.to_le_bytes());
+    request[64..72].copy_from_slice(&7u64.to_le_bytes());
+    // SAFETY: slot 0 is CLAIMED by this test, which owns its request area;
+    // the region lies inside the mapping (validated geometry).
+    unsafe {
+        std::ptr::copy_nonoverlapping(request.as_ptr(), raw.as_mut_ptr().add(region), 72);
+    }
+    slot.submit(claimed).unwrap();
+    protocol::submit::SubmitQueue {
+        bits: &segment.header().submit_bits,
+        doorbell: &segment.header().doorbell,
+        server_parked: &segment.header().server_parked,
+    }
+    .push(slot_idx);
+    assert!(
+        tests::eventually(std::time::Duration::from_secs(5), || {
+            liveness::beat(&segment.header().clients[id.index as usize]);
+            slot.load().state == state::PUBLISHED
+        }),
+        "the sidecar answered"
+    );
+    let response = region + g.request_bytes as usize;
+    let mut header = [0u8; 32];
+    // SAFETY: PUBLISHED and ours: the sidecar no longer writes the area.
+    unsafe {
+        std::ptr::copy_nonoverlapping(raw.as_ptr().add(response), header.as_mut_ptr(), 32);
+    }
+    let status = u32::from_le_bytes(header[0..4].try_into().unwrap());
+    let request_id = u64::from_le_bytes(header[24..32].try_into().unwrap());
+    assert_eq!(status, protocol::layout::status::DEADLINE_EXCEEDED);
+    assert_eq!(request_id, 0xdead_beef, "the request id is echoed");
+    assert!(slot.release(slot.load()));
+    liveness::unregister(segment.header(), id);
+    assert!(stack.stop(), "clean shutdown");
+}
+
+#[test]
+fn a_request_whose_hop_arrays_cannot_fit_is_refused_before_sampling() {
+    let mut options = StackOptions::new("cora");
+    options.max_targets = 256;
+    options.response_mib = 1;
+    let stack = Stack::start(&options).expect("stack");
+    let client =
+        protocol::RingClient::attach(&stack.shm_name, protocol::ClientOptions::default()).unwrap();
+    // 256 targets at [50, 50]: 256 x 50 x 52 x 4 bytes of hop arrays alone,
+    // more than the 1 MiB response area.
+    let targets: Vec<u64> = (0..256).collect();
+    let mut request = protocol::CallRequest::new(&targets);
+    request.fanouts = [50, 50];
+    request.request_id = 77;
+    let err = client.call(&request).unwrap_err();
+    match &err {
+        protocol::CallError::Status {
+            status, message, ..
+        } => {
+            assert_eq!(*status, protocol::layout::status::TOO_LARGE);
+            assert!(message.contains("hop arrays"), "{message}");
+        }
+        other => panic!("expected TOO_LARGE, got {other}"),
+    }
+    // The sidecar goes on serving.
+    let response = client.call(&protocol::CallRequest::new(&[1, 2])).unwrap();
+    assert_eq!(response.tables().unwrap().target_ids(), [1, 2]);
+    drop(response);
+    drop(client);
+    assert!(stack.stop(), "clean shutdown");
+}

@@ -318,3 +318,102 @@ fn a_worker_recovers_when_a_stalled_sidecar_resumes() {
     drop(client);
     server.stop().unwrap();
 }
+
+/// Resident set size of `pid`, KiB.
+fn rss_kib(pid: u32) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .unwrap()
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.split_whitespace().next()?.parse().ok())
+        .expect("VmRSS")
+}
+
+#[test]
+fn a_thousand_killed_workers_leave_no_slot_no_entry_and_no_memory_behind() {
+    let name = unique_name("kill1000");
+    let server = start_server(&name, &["--slots", "64", "--client-timeout-ms", "200"]);
+    let observer = Segment::attach(&name).unwrap();
+    let used = || {
+        observer
+            .slots()
+            .filter(|s| s.load().state != state::FREE)
+            .count()
+    };
+    let active_clients = || {
+        observer
+            .header()
+            .clients
+            .iter()
+            .filter(|c| {
+                c.state.load(std::sync::atomic::Ordering::Acquire) & 0xff == client_state::ACTIVE
+            })
+            .count()
+    };
+    // A worker that keeps serving beside the killings.
+    let stop = std::sync::atomic::AtomicBool::new(false);
+    let kills = 1000;
+    let (served, failed) = std::thread::scope(|scope| {
+        let serving = scope.spawn(|| {
+            let client = RingClient::attach(&name, fast_client_options()).unwrap();
+            let (mut served, mut failed) = (0u64, Vec::new());
+            while !stop.load(std::sync::atomic::Ordering::Acquire) {
+                let targets = [served % 100];
+                match client.call(&CallRequest::new(&targets)) {
+                    Ok(response) => {
+                        assert_eq!(response.tables().unwrap().target_ids(), targets);
+                        served += 1;
+                    }
+                    Err(e) => failed.push(e.to_string()),
+                }
+            }
+            (served, failed)
+        });
+        // Warm-up: RSS after the allocator has seen the pattern once.
+        let mut rss_after_warmup = 0;
+        for kill in 0..kills {
+            let mut holder = std::process::Command::new(HOLDER)
+                .args(["--name", &name, "--hold", "1"])
+                .stdout(std::process::Stdio::piped())
+                .spawn()
+                .unwrap();
+            let mut line = String::new();
+            std::io::BufRead::read_line(
+                &mut std::io::BufReader::new(holder.stdout.take().unwrap()),
+                &mut line,
+            )
+            .unwrap();
+            assert_eq!(line.trim(), "HOLDING 1", "holder {kill}");
+            holder.kill().unwrap();
+            holder.wait().unwrap();
+            if kill == 100 {
+                rss_after_warmup = rss_kib(server.child.id());
+            }
+            // Keep the dead-but-unreaped clients well under the 64 entries.
+            while active_clients() > 40 {
+                std::thread::sleep(Duration::from_millis(5));
+            }
+        }
+        assert!(
+            eventually(Duration::from_secs(10), || active_clients() == 1
+                && used() <= 1),
+            "every dead worker's slot and entry came back ({} clients, {} slots used)",
+            active_clients(),
+            used()
+        );
+        let rss_end = rss_kib(server.child.id());
+        // Flat, within 8 MiB, over 900 kills after the warm-up.
+        assert!(
+            rss_end <= rss_after_warmup + 8 * 1024,
+            "the sidecar's RSS grew from {rss_after_warmup} KiB to {rss_end} KiB"
+        );
+        stop.store(true, std::sync::atomic::Ordering::Release);
+        serving.join().unwrap()
+    });
+    assert!(failed.is_empty(), "the serving worker failed: {failed:?}");
+    assert!(served > 0);
+    assert!(
+        eventually(Duration::from_secs(5), || used() == 0),
+        "all slots free at the end"
+    );
+}

@@ -45,6 +45,8 @@ pub struct BatchContext<'a> {
     /// feature-fetch deadline.
     pub knobs: &'a Knobs,
     pub max_nodes: u32,
+    /// Bytes of a slot's response area.
+    pub response_bytes: u64,
     pub metrics: &'a Metrics,
 }
 
@@ -109,6 +111,26 @@ impl BatchServer {
                 if defaulted {
                     *fanout = knob;
                 }
+            }
+            // The padded hop arrays alone (4 bytes per entry of hop1_rows,
+            // hop2_count and hop2_rows) must fit the response area: checked
+            // before the sampler sets memory aside for them.
+            let [f1, f2] = request.fanouts.map(u64::from);
+            let hop_bytes = request.targets.len() as u64 * f1 * (2 + f2) * 4;
+            if hop_bytes > ctx.response_bytes {
+                m.too_large.inc();
+                ticket.respond_error(
+                    status::TOO_LARGE,
+                    request.request_id,
+                    &format!(
+                        "the hop arrays of {} targets at fanouts [{f1}, {f2}] take {hop_bytes} \
+                         bytes, more than the slot's {} byte response area: send fewer targets \
+                         per request or lower the fanouts",
+                        request.targets.len(),
+                        ctx.response_bytes
+                    ),
+                );
+                continue;
             }
             m.targets.inc_by(request.targets.len() as u64);
             // The fetch stops early enough to write the answer before the

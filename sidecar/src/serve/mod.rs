@@ -615,6 +615,7 @@ pub fn run(
             runtime: runtime.handle(),
             knobs: &daemon.knobs,
             max_nodes: config.max_nodes,
+            response_bytes: server.segment().geometry().response_bytes,
             metrics: &daemon.metrics,
         };
         batch_server.serve(&ctx, std::mem::take(tickets));
