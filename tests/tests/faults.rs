@@ -681,3 +681,60 @@ fn a_request_whose_hop_arrays_cannot_fit_is_refused_before_sampling() {
     drop(client);
     assert!(stack.stop(), "clean shutdown");
 }
+
+#[test]
+fn redis_slowed_to_50_ms_a_reply_costs_fallback_rows_within_the_deadline_never_a_failed_call() {
+    let redis = tests::redis::RedisServer::start();
+    let proxy =
+        tests::proxy::DelayProxy::start(format!("127.0.0.1:{}", redis.port).parse().unwrap())
+            .unwrap();
+    let through_proxy = format!("redis://{}", proxy.addr);
+    let data = tempfile::tempdir().unwrap();
+    tests::stack::sidecar_import(
+        &tests::stack::dataset("cora"),
+        &data.path().join("data"),
+        &["--redis", &redis.url()],
+    );
+    let mut options = StackOptions::new("cora");
+    options.imported = Some(data.path().join("data"));
+    // Every row from Redis, through the proxy; the sidecar waits 20 ms.
+    options.sidecar_args = [
+        "--redis",
+        &through_proxy,
+        "--l1-mib",
+        "0",
+        "--no-l2",
+        "--warm-up",
+        "0",
+        "--deadline-ms",
+        "20",
+    ]
+    .map(String::from)
+    .to_vec();
+    let stack = Stack::start(&options).expect("stack");
+    let ids = [1u64, 2, 3];
+    assert_eq!(
+        fallback_rows(&predict(&stack, &ids).1),
+        0,
+        "full rows at first"
+    );
+
+    // 50 ms a reply, 2.5 times the sidecar's deadline: every call is still
+    // answered OK, with the rows that came late flagged.
+    proxy.set_delay(std::time::Duration::from_millis(50));
+    let (calls, with_fallbacks) = calls_during(&stack, &ids, std::time::Duration::from_secs(2));
+    assert!(calls >= 5, "{calls} calls in 2 s");
+    assert_eq!(
+        with_fallbacks, calls,
+        "every call during the slowness had fallback rows"
+    );
+    // Back to normal: full rows again, by itself.
+    proxy.set_delay(std::time::Duration::ZERO);
+    assert!(
+        tests::eventually(std::time::Duration::from_secs(10), || {
+            fallback_rows(&predict(&stack, &ids).1) == 0
+        }),
+        "serving recovered once Redis was fast again"
+    );
+    assert!(stack.stop(), "clean shutdown");
+}
