@@ -195,6 +195,9 @@ impl Drop for Attachment {
 /// attachment is dropped or lost.
 fn heartbeat_loop(attachment: Weak<Attachment>, interval: Duration, sidecar_timeout: Duration) {
     let mut watch: Option<HeartbeatWatch> = None;
+    // Whether the sidecar's preamble lock was ever seen held: only then does
+    // its release mean the sidecar died (docs/protocol.md, section 6).
+    let mut lock_seen = false;
     loop {
         let Some(att) = attachment.upgrade() else {
             return;
@@ -208,8 +211,14 @@ fn heartbeat_loop(attachment: Weak<Attachment>, interval: Duration, sidecar_time
         let still = watch
             .get_or_insert_with(|| HeartbeatWatch::new(beat, now))
             .observe(beat, now);
+        let lock_held = att.segment.server_lock_held().ok();
+        if lock_held == Some(true) {
+            lock_seen = true;
+        }
         if !matches!(state_now, server_state::READY | server_state::DRAINING) {
             att.mark_lost(format!("sidecar state {}", server_state_name(state_now)));
+        } else if lock_seen && lock_held == Some(false) {
+            att.mark_lost("the sidecar process is gone (its segment lock was released)".into());
         } else if still >= sidecar_timeout {
             att.mark_lost(format!(
                 "sidecar heartbeat stood still for {} ms",

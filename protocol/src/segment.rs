@@ -38,6 +38,9 @@ use crate::layout::{
 use crate::request::request_bytes_for;
 use crate::sync::Ordering;
 
+/// Bytes of the preamble the sidecar keeps locked for its life.
+const PREAMBLE_LOCK_LEN: usize = 64;
+
 /// What the sidecar asks for when it creates a segment.
 #[derive(Debug, Clone)]
 pub struct SegmentConfig {
@@ -381,6 +384,18 @@ impl Segment {
                 heartbeat_interval: cfg.heartbeat_interval,
                 client_timeout: cfg.client_timeout,
             };
+            // Held for the sidecar's life, taken before READY is published:
+            // a client that finds it released knows the sidecar is dead.
+            if let Err(e) =
+                segment.range_lock(0, PREAMBLE_LOCK_LEN, nix::libc::F_WRLCK as i16, false)
+            {
+                tracing::warn!(
+                    segment = %cfg.name,
+                    error = %e,
+                    "cannot lock the segment's preamble; workers will detect a dead sidecar by \
+                     its heartbeat alone"
+                );
+            }
             segment.initialize(total);
             return Ok(segment);
         }
@@ -660,18 +675,34 @@ impl Segment {
             .map_err(Into::into)
     }
 
+    /// Whether some other open file of the segment holds the sidecar's lock
+    /// on the preamble: `Ok(false)` once the sidecar that created it is dead
+    /// (the kernel dropped its lock), however its heartbeat looks.
+    pub fn server_lock_held(&self) -> std::io::Result<bool> {
+        self.range_lock(0, PREAMBLE_LOCK_LEN, nix::libc::F_WRLCK as i16, true)
+            .map(|found| found != nix::libc::F_UNLCK as i16)
+            .map_err(Into::into)
+    }
+
     /// One `F_OFD_SETLK` (or `F_OFD_GETLK` when `probe`) of `kind` on entry
     /// `index`'s bytes; returns the lock type found (`F_UNLCK` when free).
     fn entry_lock(&self, index: u16, kind: i16, probe: bool) -> Result<i16, Errno> {
         let start =
             offset_of!(Header, clients) + index as usize * size_of::<crate::layout::ClientEntry>();
+        self.range_lock(start, size_of::<crate::layout::ClientEntry>(), kind, probe)
+    }
+
+    /// One `F_OFD_SETLK` (or `F_OFD_GETLK` when `probe`) of `kind` on the
+    /// segment file's bytes `start..start + len`; returns the lock type found
+    /// (`F_UNLCK` when free).
+    fn range_lock(&self, start: usize, len: usize, kind: i16, probe: bool) -> Result<i16, Errno> {
         // SAFETY: `flock` is plain data; all-zero is a valid value that the
         // fields below complete.
         let mut lock: nix::libc::flock = unsafe { std::mem::zeroed() };
         lock.l_type = kind;
         lock.l_whence = nix::libc::SEEK_SET as i16;
         lock.l_start = start as nix::libc::off_t;
-        lock.l_len = size_of::<crate::layout::ClientEntry>() as nix::libc::off_t;
+        lock.l_len = len as nix::libc::off_t;
         lock.l_pid = 0;
         if probe {
             nix::fcntl::fcntl(&self.file, nix::fcntl::FcntlArg::F_OFD_GETLK(&mut lock))?;

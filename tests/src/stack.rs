@@ -263,6 +263,8 @@ pub struct Stack {
     pub admin_socket: PathBuf,
     pub model: PathBuf,
     pub dir: tempfile::TempDir,
+    /// `sidecar`'s arguments, to start it again.
+    sidecar_command: Vec<std::ffi::OsString>,
 }
 
 impl Stack {
@@ -290,23 +292,34 @@ impl Stack {
         let shm_name = unique_name("e2e");
         let admin_socket = dir.path().join("admin.sock");
         let [f1, f2] = options.fanouts;
-        let sidecar = Command::new(workspace_bin("sidecar"))
-            .arg("serve")
-            .arg("--data-dir")
-            .arg(&data)
-            .args(["--shm-name", &shm_name])
-            .arg("--admin-socket")
-            .arg(&admin_socket)
-            .args(["--fanouts", &format!("{f1},{f2}")])
-            .args(["--max-fanouts", &format!("{},{}", f1.max(50), f2.max(50))])
-            .args(["--max-targets", &options.max_targets.to_string()])
-            .args(["--response-mib", &options.response_mib.to_string()])
-            .args(["--slots", &options.slots.to_string()])
-            .args(&options.sidecar_args)
-            .spawn()
-            .context("starting sidecar serve")?;
+        let mut sidecar_command: Vec<std::ffi::OsString> =
+            vec!["serve".into(), "--data-dir".into(), data.clone().into()];
+        for arg in [
+            "--shm-name".to_string(),
+            shm_name.clone(),
+            "--admin-socket".into(),
+            admin_socket.display().to_string(),
+            "--fanouts".into(),
+            format!("{f1},{f2}"),
+            "--max-fanouts".into(),
+            format!("{},{}", f1.max(50), f2.max(50)),
+            "--max-targets".into(),
+            options.max_targets.to_string(),
+            "--response-mib".into(),
+            options.response_mib.to_string(),
+            "--slots".into(),
+            options.slots.to_string(),
+        ]
+        .into_iter()
+        .chain(options.sidecar_args.iter().cloned())
+        {
+            sidecar_command.push(arg.into());
+        }
         let sidecar = Daemon {
-            child: sidecar,
+            child: Command::new(workspace_bin("sidecar"))
+                .args(&sidecar_command)
+                .spawn()
+                .context("starting sidecar serve")?,
             name: "sidecar",
         };
         let grpc = format!("127.0.0.1:{}", free_port());
@@ -336,6 +349,7 @@ impl Stack {
             admin_socket,
             model,
             dir,
+            sidecar_command,
         };
         // Ready = the worker's /readyz answers 200.
         let ready = eventually(Duration::from_secs(120), || {
@@ -345,6 +359,28 @@ impl Stack {
             bail!("the stack did not become ready");
         }
         Ok(stack)
+    }
+
+    /// Starts the sidecar again with the same arguments (after the test
+    /// killed or stopped the previous one) and waits until the worker is
+    /// ready again.
+    pub fn restart_sidecar(&mut self) -> anyhow::Result<()> {
+        if let Some(mut old) = self.sidecar.take() {
+            let _ = old.child.kill();
+            let _ = old.child.wait();
+        }
+        self.sidecar = Some(Daemon {
+            child: Command::new(workspace_bin("sidecar"))
+                .args(&self.sidecar_command)
+                .spawn()
+                .context("starting sidecar serve again")?,
+            name: "sidecar",
+        });
+        let ready = eventually(Duration::from_secs(120), || {
+            self.http_get("/readyz").is_ok_and(|(code, _)| code == 200)
+        });
+        ensure!(ready, "the worker did not become ready on the new sidecar");
+        Ok(())
     }
 
     fn worker_exited(&mut self) -> bool {

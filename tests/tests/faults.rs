@@ -738,3 +738,90 @@ fn redis_slowed_to_50_ms_a_reply_costs_fallback_rows_within_the_deadline_never_a
     );
     assert!(stack.stop(), "clean shutdown");
 }
+
+#[test]
+fn a_killed_sidecar_makes_the_worker_unavailable_and_a_new_one_is_served_without_a_worker_restart()
+{
+    use gnn_worker::grpc::{pb, PredictorClient};
+    let mut stack = Stack::start(&StackOptions::new("cora")).expect("stack");
+    let worker_pid = stack.worker.as_ref().unwrap().child.id();
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let grpc_addr = stack.grpc.clone();
+    let sidecar_pid = stack.sidecar.as_ref().unwrap().child.id();
+    let grpc_code = |ids: Vec<u64>| {
+        let addr = grpc_addr.clone();
+        runtime.block_on(async move {
+            let mut client = PredictorClient::connect(addr).await.expect("connect");
+            match client
+                .predict(pb::PredictRequest {
+                    node_ids: ids,
+                    request_id: 1,
+                })
+                .await
+            {
+                Ok(_) => tonic::Code::Ok,
+                Err(status) => status.code(),
+            }
+        })
+    };
+    assert_eq!(grpc_code(vec![1]), tonic::Code::Ok);
+
+    // Under load: two callers keep calling over HTTP.
+    let stop = std::sync::atomic::AtomicBool::new(false);
+    let statuses = std::sync::Mutex::new(std::collections::BTreeMap::<u16, u32>::new());
+    std::thread::scope(|scope| {
+        for caller in 0..2u64 {
+            let (stack, stop, statuses) = (&stack, &stop, &statuses);
+            scope.spawn(move || {
+                while !stop.load(std::sync::atomic::Ordering::Acquire) {
+                    let (code, _) = predict(stack, &[caller + 1]);
+                    *statuses.lock().unwrap().entry(code).or_default() += 1;
+                }
+            });
+        }
+        std::thread::sleep(std::time::Duration::from_millis(300));
+        let killed = std::time::Instant::now();
+        nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(sidecar_pid as i32),
+            nix::sys::signal::Signal::SIGKILL,
+        )
+        .unwrap();
+        assert!(
+            tests::eventually(std::time::Duration::from_secs(10), || {
+                stack.http_get("/readyz").is_ok_and(|(code, _)| code == 503)
+            }),
+            "readiness turned false"
+        );
+        let not_ready_after = killed.elapsed();
+        assert!(
+            tests::eventually(std::time::Duration::from_secs(10), || {
+                grpc_code(vec![1]) == tonic::Code::Unavailable
+            }),
+            "gRPC answers UNAVAILABLE"
+        );
+        let unavailable_after = killed.elapsed();
+        eprintln!(
+            "sidecar SIGKILLed under load: readiness false after {not_ready_after:?}, gRPC \
+             UNAVAILABLE after {unavailable_after:?} (the worker's sidecar_timeout is 1 s)"
+        );
+        stop.store(true, std::sync::atomic::Ordering::Release);
+    });
+    let statuses = statuses.into_inner().unwrap();
+    assert!(
+        statuses.keys().all(|code| *code == 200 || *code == 503),
+        "every call was answered, OK or unavailable: {statuses:?}"
+    );
+    assert!(statuses.get(&200).is_some_and(|n| *n > 0), "{statuses:?}");
+
+    // A new sidecar: served again, by the same worker process.
+    stack.restart_sidecar().expect("a new sidecar");
+    assert_eq!(grpc_code(vec![2, 3]), tonic::Code::Ok);
+    let (code, json) = predict(&stack, &[4]);
+    assert_eq!(code, 200, "{json}");
+    assert_eq!(stack.worker.as_ref().unwrap().child.id(), worker_pid);
+    drop(runtime);
+    assert!(stack.stop(), "clean shutdown");
+}
