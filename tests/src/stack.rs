@@ -159,10 +159,21 @@ pub fn shipped_cora() -> PathBuf {
 
 /// A free TCP port on 127.0.0.1 (bound, then released for the child).
 pub fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("a free port")
+    // The kernel may hand a just-released port out again at once: two calls
+    // in a row (a gRPC and an HTTP port) could return the same one. Every
+    // port is given to one caller of this process only.
+    static GIVEN: std::sync::Mutex<Vec<u16>> = std::sync::Mutex::new(Vec::new());
+    let mut given = GIVEN.lock().unwrap_or_else(|p| p.into_inner());
+    loop {
+        let port = TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .map(|a| a.port())
+            .expect("a free port");
+        if !given.contains(&port) {
+            given.push(port);
+            return port;
+        }
+    }
 }
 
 /// How the stack is started.

@@ -214,6 +214,38 @@ fn tree(dir: &std::path::Path) -> Vec<String> {
     names
 }
 
+/// [`tree`] without RocksDB's info logs (which a live store rotates).
+fn files_but_logs(dir: &std::path::Path) -> Vec<String> {
+    tree(dir)
+        .into_iter()
+        .filter(|name| !name.starts_with("LOG"))
+        .collect()
+}
+
+/// Runs `sidecar serve` on `data_dir` (plus `extra`), which must exit with an
+/// error; returns its stderr.
+fn second_sidecar_refused(data_dir: &std::path::Path, extra: &[&str]) -> String {
+    let second = std::process::Command::new(tests::stack::workspace_bin("sidecar"))
+        .arg("serve")
+        .arg("--data-dir")
+        .arg(data_dir)
+        .args(extra)
+        .args([
+            "--shm-name",
+            &tests::unique_name("second"),
+            "--warm-up",
+            "0",
+        ])
+        .output()
+        .expect("running a second sidecar");
+    let stderr = String::from_utf8_lossy(&second.stderr).into_owned();
+    assert!(
+        !second.status.success(),
+        "the second sidecar started: {stderr}"
+    );
+    stderr
+}
+
 #[test]
 fn a_second_sidecar_on_a_data_directory_in_use_is_refused_and_touches_nothing() {
     let data = tempfile::tempdir().unwrap();
@@ -223,28 +255,9 @@ fn a_second_sidecar_on_a_data_directory_in_use_is_refused_and_touches_nothing() 
     options.imported = Some(data_dir.clone());
     let stack = Stack::start(&options).expect("stack");
     let store = data_dir.join("features.db");
-    let before: Vec<String> = tree(&store)
-        .into_iter()
-        .filter(|name| !name.starts_with("LOG"))
-        .collect();
+    let before = files_but_logs(&store);
 
-    let second = std::process::Command::new(tests::stack::workspace_bin("sidecar"))
-        .arg("serve")
-        .arg("--data-dir")
-        .arg(&data_dir)
-        .args([
-            "--shm-name",
-            &tests::unique_name("second"),
-            "--warm-up",
-            "0",
-        ])
-        .output()
-        .expect("running a second sidecar");
-    let stderr = String::from_utf8_lossy(&second.stderr);
-    assert!(
-        !second.status.success(),
-        "the second sidecar started: {stderr}"
-    );
+    let stderr = second_sidecar_refused(&data_dir, &[]);
     assert!(
         stderr.contains("sidecar.lock") && stderr.contains("in use by another sidecar"),
         "names the lock: {stderr}"
@@ -262,10 +275,7 @@ fn a_second_sidecar_on_a_data_directory_in_use_is_refused_and_touches_nothing() 
     );
     assert!(String::from_utf8_lossy(&import.stderr).contains("sidecar.lock"));
 
-    let after: Vec<String> = tree(&store)
-        .into_iter()
-        .filter(|name| !name.starts_with("LOG"))
-        .collect();
+    let after = files_but_logs(&store);
     assert_eq!(before, after, "the first sidecar's store was touched");
     let (code, json) = predict(&stack, &[1, 2, 3]);
     assert_eq!(code, 200, "the first sidecar still serves: {json}");
@@ -296,35 +306,15 @@ fn an_l2_directory_in_use_is_refused_never_wiped() {
     let stack = Stack::start(&options).expect("stack");
     let (code, json) = predict(&stack, &[1, 2, 3]);
     assert_eq!(code, 200, "{json}");
-    let before: Vec<String> = tree(&l2)
-        .into_iter()
-        .filter(|name| !name.starts_with("LOG"))
-        .collect();
+    let before = files_but_logs(&l2);
 
     // Another sidecar (its own data directory) given the same L2 directory.
-    let second = std::process::Command::new(tests::stack::workspace_bin("sidecar"))
-        .arg("serve")
-        .arg("--data-dir")
-        .arg(&sidecars[1])
-        .args(["--redis", &redis.url(), "--l2-dir", l2.to_str().unwrap()])
-        .args([
-            "--shm-name",
-            &tests::unique_name("second"),
-            "--warm-up",
-            "0",
-        ])
-        .output()
-        .expect("running a second sidecar");
-    let stderr = String::from_utf8_lossy(&second.stderr);
-    assert!(
-        !second.status.success(),
-        "the second sidecar started: {stderr}"
+    let stderr = second_sidecar_refused(
+        &sidecars[1],
+        &["--redis", &redis.url(), "--l2-dir", l2.to_str().unwrap()],
     );
     assert!(stderr.contains("in use by another process"), "{stderr}");
-    let after: Vec<String> = tree(&l2)
-        .into_iter()
-        .filter(|name| !name.starts_with("LOG"))
-        .collect();
+    let after = files_but_logs(&l2);
     assert_eq!(before, after, "the L2 directory in use was touched");
     assert!(
         !std::fs::read_dir(base.path()).unwrap().any(|e| e

@@ -70,17 +70,18 @@ fn worker(shm: &str, extra_env: &[(&str, &str)]) -> Worker {
     for (k, v) in extra_env {
         cmd.env(k, v);
     }
-    let worker = Worker {
+    let mut worker = Worker {
         _proc: Proc(cmd.spawn().unwrap()),
         http: format!("127.0.0.1:{http}"),
         grpc: format!("http://127.0.0.1:{grpc}"),
     };
-    assert!(
-        eventually(Duration::from_secs(30), || {
-            http_request(&worker.http, "GET", "/healthz", None).is_ok_and(|(c, _)| c == 200)
-        }),
-        "the worker's HTTP endpoint did not come up"
-    );
+    let up = eventually(Duration::from_secs(30), || {
+        http_request(&worker.http, "GET", "/healthz", None).is_ok_and(|(c, _)| c == 200)
+    });
+    if !up {
+        let exited = worker._proc.0.try_wait();
+        panic!("the worker's HTTP endpoint did not come up (the process: {exited:?})");
+    }
     worker
 }
 

@@ -6,7 +6,7 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
-use protocol::layout::{client_state, server_state, status};
+use protocol::layout::{server_state, status};
 use protocol::slot::state;
 use protocol::{CallError, CallRequest, ClientOptions, RingClient, Segment, WaitPolicy};
 use tests::{
@@ -244,16 +244,7 @@ fn the_sidecar_reclaims_the_slots_of_a_dead_worker() {
             .filter(|s| s.load().state == state::PUBLISHED)
             .count()
     };
-    let active_clients = || {
-        observer
-            .header()
-            .clients
-            .iter()
-            .filter(|c| {
-                c.state.load(std::sync::atomic::Ordering::Acquire) & 0xff == client_state::ACTIVE
-            })
-            .count()
-    };
+    let active_clients = || protocol::liveness::registered_count(observer.header()) as usize;
     assert_eq!(published(), 3, "the live worker holds three slots");
     assert_eq!(active_clients(), 1);
 
@@ -345,16 +336,7 @@ fn a_thousand_killed_workers_leave_no_slot_no_entry_and_no_memory_behind() {
             .filter(|s| s.load().state != state::FREE)
             .count()
     };
-    let active_clients = || {
-        observer
-            .header()
-            .clients
-            .iter()
-            .filter(|c| {
-                c.state.load(std::sync::atomic::Ordering::Acquire) & 0xff == client_state::ACTIVE
-            })
-            .count()
-    };
+    let active_clients = || protocol::liveness::registered_count(observer.header()) as usize;
     // A worker that keeps serving beside the killings.
     let stop = std::sync::atomic::AtomicBool::new(false);
     let kills = 1000;
