@@ -130,30 +130,45 @@ fn calls_during(stack: &Stack, ids: &[u64], period: std::time::Duration) -> (u32
     })
 }
 
-#[test]
-fn redis_stopped_or_killed_costs_fallback_rows_never_a_failed_call_and_serving_recovers() {
-    let mut redis = tests::redis::RedisServer::start();
-    let data = tempfile::tempdir().unwrap();
+/// A stack whose features are only in `redis` (imported under `base`),
+/// which the sidecar reaches at `sidecar_redis_url`, with no L1 and no L2:
+/// every row is fetched from Redis.
+fn redis_only_stack(
+    redis: &tests::redis::RedisServer,
+    base: &std::path::Path,
+    sidecar_redis_url: &str,
+    extra: &[&str],
+) -> Stack {
+    let data = base.join("data");
     tests::stack::sidecar_import(
         &tests::stack::dataset("cora"),
-        &data.path().join("data"),
+        &data,
         &["--redis", &redis.url()],
     );
     let mut options = StackOptions::new("cora");
-    options.imported = Some(data.path().join("data"));
-    // Every row from Redis: no L1, no L2.
+    options.imported = Some(data);
     options.sidecar_args = [
         "--redis",
-        &redis.url(),
+        sidecar_redis_url,
         "--l1-mib",
         "0",
         "--no-l2",
         "--warm-up",
         "0",
     ]
-    .map(String::from)
-    .to_vec();
-    let stack = Stack::start(&options).expect("stack");
+    .iter()
+    .chain(extra)
+    .map(|s| s.to_string())
+    .collect();
+    Stack::start(&options).expect("stack")
+}
+
+#[test]
+fn redis_stopped_or_killed_costs_fallback_rows_never_a_failed_call_and_serving_recovers() {
+    let mut redis = tests::redis::RedisServer::start();
+    let data = tempfile::tempdir().unwrap();
+    let redis_url = redis.url();
+    let stack = redis_only_stack(&redis, data.path(), &redis_url, &[]);
     let ids = [1u64, 2, 3];
     let (code, json) = predict(&stack, &ids);
     assert_eq!(code, 200, "{json}");
@@ -680,28 +695,13 @@ fn redis_slowed_to_50_ms_a_reply_costs_fallback_rows_within_the_deadline_never_a
             .unwrap();
     let through_proxy = format!("redis://{}", proxy.addr);
     let data = tempfile::tempdir().unwrap();
-    tests::stack::sidecar_import(
-        &tests::stack::dataset("cora"),
-        &data.path().join("data"),
-        &["--redis", &redis.url()],
-    );
-    let mut options = StackOptions::new("cora");
-    options.imported = Some(data.path().join("data"));
-    // Every row from Redis, through the proxy; the sidecar waits 20 ms.
-    options.sidecar_args = [
-        "--redis",
+    // The sidecar waits 20 ms for Redis, through the proxy.
+    let stack = redis_only_stack(
+        &redis,
+        data.path(),
         &through_proxy,
-        "--l1-mib",
-        "0",
-        "--no-l2",
-        "--warm-up",
-        "0",
-        "--deadline-ms",
-        "20",
-    ]
-    .map(String::from)
-    .to_vec();
-    let stack = Stack::start(&options).expect("stack");
+        &["--deadline-ms", "20"],
+    );
     let ids = [1u64, 2, 3];
     assert_eq!(
         fallback_rows(&predict(&stack, &ids).1),

@@ -220,12 +220,10 @@ fn a_second_sidecar_on_a_live_segment_is_refused() {
     first.stop().unwrap();
 }
 
-#[test]
-fn the_sidecar_reclaims_the_slots_of_a_dead_worker() {
-    let name = unique_name("reap");
-    let server = start_server(&name, &["--slots", "4", "--client-timeout-ms", "300"]);
+/// A `ring-test-client` holding `n` published slots (it said so).
+fn spawn_holder(name: &str, n: usize) -> std::process::Child {
     let mut holder = std::process::Command::new(HOLDER)
-        .args(["--name", &name, "--hold", "3"])
+        .args(["--name", name, "--hold", &n.to_string()])
         .stdout(std::process::Stdio::piped())
         .spawn()
         .unwrap();
@@ -235,7 +233,15 @@ fn the_sidecar_reclaims_the_slots_of_a_dead_worker() {
         &mut line,
     )
     .unwrap();
-    assert_eq!(line.trim(), "HOLDING 3");
+    assert_eq!(line.trim(), format!("HOLDING {n}"));
+    holder
+}
+
+#[test]
+fn the_sidecar_reclaims_the_slots_of_a_dead_worker() {
+    let name = unique_name("reap");
+    let server = start_server(&name, &["--slots", "4", "--client-timeout-ms", "300"]);
+    let mut holder = spawn_holder(&name, 3);
 
     let observer = Segment::attach(&name).unwrap();
     let published = || {
@@ -359,18 +365,7 @@ fn a_thousand_killed_workers_leave_no_slot_no_entry_and_no_memory_behind() {
         // Warm-up: RSS after the allocator has seen the pattern once.
         let mut rss_after_warmup = 0;
         for kill in 0..kills {
-            let mut holder = std::process::Command::new(HOLDER)
-                .args(["--name", &name, "--hold", "1"])
-                .stdout(std::process::Stdio::piped())
-                .spawn()
-                .unwrap();
-            let mut line = String::new();
-            std::io::BufRead::read_line(
-                &mut std::io::BufReader::new(holder.stdout.take().unwrap()),
-                &mut line,
-            )
-            .unwrap();
-            assert_eq!(line.trim(), "HOLDING 1", "holder {kill}");
+            let mut holder = spawn_holder(&name, 1);
             holder.kill().unwrap();
             holder.wait().unwrap();
             if kill == 100 {

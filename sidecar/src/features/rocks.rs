@@ -306,8 +306,7 @@ impl RocksStore {
 /// RocksDB's refusal to open a database whose LOCK another process (or
 /// another handle of this one) holds: an IOError naming the lock file.
 fn is_lock_held(e: &rocksdb::Error) -> bool {
-    e.kind() == ErrorKind::IOError && e.to_string().contains("lock")
-        || e.to_string().contains("LOCK")
+    e.kind() == ErrorKind::IOError && e.to_string().contains("lock file")
 }
 
 /// `<path>.damaged-<unix seconds>` beside `path` (a suffix added if taken).
