@@ -437,7 +437,7 @@ async fn auth_urls_work_and_errors_never_show_the_password() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_invalidation_message_makes_the_new_row_visible_within_a_second() {
+async fn an_invalidation_message_makes_the_new_row_visible() {
     let redis = RedisServer::start();
     invalidation_reaches_the_tiers(&redis, redis_config(&redis)).await;
 }
@@ -484,26 +484,78 @@ async fn invalidation_reaches_the_tiers(_redis: &RedisServer, config: RedisConfi
         .get_multiplexed_async_connection()
         .await
         .unwrap();
-    let _: i64 = redis::cmd("PUBLISH")
+    let receivers: i64 = redis::cmd("PUBLISH")
         .arg(invalidation::DEFAULT_CHANNEL)
         .arg("42")
         .query_async(&mut publisher)
         .await
         .unwrap();
+    assert_eq!(receivers, 1, "the listener was subscribed when it returned");
     let published = Instant::now();
     loop {
         let (now, _) = fetch(&tiers, &[42], Duration::from_secs(1)).await;
         if now == [2.0, 2.0] {
             break;
         }
+        // Milliseconds in practice; generous for a loaded machine.
         assert!(
-            published.elapsed() < Duration::from_secs(1),
-            "new value within 1 s"
+            published.elapsed() < Duration::from_secs(5),
+            "the new value within 5 s of the message (stats: {} messages, {} ids; served {now:?})",
+            stats.messages.load(std::sync::atomic::Ordering::Relaxed),
+            stats.ids.load(std::sync::atomic::Ordering::Relaxed),
         );
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
     assert!(stats.ids.load(std::sync::atomic::Ordering::Relaxed) >= 1);
     listener.abort();
+}
+
+/// Requests racing an invalidation: a flight that starts while the
+/// invalidation is under way (its row already gone from L1, not yet from the
+/// L2 cache) may read the old row from L2, but must not put it in L1, where
+/// it would stay until evicted. After every invalidation has returned and
+/// every flight has closed, the row served is the new one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn no_old_row_outlives_an_invalidation_raced_by_requests() {
+    let redis = RedisServer::start();
+    let l3 = RedisTier::connect(&redis_config(&redis)).await.unwrap();
+    let data = tempfile::tempdir().unwrap();
+    let (l2, _) = RocksStore::open(
+        &data.path().join("l2"),
+        Role::Cache {
+            max_bytes: 1 << 24,
+            ttl: Duration::from_secs(600),
+        },
+    )
+    .unwrap();
+    let tiers = FeatureTiers::new(&TierConfig::new(2), Some(Arc::new(l2)), Some(l3.clone()));
+    for round in 0..300u32 {
+        let value = round as f32;
+        l3.set_many(&[(42, encode_row(&[value, value]))])
+            .await
+            .unwrap();
+        let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let requests = {
+            let (tiers, stop) = (tiers.clone(), stop.clone());
+            tokio::spawn(async move {
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    fetch(&tiers, &[42], Duration::from_secs(1)).await;
+                    tokio::task::yield_now().await;
+                }
+            })
+        };
+        tiers.invalidate(&[42]).await;
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        requests.await.unwrap();
+        settled(&tiers).await;
+        let (now, sources) = fetch(&tiers, &[42], Duration::from_secs(1)).await;
+        assert_eq!(
+            now,
+            [value, value],
+            "round {round}: the row served after the invalidation (from tier {})",
+            sources[0].tier
+        );
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -343,11 +343,17 @@ impl FeatureTiers {
     }
 
     /// Evicts rows from L1 (pinned set included) and from an L2 cache. A
-    /// fetch already in flight will not cache what it brings back.
+    /// fetch already in flight, or one that starts before this returns, will
+    /// not cache what it brings back.
     pub async fn invalidate(&self, ids: &[u64]) {
-        // SYNC POINT: bumped before the removals below, which take the L1
-        // shard locks under which a fetch checks the epoch before inserting
-        // (see l1.rs): an old row is removed here or never inserted.
+        // SYNC POINT: the epoch is bumped twice. The first bump, before the
+        // L2 delete, stops a flight that started earlier from writing its
+        // (possibly old) L3 rows back to L2 after the delete: the write-back
+        // checks the epoch under the lock the delete takes. The second, after
+        // the delete and before the L1 removals, stops a flight that started
+        // in between (and may have read the old row from L2 before the
+        // delete) from filling L1: the fill checks the epoch under the L1
+        // shard lock the removal takes, so its row is refused or removed.
         self.inner.invalidations.fetch_add(1, Ordering::AcqRel);
         {
             // A flight that started before now may carry the old rows: later
@@ -361,11 +367,6 @@ impl FeatureTiers {
             for id in ids {
                 flights.by_row.remove(id);
             }
-        }
-        self.inner.l1.remove_many(ids);
-        let pinned = self.inner.pinned.load();
-        if ids.iter().any(|&id| pinned.contains(id)) {
-            self.inner.pinned.store(Arc::new(pinned.without(ids)));
         }
         if let Some(l2) = self.inner.l2.clone() {
             if matches!(l2.role(), Role::Cache { .. }) {
@@ -382,6 +383,12 @@ impl FeatureTiers {
                 })
                 .await;
             }
+        }
+        self.inner.invalidations.fetch_add(1, Ordering::AcqRel);
+        self.inner.l1.remove_many(ids);
+        let pinned = self.inner.pinned.load();
+        if ids.iter().any(|&id| pinned.contains(id)) {
+            self.inner.pinned.store(Arc::new(pinned.without(ids)));
         }
     }
 
