@@ -215,7 +215,11 @@ fn heartbeat_loop(attachment: Weak<Attachment>, interval: Duration, sidecar_time
         if lock_held == Some(true) {
             lock_seen = true;
         }
-        if !matches!(state_now, server_state::READY | server_state::DRAINING) {
+        if att.segment.damaged() {
+            att.mark_lost(
+                "the segment file was truncated (a process shrank it); attaching again".into(),
+            );
+        } else if !matches!(state_now, server_state::READY | server_state::DRAINING) {
             att.mark_lost(format!("sidecar state {}", server_state_name(state_now)));
         } else if lock_seen && lock_held == Some(false) {
             att.mark_lost("the sidecar process is gone (its segment lock was released)".into());
@@ -272,6 +276,10 @@ impl RingClient {
     /// that reaped this client), never while it still stands still.
     fn new_attachment(&self, lost: Option<(u64, u64)>) -> Result<Arc<Attachment>, CallError> {
         let segment = Segment::attach(&self.name)?;
+        // Response areas are the sidecar's to write: read-only here.
+        if let Err(e) = segment.protect_peer_areas(true) {
+            tracing::warn!(segment = %self.name, error = %e, "cannot map the response areas read-only");
+        }
         if let Some((epoch, heartbeat)) = lost {
             let now = segment
                 .header()
@@ -487,15 +495,17 @@ impl RingClient {
         // 2. Write the request and submit it.
         let remaining = deadline.saturating_duration_since(Instant::now());
         let deadline_ns = request::mono_now_ns().saturating_add(remaining.as_nanos() as u64);
-        // SAFETY: the slot is CLAIMED by this client, which gives it exclusive
-        // access to the request area until the submit below.
-        let area = unsafe { segment.request_area(slot_idx) };
-        request::encode(
-            area,
-            request.request_id,
-            deadline_ns,
-            request.fanouts,
-            request.targets,
+        // The slot is CLAIMED by this client: the request area is its to
+        // write until the submit below (copied in word by word, never
+        // through a reference into the peer's mapping).
+        segment.write_request(
+            slot_idx,
+            &request::encoded(
+                request.request_id,
+                deadline_ns,
+                request.fanouts,
+                request.targets,
+            ),
         );
         let submitted = match slot.submit(claimed) {
             Ok(word) => word,

@@ -19,10 +19,11 @@
 //!
 //! **Unsafe code** is denied crate-wide and allowed only in `futex` (the
 //! system call), `segment` (mapping and pointer arithmetic over validated
-//! offsets), `layout` (the `ShmSafe` marker impls), `server` (the request and
-//! response areas of a slot it holds `SERVING`) and `client` (the request
-//! area of a slot it holds `CLAIMED`, and handing a leased slot to Arrow
-//! without a copy). Each `unsafe` block states why it is
+//! offsets, and the word-by-word copies of request areas), `layout` (the
+//! `ShmSafe` marker impls), `server` (the response area of a slot it holds
+//! `SERVING`), `client` (handing a leased slot to Arrow without a copy) and
+//! `sigbus` (the handler that keeps a truncated segment from killing the
+//! process). Each `unsafe` block states why it is
 //! sound in a `SAFETY:` comment.
 #![deny(unsafe_code)]
 
@@ -43,6 +44,8 @@ pub mod liveness;
 pub mod segment;
 #[cfg(not(loom))]
 pub mod server;
+#[cfg(not(loom))]
+mod sigbus;
 
 #[cfg(not(loom))]
 pub use client::{CallError, CallRequest, ClientOptions, ClientStatus, Response, RingClient};

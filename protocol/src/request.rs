@@ -4,19 +4,35 @@
 use std::mem::size_of;
 
 use crate::layout::{
-    align_up, request_flags, FeatureSchema, Geometry, RequestHeader, BUFFER_ALIGN, MAX_HOPS,
+    align_up, request_flags, FeatureSchema, Geometry, RequestHeader, MAX_HOPS, SLOT_ALIGN,
 };
 
 /// Offset of the target ids in the request area.
 pub const TARGETS_OFFSET: usize = size_of::<RequestHeader>();
 
-/// Bytes of request area a segment needs for `max_targets` targets.
+/// Bytes of request area a segment needs for `max_targets` targets, whole
+/// pages (4096 bytes) so that the response area after it starts on a page
+/// and each process can map the areas its peer writes read-only.
 pub fn request_bytes_for(max_targets: u32) -> Option<u64> {
     let targets = u64::from(max_targets).checked_mul(8)?;
     align_up(
         (TARGETS_OFFSET as u64).checked_add(targets)?,
-        BUFFER_ALIGN as u64,
+        SLOT_ALIGN as u64,
     )
+}
+
+/// The bytes of a request area holding `request` (its header and targets),
+/// for the client to copy in.
+#[cfg_attr(loom, allow(dead_code))]
+pub(crate) fn encoded(
+    request_id: u64,
+    deadline_mono_ns: u64,
+    fanouts: [u32; MAX_HOPS],
+    targets: &[u64],
+) -> Vec<u8> {
+    let mut area = vec![0u8; TARGETS_OFFSET + targets.len() * 8];
+    encode(&mut area, request_id, deadline_mono_ns, fanouts, targets);
+    area
 }
 
 /// A request as the sidecar sees it after validation: fanouts resolved

@@ -199,6 +199,14 @@ pub fn shm_path(name: &str) -> Result<String, String> {
     Ok(format!("/{name}"))
 }
 
+/// The system's page size.
+fn page_size() -> u64 {
+    nix::unistd::sysconf(nix::unistd::SysconfVar::PAGE_SIZE)
+        .ok()
+        .flatten()
+        .map_or(4096, |p| p as u64)
+}
+
 /// Computes the geometry for a configuration; checks every size for overflow.
 pub fn plan_geometry(cfg: &SegmentConfig) -> Result<(Geometry, u64), String> {
     if cfg.slot_count == 0 || cfg.slot_count as usize > MAX_SLOTS {
@@ -288,6 +296,9 @@ pub fn plan_geometry(cfg: &SegmentConfig) -> Result<(Geometry, u64), String> {
 #[derive(Debug)]
 pub struct Segment {
     name: String,
+    /// The mapping's SIGBUS protection; declared before `map` so that it is
+    /// unregistered before the unmap.
+    bus: crate::sigbus::BusGuard,
     map: MmapRaw,
     geometry: Geometry,
     schema: FeatureSchema,
@@ -374,6 +385,7 @@ impl Segment {
             let epoch = new_epoch();
             let segment = Segment {
                 name: cfg.name.clone(),
+                bus: crate::sigbus::protect(map.as_ptr(), map.len()),
                 map,
                 geometry,
                 schema: cfg.schema,
@@ -506,10 +518,13 @@ impl Segment {
                 op: "mmap",
                 source: e,
             })?;
+        // Protected before the first read: the file may shrink meanwhile.
+        let bus = crate::sigbus::protect(map.as_ptr(), map.len());
         let snapshot = HeaderSnapshot::read(&map);
         snapshot.validate(name, len)?;
         Ok(Segment {
             name: name.to_string(),
+            bus,
             map,
             geometry: snapshot.geometry,
             schema: snapshot.schema,
@@ -596,30 +611,94 @@ impl Segment {
         unsafe { NonNull::new_unchecked(self.map.as_mut_ptr().add(offset)) }
     }
 
-    /// The request area of a slot this process holds exclusively.
-    ///
-    /// # Safety
-    ///
-    /// The caller must hold the slot in a state that gives it exclusive access
-    /// to the request area (the owner in `CLAIMED`, the sidecar in `SERVING`)
-    /// for the whole life of the returned slice, and must not create another
-    /// reference to the same area meanwhile.
-    #[allow(clippy::mut_from_ref)]
-    pub(crate) unsafe fn request_area(&self, slot_idx: usize) -> &mut [u8] {
-        let ptr = self.slot_data(slot_idx);
-        // SAFETY: in bounds per the validated geometry; exclusivity is the
-        // caller's contract.
-        unsafe {
-            std::slice::from_raw_parts_mut(ptr.as_ptr(), self.geometry.request_bytes as usize)
+    /// Copies bytes `offset .. offset + out.len()` of a slot's request area
+    /// into `out`, eight at a time with relaxed atomic loads: the sidecar
+    /// never forms a reference to bytes a client may write meanwhile (a
+    /// misbehaving one could). `offset` and `out.len()` are multiples of 8,
+    /// inside the area. The slot state's acquire load orders these reads
+    /// after the client's writes.
+    pub(crate) fn read_request(&self, slot_idx: usize, offset: usize, out: &mut [u8]) {
+        assert!(offset.is_multiple_of(8) && out.len().is_multiple_of(8));
+        assert!(offset + out.len() <= self.geometry.request_bytes as usize);
+        let base = self.slot_data(slot_idx).as_ptr();
+        for (i, chunk) in out.chunks_exact_mut(8).enumerate() {
+            // SAFETY: in bounds (asserted above, geometry validated); the
+            // data region is 4096-aligned, so every word is 8-aligned; the
+            // word is only ever accessed atomically or by the peer process.
+            let word = unsafe {
+                std::sync::atomic::AtomicU64::from_ptr(base.add(offset + i * 8).cast::<u64>())
+            };
+            chunk.copy_from_slice(
+                &word
+                    .load(std::sync::atomic::Ordering::Relaxed)
+                    .to_ne_bytes(),
+            );
         }
     }
 
-    /// The response area of a slot (64-byte aligned).
+    /// Writes `bytes` at the start of a slot's request area, eight at a time
+    /// with relaxed atomic stores (the client's side of `read_request`; the
+    /// submission's release store publishes them). `bytes.len()` is a
+    /// multiple of 8 and at most `request_bytes`.
+    pub(crate) fn write_request(&self, slot_idx: usize, bytes: &[u8]) {
+        assert!(
+            bytes.len().is_multiple_of(8) && bytes.len() <= self.geometry.request_bytes as usize
+        );
+        let base = self.slot_data(slot_idx).as_ptr();
+        for (i, chunk) in bytes.chunks_exact(8).enumerate() {
+            // SAFETY: as in `read_request`.
+            let word =
+                unsafe { std::sync::atomic::AtomicU64::from_ptr(base.add(i * 8).cast::<u64>()) };
+            word.store(
+                u64::from_ne_bytes(chunk.try_into().expect("8 bytes")),
+                std::sync::atomic::Ordering::Relaxed,
+            );
+        }
+    }
+
+    /// Maps the areas the peer writes read-only in this process (`mprotect`):
+    /// a worker's view of every response area, the sidecar's view of every
+    /// request area. This process then cannot write them even by mistake,
+    /// and the peer's references into them alias no writer here. Returns
+    /// false (nothing changed) when the areas are not whole pages (a segment
+    /// made by another implementation may align them to 64 bytes only).
+    pub fn protect_peer_areas(&self, responses: bool) -> std::io::Result<bool> {
+        let page = page_size();
+        let g = &self.geometry;
+        if !g.request_bytes.is_multiple_of(page)
+            || !g.slot_stride.is_multiple_of(page)
+            || !g.slot_data_offset.is_multiple_of(page)
+        {
+            return Ok(false);
+        }
+        for slot_idx in 0..g.slot_count as usize {
+            let (start, len) = if responses {
+                (self.response_ptr(slot_idx), g.response_bytes)
+            } else {
+                (self.slot_data(slot_idx), g.request_bytes)
+            };
+            // SAFETY: a page-aligned range (checked above) inside this
+            // mapping; making it read-only changes no memory, and this
+            // process only ever reads it.
+            let rc = unsafe {
+                nix::libc::mprotect(start.as_ptr().cast(), len as usize, nix::libc::PROT_READ)
+            };
+            if rc != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+        }
+        Ok(true)
+    }
+
+    /// The response area of a slot (64-byte aligned; page aligned in the
+    /// segments this crate creates), for the sidecar to write.
     ///
     /// # Safety
     ///
-    /// As for [`Segment::request_area`]: the sidecar in `SERVING` has exclusive
-    /// access; nobody else may hold a reference to the area meanwhile.
+    /// The caller (the sidecar) holds the slot in `SERVING`, which gives it
+    /// exclusive access to the area for the life of the slice: the owner
+    /// maps it read-only (`protect_peer_areas`) and reads it only once the
+    /// slot is `PUBLISHED`.
     #[allow(clippy::mut_from_ref)]
     pub(crate) unsafe fn response_area(&self, slot_idx: usize) -> &mut [u8] {
         let ptr = self.response_ptr(slot_idx);
@@ -711,6 +790,23 @@ impl Segment {
             nix::fcntl::fcntl(&self.file, nix::fcntl::FcntlArg::F_OFD_SETLK(&lock))?;
             Ok(kind)
         }
+    }
+
+    /// Whether the segment file was truncated under this process: an access
+    /// faulted past its end (and read zeros, see `sigbus`), or the file is
+    /// now shorter than the mapping. A damaged segment is retired: a worker
+    /// attaches again, the sidecar creates a new one.
+    pub fn damaged(&self) -> bool {
+        self.bus.faulted()
+            || self
+                .file
+                .metadata()
+                .is_ok_and(|meta| meta.len() < self.map.len() as u64)
+    }
+
+    /// Whether this mapping is protected from SIGBUS (see `damaged`).
+    pub fn truncation_protected(&self) -> bool {
+        self.bus.is_protected()
     }
 
     /// Whether `/dev/shm/<name>` still names this very file.

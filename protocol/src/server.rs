@@ -97,6 +97,12 @@ impl RingMonitor {
         occupancy
     }
 
+    /// Whether the segment file was truncated under the sidecar (by another
+    /// process): the ring cannot serve any more; create a new one.
+    pub fn damaged(&self) -> bool {
+        self.shared.damaged.load(Ordering::Acquire)
+    }
+
     /// Workers registered in the segment's client table now.
     pub fn registered_clients(&self) -> u32 {
         liveness::registered_count(self.shared.segment.header())
@@ -140,6 +146,8 @@ struct Shared {
     /// Per slot: serve threads that hold it (or are about to) in SERVING.
     /// Housekeeping frees an ABANDONED slot only when this is 0.
     serving: Vec<StdAtomicU32>,
+    /// Set by housekeeping once the segment file was found truncated.
+    damaged: AtomicBool,
 }
 
 /// The sidecar's handle on its segment. Dropping it stops the sidecar side
@@ -156,6 +164,10 @@ impl RingServer {
     /// heartbeat and reaper thread.
     pub fn create(options: ServerOptions) -> Result<Self, CreateError> {
         let segment = Segment::create(&options.segment)?;
+        // Request areas are the workers' to write: read-only here.
+        if let Err(e) = segment.protect_peer_areas(false) {
+            tracing::warn!(segment = %options.segment.name, error = %e, "cannot map the request areas read-only");
+        }
         let serving = (0..segment.geometry().slot_count)
             .map(|_| StdAtomicU32::new(0))
             .collect();
@@ -165,6 +177,7 @@ impl RingServer {
             stop: AtomicBool::new(false),
             counters: ServerCounters::default(),
             serving,
+            damaged: AtomicBool::new(false),
         });
         let interval = options.segment.heartbeat_interval;
         let client_timeout = options.segment.client_timeout;
@@ -212,6 +225,11 @@ impl RingServer {
     /// `timeout` passes, and takes every submitted request into `out`.
     /// Returns the number taken.
     pub fn next_batch(&self, out: &mut Vec<ServeTicket>, timeout: Duration) -> usize {
+        if self.damaged() {
+            // A truncated segment serves nothing; its owner replaces it.
+            std::thread::sleep(timeout.min(Duration::from_millis(10)));
+            return 0;
+        }
         let deadline = Instant::now() + timeout;
         let queue = self.queue();
         let before = out.len();
@@ -286,6 +304,12 @@ impl RingServer {
 
     /// A handle for reading the ring's state from other threads (metrics,
     /// the admin socket) while this one serves.
+    /// Whether the segment file was truncated by another process (see
+    /// [`RingMonitor::damaged`]): drop this server and create a new one.
+    pub fn damaged(&self) -> bool {
+        self.shared.damaged.load(Ordering::Acquire)
+    }
+
     pub fn monitor(&self) -> RingMonitor {
         RingMonitor {
             shared: self.shared.clone(),
@@ -365,6 +389,20 @@ fn housekeep(shared: &Shared, interval: Duration, client_timeout: Duration) {
     let mut stall_logged = [false; crate::layout::MAX_CLIENTS];
     let mut last_seen: Vec<Option<SlotWord>> = vec![None; segment.geometry().slot_count as usize];
     while !shared.stop.load(Ordering::Acquire) {
+        if segment.damaged() {
+            // Nothing in the file can be trusted any more, and every worker
+            // detaches from it: stop beating and leave the rest to the owner
+            // of this server, which creates a new segment.
+            if !shared.damaged.swap(true, Ordering::AcqRel) {
+                tracing::error!(
+                    segment = %segment.name(),
+                    "the segment file was truncated by another process; \
+                     it is retired and a new segment must be created"
+                );
+            }
+            std::thread::park_timeout(interval);
+            continue;
+        }
         header
             .preamble
             .server_heartbeat
@@ -497,19 +535,30 @@ impl ServeTicket {
     /// The request id as the client wrote it, even when the rest of the
     /// request is invalid: every answer echoes it.
     pub fn request_id(&self) -> u64 {
-        // SAFETY: as in `request`; the request area is at least 64 bytes.
-        let area = unsafe { self.shared.segment.request_area(self.slot_idx as usize) };
-        u64::from_le_bytes(area[..8].try_into().expect("8 bytes"))
+        let mut id = [0u8; 8];
+        self.shared
+            .segment
+            .read_request(self.slot_idx as usize, 0, &mut id);
+        u64::from_le_bytes(id)
     }
 
-    /// Reads and validates the request (a copy; the request area is small).
+    /// Reads and validates the request: copied out of the request area
+    /// first (see `Segment::read_request`), then decoded from the copy.
     pub fn request(&self) -> Result<Request, RequestError> {
         let segment = &self.shared.segment;
-        // SAFETY: this ticket holds the slot in SERVING, which gives the
-        // sidecar exclusive access to its data region; the slice does not
-        // outlive this call.
-        let area = unsafe { segment.request_area(self.slot_idx as usize) };
-        request::decode(area, segment.geometry(), segment.schema())
+        let slot_idx = self.slot_idx as usize;
+        let mut area = vec![0u8; request::TARGETS_OFFSET];
+        segment.read_request(slot_idx, 0, &mut area);
+        let n_targets = u32::from_le_bytes(area[16..20].try_into().expect("4 bytes"));
+        // More than allowed is refused by `decode` from the header alone.
+        let n = n_targets.min(segment.geometry().max_targets) as usize;
+        area.resize(request::TARGETS_OFFSET + n * 8, 0);
+        segment.read_request(
+            slot_idx,
+            request::TARGETS_OFFSET,
+            &mut area[request::TARGETS_OFFSET..],
+        );
+        request::decode(&area, segment.geometry(), segment.schema())
     }
 
     /// Writes an OK response in place: `fill` gets mutable views of the final

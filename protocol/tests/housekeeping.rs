@@ -308,3 +308,49 @@ fn the_header_carries_the_liveness_parameters() {
     assert_eq!(attached.heartbeat_interval(), INTERVAL);
     assert_eq!(attached.client_timeout(), CLIENT_TIMEOUT);
 }
+
+/// A process that truncates the segment file: the sidecar's and a worker's
+/// next accesses past the new end read zeros instead of killing them with
+/// SIGBUS; both see the segment damaged, the server stops serving it, and a
+/// client loses its attachment and cannot attach to the damaged file.
+#[test]
+fn a_truncated_segment_faults_no_process_and_is_seen_damaged_by_both_sides() {
+    let name = name("truncated");
+    let server = server(&name);
+    let client = RingClient::attach(&name, ClientOptions::default()).expect("attach");
+    let worker_view = Segment::attach(&name).expect("attach");
+    assert!(server.segment().truncation_protected());
+    assert!(worker_view.truncation_protected());
+    assert!(!server.segment().damaged() && !worker_view.damaged());
+    let file = std::fs::OpenOptions::new()
+        .write(true)
+        .open(format!("/dev/shm/{name}"))
+        .unwrap();
+    file.set_len(0).unwrap();
+    // Past the end now: each of these would be a SIGBUS.
+    let last = server.segment().geometry().slot_count as usize - 1;
+    assert_eq!(server.segment().slot(last).load().state, state::FREE);
+    assert_eq!(worker_view.slot(0).load().state, state::FREE);
+    assert_eq!(
+        worker_view
+            .header()
+            .preamble
+            .server_heartbeat
+            .load(Ordering::Acquire),
+        0,
+        "a faulted page reads zeros"
+    );
+    assert!(server.segment().damaged() && worker_view.damaged());
+    wait_until("the server's housekeeping noticed", || server.damaged());
+    let mut tickets = Vec::new();
+    assert_eq!(server.next_batch(&mut tickets, INTERVAL), 0);
+    wait_until("the client let the damaged segment go", || {
+        matches!(client.status(), protocol::ClientStatus::Lost(_))
+    });
+    assert!(
+        Segment::attach(&name).is_err(),
+        "a truncated file is refused"
+    );
+    drop(client);
+    server.shutdown();
+}

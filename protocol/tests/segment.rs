@@ -226,3 +226,44 @@ fn invalid_configurations_are_refused_with_the_reason() {
         .contains("dtype code 2"));
     assert!(!std::path::Path::new(&format!("/dev/shm/{n}")).exists());
 }
+
+/// The protections of this process's mappings over `range` (from
+/// /proc/self/maps), e.g. "rw-s" or "r--s".
+fn protections_over(range: std::ops::Range<usize>) -> Vec<String> {
+    let maps = std::fs::read_to_string("/proc/self/maps").unwrap();
+    maps.lines()
+        .filter_map(|line| {
+            let (span, rest) = line.split_once(' ')?;
+            let (a, b) = span.split_once('-')?;
+            let (a, b) = (
+                usize::from_str_radix(a, 16).ok()?,
+                usize::from_str_radix(b, 16).ok()?,
+            );
+            (a < range.end && b > range.start).then(|| rest[..4].to_string())
+        })
+        .collect()
+}
+
+#[test]
+fn each_side_maps_the_areas_its_peer_writes_read_only() {
+    let n = name("protect");
+    let created = Segment::create(&config(&n)).unwrap();
+    let attached = Segment::attach(&n).unwrap();
+    let g = *attached.geometry();
+    assert_eq!(g.request_bytes % 4096, 0, "request areas are whole pages");
+    assert!(created.protect_peer_areas(false).unwrap());
+    assert!(attached.protect_peer_areas(true).unwrap());
+    for slot in 0..g.slot_count as usize {
+        let region = |segment: &Segment| {
+            segment.address_range().start
+                + (g.slot_data_offset + g.slot_stride * slot as u64) as usize
+        };
+        let (worker, sidecar) = (region(&attached), region(&created));
+        let request = |base: usize| base..base + g.request_bytes as usize;
+        let response = |base: usize| base + g.request_bytes as usize..base + g.slot_stride as usize;
+        assert_eq!(protections_over(response(worker)), ["r--s"], "slot {slot}");
+        assert_eq!(protections_over(request(worker)), ["rw-s"], "slot {slot}");
+        assert_eq!(protections_over(request(sidecar)), ["r--s"], "slot {slot}");
+        assert_eq!(protections_over(response(sidecar)), ["rw-s"], "slot {slot}");
+    }
+}

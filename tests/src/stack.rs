@@ -387,6 +387,12 @@ impl Stack {
                 .context("starting sidecar serve again")?,
             name: "sidecar",
         });
+        // The new sidecar first (the worker may not yet have noticed that
+        // the old one is gone), then the worker on it.
+        let ready = eventually(Duration::from_secs(120), || {
+            self.sidecarctl(&["ready"]).is_ok()
+        });
+        ensure!(ready, "the new sidecar did not become ready");
         let ready = eventually(Duration::from_secs(120), || {
             self.http_get("/readyz").is_ok_and(|(code, _)| code == 200)
         });

@@ -815,3 +815,222 @@ fn a_killed_sidecar_makes_the_worker_unavailable_and_a_new_one_is_served_without
     drop(runtime);
     assert!(stack.stop(), "clean shutdown");
 }
+
+/// Another process in the pod truncates the segment file under load: the
+/// sidecar and the worker both survive (no SIGBUS death), the sidecar
+/// retires the segment and creates a new one, and the worker attaches to it
+/// by itself and serves again.
+#[test]
+fn a_truncated_segment_kills_neither_process_and_a_new_one_is_served() {
+    let metrics = format!("127.0.0.1:{}", tests::stack::free_port());
+    let mut options = StackOptions::new("cora");
+    options.sidecar_args = vec!["--metrics-addr".into(), metrics.clone()];
+    let mut stack = Stack::start(&options).expect("stack");
+    let worker_pid = stack.worker.as_ref().unwrap().child.id();
+    let sidecar_pid = stack.sidecar.as_ref().unwrap().child.id();
+    let path = format!("/dev/shm/{}", stack.shm_name);
+    let stop = std::sync::atomic::AtomicBool::new(false);
+    let statuses = std::sync::Mutex::new(std::collections::BTreeMap::<u16, u32>::new());
+    std::thread::scope(|scope| {
+        for caller in 0..2u64 {
+            let (stack, stop, statuses) = (&stack, &stop, &statuses);
+            scope.spawn(move || {
+                while !stop.load(std::sync::atomic::Ordering::Acquire) {
+                    let (code, _) = predict(stack, &[caller + 1, HUB]);
+                    *statuses.lock().unwrap().entry(code).or_default() += 1;
+                }
+            });
+        }
+        std::thread::sleep(std::time::Duration::from_millis(300));
+        // Down to one page: the header survives, every slot is past the end.
+        let file = std::fs::OpenOptions::new()
+            .write(true)
+            .open(&path)
+            .expect("the segment file");
+        file.set_len(4096).expect("truncate the segment");
+        drop(file);
+        assert!(
+            tests::eventually(std::time::Duration::from_secs(10), || {
+                metric_value(&metrics, "sidecar_ring_segments_replaced_total") == 1.0
+            }),
+            "the sidecar replaced the truncated segment"
+        );
+        // The worker attaches to the new segment by itself and serves.
+        assert!(
+            tests::eventually(std::time::Duration::from_secs(10), || {
+                predict(&stack, &[5, 6]).0 == 200
+            }),
+            "served again"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(300));
+        stop.store(true, std::sync::atomic::Ordering::Release);
+    });
+    let statuses = statuses.into_inner().unwrap();
+    eprintln!("calls around the truncation, by status: {statuses:?}");
+    assert!(
+        statuses.keys().all(|code| *code == 200 || *code == 503),
+        "every call answered, OK or unavailable: {statuses:?}"
+    );
+    // Both processes are the ones that started, still running.
+    for daemon in [stack.sidecar.as_mut(), stack.worker.as_mut()] {
+        let daemon = daemon.unwrap();
+        assert_eq!(
+            daemon.child.try_wait().unwrap(),
+            None,
+            "{} is still running",
+            daemon.name
+        );
+    }
+    assert_eq!(stack.worker.as_ref().unwrap().child.id(), worker_pid);
+    assert_eq!(stack.sidecar.as_ref().unwrap().child.id(), sidecar_pid);
+    let new_len = std::fs::metadata(&path).expect("a new segment").len();
+    assert!(
+        new_len > 4096,
+        "the new segment has its full size: {new_len}"
+    );
+    assert_eq!(stack.http_get("/readyz").unwrap().0, 200);
+    assert!(stack.stop(), "clean shutdown");
+}
+
+/// A tmpfs mounted for one test, unmounted (lazily) when dropped.
+struct Tmpfs {
+    path: std::path::PathBuf,
+}
+
+impl Tmpfs {
+    fn mount(path: &std::path::Path, size: &str) -> Self {
+        std::fs::create_dir_all(path).unwrap();
+        let status = std::process::Command::new("mount")
+            .args(["-t", "tmpfs", "-o", &format!("size={size}"), "tmpfs"])
+            .arg(path)
+            .status()
+            .expect("run mount");
+        assert!(
+            status.success(),
+            "mounting a {size} tmpfs at {} (the full-disk test needs root or CAP_SYS_ADMIN)",
+            path.display()
+        );
+        Self {
+            path: path.to_path_buf(),
+        }
+    }
+
+    /// Writes a file until the device is full; returns its path.
+    fn fill(&self) -> std::path::PathBuf {
+        use std::io::Write;
+        let filler = self.path.join("filler");
+        let mut file = std::fs::File::create(&filler).unwrap();
+        for chunk in [1 << 20, 4096, 1] {
+            let bytes = vec![0xa5u8; chunk];
+            while file.write_all(&bytes).and_then(|()| file.flush()).is_ok() {}
+        }
+        filler
+    }
+}
+
+impl Drop for Tmpfs {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("umount")
+            .arg("-l")
+            .arg(&self.path)
+            .status();
+    }
+}
+
+/// The data path's device fills up under load: reads go on, every write
+/// (a new node's row, a compaction's new index) fails and is never
+/// acknowledged, nothing is applied half-way, the sidecar stays up, and the
+/// alarm metric says why. Once space is freed, a restarted sidecar writes
+/// again.
+#[test]
+fn a_full_disk_on_the_data_path_fails_writes_keeps_serving_and_raises_the_alarm() {
+    let dir = tempfile::tempdir().unwrap();
+    let disk = Tmpfs::mount(&dir.path().join("disk"), "32m");
+    let data_dir = disk.path.join("data");
+    tests::stack::sidecar_import(&tests::stack::dataset("cora"), &data_dir, &[]);
+    let metrics = format!("127.0.0.1:{}", tests::stack::free_port());
+    let mut options = StackOptions::new("cora");
+    options.imported = Some(data_dir.clone());
+    options.sidecar_args = vec!["--metrics-addr".into(), metrics.clone()];
+    let mut stack = Stack::start(&options).expect("stack");
+    assert_eq!(metric_value(&metrics, "sidecar_store_disk_full"), 0.0);
+    let index_before = std::fs::read(data_dir.join("graph.csr")).unwrap();
+
+    let filler = disk.fill();
+    let row = vec!["0.5"; 1433].join(",");
+    let add_node = |stack: &Stack| {
+        stack.sidecarctl(&[
+            "graph",
+            "add-node",
+            "2708",
+            "--features",
+            &row,
+            "--edge",
+            "1",
+        ])
+    };
+    let stop = std::sync::atomic::AtomicBool::new(false);
+    let statuses = std::sync::Mutex::new(std::collections::BTreeMap::<u16, u32>::new());
+    std::thread::scope(|scope| {
+        for caller in 0..2u64 {
+            let (stack, stop, statuses) = (&stack, &stop, &statuses);
+            scope.spawn(move || {
+                while !stop.load(std::sync::atomic::Ordering::Acquire) {
+                    let (code, _) = predict(stack, &[caller + 1, HUB]);
+                    *statuses.lock().unwrap().entry(code).or_default() += 1;
+                }
+            });
+        }
+        // A write fails with the reason, and is not acknowledged.
+        let err = add_node(&stack).expect_err("a write on a full disk was acknowledged");
+        assert!(err.to_string().contains("No space left on device"), "{err}");
+        assert_eq!(metric_value(&metrics, "sidecar_store_disk_full"), 1.0);
+        assert!(metric_value(&metrics, "sidecar_store_write_errors_total") >= 1.0);
+        // Not applied half-way: the graph does not know the node.
+        let (code, json) = predict(&stack, &[2708]);
+        assert_eq!(code, 200, "{json}");
+        assert_eq!(json["predictions"][0]["known"], false, "{json}");
+        // A compaction cannot write its new index: refused, the old index
+        // untouched, the sidecar alive (no SIGBUS from a sparse mapping).
+        let err = stack
+            .sidecarctl(&["graph", "compact"])
+            .expect_err("a compaction on a full disk succeeded");
+        assert!(err.to_string().contains("No space left on device"), "{err}");
+        std::thread::sleep(std::time::Duration::from_millis(300));
+        stop.store(true, std::sync::atomic::Ordering::Release);
+    });
+    let statuses = statuses.into_inner().unwrap();
+    eprintln!("calls while the disk was full, by status: {statuses:?}");
+    assert_eq!(
+        statuses.keys().copied().collect::<Vec<_>>(),
+        [200],
+        "every call answered OK: {statuses:?}"
+    );
+    assert_eq!(
+        std::fs::read(data_dir.join("graph.csr")).unwrap(),
+        index_before
+    );
+    assert_eq!(
+        stack.sidecar.as_mut().unwrap().child.try_wait().unwrap(),
+        None,
+        "the sidecar is still running"
+    );
+    assert_eq!(stack.http_get("/readyz").unwrap().0, 200);
+
+    // Space freed: RocksDB keeps refusing writes after a failed one until
+    // the store is opened again, so writes resume after a sidecar restart
+    // (what the log line tells the operator); the worker is not restarted.
+    std::fs::remove_file(filler).unwrap();
+    let err = add_node(&stack).expect_err("RocksDB stays read-only until reopened");
+    assert!(err.to_string().contains("No space left on device"), "{err}");
+    stack
+        .restart_sidecar()
+        .expect("a new sidecar on the same data");
+    let added = add_node(&stack).expect("a write after the restart");
+    assert!(added.contains("added"), "{added}");
+    assert_eq!(metric_value(&metrics, "sidecar_store_disk_full"), 0.0);
+    let (code, json) = predict(&stack, &[2708]);
+    assert_eq!(code, 200, "{json}");
+    assert_eq!(json["predictions"][0]["known"], true, "{json}");
+    assert!(stack.stop(), "clean shutdown");
+}

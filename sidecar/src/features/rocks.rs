@@ -65,6 +65,11 @@ pub struct RocksStore {
     alarmed: AtomicBool,
     /// Writes refused because of it.
     pub writes_refused: AtomicU64,
+    /// Writes RocksDB failed (a full disk, an I/O error): never acknowledged.
+    pub write_errors: AtomicU64,
+    /// Whether the last write failed for want of space (the alarm gauge);
+    /// its first failure of an episode is logged.
+    no_space: AtomicBool,
 }
 
 fn now_secs() -> u64 {
@@ -145,6 +150,8 @@ impl RocksStore {
                 identity: (meta.dev(), meta.ino()),
                 alarmed: AtomicBool::new(false),
                 writes_refused: AtomicU64::new(0),
+                write_errors: AtomicU64::new(0),
+                no_space: AtomicBool::new(false),
             },
             opened,
         ))
@@ -198,10 +205,38 @@ impl RocksStore {
 
     /// A write, synced first for the store of record (acknowledged means on
     /// disk).
+    ///
+    /// A failure is counted; one for want of space raises the disk-full
+    /// alarm (logged once per episode) until a write succeeds again.
     fn write(&self, batch: WriteBatch) -> Result<(), rocksdb::Error> {
         let mut options = WriteOptions::default();
         options.set_sync(self.role == Role::StoreOfRecord);
-        self.db.write_opt(batch, &options)
+        let written = self.db.write_opt(batch, &options);
+        match &written {
+            Ok(()) => {
+                if self.no_space.swap(false, Ordering::AcqRel) {
+                    tracing::info!(path = %self.path.display(), "feature store writes succeed again");
+                }
+            }
+            Err(e) => {
+                self.write_errors.fetch_add(1, Ordering::Relaxed);
+                if is_no_space(e) && !self.no_space.swap(true, Ordering::AcqRel) {
+                    tracing::error!(
+                        path = %self.path.display(),
+                        error = %e,
+                        "feature store: no space left on its device; writes fail and are \
+                         never acknowledged, reads go on. Free space on the data path, then \
+                         restart the sidecar: RocksDB refuses writes until it is reopened"
+                    );
+                }
+            }
+        }
+        written
+    }
+
+    /// Whether the last write failed for want of space.
+    pub fn disk_full(&self) -> bool {
+        self.no_space.load(Ordering::Acquire)
     }
 
     pub fn role(&self) -> Role {
@@ -305,6 +340,13 @@ impl RocksStore {
 
 /// RocksDB's refusal to open a database whose LOCK another process (or
 /// another handle of this one) holds: an IOError naming the lock file.
+/// Whether a RocksDB error is a full device (ENOSPC; RocksDB keeps the
+/// DB read-only after one until it is reopened).
+fn is_no_space(e: &rocksdb::Error) -> bool {
+    let text = e.to_string();
+    text.contains("No space left on device") || text.contains("NoSpace")
+}
+
 fn is_lock_held(e: &rocksdb::Error) -> bool {
     e.kind() == ErrorKind::IOError && e.to_string().contains("lock file")
 }

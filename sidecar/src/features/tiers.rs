@@ -735,6 +735,8 @@ impl FlightGuard {
                     inner.stats.l2_writes.fetch_add(n, Ordering::Relaxed);
                 }
                 Ok(Ok(false)) => {}
+                // A full disk is alarmed (and logged once) by the store.
+                Ok(Err(_)) if inner.l2.as_ref().is_some_and(|l2| l2.disk_full()) => {}
                 Ok(Err(e)) => {
                     tracing::warn!(error = %e, "writing L3 rows to the L2 cache failed")
                 }

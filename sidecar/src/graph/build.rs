@@ -244,7 +244,17 @@ pub fn build(edges: &EdgeFile, out: &Path, options: &BuildOptions) -> anyhow::Re
         .open(&tmp)
         .with_context(|| format!("creating {}", tmp.display()))?;
     let raw_len = CsrHeader::file_bytes(n_nodes, raw_edges);
-    file.set_len(raw_len)?;
+    // The blocks are reserved up front: a sparse file's pages written through
+    // the mapping on a full device would raise SIGBUS and kill the process
+    // (the sidecar, during a compaction); this fails cleanly instead.
+    if let Err(e) = nix::fcntl::posix_fallocate(&file, 0, raw_len as i64) {
+        drop(file);
+        let _ = std::fs::remove_file(&tmp);
+        anyhow::bail!(
+            "cannot reserve {raw_len} bytes for {}: {e}; free space on that device and retry",
+            tmp.display()
+        );
+    }
     // SAFETY: `tmp` was just created by this process and nobody else maps or
     // writes it until it is renamed into place below.
     let mut map = unsafe { MmapMut::map_mut(&file) }?;

@@ -66,6 +66,7 @@ pub struct Metrics {
     /// Requests whose batch served at least one row late.
     pub deadline_misses: Counter,
     /// Node ids invalidated through the admin socket.
+    pub segments_replaced: Counter,
     pub admin_invalidated_ids: Counter,
     /// Time per batch in each stage: `sample`, `fetch`, `batch` (whole).
     pub stage_seconds: Family<StageLabel, Histogram, fn() -> Histogram>,
@@ -113,6 +114,11 @@ impl Metrics {
             "sidecar_deadline_misses",
             "requests whose batch served at least one feature row late (as a default row)",
         );
+        let segments_replaced = counter(
+            &mut registry,
+            "sidecar_ring_segments_replaced",
+            "rings retired because another process truncated the segment file, and created again",
+        );
         let admin_invalidated_ids = Counter::default();
         let stage_seconds =
             Family::<StageLabel, Histogram, fn() -> Histogram>::new_with_constructor(
@@ -153,6 +159,7 @@ impl Metrics {
             expired_requests,
             too_large,
             deadline_misses,
+            segments_replaced,
             admin_invalidated_ids,
             stage_seconds,
             neighbor_fetch_count,
@@ -403,6 +410,19 @@ impl Collector for StateCollector {
                 s.directory_problem();
                 s.alarmed()
             })),
+        )?;
+        gauge(
+            &mut e,
+            "sidecar_store_disk_full",
+            "1 once a write of the embedded store failed for want of space on its device \
+             (writes fail until space is freed and the sidecar restarted; reads go on)",
+            u64::from(core.store.as_ref().is_some_and(|s| s.disk_full())),
+        )?;
+        counter(
+            &mut e,
+            "sidecar_store_write_errors",
+            "writes to the embedded store that failed (full disk, I/O error), never acknowledged",
+            core.store.as_ref().map_or(0, |s| load(&s.write_errors)),
         )?;
         counter(
             &mut e,

@@ -200,7 +200,7 @@ pub struct Daemon {
     stop: AtomicBool,
     drain: DrainState,
     core: OnceLock<Core>,
-    ring: OnceLock<RingMonitor>,
+    ring: arc_swap::ArcSwapOption<RingMonitor>,
     /// Milliseconds since `started` at the serving loop's last turn.
     last_turn_ms: AtomicU64,
 }
@@ -221,7 +221,7 @@ impl Daemon {
             stop: AtomicBool::new(false),
             drain: DrainState::default(),
             core: OnceLock::new(),
-            ring: OnceLock::new(),
+            ring: arc_swap::ArcSwapOption::empty(),
             last_turn_ms: AtomicU64::new(0),
         })
     }
@@ -251,8 +251,8 @@ impl Daemon {
     }
 
     /// The ring, once created.
-    pub fn ring(&self) -> Option<&RingMonitor> {
-        self.ring.get()
+    pub fn ring(&self) -> Option<Arc<RingMonitor>> {
+        self.ring.load_full()
     }
 
     pub fn is_ready(&self) -> bool {
@@ -299,7 +299,7 @@ impl Daemon {
     /// keeps serving for that long.
     pub fn drain_and_wait(&self, after: Duration, wait: Duration) -> anyhow::Result<DrainOutcome> {
         ensure!(
-            self.ring.get().is_some(),
+            self.ring.load().is_some(),
             "the sidecar is still {}: there is no ring to drain yet",
             self.phase().name()
         );
@@ -578,9 +578,13 @@ pub fn run(
     segment.response_bytes = config.response_bytes();
     let mut options = ServerOptions::new(segment);
     options.segment.client_timeout = config.client_timeout();
-    let server = RingServer::create(options)
-        .with_context(|| format!("creating the shared-memory ring {}", config.shm_name))?;
-    let _ = daemon.ring.set(server.monitor());
+    let create_ring = || -> anyhow::Result<RingServer> {
+        let server = RingServer::create(options.clone())
+            .with_context(|| format!("creating the shared-memory ring {}", config.shm_name))?;
+        daemon.ring.store(Some(Arc::new(server.monitor())));
+        Ok(server)
+    };
+    let mut server = create_ring()?;
     daemon.set_phase(Phase::Ready);
     tracing::info!(
         segment = %config.shm_name,
@@ -595,7 +599,8 @@ pub fn run(
     // batch, against the graph snapshot of that moment. Each serving thread
     // has its own batch server (sampler buffers); a batch waiting for its
     // rows blocks only its own thread.
-    let serve_next = |batch_server: &mut batch::BatchServer,
+    let serve_next = |server: &RingServer,
+                      batch_server: &mut batch::BatchServer,
                       tickets: &mut Vec<protocol::ServeTicket>,
                       wait: Duration|
      -> usize {
@@ -623,14 +628,14 @@ pub fn run(
     };
     // The drain: the serving threads go on answering; this waits until no
     // request is pending (or the drain timeout).
-    let drain = || {
+    let drain = |server: &RingServer| {
         let began = Instant::now();
         let answered_before = daemon.metrics.requests.get();
         server.set_draining();
         daemon.set_phase(Phase::Draining);
         let timeout = config.drain_timeout();
         let ring = server.monitor();
-        while ring.occupancy().pending() > 0 && began.elapsed() < timeout {
+        while ring.occupancy().pending() > 0 && began.elapsed() < timeout && !server.damaged() {
             std::thread::sleep(Duration::from_millis(2));
         }
         let pending = u64::from(ring.occupancy().pending());
@@ -648,43 +653,87 @@ pub fn run(
         );
         daemon.finish_drain(outcome);
     };
-    let serving = AtomicBool::new(true);
-    std::thread::scope(|scope| -> anyhow::Result<()> {
-        for i in 0..config.serve_threads {
-            std::thread::Builder::new()
-                .name(format!("serve-{i}"))
-                .spawn_scoped(scope, || {
-                    let mut batch_server = batch::BatchServer::default();
-                    let mut tickets = Vec::new();
-                    while serving.load(Ordering::Acquire) {
-                        serve_next(&mut batch_server, &mut tickets, Duration::from_millis(100));
-                    }
-                })
-                .context("starting a serving thread")?;
-        }
-        // This thread watches for a drain and for the stop, and every
-        // second that the embedded store's directory is still there.
-        let mut drained = false;
-        let mut store_checked = Instant::now();
-        while !stopping() {
-            if !drained && daemon.drain.requested.load(Ordering::Acquire) {
-                drain();
-                drained = true;
+    // Serves `server` until the stop (true) or until its segment file is
+    // found truncated by another process (false).
+    let mut drained = false;
+    let serve_ring = |server: &RingServer, drained: &mut bool| -> anyhow::Result<bool> {
+        let serving = AtomicBool::new(true);
+        std::thread::scope(|scope| -> anyhow::Result<bool> {
+            for i in 0..config.serve_threads {
+                let serving = &serving;
+                std::thread::Builder::new()
+                    .name(format!("serve-{i}"))
+                    .spawn_scoped(scope, move || {
+                        let mut batch_server = batch::BatchServer::default();
+                        let mut tickets = Vec::new();
+                        while serving.load(Ordering::Acquire) {
+                            serve_next(
+                                server,
+                                &mut batch_server,
+                                &mut tickets,
+                                Duration::from_millis(100),
+                            );
+                        }
+                    })
+                    .context("starting a serving thread")?;
             }
-            if store_checked.elapsed() >= Duration::from_secs(1) {
-                store_checked = Instant::now();
-                if let Some(store) = daemon.core().and_then(|core| core.store.as_ref()) {
-                    store.directory_problem();
+            // This thread watches for a drain, for the stop, for a damaged
+            // segment, and every second that the embedded store's directory
+            // is still there.
+            let mut store_checked = Instant::now();
+            let mut stopped = true;
+            while !stopping() {
+                if server.damaged() {
+                    stopped = false;
+                    break;
                 }
+                if !*drained && daemon.drain.requested.load(Ordering::Acquire) {
+                    drain(server);
+                    *drained = true;
+                }
+                if store_checked.elapsed() >= Duration::from_secs(1) {
+                    store_checked = Instant::now();
+                    if let Some(store) = daemon.core().and_then(|core| core.store.as_ref()) {
+                        store.directory_problem();
+                    }
+                }
+                std::thread::sleep(Duration::from_millis(10));
             }
-            std::thread::sleep(Duration::from_millis(10));
+            if stopped && !*drained {
+                drain(server);
+                *drained = true;
+            }
+            serving.store(false, Ordering::Release);
+            Ok(stopped)
+        })
+    };
+    while !serve_ring(&server, &mut drained)? {
+        // Another process truncated the segment file: every worker detaches
+        // from it (docs/protocol.md, section 1, Truncation). Retire it and create a new
+        // one under the same name; the workers attach to that by themselves.
+        daemon.metrics.segments_replaced.inc();
+        server.shutdown();
+        let mut backoff = Duration::from_millis(50);
+        server = loop {
+            match create_ring() {
+                Ok(server) => break server,
+                Err(e) if !stopping() => {
+                    tracing::error!(error = %format!("{e:#}"), "cannot create a new ring; retrying");
+                    std::thread::sleep(backoff);
+                    backoff = (backoff * 2).min(Duration::from_secs(5));
+                }
+                Err(e) => return Err(e),
+            }
+        };
+        if drained {
+            server.set_draining();
         }
-        if !drained {
-            drain();
-        }
-        serving.store(false, Ordering::Release);
-        Ok(())
-    })?;
+        tracing::warn!(
+            segment = %config.shm_name,
+            epoch = format_args!("{:#x}", server.segment().epoch()),
+            "a new shared-memory ring replaces the truncated one"
+        );
+    }
 
     // Stopped serving: remove the segment.
     daemon.set_phase(Phase::Stopping);
