@@ -3,8 +3,9 @@
 # already there: safe to run again. Called by scripts/demo.sh and
 # scripts/test.sh.
 #
-# - the Rust toolchain's rustfmt and clippy components, and cargo-deny
-#   (`cargo install`, pinned) for the dependency policy in deny.toml;
+# - the Rust toolchain's rustfmt and clippy components, cargo-deny
+#   (`cargo install`, pinned) for the dependency policy in deny.toml, and
+#   cargo-fuzz (pinned) for scripts/fuzz.sh;
 # - Debian packages (only if missing): redis-server and redis-tools (the
 #   tests start their own servers), openssl (test TLS certificates), clang
 #   and libclang-dev (RocksDB's build), protobuf-compiler (the worker's
@@ -23,6 +24,7 @@ cd "$(dirname "$0")/.."
 say() { printf 'setup: %s\n' "$*"; }
 
 CARGO_DENY_VERSION=0.18.6
+CARGO_FUZZ_VERSION=0.13.2
 
 if ! command -v cargo >/dev/null 2>&1; then
     echo "setup: cargo is not installed; install the Rust toolchain (rustup) first" >&2
@@ -40,6 +42,12 @@ done
 if ! cargo deny --version >/dev/null 2>&1; then
     say "installing cargo-deny $CARGO_DENY_VERSION (built once from crates.io)"
     cargo install --locked --quiet cargo-deny --version "$CARGO_DENY_VERSION"
+fi
+# cargo-fuzz builds and runs the fuzz targets (scripts/fuzz.sh); under a
+# minute to build.
+if ! cargo fuzz --version >/dev/null 2>&1; then
+    say "installing cargo-fuzz $CARGO_FUZZ_VERSION (built once from crates.io)"
+    cargo install --locked --quiet cargo-fuzz --version "$CARGO_FUZZ_VERSION"
 fi
 
 apt_updated=0

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The whole test suite: formatting, lints, the dependency policy
 # (cargo deny), every test of the workspace
-# (unit, property, multi-process, pyarrow), and the loom model tests.
+# (unit, property, multi-process, pyarrow), the loom model tests, and about
+# a minute of fuzzing of every decoder (scripts/fuzz.sh).
 # Installs what is missing first (scripts/setup.sh); safe to run again.
 #
 # Everything builds in the release profile, the one the demo and the
@@ -27,3 +28,5 @@ echo "== loom model tests"
 # the main build incremental.
 RUSTFLAGS="--cfg loom" CARGO_TARGET_DIR="$target/loom" \
     cargo test --release -p protocol --test loom
+echo "== fuzz (scripts/fuzz.sh: every decoder of outside bytes, about a minute)"
+scripts/fuzz.sh

@@ -187,3 +187,27 @@ fn bytemuck_geometry(bytes: &[u8]) -> Geometry {
         response_bytes: dword(56),
     }
 }
+
+/// Inputs the `response_area` fuzz target found (scripts/fuzz.sh). Each is
+/// refused by the framing check, before arrow-rs sees it, not by the panic
+/// guard around the Arrow decoder (which a panic hook that aborts, as the
+/// fuzzer's, would defeat).
+#[test]
+fn fuzzer_found_responses_are_refused_by_the_framing() {
+    let found: &[(&str, &[u8])] = &[(
+        "a row count whose FixedSizeList size overflows",
+        include_bytes!("regressions/response_fixed_size_list_overflow.bin"),
+    )];
+    for (what, bytes) in found {
+        let mut area = MutableBuffer::from_len_zeroed(bytes.len());
+        area.as_slice_mut().copy_from_slice(bytes);
+        let limits = DecodeLimits {
+            feature_dim: 2,
+            ..limits()
+        };
+        let err = payload::decode(&area.into(), &limits, &SchemaCache::default())
+            .expect_err(what)
+            .to_string();
+        assert!(!err.contains("panicked"), "{what}: {err}");
+    }
+}

@@ -315,6 +315,24 @@ fn frame_table(stream: &[u8], expected_schema: &[u8]) -> Result<TableFrame, Stri
                 if record_batch.compression().is_some() {
                     return Err("compressed record batches are not part of the protocol".into());
                 }
+                // Every column of the protocol's tables has a buffer, so no
+                // row count can exceed the body's bits; a larger one would
+                // only make arrow-rs's size arithmetic overflow (a panic).
+                let max_rows = (body_len as u64).saturating_mul(8);
+                let counts = std::iter::once(record_batch.length()).chain(
+                    record_batch
+                        .nodes()
+                        .into_iter()
+                        .flatten()
+                        .flat_map(|node| [node.length(), node.null_count()]),
+                );
+                for count in counts {
+                    if u64::try_from(count).map_or(true, |n| n > max_rows) {
+                        return Err(format!(
+                            "a row count of {count} cannot fit the {body_len} byte body"
+                        ));
+                    }
+                }
                 for buffer in record_batch.buffers().into_iter().flatten() {
                     let inside = u64::try_from(buffer.offset())
                         .ok()

@@ -25,6 +25,14 @@ pub const ADMIN_VERSION: u32 = 2;
 /// Largest frame either side accepts (a graph update with features).
 pub const MAX_FRAME_BYTES: u32 = 64 << 20;
 
+/// The frame codec: bincode's standard encoding, with no length inside a
+/// frame allowed to claim more bytes than a frame holds, so that a hostile
+/// string or list length is refused before any memory is set aside for it
+/// (found by the `admin_frame` fuzz target).
+fn codec() -> impl bincode::config::Config {
+    bincode::config::standard().with_limit::<{ MAX_FRAME_BYTES as usize }>()
+}
+
 /// A request to the sidecar. The variant order is the wire format (bincode
 /// writes the variant index): append, never reorder. docs/admin.md lists
 /// every variant with its index.
@@ -287,7 +295,7 @@ pub enum FrameError {
 
 /// Writes one frame.
 pub fn write_frame(w: &mut impl Write, message: &impl Serialize) -> Result<(), FrameError> {
-    let body = bincode::serde::encode_to_vec(message, bincode::config::standard())
+    let body = bincode::serde::encode_to_vec(message, codec())
         .map_err(|e| FrameError::Malformed(e.to_string()))?;
     let len = u32::try_from(body.len())
         .ok()
@@ -321,7 +329,7 @@ pub fn read_frame<T: for<'de> Deserialize<'de>>(r: &mut impl Read) -> Result<T, 
             format!("frame ended after {} of {len} bytes", body.len()),
         )));
     }
-    let (message, used) = bincode::serde::decode_from_slice(&body, bincode::config::standard())
+    let (message, used) = bincode::serde::decode_from_slice(&body, codec())
         .map_err(|e| FrameError::Malformed(e.to_string()))?;
     if used != body.len() {
         return Err(FrameError::Malformed(format!(
@@ -404,5 +412,19 @@ mod tests {
             read_frame::<AdminRequest>(&mut &[][..]),
             Err(FrameError::Closed)
         ));
+    }
+
+    /// Inputs the `admin_frame` fuzz target found (scripts/fuzz.sh): a
+    /// length inside the frame that claims far more than the frame holds
+    /// made the decoder set aside that much memory and abort.
+    #[test]
+    fn fuzzer_found_frames_are_refused() {
+        let found: &[&[u8]] = &[include_bytes!(
+            "../../tests/regressions/admin_frame_huge_length.bin"
+        )];
+        for bytes in found {
+            assert!(read_frame::<AdminRequest>(&mut &bytes[..]).is_err());
+            assert!(read_frame::<AdminResponse>(&mut &bytes[..]).is_err());
+        }
     }
 }

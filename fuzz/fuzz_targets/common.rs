@@ -1,0 +1,16 @@
+//! Shared by the fuzz targets: a scratch directory of this process.
+#![allow(dead_code)]
+
+use std::path::PathBuf;
+use std::sync::OnceLock;
+
+/// A directory of this fuzzing process (under the system temp directory),
+/// for decoders that read files.
+pub fn scratch() -> &'static PathBuf {
+    static DIR: OnceLock<PathBuf> = OnceLock::new();
+    DIR.get_or_init(|| {
+        let dir = std::env::temp_dir().join(format!("gnn-fuzz-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("a scratch directory");
+        dir
+    })
+}

@@ -1,0 +1,32 @@
+//! A slot's request area, as the sidecar decodes it (docs/protocol.md 3.3).
+#![no_main]
+
+use libfuzzer_sys::fuzz_target;
+use protocol::layout::{dtype, FeatureSchema, Geometry};
+
+fuzz_target!(|bytes: &[u8]| {
+    let geometry = Geometry {
+        slot_count: 4,
+        max_targets: 64,
+        max_fanouts: [25, 25],
+        max_nodes: 4096,
+        _pad: 0,
+        slot_control_offset: 5120,
+        slot_data_offset: 8192,
+        slot_stride: 1 << 20,
+        request_bytes: 4096,
+        response_bytes: (1 << 20) - 4096,
+    };
+    let schema = FeatureSchema {
+        feature_dim: 8,
+        dtype: dtype::F32,
+        graph_version: 1,
+        default_fanouts: [10, 5],
+    };
+    if let Ok(request) = protocol::request::decode(bytes, &geometry, &schema) {
+        assert!(request.targets.len() <= geometry.max_targets as usize);
+        for (fanout, cap) in request.fanouts.iter().zip(geometry.max_fanouts) {
+            assert!(*fanout >= 1 && *fanout <= cap, "fanout {fanout} cap {cap}");
+        }
+    }
+});
