@@ -593,7 +593,7 @@ fn grpc_malformed_messages_are_invalid_argument_and_a_stream_goes_on() {
 }
 
 #[test]
-fn a_request_whose_deadline_has_passed_gets_deadline_exceeded_with_its_id() {
+fn expired_and_invalid_requests_get_their_status_with_their_id() {
     use protocol::liveness;
     use protocol::slot::state;
     let stack = Stack::start(&StackOptions::new("cora")).expect("stack");
@@ -612,45 +612,67 @@ fn a_request_whose_deadline_has_passed_gets_deadline_exceeded_with_its_id() {
     let raw = memmap2::MmapOptions::new().map_raw(&file).unwrap();
     let slot_idx = 0;
     let slot = segment.slot(slot_idx);
-    // The worker is idle: slot 0 is free.
-    let claimed = slot.try_claim(id.tag()).expect("slot 0 is free");
     let g = segment.geometry();
     let region = g.slot_data_offset as usize + slot_idx * g.slot_stride as usize;
+    // Writes `request` into slot 0, submits it, waits for the answer and
+    // returns its status and echoed request id.
+    let hand_call = |request: &[u8]| -> (u32, u64) {
+        // The worker is idle: slot 0 is free.
+        let claimed = slot.try_claim(id.tag()).expect("slot 0 is free");
+        // SAFETY: slot 0 is CLAIMED by this test, which owns its request
+        // area; the region lies inside the mapping (validated geometry).
+        unsafe {
+            std::ptr::copy_nonoverlapping(
+                request.as_ptr(),
+                raw.as_mut_ptr().add(region),
+                request.len(),
+            );
+        }
+        slot.submit(claimed).unwrap();
+        protocol::submit::SubmitQueue {
+            bits: &segment.header().submit_bits,
+            doorbell: &segment.header().doorbell,
+            server_parked: &segment.header().server_parked,
+        }
+        .push(slot_idx);
+        assert!(
+            tests::eventually(std::time::Duration::from_secs(5), || {
+                liveness::beat(&segment.header().clients[id.index as usize]);
+                slot.load().state == state::PUBLISHED
+            }),
+            "the sidecar answered"
+        );
+        let response = region + g.request_bytes as usize;
+        let mut header = [0u8; 32];
+        // SAFETY: PUBLISHED and ours: the sidecar no longer writes the area.
+        unsafe {
+            std::ptr::copy_nonoverlapping(raw.as_ptr().add(response), header.as_mut_ptr(), 32);
+        }
+        assert!(slot.release(slot.load()));
+        (
+            u32::from_le_bytes(header[0..4].try_into().unwrap()),
+            u64::from_le_bytes(header[24..32].try_into().unwrap()),
+        )
+    };
     let mut request = [0u8; 72];
     request[0..8].copy_from_slice(&0xdead_beef_u64.to_le_bytes());
     request[8..16].copy_from_slice(&1u64.to_le_bytes()); // 1 ns after boot
     request[16..20].copy_from_slice(&1u32.to_le_bytes());
     request[64..72].copy_from_slice(&7u64.to_le_bytes());
-    // SAFETY: slot 0 is CLAIMED by this test, which owns its request area;
-    // the region lies inside the mapping (validated geometry).
-    unsafe {
-        std::ptr::copy_nonoverlapping(request.as_ptr(), raw.as_mut_ptr().add(region), 72);
-    }
-    slot.submit(claimed).unwrap();
-    protocol::submit::SubmitQueue {
-        bits: &segment.header().submit_bits,
-        doorbell: &segment.header().doorbell,
-        server_parked: &segment.header().server_parked,
-    }
-    .push(slot_idx);
-    assert!(
-        tests::eventually(std::time::Duration::from_secs(5), || {
-            liveness::beat(&segment.header().clients[id.index as usize]);
-            slot.load().state == state::PUBLISHED
-        }),
-        "the sidecar answered"
+    assert_eq!(
+        hand_call(&request),
+        (protocol::layout::status::DEADLINE_EXCEEDED, 0xdead_beef),
+        "DEADLINE_EXCEEDED, the request id echoed"
     );
-    let response = region + g.request_bytes as usize;
-    let mut header = [0u8; 32];
-    // SAFETY: PUBLISHED and ours: the sidecar no longer writes the area.
-    unsafe {
-        std::ptr::copy_nonoverlapping(raw.as_ptr().add(response), header.as_mut_ptr(), 32);
-    }
-    let status = u32::from_le_bytes(header[0..4].try_into().unwrap());
-    let request_id = u64::from_le_bytes(header[24..32].try_into().unwrap());
-    assert_eq!(status, protocol::layout::status::DEADLINE_EXCEEDED);
-    assert_eq!(request_id, 0xdead_beef, "the request id is echoed");
-    assert!(slot.release(slot.load()));
+    // No deadline, but a reserved byte set: refused, the id still echoed.
+    request[0..8].copy_from_slice(&0xfeed_u64.to_le_bytes());
+    request[8..16].copy_from_slice(&0u64.to_le_bytes());
+    request[40] = 1;
+    assert_eq!(
+        hand_call(&request),
+        (protocol::layout::status::INVALID_REQUEST, 0xfeed),
+        "INVALID_REQUEST, the request id echoed"
+    );
     liveness::unregister(segment.header(), id);
     assert!(stack.stop(), "clean shutdown");
 }
@@ -1033,4 +1055,132 @@ fn a_full_disk_on_the_data_path_fails_writes_keeps_serving_and_raises_the_alarm(
     assert_eq!(code, 200, "{json}");
     assert_eq!(json["predictions"][0]["known"], true, "{json}");
     assert!(stack.stop(), "clean shutdown");
+}
+
+/// How the rogue sidecar below answers.
+const ANSWER_RIGHT: u32 = 0;
+const ANSWER_OTHER_TARGETS: u32 = 1;
+const ANSWER_FEWER_TARGETS: u32 = 2;
+
+/// A sidecar of the test's own, on the real protocol: it answers each
+/// request with its targets (each alone, default rows), with other targets
+/// than asked, or with fewer, as `mode` says.
+fn rogue_sidecar(
+    server: &protocol::RingServer,
+    mode: &std::sync::atomic::AtomicU32,
+    stop: &std::sync::atomic::AtomicBool,
+) {
+    use std::sync::atomic::Ordering;
+    let mut tickets = Vec::new();
+    while !stop.load(Ordering::Acquire) {
+        tickets.clear();
+        server.next_batch(&mut tickets, std::time::Duration::from_millis(20));
+        for ticket in tickets.drain(..) {
+            let request = ticket.request().expect("the worker's request is valid");
+            let mut targets = request.targets.clone();
+            match mode.load(Ordering::Acquire) {
+                ANSWER_OTHER_TARGETS => targets.iter_mut().for_each(|t| *t += 1),
+                ANSWER_FEWER_TARGETS => {
+                    targets.pop();
+                }
+                _ => {}
+            }
+            let n = targets.len() as u32;
+            let shape = protocol::PayloadShape {
+                n_targets: n,
+                n_nodes: n,
+                feature_dim: 1433,
+                fanouts: request.fanouts,
+            };
+            let [f1, f2] = request.fanouts.map(|f| f as usize);
+            ticket
+                .respond(request.request_id, 1, shape, |nodes, out| {
+                    for (row, &target) in targets.iter().enumerate() {
+                        nodes.node_id[row] = target;
+                        nodes.tier[row] = 3;
+                        nodes.set_fallback(row, true);
+                        out.target_id[row] = target;
+                        out.target_row[row] = row as i32;
+                        out.hop1_count[row] = 0;
+                        out.hop1_rows[row * f1..(row + 1) * f1].fill(row as i32);
+                        out.hop2_count[row * f1..(row + 1) * f1].fill(0);
+                        out.hop2_rows[row * f1 * f2..(row + 1) * f1 * f2].fill(row as i32);
+                    }
+                })
+                .expect("the answer fits");
+        }
+    }
+}
+
+/// A sidecar that answers with other targets than asked, or fewer: the
+/// call gets an INTERNAL error naming the mismatch, the worker keeps
+/// serving (no executor lost) and answers the next call normally.
+#[test]
+fn a_malformed_sidecar_answer_fails_that_call_and_the_worker_keeps_serving() {
+    use protocol::layout::{dtype, FeatureSchema};
+    use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+    let name = tests::unique_name("rogue");
+    let schema = FeatureSchema {
+        feature_dim: 1433,
+        dtype: dtype::F32,
+        graph_version: 1,
+        default_fanouts: [20, 10],
+    };
+    let mut segment = protocol::SegmentConfig::new(name.clone(), schema);
+    segment.max_targets = 64;
+    let server = protocol::RingServer::create(protocol::ServerOptions::new(segment)).unwrap();
+    let (mode, stop) = (AtomicU32::new(ANSWER_RIGHT), AtomicBool::new(false));
+    std::thread::scope(|scope| {
+        scope.spawn(|| rogue_sidecar(&server, &mode, &stop));
+        let http = format!("127.0.0.1:{}", tests::stack::free_port());
+        let grpc = format!("127.0.0.1:{}", tests::stack::free_port());
+        let mut worker = tests::stack::Daemon {
+            child: std::process::Command::new(tests::stack::workspace_bin("gnn-worker"))
+                .arg("serve")
+                .arg("--model")
+                .arg(tests::stack::trained_model("cora"))
+                .args(["--shm-name", &name, "--grpc", &grpc, "--http", &http])
+                .args(["--fanouts", "20,10", "--executors", "2"])
+                .arg("--onnxruntime-lib")
+                .arg(tests::stack::onnxruntime_lib())
+                .spawn()
+                .unwrap(),
+            name: "gnn-worker",
+        };
+        let ready = || {
+            tests::stack::http_request(&http, "GET", "/readyz", None).is_ok_and(|(c, _)| c == 200)
+        };
+        assert!(tests::eventually(std::time::Duration::from_secs(60), ready));
+        let call = |ids: &[u64]| {
+            let body = serde_json::json!({ "node_ids": ids }).to_string();
+            tests::stack::http_request(&http, "POST", "/v1/predict", Some(&body)).unwrap()
+        };
+        let (code, body) = call(&[1, 2]);
+        assert_eq!(code, 200, "{body}");
+        for (answer, what) in [
+            (ANSWER_OTHER_TARGETS, "other targets than asked"),
+            (ANSWER_FEWER_TARGETS, "fewer targets than asked"),
+        ] {
+            mode.store(answer, Ordering::Release);
+            for _ in 0..4 {
+                let (code, body) = call(&[1, 2]);
+                assert_eq!(code, 500, "{what}: {body}");
+                assert!(
+                    body.contains("not the ones asked") || body.contains("does not match"),
+                    "{what}: {body}"
+                );
+            }
+            assert!(ready(), "still ready after {what}");
+        }
+        // Every executor is still there: calls are answered again.
+        mode.store(ANSWER_RIGHT, Ordering::Release);
+        for ids in [[3u64, 4], [5, 6], [7, 8], [9, 10]] {
+            let (code, body) = call(&ids);
+            assert_eq!(code, 200, "{body}");
+        }
+        assert_eq!(worker.child.try_wait().unwrap(), None, "the worker runs");
+        assert!(worker.stop(), "clean worker shutdown");
+        stop.store(true, Ordering::Release);
+    });
+    server.shutdown();
 }
