@@ -194,10 +194,16 @@ fn bytemuck_geometry(bytes: &[u8]) -> Geometry {
 /// fuzzer's, would defeat).
 #[test]
 fn fuzzer_found_responses_are_refused_by_the_framing() {
-    let found: &[(&str, &[u8])] = &[(
-        "a row count whose FixedSizeList size overflows",
-        include_bytes!("regressions/response_fixed_size_list_overflow.bin"),
-    )];
+    let found: &[(&str, &[u8])] = &[
+        (
+            "a row count whose FixedSizeList size overflows",
+            include_bytes!("regressions/response_fixed_size_list_overflow.bin"),
+        ),
+        (
+            "a record batch body that is not 8-byte aligned",
+            include_bytes!("regressions/response_misaligned_body.bin"),
+        ),
+    ];
     for (what, bytes) in found {
         let mut area = MutableBuffer::from_len_zeroed(bytes.len());
         area.as_slice_mut().copy_from_slice(bytes);

@@ -12,7 +12,7 @@ use arrow_array::cast::AsArray;
 use arrow_array::types::{Float32Type, Int32Type, UInt64Type, UInt8Type};
 use arrow_array::RecordBatch;
 use arrow_buffer::Buffer;
-use arrow_ipc::reader::{FileDecoder, StreamDecoder};
+use arrow_ipc::reader::FileDecoder;
 use arrow_ipc::{Block, MessageHeader, MetadataVersion};
 use arrow_schema::ArrowError;
 
@@ -191,7 +191,7 @@ fn decode_table(
         if frame.known_schema {
             decode_known_schema(&stream, &frame, expected, table)
         } else {
-            decode_stream(stream.clone(), table)
+            decode_other_schema_encoding(&stream, &frame, expected, table)
         }
     }))
     .map_err(|_| {
@@ -214,6 +214,8 @@ fn decode_table(
 struct TableFrame {
     /// The schema message is byte-identical to the expected one.
     known_schema: bool,
+    /// Otherwise, where the schema message's flatbuffer is in the stream.
+    schema_meta: std::ops::Range<usize>,
     /// The record batch message: start, encapsulated metadata length
     /// (prefix included), body length.
     batch_start: usize,
@@ -243,22 +245,34 @@ fn decode_known_schema(
         .ok_or_else(|| DecodeError::Malformed(format!("{table} table holds no record batch")))
 }
 
-/// The general path: any valid encoding of the schema, decoded as a stream.
-fn decode_stream(mut stream: Buffer, table: &'static str) -> Result<RecordBatch, DecodeError> {
-    let mut decoder = StreamDecoder::new().with_require_alignment(true);
-    let arrow = |source| DecodeError::Arrow { table, source };
-    let mut batch = None;
-    while !stream.is_empty() {
-        if let Some(decoded) = decoder.decode(&mut stream).map_err(arrow)? {
-            if batch.replace(decoded).is_some() {
-                return Err(DecodeError::Malformed(format!(
-                    "{table} table holds more than one record batch"
-                )));
-            }
-        }
+/// The general path: another encoding of the schema (another Arrow
+/// library's). The schema message is decoded on its own and must describe
+/// the documented schema; the record batch is then decoded against the
+/// documented schema only, as on the fast path, so no column type the
+/// protocol does not use ever reaches arrow-rs's decoders.
+fn decode_other_schema_encoding(
+    stream: &Buffer,
+    frame: &TableFrame,
+    expected: &CachedSchema,
+    table: &'static str,
+) -> Result<RecordBatch, DecodeError> {
+    let message = arrow_ipc::root_as_message(&stream.as_slice()[frame.schema_meta.clone()])
+        .map_err(|e| DecodeError::Malformed(format!("{table} table schema: {e}")))?;
+    let schema = message
+        .header_as_schema()
+        .ok_or_else(|| DecodeError::Malformed(format!("{table} table has no schema")))
+        .and_then(|fb| {
+            arrow_ipc::convert::try_fb_to_schema(fb)
+                .map_err(|source| DecodeError::Arrow { table, source })
+        })?;
+    if schema.fields() != expected.schema.fields() {
+        return Err(DecodeError::Malformed(format!(
+            "{table} table schema {:?} is not the documented {:?}",
+            schema.fields(),
+            expected.schema.fields()
+        )));
     }
-    decoder.finish().map_err(arrow)?;
-    batch.ok_or_else(|| DecodeError::Malformed(format!("{table} table holds no record batch")))
+    decode_known_schema(stream, frame, expected, table)
 }
 
 /// Checks the framing of a table stream, which must be exactly: a schema
@@ -271,6 +285,7 @@ fn frame_table(stream: &[u8], expected_schema: &[u8]) -> Result<TableFrame, Stri
     let known_schema = stream.starts_with(expected_schema);
     let mut pos = 0usize;
     let mut schema_end = None;
+    let mut schema_meta = 0..0;
     let mut batch = None;
     if known_schema {
         pos = expected_schema.len();
@@ -302,12 +317,22 @@ fn frame_table(stream: &[u8], expected_schema: &[u8]) -> Result<TableFrame, Stri
         let body_len = usize::try_from(message.bodyLength())
             .map_err(|_| format!("negative body length at byte {pos}"))?;
         let body_start = meta_start + meta_len;
+        // The IPC format pads every message to 8 bytes; a body that starts
+        // elsewhere would hand arrow-rs misaligned buffers (a panic).
+        if !body_start.is_multiple_of(8) {
+            return Err(format!(
+                "message body at byte {body_start} is not 8-byte aligned"
+            ));
+        }
         let body_end = body_start
             .checked_add(body_len)
             .filter(|&end| end <= stream.len())
             .ok_or_else(|| format!("message body at byte {body_start} runs past the stream"))?;
         match (message.header_type(), schema_end, batch.is_some()) {
-            (MessageHeader::Schema, None, false) if body_len == 0 => schema_end = Some(body_end),
+            (MessageHeader::Schema, None, false) if body_len == 0 => {
+                schema_end = Some(body_end);
+                schema_meta = meta_start..meta_start + meta_len;
+            }
             (MessageHeader::RecordBatch, Some(_), false) => {
                 let record_batch = message
                     .header_as_record_batch()
@@ -364,6 +389,7 @@ fn frame_table(stream: &[u8], expected_schema: &[u8]) -> Result<TableFrame, Stri
     };
     Ok(TableFrame {
         known_schema,
+        schema_meta,
         batch_start,
         batch_meta_len,
         batch_body_len,
@@ -483,5 +509,58 @@ impl ResponseTables {
             return bad("unknown tier code".into());
         }
         Ok(())
+    }
+}
+
+#[cfg(all(test, not(loom)))]
+mod tests {
+    use arrow_buffer::MutableBuffer;
+
+    use super::*;
+    use crate::payload::{PayloadShape, ResponseWriter, SchemaCache};
+
+    /// A table whose schema message is not byte-identical to ours (another
+    /// Arrow library's encoding) takes the general path: its schema is
+    /// checked on its own, and the batch decodes as on the fast path.
+    #[test]
+    fn another_encoding_of_the_schema_is_checked_then_decoded_as_documented() {
+        let cache = SchemaCache::default();
+        let mut area = MutableBuffer::from_len_zeroed(8192);
+        let shape = PayloadShape {
+            n_targets: 1,
+            n_nodes: 2,
+            feature_dim: 4,
+            fanouts: [1, 1],
+        };
+        let mut writer = ResponseWriter::new(area.as_slice_mut(), shape, &cache).unwrap();
+        {
+            let (nodes, targets) = writer.columns();
+            nodes.node_id.copy_from_slice(&[5, 9]);
+            nodes
+                .features
+                .copy_from_slice(&[1., 2., 3., 4., 5., 6., 7., 8.]);
+            targets.target_row[0] = 0;
+            targets.hop1_count[0] = 1;
+            targets.hop1_rows[0] = 1;
+        }
+        writer.finish(1, 1, 0);
+        let area: Buffer = area.into();
+        let word = |at: usize| u64::from_le_bytes(area.as_slice()[at..at + 8].try_into().unwrap());
+        let (offset, len) = (word(40) as usize, word(48) as usize);
+        let stream = area.slice_with_length(offset, len);
+        let expected = cache.node(4);
+        let fast = frame_table(stream.as_slice(), &expected.message).unwrap();
+        assert!(fast.known_schema);
+        let fast = decode_known_schema(&stream, &fast, &expected, "node").unwrap();
+        // Framed as if the schema bytes were someone else's.
+        let general = frame_table(stream.as_slice(), b"another encoding").unwrap();
+        assert!(!general.known_schema && !general.schema_meta.is_empty());
+        let decoded = decode_other_schema_encoding(&stream, &general, &expected, "node").unwrap();
+        assert_eq!(decoded, fast);
+        // A schema that is not the documented one is refused before the
+        // batch is decoded.
+        let other = cache.node(3);
+        let err = decode_other_schema_encoding(&stream, &general, &other, "node").unwrap_err();
+        assert!(err.to_string().contains("not the documented"), "{err}");
     }
 }
