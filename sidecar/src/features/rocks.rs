@@ -268,8 +268,20 @@ impl RocksStore {
                 },
                 Ok(None) => None,
                 Err(e) => {
-                    self.read_errors.fetch_add(1, Ordering::Relaxed);
-                    tracing::error!(path = %self.path.display(), error = %e, "L2 read failed; serving a miss");
+                    let n = self.read_errors.fetch_add(1, Ordering::Relaxed) + 1;
+                    // Logged at the 1st, 2nd, 4th, 8th... failure: a damaged
+                    // file read under load must not flood the log.
+                    if n.is_power_of_two() {
+                        tracing::error!(
+                            path = %self.path.display(),
+                            error = %e,
+                            read_errors = n,
+                            "feature store read failed (damaged file?); serving a miss \
+                             (sidecar_l2_read_errors_total counts them all); if it persists, \
+                             stop the sidecar and re-run `sidecar import` (store of record) or \
+                             delete the L2 cache directory"
+                        );
+                    }
                     None
                 }
             })

@@ -58,6 +58,9 @@ pub struct TierStats {
     pub coalesced: AtomicU64,
     /// Redis round trips (MGET batches).
     pub l3_round_trips: AtomicU64,
+    /// L3 round trips that failed or timed out (the rows are counted in
+    /// `fallback_unavailable`); rate-limits their log lines.
+    pub l3_failed_round_trips: AtomicU64,
     /// Rows from Redis written back to the L2 cache.
     pub l2_writes: AtomicU64,
 }
@@ -649,13 +652,29 @@ impl FeatureTiers {
                     inner.stats.l3_hits.fetch_add(hits, Ordering::Relaxed);
                 }
                 Ok(Err(e)) => {
-                    tracing::warn!(redis = %l3.shown(), error = %e, rows = wanted.len(), "L3 fetch failed; serving default rows");
+                    // Logged at the 1st, 2nd, 4th... failure: an outage under
+                    // load must not flood the log.
+                    let n = inner
+                        .stats
+                        .l3_failed_round_trips
+                        .fetch_add(1, Ordering::Relaxed)
+                        + 1;
+                    if n.is_power_of_two() {
+                        tracing::warn!(redis = %l3.shown(), error = %e, rows = wanted.len(), failed_round_trips = n, "L3 fetch failed; serving default rows");
+                    }
                     for &i in &pending {
                         landed[i] = Landed::Failed;
                     }
                 }
                 Err(_) => {
-                    tracing::warn!(redis = %l3.shown(), rows = wanted.len(), "L3 fetch timed out; serving default rows");
+                    let n = inner
+                        .stats
+                        .l3_failed_round_trips
+                        .fetch_add(1, Ordering::Relaxed)
+                        + 1;
+                    if n.is_power_of_two() {
+                        tracing::warn!(redis = %l3.shown(), rows = wanted.len(), failed_round_trips = n, "L3 fetch timed out; serving default rows");
+                    }
                     for &i in &pending {
                         landed[i] = Landed::Failed;
                     }
