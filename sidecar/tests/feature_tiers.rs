@@ -450,20 +450,28 @@ async fn the_invalidation_listener_uses_the_tls_settings_of_the_fetch_path() {
     invalidation_reaches_the_tiers(&redis, config).await;
 }
 
-async fn invalidation_reaches_the_tiers(_redis: &RedisServer, config: RedisConfig) {
-    let l3 = RedisTier::connect(&config).await.unwrap();
-    l3.set_many(&[(42, encode_row(&[1.0, 1.0]))]).await.unwrap();
-    let data = tempfile::tempdir().unwrap();
+/// A 16 MiB L2 cache in `dir` whose rows live 10 minutes.
+fn small_l2_cache(dir: &Path) -> Arc<RocksStore> {
     let (l2, _) = RocksStore::open(
-        &data.path().join("l2"),
+        &dir.join("l2"),
         Role::Cache {
             max_bytes: 1 << 24,
             ttl: Duration::from_secs(600),
         },
     )
     .unwrap();
-    let l2 = Arc::new(l2);
-    let tiers = FeatureTiers::new(&TierConfig::new(2), Some(l2.clone()), Some(l3.clone()));
+    Arc::new(l2)
+}
+
+async fn invalidation_reaches_the_tiers(_redis: &RedisServer, config: RedisConfig) {
+    let l3 = RedisTier::connect(&config).await.unwrap();
+    l3.set_many(&[(42, encode_row(&[1.0, 1.0]))]).await.unwrap();
+    let data = tempfile::tempdir().unwrap();
+    let tiers = FeatureTiers::new(
+        &TierConfig::new(2),
+        Some(small_l2_cache(data.path())),
+        Some(l3.clone()),
+    );
     let stats = Arc::new(InvalidationStats::default());
     let listener = invalidation::spawn_listener(
         tiers.clone(),
@@ -520,15 +528,11 @@ async fn no_old_row_outlives_an_invalidation_raced_by_requests() {
     let redis = RedisServer::start();
     let l3 = RedisTier::connect(&redis_config(&redis)).await.unwrap();
     let data = tempfile::tempdir().unwrap();
-    let (l2, _) = RocksStore::open(
-        &data.path().join("l2"),
-        Role::Cache {
-            max_bytes: 1 << 24,
-            ttl: Duration::from_secs(600),
-        },
-    )
-    .unwrap();
-    let tiers = FeatureTiers::new(&TierConfig::new(2), Some(Arc::new(l2)), Some(l3.clone()));
+    let tiers = FeatureTiers::new(
+        &TierConfig::new(2),
+        Some(small_l2_cache(data.path())),
+        Some(l3.clone()),
+    );
     for round in 0..300u32 {
         let value = round as f32;
         l3.set_many(&[(42, encode_row(&[value, value]))])

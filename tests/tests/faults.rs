@@ -100,6 +100,30 @@ fn fallback_rows(json: &serde_json::Value) -> u64 {
         .sum()
 }
 
+/// Runs `during` while two callers keep calling over HTTP (each its own
+/// node and the hub), from 300 ms before it until it returns; returns how
+/// many calls got each status.
+fn under_load(stack: &Stack, during: impl FnOnce()) -> std::collections::BTreeMap<u16, u32> {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    let stop = AtomicBool::new(false);
+    let statuses = std::sync::Mutex::new(std::collections::BTreeMap::new());
+    std::thread::scope(|scope| {
+        for caller in 0..2u64 {
+            let (stop, statuses) = (&stop, &statuses);
+            scope.spawn(move || {
+                while !stop.load(Ordering::Acquire) {
+                    let (code, _) = predict(stack, &[caller + 1, HUB]);
+                    *statuses.lock().unwrap().entry(code).or_default() += 1;
+                }
+            });
+        }
+        std::thread::sleep(std::time::Duration::from_millis(300));
+        during();
+        stop.store(true, Ordering::Release);
+    });
+    statuses.into_inner().unwrap()
+}
+
 /// Four callers call `ids` (each its own offset of them) every 20 ms for
 /// `period`; every call must be answered OK. Returns how many calls there
 /// were and how many had fallback rows.
@@ -782,19 +806,7 @@ fn a_killed_sidecar_makes_the_worker_unavailable_and_a_new_one_is_served_without
     assert_eq!(grpc_code(vec![1]), tonic::Code::Ok);
 
     // Under load: two callers keep calling over HTTP.
-    let stop = std::sync::atomic::AtomicBool::new(false);
-    let statuses = std::sync::Mutex::new(std::collections::BTreeMap::<u16, u32>::new());
-    std::thread::scope(|scope| {
-        for caller in 0..2u64 {
-            let (stack, stop, statuses) = (&stack, &stop, &statuses);
-            scope.spawn(move || {
-                while !stop.load(std::sync::atomic::Ordering::Acquire) {
-                    let (code, _) = predict(stack, &[caller + 1]);
-                    *statuses.lock().unwrap().entry(code).or_default() += 1;
-                }
-            });
-        }
-        std::thread::sleep(std::time::Duration::from_millis(300));
+    let statuses = under_load(&stack, || {
         let killed = std::time::Instant::now();
         nix::sys::signal::kill(
             nix::unistd::Pid::from_raw(sidecar_pid as i32),
@@ -819,9 +831,7 @@ fn a_killed_sidecar_makes_the_worker_unavailable_and_a_new_one_is_served_without
             "sidecar SIGKILLed under load: readiness false after {not_ready_after:?}, gRPC \
              UNAVAILABLE after {unavailable_after:?} (the worker's sidecar_timeout is 1 s)"
         );
-        stop.store(true, std::sync::atomic::Ordering::Release);
     });
-    let statuses = statuses.into_inner().unwrap();
     assert!(
         statuses.keys().all(|code| *code == 200 || *code == 503),
         "every call was answered, OK or unavailable: {statuses:?}"
@@ -851,19 +861,7 @@ fn a_truncated_segment_kills_neither_process_and_a_new_one_is_served() {
     let worker_pid = stack.worker.as_ref().unwrap().child.id();
     let sidecar_pid = stack.sidecar.as_ref().unwrap().child.id();
     let path = format!("/dev/shm/{}", stack.shm_name);
-    let stop = std::sync::atomic::AtomicBool::new(false);
-    let statuses = std::sync::Mutex::new(std::collections::BTreeMap::<u16, u32>::new());
-    std::thread::scope(|scope| {
-        for caller in 0..2u64 {
-            let (stack, stop, statuses) = (&stack, &stop, &statuses);
-            scope.spawn(move || {
-                while !stop.load(std::sync::atomic::Ordering::Acquire) {
-                    let (code, _) = predict(stack, &[caller + 1, HUB]);
-                    *statuses.lock().unwrap().entry(code).or_default() += 1;
-                }
-            });
-        }
-        std::thread::sleep(std::time::Duration::from_millis(300));
+    let statuses = under_load(&stack, || {
         // Down to one page: the header survives, every slot is past the end.
         let file = std::fs::OpenOptions::new()
             .write(true)
@@ -885,9 +883,7 @@ fn a_truncated_segment_kills_neither_process_and_a_new_one_is_served() {
             "served again"
         );
         std::thread::sleep(std::time::Duration::from_millis(300));
-        stop.store(true, std::sync::atomic::Ordering::Release);
     });
-    let statuses = statuses.into_inner().unwrap();
     eprintln!("calls around the truncation, by status: {statuses:?}");
     assert!(
         statuses.keys().all(|code| *code == 200 || *code == 503),
@@ -991,18 +987,7 @@ fn a_full_disk_on_the_data_path_fails_writes_keeps_serving_and_raises_the_alarm(
             "1",
         ])
     };
-    let stop = std::sync::atomic::AtomicBool::new(false);
-    let statuses = std::sync::Mutex::new(std::collections::BTreeMap::<u16, u32>::new());
-    std::thread::scope(|scope| {
-        for caller in 0..2u64 {
-            let (stack, stop, statuses) = (&stack, &stop, &statuses);
-            scope.spawn(move || {
-                while !stop.load(std::sync::atomic::Ordering::Acquire) {
-                    let (code, _) = predict(stack, &[caller + 1, HUB]);
-                    *statuses.lock().unwrap().entry(code).or_default() += 1;
-                }
-            });
-        }
+    let statuses = under_load(&stack, || {
         // A write fails with the reason, and is not acknowledged.
         let err = add_node(&stack).expect_err("a write on a full disk was acknowledged");
         assert!(err.to_string().contains("No space left on device"), "{err}");
@@ -1018,10 +1003,7 @@ fn a_full_disk_on_the_data_path_fails_writes_keeps_serving_and_raises_the_alarm(
             .sidecarctl(&["graph", "compact"])
             .expect_err("a compaction on a full disk succeeded");
         assert!(err.to_string().contains("No space left on device"), "{err}");
-        std::thread::sleep(std::time::Duration::from_millis(300));
-        stop.store(true, std::sync::atomic::Ordering::Release);
     });
-    let statuses = statuses.into_inner().unwrap();
     eprintln!("calls while the disk was full, by status: {statuses:?}");
     assert_eq!(
         statuses.keys().copied().collect::<Vec<_>>(),

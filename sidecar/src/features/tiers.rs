@@ -66,6 +66,15 @@ pub struct TierStats {
 }
 
 /// How the tiers are set up.
+impl TierStats {
+    /// Counts a failed L3 round trip; returns how many there were. Its log
+    /// line is written at the 1st, 2nd, 4th... so that an outage under load
+    /// does not flood the log.
+    fn l3_failed(&self) -> u64 {
+        self.l3_failed_round_trips.fetch_add(1, Ordering::Relaxed) + 1
+    }
+}
+
 #[derive(Debug, Clone)]
 pub struct TierConfig {
     pub feature_dim: usize,
@@ -652,13 +661,7 @@ impl FeatureTiers {
                     inner.stats.l3_hits.fetch_add(hits, Ordering::Relaxed);
                 }
                 Ok(Err(e)) => {
-                    // Logged at the 1st, 2nd, 4th... failure: an outage under
-                    // load must not flood the log.
-                    let n = inner
-                        .stats
-                        .l3_failed_round_trips
-                        .fetch_add(1, Ordering::Relaxed)
-                        + 1;
+                    let n = inner.stats.l3_failed();
                     if n.is_power_of_two() {
                         tracing::warn!(redis = %l3.shown(), error = %e, rows = wanted.len(), failed_round_trips = n, "L3 fetch failed; serving default rows");
                     }
@@ -667,11 +670,7 @@ impl FeatureTiers {
                     }
                 }
                 Err(_) => {
-                    let n = inner
-                        .stats
-                        .l3_failed_round_trips
-                        .fetch_add(1, Ordering::Relaxed)
-                        + 1;
+                    let n = inner.stats.l3_failed();
                     if n.is_power_of_two() {
                         tracing::warn!(redis = %l3.shown(), rows = wanted.len(), failed_round_trips = n, "L3 fetch timed out; serving default rows");
                     }
