@@ -677,39 +677,63 @@ fn run_model(
     let mut out = Vec::with_capacity(ids.len());
     let mut offset = 0;
     for response in responses {
-        let tables = response
-            .tables()
-            .map_err(|e| PredictError::Internal(format!("decoding the sidecar's response: {e}")))?;
-        let asked =
-            &ids[offset.min(ids.len())..(offset + tables.target_ids().len()).min(ids.len())];
-        if tables.target_ids() != asked || asked.is_empty() {
-            return Err(PredictError::Internal(format!(
-                "the sidecar answered {} targets that are not the ones asked: a malformed \
-                 response",
-                tables.target_ids().len()
-            )));
+        let ran = run_one(model, metrics, ids, &mut offset, &response, &mut out);
+        // A segment truncated under the response: what was read may be the
+        // SIGBUS handler's zeros, so neither an error nor logits computed
+        // from it say anything about the sidecar's answer.
+        if response.segment_damaged() {
+            return Err(PredictError::Unavailable(
+                "the shared-memory segment was truncated while its response was read; the \
+                 worker attaches to the sidecar's new one: retry"
+                    .into(),
+            ));
         }
-        offset += asked.len();
-        let running = Instant::now();
-        let logits = model
-            .run(&tables)
-            .map_err(|e| PredictError::Internal(e.to_string()))?;
-        metrics
-            .onnx_run_seconds
-            .observe(running.elapsed().as_secs_f64());
-        let classes = model.manifest().num_classes as usize;
-        for (i, &node_id) in tables.target_ids().iter().enumerate() {
-            let row = &logits[i * classes..(i + 1) * classes];
-            out.push(Prediction {
-                node_id,
-                label: argmax(row) as i32,
-                logits: row.to_vec(),
-                known: tables.target_status()[i] == target_status::OK,
-                fallback_rows: fallback_rows(&tables, i),
-            });
-        }
+        ran?;
     }
     Ok(out)
+}
+
+/// Runs the model on one response, appending its predictions to `out`.
+fn run_one(
+    model: &mut Model,
+    metrics: &WorkerMetrics,
+    ids: &[u64],
+    offset: &mut usize,
+    response: &Response,
+    out: &mut Vec<Prediction>,
+) -> Result<(), PredictError> {
+    let tables = response
+        .tables()
+        .map_err(|e| PredictError::Internal(format!("decoding the sidecar's response: {e}")))?;
+    let start = (*offset).min(ids.len());
+    let asked = &ids[start..(*offset + tables.target_ids().len()).min(ids.len())];
+    if tables.target_ids() != asked || asked.is_empty() {
+        return Err(PredictError::Internal(format!(
+            "the sidecar answered {} targets that are not the ones asked: a malformed \
+             response",
+            tables.target_ids().len()
+        )));
+    }
+    *offset += asked.len();
+    let running = Instant::now();
+    let logits = model
+        .run(&tables)
+        .map_err(|e| PredictError::Internal(e.to_string()))?;
+    metrics
+        .onnx_run_seconds
+        .observe(running.elapsed().as_secs_f64());
+    let classes = model.manifest().num_classes as usize;
+    for (i, &node_id) in tables.target_ids().iter().enumerate() {
+        let row = &logits[i * classes..(i + 1) * classes];
+        out.push(Prediction {
+            node_id,
+            label: argmax(row) as i32,
+            logits: row.to_vec(),
+            known: tables.target_status()[i] == target_status::OK,
+            fallback_rows: fallback_rows(&tables, i),
+        });
+    }
+    Ok(())
 }
 
 /// Index of the largest value (the first on ties).

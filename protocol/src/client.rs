@@ -649,4 +649,14 @@ impl Response {
     pub fn mapping_range(&self) -> std::ops::Range<usize> {
         self.lease.attachment.segment.address_range()
     }
+
+    /// Whether the segment under this response was truncated by some
+    /// process: bytes read from it since may be the zeros of the SIGBUS
+    /// handler's page instead of the sidecar's rows (docs/protocol.md,
+    /// section Truncation). Ask after using the response: anything decoded
+    /// or computed from a damaged one is lost; fail it as unavailable and
+    /// retry.
+    pub fn segment_damaged(&self) -> bool {
+        self.lease.attachment.segment.damaged()
+    }
 }

@@ -354,3 +354,59 @@ fn a_truncated_segment_faults_no_process_and_is_seen_damaged_by_both_sides() {
     drop(client);
     server.shutdown();
 }
+
+/// A response held while the file shrinks: its bytes now read as the zero
+/// page, and the response says so, so that the worker discards what it
+/// decoded or computed from it instead of answering with it.
+#[test]
+fn a_response_held_across_a_truncation_reports_its_segment_damaged() {
+    let n = name("held-truncated");
+    let server = server(&n);
+    let client = RingClient::attach(&n, ClientOptions::default()).expect("attach");
+    let response = std::thread::scope(|scope| {
+        let call = scope.spawn(|| client.call(&CallRequest::new(&[7])));
+        let ticket = loop {
+            if let Some(ticket) = answer_all(&server, INTERVAL).pop() {
+                break ticket;
+            }
+        };
+        let request = ticket.request().expect("a valid request");
+        let shape = protocol::PayloadShape {
+            n_targets: 1,
+            n_nodes: 1,
+            feature_dim: 4,
+            fanouts: request.fanouts,
+        };
+        let [f1, f2] = request.fanouts.map(|f| f as usize);
+        ticket
+            .respond(request.request_id, 1, shape, |nodes, out| {
+                nodes.node_id[0] = 7;
+                nodes.features.fill(1.5);
+                out.target_id[0] = 7;
+                out.hop2_count[..f1].fill(0);
+                out.hop2_rows[..f1 * f2].fill(0);
+            })
+            .expect("the answer fits");
+        call.join().unwrap().expect("an OK response")
+    });
+    let before = response.tables().expect("decodes");
+    assert_eq!(before.target_ids(), &[7]);
+    assert!(!response.segment_damaged());
+    drop(before);
+
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(format!("/dev/shm/{n}"))
+        .unwrap()
+        .set_len(4096)
+        .unwrap();
+    assert!(response.segment_damaged(), "the response knows");
+    // Zeros are no valid payload; if they ever decoded, not as the answer.
+    if let Ok(tables) = response.tables() {
+        assert_ne!(tables.target_ids(), &[7], "read as zeros");
+    }
+    assert!(response.segment_damaged());
+    drop(response);
+    drop(client);
+    server.shutdown();
+}
