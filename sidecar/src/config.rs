@@ -183,6 +183,15 @@ pub struct ServeConfig {
     /// Log level (tracing directives, e.g. info or sidecar=debug,warn);
     /// changeable at run time (`sidecarctl log-level set`).
     pub log_level: String,
+    /// Graph delta entries (nodes with added edges, added nodes, added
+    /// edges) past which the graph compacts by itself in the background;
+    /// 0: only on `sidecarctl graph compact`.
+    pub compact_after: u64,
+    /// The update stream (Redis Stream key) to follow (docs/updates.md).
+    pub updates_stream: Option<String>,
+    /// Redis URL(s) of the update stream (default: `redis`); several only
+    /// with `redis_cluster`.
+    pub updates_redis: RedisUrls,
 }
 
 impl Default for ServeConfig {
@@ -217,6 +226,9 @@ impl Default for ServeConfig {
             metrics_addr: None,
             log_format: LogFormat::Text,
             log_level: "info".into(),
+            compact_after: 1_000_000,
+            updates_stream: None,
+            updates_redis: RedisUrls::default(),
         }
     }
 }
@@ -332,6 +344,22 @@ impl Validate for ServeConfig {
         finite_between("drain_timeout_s", self.drain_timeout_s, 0.0, 3600.0, "s")?;
         u64_between("l2_mib", self.l2_mib, 1, 1 << 30)?;
         u64_between("l2_ttl_s", self.l2_ttl_s, 1, 10 * 365 * 86_400)?;
+        if let Some(stream) = &self.updates_stream {
+            if stream.is_empty() {
+                return Err(Invalid::new(
+                    "updates_stream",
+                    "is empty",
+                    "name the stream's key, e.g. gnn:updates",
+                ));
+            }
+            if self.updates_redis.0.is_empty() && self.redis.0.is_empty() {
+                return Err(Invalid::new(
+                    "updates_stream",
+                    "is set without a Redis to read it from",
+                    "set updates_redis (or redis) to the stream's Redis URL",
+                ));
+            }
+        }
         if self.no_l2 && self.l2_dir.is_some() {
             return Err(Invalid::new(
                 "no_l2",
@@ -364,6 +392,15 @@ impl ServeConfig {
             data_dir: data_dir.into(),
             shm_name: shm_name.into(),
             ..Self::default()
+        }
+    }
+
+    /// The update stream's Redis URLs: `updates_redis`, else `redis`.
+    pub fn updates_redis_urls(&self) -> &[String] {
+        if self.updates_redis.0.is_empty() {
+            &self.redis.0
+        } else {
+            &self.updates_redis.0
         }
     }
 
@@ -404,6 +441,7 @@ impl ServeConfig {
     pub fn redacted(&self) -> Self {
         Self {
             redis: RedisUrls(self.redis.0.iter().map(|u| redact(u)).collect()),
+            updates_redis: RedisUrls(self.updates_redis.0.iter().map(|u| redact(u)).collect()),
             ..self.clone()
         }
     }
@@ -534,6 +572,18 @@ pub struct ServeFlags {
     #[arg(long)]
     #[serde(skip_serializing_if = "Option::is_none")]
     pub log_level: Option<String>,
+    /// Graph delta entries past which the graph compacts by itself; 0: never [default: 1000000].
+    #[arg(long)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub compact_after: Option<u64>,
+    /// Follow this update stream (Redis Stream key, e.g. gnn:updates).
+    #[arg(long)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub updates_stream: Option<String>,
+    /// Redis URL(s) of the update stream [default: the --redis URLs].
+    #[arg(long)]
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub updates_redis: Vec<String>,
 }
 
 fn is_false(b: &bool) -> bool {

@@ -8,7 +8,9 @@
 //!   and probes;
 //! - [`admin`]: the admin socket and its wire format (`sidecarctl`);
 //! - [`config`]: every setting of `sidecar serve`, its default and range;
-//! - [`data_dir`]: the lock that keeps one sidecar per data directory.
+//! - [`data_dir`]: the lock that keeps one sidecar per data directory;
+//! - [`updates`]: the update log every replica follows (a Redis Stream),
+//!   and `sidecar publish`.
 //!
 //! **Architecture invariant:** depends on `protocol`, never on `gnn-worker`;
 //! no ONNX Runtime here. `unsafe` is denied except where a file is memory
@@ -21,3 +23,4 @@ pub mod data_dir;
 pub mod features;
 pub mod graph;
 pub mod serve;
+pub mod updates;

@@ -58,6 +58,37 @@ enum Command {
     /// tiers, answer in place. Stops cleanly (drained) on SIGTERM/SIGINT or
     /// `sidecarctl shutdown`; SIGHUP re-reads log_level.
     Serve(Box<ServeArgs>),
+    /// Append operations to the update stream every replica follows
+    /// (docs/updates.md): one given here, or one per line of --file.
+    /// Rows go to the feature store first when the features live in Redis.
+    ///
+    /// Operations: `add-node ID [NEIGHBOR...] [row=V,V,...|row-file=PATH]
+    /// [directed]`, `add-edges SRC DST [SRC DST...] [directed]`,
+    /// `set-features ID row=V,V,...|row-file=PATH`, `invalidate ID [ID...]`.
+    Publish {
+        /// The stream's Redis (repeat for a cluster's nodes).
+        #[arg(long, required = true)]
+        redis: Vec<String>,
+        /// The --redis URLs are nodes of a Redis Cluster.
+        #[arg(long)]
+        redis_cluster: bool,
+        /// PEM CA certificate for rediss:// servers signed by a private CA.
+        #[arg(long)]
+        redis_ca: Option<PathBuf>,
+        /// The stream's key.
+        #[arg(long, default_value = sidecar::updates::DEFAULT_STREAM)]
+        stream: String,
+        /// A data directory `sidecar import` wrote: its features.json gives
+        /// the row size and whether rows go to Redis first.
+        #[arg(long)]
+        data_dir: Option<PathBuf>,
+        /// A file of operations, one per line (`#` comments).
+        #[arg(long)]
+        file: Option<PathBuf>,
+        /// One operation (see above), when no --file.
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+        op: Vec<String>,
+    },
     /// Write a seeded synthetic power-law graph (R-MAT, optional super nodes)
     /// as a dataset directory that `sidecar import` reads.
     Generate {
@@ -229,6 +260,42 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             Ok(())
         }
         Command::Serve(args) => serve(*args),
+        Command::Publish {
+            redis,
+            redis_cluster,
+            redis_ca,
+            stream,
+            data_dir,
+            file,
+            op,
+        } => {
+            use sidecar::updates::{entry::Op, publish};
+            let config = RedisConfig {
+                urls: redis,
+                cluster: redis_cluster,
+                ca_file: redis_ca,
+                ..RedisConfig::single("")
+            };
+            let target = publish::PublishTarget::new(config, &stream, data_dir.as_deref())?;
+            let ops = match (file, op.is_empty()) {
+                (Some(file), true) => publish::read_ops(&file, target.feature_dim)?,
+                (None, false) => {
+                    let words: Vec<&str> = op.iter().map(String::as_str).collect();
+                    vec![Op::from_words(&words, target.feature_dim).map_err(anyhow::Error::msg)?]
+                }
+                (Some(_), false) => anyhow::bail!("give --file or one operation, not both"),
+                (None, true) => anyhow::bail!(
+                    "nothing to publish: give one operation (e.g. `add-edges 1 2`) or --file"
+                ),
+            };
+            let last = tokio::runtime::Runtime::new()?.block_on(publish::publish(&target, &ops))?;
+            println!(
+                "appended {} operation(s) to {stream}; last entry {}",
+                ops.len(),
+                last.unwrap_or_else(|| "none".into())
+            );
+            Ok(())
+        }
         Command::Generate {
             out,
             nodes,

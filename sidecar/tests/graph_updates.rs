@@ -64,10 +64,20 @@ fn duplicate_and_existing_edges_are_ignored_and_isolated_nodes_can_be_added() {
     assert_eq!(stats.edges_added, 1, "only 0 -> 9 is new");
     assert_eq!(stats.edges_ignored, 3);
     let stats = graph.add_nodes(&[3000]).unwrap();
-    assert_eq!(stats.n_nodes, 3001);
+    assert_eq!(stats.nodes_added, 1);
+    assert_eq!(stats.n_nodes, 2709, "one node more, not the ids in between");
     let snapshot = graph.snapshot();
     assert_eq!(snapshot.degree(3000), Some(0), "known, isolated");
     assert_eq!(snapshot.degree(3001), None);
+    assert_eq!(
+        snapshot.degree(2708),
+        None,
+        "an id in the gap stays unknown"
+    );
+    assert_eq!(snapshot.id_bound(), 3001);
+    let mut sampler = Sampler::default();
+    let s = sampler.sample(&*snapshot, &[2900, 3000], [20, 10], 1);
+    assert_eq!(s.status, [target_status::UNKNOWN_NODE, target_status::OK]);
     assert!(graph.add_edges(&[(0, u64::from(u32::MAX))], false).is_err());
     // Ids stay dense: a mistyped id far past the end is refused, naming it.
     let far = 3001 + sidecar::graph::live::MAX_ID_GROWTH;
@@ -76,10 +86,140 @@ fn duplicate_and_existing_edges_are_ignored_and_isolated_nodes_can_be_added() {
         err.contains(&far.to_string()) && err.contains("dense"),
         "{err}"
     );
-    assert_eq!(graph.snapshot().n_nodes(), 3001, "nothing was added");
+    assert_eq!(graph.snapshot().n_nodes(), 2709, "nothing was added");
+    assert_eq!(
+        graph.snapshot().generation(),
+        2,
+        "a refused update does not count"
+    );
     graph
         .add_nodes(&[far - 1])
         .expect("just within the growth bound");
+}
+
+/// Nodes added past the end with gaps: a compaction writes the known-node
+/// bitmap, so the gap stays unknown after it (and after a restart), and the
+/// digest, counts, generation and stream position are those of the graph
+/// before the compaction.
+#[test]
+fn a_compaction_keeps_the_gaps_unknown_the_generation_and_the_digest() {
+    let (_dir, path, graph) = cora();
+    graph.add_nodes(&[5000]).unwrap();
+    graph.add_edges(&[(5000, 1), (4000, 5000)], true).unwrap();
+    let position = sidecar::graph::StreamPosition {
+        ms: 1700000000000,
+        seq: 3,
+    };
+    let outcomes = graph.apply(
+        &[sidecar::graph::GraphUpdate {
+            edges: vec![(2, 3000)],
+            ..Default::default()
+        }],
+        Some((position, 3)),
+    );
+    assert!(outcomes[0].is_ok());
+    let before = graph.snapshot();
+    assert_eq!(before.n_nodes(), 2711, "2708 + 5000, 4000 and 3000");
+    graph.compact(&path).unwrap();
+    let after = graph.snapshot();
+    assert_eq!(after.delta_entries(), 0);
+    assert_eq!(after.n_nodes(), before.n_nodes());
+    assert_eq!(after.n_edges(), before.n_edges());
+    assert_eq!(after.generation(), before.generation());
+    assert_eq!(after.position(), position);
+    assert_eq!(after.checksum(), before.checksum());
+    for id in [2708u64, 2999, 3001, 4999] {
+        assert_eq!(after.degree(id), None, "{id} stays unknown");
+    }
+    assert_eq!(after.degree(5000), Some(2));
+    // A restart maps the compacted file: the same graph.
+    let restarted = LiveGraph::new(CsrIndex::open(&path).unwrap()).snapshot();
+    assert_eq!(restarted.checksum(), before.checksum());
+    assert_eq!(restarted.n_nodes(), 2711);
+    assert_eq!(restarted.generation(), before.generation());
+    assert_eq!(restarted.position(), position);
+    assert_eq!(restarted.degree(4500), None);
+}
+
+/// The digest depends on the graph only: the same edges added in another
+/// order, in other batches, compacted or not, give the same digest; one
+/// edge more changes it.
+#[test]
+fn the_checksum_depends_on_the_graph_not_on_its_history() {
+    let (_dir_a, path_a, a) = cora();
+    let (_dir_b, _path_b, b) = cora();
+    assert_eq!(a.snapshot().checksum(), b.snapshot().checksum());
+    let edges: Vec<(u64, u64)> = (0..300u64).map(|k| (k * 7 % 2708, 2708 + k % 50)).collect();
+    a.add_edges(&edges, true).unwrap();
+    a.compact(&path_a).unwrap();
+    for chunk in edges.rchunks(7) {
+        b.add_edges(chunk, true).unwrap();
+    }
+    assert_eq!(a.snapshot().checksum(), b.snapshot().checksum());
+    assert_eq!(a.snapshot().n_edges(), b.snapshot().n_edges());
+    let stats = b.add_edges(&[(2900, 0)], false).unwrap();
+    assert_eq!((stats.nodes_added, stats.edges_added), (1, 1));
+    assert_ne!(a.snapshot().checksum(), b.snapshot().checksum());
+}
+
+/// Updates applied while a compaction builds are not lost: they are
+/// replayed on the new base when it switches. Automatic compaction runs by
+/// itself once the delta passes its threshold.
+#[test]
+fn updates_during_a_compaction_survive_it_and_the_graph_compacts_by_itself() {
+    let data = tests::stack::dataset("cora");
+    let dir = tempfile::tempdir().unwrap();
+    import_graph(&data, dir.path(), false, 1).unwrap();
+    let path = dir.path().join(INDEX_FILE);
+    let graph = LiveGraph::with_auto_compact(
+        CsrIndex::open(&path).unwrap(),
+        Some(sidecar::graph::live::AutoCompact {
+            index_path: path.clone(),
+            after: 200,
+        }),
+    );
+    let reference = LiveGraph::new(CsrIndex::open(&path).unwrap());
+    // Many small updates: the delta passes 200 entries several times over,
+    // so compactions run in the background while updates keep coming.
+    for k in 0..600u64 {
+        let edge = [(k % 2708, (k * 31 + 5) % 2708)];
+        graph.add_edges(&edge, true).unwrap();
+        reference.add_edges(&edge, true).unwrap();
+    }
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    let settled = || {
+        let s = graph.snapshot();
+        !graph.compacting() && s.delta_entries() + s.added_edges() < 200
+    };
+    while !settled() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "compaction did not keep up"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    assert!(
+        graph.compactions() >= 2,
+        "{} compactions",
+        graph.compactions()
+    );
+    let (got, want) = (graph.snapshot(), reference.snapshot());
+    assert!(
+        got.delta_entries() < want.delta_entries(),
+        "compacted: {} delta entries, {} without compaction",
+        got.delta_entries(),
+        want.delta_entries()
+    );
+    assert_eq!(got.checksum(), want.checksum(), "no update lost or doubled");
+    assert_eq!(got.n_edges(), want.n_edges());
+    assert_eq!(got.generation(), want.generation());
+    let on_disk = CsrIndex::open(&path).unwrap();
+    assert!(
+        on_disk.header().generation > 0,
+        "a compaction rewrote the index"
+    );
+    assert!(on_disk.n_edges() > 10_556, "with added edges");
+    assert_eq!(graph.snapshot().checksum(), reference.snapshot().checksum());
 }
 
 #[test]
@@ -159,4 +299,51 @@ fn compaction_keeps_every_edge_and_empties_the_delta() {
     assert_eq!(reopened.n_edges(), before.n_edges());
     // A request holding the pre-compaction snapshot still reads its mapping.
     assert!(old_held.neighbors(2708).contains(&0));
+}
+
+/// A target's sample depends on the graph alone: the same nodes whatever
+/// else is in the batch, and whether the added edges lie in the delta or in
+/// a compacted index.
+#[test]
+fn a_target_samples_the_same_neighbourhood_compacted_or_not_in_any_batch() {
+    let (_dir_a, path_a, a) = cora();
+    let (_dir_b, _path_b, b) = cora();
+    let edges: Vec<(u64, u64)> = (0..400u64)
+        .map(|k| (k % 40, (k * 97 + 13) % 2708))
+        .collect();
+    a.add_edges(&edges, true).unwrap();
+    b.add_edges(&edges, true).unwrap();
+    a.compact(&path_a).unwrap();
+    let (sa, sb) = (a.snapshot(), b.snapshot());
+    assert_eq!(sa.delta_entries(), 0);
+    assert!(sb.delta_entries() > 0);
+    let mut sampler = Sampler::default();
+    let neighbourhood = |s: &sidecar::graph::Sampled, t: usize| -> Vec<u64> {
+        let [f1, f2] = s.fanouts.map(|f| f as usize);
+        let mut ids = vec![s.nodes[s.target_row[t] as usize]];
+        for j in 0..s.hop1_count[t] as usize {
+            ids.push(s.nodes[s.hop1_rows[t * f1 + j] as usize]);
+            for k in 0..s.hop2_count[t * f1 + j] as usize {
+                ids.push(s.nodes[s.hop2_rows[(t * f1 + j) * f2 + k] as usize]);
+            }
+        }
+        ids
+    };
+    for target in 0..40u64 {
+        let alone_a = sampler.sample(&*sa, &[target], [5, 3], 99);
+        let alone_b = sampler.sample(&*sb, &[target], [5, 3], 99);
+        let in_batch = sampler.sample(&*sb, &[1000, target, 7], [5, 3], 99);
+        let want = neighbourhood(&alone_a, 0);
+        assert!(want.len() > 1, "node {target} has sampled neighbours");
+        assert_eq!(
+            neighbourhood(&alone_b, 0),
+            want,
+            "node {target}: delta vs compacted"
+        );
+        assert_eq!(
+            neighbourhood(&in_batch, 1),
+            want,
+            "node {target}: alone vs in a batch"
+        );
+    }
 }

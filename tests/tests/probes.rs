@@ -286,8 +286,17 @@ fn exported(addr: &str) -> BTreeSet<String> {
 #[test]
 fn every_exported_metric_is_documented_and_every_documented_one_exported() {
     let metrics_addr = format!("127.0.0.1:{}", free_port());
+    // Following an update stream: its metrics are exported only then.
+    let redis = tests::redis::RedisServer::start();
     let mut options = StackOptions::new("cora");
-    options.sidecar_args = vec!["--metrics-addr".into(), metrics_addr.clone()];
+    options.sidecar_args = vec![
+        "--metrics-addr".into(),
+        metrics_addr.clone(),
+        "--updates-redis".into(),
+        redis.url(),
+        "--updates-stream".into(),
+        "gnn:updates".into(),
+    ];
     let stack = Stack::start(&options).expect("stack");
     let (code, _) = http_request(
         &stack.http,

@@ -295,10 +295,11 @@ fn handle(
         }
         AdminRequest::WarmIds { ids } => {
             let core = daemon.loaded()?;
-            let n_nodes = core.graph.snapshot().n_nodes();
-            if let Some(&unknown) = ids.iter().find(|&&id| id >= n_nodes) {
+            let graph = core.graph.snapshot();
+            if let Some(&unknown) = ids.iter().find(|&&id| !graph.is_known(id)) {
                 bail!(
-                    "node {unknown} is not in the graph ({n_nodes} nodes): warm known nodes only"
+                    "node {unknown} is not in the graph ({} nodes): warm known nodes only",
+                    graph.n_nodes()
                 );
             }
             warm(daemon, runtime, &ids, progress)?
@@ -367,7 +368,6 @@ fn handle(
                 _ => bail!("no feature store to write the new rows to"),
             }
             runtime.block_on(core.tiers.invalidate(&ids));
-            let before = core.graph.snapshot().n_nodes();
             let stats = core.graph.add_edges_and_nodes(&edges, &ids, undirected)?;
             tracing::info!(
                 nodes = ids.len(),
@@ -376,7 +376,7 @@ fn handle(
                 "graph updated through the admin socket"
             );
             AdminResponse::Updated {
-                nodes_added: stats.n_nodes.saturating_sub(before),
+                nodes_added: stats.nodes_added,
                 edges_added: stats.edges_added,
                 n_nodes: stats.n_nodes,
                 generation: stats.generation,
@@ -384,7 +384,6 @@ fn handle(
         }
         AdminRequest::AddEdges { edges, undirected } => {
             let core = daemon.loaded()?;
-            let before = core.graph.snapshot().n_nodes();
             let stats = core.graph.add_edges(&edges, undirected)?;
             tracing::info!(
                 edges = stats.edges_added,
@@ -393,20 +392,31 @@ fn handle(
                 "edges added through the admin socket"
             );
             AdminResponse::Updated {
-                nodes_added: stats.n_nodes.saturating_sub(before),
+                nodes_added: stats.nodes_added,
                 edges_added: stats.edges_added,
                 n_nodes: stats.n_nodes,
                 generation: stats.generation,
             }
         }
+        AdminRequest::GraphChecksum => {
+            let graph = daemon.loaded()?.graph.snapshot();
+            AdminResponse::GraphChecksum {
+                checksum: format!("{:016x}", graph.checksum()),
+                n_nodes: graph.n_nodes(),
+                n_edges: graph.n_edges(),
+                generation: graph.generation(),
+                position: graph.position().to_string(),
+            }
+        }
         AdminRequest::Compact => {
             let core = daemon.loaded()?;
             let started = Instant::now();
-            let built = core.graph.compact(&core.index_path)?;
+            core.graph.compact(&core.index_path)?;
+            let graph = core.graph.snapshot();
             AdminResponse::Compacted {
-                n_nodes: built.n_nodes,
-                n_edges: built.n_edges,
-                generation: core.graph.snapshot().generation(),
+                n_nodes: graph.n_nodes(),
+                n_edges: graph.n_edges(),
+                generation: graph.generation(),
                 seconds: started.elapsed().as_secs_f64(),
             }
         }
@@ -510,6 +520,7 @@ fn warm(
 fn status(daemon: &Daemon) -> StatusReport {
     let core = daemon.core();
     let graph = core.map(|c| c.graph.snapshot());
+    let updates = core.and_then(|c| c.updates.as_deref());
     let (l1_rows, pinned_rows) = core.map_or((0, 0), |c| c.tiers.l1_rows());
     let occupancy = daemon
         .ring()
@@ -544,6 +555,16 @@ fn status(daemon: &Daemon) -> StatusReport {
         l1_rows: l1_rows as u64,
         l1_bytes: core.map_or(0, |c| c.tiers.l1_bytes()),
         pinned_rows: pinned_rows as u64,
+        updates_stream: updates.map_or_else(String::new, |u| u.stream.clone()),
+        update_position: updates.map_or_else(
+            || {
+                graph
+                    .as_ref()
+                    .map_or_else(String::new, |g| g.position().to_string())
+            },
+            |u| u.position().to_string(),
+        ),
+        update_lag_s: updates.map_or(0.0, |u| u.lag_seconds()),
     }
 }
 

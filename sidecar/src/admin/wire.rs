@@ -107,6 +107,8 @@ pub enum AdminRequest {
     },
     /// Drains and stops the sidecar.
     Shutdown,
+    /// A digest of the served graph (index and delta), with its counts.
+    GraphChecksum,
 }
 
 /// A node added while serving.
@@ -192,6 +194,16 @@ pub enum AdminResponse {
         complete: bool,
     },
     ShuttingDown,
+    /// Equal on replicas that applied the same updates, compacted or not.
+    GraphChecksum {
+        /// 16 hex digits.
+        checksum: String,
+        n_nodes: u64,
+        n_edges: u64,
+        generation: u64,
+        /// The last update-stream entry applied (`ms-seq`; `0-0`: none).
+        position: String,
+    },
 }
 
 /// What `sidecarctl status` shows.
@@ -225,6 +237,13 @@ pub struct StatusReport {
     pub l1_rows: u64,
     pub l1_bytes: u64,
     pub pinned_rows: u64,
+    /// The update stream followed (empty: none).
+    pub updates_stream: String,
+    /// The last entry applied (`ms-seq`).
+    pub update_position: String,
+    /// Now minus the time of the last applied entry while entries are
+    /// pending; 0 when caught up.
+    pub update_lag_s: f64,
 }
 
 /// One latency distribution, seconds (percentiles estimated from the

@@ -173,6 +173,9 @@ enum GraphAction {
     },
     /// Rewrite the graph index with every update folded in.
     Compact,
+    /// Print a digest of the served graph (index and updates): equal on
+    /// replicas that applied the same updates, compacted or not.
+    Checksum,
 }
 
 #[derive(Debug, Subcommand)]
@@ -317,6 +320,7 @@ fn request_of(command: Command) -> anyhow::Result<AdminRequest> {
                 undirected: !directed,
             },
             GraphAction::Compact => AdminRequest::Compact,
+            GraphAction::Checksum => AdminRequest::GraphChecksum,
         },
         Command::Cache {
             action: CacheAction::Flush { l1, l2 },
@@ -511,6 +515,25 @@ fn print(response: &AdminResponse, as_json: bool) -> anyhow::Result<bool> {
                 ));
             }
         }
+        AdminResponse::GraphChecksum {
+            checksum,
+            n_nodes,
+            n_edges,
+            generation,
+            position,
+        } => {
+            if as_json {
+                json(
+                    &j!({"checksum": checksum, "n_nodes": n_nodes, "n_edges": n_edges,
+                    "generation": generation, "position": position}),
+                );
+            } else {
+                out(&format!(
+                    "{checksum}  {n_nodes} nodes, {n_edges} edges, generation {generation}, \
+                     position {position}"
+                ));
+            }
+        }
         AdminResponse::Flushed {
             l1_rows,
             pinned_rows,
@@ -591,6 +614,17 @@ fn print_status(s: &StatusReport) {
                 "{} rows, {} bytes; {} pinned rows",
                 s.l1_rows, s.l1_bytes, s.pinned_rows
             ),
+        ),
+        (
+            "updates",
+            if s.updates_stream.is_empty() {
+                format!("no stream followed; graph position {}", s.update_position)
+            } else {
+                format!(
+                    "stream {}, position {}, lag {:.3} s",
+                    s.updates_stream, s.update_position, s.update_lag_s
+                )
+            },
         ),
     ];
     for (key, value) in rows {

@@ -187,6 +187,25 @@ impl RedisTier {
         &self.prefix
     }
 
+    /// Runs one command (routed by its key on a cluster).
+    pub async fn query<T: redis::FromRedisValue>(&self, cmd: &redis::Cmd) -> RedisResult<T> {
+        match &self.connection {
+            Connection::Single(c) => cmd.query_async(&mut c.clone()).await,
+            Connection::Cluster(c) => cmd.query_async(&mut c.clone()).await,
+        }
+    }
+
+    /// Runs a pipeline (its commands on one slot, on a cluster).
+    pub async fn query_pipeline<T: redis::FromRedisValue>(
+        &self,
+        pipe: &redis::Pipeline,
+    ) -> RedisResult<T> {
+        match &self.connection {
+            Connection::Single(c) => pipe.query_async(&mut c.clone()).await,
+            Connection::Cluster(c) => pipe.query_async(&mut c.clone()).await,
+        }
+    }
+
     async fn mget_keys(&self, keys: Vec<String>) -> RedisResult<Vec<Option<Vec<u8>>>> {
         let mut cmd = redis::cmd("MGET");
         cmd.arg(keys);

@@ -32,6 +32,7 @@ use rocksdb::{
 };
 
 use crate::features::contract::{rocks_key, rocks_value, split_rocks_value};
+use crate::graph::StreamPosition;
 
 /// What an L2 store is for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -71,6 +72,10 @@ pub struct RocksStore {
     /// its first failure of an episode is logged.
     no_space: AtomicBool,
 }
+
+/// Where the update-stream position is kept: not 8 bytes long, so never a
+/// node's key.
+const UPDATE_POSITION_KEY: &[u8] = b"\xffupdates-position";
 
 fn now_secs() -> u64 {
     SystemTime::now()
@@ -307,6 +312,56 @@ impl RocksStore {
             .with_context(|| format!("writing feature rows to {}", self.path.display()))
     }
 
+    /// The position in the update stream of the last entry whose rows and
+    /// evictions this store holds, and the entries consumed up to it
+    /// (docs/updates.md, "Positions"); `None` when none was recorded (or a
+    /// cache flush dropped it).
+    pub fn update_position(&self) -> Option<(StreamPosition, u64)> {
+        let value = self.db.get(UPDATE_POSITION_KEY).ok().flatten()?;
+        let value: [u8; 24] = value.as_slice().try_into().ok()?;
+        let word = |i: usize| u64::from_le_bytes(value[8 * i..8 * i + 8].try_into().expect("8"));
+        Some((
+            StreamPosition {
+                ms: word(0),
+                seq: word(1),
+            },
+            word(2),
+        ))
+    }
+
+    /// Writes `rows`, deletes `evicted` (a cache only: the store of record
+    /// keeps its rows), and records `position`, in one atomic batch.
+    pub fn apply_updates<'a>(
+        &self,
+        rows: impl IntoIterator<Item = (u64, &'a [u8])>,
+        evicted: &[u64],
+        position: StreamPosition,
+        consumed: u64,
+    ) -> anyhow::Result<()> {
+        let expires_at = match self.role {
+            Role::StoreOfRecord => 0,
+            Role::Cache { ttl, .. } => now_secs() + ttl.as_secs().max(1),
+        };
+        self.check_writable()?;
+        let mut batch = WriteBatch::default();
+        if matches!(self.role, Role::Cache { .. }) {
+            for &id in evicted {
+                batch.delete(rocks_key(id));
+            }
+        }
+        for (id, row) in rows {
+            batch.put(rocks_key(id), rocks_value(expires_at, row));
+        }
+        let mut value = [0u8; 24];
+        value[..8].copy_from_slice(&position.ms.to_le_bytes());
+        value[8..16].copy_from_slice(&position.seq.to_le_bytes());
+        value[16..].copy_from_slice(&consumed.to_le_bytes());
+        batch.put(UPDATE_POSITION_KEY, value);
+        // One batch: after a crash the store holds all of it or none.
+        self.write(batch)
+            .with_context(|| format!("applying updates to {}", self.path.display()))
+    }
+
     /// Removes rows (invalidation).
     pub fn delete_many(&self, ids: &[u64]) -> anyhow::Result<()> {
         self.check_writable()?;
@@ -338,6 +393,22 @@ impl RocksStore {
     /// Flushes memtables to disk (import, shutdown).
     pub fn flush(&self) -> anyhow::Result<()> {
         Ok(self.db.flush()?)
+    }
+
+    /// Memory RocksDB holds, by part: memtables (written rows not yet
+    /// flushed; bounded by the write buffer size times the number of
+    /// buffers), the block cache, and the table readers' index and filter
+    /// blocks.
+    pub fn memory_bytes(&self) -> [(&'static str, u64); 3] {
+        let property = |name: &str| self.db.property_int_value(name).ok().flatten().unwrap_or(0);
+        [
+            ("memtables", property("rocksdb.cur-size-all-mem-tables")),
+            ("block_cache", property("rocksdb.block-cache-usage")),
+            (
+                "table_readers",
+                property("rocksdb.estimate-table-readers-mem"),
+            ),
+        ]
     }
 
     /// Approximate bytes on disk (SST files).

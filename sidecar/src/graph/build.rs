@@ -23,7 +23,9 @@ use anyhow::{bail, ensure, Context};
 use memmap2::MmapMut;
 use xxhash_rust::xxh3::xxh3_64;
 
-use crate::graph::format::{CsrHeader, FLAG_UNDIRECTED, HEADER_BYTES};
+use crate::graph::format::{
+    CsrHeader, StreamPosition, FLAG_KNOWN_BITMAP, FLAG_UNDIRECTED, HEADER_BYTES,
+};
 
 /// Edges read per chunk (8 MB of u32 pairs).
 const CHUNK_EDGES: usize = 1 << 20;
@@ -92,11 +94,20 @@ impl EdgeFile {
 }
 
 /// Options of a build.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Default)]
 pub struct BuildOptions {
     /// Add the reverse of every edge.
     pub undirected: bool,
     pub graph_version: u64,
+    /// Known nodes, one bit each (bit i of word i / 64), when some ids below
+    /// the node count are not nodes (a compaction of sparse additions);
+    /// `None`: every id is.
+    pub known: Option<Vec<u64>>,
+    /// The update-stream position, entries consumed and generation the
+    /// file records.
+    pub position: StreamPosition,
+    pub consumed: u64,
+    pub generation: u64,
 }
 
 /// What a build produced.
@@ -243,7 +254,15 @@ pub fn build(edges: &EdgeFile, out: &Path, options: &BuildOptions) -> anyhow::Re
         .truncate(true)
         .open(&tmp)
         .with_context(|| format!("creating {}", tmp.display()))?;
-    let raw_len = CsrHeader::file_bytes(n_nodes, raw_edges);
+    if let Some(known) = &options.known {
+        ensure!(
+            known.len() as u64 == n_nodes.div_ceil(64),
+            "the known-node bitmap has {} words for {n_nodes} nodes",
+            known.len()
+        );
+    }
+    let with_bitmap = options.known.is_some();
+    let raw_len = CsrHeader::file_bytes(n_nodes, raw_edges, with_bitmap);
     // The blocks are reserved up front: a sparse file's pages written through
     // the mapping on a full device would raise SIGBUS and kill the process
     // (the sidecar, during a compaction); this fails cleanly instead.
@@ -338,21 +357,34 @@ pub fn build(edges: &EdgeFile, out: &Path, options: &BuildOptions) -> anyhow::Re
     let n_edges = write as u64;
     map.flush()?;
     drop(map);
-    let final_len = CsrHeader::file_bytes(n_nodes, n_edges);
+    let final_len = CsrHeader::file_bytes(n_nodes, n_edges, with_bitmap);
     file.set_len(final_len)?;
     // SAFETY: as above; the file was shrunk before it is mapped again.
     let mut map = unsafe { MmapMut::map_mut(&file) }?;
+    let mut flags = if options.undirected {
+        FLAG_UNDIRECTED
+    } else {
+        0
+    };
+    if let Some(known) = &options.known {
+        flags |= FLAG_KNOWN_BITMAP;
+        let start = CsrHeader::known_offset(n_nodes, n_edges) as usize;
+        // Zero padding between the indices and the bitmap, then the bitmap.
+        map[CsrHeader::indices_offset(n_nodes) as usize + 4 * n_edges as usize..start].fill(0);
+        for (i, word) in known.iter().enumerate() {
+            map[start + 8 * i..start + 8 * i + 8].copy_from_slice(&word.to_le_bytes());
+        }
+    }
     let body_checksum = xxh3_64(&map[HEADER_BYTES..]);
     let header = CsrHeader {
-        flags: if options.undirected {
-            FLAG_UNDIRECTED
-        } else {
-            0
-        },
+        flags,
         n_nodes,
         n_edges,
         graph_version: options.graph_version,
         body_checksum,
+        position: options.position,
+        generation: options.generation,
+        consumed: options.consumed,
     };
     map[..HEADER_BYTES].copy_from_slice(&header.encode());
     map.flush()?;

@@ -45,6 +45,7 @@ pub fn import_graph(
     let options = BuildOptions {
         undirected,
         graph_version,
+        ..BuildOptions::default()
     };
     if input.is_dir() {
         let edges_path = input.join("edges.u32");

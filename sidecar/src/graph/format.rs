@@ -4,7 +4,7 @@
 //! offset  size        field
 //! 0       8           magic "GNNCSR\0\0"
 //! 8       4           version (1)
-//! 12      4           flags (bit 0: built with --undirected; informational)
+//! 12      4           flags (bit 0: built with --undirected, informational; bit 1: known-node bitmap)
 //! 16      8           n_nodes
 //! 24      8           n_edges
 //! 32      8           graph_version
@@ -12,14 +12,27 @@
 //! 48      8           indices_offset (indptr end, rounded up to 64)
 //! 56      8           file_bytes
 //! 64      8           body_checksum: xxh3-64 of bytes [128, file_bytes)
-//! 72      48          reserved (zero)
+//! 72      8           known_offset: 0, or (flag bit 1) where the known-node bitmap starts
+//! 80      8           update position, milliseconds part (0-0: none applied)
+//! 88      8           update position, sequence part
+//! 96      8           generation: updates applied to the graph since its import
+//! 104     8           stream entries consumed up to the update position
+//! 112     8           reserved (zero)
 //! 120     8           header_checksum: xxh3-64 of bytes [0, 120)
 //! 128     8 (n+1)     indptr: u64, indptr[0] = 0, non-decreasing, indptr[n] = n_edges
 //! ...     4 n_edges   indices: u32 neighbour ids < n_nodes, each row sorted, unique, no self loop
+//! ...     8 ceil(n/64) with flag bit 1 only, at known_offset (indices end rounded up
+//!                     to 8): bit i of word i/64 set when node i is known
 //! ```
 //!
 //! All integers little-endian. A reader verifies both checksums and the
 //! structure (monotone indptr, ids in range) before it samples from the file.
+//!
+//! Without flag bit 1 every id below n_nodes is a known node (what an import
+//! writes). A compaction of a graph with ids added past its end writes the
+//! bitmap, so the ids in between stay unknown. The update position is the
+//! last entry of the update stream (docs/updates.md) whose changes the file
+//! holds; the generation counts updates applied since the import.
 
 use std::ops::Range;
 
@@ -29,6 +42,35 @@ pub const MAGIC: [u8; 8] = *b"GNNCSR\0\0";
 pub const VERSION: u32 = 1;
 pub const HEADER_BYTES: usize = 128;
 pub const FLAG_UNDIRECTED: u32 = 1;
+/// The file carries a bitmap of known nodes (some ids below n_nodes are not).
+pub const FLAG_KNOWN_BITMAP: u32 = 2;
+
+/// A position in the update stream: a Redis Stream entry id `ms-seq`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct StreamPosition {
+    pub ms: u64,
+    pub seq: u64,
+}
+
+impl StreamPosition {
+    /// Before every entry (`0-0`).
+    pub const START: StreamPosition = StreamPosition { ms: 0, seq: 0 };
+
+    /// Parses `ms-seq` (or `ms`, sequence 0).
+    pub fn parse(text: &str) -> Option<Self> {
+        let (ms, seq) = text.split_once('-').unwrap_or((text, "0"));
+        Some(Self {
+            ms: ms.parse().ok()?,
+            seq: seq.parse().ok()?,
+        })
+    }
+}
+
+impl std::fmt::Display for StreamPosition {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}-{}", self.ms, self.seq)
+    }
+}
 
 /// The header of a CSR file.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -38,6 +80,14 @@ pub struct CsrHeader {
     pub n_edges: u64,
     pub graph_version: u64,
     pub body_checksum: u64,
+    /// The last update-stream entry whose changes the file holds.
+    pub position: StreamPosition,
+    /// Updates applied to the graph since its import.
+    pub generation: u64,
+    /// Update-stream entries consumed up to `position` (applied or skipped):
+    /// with Redis's count of entries ever added, tells whether any entry
+    /// after `position` was deleted.
+    pub consumed: u64,
 }
 
 /// Why a CSR file was refused.
@@ -78,8 +128,26 @@ impl CsrHeader {
         end.next_multiple_of(64)
     }
 
-    pub fn file_bytes(n_nodes: u64, n_edges: u64) -> u64 {
-        Self::indices_offset(n_nodes) + 4 * n_edges
+    /// Where the known-node bitmap starts (when there is one).
+    pub fn known_offset(n_nodes: u64, n_edges: u64) -> u64 {
+        (Self::indices_offset(n_nodes) + 4 * n_edges).next_multiple_of(8)
+    }
+
+    /// Bytes of the file: without a bitmap, the end of the indices.
+    pub fn file_bytes(n_nodes: u64, n_edges: u64, known_bitmap: bool) -> u64 {
+        if known_bitmap {
+            Self::known_offset(n_nodes, n_edges) + 8 * n_nodes.div_ceil(64)
+        } else {
+            Self::indices_offset(n_nodes) + 4 * n_edges
+        }
+    }
+
+    pub fn has_known_bitmap(&self) -> bool {
+        self.flags & FLAG_KNOWN_BITMAP != 0
+    }
+
+    fn own_file_bytes(&self) -> u64 {
+        Self::file_bytes(self.n_nodes, self.n_edges, self.has_known_bitmap())
     }
 
     /// The 128 header bytes.
@@ -93,8 +161,18 @@ impl CsrHeader {
         out[32..40].copy_from_slice(&self.graph_version.to_le_bytes());
         out[40..48].copy_from_slice(&(HEADER_BYTES as u64).to_le_bytes());
         out[48..56].copy_from_slice(&Self::indices_offset(self.n_nodes).to_le_bytes());
-        out[56..64].copy_from_slice(&Self::file_bytes(self.n_nodes, self.n_edges).to_le_bytes());
+        out[56..64].copy_from_slice(&self.own_file_bytes().to_le_bytes());
         out[64..72].copy_from_slice(&self.body_checksum.to_le_bytes());
+        let known_offset = if self.has_known_bitmap() {
+            Self::known_offset(self.n_nodes, self.n_edges)
+        } else {
+            0
+        };
+        out[72..80].copy_from_slice(&known_offset.to_le_bytes());
+        out[80..88].copy_from_slice(&self.position.ms.to_le_bytes());
+        out[88..96].copy_from_slice(&self.position.seq.to_le_bytes());
+        out[96..104].copy_from_slice(&self.generation.to_le_bytes());
+        out[104..112].copy_from_slice(&self.consumed.to_le_bytes());
         let header_checksum = xxh3_64(&out[..120]);
         out[120..128].copy_from_slice(&header_checksum.to_le_bytes());
         out
@@ -141,17 +219,32 @@ impl CsrHeader {
             n_edges: u64_at(24),
             graph_version: u64_at(32),
             body_checksum: u64_at(64),
+            position: StreamPosition {
+                ms: u64_at(80),
+                seq: u64_at(88),
+            },
+            generation: u64_at(96),
+            consumed: u64_at(104),
         };
+        if header.flags & !(FLAG_UNDIRECTED | FLAG_KNOWN_BITMAP) != 0 {
+            return Err(corrupt(format!("unknown flags {:#x}", header.flags)));
+        }
         if header.n_nodes > u64::from(u32::MAX) || header.n_edges > u64::MAX / 8 {
             return Err(corrupt(format!(
                 "{} nodes / {} edges is out of range",
                 header.n_nodes, header.n_edges
             )));
         }
-        let expected = Self::file_bytes(header.n_nodes, header.n_edges);
+        let expected = header.own_file_bytes();
+        let known_offset = if header.has_known_bitmap() {
+            Self::known_offset(header.n_nodes, header.n_edges)
+        } else {
+            0
+        };
         if u64_at(40) != HEADER_BYTES as u64
             || u64_at(48) != Self::indices_offset(header.n_nodes)
             || u64_at(56) != expected
+            || u64_at(72) != known_offset
         {
             return Err(corrupt("header offsets disagree with the counts".into()));
         }
@@ -180,5 +273,14 @@ impl CsrHeader {
     pub fn indices_range(&self) -> Range<usize> {
         let start = Self::indices_offset(self.n_nodes) as usize;
         start..start + 4 * self.n_edges as usize
+    }
+
+    /// Byte range of the known-node bitmap (empty without one).
+    pub fn known_range(&self) -> Range<usize> {
+        if !self.has_known_bitmap() {
+            return 0..0;
+        }
+        let start = Self::known_offset(self.n_nodes, self.n_edges) as usize;
+        start..start + 8 * self.n_nodes.div_ceil(64) as usize
     }
 }

@@ -19,6 +19,8 @@ use crate::graph::format::{CsrHeader, FormatError};
 pub struct CsrIndex {
     map: Mmap,
     header: CsrHeader,
+    /// Known nodes: n_nodes, or the bitmap's population.
+    known: u64,
 }
 
 impl CsrIndex {
@@ -39,8 +41,19 @@ impl CsrIndex {
         // through bounds-checked slices.
         let map = unsafe { Mmap::map(&file) }.map_err(io)?;
         let header = CsrHeader::decode(&map, len, &shown)?;
-        let index = Self { map, header };
+        let mut index = Self {
+            map,
+            header,
+            known: header.n_nodes,
+        };
         index.verify(&shown)?;
+        if header.has_known_bitmap() {
+            index.known = index
+                .known_words()
+                .iter()
+                .map(|w| u64::from(w.count_ones()))
+                .sum();
+        }
         Ok(index)
     }
 
@@ -70,6 +83,23 @@ impl CsrIndex {
                 )));
             }
         }
+        if self.header.has_known_bitmap() {
+            let tail = n as usize % 64;
+            if tail != 0 && self.known_words().last().is_some_and(|w| w >> tail != 0) {
+                return Err(corrupt(
+                    "the known-node bitmap has bits past the last node".into(),
+                ));
+            }
+            for node in 0..n {
+                let row = self.neighbors(node);
+                if !self.is_known(node) && !row.is_empty() || row.iter().any(|&v| !self.is_known(v))
+                {
+                    return Err(corrupt(format!(
+                        "node {node}: an unknown node has edges, or an edge leads to one"
+                    )));
+                }
+            }
+        }
         Ok(())
     }
 
@@ -87,6 +117,26 @@ impl CsrIndex {
 
     pub fn graph_version(&self) -> u64 {
         self.header.graph_version
+    }
+
+    /// Known nodes: every id below n_nodes, unless the file has a bitmap.
+    pub fn known_nodes(&self) -> u64 {
+        self.known
+    }
+
+    fn known_words(&self) -> &[u64] {
+        bytemuck::cast_slice(&self.map[self.header.known_range()])
+    }
+
+    /// Whether `node` is a known node of this index.
+    pub fn is_known(&self, node: u32) -> bool {
+        if node >= self.n_nodes() {
+            return false;
+        }
+        if !self.header.has_known_bitmap() {
+            return true;
+        }
+        self.known_words()[node as usize / 64] >> (node % 64) & 1 == 1
     }
 
     fn indptr(&self) -> &[u64] {

@@ -1,49 +1,77 @@
 //! The graph as served: the mapped base index plus the nodes and edges added
 //! while serving, switched atomically.
 //!
-//! A [`GraphSnapshot`] is immutable: the base [`CsrIndex`] and a delta of
-//! added neighbours. An update builds the next snapshot (sharing unchanged
-//! rows) and publishes it with one atomic pointer swap. A request samples
-//! from the snapshot it loaded when it started, so in-flight requests finish
-//! on the old version and new requests see the new one; nothing is dropped
-//! and no lock is taken on the sampling path.
+//! A [`GraphSnapshot`] is immutable: the base [`CsrIndex`] and a
+//! [`Delta`] of added rows (a persistent map: an update copies only the
+//! paths of the ids it touches). An update builds the next snapshot and
+//! publishes it with one atomic pointer swap. A request samples from the
+//! snapshot it loaded when it started, so in-flight requests finish on the
+//! old version and new requests see the new one; nothing is dropped and no
+//! lock is taken on the sampling path.
 //!
-//! New nodes: node ids are dense. Adding a node (or an edge touching it)
-//! with id `k` makes every id below `k + 1` known; ids past the base index
-//! are servable (inductive serving of new users) as soon as the snapshot that
-//! added them is published.
+//! Known nodes: the base index's (every id below its node count, or those
+//! of its bitmap) and every id an update added, by itself or as an edge's
+//! endpoint. Adding id `k` past the end does not make the ids in between
+//! known. New ids are servable (inductive serving of new users) as soon as
+//! the snapshot that added them is published.
 //!
 //! Compaction ([`LiveGraph::compact`]) writes base + delta as a new CSR file
 //! through the regular builder, renames it over the index, maps it, and
-//! publishes a snapshot with an empty delta. Updates wait while it runs;
-//! sampling does not.
+//! publishes a snapshot with an empty delta plus the updates applied while
+//! it ran. Neither updates nor sampling wait for the build.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
-use anyhow::{ensure, Context};
+use anyhow::{bail, ensure, Context};
 use arc_swap::ArcSwap;
 use rustc_hash::FxHashMap;
+use xxhash_rust::xxh3::Xxh3;
 
 use crate::graph::build::{self, BuildOptions, BuildStats, EdgeFile};
+use crate::graph::delta::{Delta, Row};
+use crate::graph::format::StreamPosition;
 use crate::graph::sampler::NeighborSource;
 use crate::graph::CsrIndex;
 
-/// How far past the graph's last node id one update may add nodes
-/// (docs/graph-index.md, "Updates").
+/// How far past the graph's id bound (largest known id + 1) one update may
+/// add nodes (docs/graph-index.md, "Updates").
 pub const MAX_ID_GROWTH: u64 = 1 << 20;
+
+/// The largest node id (docs/graph-index.md): ids are u32, and 2^32 - 1 is
+/// reserved.
+pub const MAX_NODE_ID: u64 = u32::MAX as u64 - 1;
+
+/// One update: nodes to make known and edges to add, applied whole or not
+/// at all.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct GraphUpdate {
+    /// Ids to make known (isolated until edges arrive).
+    pub nodes: Vec<u64>,
+    /// `(src, dst)` edges; unknown endpoints become known nodes.
+    pub edges: Vec<(u64, u64)>,
+    /// Also add every edge's reverse.
+    pub undirected: bool,
+}
 
 /// An immutable view of the graph: base index + added rows.
 #[derive(Debug)]
 pub struct GraphSnapshot {
     base: Arc<CsrIndex>,
-    /// Added neighbours per node: sorted, unique, none already in the base row.
-    added: FxHashMap<u32, Arc<[u32]>>,
-    /// Known node count (>= the base's).
-    n_nodes: u64,
+    /// Added neighbours per node, and the known nodes the base lacks.
+    delta: Delta,
+    /// Known nodes.
+    known: u64,
+    /// Largest known id + 1.
+    id_bound: u64,
     added_edges: u64,
-    /// Number of updates since the base was mapped; 0 for a fresh base.
+    /// Updates applied since the graph's import.
     generation: u64,
+    /// The last update-stream entry applied.
+    position: StreamPosition,
+    /// Update-stream entries consumed up to `position`.
+    consumed: u64,
 }
 
 impl GraphSnapshot {
@@ -51,8 +79,14 @@ impl GraphSnapshot {
         &self.base
     }
 
+    /// Known nodes.
     pub fn n_nodes(&self) -> u64 {
-        self.n_nodes
+        self.known
+    }
+
+    /// Largest known id + 1: what a compaction's index spans.
+    pub fn id_bound(&self) -> u64 {
+        self.id_bound
     }
 
     pub fn n_edges(&self) -> u64 {
@@ -64,90 +98,320 @@ impl GraphSnapshot {
         self.added_edges
     }
 
+    /// Entries of the delta (nodes with added edges, added nodes).
+    pub fn delta_entries(&self) -> u64 {
+        self.delta.len()
+    }
+
+    /// Updates applied since the graph's import (a compaction keeps it).
     pub fn generation(&self) -> u64 {
         self.generation
+    }
+
+    /// The last update-stream entry this graph holds.
+    pub fn position(&self) -> StreamPosition {
+        self.position
+    }
+
+    /// Update-stream entries consumed (applied or skipped) up to
+    /// `position`.
+    pub fn consumed(&self) -> u64 {
+        self.consumed
     }
 
     pub fn graph_version(&self) -> u64 {
         self.base.graph_version()
     }
 
-    fn added_row(&self, node: u32) -> &[u32] {
-        self.added.get(&node).map(|row| &row[..]).unwrap_or(&[])
+    pub fn is_known(&self, node: u64) -> bool {
+        let Ok(node) = u32::try_from(node) else {
+            return false;
+        };
+        self.base.is_known(node) || self.delta.get(node).is_some()
     }
 
-    /// All neighbours of `node` (base row, then added ones), as ids.
+    fn added_row(&self, node: u32) -> &[u32] {
+        self.delta.get(node).map(|row| &row[..]).unwrap_or(&[])
+    }
+
+    /// All neighbours of `node`, sorted, as ids.
     pub fn neighbors(&self, node: u64) -> Vec<u64> {
         let Ok(node) = u32::try_from(node) else {
             return Vec::new();
         };
-        self.base
-            .neighbors(node)
+        let mut out = Vec::new();
+        merge_sorted(self.base.neighbors(node), self.added_row(node), |v| {
+            out.push(u64::from(v))
+        });
+        out
+    }
+
+    /// A digest of the served graph: its known nodes and each one's sorted
+    /// neighbours, whether they lie in the index or the delta. Replicas that
+    /// applied the same updates print the same digest, compacted or not.
+    pub fn checksum(&self) -> u64 {
+        let mut digest = 0u64;
+        let mut row = Vec::new();
+        for node in 0..self.id_bound as u32 {
+            if !self.is_known(u64::from(node)) {
+                continue;
+            }
+            row.clear();
+            row.extend_from_slice(&node.to_le_bytes());
+            merge_sorted(self.base.neighbors(node), self.added_row(node), |v| {
+                row.extend_from_slice(&v.to_le_bytes())
+            });
+            let mut hasher = Xxh3::new();
+            hasher.update(&row);
+            // A sum: the digest does not depend on the order nodes are met.
+            digest = digest.wrapping_add(hasher.digest());
+        }
+        digest
+    }
+
+    /// Makes `node` known, if it is not.
+    fn know(&mut self, node: u32) {
+        if !self.is_known(u64::from(node)) {
+            self.delta.insert(node, Row::from([]));
+            self.known += 1;
+            self.id_bound = self.id_bound.max(u64::from(node) + 1);
+        }
+    }
+
+    /// Refuses an update that names an id above the maximum or too far past
+    /// the id bound, naming the id; changes nothing.
+    fn check(&self, update: &GraphUpdate) -> anyhow::Result<()> {
+        let max_id = update
+            .edges
             .iter()
-            .chain(self.added_row(node))
-            .map(|&v| u64::from(v))
-            .collect()
+            .flat_map(|&(s, d)| [s, d])
+            .chain(update.nodes.iter().copied())
+            .max();
+        if let Some(max_id) = max_id {
+            ensure!(
+                max_id <= MAX_NODE_ID,
+                "node id {max_id} is too large: node ids must be at most {MAX_NODE_ID} (2^32 - 2)"
+            );
+            ensure!(
+                max_id < self.id_bound + MAX_ID_GROWTH,
+                "node id {max_id} lies {MAX_ID_GROWTH} or more ids past the graph's largest id \
+                 {}: node ids are dense; add the nodes in between first (or check the id)",
+                self.id_bound.saturating_sub(1)
+            );
+        }
+        Ok(())
+    }
+
+    /// Applies one checked update to this (private, next) snapshot.
+    fn apply(&mut self, update: &GraphUpdate) -> UpdateStats {
+        let known_before = self.known;
+        for &node in &update.nodes {
+            self.know(node as u32);
+        }
+        // New neighbours per source node, before merging.
+        let mut incoming: FxHashMap<u32, Vec<u32>> = FxHashMap::default();
+        for &(src, dst) in &update.edges {
+            let (src, dst) = (src as u32, dst as u32);
+            self.know(src);
+            self.know(dst);
+            incoming.entry(src).or_default().push(dst);
+            if update.undirected {
+                incoming.entry(dst).or_default().push(src);
+            }
+        }
+        let mut edges_added = 0u64;
+        let mut considered = 0u64;
+        for (node, mut fresh) in incoming {
+            considered += fresh.len() as u64;
+            let base_row = self.base.neighbors(node);
+            fresh.sort_unstable();
+            fresh.dedup();
+            let previous = self.added_row(node);
+            fresh.retain(|&v| {
+                v != node
+                    && base_row.binary_search(&v).is_err()
+                    && previous.binary_search(&v).is_err()
+            });
+            if fresh.is_empty() {
+                continue;
+            }
+            let mut merged: Vec<u32> = Vec::with_capacity(previous.len() + fresh.len());
+            merge_sorted(previous, &fresh, |v| merged.push(v));
+            edges_added += fresh.len() as u64;
+            self.delta.insert(node, merged.into());
+        }
+        self.added_edges += edges_added;
+        self.generation += 1;
+        UpdateStats {
+            nodes_added: self.known - known_before,
+            edges_added,
+            edges_ignored: considered - edges_added,
+            n_nodes: self.known,
+            generation: self.generation,
+        }
+    }
+}
+
+/// The element at index `k` of the sorted union of two sorted, disjoint
+/// rows: a binary search over how many of the first `k + 1` come from `a`.
+fn kth_of_union(a: &[u32], b: &[u32], k: usize) -> u32 {
+    debug_assert!(k < a.len() + b.len());
+    let (mut lo, mut hi) = ((k + 1).saturating_sub(b.len()), (k + 1).min(a.len()));
+    loop {
+        let i = (lo + hi) / 2; // taken from a
+        let j = k + 1 - i; // taken from b
+        if i < a.len() && j > 0 && b[j - 1] > a[i] {
+            lo = i + 1;
+        } else if i > 0 && j < b.len() && a[i - 1] > b[j] {
+            hi = i - 1;
+        } else {
+            return match (
+                i.checked_sub(1).map(|x| a[x]),
+                j.checked_sub(1).map(|x| b[x]),
+            ) {
+                (Some(x), Some(y)) => x.max(y),
+                (Some(x), None) => x,
+                (None, Some(y)) => y,
+                (None, None) => unreachable!("k + 1 >= 1 elements are taken"),
+            };
+        }
+    }
+}
+
+/// Calls `each` with the union of two sorted, disjoint rows, in order.
+fn merge_sorted(a: &[u32], b: &[u32], mut each: impl FnMut(u32)) {
+    let (mut i, mut j) = (0, 0);
+    while i < a.len() || j < b.len() {
+        if j == b.len() || (i < a.len() && a[i] < b[j]) {
+            each(a[i]);
+            i += 1;
+        } else {
+            each(b[j]);
+            j += 1;
+        }
     }
 }
 
 impl NeighborSource for GraphSnapshot {
     fn degree(&self, node: u64) -> Option<u32> {
-        if node >= self.n_nodes {
+        let node = u32::try_from(node).ok()?;
+        let added = self.delta.get(node);
+        if added.is_none() && !self.base.is_known(node) {
             return None;
         }
-        let node = node as u32;
-        Some(self.base.degree(node) + self.added_row(node).len() as u32)
+        Some(self.base.degree(node) + added.map_or(0, |row| row.len() as u32))
     }
 
+    /// The `i`-th neighbour in increasing id order, wherever it lies
+    /// (index or delta): the same on a replica that compacted and on one
+    /// that did not, so sampling picks the same nodes on both.
     fn neighbor(&self, node: u64, i: u32) -> u64 {
         let node = node as u32;
         let base = self.base.neighbors(node);
-        match base.get(i as usize) {
-            Some(&v) => u64::from(v),
-            None => u64::from(self.added_row(node)[i as usize - base.len()]),
+        let added = self.added_row(node);
+        if added.is_empty() {
+            return u64::from(base[i as usize]);
         }
+        u64::from(kth_of_union(base, added, i as usize))
     }
 }
 
 /// What an update changed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct UpdateStats {
+    /// Ids that were not known before.
+    pub nodes_added: u64,
     pub edges_added: u64,
     /// Edges that were already present (or self loops), ignored.
     pub edges_ignored: u64,
+    /// Known nodes after the update.
     pub n_nodes: u64,
     pub generation: u64,
 }
 
-/// The served graph: the current snapshot, replaced atomically by updates.
+/// When the graph compacts by itself.
+#[derive(Debug, Clone)]
+pub struct AutoCompact {
+    /// The index file to rewrite.
+    pub index_path: PathBuf,
+    /// Delta entries plus added edges past which a compaction starts.
+    pub after: u64,
+}
+
+#[derive(Debug, Default)]
+struct WriterState {
+    /// While a compaction builds: the updates applied since it took its
+    /// snapshot, replayed on the new base.
+    compacting: Option<Vec<GraphUpdate>>,
+}
+
 #[derive(Debug)]
-pub struct LiveGraph {
+struct Shared {
     current: ArcSwap<GraphSnapshot>,
-    /// Serialises writers (updates, compaction); readers never take it.
-    writer: Mutex<()>,
+    /// Serialises writers; readers never take it, and a compaction holds it
+    /// only to take its snapshot and to switch to the new base.
+    writer: Mutex<WriterState>,
+    auto: Option<AutoCompact>,
+    /// Compactions completed.
+    compactions: AtomicU64,
+}
+
+/// The served graph: the current snapshot, replaced atomically by updates.
+/// Cloning it is cheap; the clones share the graph.
+#[derive(Debug, Clone)]
+pub struct LiveGraph {
+    shared: Arc<Shared>,
 }
 
 impl LiveGraph {
     pub fn new(base: CsrIndex) -> Self {
+        Self::with_auto_compact(base, None)
+    }
+
+    /// A graph that compacts by itself (in a background thread) once its
+    /// delta passes `auto.after`.
+    pub fn with_auto_compact(base: CsrIndex, auto: Option<AutoCompact>) -> Self {
         Self {
-            current: ArcSwap::from_pointee(Self::fresh(Arc::new(base))),
-            writer: Mutex::new(()),
+            shared: Arc::new(Shared {
+                current: ArcSwap::from_pointee(Self::fresh(Arc::new(base))),
+                writer: Mutex::new(WriterState::default()),
+                auto,
+                compactions: AtomicU64::new(0),
+            }),
         }
     }
 
     fn fresh(base: Arc<CsrIndex>) -> GraphSnapshot {
+        let header = *base.header();
         GraphSnapshot {
-            n_nodes: u64::from(base.n_nodes()),
+            known: base.known_nodes(),
+            id_bound: u64::from(base.n_nodes()),
             base,
-            added: FxHashMap::default(),
+            delta: Delta::default(),
             added_edges: 0,
-            generation: 0,
+            generation: header.generation,
+            position: header.position,
+            consumed: header.consumed,
         }
+    }
+
+    fn writer(&self) -> std::sync::MutexGuard<'_, WriterState> {
+        self.shared.writer.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Compactions completed.
+    pub fn compactions(&self) -> u64 {
+        self.shared.compactions.load(Ordering::Relaxed)
+    }
+
+    /// Whether a compaction is building now.
+    pub fn compacting(&self) -> bool {
+        self.writer().compacting.is_some()
     }
 
     /// The snapshot a request should sample from, start to end.
     pub fn snapshot(&self) -> Arc<GraphSnapshot> {
-        self.current.load_full()
+        self.shared.current.load_full()
     }
 
     /// Makes nodes `ids` known (isolated until edges arrive).
@@ -161,79 +425,22 @@ impl LiveGraph {
         self.add_edges_and_nodes(edges, &[], undirected)
     }
 
-    /// Adds edges and nodes in one snapshot.
+    /// Adds edges and nodes as one update.
     pub fn add_edges_and_nodes(
         &self,
         edges: &[(u64, u64)],
         nodes: &[u64],
         undirected: bool,
     ) -> anyhow::Result<UpdateStats> {
-        let _writer = self.writer.lock().unwrap_or_else(|p| p.into_inner());
-        let old = self.current.load_full();
-        let max_id = edges
-            .iter()
-            .flat_map(|&(s, d)| [s, d])
-            .chain(nodes.iter().copied())
-            .max();
-        if let Some(max_id) = max_id {
-            ensure!(
-                max_id < u64::from(u32::MAX),
-                "node id {max_id} is too large: node ids must be below 2^32 - 1"
-            );
-            // Ids are dense: an update may extend the graph by at most
-            // MAX_ID_GROWTH ids, so a mistyped id cannot make the next
-            // compaction write billions of empty rows.
-            let n_nodes = old.n_nodes();
-            ensure!(
-                max_id < n_nodes + MAX_ID_GROWTH,
-                "node id {max_id} lies more than {MAX_ID_GROWTH} ids past the graph's {n_nodes} \
-                 nodes: node ids are dense; add the nodes in between first (or check the id)"
-            );
-        }
-        // New neighbours per source node, before merging.
-        let mut incoming: FxHashMap<u32, Vec<u32>> = FxHashMap::default();
-        for &(src, dst) in edges {
-            incoming.entry(src as u32).or_default().push(dst as u32);
-            if undirected {
-                incoming.entry(dst as u32).or_default().push(src as u32);
-            }
-        }
-        let mut added = old.added.clone();
-        let mut edges_added = 0u64;
-        let mut considered = 0u64;
-        for (node, mut fresh) in incoming {
-            considered += fresh.len() as u64;
-            let base_row = old.base.neighbors(node);
-            fresh.sort_unstable();
-            fresh.dedup();
-            fresh.retain(|&v| v != node && base_row.binary_search(&v).is_err());
-            let previous = added.get(&node).map(|r| &r[..]).unwrap_or(&[]);
-            let mut merged: Vec<u32> = Vec::with_capacity(previous.len() + fresh.len());
-            merged.extend_from_slice(previous);
-            merged.extend(fresh.iter().filter(|v| previous.binary_search(v).is_err()));
-            merged.sort_unstable();
-            edges_added += (merged.len() - previous.len()) as u64;
-            if merged.len() != previous.len() {
-                added.insert(node, merged.into());
-            }
-        }
-        let n_nodes = old.n_nodes.max(max_id.map_or(0, |m| m + 1));
-        let next = GraphSnapshot {
-            base: old.base.clone(),
-            added,
-            n_nodes,
-            added_edges: old.added_edges + edges_added,
-            generation: old.generation + 1,
+        let update = GraphUpdate {
+            nodes: nodes.to_vec(),
+            edges: edges.to_vec(),
+            undirected,
         };
-        let stats = UpdateStats {
-            edges_added,
-            edges_ignored: considered - edges_added,
-            n_nodes,
-            generation: next.generation,
-        };
-        // SYNC POINT: readers that load after this store see the whole new
-        // snapshot; readers holding the old one keep it alive until done.
-        self.current.store(Arc::new(next));
+        let stats = self
+            .apply(std::slice::from_ref(&update), None)
+            .pop()
+            .expect("one outcome per update")?;
         tracing::info!(
             edges_added = stats.edges_added,
             nodes = stats.n_nodes,
@@ -243,53 +450,217 @@ impl LiveGraph {
         Ok(stats)
     }
 
-    /// Rebuilds the CSR file at `index_path` from base + delta and switches
-    /// to it with an empty delta. Updates wait; sampling continues on the
-    /// current snapshot throughout.
-    pub fn compact(&self, index_path: &Path) -> anyhow::Result<BuildStats> {
-        let _writer = self.writer.lock().unwrap_or_else(|p| p.into_inner());
-        let snapshot = self.current.load_full();
-        let edge_file = index_path.with_extension("compact.edges.tmp");
-        let write = || -> anyhow::Result<()> {
-            use std::io::Write;
-            let mut out = std::io::BufWriter::with_capacity(
-                1 << 20,
-                std::fs::File::create(&edge_file)
-                    .with_context(|| format!("creating {}", edge_file.display()))?,
-            );
-            for node in 0..snapshot.n_nodes {
-                for neighbour in snapshot.neighbors(node) {
-                    out.write_all(&(node as u32).to_le_bytes())?;
-                    out.write_all(&(neighbour as u32).to_le_bytes())?;
-                }
-            }
-            out.flush()?;
-            Ok(())
+    /// Applies `updates` in order, each whole or not at all (a refused one,
+    /// its id out of range, changes nothing and does not count), and
+    /// publishes one snapshot for all of them. `position`, when given, is the
+    /// update-stream entry the batch ends at and the count of entries
+    /// consumed up to it. Costs time and memory in
+    /// proportion to the updates (their ids' paths in the delta, and the
+    /// added rows of the nodes they touch), not to the graph or the delta.
+    pub fn apply(
+        &self,
+        updates: &[GraphUpdate],
+        position: Option<(StreamPosition, u64)>,
+    ) -> Vec<anyhow::Result<UpdateStats>> {
+        let mut writer = self.writer();
+        let old = self.shared.current.load_full();
+        let mut next = GraphSnapshot {
+            base: old.base.clone(),
+            delta: old.delta.clone(),
+            known: old.known,
+            id_bound: old.id_bound,
+            added_edges: old.added_edges,
+            generation: old.generation,
+            position: position.map_or(old.position, |p| p.0),
+            consumed: position.map_or(old.consumed, |p| p.1),
         };
-        let built = write().and_then(|()| {
-            build::build(
-                &EdgeFile {
-                    path: edge_file.clone(),
-                    n_nodes: Some(snapshot.n_nodes),
-                },
-                index_path,
-                &BuildOptions {
-                    undirected: false,
-                    graph_version: snapshot.graph_version(),
-                },
-            )
+        let outcomes: Vec<anyhow::Result<UpdateStats>> = updates
+            .iter()
+            .map(|update| {
+                next.check(update)?;
+                if let Some(recorded) = writer.compacting.as_mut() {
+                    recorded.push(update.clone());
+                }
+                Ok(next.apply(update))
+            })
+            .collect();
+        let wants_compaction = self.shared.auto.as_ref().is_some_and(|auto| {
+            writer.compacting.is_none() && next.delta.len() + next.added_edges >= auto.after
         });
-        let _ = std::fs::remove_file(&edge_file);
-        let stats = built?;
-        let base = CsrIndex::open(index_path)?;
+        // SYNC POINT: readers that load after this store see the whole new
+        // snapshot; readers holding the old one keep it alive until done.
+        self.shared.current.store(Arc::new(next));
+        drop(writer);
+        if wants_compaction {
+            self.compact_in_background();
+        }
+        outcomes
+    }
+
+    fn compact_in_background(&self) {
+        let Some(auto) = self.shared.auto.clone() else {
+            return;
+        };
+        let graph = self.clone();
+        let spawned = std::thread::Builder::new()
+            .name("graph-compact".into())
+            .spawn(move || loop {
+                let delta = graph.snapshot().delta_entries();
+                match graph.compact(&auto.index_path) {
+                    Ok(stats) => tracing::info!(
+                        delta_entries = delta,
+                        edges = stats.n_edges,
+                        secs = stats.seconds,
+                        "graph compacted by itself (its delta passed the threshold)"
+                    ),
+                    Err(e) => {
+                        tracing::warn!(
+                            error = %format!("{e:#}"),
+                            "automatic graph compaction failed; the delta stays in memory, and \
+                             the next update past the threshold tries again"
+                        );
+                        return;
+                    }
+                }
+                // The updates applied meanwhile may have passed it again.
+                let now = graph.snapshot();
+                if now.delta_entries() + now.added_edges() < auto.after {
+                    return;
+                }
+            });
+        if let Err(e) = spawned {
+            tracing::warn!(error = %e, "could not start a graph compaction thread");
+        }
+    }
+
+    /// Rebuilds the CSR file at `index_path` from base + delta and switches
+    /// to it. Updates and sampling go on while it builds: the updates
+    /// applied meanwhile are replayed on the new base when it switches.
+    pub fn compact(&self, index_path: &Path) -> anyhow::Result<BuildStats> {
+        let snapshot = {
+            let mut writer = self.writer();
+            if writer.compacting.is_some() {
+                bail!("a graph compaction is already running; wait for it to finish");
+            }
+            writer.compacting = Some(Vec::new());
+            self.snapshot()
+        };
+        let built = write_compacted(&snapshot, index_path)
+            .and_then(|stats| Ok((stats, CsrIndex::open(index_path)?)));
+        let mut writer = self.writer();
+        let recorded = writer.compacting.take().unwrap_or_default();
+        let (stats, base) = built?;
         let mut next = Self::fresh(Arc::new(base));
-        next.generation = snapshot.generation + 1;
-        self.current.store(Arc::new(next));
+        for update in &recorded {
+            // Checked once already, against the same id bound.
+            next.apply(update);
+        }
+        let current = self.snapshot();
+        next.position = current.position;
+        next.consumed = current.consumed;
+        debug_assert_eq!(next.generation, current.generation);
+        debug_assert_eq!(next.n_edges(), current.n_edges());
+        self.shared.current.store(Arc::new(next));
+        drop(writer);
+        self.shared.compactions.fetch_add(1, Ordering::Relaxed);
         tracing::info!(
             edges = stats.n_edges,
             nodes = stats.n_nodes,
+            replayed = recorded.len(),
             "graph compacted into a new index"
         );
         Ok(stats)
+    }
+}
+
+/// Writes `snapshot` as a CSR index at `index_path` (temporary name, then
+/// rename).
+fn write_compacted(snapshot: &GraphSnapshot, index_path: &Path) -> anyhow::Result<BuildStats> {
+    let edge_file = index_path.with_extension("compact.edges.tmp");
+    let n_nodes = snapshot.id_bound;
+    let mut known = (snapshot.known != n_nodes).then(|| vec![0u64; n_nodes.div_ceil(64) as usize]);
+    let write = |known: &mut Option<Vec<u64>>| -> anyhow::Result<()> {
+        use std::io::Write;
+        let mut out = std::io::BufWriter::with_capacity(
+            1 << 20,
+            std::fs::File::create(&edge_file)
+                .with_context(|| format!("creating {}", edge_file.display()))?,
+        );
+        for node in 0..n_nodes as u32 {
+            if let Some(bits) = known.as_mut() {
+                if snapshot.is_known(u64::from(node)) {
+                    bits[node as usize / 64] |= 1 << (node % 64);
+                }
+            }
+            let mut failed = None;
+            merge_sorted(
+                snapshot.base.neighbors(node),
+                snapshot.added_row(node),
+                |v| {
+                    if failed.is_none() {
+                        let mut pair = [0u8; 8];
+                        pair[..4].copy_from_slice(&node.to_le_bytes());
+                        pair[4..].copy_from_slice(&v.to_le_bytes());
+                        failed = out.write_all(&pair).err();
+                    }
+                },
+            );
+            if let Some(e) = failed {
+                return Err(e.into());
+            }
+        }
+        out.flush()?;
+        Ok(())
+    };
+    let built = write(&mut known).and_then(|()| {
+        build::build(
+            &EdgeFile {
+                path: edge_file.clone(),
+                n_nodes: Some(n_nodes),
+            },
+            index_path,
+            &BuildOptions {
+                undirected: false,
+                graph_version: snapshot.graph_version(),
+                known,
+                position: snapshot.position,
+                consumed: snapshot.consumed,
+                generation: snapshot.generation,
+            },
+        )
+    });
+    let _ = std::fs::remove_file(&edge_file);
+    built
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_kth_of_a_union_is_the_kth_of_the_merge() {
+        let mut x = 7u64;
+        let mut next = move || {
+            x = x
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            (x >> 33) as u32
+        };
+        for _ in 0..500 {
+            let mut all: Vec<u32> = (0..(next() % 40)).map(|_| next() % 1000).collect();
+            all.sort_unstable();
+            all.dedup();
+            let (mut a, mut b) = (Vec::new(), Vec::new());
+            for &v in &all {
+                if next() % 3 == 0 {
+                    a.push(v);
+                } else {
+                    b.push(v);
+                }
+            }
+            for (k, &want) in all.iter().enumerate() {
+                assert_eq!(kth_of_union(&a, &b, k), want, "{a:?} {b:?} {k}");
+            }
+        }
     }
 }

@@ -5,12 +5,14 @@
 //! - [`index`]: the memory-mapped, verified index;
 //! - [`dataset`]: the `../shared/data` dataset layout and text edge lists;
 //! - [`sampler`]: uniform sampling without replacement, O(fanout) per node;
+//! - [`delta`]: the persistent map of added rows a snapshot shares;
 //! - [`live`]: the served graph, base + added nodes and edges, switched
 //!   atomically, and its compaction;
 //! - [`generate`]: seeded R-MAT graphs with planted super nodes.
 
 pub mod build;
 pub mod dataset;
+pub mod delta;
 pub mod format;
 pub mod generate;
 pub mod index;
@@ -18,7 +20,7 @@ pub mod live;
 pub mod sampler;
 
 pub use build::{BuildOptions, BuildStats};
-pub use format::{CsrHeader, FormatError};
+pub use format::{CsrHeader, FormatError, StreamPosition};
 pub use index::CsrIndex;
-pub use live::{GraphSnapshot, LiveGraph, UpdateStats};
+pub use live::{GraphSnapshot, GraphUpdate, LiveGraph, UpdateStats};
 pub use sampler::{NeighborSource, Sampled, Sampler};

@@ -25,7 +25,8 @@ pub trait NeighborSource {
 
 impl NeighborSource for crate::graph::CsrIndex {
     fn degree(&self, node: u64) -> Option<u32> {
-        (node < u64::from(self.n_nodes())).then(|| self.degree(node as u32))
+        let node = u32::try_from(node).ok()?;
+        self.is_known(node).then(|| self.degree(node))
     }
 
     fn neighbor(&self, node: u64, i: u32) -> u64 {
@@ -79,9 +80,12 @@ pub struct Sampler {
 }
 
 impl Sampler {
-    /// Samples every target's 2-hop neighbourhood. Deterministic for a given
-    /// `seed`, graph and request. Unknown targets get a row and status
-    /// `UNKNOWN_NODE`, and no neighbours; the batch never fails for them.
+    /// Samples every target's 2-hop neighbourhood. Each target's draws come
+    /// from a generator seeded by `seed` and the target's id alone, so a
+    /// target's neighbourhood depends on the seed and the graph only: not on
+    /// the other targets of the batch, nor on the order of the requests.
+    /// Unknown targets get a row and status `UNKNOWN_NODE`, and no
+    /// neighbours; the batch never fails for them.
     pub fn sample(
         &mut self,
         graph: &impl NeighborSource,
@@ -92,7 +96,6 @@ impl Sampler {
         let [f1, f2] = fanouts;
         let (f1u, f2u) = (f1 as usize, f2 as usize);
         let n = targets.len();
-        let mut rng = SmallRng::seed_from_u64(seed);
         let mut out = Sampled {
             fanouts,
             nodes: Vec::with_capacity(n * (1 + f1u + f1u * f2u).min(4096)),
@@ -119,6 +122,7 @@ impl Sampler {
         let mut hop1: Vec<u64> = Vec::with_capacity(f1u);
         for (t, &target) in targets.iter().enumerate() {
             let target_row = out.target_row[t];
+            let mut rng = SmallRng::seed_from_u64(target_seed(seed, target));
             hop1.clear();
             match graph.degree(target) {
                 None => out.status.push(target_status::UNKNOWN_NODE),
@@ -151,6 +155,15 @@ impl Sampler {
         }
         out
     }
+}
+
+/// The seed of one target's draws: SplitMix64's finaliser over the batch
+/// seed and the target id.
+fn target_seed(seed: u64, target: u64) -> u64 {
+    let mut z = seed ^ target.wrapping_mul(0x9e37_79b9_7f4a_7c15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^ (z >> 31)
 }
 
 /// Picks `min(k, degree)` distinct indices of `0..degree` uniformly at random

@@ -32,8 +32,12 @@ pub const RESPONSE_RESERVE: std::time::Duration = std::time::Duration::from_mill
 pub struct BatchServer {
     sampler: Sampler,
     remap: Vec<i32>,
-    seed: u64,
 }
+
+/// The seed of every batch's sampling: a target's neighbourhood depends on
+/// the graph alone, so every call, and every replica with the same graph,
+/// samples the same one (docs/graph-index.md, "Sampling").
+pub const SAMPLING_SEED: u64 = 0x676e_6e2d_7365_6564;
 
 /// What the serving loop needs besides the tickets.
 #[derive(Debug)]
@@ -158,7 +162,6 @@ impl BatchServer {
         if groups.is_empty() {
             return;
         }
-        self.seed = self.seed.wrapping_add(0x9e37_79b9_7f4a_7c15);
         let sampling = Instant::now();
         let mut samples: Vec<Sampled> = Vec::with_capacity(groups.len());
         for (fanouts, pending) in &mut groups {
@@ -169,7 +172,7 @@ impl BatchServer {
             }
             samples.push(
                 self.sampler
-                    .sample(ctx.graph, &targets, *fanouts, self.seed),
+                    .sample(ctx.graph, &targets, *fanouts, SAMPLING_SEED),
             );
         }
 

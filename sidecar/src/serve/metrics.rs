@@ -442,6 +442,18 @@ impl Collector for StateCollector {
             "bytes of the L2 store's files on disk",
             core.store.as_ref().map_or(0, |s| s.disk_bytes()),
         )?;
+        if let Some(store) = core.store.as_ref() {
+            let parts = store
+                .memory_bytes()
+                .map(|(part, bytes)| (part, bytes as i64));
+            labelled_gauges(
+                &mut e,
+                "sidecar_l2_memory_bytes",
+                "memory the L2 store (RocksDB) holds, per part",
+                "part",
+                &parts,
+            )?;
+        }
         let (l1_rows, pinned_rows) = core.tiers.l1_rows();
         gauge(
             &mut e,
@@ -483,9 +495,74 @@ impl Collector for StateCollector {
         gauge(
             &mut e,
             "sidecar_graph_generation",
-            "updates applied to the graph since start",
+            "updates applied to the graph since its import (kept by compaction)",
             graph.generation(),
         )?;
+        gauge(
+            &mut e,
+            "sidecar_graph_delta_entries",
+            "entries of the graph's in-memory delta (nodes with added edges, added nodes)",
+            graph.delta_entries(),
+        )?;
+        counter(
+            &mut e,
+            "sidecar_graph_compactions",
+            "graph compactions completed (asked for or automatic)",
+            core.graph.compactions(),
+        )?;
+        if let Some(updates) = core.updates.as_deref() {
+            gauge(
+                &mut e,
+                "sidecar_update_lag_seconds",
+                "now minus the time of the last applied update-stream entry while entries are \
+                 pending; 0 when caught up",
+                updates.lag_seconds(),
+            )?;
+            gauge(
+                &mut e,
+                "sidecar_update_position_ms",
+                "the millisecond part of the last applied update-stream entry's id",
+                updates.position().ms,
+            )?;
+            let applied: Vec<(&str, u64)> = crate::updates::follower::OPS
+                .iter()
+                .zip(&updates.applied)
+                .map(|(op, n)| (*op, load(n)))
+                .collect();
+            labelled_counters(
+                &mut e,
+                "sidecar_updates_applied",
+                "update-stream entries applied, per op",
+                "op",
+                &applied,
+            )?;
+            counter(
+                &mut e,
+                "sidecar_updates_malformed",
+                "update-stream entries skipped whole as malformed",
+                load(&updates.malformed),
+            )?;
+            counter(
+                &mut e,
+                "sidecar_updates_read_errors",
+                "failed reads of the update stream (retried)",
+                load(&updates.read_errors),
+            )?;
+            gauge(
+                &mut e,
+                "sidecar_updates_stale",
+                "1 once the stream was trimmed past this replica's position (it reports not \
+                 ready and refuses requests; re-seed it)",
+                u64::from(updates.stale().is_some()),
+            )?;
+            let family = e.encode_descriptor(
+                "sidecar_update_apply_lag_seconds",
+                "per applied entry, from its id's time to its change being visible",
+                None,
+                updates.apply_lag.metric_type(),
+            )?;
+            updates.apply_lag.encode(family)?;
+        }
         let inv = &core.invalidation;
         counter(
             &mut e,

@@ -45,8 +45,9 @@ use crate::features::invalidation::{self, InvalidationStats};
 use crate::features::redis_tier::{RedisConfig, RedisTier};
 use crate::features::rocks::{Opened, RocksStore, Role};
 use crate::features::{DefaultRow, FeatureTiers, TierConfig};
-use crate::graph::live::LiveGraph;
+use crate::graph::live::{AutoCompact, LiveGraph};
 use crate::graph::{dataset, CsrIndex};
+use crate::updates::follower::{self, FollowerStats};
 use metrics::Metrics;
 
 /// Where the sidecar is in its life.
@@ -165,6 +166,8 @@ pub struct Core {
     /// Times the L2 cache was found corrupt at start and rebuilt empty.
     pub l2_rebuilds: u64,
     pub invalidation: Arc<InvalidationStats>,
+    /// The update-stream follower's state, when one runs.
+    pub updates: Option<Arc<FollowerStats>>,
     /// Held for the sidecar's life: no other process uses the data directory.
     pub data_dir_lock: crate::data_dir::DataDirLock,
 }
@@ -265,7 +268,10 @@ impl Daemon {
             Phase::Ready if self.drain.announced.load(Ordering::Acquire) => {
                 Err("not ready: about to drain".into())
             }
-            Phase::Ready => Ok(()),
+            Phase::Ready => match self.core().and_then(|c| c.updates.as_ref()?.stale()) {
+                Some(why) => Err(format!("not ready: {why}")),
+                None => Ok(()),
+            },
             Phase::Draining => Err("not ready: draining (takes no new requests)".into()),
             Phase::Stopping => Err("not ready: stopping".into()),
             phase => Err(format!("not ready: {}", phase.name())),
@@ -398,7 +404,11 @@ fn load(
         .map(u64::from)
         .collect();
     let graph_version = index.graph_version();
-    let graph = LiveGraph::new(index);
+    let auto_compact = (config.compact_after > 0).then(|| AutoCompact {
+        index_path: index_path.clone(),
+        after: config.compact_after,
+    });
+    let graph = LiveGraph::with_auto_compact(index, auto_compact);
 
     // 2. The feature store(s).
     let manifest = FeatureManifest::read(&config.data_dir)?;
@@ -483,6 +493,43 @@ fn load(
         // Runs for the life of the runtime.
         drop(listener);
     }
+    let updates = match &config.updates_stream {
+        Some(stream) => {
+            let stats = Arc::new(FollowerStats::new(stream));
+            let stream_redis = RedisConfig {
+                urls: config.updates_redis_urls().to_vec(),
+                cluster: config.redis_cluster,
+                ca_file: config.redis_ca.clone(),
+                ..RedisConfig::single("")
+            };
+            let targets = follower::Targets {
+                graph: graph.clone(),
+                tiers: tiers.clone(),
+                store: store.clone(),
+                row_bytes: 4 * dim,
+            };
+            let mut follower = runtime.block_on(follower::Follower::start(
+                &stream_redis,
+                stream,
+                targets,
+                stats.clone(),
+            ))?;
+            // Caught up before ready: a restarted replica never serves the
+            // graph it had at its last compaction.
+            let replaying = Instant::now();
+            let replayed = runtime.block_on(follower.catch_up())?;
+            tracing::info!(
+                stream = %stream,
+                entries = replayed,
+                position = %stats.position(),
+                seconds = replaying.elapsed().as_secs_f64(),
+                "update stream replayed to its end"
+            );
+            runtime.spawn(follower.run());
+            Some(stats)
+        }
+        None => None,
+    };
     let schema = FeatureSchema {
         feature_dim: manifest.feature_dim,
         dtype: dtype::F32,
@@ -499,6 +546,7 @@ fn load(
             feature_dim: dim,
             l2_rebuilds,
             invalidation,
+            updates,
             data_dir_lock,
         },
         hot,
@@ -612,6 +660,13 @@ pub fn run(
         let n = server.next_batch(tickets, wait);
         if n == 0 {
             return 0;
+        }
+        if let Some(why) = core.updates.as_ref().and_then(|u| u.stale()) {
+            for ticket in tickets.drain(..) {
+                let id = ticket.request_id();
+                ticket.respond_error(protocol::layout::status::UNAVAILABLE, id, &why);
+            }
+            return n;
         }
         let snapshot = core.graph.snapshot();
         let ctx = batch::BatchContext {
