@@ -4,7 +4,8 @@
 //! The whole stack (cora's features in Redis, the sidecar following
 //! `gnn:updates`, the worker) under open-loop HTTP load at a fraction of its
 //! measured saturation; meanwhile a producer appends one-edge `add_edges`
-//! entries at each rate in turn (pipelined `XADD`, in 10 ms ticks). Per
+//! entries between new nodes (the served neighbourhoods stay as they were)
+//! at each rate in turn (pipelined `XADD`, in 10 ms ticks). Per
 //! rate: the entries applied per second, the apply lag p50/p99 (the
 //! sidecar's `sidecar_update_apply_lag_seconds`: from an entry's id time to
 //! its change being visible), and the serving latency and errors. Then the
@@ -108,13 +109,17 @@ impl Producer {
         })
     }
 
-    /// Appends `n` one-edge entries between cora nodes.
+    /// Appends `n` one-edge entries between new nodes (ids from 2708 on,
+    /// 100 000 of them): every entry changes the graph, but no call's
+    /// neighbourhood, so the serving load stays what it was measured as (a
+    /// graph getting denser under the served nodes would make every call
+    /// dearer and confound the two).
     fn append(&mut self, n: u64) -> anyhow::Result<()> {
         let mut out = String::with_capacity(n as usize * 48);
         for _ in 0..n {
             let (a, b) = (
-                self.rng.random_range(0..2708u32),
-                self.rng.random_range(0..2708u32),
+                2708 + self.rng.random_range(0..100_000u32),
+                2708 + self.rng.random_range(0..100_000u32),
             );
             out.push_str(&format!(
                 "XADD gnn:updates * op add_edges edges \"{a} {b}\"\r\n"
