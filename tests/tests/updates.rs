@@ -183,45 +183,43 @@ fn start_replica(data: &Path, args: &[String]) -> Stack {
     Stack::start(&options).expect("a replica")
 }
 
-#[test]
-fn three_replicas_follow_one_stream_through_a_kill_and_agree() {
-    let redis = RedisServer::start();
+/// The scenario of both tests: three replicas (data directories imported
+/// with `import_args`, sidecars given `stream_args`) follow the stream while
+/// `sidecar publish` (with `publish_args`) appends 1,000 new nodes with
+/// rows, 100,000 edges (10 per entry) and 1,000 feature changes, in ten
+/// files a little apart; replica 1 is SIGKILLed after the fourth and
+/// restarted after the seventh. At the end all three have applied every
+/// entry, report the same digest, counts and generation, and predict the
+/// same for every new node and for changed ones.
+fn converge(import_args: &[String], stream_args: &[String], publish_args: &[String]) {
     let work = tempfile::tempdir().unwrap();
     let metrics: Vec<String> = (0..3)
         .map(|_| format!("127.0.0.1:{}", free_port()))
         .collect();
+    let import: Vec<&str> = import_args.iter().map(String::as_str).collect();
     let mut stacks: Vec<Stack> = (0..3)
         .map(|i| {
             let data = work.path().join(format!("data-{i}"));
-            sidecar_import(&dataset("cora"), &data, &["--redis", &redis.url()]);
-            start_replica(
-                &data,
-                &[
-                    "--redis".into(),
-                    redis.url(),
-                    "--updates-stream".into(),
-                    STREAM.into(),
-                    "--metrics-addr".into(),
-                    metrics[i].clone(),
-                ],
-            )
+            sidecar_import(&dataset("cora"), &data, &import);
+            let mut args = stream_args.to_vec();
+            args.extend(["--metrics-addr".to_string(), metrics[i].clone()]);
+            start_replica(&data, &args)
         })
         .collect();
     let new_nodes = 1_000;
     let files = operation_files(work.path(), 10, new_nodes, 100_000, 1_000);
-    let data0 = work.path().join("data-0");
+    let data0 = work.path().join("data-0").display().to_string();
     let mut last = String::new();
     let started = Instant::now();
     for (i, file) in files.iter().enumerate() {
-        let out = publish(&[
-            "--redis",
-            &redis.url(),
-            "--data-dir",
-            data0.to_str().unwrap(),
-            "--file",
-            file.to_str().unwrap(),
-        ]);
-        last = out.trim().rsplit(' ').next().unwrap().to_string();
+        let mut args: Vec<&str> = publish_args.iter().map(String::as_str).collect();
+        args.extend(["--data-dir", &data0, "--file", file.to_str().unwrap()]);
+        last = publish(&args)
+            .trim()
+            .rsplit(' ')
+            .next()
+            .unwrap()
+            .to_string();
         if i == 3 {
             // Mid-stream: replica 1 dies without a word.
             let sidecar = stacks[1].sidecar.as_mut().unwrap();
@@ -242,11 +240,14 @@ fn three_replicas_follow_one_stream_through_a_kill_and_agree() {
     wait_for_position(&refs, &last);
     for addr in &metrics {
         assert_eq!(metric_value(addr, "sidecar_updates_malformed_total"), 0.0);
+        assert_eq!(metric_value(addr, "sidecar_update_lag_seconds"), 0.0);
+    }
+    // Replica 1's counters restarted with it; the others saw every entry.
+    for addr in [&metrics[0], &metrics[2]] {
         assert_eq!(
             metric_value(addr, "sidecar_updates_applied_total{op=\"add_node\"}"),
             new_nodes as f64
         );
-        assert_eq!(metric_value(addr, "sidecar_update_lag_seconds"), 0.0);
     }
     let sum = ctl_json(&stacks[0], &["graph", "checksum"]);
     assert_eq!(sum["n_nodes"], CORA_NODES + new_nodes);
@@ -255,9 +256,38 @@ fn three_replicas_follow_one_stream_through_a_kill_and_agree() {
     assert_replicas_agree(&refs, &new);
     // Existing nodes whose rows changed: every replica serves the new rows.
     assert_replicas_agree(&refs, &(0..200).collect::<Vec<u64>>());
+    // New nodes are served their own rows, not default ones.
+    let answer = predict(&stacks[1], &new[..50]);
+    for p in answer["predictions"].as_array().unwrap() {
+        assert_eq!(p["known"], true, "{p}");
+        assert_eq!(p["fallback_rows"], 0, "{p}");
+    }
+    // Graph changes through one replica's admin socket would diverge it.
+    let err = stacks[0]
+        .sidecarctl(&["graph", "add-node", "5000", "--features-file", "/dev/null"])
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("follows the update stream"), "{err}");
     for stack in stacks {
         assert!(stack.stop(), "clean shutdown");
     }
+}
+
+/// Features in Redis (an L2 cache per replica), the stream on the same
+/// Redis.
+#[test]
+fn three_replicas_follow_one_stream_through_a_kill_and_agree() {
+    let redis = RedisServer::start();
+    converge(
+        &["--redis".into(), redis.url()],
+        &[
+            "--redis".into(),
+            redis.url(),
+            "--updates-stream".into(),
+            STREAM.into(),
+        ],
+        &["--redis".into(), redis.url()],
+    );
 }
 
 /// The stream on a 3-node Redis Cluster; the replicas' features in their
@@ -265,61 +295,17 @@ fn three_replicas_follow_one_stream_through_a_kill_and_agree() {
 #[test]
 fn replicas_with_embedded_stores_follow_a_stream_on_a_redis_cluster() {
     let cluster = RedisCluster::start();
-    let urls = cluster.urls();
-    let work = tempfile::tempdir().unwrap();
-    let mut stream_args = Vec::new();
-    for url in &urls {
-        stream_args.push("--updates-redis".to_string());
-        stream_args.push(url.clone());
-    }
-    stream_args.extend([
-        "--redis-cluster".into(),
+    let mut stream_args = vec![
+        "--redis-cluster".to_string(),
         "--updates-stream".into(),
         STREAM.into(),
-    ]);
-    let stacks: Vec<Stack> = (0..3)
-        .map(|i| {
-            let data = work.path().join(format!("data-{i}"));
-            sidecar_import(&dataset("cora"), &data, &[]);
-            start_replica(&data, &stream_args)
-        })
-        .collect();
-    let files = operation_files(work.path(), 3, 100, 5_000, 100);
-    let mut publish_args: Vec<String> = Vec::new();
-    for url in &urls {
-        publish_args.extend(["--redis".into(), url.clone()]);
+    ];
+    let mut publish_args = vec!["--redis-cluster".to_string()];
+    for url in cluster.urls() {
+        stream_args.extend(["--updates-redis".into(), url.clone()]);
+        publish_args.extend(["--redis".into(), url]);
     }
-    publish_args.extend([
-        "--redis-cluster".into(),
-        "--data-dir".into(),
-        work.path().join("data-0").display().to_string(),
-    ]);
-    let mut last = String::new();
-    for file in &files {
-        let mut args: Vec<&str> = publish_args.iter().map(String::as_str).collect();
-        args.extend(["--file", file.to_str().unwrap()]);
-        last = publish(&args)
-            .trim()
-            .rsplit(' ')
-            .next()
-            .unwrap()
-            .to_string();
-    }
-    let refs: Vec<&Stack> = stacks.iter().collect();
-    wait_for_position(&refs, &last);
-    let new: Vec<u64> = (CORA_NODES..CORA_NODES + 100).collect();
-    assert_replicas_agree(&refs, &new);
-    assert_replicas_agree(&refs, &(0..100).collect::<Vec<u64>>());
-    // The new nodes' rows came through the stream into each embedded store:
-    // no new node is served a default row.
-    let answer = predict(&stacks[2], &new);
-    for p in answer["predictions"].as_array().unwrap() {
-        assert_eq!(p["known"], true, "{p}");
-        assert_eq!(p["fallback_rows"], 0, "{p}");
-    }
-    for stack in stacks {
-        assert!(stack.stop(), "clean shutdown");
-    }
+    converge(&[], &stream_args, &publish_args);
 }
 
 /// Entries that break the contract are skipped whole, counted and logged

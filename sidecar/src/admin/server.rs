@@ -342,6 +342,7 @@ fn handle(
             undirected,
         } => {
             let core = daemon.loaded()?;
+            refuse_while_following(core)?;
             let dim = core.feature_dim;
             for node in &nodes {
                 ensure!(
@@ -384,6 +385,7 @@ fn handle(
         }
         AdminRequest::AddEdges { edges, undirected } => {
             let core = daemon.loaded()?;
+            refuse_while_following(core)?;
             let stats = core.graph.add_edges(&edges, undirected)?;
             tracing::info!(
                 edges = stats.edges_added,
@@ -515,6 +517,19 @@ fn warm(
         pinned_total: pinned_total as u64,
         seconds: started.elapsed().as_secs_f64(),
     })
+}
+
+/// A sidecar that follows an update stream takes graph changes from it
+/// only: one made through its admin socket would reach this replica alone.
+fn refuse_while_following(core: &crate::serve::Core) -> anyhow::Result<()> {
+    if let Some(updates) = &core.updates {
+        bail!(
+            "this sidecar follows the update stream {}: publish the change there (`sidecar \
+             publish`, docs/updates.md) so that every replica applies it",
+            updates.stream
+        );
+    }
+    Ok(())
 }
 
 fn status(daemon: &Daemon) -> StatusReport {
