@@ -502,11 +502,13 @@ fn scan_slots(shared: &Shared, last_seen: &mut [Option<SlotWord>]) {
                 ReclaimOutcome::NotOwned => {}
             },
             state::SUBMITTED if seen_before == Some(word) => {
-                queue.push(slot_idx);
+                // Counted first: once the bit is pushed, a serving thread
+                // may take and answer the request at once.
                 shared
                     .counters
                     .submissions_repaired
                     .fetch_add(1, Ordering::Relaxed);
+                queue.push(slot_idx);
             }
             _ => {}
         }
