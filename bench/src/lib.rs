@@ -7,6 +7,7 @@
 pub mod floors;
 pub mod http;
 pub mod load;
+pub mod redis_stack;
 pub mod report;
 pub mod scenario;
 pub mod systems;

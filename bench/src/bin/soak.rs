@@ -11,14 +11,12 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{ensure, Context};
-use bench::http::HttpClient;
-use bench::load::{self, Caller};
-use bench::systems::ProductHttp;
+use bench::load;
+use bench::redis_stack::RedisStack;
 use clap::Parser;
 use rand::{Rng, SeedableRng};
 use serde::Serialize;
-use tests::redis::RedisServer;
-use tests::stack::{dataset, free_port, metric_value, sidecar_import, Stack, StackOptions};
+use tests::stack::{dataset, metric_value};
 
 #[derive(Debug, Parser)]
 #[command(about = "Soak the whole stack at a fraction of its saturation rate")]
@@ -128,24 +126,12 @@ fn main() -> anyhow::Result<()> {
     let runtime = tokio::runtime::Runtime::new()?;
 
     // Redis holds the features; the sidecar caches them in L1 and L2.
-    let redis = RedisServer::start();
-    let work = tempfile::tempdir()?;
-    let data = work.path().join("data");
-    sidecar_import(&dataset(&args.dataset), &data, &["--redis", &redis.url()]);
-    let metrics = format!("127.0.0.1:{}", free_port());
-    let mut options = StackOptions::new(&args.dataset);
-    options.imported = Some(data);
-    options.sidecar_args = [
-        "--redis",
-        &redis.url(),
-        "--invalidation-channel",
-        "feat-invalidate",
-        "--metrics-addr",
-        &metrics,
-    ]
-    .map(String::from)
-    .to_vec();
-    let stack = Stack::start(&options).context("starting the stack")?;
+    let running = RedisStack::start(
+        &args.dataset,
+        &["--invalidation-channel", "feat-invalidate"],
+    )?;
+    let (stack, metrics, redis) = (&running.stack, &running.metrics, &running.redis);
+    let edge_dir = tempfile::tempdir()?;
     let sidecar_pid = stack.sidecar.as_ref().expect("sidecar").child.id();
     let worker_pid = stack.worker.as_ref().expect("worker").child.id();
     let meta: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(
@@ -154,16 +140,7 @@ fn main() -> anyhow::Result<()> {
     let n_nodes = meta["num_nodes"]
         .as_u64()
         .context("meta.json has no num_nodes")?;
-
-    // One-target calls over every node, in a fixed random order.
-    let mut rng = rand::rngs::SmallRng::seed_from_u64(13);
-    let requests: Vec<Vec<u64>> = (0..100_000)
-        .map(|_| vec![rng.random_range(0..n_nodes)])
-        .collect();
-    let caller: Arc<dyn Caller> = Arc::new(ProductHttp {
-        http: HttpClient::new(&stack.http),
-        requests: Arc::new(requests),
-    });
+    let caller = running.one_node_caller(n_nodes);
 
     // Saturation: a closed-loop estimate, then the highest open-loop rate
     // (80% to 100% of it) answered without errors at 95% of the offer.
@@ -197,7 +174,7 @@ fn main() -> anyhow::Result<()> {
     let background = {
         let (stop, updates, update_errors) = (stop.clone(), updates.clone(), update_errors.clone());
         let admin = stack.admin_socket.clone();
-        let edge_file = work.path().join("edge.txt");
+        let edge_file = edge_dir.path().join("edge.txt");
         let port = redis.port;
         let edge_pool = args.edge_pool;
         let period = Duration::from_secs_f64(1.0 / args.updates_per_s.max(0.1));
@@ -243,8 +220,8 @@ fn main() -> anyhow::Result<()> {
     let started = Instant::now();
     let fetch_rows = || {
         (
-            metric_value(&metrics, "sidecar_neighbor_fetch_count_sum"),
-            metric_value(&metrics, "sidecar_neighbor_fetch_count_count"),
+            metric_value(metrics, "sidecar_neighbor_fetch_count_sum"),
+            metric_value(metrics, "sidecar_neighbor_fetch_count_count"),
         )
     };
     for minute in 1..=args.minutes {
@@ -261,12 +238,7 @@ fn main() -> anyhow::Result<()> {
         ));
         let used = ["claimed", "submitted", "serving", "published", "abandoned"]
             .iter()
-            .map(|state| {
-                metric_value(
-                    &metrics,
-                    &format!("sidecar_ring_slots{{state=\"{state}\"}}"),
-                )
-            })
+            .map(|state| metric_value(metrics, &format!("sidecar_ring_slots{{state=\"{state}\"}}")))
             .sum();
         let (rows1, requests1) = fetch_rows();
         let mib = |bytes: f64| bytes / (1024.0 * 1024.0);
@@ -284,12 +256,12 @@ fn main() -> anyhow::Result<()> {
             worker_rss_mib: rss_mib(worker_pid),
             ring_used_slots: used,
             rows_per_request: (rows1 - rows0) / (requests1 - requests0).max(1.0),
-            graph_edges: metric_value(&metrics, "sidecar_graph_edges"),
+            graph_edges: metric_value(metrics, "sidecar_graph_edges"),
             l2_memtables_mib: mib(metric_value(
-                &metrics,
+                metrics,
                 "sidecar_l2_memory_bytes{part=\"memtables\"}",
             )),
-            l1_mib: mib(metric_value(&metrics, "sidecar_l1_bytes")),
+            l1_mib: mib(metric_value(metrics, "sidecar_l1_bytes")),
             updates: updates.load(Ordering::Relaxed) - u0,
             update_errors: update_errors.load(Ordering::Relaxed) - e0,
             first_error: s.first_error.clone(),
@@ -303,7 +275,7 @@ fn main() -> anyhow::Result<()> {
     }
     stop.store(true, Ordering::Release);
     let _ = background.join();
-    let clean = stack.stop();
+    let clean = running.stack.stop();
     eprintln!(
         "soak: {:.1} minutes; clean shutdown: {clean}",
         started.elapsed().as_secs_f64() / 60.0

@@ -15,20 +15,15 @@
 use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::path::PathBuf;
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use anyhow::{ensure, Context};
-use bench::http::HttpClient;
-use bench::load::{self, Caller};
-use bench::systems::ProductHttp;
+use anyhow::ensure;
+use bench::load;
+use bench::redis_stack::RedisStack;
 use clap::Parser;
 use rand::{Rng, SeedableRng};
 use serde::Serialize;
-use tests::redis::RedisServer;
-use tests::stack::{
-    dataset, free_port, http_request, metric_value, sidecar_import, Stack, StackOptions,
-};
+use tests::stack::{http_request, metric_value};
 
 #[derive(Debug, Parser)]
 #[command(about = "Update-stream apply rate and lag while serving")]
@@ -197,33 +192,9 @@ fn main() -> anyhow::Result<()> {
         "--fraction must be in (0, 1]"
     );
     let runtime = tokio::runtime::Runtime::new()?;
-    let redis = RedisServer::start();
-    let work = tempfile::tempdir()?;
-    let data = work.path().join("data");
-    sidecar_import(&dataset("cora"), &data, &["--redis", &redis.url()]);
-    let metrics = format!("127.0.0.1:{}", free_port());
-    let mut options = StackOptions::new("cora");
-    options.imported = Some(data);
-    options.sidecar_args = [
-        "--redis",
-        &redis.url(),
-        "--updates-stream",
-        "gnn:updates",
-        "--metrics-addr",
-        &metrics,
-    ]
-    .map(String::from)
-    .to_vec();
-    let stack = Stack::start(&options).context("starting the stack")?;
-
-    let mut rng = rand::rngs::SmallRng::seed_from_u64(13);
-    let requests: Vec<Vec<u64>> = (0..100_000)
-        .map(|_| vec![rng.random_range(0..2708u64)])
-        .collect();
-    let caller: Arc<dyn Caller> = Arc::new(ProductHttp {
-        http: HttpClient::new(&stack.http),
-        requests: Arc::new(requests),
-    });
+    let running = RedisStack::start("cora", &["--updates-stream", "gnn:updates"])?;
+    let (metrics, redis) = (&running.metrics, &running.redis);
+    let caller = running.one_node_caller(2708);
     let saturation = runtime
         .block_on(load::closed(caller.clone(), 16, Duration::from_secs(10)))
         .throughput;
@@ -233,8 +204,8 @@ fn main() -> anyhow::Result<()> {
     let mut producer = Producer::connect(redis.port)?;
     let mut phases = Vec::new();
     for &rate in &args.rates {
-        let before = lag_buckets(&metrics);
-        let applied_before = applied(&metrics);
+        let before = lag_buckets(metrics);
+        let applied_before = applied(metrics);
         let duration = Duration::from_secs(args.seconds);
         let serving = {
             let caller = caller.clone();
@@ -247,16 +218,16 @@ fn main() -> anyhow::Result<()> {
         };
         let started = Instant::now();
         let appended = producer.at_rate(rate, duration)?;
-        let lag_at_end = metric_value(&metrics, "sidecar_update_lag_seconds");
-        let applied_now = applied(&metrics);
+        let lag_at_end = metric_value(metrics, "sidecar_update_lag_seconds");
+        let applied_now = applied(metrics);
         let elapsed = started.elapsed().as_secs_f64();
         let served = runtime.block_on(serving)?;
         // Let the follower finish this phase's entries before the next.
         let until = Instant::now() + Duration::from_secs(120);
-        while applied(&metrics) < producer.sent as f64 && Instant::now() < until {
+        while applied(metrics) < producer.sent as f64 && Instant::now() < until {
             std::thread::sleep(Duration::from_millis(50));
         }
-        let after = lag_buckets(&metrics);
+        let after = lag_buckets(metrics);
         let phase = Phase {
             offered_per_s: rate,
             appended,
@@ -274,7 +245,7 @@ fn main() -> anyhow::Result<()> {
     }
 
     // The apply rate: a burst appended at once, timed until applied.
-    let applied_before = applied(&metrics);
+    let applied_before = applied(metrics);
     let started = Instant::now();
     let mut left = args.burst;
     while left > 0 {
@@ -284,7 +255,7 @@ fn main() -> anyhow::Result<()> {
     }
     let target = applied_before + args.burst as f64;
     let until = Instant::now() + Duration::from_secs(300);
-    while applied(&metrics) < target {
+    while applied(metrics) < target {
         ensure!(
             Instant::now() < until,
             "the burst was not applied within 5 minutes"
@@ -297,7 +268,7 @@ fn main() -> anyhow::Result<()> {
         "update-lag: burst of {} applied at {burst_rate:.0} entries/s ({replies} replies)",
         args.burst
     );
-    let clean = stack.stop();
+    let clean = running.stack.stop();
     ensure!(clean, "the stack did not stop cleanly");
 
     let report = Report {

@@ -293,16 +293,22 @@ impl RocksStore {
             .collect()
     }
 
+    /// When a row written now expires: never in the store of record, after
+    /// the TTL in a cache.
+    fn expires_at(&self) -> u64 {
+        match self.role {
+            Role::StoreOfRecord => 0,
+            Role::Cache { ttl, .. } => now_secs() + ttl.as_secs().max(1),
+        }
+    }
+
     /// Writes rows (as raw little-endian bytes) in one batch. A cache stamps
     /// them with its TTL; the store of record never expires them.
     pub fn put_many<'a>(
         &self,
         rows: impl IntoIterator<Item = (u64, &'a [u8])>,
     ) -> anyhow::Result<()> {
-        let expires_at = match self.role {
-            Role::StoreOfRecord => 0,
-            Role::Cache { ttl, .. } => now_secs() + ttl.as_secs().max(1),
-        };
+        let expires_at = self.expires_at();
         self.check_writable()?;
         let mut batch = WriteBatch::default();
         for (id, row) in rows {
@@ -338,10 +344,7 @@ impl RocksStore {
         position: StreamPosition,
         consumed: u64,
     ) -> anyhow::Result<()> {
-        let expires_at = match self.role {
-            Role::StoreOfRecord => 0,
-            Role::Cache { ttl, .. } => now_secs() + ttl.as_secs().max(1),
-        };
+        let expires_at = self.expires_at();
         self.check_writable()?;
         let mut batch = WriteBatch::default();
         if matches!(self.role, Role::Cache { .. }) {
