@@ -373,16 +373,28 @@ fn an_l2_directory_in_use_is_refused_never_wiped() {
     assert!(stack.stop(), "clean shutdown");
 }
 
-#[test]
-fn the_store_directory_deleted_while_serving_refuses_writes_and_raises_the_alarm() {
+/// cora imported into an embedded store of its own, served with a metrics
+/// endpoint and `extra` sidecar arguments: (the directory holding it, the
+/// data directory, the metrics address, the stack).
+fn embedded_stack(extra: &[&str]) -> (tempfile::TempDir, std::path::PathBuf, String, Stack) {
     let data = tempfile::tempdir().unwrap();
     let data_dir = data.path().join("data");
     tests::stack::sidecar_import(&tests::stack::dataset("cora"), &data_dir, &[]);
     let metrics = format!("127.0.0.1:{}", tests::stack::free_port());
     let mut options = StackOptions::new("cora");
     options.imported = Some(data_dir.clone());
-    options.sidecar_args = vec!["--metrics-addr".into(), metrics.clone()];
+    options.sidecar_args = ["--metrics-addr", &metrics]
+        .iter()
+        .chain(extra)
+        .map(|s| s.to_string())
+        .collect();
     let stack = Stack::start(&options).expect("stack");
+    (data, data_dir, metrics, stack)
+}
+
+#[test]
+fn the_store_directory_deleted_while_serving_refuses_writes_and_raises_the_alarm() {
+    let (_data, data_dir, metrics, stack) = embedded_stack(&[]);
     assert_eq!(metric_value(&metrics, "sidecar_store_directory_lost"), 0.0);
 
     std::fs::remove_dir_all(data_dir.join("features.db")).unwrap();
@@ -1178,25 +1190,9 @@ fn a_malformed_sidecar_answer_fails_that_call_and_the_worker_keeps_serving() {
 /// counted and logged, nothing crashes.
 #[test]
 fn the_store_corrupted_while_serving_costs_fallback_rows_never_a_failed_call() {
-    let data = tempfile::tempdir().unwrap();
-    let data_dir = data.path().join("data");
-    tests::stack::sidecar_import(&tests::stack::dataset("cora"), &data_dir, &[]);
-    let metrics = format!("127.0.0.1:{}", tests::stack::free_port());
-    let mut options = StackOptions::new("cora");
-    options.imported = Some(data_dir.clone());
     // No L1 and no warm-up: every row is read from the store.
-    options.sidecar_args = [
-        "--metrics-addr",
-        &metrics,
-        "--l1-mib",
-        "0",
-        "--warm-up",
-        "0",
-    ]
-    .iter()
-    .map(|s| s.to_string())
-    .collect();
-    let mut stack = Stack::start(&options).expect("stack");
+    let (_data, data_dir, metrics, mut stack) =
+        embedded_stack(&["--l1-mib", "0", "--warm-up", "0"]);
     let (code, json) = predict(&stack, &[1, 2, 3]);
     assert_eq!((code, fallback_rows(&json)), (200, 0), "{json}");
 
