@@ -266,4 +266,5 @@ fn each_side_maps_the_areas_its_peer_writes_read_only() {
         assert_eq!(protections_over(request(sidecar)), ["r--s"], "slot {slot}");
         assert_eq!(protections_over(response(sidecar)), ["rw-s"], "slot {slot}");
     }
+    assert!(created.unlink().unwrap());
 }

@@ -238,13 +238,48 @@ pub fn verify_response(
 }
 
 /// A segment name no other test or run uses.
+///
+/// A test that kills a sidecar (or is killed itself) leaves its segment in
+/// `/dev/shm`, as a crashed sidecar in a pod does for its successor to take
+/// over; nothing takes these over, and they would hold memory from one test
+/// run to the next. So the first call in a test process removes the
+/// segments named by earlier test processes that have exited.
 pub fn unique_name(tag: &str) -> String {
     static COUNTER: AtomicU32 = AtomicU32::new(0);
+    static SWEPT: std::sync::Once = std::sync::Once::new();
+    SWEPT.call_once(remove_segments_of_exited_tests);
     format!(
         "gnn-test-{tag}-{}-{}",
         std::process::id(),
         COUNTER.fetch_add(1, Ordering::Relaxed)
     )
+}
+
+/// Removes `/dev/shm/gnn-test-<tag>-<pid>-<n>` where no process `<pid>`
+/// runs any more. Unlinking only removes the name: a daemon that outlived
+/// its test keeps its mapping.
+fn remove_segments_of_exited_tests() {
+    let Ok(entries) = std::fs::read_dir("/dev/shm") else {
+        return;
+    };
+    for entry in entries.flatten() {
+        let name = entry.file_name();
+        let Some(name) = name.to_str() else { continue };
+        let Some(rest) = name.strip_prefix("gnn-test-") else {
+            continue;
+        };
+        // <tag>-<pid>-<n>: the pid is the second field from the end.
+        let mut fields = rest.rsplit('-');
+        let (Some(_n), Some(pid)) = (fields.next(), fields.next()) else {
+            continue;
+        };
+        let Ok(pid) = pid.parse::<u32>() else {
+            continue;
+        };
+        if pid != std::process::id() && !Path::new(&format!("/proc/{pid}")).exists() {
+            let _ = nix::sys::mman::shm_unlink(format!("/{name}").as_str());
+        }
+    }
 }
 
 /// A `ring-test-server` child process. Closing its stdin stops it cleanly;
