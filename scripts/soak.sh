@@ -4,11 +4,13 @@
 # open-loop HTTP load at 80% of its measured saturation rate for 10 minutes,
 # with graph updates and invalidations in the background. Reports per
 # minute: calls, errors (goal 0), latency percentiles, the RSS of both
-# daemons and the used ring slots; then the RSS slopes (goal: about 0).
+# daemons (anonymous / file / shared memory) and the used ring slots; then
+# the RSS slopes over the second half of the run (goal: about 0).
 # Writes bench/results/soak/report.json and report.md; exits 1 on any error.
 #
 #   scripts/soak.sh                       # 10 minutes at 80%
 #   scripts/soak.sh --minutes 2 --fraction 0.5
+#   scripts/soak.sh --minutes 12 --l2-mib 64   # memtables flush within the run
 #
 # Installs what is missing first (scripts/setup.sh); safe to run again.
 # Not part of the test suite: it takes minutes and wants a quiet machine.

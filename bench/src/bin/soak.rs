@@ -2,7 +2,8 @@
 //! and an L2 cache, the worker) under open-loop HTTP load at a fraction of
 //! its measured saturation rate for many minutes, with graph updates and
 //! invalidations in the background. Reports per minute: calls, errors,
-//! latency percentiles, and the RSS of both daemons; then the RSS slopes.
+//! latency percentiles, and the RSS of both daemons by kind (anonymous,
+//! file, shared memory); then the RSS slopes over the second half.
 //! Run through `scripts/soak.sh` (README, "Soak").
 
 use std::path::PathBuf;
@@ -40,6 +41,12 @@ struct Args {
     /// random edge every time.
     #[arg(long, default_value_t = 150)]
     edge_pool: usize,
+    /// The sidecar's `--l2-mib` (its default unless given). The L2 write
+    /// buffer is an eighth of it, at most 64 MiB: a smaller L2 flushes its
+    /// memtables within minutes, so a soak sees several fill-and-flush
+    /// cycles.
+    #[arg(long)]
+    l2_mib: Option<u64>,
     /// Where the report goes (report.json, report.md).
     #[arg(long, default_value = "bench/results/soak")]
     out: PathBuf,
@@ -56,8 +63,8 @@ struct Minute {
     p99_ms: f64,
     p999_ms: f64,
     max_ms: f64,
-    sidecar_rss_mib: f64,
-    worker_rss_mib: f64,
+    sidecar_rss_mib: Rss,
+    worker_rss_mib: Rss,
     ring_used_slots: f64,
     /// Node-table rows per request this minute: the sampled neighbourhood
     /// grows as added edges make the graph denser.
@@ -65,6 +72,7 @@ struct Minute {
     graph_edges: f64,
     /// What RocksDB's memtables held at the end of the minute.
     l2_memtables_mib: f64,
+    l2_block_cache_mib: f64,
     l1_mib: f64,
     updates: u64,
     update_errors: u64,
@@ -80,23 +88,56 @@ struct Report {
     rate_per_s: f64,
     minutes: Vec<Minute>,
     errors: u64,
+    /// Least-squares slopes over the second half of the run, MiB per
+    /// minute.
     sidecar_rss_slope_mib_per_min: f64,
-    /// The sidecar's RSS less what RocksDB's memtables hold: those fill
-    /// with write-backs up to the write buffer size, then flush.
-    sidecar_rss_less_memtables_slope_mib_per_min: f64,
+    sidecar_anon_slope_mib_per_min: f64,
+    /// The sidecar's anonymous memory less what RocksDB's memtables hold:
+    /// those fill with write-backs up to the write buffer size, then flush.
+    sidecar_anon_less_memtables_slope_mib_per_min: f64,
     worker_rss_slope_mib_per_min: f64,
+    worker_anon_slope_mib_per_min: f64,
 }
 
-/// Resident set size of `pid`, MiB.
-fn rss_mib(pid: u32) -> f64 {
+/// A line of `/proc/<pid>/status` (`VmRSS`, `RssAnon`, `RssFile`,
+/// `RssShmem`: kB), in MiB.
+fn status_mib(pid: u32, field: &str) -> f64 {
     std::fs::read_to_string(format!("/proc/{pid}/status"))
         .ok()
         .and_then(|s| {
             s.lines()
-                .find_map(|l| l.strip_prefix("VmRSS:"))
+                .find_map(|l| l.strip_prefix(field)?.strip_prefix(':'))
                 .and_then(|v| v.split_whitespace().next()?.parse::<f64>().ok())
         })
         .map_or(f64::NAN, |kib| kib / 1024.0)
+}
+
+/// Resident memory of one daemon, MiB: the total and its three kinds.
+/// Shared memory is the ring segment's pages touched so far (bounded by
+/// the segment's size); file pages are mapped files (the graph index,
+/// libraries); anonymous pages are the process's own heap and stacks.
+#[derive(Debug, Clone, Copy, Serialize)]
+struct Rss {
+    total: f64,
+    anon: f64,
+    file: f64,
+    shmem: f64,
+}
+
+impl Rss {
+    fn of(pid: u32) -> Self {
+        Self {
+            total: status_mib(pid, "VmRSS"),
+            anon: status_mib(pid, "RssAnon"),
+            file: status_mib(pid, "RssFile"),
+            shmem: status_mib(pid, "RssShmem"),
+        }
+    }
+}
+
+/// Least-squares slope of `f` over the minutes, per minute.
+fn slope_of(minutes: &[Minute], f: impl Fn(&Minute) -> f64) -> f64 {
+    slope(&minutes.iter().map(f).collect::<Vec<_>>())
 }
 
 /// Least-squares slope of `ys` over their indices (per minute).
@@ -126,10 +167,12 @@ fn main() -> anyhow::Result<()> {
     let runtime = tokio::runtime::Runtime::new()?;
 
     // Redis holds the features; the sidecar caches them in L1 and L2.
-    let running = RedisStack::start(
-        &args.dataset,
-        &["--invalidation-channel", "feat-invalidate"],
-    )?;
+    let l2_mib = args.l2_mib.map(|m| m.to_string());
+    let mut sidecar_args = vec!["--invalidation-channel", "feat-invalidate"];
+    if let Some(l2_mib) = &l2_mib {
+        sidecar_args.extend(["--l2-mib", l2_mib]);
+    }
+    let running = RedisStack::start(&args.dataset, &sidecar_args)?;
     let (stack, metrics, redis) = (&running.stack, &running.metrics, &running.redis);
     let edge_dir = tempfile::tempdir()?;
     let sidecar_pid = stack.sidecar.as_ref().expect("sidecar").child.id();
@@ -252,14 +295,18 @@ fn main() -> anyhow::Result<()> {
             p99_ms: s.p99_us / 1e3,
             p999_ms: s.p999_us / 1e3,
             max_ms: s.max_us / 1e3,
-            sidecar_rss_mib: rss_mib(sidecar_pid),
-            worker_rss_mib: rss_mib(worker_pid),
+            sidecar_rss_mib: Rss::of(sidecar_pid),
+            worker_rss_mib: Rss::of(worker_pid),
             ring_used_slots: used,
             rows_per_request: (rows1 - rows0) / (requests1 - requests0).max(1.0),
             graph_edges: metric_value(metrics, "sidecar_graph_edges"),
             l2_memtables_mib: mib(metric_value(
                 metrics,
                 "sidecar_l2_memory_bytes{part=\"memtables\"}",
+            )),
+            l2_block_cache_mib: mib(metric_value(
+                metrics,
+                "sidecar_l2_memory_bytes{part=\"block_cache\"}",
             )),
             l1_mib: mib(metric_value(metrics, "sidecar_l1_bytes")),
             updates: updates.load(Ordering::Relaxed) - u0,
@@ -269,7 +316,13 @@ fn main() -> anyhow::Result<()> {
         eprintln!(
             "soak: minute {minute}: {} calls, {} errors, p50 {:.2} ms, p99 {:.2} ms, sidecar \
              {:.0} MiB, worker {:.0} MiB, {} updates",
-            m.calls, m.errors, m.p50_ms, m.p99_ms, m.sidecar_rss_mib, m.worker_rss_mib, m.updates
+            m.calls,
+            m.errors,
+            m.p50_ms,
+            m.p99_ms,
+            m.sidecar_rss_mib.total,
+            m.worker_rss_mib.total,
+            m.updates
         );
         minutes.push(m);
     }
@@ -281,12 +334,9 @@ fn main() -> anyhow::Result<()> {
         started.elapsed().as_secs_f64() / 60.0
     );
 
-    // The first minute warms the caches: the slopes are over the rest.
-    let steady = if minutes.len() > 2 {
-        &minutes[1..]
-    } else {
-        &minutes[..]
-    };
+    // The first minutes warm the caches and touch the ring's pages for the
+    // first time: the slopes are over the second half of the run.
+    let steady = &minutes[minutes.len() / 2..];
     let report = Report {
         command: std::env::args().collect::<Vec<_>>().join(" "),
         dataset: args.dataset.clone(),
@@ -294,18 +344,13 @@ fn main() -> anyhow::Result<()> {
         saturation_per_s: saturation,
         rate_per_s: rate,
         errors: minutes.iter().map(|m| m.errors).sum(),
-        sidecar_rss_slope_mib_per_min: slope(
-            &steady.iter().map(|m| m.sidecar_rss_mib).collect::<Vec<_>>(),
-        ),
-        sidecar_rss_less_memtables_slope_mib_per_min: slope(
-            &steady
-                .iter()
-                .map(|m| m.sidecar_rss_mib - m.l2_memtables_mib)
-                .collect::<Vec<_>>(),
-        ),
-        worker_rss_slope_mib_per_min: slope(
-            &steady.iter().map(|m| m.worker_rss_mib).collect::<Vec<_>>(),
-        ),
+        sidecar_rss_slope_mib_per_min: slope_of(steady, |m| m.sidecar_rss_mib.total),
+        sidecar_anon_slope_mib_per_min: slope_of(steady, |m| m.sidecar_rss_mib.anon),
+        sidecar_anon_less_memtables_slope_mib_per_min: slope_of(steady, |m| {
+            m.sidecar_rss_mib.anon - m.l2_memtables_mib
+        }),
+        worker_rss_slope_mib_per_min: slope_of(steady, |m| m.worker_rss_mib.total),
+        worker_anon_slope_mib_per_min: slope_of(steady, |m| m.worker_rss_mib.anon),
         minutes,
     };
     std::fs::create_dir_all(&args.out)?;
@@ -316,8 +361,9 @@ fn main() -> anyhow::Result<()> {
     let mut md = format!(
         "# Soak: {} at {:.0} calls/s ({:.0}% of about {:.0}), {} minutes, {} cores\n\n\
          Command: `{}`\n\n\
-         | minute | calls | errors | answered/s | p50 ms | p99 ms | p99.9 ms | max ms | sidecar RSS MiB | worker RSS MiB | used slots | updates | graph edges | rows/request | L2 memtables MiB | L1 MiB |\n\
-         |---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n",
+         RSS columns are MiB: total (anonymous / file / shared memory).\n\n\
+         | minute | calls | errors | answered/s | p50 ms | p99 ms | p99.9 ms | max ms | sidecar RSS | worker RSS | used slots | updates | graph edges | rows/request | L2 memtables MiB | L2 block cache MiB | L1 MiB |\n\
+         |---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n",
         report.dataset,
         report.rate_per_s,
         args.fraction * 100.0,
@@ -326,9 +372,15 @@ fn main() -> anyhow::Result<()> {
         report.cores,
         report.command
     );
+    let rss = |r: &Rss| {
+        format!(
+            "{:.1} ({:.1} / {:.1} / {:.1})",
+            r.total, r.anon, r.file, r.shmem
+        )
+    };
     for m in &report.minutes {
         md.push_str(&format!(
-            "| {} | {} | {} | {:.0} | {:.2} | {:.2} | {:.2} | {:.1} | {:.1} | {:.1} | {} | {} | {:.0} | {:.1} | {:.1} | {:.1} |\n",
+            "| {} | {} | {} | {:.0} | {:.2} | {:.2} | {:.2} | {:.1} | {} | {} | {} | {} | {:.0} | {:.1} | {:.1} | {:.1} | {:.1} |\n",
             m.minute,
             m.calls,
             m.errors,
@@ -337,23 +389,27 @@ fn main() -> anyhow::Result<()> {
             m.p99_ms,
             m.p999_ms,
             m.max_ms,
-            m.sidecar_rss_mib,
-            m.worker_rss_mib,
+            rss(&m.sidecar_rss_mib),
+            rss(&m.worker_rss_mib),
             m.ring_used_slots,
             m.updates,
             m.graph_edges,
             m.rows_per_request,
             m.l2_memtables_mib,
+            m.l2_block_cache_mib,
             m.l1_mib
         ));
     }
     md.push_str(&format!(
-        "\nErrors: {} (goal 0). RSS slope after the first minute: sidecar {:+.2} MiB/min \
-         ({:+.2} MiB/min less the L2 memtables), worker {:+.2} MiB/min (goal: about 0).\n",
+        "\nErrors: {} (goal 0). Slopes over the second half of the run (goal: about 0), MiB/min: \
+         sidecar RSS {:+.2}, anonymous {:+.2}, anonymous less the L2 memtables {:+.2}; \
+         worker RSS {:+.2}, anonymous {:+.2}.\n",
         report.errors,
         report.sidecar_rss_slope_mib_per_min,
-        report.sidecar_rss_less_memtables_slope_mib_per_min,
-        report.worker_rss_slope_mib_per_min
+        report.sidecar_anon_slope_mib_per_min,
+        report.sidecar_anon_less_memtables_slope_mib_per_min,
+        report.worker_rss_slope_mib_per_min,
+        report.worker_anon_slope_mib_per_min
     ));
     std::fs::write(args.out.join("report.md"), &md)?;
     print!("{md}");
