@@ -5,6 +5,10 @@ reference outputs.
 
     python gnn-worker/model/sage.py train --dataset ../shared/data/cora --out models/cora
     python gnn-worker/model/sage.py init --feature-dim 128 --classes 16 --out models/bench
+    python gnn-worker/model/sage.py quantize --model models/cora --dataset ../shared/data/cora \
+        --out models/cora-int8
+    python gnn-worker/model/sage.py distill --teacher models/cora --dataset ../shared/data/cora \
+        --out models/cora/student
 
 writes into --out:
   model.onnx          the model; its inputs are the sidecar's response tables
@@ -16,6 +20,13 @@ writes into --out:
                       built in Python for the first test nodes, with every
                       neighbour, and reference/ort_logits.f32: what the
                       onnxruntime Python package computes on them
+
+`quantize` writes a dynamically quantized (INT8 weights) copy of a trained
+model with the same inputs and a manifest that records it and both
+accuracies; `distill` trains an MLP student on the teacher's soft labels
+(the target's own features only) and exports it with its own manifest
+(inputs `features`, `target_row`). Both measure accuracy and onnxruntime's
+speed against the model they come from (docs/strategies.md).
 
 The offline model is full-graph GraphSAGE: h = relu(x W1s + mean_nbr(x) W1n
 + b1), logits = h W2s + mean_nbr(h) W2n + b2, on row-normalised features
@@ -360,6 +371,371 @@ def cmd_init(args):
     print(f"untrained model: {d} features, {c} classes, hidden {hidden} -> {args.out}")
 
 
+def sampled_inputs(x, indptr, indices, targets, fanouts, rng):
+    """Model inputs for `targets` laid out as the sidecar lays out a
+    response at `fanouts`: up to f1 hop-1 neighbours sampled without
+    replacement, up to f2 of each of theirs, rows deduplicated, padding =
+    the target's own row (hop2_count padded with 0)."""
+    f1, f2 = fanouts
+    rows, nodes = {}, []
+
+    def row_of(v):
+        if v not in rows:
+            rows[v] = len(nodes)
+            nodes.append(v)
+        return rows[v]
+
+    def sample(v, f):
+        nbrs = indices[indptr[v]:indptr[v + 1]]
+        return nbrs if len(nbrs) <= f else rng.choice(nbrs, size=f, replace=False)
+
+    target_row = [row_of(int(t)) for t in targets]
+    t_n = len(targets)
+    hop1_count = np.zeros(t_n, np.int32)
+    hop1_rows = np.zeros((t_n, f1), np.int32)
+    hop2_count = np.zeros((t_n, f1), np.int32)
+    hop2_rows = np.zeros((t_n, f1, f2), np.int32)
+    for i, t in enumerate(targets):
+        hop1_rows[i, :] = target_row[i]
+        hop2_rows[i, :, :] = target_row[i]
+        hop1 = sample(int(t), f1)
+        hop1_count[i] = len(hop1)
+        for j, u in enumerate(hop1):
+            hop1_rows[i, j] = row_of(int(u))
+            hop2 = sample(int(u), f2)
+            hop2_count[i, j] = len(hop2)
+            for k, w in enumerate(hop2):
+                hop2_rows[i, j, k] = row_of(int(w))
+    return {
+        "features": x[np.array(nodes)].astype(np.float32),
+        "target_row": np.array(target_row, np.int32),
+        "hop1_count": hop1_count, "hop1_rows": hop1_rows,
+        "hop2_count": hop2_count, "hop2_rows": hop2_rows,
+    }
+
+
+def own_row_inputs(x, targets):
+    """A student's inputs: the targets' own rows, nothing else."""
+    return {"features": x[np.asarray(targets)].astype(np.float32),
+            "target_row": np.arange(len(targets), dtype=np.int32)}
+
+
+def session_of(path):
+    import onnxruntime as ort
+    options = ort.SessionOptions()
+    # One thread, as one worker executor runs one batch: the timings compare
+    # the models, not the thread pool.
+    options.intra_op_num_threads = 1
+    options.inter_op_num_threads = 1
+    return ort.InferenceSession(path, options, providers=["CPUExecutionProvider"])
+
+
+def session_logits(session, feeds_of, idx, batch=16):
+    """Logits of `session` for the nodes `idx`, `batch` targets a run."""
+    out = []
+    for start in range(0, len(idx), batch):
+        feeds = feeds_of(idx[start:start + batch])
+        names = {i.name for i in session.get_inputs()}
+        out.append(session.run([OUTPUT], {k: v for k, v in feeds.items() if k in names})[0])
+    return np.concatenate(out)
+
+
+def time_sessions(named, feeds_pool, runs):
+    """Latency (us) of one run of each session on the same inputs, the
+    sessions taking turns run by run so that each sees the same machine:
+    {name: (p50, p99)}."""
+    samples = {name: [] for name, _ in named}
+    for r in range(runs):
+        feeds = feeds_pool[r % len(feeds_pool)]
+        for name, session in (named if r % 2 == 0 else named[::-1]):
+            wanted = {i.name for i in session.get_inputs()}
+            f = {k: v for k, v in feeds.items() if k in wanted}
+            started = time.perf_counter()
+            session.run([OUTPUT], f)
+            samples[name].append((time.perf_counter() - started) * 1e6)
+    return {name: (float(np.percentile(v, 50)), float(np.percentile(v, 99)))
+            for name, v in samples.items()}
+
+
+def serving_timings(named, x, indptr, indices, fanouts, n, runs, seed):
+    """Per-run latency of each session on serving-shaped inputs (targets
+    drawn at random, neighbourhoods sampled at `fanouts`), for batches of
+    1 and 32 targets: {"1": {name: [p50, p99]}, "32": ...}."""
+    rng = np.random.default_rng(seed)
+    out = {}
+    for batch in (1, 32):
+        pool = [sampled_inputs(x, indptr, indices, rng.integers(0, n, size=batch), fanouts, rng)
+                for _ in range(50)]
+        out[str(batch)] = {name: [round(p50, 1), round(p99, 1)]
+                           for name, (p50, p99) in time_sessions(named, pool, runs).items()}
+    return out
+
+
+def read_manifest(model_dir):
+    with open(os.path.join(model_dir, "manifest.json")) as f:
+        return json.load(f)
+
+
+def file_sha256(path):
+    import hashlib
+    with open(path, "rb") as f:
+        return hashlib.sha256(f.read()).hexdigest()
+
+
+def check_dataset_matches(manifest, meta, model_dir):
+    if manifest.get("feature_dim") != meta["feature_dim"]:
+        sys.exit(f"{model_dir}: feature_dim {manifest.get('feature_dim')} in the manifest, "
+                 f"{meta['feature_dim']} in the dataset: pass the dataset the model was trained on")
+    if manifest.get("num_classes") != meta["num_classes"]:
+        sys.exit(f"{model_dir}: num_classes {manifest.get('num_classes')} in the manifest, "
+                 f"{meta['num_classes']} in the dataset: pass the dataset the model was trained on")
+
+
+def cmd_quantize(args):
+    """INT8: onnxruntime's dynamic quantization of the MatMul weights
+    (activations quantized per run); same inputs and outputs."""
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+    started = time.time()
+    manifest = read_manifest(args.model)
+    if manifest.get("quantization"):
+        sys.exit(f"{args.model} is already quantized: quantize the FP32 model")
+    if manifest.get("architecture") != "graphsage-mean-2layer":
+        sys.exit(f"{args.model}: architecture {manifest.get('architecture')!r}; quantize a GNN "
+                 "exported by `sage.py train` or `init`")
+    meta, x, edges, labels, split = load_dataset(args.dataset)
+    check_dataset_matches(manifest, meta, args.model)
+    n = meta["num_nodes"]
+    indptr, indices = csr(n, edges)
+    os.makedirs(os.path.join(args.out, "reference"), exist_ok=True)
+    fp32_path = os.path.join(args.model, "model.onnx")
+    int8_path = os.path.join(args.out, "model.onnx")
+    # onnxruntime's pre-processing (shape inference, graph optimisation)
+    # first, as its quantization tools advise.
+    from onnxruntime.quantization.shape_inference import quant_pre_process
+    prepared = os.path.join(args.out, "model.prepared.onnx")
+    quant_pre_process(fp32_path, prepared, skip_symbolic_shape=True)
+    quantize_dynamic(prepared, int8_path, weight_type=QuantType.QInt8)
+    os.remove(prepared)
+    fp32, int8 = session_of(fp32_path), session_of(int8_path)
+
+    # Accuracy with covering fanouts (every neighbour): the model's own
+    # error, not sampling's.
+    test_idx = np.flatnonzero(split == 2)
+    every = np.arange(n)
+    full = lambda t: full_inputs(x, indptr, indices, t)  # noqa: E731
+    l32 = session_logits(fp32, full, every)
+    l8 = session_logits(int8, full, every)
+    acc32, acc8 = accuracy(l32, labels, test_idx), accuracy(l8, labels, test_idx)
+    agreement = float((l32.argmax(1) == l8.argmax(1)).mean())
+    timings = serving_timings([("fp32", fp32), ("int8", int8)], x, indptr, indices,
+                              manifest["fanouts"], n, args.runs, args.seed)
+
+    # The reference batch of the FP32 model, answered by the INT8 one: the
+    # Rust worker must compute the same on the same bytes.
+    ref_in = os.path.join(args.model, "reference")
+    ref_out = os.path.join(args.out, "reference")
+    if os.path.exists(os.path.join(ref_in, "inputs.json")):
+        with open(os.path.join(ref_in, "inputs.json")) as f:
+            described = json.load(f)
+        feeds = {name: np.fromfile(os.path.join(ref_in, name + ".bin"),
+                                   dtype=d["dtype"]).reshape(d["shape"])
+                 for name, d in described["inputs"].items()}
+        for name, arr in feeds.items():
+            arr.tofile(os.path.join(ref_out, name + ".bin"))
+        ort_logits = int8.run([OUTPUT], feeds)[0].astype(np.float32)
+        ort_logits.tofile(os.path.join(ref_out, "ort_logits.f32"))
+        with open(os.path.join(ref_out, "inputs.json"), "w") as f:
+            json.dump(dict(described, ort_logits={"dtype": "float32", "shape": list(ort_logits.shape)}),
+                      f, indent=2)
+    l8.astype(np.float32).tofile(os.path.join(ref_out, "logits.f32"))
+
+    quantized = dict(manifest)
+    quantized["quantization"] = {
+        "method": "onnxruntime.quantization.quantize_dynamic",
+        "weights": "int8",
+        "activations": "uint8, quantized at run time",
+        "from_model_sha256": file_sha256(fp32_path),
+    }
+    quantized["offline"] = dict(manifest.get("offline") or {}, **{
+        "test_accuracy": acc8,
+        "fp32_test_accuracy": acc32,
+        "agreement_with_fp32": agreement,
+        "max_abs_diff_from_fp32": float(np.abs(l32 - l8).max()),
+        "onnxruntime_us": timings,
+    })
+    with open(os.path.join(args.out, "manifest.json"), "w") as f:
+        json.dump(quantized, f, indent=2)
+    print(json.dumps({"dataset": meta["name"], "fp32_test_accuracy": acc32, "int8_test_accuracy": acc8,
+                      "agreement": agreement, "onnxruntime_us": timings,
+                      "model_bytes": {"fp32": os.path.getsize(fp32_path), "int8": os.path.getsize(int8_path)},
+                      "seconds": round(time.time() - started, 1)}))
+
+
+def train_student(xn, teacher_logits, labels, split, hidden, epochs, lr, weight_decay, dropout,
+                  temperature, hard_weight, seed):
+    """A 2-layer MLP on the row-normalised features, trained on the
+    teacher's soft labels for every node (and, weighted `hard_weight`, the
+    true labels of the training nodes); the epoch with the best validation
+    accuracy kept."""
+    rng = np.random.default_rng(seed)
+    n, d = xn.shape
+    c = teacher_logits.shape[1]
+
+    def glorot(fan_in, fan_out):
+        s = np.sqrt(6.0 / (fan_in + fan_out))
+        return rng.uniform(-s, s, size=(fan_in, fan_out)).astype(np.float32)
+
+    def softmax(z):
+        e = np.exp(z - z.max(axis=1, keepdims=True))
+        return e / e.sum(axis=1, keepdims=True)
+
+    soft = softmax(teacher_logits / temperature).astype(np.float32)
+    train_idx, val_idx = np.flatnonzero(split == 0), np.flatnonzero(split == 1)
+    hard = np.zeros((n, c), np.float32)
+    hard[train_idx] = np.eye(c, dtype=np.float32)[labels[train_idx]]
+    params = [glorot(d, hidden), np.zeros(hidden, np.float32), glorot(hidden, c), np.zeros(c, np.float32)]
+    decay = [weight_decay, 0.0, 0.0, 0.0]
+    m = [np.zeros_like(p) for p in params]
+    v = [np.zeros_like(p) for p in params]
+    keep = 1.0 - dropout
+    best = (-1.0, None, 0)
+    for epoch in range(1, epochs + 1):
+        w1, b1, w2, b2 = params
+        xd = xn * ((rng.random(xn.shape) < keep).astype(np.float32) / keep)
+        z1 = xd @ w1 + b1
+        h = np.maximum(z1, 0.0)
+        mask1 = (rng.random(h.shape) < keep).astype(np.float32) / keep
+        hd = h * mask1
+        z2 = hd @ w2 + b2
+        # Soft part: KL(teacher || student) at the temperature, scaled by T^2
+        # (Hinton et al.); hard part: cross-entropy on the training nodes.
+        dz2 = (softmax(z2 / temperature) - soft) * temperature / n
+        dz2[train_idx] += hard_weight * (softmax(z2[train_idx]) - hard[train_idx]) / len(train_idx)
+        g_w2, g_b2 = hd.T @ dz2, dz2.sum(axis=0)
+        dh = (dz2 @ w2.T) * mask1 * (z1 > 0)
+        grads = [xd.T @ dh, dh.sum(axis=0), g_w2, g_b2]
+        for i, (param, grad) in enumerate(zip(params, grads)):
+            grad = grad + decay[i] * param
+            m[i] = 0.9 * m[i] + 0.1 * grad
+            v[i] = 0.999 * v[i] + 0.001 * grad * grad
+            mhat = m[i] / (1 - 0.9 ** epoch)
+            vhat = v[i] / (1 - 0.999 ** epoch)
+            params[i] = (param - lr * mhat / (np.sqrt(vhat) + 1e-8)).astype(np.float32)
+        w1, b1, w2, b2 = params
+        val = accuracy(np.maximum(xn[val_idx] @ w1 + b1, 0.0) @ w2 + b2, labels[val_idx],
+                       np.arange(len(val_idx)))
+        if val > best[0]:
+            best = (val, [p.copy() for p in params], epoch)
+    return best
+
+
+STUDENT_INPUTS = ["features", "target_row"]
+
+
+def build_student_onnx(params, feature_dim, num_classes):
+    """logits = relu(x W1 + b1) W2 + b2 on the targets' own rows (gathered
+    from the node table by `target_row`, row-normalised inside)."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    w1, b1, w2, b2 = params
+    inits = [numpy_helper.from_array(arr, name) for arr, name in [
+        (w1, "w1"), (b1, "b1"), (w2, "w2"), (b2, "b2"),
+        (np.array([1], np.int64), "axis1"), (np.array(1.0, np.float32), "one_f"),
+    ]]
+    nodes = [
+        helper.make_node("Gather", ["features", "target_row"], ["x_t"], axis=0),
+        helper.make_node("ReduceSum", ["x_t", "axis1"], ["rowsum"], keepdims=1),
+        helper.make_node("Max", ["rowsum", "one_f"], ["rowsum1"]),
+        helper.make_node("Div", ["x_t", "rowsum1"], ["xn"]),
+        helper.make_node("MatMul", ["xn", "w1"], ["z1_0"]),
+        helper.make_node("Add", ["z1_0", "b1"], ["z1"]),
+        helper.make_node("Relu", ["z1"], ["h"]),
+        helper.make_node("MatMul", ["h", "w2"], ["z2_0"]),
+        helper.make_node("Add", ["z2_0", "b2"], [OUTPUT]),
+    ]
+    inputs = [
+        helper.make_tensor_value_info("features", TensorProto.FLOAT, ["n_nodes", feature_dim]),
+        helper.make_tensor_value_info("target_row", TensorProto.INT32, ["n_targets"]),
+    ]
+    outputs = [helper.make_tensor_value_info(OUTPUT, TensorProto.FLOAT, ["n_targets", num_classes])]
+    graph = helper.make_graph(nodes, "mlp_student_2layer", inputs, outputs, inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)],
+                              producer_name="gnn-worker/model/sage.py distill")
+    model.ir_version = 8
+    onnx.checker.check_model(model)
+    return model
+
+
+def cmd_distill(args):
+    started = time.time()
+    teacher = read_manifest(args.teacher)
+    if teacher.get("architecture") != "graphsage-mean-2layer" or not teacher.get("offline"):
+        sys.exit(f"{args.teacher}: distill from a GNN trained by `sage.py train` (its manifest has "
+                 "`offline` results and reference/logits.f32)")
+    meta, x, edges, labels, split = load_dataset(args.dataset)
+    check_dataset_matches(teacher, meta, args.teacher)
+    n, d, c = meta["num_nodes"], meta["feature_dim"], meta["num_classes"]
+    teacher_logits = np.fromfile(os.path.join(args.teacher, "reference", "logits.f32"),
+                                 dtype="<f4").reshape(n, c)
+    xn = normalise(x).astype(np.float32)
+    val, params, epoch = train_student(xn, teacher_logits, labels, split, args.hidden, args.epochs,
+                                       args.lr, args.weight_decay, args.dropout, args.temperature,
+                                       args.hard_weight, args.seed)
+    os.makedirs(os.path.join(args.out, "reference"), exist_ok=True)
+    import onnx
+    student_path = os.path.join(args.out, "model.onnx")
+    onnx.save(build_student_onnx(params, d, c), student_path)
+    student = session_of(student_path)
+    every = np.arange(n)
+    logits = session_logits(student, lambda t: own_row_inputs(x, t), every)
+    w1, b1, w2, b2 = params
+    offline = np.maximum(xn @ w1 + b1, 0.0) @ w2 + b2
+    diff = float(np.abs(offline - logits).max())
+    if diff > 1e-4:
+        sys.exit(f"onnxruntime and the offline student disagree by {diff}")
+    logits.astype(np.float32).tofile(os.path.join(args.out, "reference", "logits.f32"))
+    test_idx = np.flatnonzero(split == 2)
+    test_acc = accuracy(logits, labels, test_idx)
+    teacher_acc = accuracy(teacher_logits, labels, test_idx)
+    agreement = float((logits.argmax(1) == teacher_logits.argmax(1)).mean())
+    indptr, indices = csr(n, edges)
+    timings = serving_timings([("teacher", session_of(os.path.join(args.teacher, "model.onnx"))),
+                               ("student", student)], x, indptr, indices, teacher["fanouts"], n,
+                              args.runs, args.seed)
+    manifest = {
+        "format_version": 1,
+        "architecture": "mlp-2layer",
+        "role": "student",
+        "dataset": meta["name"],
+        "feature_dim": d,
+        "dtype": "f32",
+        "num_classes": c,
+        "hidden": args.hidden,
+        # The student reads the targets' own rows: it needs no neighbours.
+        "fanouts": [0, 0],
+        "graph_version": teacher["graph_version"],
+        "num_nodes": n,
+        "opset": OPSET,
+        "inputs": STUDENT_INPUTS,
+        "outputs": [OUTPUT],
+        "teacher": {"model_sha256": file_sha256(os.path.join(args.teacher, "model.onnx")),
+                    "test_accuracy": teacher_acc},
+        "training": {"seed": args.seed, "epochs": args.epochs, "best_epoch": epoch, "lr": args.lr,
+                     "weight_decay": args.weight_decay, "dropout": args.dropout,
+                     "temperature": args.temperature, "hard_weight": args.hard_weight},
+        "offline": {"val_accuracy": val, "test_accuracy": test_acc,
+                    "teacher_test_accuracy": teacher_acc, "agreement_with_teacher": agreement,
+                    "onnxruntime_max_abs_diff": diff, "onnxruntime_us": timings},
+    }
+    with open(os.path.join(args.out, "manifest.json"), "w") as f:
+        json.dump(manifest, f, indent=2)
+    print(json.dumps({"dataset": meta["name"], "student_test_accuracy": test_acc,
+                      "teacher_test_accuracy": teacher_acc, "agreement": agreement,
+                      "within_2_points": teacher_acc - test_acc <= 0.02, "onnxruntime_us": timings,
+                      "best_epoch": epoch, "seconds": round(time.time() - started, 1)}))
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -384,11 +760,30 @@ def main():
     i.add_argument("--graph-version", type=int, default=1)
     i.add_argument("--hidden", type=int, default=64)
     i.add_argument("--seed", type=int, default=0)
+    q = sub.add_parser("quantize", help="export a dynamically quantized (INT8) copy of a model, "
+                       "with its accuracy and speed against FP32")
+    q.add_argument("--model", required=True, help="the FP32 model directory (sage.py train or init)")
+    q.add_argument("--dataset", required=True, help="the dataset it was trained on (accuracy, timing)")
+    q.add_argument("--out", required=True, help="model directory to write")
+    q.add_argument("--runs", type=int, default=400, help="timed runs per batch size")
+    q.add_argument("--seed", type=int, default=0)
+    s = sub.add_parser("distill", help="train an MLP student on a GNN's soft labels and export it")
+    s.add_argument("--teacher", required=True, help="the GNN's model directory (sage.py train)")
+    s.add_argument("--dataset", required=True, help="the dataset the teacher was trained on")
+    s.add_argument("--out", required=True, help="model directory to write (e.g. TEACHER/student)")
+    s.add_argument("--hidden", type=int, default=512)
+    s.add_argument("--epochs", type=int, default=300)
+    s.add_argument("--lr", type=float, default=0.01)
+    s.add_argument("--weight-decay", type=float, default=5e-4)
+    s.add_argument("--dropout", type=float, default=0.5)
+    s.add_argument("--temperature", type=float, default=1.0)
+    s.add_argument("--hard-weight", type=float, default=0.0,
+                   help="weight of the true labels of the training nodes beside the soft labels")
+    s.add_argument("--runs", type=int, default=400, help="timed runs per batch size")
+    s.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
-    if args.command == "train":
-        cmd_train(args)
-    else:
-        cmd_init(args)
+    {"train": cmd_train, "init": cmd_init, "quantize": cmd_quantize,
+     "distill": cmd_distill}[args.command](args)
 
 
 if __name__ == "__main__":

@@ -169,7 +169,14 @@ async fn start(config: &WorkerConfig, service: &Service) -> anyhow::Result<()> {
             config.intra_threads,
         )?);
     }
-    tracing::info!(model = %config.model.display(), device = ?config.device, executors = config.executors, "model loaded");
+    tracing::info!(
+        model = %config.model.display(),
+        architecture = %manifest.architecture,
+        weights = manifest.quantization.as_ref().map_or("f32", |q| q.weights.as_str()),
+        device = ?config.device,
+        executors = config.executors,
+        "model loaded"
+    );
     service.set_waiting(format!("no sidecar on /dev/shm/{} yet", config.shm_name));
     let client = attach(config, service).await?;
     let (Some(schema), Some(geometry)) = (client.schema(), client.geometry()) else {

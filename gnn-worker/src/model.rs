@@ -39,6 +39,18 @@ pub struct Manifest {
     pub opset: u32,
     pub inputs: Vec<String>,
     pub outputs: Vec<String>,
+    /// Present on a model `sage.py quantize` wrote (INT8 weights).
+    #[serde(default)]
+    pub quantization: Option<Quantization>,
+}
+
+/// How a model was quantized (docs/model.md, "INT8").
+#[derive(Debug, Clone, Deserialize)]
+pub struct Quantization {
+    /// The tool that quantized it.
+    pub method: String,
+    /// The weights' type (`int8`).
+    pub weights: String,
 }
 
 /// Why a model cannot be used or run.
@@ -80,8 +92,14 @@ impl Manifest {
             )));
         }
         if manifest.inputs != INPUTS {
+            let hint = if manifest.architecture == "mlp-2layer" {
+                ": this is an MLP student (sage.py distill), not a GNN; point --model at the \
+                 GNN's directory"
+            } else {
+                ""
+            };
             return Err(error(format!(
-                "inputs {:?}, expected {INPUTS:?} (the response columns)",
+                "inputs {:?}, expected {INPUTS:?} (the response columns){hint}",
                 manifest.inputs
             )));
         }
@@ -328,4 +346,54 @@ pub fn bind_inputs(tables: &ResponseTables) -> ort::Result<[Input<'_>; 6]> {
         fanouts: tables.fanouts().map(|f| f as usize),
     }
     .bind()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A manifest as `sage.py distill` writes it, in a fresh directory
+    /// named after `test`.
+    fn student_dir(test: &str) -> PathBuf {
+        let dir = std::env::temp_dir().join(format!("gnn-worker-{test}-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(
+            dir.join(Manifest::FILE),
+            r#"{"format_version": 1, "architecture": "mlp-2layer", "role": "student",
+                "feature_dim": 1433, "dtype": "f32", "num_classes": 7, "fanouts": [0, 0],
+                "graph_version": 1, "opset": 17, "inputs": ["features", "target_row"],
+                "outputs": ["logits"]}"#,
+        )
+        .unwrap();
+        dir
+    }
+
+    #[test]
+    fn a_student_directory_is_refused_by_name() {
+        let dir = student_dir("student");
+        let err = Manifest::read(&dir).unwrap_err().to_string();
+        std::fs::remove_dir_all(&dir).unwrap();
+        assert!(err.contains("MLP student"), "{err}");
+        assert!(err.contains("point --model at the GNN"), "{err}");
+    }
+
+    #[test]
+    fn a_quantized_manifest_says_so() {
+        let dir = student_dir("int8");
+        std::fs::write(
+            dir.join(Manifest::FILE),
+            r#"{"format_version": 1, "architecture": "graphsage-mean-2layer",
+                "feature_dim": 1433, "dtype": "f32", "num_classes": 7, "fanouts": [20, 10],
+                "graph_version": 1, "opset": 17, "outputs": ["logits"],
+                "inputs": ["features", "target_row", "hop1_count", "hop1_rows",
+                           "hop2_count", "hop2_rows"],
+                "quantization": {"method": "onnxruntime.quantization.quantize_dynamic",
+                                 "weights": "int8", "activations": "uint8"}}"#,
+        )
+        .unwrap();
+        let manifest = Manifest::read(&dir);
+        std::fs::remove_dir_all(&dir).unwrap();
+        let manifest = manifest.unwrap();
+        assert_eq!(manifest.quantization.unwrap().weights, "int8");
+    }
 }

@@ -130,6 +130,49 @@ pub fn trained_model_for(dir: &Path) -> PathBuf {
     out
 }
 
+/// A model derived by the tooling from the one [`trained_model_for`] `dir`
+/// trains: `sage.py quantize` (`"quantize"`, INT8) or `sage.py distill`
+/// (`"distill"`, the MLP student), once per test process.
+pub fn derived_model_for(dir: &Path, command: &str) -> PathBuf {
+    static MODELS: Mutex<Option<HashMap<(PathBuf, String), PathBuf>>> = Mutex::new(None);
+    let source = trained_model_for(dir);
+    let mut models = MODELS.lock().unwrap_or_else(|p| p.into_inner());
+    let models = models.get_or_insert_with(HashMap::new);
+    let key = (dir.to_path_buf(), command.to_string());
+    if let Some(path) = models.get(&key) {
+        return path.clone();
+    }
+    let out = tempfile::Builder::new()
+        .prefix(&format!("model-{command}-"))
+        .tempdir()
+        .expect("temp dir")
+        .keep();
+    let from = if command == "distill" {
+        "--teacher"
+    } else {
+        "--model"
+    };
+    let status = Command::new(python())
+        .arg(repo_root().join("gnn-worker/model/sage.py"))
+        .arg(command)
+        .arg(from)
+        .arg(&source)
+        .arg("--dataset")
+        .arg(dir)
+        .arg("--out")
+        .arg(&out)
+        .args(["--runs", "20"])
+        .status()
+        .expect("running the model tooling");
+    assert!(
+        status.success(),
+        "sage.py {command} of the model for {} failed",
+        dir.display()
+    );
+    models.insert(key, out.clone());
+    out
+}
+
 /// The demo dataset the repository ships (`demo/data/cora.tar.gz`),
 /// extracted once per test process into a temporary directory.
 pub fn shipped_cora() -> PathBuf {

@@ -168,7 +168,102 @@ fn sampled_fanouts_stay_within_1_5_points_of_offline() {
 
 #[test]
 fn onnxruntime_in_python_and_the_worker_agree() {
-    let model_dir = trained_model("cora");
+    assert_worker_matches_python(&trained_model("cora"), 1e-5);
+}
+
+/// The INT8 export (`sage.py quantize`): the worker computes what
+/// onnxruntime in Python computes on the reference batch, and serves cora
+/// within 2 points of the FP32 model's offline accuracy.
+#[test]
+fn an_int8_model_is_served_within_2_points_of_fp32() {
+    let int8 = tests::stack::derived_model_for(&dataset("cora"), "quantize");
+    let manifest = manifest(&int8);
+    assert_eq!(manifest["quantization"]["weights"], "int8", "{manifest}");
+    assert_worker_matches_python(&int8, 1e-4);
+
+    let mut options = StackOptions::new("cora");
+    options.model = Some(int8);
+    let stack = Stack::start(&options).expect("stack");
+    let fp32 = manifest["offline"]["fp32_test_accuracy"].as_f64().unwrap();
+    let predictions = predict_all(&stack, &test_nodes("cora"), 16);
+    let served = accuracy("cora", &predictions);
+    println!(
+        "cora INT8 at [20,10]: served {:.1}%, FP32 offline {:.1}%",
+        served * 100.0,
+        fp32 * 100.0
+    );
+    assert!(
+        served >= fp32 - 0.02,
+        "INT8 served accuracy {served} vs FP32 offline {fp32}"
+    );
+    assert!(stack.stop());
+}
+
+/// The MLP student (`sage.py distill`): within 2 points of its teacher on
+/// cora (the rule for deploying it), and the worker's ONNX Runtime computes
+/// on the targets' own rows the logits the tooling recorded.
+#[test]
+fn the_distilled_student_is_within_2_points_of_its_teacher() {
+    let dir = tests::stack::derived_model_for(&dataset("cora"), "distill");
+    let m = manifest(&dir);
+    assert_eq!(m["architecture"], "mlp-2layer", "{m}");
+    assert_eq!(m["inputs"], serde_json::json!(["features", "target_row"]));
+    let student = m["offline"]["test_accuracy"].as_f64().unwrap();
+    let teacher = m["offline"]["teacher_test_accuracy"].as_f64().unwrap();
+    println!(
+        "cora: student {:.1}%, teacher {:.1}%",
+        student * 100.0,
+        teacher * 100.0
+    );
+    assert!(
+        teacher - student <= 0.02 + 1e-9,
+        "student {student} is more than 2 points below its teacher {teacher}"
+    );
+
+    let meta = meta("cora");
+    let n = meta["num_nodes"].as_u64().unwrap() as usize;
+    let d = meta["feature_dim"].as_u64().unwrap() as usize;
+    let features = read_f32(&dataset("cora").join("features.f32"));
+    let rows: Vec<i32> = (0..n as i32).collect();
+    let mut session = ort::session::Session::builder(ort_env())
+        .unwrap()
+        .commit_from_file(dir.join("model.onnx"))
+        .unwrap();
+    let outputs = session
+        .run(ort::inputs![
+            "features" => ort::value::TensorRef::from_array_view(([n, d], &features[..])).unwrap(),
+            "target_row" => ort::value::TensorRef::from_array_view(([n], &rows[..])).unwrap(),
+        ])
+        .unwrap();
+    let (_, logits) = outputs["logits"].try_extract_tensor::<f32>().unwrap();
+    let recorded = read_f32(&dir.join("reference/logits.f32"));
+    assert_eq!(logits.len(), recorded.len());
+    let worst = logits
+        .iter()
+        .zip(&recorded)
+        .map(|(a, b)| (a - b).abs())
+        .fold(0f32, f32::max);
+    assert!(worst <= 1e-4, "the worker's runtime differs by {worst}");
+    let classes = recorded.len() / n;
+    let labels = read_i32(&dataset("cora").join("labels.i32"));
+    let test = test_nodes("cora");
+    let right = test
+        .iter()
+        .filter(|&&v| {
+            let v = v as usize;
+            gnn_worker::batcher::argmax(&logits[v * classes..(v + 1) * classes]) as i32 == labels[v]
+        })
+        .count();
+    let served = right as f64 / test.len() as f64;
+    assert!(
+        (served - student).abs() < 1e-9,
+        "accuracy {served} here, {student} in the manifest"
+    );
+}
+
+/// Runs the worker's session on `model_dir`'s reference batch and compares
+/// with what onnxruntime in Python computed (`reference/ort_logits.f32`).
+fn assert_worker_matches_python(model_dir: &Path, tolerance: f32) {
     let reference = model_dir.join("reference");
     let described: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(reference.join("inputs.json")).unwrap())
@@ -203,7 +298,7 @@ fn onnxruntime_in_python_and_the_worker_agree() {
         hop2_rows: &ints[4],
         fanouts: [hop2[1], hop2[2]],
     };
-    let mut model = Model::load(ort_env(), &model_dir, Device::Cpu, 1).unwrap();
+    let mut model = Model::load(ort_env(), model_dir, Device::Cpu, 1).unwrap();
     let rust = model.run_slices(&inputs).unwrap();
     let python = read_f32(&reference.join("ort_logits.f32"));
     assert_eq!(rust.len(), python.len());
@@ -213,8 +308,9 @@ fn onnxruntime_in_python_and_the_worker_agree() {
         .map(|(a, b)| (a - b).abs())
         .fold(0f32, f32::max);
     assert!(
-        worst <= 1e-5,
-        "Rust and Python onnxruntime differ by {worst}"
+        worst <= tolerance,
+        "{}: Rust and Python onnxruntime differ by {worst}",
+        model_dir.display()
     );
 }
 
