@@ -52,12 +52,17 @@ export CARGO_TARGET_DIR=$target/fuzz
 echo "== building the fuzz targets (sanitizer: $sanitizer)"
 cargo "${toolchain[@]}" fuzz build --sanitizer "$sanitizer"
 
+# The targets that decode files write them under the temp directory: one
+# of this run's own, removed at the end.
+scratch=$(mktemp -d -t gnn-fuzz-run.XXXXXX)
+trap 'rm -rf "$scratch"' EXIT
+
 failed=()
 for t in "${targets[@]}"; do
     mkdir -p "$work/corpus/$t" "$work/artifacts/$t"
     echo "== fuzz $t for ${seconds} s"
     log="$work/$t.log"
-    if cargo "${toolchain[@]}" fuzz run --sanitizer "$sanitizer" "$t" \
+    if TMPDIR=$scratch cargo "${toolchain[@]}" fuzz run --sanitizer "$sanitizer" "$t" \
         "$work/corpus/$t" "fuzz/seeds/$t" -- \
         -max_total_time="$seconds" -timeout=10 -rss_limit_mb=2048 \
         -malloc_limit_mb=1024 -artifact_prefix="$work/artifacts/$t/" \

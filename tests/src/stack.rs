@@ -95,6 +95,41 @@ pub fn trained_model(dataset_name: &str) -> PathBuf {
     trained_model_for(&dataset(dataset_name))
 }
 
+/// A directory that outlives the test that made it (models and extracted
+/// data that a test process's tests share), in the temp directory. Its
+/// name carries this process's id, so that the first call in a later test
+/// process removes those of test processes that have exited.
+pub fn process_dir(prefix: &str) -> PathBuf {
+    static SWEPT: std::sync::Once = std::sync::Once::new();
+    SWEPT.call_once(remove_dirs_of_exited_tests);
+    tempfile::Builder::new()
+        .prefix(&format!("gnn-test-{}-{prefix}-", std::process::id()))
+        .tempdir()
+        .expect("temp dir")
+        .keep()
+}
+
+/// Removes `<temp>/gnn-test-<pid>-...` where no process `<pid>` runs.
+fn remove_dirs_of_exited_tests() {
+    let Ok(entries) = std::fs::read_dir(std::env::temp_dir()) else {
+        return;
+    };
+    for entry in entries.flatten() {
+        let name = entry.file_name();
+        let Some(pid) = name
+            .to_str()
+            .and_then(|n| n.strip_prefix("gnn-test-"))
+            .and_then(|rest| rest.split('-').next())
+            .and_then(|pid| pid.parse::<u32>().ok())
+        else {
+            continue;
+        };
+        if pid != std::process::id() && !Path::new(&format!("/proc/{pid}")).exists() {
+            let _ = std::fs::remove_dir_all(entry.path());
+        }
+    }
+}
+
 /// A model trained by the tooling for the dataset directory `dir`, once per
 /// test process.
 pub fn trained_model_for(dir: &Path) -> PathBuf {
@@ -108,11 +143,7 @@ pub fn trained_model_for(dir: &Path) -> PathBuf {
         .file_name()
         .map(|n| n.to_string_lossy().into_owned())
         .unwrap_or_default();
-    let out = tempfile::Builder::new()
-        .prefix(&format!("model-{name}-"))
-        .tempdir()
-        .expect("temp dir")
-        .keep();
+    let out = process_dir(&format!("model-{name}"));
     let status = Command::new(python())
         .arg(repo_root().join("gnn-worker/model/sage.py"))
         .args(["train", "--dataset"])
@@ -142,11 +173,7 @@ pub fn derived_model_for(dir: &Path, command: &str) -> PathBuf {
     if let Some(path) = models.get(&key) {
         return path.clone();
     }
-    let out = tempfile::Builder::new()
-        .prefix(&format!("model-{command}-"))
-        .tempdir()
-        .expect("temp dir")
-        .keep();
+    let out = process_dir(&format!("model-{command}"));
     let from = if command == "distill" {
         "--teacher"
     } else {
@@ -181,11 +208,7 @@ pub fn shipped_cora() -> PathBuf {
     if let Some(dir) = dir.as_ref() {
         return dir.clone();
     }
-    let out = tempfile::Builder::new()
-        .prefix("shipped-cora-")
-        .tempdir()
-        .expect("temp dir")
-        .keep();
+    let out = process_dir("shipped-cora");
     let archive = repo_root().join("demo/data/cora.tar.gz");
     let status = Command::new("tar")
         .arg("-xzf")
