@@ -627,6 +627,7 @@ fn ring_call_split(
         fanouts: config.fanouts,
         timeout: Some(config.ring_timeout),
         request_id: REQUEST_ID.fetch_add(1, Ordering::Relaxed),
+        own_rows_only: false,
     };
     metrics.ring_requests.inc();
     let calling = Instant::now();

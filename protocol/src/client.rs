@@ -57,6 +57,8 @@ pub struct CallRequest<'a> {
     /// `None` = [`ClientOptions::default_timeout`].
     pub timeout: Option<Duration>,
     pub request_id: u64,
+    /// Only the targets' own rows, no neighbours (`OWN_ROWS_ONLY`).
+    pub own_rows_only: bool,
 }
 
 impl<'a> CallRequest<'a> {
@@ -66,7 +68,14 @@ impl<'a> CallRequest<'a> {
             fanouts: [0; MAX_HOPS],
             timeout: None,
             request_id: 0,
+            own_rows_only: false,
         }
+    }
+
+    /// The same targets, their own rows only.
+    pub fn own_rows_only(mut self) -> Self {
+        self.own_rows_only = true;
+        self
     }
 }
 
@@ -504,6 +513,11 @@ impl RingClient {
                 request.request_id,
                 deadline_ns,
                 request.fanouts,
+                if request.own_rows_only {
+                    crate::layout::request_flags::OWN_ROWS_ONLY
+                } else {
+                    0
+                },
                 request.targets,
             ),
         );

@@ -241,10 +241,14 @@ pub struct Header {
     pub clients: [ClientEntry; MAX_CLIENTS],
 }
 
-/// Request flags.
+/// Request flags (docs/protocol.md, "Request area").
 pub mod request_flags {
-    /// No flag defined yet; a sidecar refuses unknown bits.
-    pub const KNOWN: u32 = 0;
+    /// Only the targets' own rows: no neighbour is sampled or fetched; the
+    /// response's fanouts are [1, 1] with every count 0 (what a model that
+    /// reads the target alone, such as an MLP student, needs).
+    pub const OWN_ROWS_ONLY: u32 = 1;
+    /// Every defined bit; a sidecar refuses others.
+    pub const KNOWN: u32 = OWN_ROWS_ONLY;
 }
 
 /// The fixed part of a request, at the start of a slot's data region; the

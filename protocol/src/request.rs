@@ -28,10 +28,18 @@ pub(crate) fn encoded(
     request_id: u64,
     deadline_mono_ns: u64,
     fanouts: [u32; MAX_HOPS],
+    flags: u32,
     targets: &[u64],
 ) -> Vec<u8> {
     let mut area = vec![0u8; TARGETS_OFFSET + targets.len() * 8];
-    encode(&mut area, request_id, deadline_mono_ns, fanouts, targets);
+    encode(
+        &mut area,
+        request_id,
+        deadline_mono_ns,
+        fanouts,
+        flags,
+        targets,
+    );
     area
 }
 
@@ -47,6 +55,8 @@ pub struct Request {
     /// `fanouts` holds the segment default there, which a sidecar may
     /// replace with its current setting.
     pub defaulted: [bool; MAX_HOPS],
+    /// `OWN_ROWS_ONLY`: the targets' rows, no neighbours.
+    pub own_rows_only: bool,
     pub targets: Vec<u64>,
 }
 
@@ -93,6 +103,7 @@ pub(crate) fn encode(
     request_id: u64,
     deadline_mono_ns: u64,
     fanouts: [u32; MAX_HOPS],
+    flags: u32,
     targets: &[u64],
 ) {
     let header = RequestHeader {
@@ -100,7 +111,7 @@ pub(crate) fn encode(
         deadline_mono_ns,
         n_targets: targets.len() as u32,
         fanouts,
-        flags: 0,
+        flags,
         _reserved: [0; 32],
     };
     area[..TARGETS_OFFSET].copy_from_slice(bytemuck::bytes_of(&header));
@@ -175,6 +186,7 @@ pub fn decode(
         deadline_mono_ns: header.deadline_mono_ns,
         fanouts,
         defaulted,
+        own_rows_only: header.flags & request_flags::OWN_ROWS_ONLY != 0,
         targets,
     })
 }
@@ -201,6 +213,7 @@ mod tests {
             deadline_mono_ns: 0,
             fanouts: [1, 1],
             defaulted: [false; 2],
+            own_rows_only: false,
             targets: vec![],
         };
         assert_eq!(request.remaining_at(5_000), None, "no deadline");

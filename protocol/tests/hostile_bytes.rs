@@ -217,3 +217,27 @@ fn fuzzer_found_responses_are_refused_by_the_framing() {
         assert!(!err.contains("panicked"), "{what}: {err}");
     }
 }
+
+/// The one defined request flag is read; any other bit is refused, naming
+/// the flags (docs/protocol.md, "Request area").
+#[test]
+fn the_own_rows_flag_is_read_and_other_bits_are_refused() {
+    let geometry: Geometry = bytemuck_geometry(valid_segment_bytes());
+    let mut area = vec![0u8; 72];
+    area[0..8].copy_from_slice(&7u64.to_le_bytes());
+    area[16..20].copy_from_slice(&1u32.to_le_bytes());
+    area[64..72].copy_from_slice(&42u64.to_le_bytes());
+    let with_flags = |flags: u32| {
+        let mut area = area.clone();
+        area[28..32].copy_from_slice(&flags.to_le_bytes());
+        request::decode(&area, &geometry, &schema())
+    };
+    let plain = with_flags(0).unwrap();
+    assert!(!plain.own_rows_only);
+    let own = with_flags(protocol::layout::request_flags::OWN_ROWS_ONLY).unwrap();
+    assert!(own.own_rows_only);
+    assert_eq!((own.request_id, own.targets.as_slice()), (7, &[42u64][..]));
+    let err = with_flags(2).unwrap_err();
+    assert_eq!(err, request::RequestError::UnknownFlags { flags: 2 });
+    assert!(err.to_string().contains("0x2"), "{err}");
+}

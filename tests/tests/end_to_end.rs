@@ -314,6 +314,66 @@ fn assert_worker_matches_python(model_dir: &Path, tolerance: f32) {
     );
 }
 
+/// `OWN_ROWS_ONLY`: the targets' rows and nothing else (fanouts [1, 1],
+/// every count 0, padding the target's row), the same rows a full request
+/// gets for its targets; an unknown target is flagged as usual.
+#[test]
+fn a_request_for_own_rows_only_gets_the_targets_alone() {
+    let stack = Stack::start(&StackOptions::new("cora")).expect("stack");
+    let client = RingClient::attach(&stack.shm_name, ClientOptions::default()).unwrap();
+    let targets = [1358u64, 5, 99, 1358, 4_000_000];
+    let own_response = client
+        .call(&CallRequest::new(&targets).own_rows_only())
+        .unwrap();
+    let own = own_response.tables().unwrap();
+    assert_eq!(own.fanouts(), [1, 1]);
+    assert_eq!(
+        own.node_ids(),
+        &[1358, 5, 99, 4_000_000],
+        "unique targets, in order"
+    );
+    assert_eq!(own.target_ids(), &targets);
+    assert_eq!(own.target_rows(), &[0, 1, 2, 0, 3]);
+    assert!(own.hop1_counts().iter().all(|&c| c == 0));
+    assert!(own.hop2_counts().iter().all(|&c| c == 0));
+    assert_eq!(
+        own.hop1_rows(),
+        own.target_rows(),
+        "padding is the target's row"
+    );
+    assert_eq!(own.hop2_rows(), own.target_rows());
+    use protocol::payload::schema::target_status;
+    assert_eq!(
+        own.target_status(),
+        &[
+            target_status::OK,
+            target_status::OK,
+            target_status::OK,
+            target_status::OK,
+            target_status::UNKNOWN_NODE
+        ]
+    );
+
+    let full_response = client.call(&CallRequest::new(&targets)).unwrap();
+    let full = full_response.tables().unwrap();
+    assert!(
+        full.n_nodes() > own.n_nodes(),
+        "a full request samples neighbours"
+    );
+    let d = own.features().len() / own.n_nodes();
+    for (row, _) in targets.iter().enumerate().take(3) {
+        let r = |t: &protocol::payload::ResponseTables, row: usize| {
+            let at = t.target_rows()[row] as usize * d;
+            t.features()[at..at + d].to_vec()
+        };
+        assert_eq!(r(&own, row), r(&full, row), "target {row}'s row");
+    }
+    let features = read_f32(&dataset("cora").join("features.f32"));
+    assert_eq!(&own.features()[..d], &features[1358 * d..1359 * d]);
+    drop((own, full, own_response, full_response));
+    assert!(stack.stop());
+}
+
 #[test]
 fn model_inputs_borrow_the_shared_memory_buffers() {
     let stack = Stack::start(&StackOptions::new("cora")).expect("stack");

@@ -93,6 +93,24 @@ impl Sampler {
         fanouts: [u32; MAX_HOPS],
         seed: u64,
     ) -> Sampled {
+        self.sample_hops(graph, targets, fanouts, seed, true)
+    }
+
+    /// The targets' own rows only (the request flag `OWN_ROWS_ONLY`):
+    /// fanouts [1, 1] with every count 0 and the padding holding the
+    /// target's row; unknown targets are flagged as by [`Sampler::sample`].
+    pub fn own_rows(&mut self, graph: &impl NeighborSource, targets: &[u64]) -> Sampled {
+        self.sample_hops(graph, targets, [1, 1], 0, false)
+    }
+
+    fn sample_hops(
+        &mut self,
+        graph: &impl NeighborSource,
+        targets: &[u64],
+        fanouts: [u32; MAX_HOPS],
+        seed: u64,
+        neighbours: bool,
+    ) -> Sampled {
         let [f1, f2] = fanouts;
         let (f1u, f2u) = (f1 as usize, f2 as usize);
         let n = targets.len();
@@ -126,6 +144,7 @@ impl Sampler {
             hop1.clear();
             match graph.degree(target) {
                 None => out.status.push(target_status::UNKNOWN_NODE),
+                Some(_) if !neighbours => out.status.push(target_status::OK),
                 Some(degree) => {
                     out.status.push(target_status::OK);
                     out.work += pick(&mut rng, degree, f1, &mut self.picked);

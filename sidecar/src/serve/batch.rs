@@ -54,6 +54,10 @@ pub struct BatchContext<'a> {
     pub metrics: &'a Metrics,
 }
 
+/// What one sampling pass is for: the fanouts, and whether the requests
+/// want their targets' own rows only (`OWN_ROWS_ONLY`).
+type SampleKey = ([u32; MAX_HOPS], bool);
+
 struct Pending {
     ticket: ServeTicket,
     request: Request,
@@ -82,8 +86,9 @@ impl BatchServer {
         let cap = ctx.knobs.deadline();
         let knob_fanouts = ctx.knobs.fanouts();
         let mut deadline = None::<Instant>;
-        // Group by fanouts: one sampling pass per distinct pair.
-        let mut groups: Vec<([u32; MAX_HOPS], Vec<Pending>)> = Vec::new();
+        // Group by fanouts (and whether neighbours are wanted at all): one
+        // sampling pass per distinct pair.
+        let mut groups: Vec<(SampleKey, Vec<Pending>)> = Vec::new();
         for ticket in tickets {
             let mut request = match ticket.request() {
                 Ok(request) => request,
@@ -116,6 +121,10 @@ impl BatchServer {
                     *fanout = knob;
                 }
             }
+            if request.own_rows_only {
+                // The targets alone: the smallest hop arrays (every count 0).
+                request.fanouts = [1, 1];
+            }
             // The padded hop arrays alone (4 bytes per entry of hop1_rows,
             // hop2_count and hop2_rows) must fit the response area: checked
             // before the sampler sets memory aside for them.
@@ -146,10 +155,11 @@ impl BatchServer {
                         .min(cap)
                 });
             deadline = Some(deadline.map_or(until, |d: Instant| d.min(until)));
-            let group = match groups.iter().position(|(f, _)| *f == request.fanouts) {
+            let key = (request.fanouts, request.own_rows_only);
+            let group = match groups.iter().position(|(k, _)| *k == key) {
                 Some(i) => i,
                 None => {
-                    groups.push((request.fanouts, Vec::new()));
+                    groups.push((key, Vec::new()));
                     groups.len() - 1
                 }
             };
@@ -164,16 +174,18 @@ impl BatchServer {
         }
         let sampling = Instant::now();
         let mut samples: Vec<Sampled> = Vec::with_capacity(groups.len());
-        for (fanouts, pending) in &mut groups {
+        for ((fanouts, own_rows_only), pending) in &mut groups {
             let mut targets = Vec::new();
             for p in pending.iter_mut() {
                 p.first_target = targets.len();
                 targets.extend_from_slice(&p.request.targets);
             }
-            samples.push(
+            samples.push(if *own_rows_only {
+                self.sampler.own_rows(ctx.graph, &targets)
+            } else {
                 self.sampler
-                    .sample(ctx.graph, &targets, *fanouts, SAMPLING_SEED),
-            );
+                    .sample(ctx.graph, &targets, *fanouts, SAMPLING_SEED)
+            });
         }
 
         m.stage("sample").observe(sampling.elapsed().as_secs_f64());
