@@ -230,10 +230,12 @@ def build_onnx(params, feature_dim, num_classes):
     return model
 
 
-def full_inputs(x, indptr, indices, targets):
-    """Model inputs for `targets` with every neighbour, laid out exactly as
-    the sidecar lays out a response (targets first, rows deduplicated,
-    padding = the target's own row)."""
+def response_inputs(x, targets, neighbours, fanouts):
+    """Model inputs for `targets` laid out exactly as the sidecar lays out
+    a response at `fanouts` (targets first, rows deduplicated, padding =
+    the target's own row, hop2_count padded with 0); `neighbours(v, f)`
+    gives the neighbours of v kept for a hop of fanout f."""
+    f1, f2 = fanouts
     rows, nodes = {}, []
 
     def row_of(v):
@@ -242,25 +244,22 @@ def full_inputs(x, indptr, indices, targets):
             nodes.append(v)
         return rows[v]
 
-    degree = indptr[1:] - indptr[:-1]
     target_row = [row_of(int(t)) for t in targets]
-    f1 = max(1, max(int(degree[t]) for t in targets))
-    hop1 = [indices[indptr[t]:indptr[t + 1]] for t in targets]
-    f2 = max([1] + [int(degree[u]) for h in hop1 for u in h])
     t_n = len(targets)
     hop1_count = np.zeros(t_n, np.int32)
     hop1_rows = np.zeros((t_n, f1), np.int32)
     hop2_count = np.zeros((t_n, f1), np.int32)
     hop2_rows = np.zeros((t_n, f1, f2), np.int32)
-    for i in range(t_n):
-        hop1_count[i] = len(hop1[i])
+    for i, t in enumerate(targets):
         hop1_rows[i, :] = target_row[i]
         hop2_rows[i, :, :] = target_row[i]
-        for j, u in enumerate(hop1[i]):
+        hop1 = neighbours(int(t), f1)
+        hop1_count[i] = len(hop1)
+        for j, u in enumerate(hop1):
             hop1_rows[i, j] = row_of(int(u))
-            nbrs = indices[indptr[u]:indptr[u + 1]]
-            hop2_count[i, j] = len(nbrs)
-            for k, w in enumerate(nbrs):
+            hop2 = neighbours(int(u), f2)
+            hop2_count[i, j] = len(hop2)
+            for k, w in enumerate(hop2):
                 hop2_rows[i, j, k] = row_of(int(w))
     return {
         "features": x[np.array(nodes)].astype(np.float32),
@@ -268,6 +267,15 @@ def full_inputs(x, indptr, indices, targets):
         "hop1_count": hop1_count, "hop1_rows": hop1_rows,
         "hop2_count": hop2_count, "hop2_rows": hop2_rows,
     }
+
+
+def full_inputs(x, indptr, indices, targets):
+    """Model inputs for `targets` with every neighbour: fanouts just wide
+    enough for the widest neighbour list among them."""
+    degree = indptr[1:] - indptr[:-1]
+    f1 = max(1, max(int(degree[t]) for t in targets))
+    f2 = max([1] + [int(degree[u]) for t in targets for u in indices[indptr[t]:indptr[t + 1]]])
+    return response_inputs(x, targets, lambda v, f: indices[indptr[v]:indptr[v + 1]], (f1, f2))
 
 
 def cmd_train(args):
@@ -372,46 +380,13 @@ def cmd_init(args):
 
 
 def sampled_inputs(x, indptr, indices, targets, fanouts, rng):
-    """Model inputs for `targets` laid out as the sidecar lays out a
-    response at `fanouts`: up to f1 hop-1 neighbours sampled without
-    replacement, up to f2 of each of theirs, rows deduplicated, padding =
-    the target's own row (hop2_count padded with 0)."""
-    f1, f2 = fanouts
-    rows, nodes = {}, []
-
-    def row_of(v):
-        if v not in rows:
-            rows[v] = len(nodes)
-            nodes.append(v)
-        return rows[v]
-
+    """Model inputs for `targets` at `fanouts`, as the sidecar serves them:
+    up to f neighbours of each node sampled without replacement."""
     def sample(v, f):
         nbrs = indices[indptr[v]:indptr[v + 1]]
         return nbrs if len(nbrs) <= f else rng.choice(nbrs, size=f, replace=False)
 
-    target_row = [row_of(int(t)) for t in targets]
-    t_n = len(targets)
-    hop1_count = np.zeros(t_n, np.int32)
-    hop1_rows = np.zeros((t_n, f1), np.int32)
-    hop2_count = np.zeros((t_n, f1), np.int32)
-    hop2_rows = np.zeros((t_n, f1, f2), np.int32)
-    for i, t in enumerate(targets):
-        hop1_rows[i, :] = target_row[i]
-        hop2_rows[i, :, :] = target_row[i]
-        hop1 = sample(int(t), f1)
-        hop1_count[i] = len(hop1)
-        for j, u in enumerate(hop1):
-            hop1_rows[i, j] = row_of(int(u))
-            hop2 = sample(int(u), f2)
-            hop2_count[i, j] = len(hop2)
-            for k, w in enumerate(hop2):
-                hop2_rows[i, j, k] = row_of(int(w))
-    return {
-        "features": x[np.array(nodes)].astype(np.float32),
-        "target_row": np.array(target_row, np.int32),
-        "hop1_count": hop1_count, "hop1_rows": hop1_rows,
-        "hop2_count": hop2_count, "hop2_rows": hop2_rows,
-    }
+    return response_inputs(x, targets, sample, fanouts)
 
 
 def own_row_inputs(x, targets):
