@@ -47,7 +47,7 @@ use tokio::sync::{mpsc, oneshot};
 
 use crate::config::WorkerConfig;
 use crate::metrics::WorkerMetrics;
-use crate::model::Model;
+use crate::model::{AnsweredBy, Model};
 
 /// How calls are batched.
 #[derive(Debug, Clone)]
@@ -65,6 +65,9 @@ pub struct BatchConfig {
     pub max_request_targets: usize,
     /// Batches on the ring at once (ring threads).
     pub ring_concurrency: usize,
+    /// With a student: calls waiting for the batcher from which a new call
+    /// is answered by the student instead (docs/serving.md, "Degrade").
+    pub degrade_queue_calls: usize,
 }
 
 impl BatchConfig {
@@ -77,6 +80,7 @@ impl BatchConfig {
             ring_timeout: config.ring_timeout(),
             max_request_targets: config.max_request_targets,
             ring_concurrency: config.ring_concurrency.max(1),
+            degrade_queue_calls: config.degrade_queue_calls,
         }
     }
 }
@@ -95,6 +99,8 @@ pub struct Prediction {
     pub logits: Vec<f32>,
     pub known: bool,
     pub fallback_rows: u32,
+    /// The model that computed it.
+    pub answered_by: AnsweredBy,
 }
 
 /// Why a call got no predictions.
@@ -141,6 +147,8 @@ pub struct Predictor {
     metrics: Arc<WorkerMetrics>,
     client: Arc<RingClient>,
     schema: FeatureSchema,
+    /// The MLP student that answers when the batcher's queue is long.
+    student: Option<Arc<Mutex<Model>>>,
 }
 
 impl std::fmt::Debug for Predictor {
@@ -188,6 +196,7 @@ impl Predictor {
     pub fn start(
         client: Arc<RingClient>,
         models: Vec<Model>,
+        student: Option<Model>,
         schema: FeatureSchema,
         config: BatchConfig,
         metrics: Arc<WorkerMetrics>,
@@ -245,6 +254,7 @@ impl Predictor {
             metrics,
             client,
             schema,
+            student: student.map(|s| Arc::new(Mutex::new(s))),
         })
     }
 
@@ -299,6 +309,12 @@ impl Predictor {
             )));
         }
         self.readiness().map_err(PredictError::Unavailable)?;
+        if let Some(student) = &self.student {
+            let waiting = MAX_QUEUED_CALLS - self.jobs.capacity();
+            if waiting >= self.config.degrade_queue_calls {
+                return self.predict_with_student(student.clone(), ids).await;
+            }
+        }
         let (reply, answer) = oneshot::channel();
         // A bounded queue, never a wait for room in it: a full queue is an
         // explicit overload error the caller can retry elsewhere.
@@ -322,6 +338,29 @@ impl Predictor {
                 "no executor took the call (all retired): restart the worker".into(),
             )
         })?
+    }
+
+    /// One call answered by the student on its targets' own rows (ring
+    /// requests with `OWN_ROWS_ONLY`), outside the batcher.
+    async fn predict_with_student(
+        &self,
+        student: Arc<Mutex<Model>>,
+        ids: Vec<u64>,
+    ) -> Result<Vec<Prediction>, PredictError> {
+        let (client, schema, config, metrics) = (
+            self.client.clone(),
+            self.schema,
+            self.config.clone(),
+            self.metrics.clone(),
+        );
+        tokio::task::spawn_blocking(move || {
+            metrics.targets.inc_by(ids.len() as u64);
+            let responses = ring_calls(&client, &schema, &config, &metrics, &ids, true)?;
+            let mut student = student.lock().unwrap_or_else(|p| p.into_inner());
+            run_model(&mut student, &metrics, &ids, responses)
+        })
+        .await
+        .map_err(|e| PredictError::Internal(format!("the student's run failed ({e}); retry")))?
     }
 }
 
@@ -485,7 +524,7 @@ fn ring_stage(
         metrics.targets.inc_by(ids.len() as u64);
         let call = |ids: &[u64]| {
             std::panic::catch_unwind(AssertUnwindSafe(|| {
-                ring_calls(client, &schema, config, metrics, ids)
+                ring_calls(client, &schema, config, metrics, ids, false)
             }))
             .unwrap_or_else(|panic| {
                 let what = panic_text(&*panic);
@@ -598,6 +637,7 @@ fn ring_calls(
     config: &BatchConfig,
     metrics: &WorkerMetrics,
     ids: &[u64],
+    own_rows_only: bool,
 ) -> Result<Vec<Response>, PredictError> {
     let max_targets = client
         .geometry()
@@ -606,7 +646,15 @@ fn ring_calls(
         .max(1);
     let mut responses = Vec::with_capacity(ids.len().div_ceil(max_targets));
     for chunk in ids.chunks(max_targets) {
-        ring_call_split(client, schema, config, metrics, chunk, &mut responses)?;
+        ring_call_split(
+            client,
+            schema,
+            config,
+            metrics,
+            chunk,
+            own_rows_only,
+            &mut responses,
+        )?;
     }
     Ok(responses)
 }
@@ -620,6 +668,7 @@ fn ring_call_split(
     config: &BatchConfig,
     metrics: &WorkerMetrics,
     targets: &[u64],
+    own_rows_only: bool,
     responses: &mut Vec<Response>,
 ) -> Result<(), PredictError> {
     let request = CallRequest {
@@ -627,7 +676,7 @@ fn ring_call_split(
         fanouts: config.fanouts,
         timeout: Some(config.ring_timeout),
         request_id: REQUEST_ID.fetch_add(1, Ordering::Relaxed),
-        own_rows_only: false,
+        own_rows_only,
     };
     metrics.ring_requests.inc();
     let calling = Instant::now();
@@ -651,8 +700,24 @@ fn ring_call_split(
             }
             metrics.ring_splits.inc();
             let (first, second) = targets.split_at(targets.len() / 2);
-            ring_call_split(client, schema, config, metrics, first, responses)?;
-            return ring_call_split(client, schema, config, metrics, second, responses);
+            ring_call_split(
+                client,
+                schema,
+                config,
+                metrics,
+                first,
+                own_rows_only,
+                responses,
+            )?;
+            return ring_call_split(
+                client,
+                schema,
+                config,
+                metrics,
+                second,
+                own_rows_only,
+                responses,
+            );
         }
         Err(e @ CallError::RingFull { .. }) => return Err(PredictError::Overloaded(e.to_string())),
         Err(e) => return Err(PredictError::Unavailable(e.to_string())),
@@ -732,6 +797,7 @@ fn run_one(
             logits: row.to_vec(),
             known: tables.target_status()[i] == target_status::OK,
             fallback_rows: fallback_rows(&tables, i),
+            answered_by: model.answered_by(),
         });
     }
     Ok(())

@@ -31,6 +31,13 @@ pub const SPEC: Spec = Spec {
 pub struct WorkerConfig {
     /// Model directory: model.onnx and manifest.json.
     pub model: PathBuf,
+    /// An MLP student's directory (`sage.py distill`); unset: none. With
+    /// one, calls that arrive while the batcher's queue is long are
+    /// answered by it on their own rows.
+    pub student: Option<PathBuf>,
+    /// With a student: calls waiting for the batcher from which a new call
+    /// is answered by the student (0: every call).
+    pub degrade_queue_calls: usize,
     /// The sidecar's shared-memory segment name.
     pub shm_name: String,
     /// gRPC listen address.
@@ -78,6 +85,8 @@ impl Default for WorkerConfig {
     fn default() -> Self {
         Self {
             model: PathBuf::new(),
+            student: None,
+            degrade_queue_calls: 1024,
             shm_name: "gnn-sidecar".into(),
             grpc: SocketAddr::from(([127, 0, 0, 1], 50051)),
             http: SocketAddr::from(([127, 0, 0, 1], 8080)),
@@ -148,6 +157,12 @@ impl Validate for WorkerConfig {
                 ));
             }
         }
+        between(
+            "degrade_queue_calls",
+            self.degrade_queue_calls as f64,
+            0.0,
+            crate::batcher::MAX_QUEUED_CALLS as f64,
+        )?;
         between("max_batch", self.max_batch as f64, 1.0, 65_536.0)?;
         between("max_delay_ms", self.max_delay_ms, 0.0, 1_000.0)?;
         between(
@@ -200,6 +215,16 @@ pub struct WorkerFlags {
     #[arg(long)]
     #[serde(skip_serializing_if = "Option::is_none")]
     pub model: Option<PathBuf>,
+    /// An MLP student's directory (sage.py distill), answering on the
+    /// targets' own rows when the batcher's queue is long [default: none].
+    #[arg(long)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub student: Option<PathBuf>,
+    /// With --student: calls waiting for the batcher from which a new call
+    /// is answered by the student; 0: every call [default: 1024].
+    #[arg(long)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub degrade_queue_calls: Option<usize>,
     /// The sidecar's shared-memory segment name [default: gnn-sidecar].
     #[arg(long)]
     #[serde(skip_serializing_if = "Option::is_none")]

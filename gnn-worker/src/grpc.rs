@@ -98,6 +98,7 @@ fn to_pb(p: Prediction) -> pb::Prediction {
         logits: p.logits,
         known: p.known,
         fallback_rows: p.fallback_rows,
+        answered_by: p.answered_by.as_str().to_string(),
     }
 }
 

@@ -26,6 +26,7 @@ pub struct PredictionJson {
     pub logits: Vec<f32>,
     pub known: bool,
     pub fallback_rows: u32,
+    pub answered_by: &'static str,
 }
 
 /// The router, for `axum::serve`.
@@ -52,6 +53,7 @@ async fn predict(
                     logits: p.logits,
                     known: p.known,
                     fallback_rows: p.fallback_rows,
+                    answered_by: p.answered_by.as_str(),
                 })
                 .collect();
             Ok(Json(serde_json::json!({ "predictions": predictions })))

@@ -177,6 +177,18 @@ async fn start(config: &WorkerConfig, service: &Service) -> anyhow::Result<()> {
         executors = config.executors,
         "model loaded"
     );
+    let student = match &config.student {
+        Some(dir) => {
+            let student = Model::load_student(&env, dir, &manifest, config.intra_threads)?;
+            tracing::info!(
+                student = %dir.display(),
+                degrade_queue_calls = config.degrade_queue_calls,
+                "student loaded: it answers calls that arrive while this many wait"
+            );
+            Some(student)
+        }
+        None => None,
+    };
     service.set_waiting(format!("no sidecar on /dev/shm/{} yet", config.shm_name));
     let client = attach(config, service).await?;
     let (Some(schema), Some(geometry)) = (client.schema(), client.geometry()) else {
@@ -196,6 +208,7 @@ async fn start(config: &WorkerConfig, service: &Service) -> anyhow::Result<()> {
     let predictor = Predictor::start(
         Arc::new(client),
         models,
+        student,
         schema,
         batching,
         service.metrics().clone(),
@@ -326,13 +339,19 @@ async fn predict(addr: String, ids: Vec<u64>, json: bool) -> anyhow::Result<()> 
             println!(
                 "{}",
                 serde_json::json!({"node_id": p.node_id, "label": p.label, "logits": p.logits,
-                    "known": p.known, "fallback_rows": p.fallback_rows})
+                    "known": p.known, "fallback_rows": p.fallback_rows,
+                    "answered_by": p.answered_by})
             );
         } else {
             println!(
-                "node {:>8}  label {:>3}{}{}",
+                "node {:>8}  label {:>3}{}{}{}",
                 p.node_id,
                 p.label,
+                if p.answered_by == "student" {
+                    "  (by the student)"
+                } else {
+                    ""
+                },
                 if p.known { "" } else { "  (unknown node)" },
                 if p.fallback_rows > 0 {
                     format!("  ({} default feature rows)", p.fallback_rows)

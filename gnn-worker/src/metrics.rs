@@ -22,6 +22,12 @@ use prometheus_client::registry::Registry;
 /// Bounds for targets per batch.
 pub const TARGET_BUCKETS: [f64; 10] = [1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0, 1024.0];
 
+/// The `by` label of answered calls: the model that answered.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct AnsweredByLabel {
+    pub by: &'static str,
+}
+
 /// The `kind` label of failed calls.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ErrorKind {
@@ -39,6 +45,8 @@ pub struct WorkerMetrics {
     registry: Registry,
     pub calls: Counter,
     pub call_errors: Family<ErrorKind, Counter>,
+    /// Calls answered, per model (`gnn`, `student`).
+    pub answers: Family<AnsweredByLabel, Counter>,
     pub batches: Counter,
     pub ring_requests: Counter,
     /// Ring requests answered TOO_LARGE and split in two.
@@ -83,6 +91,16 @@ impl WorkerMetrics {
             "gnn_worker_call_errors",
             "client calls answered with an error, per kind (invalid_argument, unavailable, internal)",
             call_errors.clone(),
+        );
+        let answers = Family::<AnsweredByLabel, Counter>::default();
+        for by in ["gnn", "student"] {
+            let _ = answers.get_or_create(&AnsweredByLabel { by });
+        }
+        r.register(
+            "gnn_worker_answers",
+            "client calls answered with predictions, per model that answered (gnn; student: \
+             the batcher's queue was at degrade_queue_calls)",
+            answers.clone(),
         );
         let batches = counter(
             &mut r,
@@ -147,6 +165,7 @@ impl WorkerMetrics {
             registry: r,
             calls,
             call_errors,
+            answers,
             batches,
             ring_requests,
             ring_splits,

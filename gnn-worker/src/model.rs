@@ -26,6 +26,28 @@ pub const INPUTS: [&str; 6] = [
     "hop2_rows",
 ];
 
+/// The inputs of an MLP student (`sage.py distill`): the node table's
+/// features and the targets' rows in it.
+pub const STUDENT_INPUTS: [&str; 2] = ["features", "target_row"];
+
+/// Which model answered a prediction (the `answered_by` of a response).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum AnsweredBy {
+    /// The GNN, on the sampled neighbourhood.
+    Gnn,
+    /// The MLP student, on the target's own row (docs/serving.md, "Degrade").
+    Student,
+}
+
+impl AnsweredBy {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            AnsweredBy::Gnn => "gnn",
+            AnsweredBy::Student => "student",
+        }
+    }
+}
+
 /// `manifest.json` beside `model.onnx`, written by gnn-worker/model/sage.py.
 #[derive(Debug, Clone, Deserialize)]
 pub struct Manifest {
@@ -77,7 +99,9 @@ impl Manifest {
     pub const FILE: &'static str = "manifest.json";
     pub const MODEL: &'static str = "model.onnx";
 
-    pub fn read(model_dir: &Path) -> Result<Self, ModelError> {
+    /// Parses `<dir>/manifest.json` and checks what every model shares:
+    /// the format version and one output.
+    fn parse(model_dir: &Path) -> Result<Self, ModelError> {
         let path = model_dir.join(Self::FILE);
         let error = |reason: String| ModelError::Manifest {
             path: path.clone(),
@@ -91,6 +115,44 @@ impl Manifest {
                 manifest.format_version
             )));
         }
+        if manifest.outputs.len() != 1 {
+            return Err(error("exactly one output (the logits) is expected".into()));
+        }
+        Ok(manifest)
+    }
+
+    /// The manifest of an MLP student (`sage.py distill`), checked against
+    /// the GNN it stands in for: same features and classes.
+    pub fn read_student(model_dir: &Path, gnn: &Manifest) -> Result<Self, ModelError> {
+        let manifest = Self::parse(model_dir)?;
+        let error = |reason: String| ModelError::Manifest {
+            path: model_dir.join(Self::FILE),
+            reason,
+        };
+        if manifest.architecture != "mlp-2layer" || manifest.inputs != STUDENT_INPUTS {
+            return Err(error(format!(
+                "architecture {:?} with inputs {:?} is not an MLP student: point --student at \
+                 a directory `sage.py distill` wrote",
+                manifest.architecture, manifest.inputs
+            )));
+        }
+        if manifest.feature_dim != gnn.feature_dim || manifest.num_classes != gnn.num_classes {
+            return Err(error(format!(
+                "the student takes {} features and gives {} classes, the model {} and {}: \
+                 distill the student from this model",
+                manifest.feature_dim, manifest.num_classes, gnn.feature_dim, gnn.num_classes
+            )));
+        }
+        Ok(manifest)
+    }
+
+    pub fn read(model_dir: &Path) -> Result<Self, ModelError> {
+        let path = model_dir.join(Self::FILE);
+        let error = |reason: String| ModelError::Manifest {
+            path: path.clone(),
+            reason,
+        };
+        let manifest = Self::parse(model_dir)?;
         if manifest.inputs != INPUTS {
             let hint = if manifest.architecture == "mlp-2layer" {
                 ": this is an MLP student (sage.py distill), not a GNN; point --model at the \
@@ -102,9 +164,6 @@ impl Manifest {
                 "inputs {:?}, expected {INPUTS:?} (the response columns){hint}",
                 manifest.inputs
             )));
-        }
-        if manifest.outputs.len() != 1 {
-            return Err(error("exactly one output (the logits) is expected".into()));
         }
         Ok(manifest)
     }
@@ -159,11 +218,12 @@ pub enum Device {
     Cuda,
 }
 
-/// A loaded model (one ONNX Runtime session).
+/// A loaded model (one ONNX Runtime session): the GNN, or an MLP student.
 #[derive(Debug)]
 pub struct Model {
     session: Session,
     manifest: Manifest,
+    answered_by: AnsweredBy,
 }
 
 impl Model {
@@ -176,6 +236,36 @@ impl Model {
         intra_threads: usize,
     ) -> Result<Self, ModelError> {
         let manifest = Manifest::read(dir)?;
+        Self::load_checked(env, dir, manifest, device, intra_threads, AnsweredBy::Gnn)
+    }
+
+    /// Loads the MLP student of `<dir>` (on the CPU), checked against the
+    /// GNN's manifest.
+    pub fn load_student(
+        env: &ort::environment::Environment,
+        dir: &Path,
+        gnn: &Manifest,
+        intra_threads: usize,
+    ) -> Result<Self, ModelError> {
+        let manifest = Manifest::read_student(dir, gnn)?;
+        Self::load_checked(
+            env,
+            dir,
+            manifest,
+            Device::Cpu,
+            intra_threads,
+            AnsweredBy::Student,
+        )
+    }
+
+    fn load_checked(
+        env: &ort::environment::Environment,
+        dir: &Path,
+        manifest: Manifest,
+        device: Device,
+        intra_threads: usize,
+        answered_by: AnsweredBy,
+    ) -> Result<Self, ModelError> {
         let path = dir.join(Manifest::MODEL);
         let load = |reason: String| ModelError::Load {
             path: path.clone(),
@@ -196,7 +286,11 @@ impl Model {
             .commit_from_file(&path)
             .map_err(|e| load(e.to_string()))?;
         let names: Vec<&str> = session.inputs().iter().map(|i| i.name()).collect();
-        for name in INPUTS {
+        let wanted: &[&str] = match answered_by {
+            AnsweredBy::Gnn => &INPUTS,
+            AnsweredBy::Student => &STUDENT_INPUTS,
+        };
+        for &name in wanted {
             if !names.contains(&name) {
                 return Err(load(format!(
                     "the graph has no input {name:?} (it has {names:?})"
@@ -213,11 +307,20 @@ impl Model {
                 manifest.outputs[0]
             )));
         }
-        Ok(Self { session, manifest })
+        Ok(Self {
+            session,
+            manifest,
+            answered_by,
+        })
     }
 
     pub fn manifest(&self) -> &Manifest {
         &self.manifest
+    }
+
+    /// Which model this is, as responses name it.
+    pub fn answered_by(&self) -> AnsweredBy {
+        self.answered_by
     }
 
     /// Runs the model on a response; returns `n_targets x num_classes`
@@ -227,6 +330,15 @@ impl Model {
             return Ok(Vec::new());
         }
         let inputs = bind_inputs(tables).map_err(|e| ModelError::Run(e.to_string()))?;
+        if self.answered_by == AnsweredBy::Student {
+            // The student reads the node table and the targets' rows in it.
+            let [features, target_row, ..] = inputs;
+            let outputs = self
+                .session
+                .run(ort::inputs!["features" => features, "target_row" => target_row])
+                .map_err(|e| ModelError::Run(e.to_string()))?;
+            return logits_of(&self.manifest, &outputs, tables.n_targets());
+        }
         self.run_inputs(inputs, tables.n_targets())
     }
 
@@ -242,7 +354,6 @@ impl Model {
         inputs: [Input<'_>; 6],
         n_targets: usize,
     ) -> Result<Vec<f32>, ModelError> {
-        let classes = self.manifest.num_classes as usize;
         let [features, target_row, hop1_count, hop1_rows, hop2_count, hop2_rows] = inputs;
         let outputs = self
             .session
@@ -255,16 +366,26 @@ impl Model {
                 "hop2_rows" => hop2_rows,
             ])
             .map_err(|e| ModelError::Run(e.to_string()))?;
-        let (shape, logits) = outputs[self.manifest.outputs[0].as_str()]
-            .try_extract_tensor::<f32>()
-            .map_err(|e| ModelError::Run(e.to_string()))?;
-        if shape.len() != 2 || shape[0] as usize != n_targets || shape[1] as usize != classes {
-            return Err(ModelError::Run(format!(
-                "output shape {shape:?}, expected [{n_targets}, {classes}]"
-            )));
-        }
-        Ok(logits.to_vec())
+        logits_of(&self.manifest, &outputs, n_targets)
     }
+}
+
+/// The logits output of a run, checked to be `n_targets x num_classes`.
+fn logits_of(
+    manifest: &Manifest,
+    outputs: &ort::session::SessionOutputs<'_>,
+    n_targets: usize,
+) -> Result<Vec<f32>, ModelError> {
+    let classes = manifest.num_classes as usize;
+    let (shape, logits) = outputs[manifest.outputs[0].as_str()]
+        .try_extract_tensor::<f32>()
+        .map_err(|e| ModelError::Run(e.to_string()))?;
+    if shape.len() != 2 || shape[0] as usize != n_targets || shape[1] as usize != classes {
+        return Err(ModelError::Run(format!(
+            "output shape {shape:?}, expected [{n_targets}, {classes}]"
+        )));
+    }
+    Ok(logits.to_vec())
 }
 
 /// The six inputs as plain slices in the response layout.
@@ -375,6 +496,42 @@ mod tests {
         std::fs::remove_dir_all(&dir).unwrap();
         assert!(err.contains("MLP student"), "{err}");
         assert!(err.contains("point --model at the GNN"), "{err}");
+    }
+
+    #[test]
+    fn a_student_is_checked_against_its_model() {
+        let student = student_dir("student-check");
+        let gnn = student_dir("student-gnn");
+        std::fs::write(
+            gnn.join(Manifest::FILE),
+            r#"{"format_version": 1, "architecture": "graphsage-mean-2layer",
+                "feature_dim": 1433, "dtype": "f32", "num_classes": 6, "fanouts": [20, 10],
+                "graph_version": 1, "opset": 17, "outputs": ["logits"],
+                "inputs": ["features", "target_row", "hop1_count", "hop1_rows",
+                           "hop2_count", "hop2_rows"]}"#,
+        )
+        .unwrap();
+        let model = Manifest::read(&gnn).unwrap();
+        let classes = Manifest::read_student(&student, &model)
+            .unwrap_err()
+            .to_string();
+        let not_a_student = Manifest::read_student(&gnn, &model)
+            .unwrap_err()
+            .to_string();
+        std::fs::remove_dir_all(&student).unwrap();
+        std::fs::remove_dir_all(&gnn).unwrap();
+        assert!(
+            classes.contains("7 classes, the model 1433 and 6"),
+            "{classes}"
+        );
+        assert!(
+            classes.contains("distill the student from this model"),
+            "{classes}"
+        );
+        assert!(
+            not_a_student.contains("is not an MLP student"),
+            "{not_a_student}"
+        );
     }
 
     #[test]

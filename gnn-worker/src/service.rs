@@ -113,8 +113,18 @@ impl Service {
         metrics
             .call_seconds
             .observe(started.elapsed().as_secs_f64());
-        if let Err(e) = &result {
-            metrics.call_failed(e.kind());
+        match &result {
+            Err(e) => metrics.call_failed(e.kind()),
+            Ok(predictions) => {
+                if let Some(first) = predictions.first() {
+                    metrics
+                        .answers
+                        .get_or_create(&crate::metrics::AnsweredByLabel {
+                            by: first.answered_by.as_str(),
+                        })
+                        .inc();
+                }
+            }
         }
         result
     }

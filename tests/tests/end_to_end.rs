@@ -105,6 +105,7 @@ fn fidelity(name: &str) -> f64 {
         assert_eq!(p.node_id, id);
         assert!(p.known, "node {id} unknown to the sidecar");
         assert_eq!(p.fallback_rows, 0, "node {id} got default feature rows");
+        assert_eq!(p.answered_by, "gnn");
         let offline = &reference[id as usize * classes..(id as usize + 1) * classes];
         for (a, b) in p.logits.iter().zip(offline) {
             worst = worst.max((a - b).abs());
@@ -259,6 +260,56 @@ fn the_distilled_student_is_within_2_points_of_its_teacher() {
         (served - student).abs() < 1e-9,
         "accuracy {served} here, {student} in the manifest"
     );
+}
+
+/// `--student` with `--degrade-queue-calls 0`: every call is answered by
+/// the MLP student on its targets' own rows, exactly the student's offline
+/// logits, and says so (gRPC, HTTP, the answers metric).
+#[test]
+fn a_worker_with_a_student_answers_with_it_from_the_queue_threshold() {
+    let student = tests::stack::derived_model_for(&dataset("cora"), "distill");
+    let mut options = StackOptions::new("cora");
+    options.worker_args = vec![
+        "--student".into(),
+        student.display().to_string(),
+        "--degrade-queue-calls".into(),
+        "0".into(),
+    ];
+    let stack = Stack::start(&options).expect("stack");
+    let classes = manifest(&student)["num_classes"].as_u64().unwrap() as usize;
+    let reference = read_f32(&student.join("reference/logits.f32"));
+    let ids: Vec<u64> = test_nodes("cora").into_iter().take(200).collect();
+    let predictions = predict_all(&stack, &ids, 16);
+    assert_eq!(predictions.len(), ids.len());
+    let mut worst = 0f32;
+    for p in &predictions {
+        assert_eq!(p.answered_by, "student", "node {}", p.node_id);
+        assert!(p.known);
+        let offline = &reference[p.node_id as usize * classes..(p.node_id as usize + 1) * classes];
+        for (a, b) in p.logits.iter().zip(offline) {
+            worst = worst.max((a - b).abs());
+        }
+    }
+    assert!(worst <= 1e-5, "served student logits differ by {worst}");
+    let (code, body) = tests::stack::http_request(
+        &stack.http,
+        "POST",
+        "/v1/predict",
+        Some(r#"{"node_ids":[5]}"#),
+    )
+    .unwrap();
+    assert_eq!(code, 200, "{body}");
+    assert!(body.contains(r#""answered_by":"student""#), "{body}");
+    let calls = ids.len().div_ceil(16) + 1;
+    assert_eq!(
+        tests::stack::metric_value(&stack.http, "gnn_worker_answers_total{by=\"student\"}"),
+        calls as f64
+    );
+    assert_eq!(
+        tests::stack::metric_value(&stack.http, "gnn_worker_answers_total{by=\"gnn\"}"),
+        0.0
+    );
+    assert!(stack.stop());
 }
 
 /// Runs the worker's session on `model_dir`'s reference batch and compares
@@ -636,6 +687,7 @@ fn http_streaming_batching_and_clean_shutdown() {
     assert_eq!(lines.len(), 2);
     assert_eq!(lines[1]["node_id"], 4);
     assert_eq!(lines[1]["known"], true);
+    assert_eq!(lines[1]["answered_by"], "gnn");
     let out = std::process::Command::new(workspace_bin("gnn-worker"))
         .args(["predict", "--addr", "http://127.0.0.1:1", "3"])
         .output()
