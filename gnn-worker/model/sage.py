@@ -89,17 +89,31 @@ def forward(params, xn, a):
     return h @ w2s + a @ (h @ w2n) + b2
 
 
+def glorot(rng, fan_in, fan_out):
+    """Glorot-uniform weights, f32."""
+    s = np.sqrt(6.0 / (fan_in + fan_out))
+    return rng.uniform(-s, s, size=(fan_in, fan_out)).astype(np.float32)
+
+
+def adam_step(params, grads, decay, m, v, lr, epoch):
+    """One Adam update (betas 0.9, 0.999) in place, with L2 weight decay
+    `decay[i]` on parameter i."""
+    for i, (param, grad) in enumerate(zip(params, grads)):
+        grad = grad + decay[i] * param
+        m[i] = 0.9 * m[i] + 0.1 * grad
+        v[i] = 0.999 * v[i] + 0.001 * grad * grad
+        mhat = m[i] / (1 - 0.9 ** epoch)
+        vhat = v[i] / (1 - 0.999 ** epoch)
+        params[i] = (param - lr * mhat / (np.sqrt(vhat) + 1e-8)).astype(np.float32)
+
+
 def train(x, a, labels, split, num_classes, hidden, epochs, lr, weight_decay, dropout, seed):
     rng = np.random.default_rng(seed)
     n, d = x.shape
     xn = normalise(x).astype(np.float32)
 
-    def glorot(fan_in, fan_out):
-        s = np.sqrt(6.0 / (fan_in + fan_out))
-        return rng.uniform(-s, s, size=(fan_in, fan_out)).astype(np.float32)
-
-    params = [glorot(d, hidden), glorot(d, hidden), np.zeros(hidden, np.float32),
-              glorot(hidden, num_classes), glorot(hidden, num_classes),
+    params = [glorot(rng, d, hidden), glorot(rng, d, hidden), np.zeros(hidden, np.float32),
+              glorot(rng, hidden, num_classes), glorot(rng, hidden, num_classes),
               np.zeros(num_classes, np.float32)]
     decay = [weight_decay, weight_decay, 0.0, 0.0, 0.0, 0.0]
     m = [np.zeros_like(p) for p in params]
@@ -133,13 +147,7 @@ def train(x, a, labels, split, num_classes, hidden, epochs, lr, weight_decay, dr
         g_w1n = xd.T @ (at @ dh)
         g_b1 = dh.sum(axis=0)
         grads = [g_w1s, g_w1n, g_b1, g_w2s, g_w2n, g_b2]
-        for i, (param, grad) in enumerate(zip(params, grads)):
-            grad = grad + decay[i] * param
-            m[i] = 0.9 * m[i] + 0.1 * grad
-            v[i] = 0.999 * v[i] + 0.001 * grad * grad
-            mhat = m[i] / (1 - 0.9 ** epoch)
-            vhat = v[i] / (1 - 0.999 ** epoch)
-            params[i] = (param - lr * mhat / (np.sqrt(vhat) + 1e-8)).astype(np.float32)
+        adam_step(params, grads, decay, m, v, lr, epoch)
         val = accuracy(forward(params, xn, a), labels, val_idx)
         if val > best[0]:
             best = (val, [p.copy() for p in params], epoch)
@@ -348,12 +356,8 @@ def cmd_init(args):
     rng = np.random.default_rng(args.seed)
     d, c, hidden = args.feature_dim, args.classes, args.hidden
 
-    def glorot(fan_in, fan_out):
-        s = np.sqrt(6.0 / (fan_in + fan_out))
-        return rng.uniform(-s, s, size=(fan_in, fan_out)).astype(np.float32)
-
-    params = [glorot(d, hidden), glorot(d, hidden), np.zeros(hidden, np.float32),
-              glorot(hidden, c), glorot(hidden, c), np.zeros(c, np.float32)]
+    params = [glorot(rng, d, hidden), glorot(rng, d, hidden), np.zeros(hidden, np.float32),
+              glorot(rng, hidden, c), glorot(rng, hidden, c), np.zeros(c, np.float32)]
     os.makedirs(args.out, exist_ok=True)
     import onnx
     onnx.save(build_onnx(params, d, c), os.path.join(args.out, "model.onnx"))
@@ -556,10 +560,6 @@ def train_student(xn, teacher_logits, labels, split, hidden, epochs, lr, weight_
     n, d = xn.shape
     c = teacher_logits.shape[1]
 
-    def glorot(fan_in, fan_out):
-        s = np.sqrt(6.0 / (fan_in + fan_out))
-        return rng.uniform(-s, s, size=(fan_in, fan_out)).astype(np.float32)
-
     def softmax(z):
         e = np.exp(z - z.max(axis=1, keepdims=True))
         return e / e.sum(axis=1, keepdims=True)
@@ -568,7 +568,7 @@ def train_student(xn, teacher_logits, labels, split, hidden, epochs, lr, weight_
     train_idx, val_idx = np.flatnonzero(split == 0), np.flatnonzero(split == 1)
     hard = np.zeros((n, c), np.float32)
     hard[train_idx] = np.eye(c, dtype=np.float32)[labels[train_idx]]
-    params = [glorot(d, hidden), np.zeros(hidden, np.float32), glorot(hidden, c), np.zeros(c, np.float32)]
+    params = [glorot(rng, d, hidden), np.zeros(hidden, np.float32), glorot(rng, hidden, c), np.zeros(c, np.float32)]
     decay = [weight_decay, 0.0, 0.0, 0.0]
     m = [np.zeros_like(p) for p in params]
     v = [np.zeros_like(p) for p in params]
@@ -589,13 +589,7 @@ def train_student(xn, teacher_logits, labels, split, hidden, epochs, lr, weight_
         g_w2, g_b2 = hd.T @ dz2, dz2.sum(axis=0)
         dh = (dz2 @ w2.T) * mask1 * (z1 > 0)
         grads = [xd.T @ dh, dh.sum(axis=0), g_w2, g_b2]
-        for i, (param, grad) in enumerate(zip(params, grads)):
-            grad = grad + decay[i] * param
-            m[i] = 0.9 * m[i] + 0.1 * grad
-            v[i] = 0.999 * v[i] + 0.001 * grad * grad
-            mhat = m[i] / (1 - 0.9 ** epoch)
-            vhat = v[i] / (1 - 0.999 ** epoch)
-            params[i] = (param - lr * mhat / (np.sqrt(vhat) + 1e-8)).astype(np.float32)
+        adam_step(params, grads, decay, m, v, lr, epoch)
         w1, b1, w2, b2 = params
         val = accuracy(np.maximum(xn[val_idx] @ w1 + b1, 0.0) @ w2 + b2, labels[val_idx],
                        np.arange(len(val_idx)))
