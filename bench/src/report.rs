@@ -442,8 +442,15 @@ impl Report {
 
 /// Writes `report.json` and `report.md` into `out`.
 pub fn write(report: &Report, out: &Path) -> anyhow::Result<()> {
-    std::fs::write(out.join("report.json"), serde_json::to_vec_pretty(report)?)?;
-    std::fs::write(out.join("report.md"), markdown(report))?;
+    write_files(out, report, &markdown(report))
+}
+
+/// Creates `out` and writes `json` as `report.json` and `md` as
+/// `report.md` in it: the two files every benchmark binary leaves.
+pub fn write_files(out: &Path, json: &impl serde::Serialize, md: &str) -> anyhow::Result<()> {
+    std::fs::create_dir_all(out)?;
+    std::fs::write(out.join("report.json"), serde_json::to_vec_pretty(json)?)?;
+    std::fs::write(out.join("report.md"), md)?;
     Ok(())
 }
 

@@ -159,7 +159,6 @@ def accuracy(logits, labels, idx):
 
 
 def build_onnx(params, feature_dim, num_classes):
-    import onnx
     from onnx import TensorProto, helper, numpy_helper
 
     w1s, w1n, b1, w2s, w2n, b2 = params
@@ -229,10 +228,20 @@ def build_onnx(params, feature_dim, num_classes):
         helper.make_tensor_value_info("hop2_count", i32, ["n_targets", "f1"]),
         helper.make_tensor_value_info("hop2_rows", i32, ["n_targets", "f1", "f2"]),
     ]
-    outputs = [helper.make_tensor_value_info(OUTPUT, f32, ["n_targets", num_classes])]
-    graph = helper.make_graph(nodes, "graphsage_mean_2layer", inputs, outputs, inits)
+    return onnx_model(nodes, "graphsage_mean_2layer", inputs, num_classes, inits,
+                      "gnn-worker/model/sage.py")
+
+
+def onnx_model(nodes, name, inputs, num_classes, inits, producer):
+    """The checked model of `nodes` (opset OPSET, IR 8) with the one output
+    `logits`, f32 [n_targets, num_classes]."""
+    import onnx
+    from onnx import TensorProto, helper
+
+    outputs = [helper.make_tensor_value_info(OUTPUT, TensorProto.FLOAT, ["n_targets", num_classes])]
+    graph = helper.make_graph(nodes, name, inputs, outputs, inits)
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)],
-                              producer_name="gnn-worker/model/sage.py")
+                              producer_name=producer)
     model.ir_version = 8
     onnx.checker.check_model(model)
     return model
@@ -412,9 +421,9 @@ def session_of(path):
 def session_logits(session, feeds_of, idx, batch=16):
     """Logits of `session` for the nodes `idx`, `batch` targets a run."""
     out = []
+    names = {i.name for i in session.get_inputs()}
     for start in range(0, len(idx), batch):
         feeds = feeds_of(idx[start:start + batch])
-        names = {i.name for i in session.get_inputs()}
         out.append(session.run([OUTPUT], {k: v for k, v in feeds.items() if k in names})[0])
     return np.concatenate(out)
 
@@ -424,11 +433,11 @@ def time_sessions(named, feeds_pool, runs):
     sessions taking turns run by run so that each sees the same machine:
     {name: (p50, p99)}."""
     samples = {name: [] for name, _ in named}
+    wanted = {name: {i.name for i in session.get_inputs()} for name, session in named}
     for r in range(runs):
         feeds = feeds_pool[r % len(feeds_pool)]
         for name, session in (named if r % 2 == 0 else named[::-1]):
-            wanted = {i.name for i in session.get_inputs()}
-            f = {k: v for k, v in feeds.items() if k in wanted}
+            f = {k: v for k, v in feeds.items() if k in wanted[name]}
             started = time.perf_counter()
             session.run([OUTPUT], f)
             samples[name].append((time.perf_counter() - started) * 1e6)
@@ -604,7 +613,6 @@ STUDENT_INPUTS = ["features", "target_row"]
 def build_student_onnx(params, feature_dim, num_classes):
     """logits = relu(x W1 + b1) W2 + b2 on the targets' own rows (gathered
     from the node table by `target_row`, row-normalised inside)."""
-    import onnx
     from onnx import TensorProto, helper, numpy_helper
 
     w1, b1, w2, b2 = params
@@ -627,13 +635,8 @@ def build_student_onnx(params, feature_dim, num_classes):
         helper.make_tensor_value_info("features", TensorProto.FLOAT, ["n_nodes", feature_dim]),
         helper.make_tensor_value_info("target_row", TensorProto.INT32, ["n_targets"]),
     ]
-    outputs = [helper.make_tensor_value_info(OUTPUT, TensorProto.FLOAT, ["n_targets", num_classes])]
-    graph = helper.make_graph(nodes, "mlp_student_2layer", inputs, outputs, inits)
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)],
-                              producer_name="gnn-worker/model/sage.py distill")
-    model.ir_version = 8
-    onnx.checker.check_model(model)
-    return model
+    return onnx_model(nodes, "mlp_student_2layer", inputs, num_classes, inits,
+                      "gnn-worker/model/sage.py distill")
 
 
 def cmd_distill(args):

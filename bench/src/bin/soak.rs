@@ -353,11 +353,6 @@ fn main() -> anyhow::Result<()> {
         worker_anon_slope_mib_per_min: slope_of(steady, |m| m.worker_rss_mib.anon),
         minutes,
     };
-    std::fs::create_dir_all(&args.out)?;
-    std::fs::write(
-        args.out.join("report.json"),
-        serde_json::to_string_pretty(&report)?,
-    )?;
     let mut md = format!(
         "# Soak: {} at {:.0} calls/s ({:.0}% of about {:.0}), {} minutes, {} cores\n\n\
          Command: `{}`\n\n\
@@ -411,7 +406,7 @@ fn main() -> anyhow::Result<()> {
         report.worker_rss_slope_mib_per_min,
         report.worker_anon_slope_mib_per_min
     ));
-    std::fs::write(args.out.join("report.md"), &md)?;
+    bench::report::write_files(&args.out, &report, &md)?;
     print!("{md}");
     ensure!(
         report.errors == 0,

@@ -280,11 +280,6 @@ fn main() -> anyhow::Result<()> {
         burst_entries: args.burst,
         burst_applied_per_s: burst_rate,
     };
-    std::fs::create_dir_all(&args.out)?;
-    std::fs::write(
-        args.out.join("report.json"),
-        serde_json::to_string_pretty(&report)?,
-    )?;
     let mut md = format!(
         "# Update stream: apply rate and lag while serving, cora, {} cores\n\n\
          Command: `{}`\n\n\
@@ -317,7 +312,7 @@ fn main() -> anyhow::Result<()> {
          Lag percentiles are bucket upper bounds of `sidecar_update_apply_lag_seconds`.\n",
         report.burst_entries, report.burst_applied_per_s
     ));
-    std::fs::write(args.out.join("report.md"), &md)?;
+    bench::report::write_files(&args.out, &report, &md)?;
     print!("{md}");
     Ok(())
 }
