@@ -51,6 +51,7 @@ impl Caller for ProductGrpc {
                 .predict(pb::PredictRequest {
                     node_ids: targets.clone(),
                     request_id: k as u64,
+                    new_node: None,
                 })
                 .await
                 .map_err(|s| anyhow::anyhow!("{}: {}", s.code(), s.message()))?;

@@ -8,7 +8,8 @@
 //!   be changed while running;
 //! - [`metrics`]: reading back the OpenMetrics text a daemon's registry
 //!   encodes (percentiles for `sidecarctl stats`, the documented-metric
-//!   check).
+//!   check);
+//! - [`row`]: a feature row given on a command line.
 //!
 //! **Architecture invariant:** no ring, no I/O runtime, no RocksDB, Redis
 //! or ONNX Runtime: both daemons link it, and neither learns anything of the
@@ -18,3 +19,4 @@
 pub mod config;
 pub mod logging;
 pub mod metrics;
+pub mod row;

@@ -61,6 +61,7 @@ fn main() -> anyhow::Result<()> {
                 .predict(pb::PredictRequest {
                     node_ids: vec![id],
                     request_id: 0,
+                    new_node: None,
                 })
                 .await?;
         }
@@ -72,6 +73,7 @@ fn main() -> anyhow::Result<()> {
                 .predict(pb::PredictRequest {
                     node_ids: vec![id],
                     request_id: id,
+                    new_node: None,
                 })
                 .await?
                 .into_inner();
@@ -96,6 +98,7 @@ fn main() -> anyhow::Result<()> {
                     .predict(pb::PredictRequest {
                         node_ids: vec![id],
                         request_id: id,
+                        new_node: None,
                     })
                     .await
                     .map(|_| ())

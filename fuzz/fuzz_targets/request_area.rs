@@ -28,5 +28,23 @@ fuzz_target!(|bytes: &[u8]| {
         for (fanout, cap) in request.fanouts.iter().zip(geometry.max_fanouts) {
             assert!(*fanout >= 1 && *fanout <= cap, "fanout {fanout} cap {cap}");
         }
+        if let Some(node) = &request.new_node {
+            assert_eq!(request.targets.len(), 1);
+            assert_eq!(node.features.len(), schema.feature_dim as usize);
+            assert!(node.features.iter().all(|v| v.is_finite()));
+            assert!(
+                node.neighbors.len() as u64
+                    <= protocol::request::max_new_node_edges(&geometry, &schema)
+            );
+        }
+    }
+    let occupied = protocol::request::occupied_bytes(bytes, &geometry, &schema);
+    assert!(occupied <= geometry.request_bytes as usize);
+    if let Some(head) = bytes.get(..occupied) {
+        // What the sidecar copies out decodes as the whole area does.
+        assert_eq!(
+            protocol::request::decode(head, &geometry, &schema).is_ok(),
+            protocol::request::decode(bytes, &geometry, &schema).is_ok()
+        );
     }
 });

@@ -43,6 +43,7 @@ use protocol::client::{CallRequest, ClientStatus, Response, RingClient};
 use protocol::layout::{status, FeatureSchema, MAX_HOPS};
 use protocol::payload::schema::target_status;
 use protocol::payload::ResponseTables;
+use protocol::request::NewNode;
 use tokio::sync::{mpsc, oneshot};
 
 use crate::config::WorkerConfig;
@@ -135,6 +136,8 @@ pub const MAX_QUEUED_CALLS: usize = 4096;
 
 struct Job {
     ids: Vec<u64>,
+    /// A node the graph does not have; `ids` is its id alone.
+    new_node: Option<NewNode>,
     enqueued: Instant,
     reply: oneshot::Sender<Result<Vec<Prediction>, PredictError>>,
 }
@@ -308,11 +311,63 @@ impl Predictor {
                 self.config.max_request_targets
             )));
         }
+        self.enqueue(ids, None).await
+    }
+
+    /// Predicts a node the graph does not have, from its feature row and
+    /// its edges to known nodes, without adding it (docs/serving.md, "A new
+    /// node in one call"): the sidecar samples as if it had been added
+    /// (`NEW_NODE`), so the answer is the one the node gets once added with
+    /// the same edges.
+    pub async fn predict_new_node(
+        &self,
+        id: u64,
+        node: NewNode,
+    ) -> Result<Vec<Prediction>, PredictError> {
+        let dim = self.schema.feature_dim as usize;
+        if node.features.len() != dim {
+            return Err(PredictError::InvalidArgument(format!(
+                "the new node's features have {} values; the served graph's rows have {dim}",
+                node.features.len()
+            )));
+        }
+        if let Some((i, v)) = node
+            .features
+            .iter()
+            .enumerate()
+            .find(|(_, v)| !v.is_finite())
+        {
+            return Err(PredictError::InvalidArgument(format!(
+                "the new node's feature {i} is {v}: every feature must be a finite number"
+            )));
+        }
+        if let Some(geometry) = self.client.geometry() {
+            let max = protocol::request::max_new_node_edges(&geometry, &self.schema);
+            if node.neighbors.len() as u64 > max {
+                return Err(PredictError::InvalidArgument(format!(
+                    "the new node has {} neighbours; the sidecar takes at most {max} in one \
+                     call: send fewer, or raise the sidecar's max_new_node_edges",
+                    node.neighbors.len()
+                )));
+            }
+        }
+        self.enqueue(vec![id], Some(node)).await
+    }
+
+    /// Hands a checked call to the batcher, or to the student when the
+    /// batcher's queue is long.
+    async fn enqueue(
+        &self,
+        ids: Vec<u64>,
+        new_node: Option<NewNode>,
+    ) -> Result<Vec<Prediction>, PredictError> {
         self.readiness().map_err(PredictError::Unavailable)?;
         if let Some(student) = &self.student {
             let waiting = MAX_QUEUED_CALLS - self.jobs.capacity();
             if waiting >= self.config.degrade_queue_calls {
-                return self.predict_with_student(student.clone(), ids).await;
+                return self
+                    .predict_with_student(student.clone(), ids, new_node)
+                    .await;
             }
         }
         let (reply, answer) = oneshot::channel();
@@ -321,6 +376,7 @@ impl Predictor {
         self.jobs
             .try_send(Job {
                 ids,
+                new_node,
                 enqueued: Instant::now(),
                 reply,
             })
@@ -346,6 +402,7 @@ impl Predictor {
         &self,
         student: Arc<Mutex<Model>>,
         ids: Vec<u64>,
+        new_node: Option<NewNode>,
     ) -> Result<Vec<Prediction>, PredictError> {
         let (client, schema, config, metrics) = (
             self.client.clone(),
@@ -355,7 +412,26 @@ impl Predictor {
         );
         tokio::task::spawn_blocking(move || {
             metrics.targets.inc_by(ids.len() as u64);
-            let responses = ring_calls(&client, &schema, &config, &metrics, &ids, true)?;
+            let responses = match &new_node {
+                None => ring_calls(&client, &schema, &config, &metrics, &ids, true)?,
+                Some(node) => {
+                    let mut responses = Vec::with_capacity(1);
+                    let call = RingCall {
+                        own_rows_only: true,
+                        new_node: Some(node),
+                    };
+                    ring_call_split(
+                        &client,
+                        &schema,
+                        &config,
+                        &metrics,
+                        &ids,
+                        call,
+                        &mut responses,
+                    )?;
+                    responses
+                }
+            };
             let mut student = student.lock().unwrap_or_else(|p| p.into_inner());
             run_model(&mut student, &metrics, &ids, responses)
         })
@@ -520,11 +596,15 @@ fn ring_stage(
                 .queue_wait_seconds
                 .observe(taken.duration_since(job.enqueued).as_secs_f64());
         }
+        // Known nodes go to the ring together; each new node after them, in
+        // a request of its own (the responses come in the order of `ids`).
+        let mut batch = batch;
+        batch.sort_by_key(|job| job.new_node.is_some());
         let ids: Vec<u64> = batch.iter().flat_map(|j| j.ids.iter().copied()).collect();
         metrics.targets.inc_by(ids.len() as u64);
-        let call = |ids: &[u64]| {
+        let call = |jobs: &[Job]| {
             std::panic::catch_unwind(AssertUnwindSafe(|| {
-                ring_calls(client, &schema, config, metrics, ids, false)
+                jobs_ring_calls(client, &schema, config, metrics, jobs)
             }))
             .unwrap_or_else(|panic| {
                 let what = panic_text(&*panic);
@@ -534,7 +614,7 @@ fn ring_stage(
                 )))
             })
         };
-        let responses = call(&ids);
+        let responses = call(&batch);
         let mut parts = Vec::new();
         if batch.len() > 1 && is_too_large_alone(&responses) {
             // One call's target cannot fit: answer every call on its own,
@@ -543,7 +623,9 @@ fn ring_stage(
             let n = batch.len();
             for (i, job) in batch.into_iter().enumerate() {
                 let ids = job.ids.clone();
-                let responses = call(&ids);
+                let job = [job];
+                let responses = call(&job);
+                let [job] = job;
                 parts.push(RingDone {
                     batch: vec![job],
                     ids,
@@ -630,6 +712,50 @@ fn model_stage(
 
 static REQUEST_ID: AtomicU64 = AtomicU64::new(1);
 
+/// The ring calls of a batch's jobs: the known nodes' ids together, then
+/// each new node's own request, in the order of the jobs (known first).
+fn jobs_ring_calls(
+    client: &RingClient,
+    schema: &FeatureSchema,
+    config: &BatchConfig,
+    metrics: &WorkerMetrics,
+    jobs: &[Job],
+) -> Result<Vec<Response>, PredictError> {
+    let known: Vec<u64> = jobs
+        .iter()
+        .filter(|j| j.new_node.is_none())
+        .flat_map(|j| j.ids.iter().copied())
+        .collect();
+    let mut responses = ring_calls(client, schema, config, metrics, &known, false)?;
+    for job in jobs {
+        if let Some(node) = &job.new_node {
+            let call = RingCall {
+                own_rows_only: false,
+                new_node: Some(node),
+            };
+            ring_call_split(
+                client,
+                schema,
+                config,
+                metrics,
+                &job.ids,
+                call,
+                &mut responses,
+            )?;
+        }
+    }
+    Ok(responses)
+}
+
+/// What a ring request asks for besides its targets.
+#[derive(Debug, Clone, Copy, Default)]
+struct RingCall<'a> {
+    /// `OWN_ROWS_ONLY`.
+    own_rows_only: bool,
+    /// `NEW_NODE`: the one target is this node.
+    new_node: Option<&'a NewNode>,
+}
+
 /// The ring calls of one batch: one per `max_targets` chunk, in order.
 fn ring_calls(
     client: &RingClient,
@@ -652,7 +778,10 @@ fn ring_calls(
             config,
             metrics,
             chunk,
-            own_rows_only,
+            RingCall {
+                own_rows_only,
+                new_node: None,
+            },
             &mut responses,
         )?;
     }
@@ -668,7 +797,7 @@ fn ring_call_split(
     config: &BatchConfig,
     metrics: &WorkerMetrics,
     targets: &[u64],
-    own_rows_only: bool,
+    call: RingCall<'_>,
     responses: &mut Vec<Response>,
 ) -> Result<(), PredictError> {
     let request = CallRequest {
@@ -676,7 +805,8 @@ fn ring_call_split(
         fanouts: config.fanouts,
         timeout: Some(config.ring_timeout),
         request_id: REQUEST_ID.fetch_add(1, Ordering::Relaxed),
-        own_rows_only,
+        own_rows_only: call.own_rows_only,
+        new_node: call.new_node,
     };
     metrics.ring_requests.inc();
     let calling = Instant::now();
@@ -700,26 +830,18 @@ fn ring_call_split(
             }
             metrics.ring_splits.inc();
             let (first, second) = targets.split_at(targets.len() / 2);
-            ring_call_split(
-                client,
-                schema,
-                config,
-                metrics,
-                first,
-                own_rows_only,
-                responses,
-            )?;
-            return ring_call_split(
-                client,
-                schema,
-                config,
-                metrics,
-                second,
-                own_rows_only,
-                responses,
-            );
+            ring_call_split(client, schema, config, metrics, first, call, responses)?;
+            return ring_call_split(client, schema, config, metrics, second, call, responses);
         }
         Err(e @ CallError::RingFull { .. }) => return Err(PredictError::Overloaded(e.to_string())),
+        // What the caller sent about its new node (an unknown neighbour, an
+        // id the graph has, too many edges): the caller's to fix.
+        Err(e @ CallError::NewNode(_)) => return Err(PredictError::InvalidArgument(e.to_string())),
+        Err(CallError::Status {
+            status: status::INVALID_REQUEST,
+            message,
+            ..
+        }) if call.new_node.is_some() => return Err(PredictError::InvalidArgument(message)),
         Err(e) => return Err(PredictError::Unavailable(e.to_string())),
     };
     if client.schema().is_some_and(|s| s != *schema) {

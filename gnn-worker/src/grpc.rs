@@ -106,7 +106,23 @@ async fn answer(
     service: &Service,
     request: pb::PredictRequest,
 ) -> Result<pb::PredictResponse, Status> {
-    let predictions = service.predict(request.node_ids).await.map_err(to_status)?;
+    let predictions = match request.new_node {
+        None => service.predict(request.node_ids).await,
+        Some(_) if !request.node_ids.is_empty() => Err(PredictError::InvalidArgument(
+            "a PredictRequest sets node_ids or new_node, not both: send the known nodes in a \
+             request of their own"
+                .into(),
+        )),
+        Some(node) => {
+            let new_node = protocol::request::NewNode {
+                features: node.features,
+                neighbors: node.neighbors,
+                directed: node.directed,
+            };
+            service.predict_new_node(node.id, new_node).await
+        }
+    }
+    .map_err(to_status)?;
     Ok(pb::PredictResponse {
         predictions: predictions.into_iter().map(to_pb).collect(),
         request_id: request.request_id,

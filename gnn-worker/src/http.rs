@@ -1,4 +1,5 @@
-//! HTTP/JSON: `POST /v1/predict` with `{"node_ids": [..]}`, `GET /healthz`
+//! HTTP/JSON: `POST /v1/predict` with `{"node_ids": [..]}` (or
+//! `{"new_node": {"id", "features", "neighbors", "directed"}}`), `GET /healthz`
 //! (the process answers: 200), `GET /readyz` (200 when the worker can
 //! serve; 503 with the reason otherwise: no sidecar yet, sidecar gone or
 //! draining, schema mismatch, no executor alive), `GET /metrics`
@@ -11,12 +12,31 @@ use axum::routing::{get, post};
 use axum::{Json, Router};
 use serde::{Deserialize, Serialize};
 
+use protocol::request::NewNode;
+
 use crate::batcher::PredictError;
 use crate::service::Service;
 
 #[derive(Debug, Deserialize)]
 pub struct PredictBody {
+    #[serde(default)]
     pub node_ids: Vec<u64>,
+    /// A node the graph does not have, predicted without adding it (instead
+    /// of `node_ids`).
+    #[serde(default)]
+    pub new_node: Option<NewNodeJson>,
+}
+
+/// `new_node` of a predict body (docs/serving.md, "A new node in one call").
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct NewNodeJson {
+    pub id: u64,
+    pub features: Vec<f32>,
+    #[serde(default)]
+    pub neighbors: Vec<u64>,
+    #[serde(default)]
+    pub directed: bool,
 }
 
 #[derive(Debug, Serialize)]
@@ -43,7 +63,23 @@ async fn predict(
     State(service): State<Service>,
     Json(body): Json<PredictBody>,
 ) -> Result<Json<serde_json::Value>, axum::response::Response> {
-    match service.predict(body.node_ids).await {
+    let result = match body.new_node {
+        None => service.predict(body.node_ids).await,
+        Some(_) if !body.node_ids.is_empty() => Err(PredictError::InvalidArgument(
+            "a predict body has node_ids or new_node, not both: send the known nodes in a \
+             call of their own"
+                .into(),
+        )),
+        Some(node) => {
+            let new_node = NewNode {
+                features: node.features,
+                neighbors: node.neighbors,
+                directed: node.directed,
+            };
+            service.predict_new_node(node.id, new_node).await
+        }
+    };
+    match result {
         Ok(predictions) => {
             let predictions: Vec<PredictionJson> = predictions
                 .into_iter()

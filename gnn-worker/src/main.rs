@@ -44,11 +44,34 @@ enum Command {
         #[arg(long)]
         addr: String,
         /// Node ids.
-        #[arg(required = true)]
+        #[arg(required_unless_present = "new_node", conflicts_with = "new_node")]
         ids: Vec<u64>,
         #[arg(long)]
         json: bool,
+        #[command(flatten)]
+        new_node: NewNodeArgs,
     },
+}
+
+/// A node the graph does not have, predicted without adding it
+/// (docs/serving.md, "A new node in one call").
+#[derive(Debug, clap::Args)]
+struct NewNodeArgs {
+    /// The new node's id (instead of node ids).
+    #[arg(long)]
+    new_node: Option<u64>,
+    /// Its feature row, comma separated.
+    #[arg(long, requires = "new_node", conflicts_with = "features_file")]
+    features: Option<String>,
+    /// Its feature row as raw little-endian f32.
+    #[arg(long, requires = "new_node")]
+    features_file: Option<PathBuf>,
+    /// A known neighbour (repeat for several).
+    #[arg(long = "edge", requires = "new_node")]
+    edges: Vec<u64>,
+    /// The edges go from the new node only.
+    #[arg(long, requires = "new_node")]
+    directed: bool,
 }
 
 #[derive(Debug, clap::Args)]
@@ -83,7 +106,12 @@ fn main() -> ExitCode {
     };
     let result = match cli.command {
         Command::Serve(args) => runtime.block_on(serve(*args)),
-        Command::Predict { addr, ids, json } => runtime.block_on(predict(addr, ids, json)),
+        Command::Predict {
+            addr,
+            ids,
+            json,
+            new_node,
+        } => runtime.block_on(predict(addr, ids, json, new_node)),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -322,7 +350,25 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     outcome
 }
 
-async fn predict(addr: String, ids: Vec<u64>, json: bool) -> anyhow::Result<()> {
+async fn predict(
+    addr: String,
+    ids: Vec<u64>,
+    json: bool,
+    new_node: NewNodeArgs,
+) -> anyhow::Result<()> {
+    let new_node = match new_node.new_node {
+        None => None,
+        Some(id) => Some(pb::NewNode {
+            id,
+            features: daemon_kit::row::feature_row(
+                new_node.features.as_deref(),
+                new_node.features_file.as_deref(),
+            )
+            .map_err(anyhow::Error::msg)?,
+            neighbors: new_node.edges,
+            directed: new_node.directed,
+        }),
+    };
     let mut client = PredictorClient::connect(addr.clone())
         .await
         .with_context(|| format!("connecting to {addr}: is `gnn-worker serve` running there?"))?;
@@ -330,6 +376,7 @@ async fn predict(addr: String, ids: Vec<u64>, json: bool) -> anyhow::Result<()> 
         .predict(pb::PredictRequest {
             node_ids: ids,
             request_id: 0,
+            new_node,
         })
         .await
         .map_err(|s| anyhow::anyhow!("{}: {}", s.code(), s.message()))?

@@ -9,8 +9,18 @@
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
+use protocol::request::NewNode;
+
 use crate::batcher::{PredictError, Prediction, Predictor};
 use crate::metrics::{Health, WorkerMetrics};
+
+/// What a client call asks for.
+enum Call {
+    /// Nodes of the graph, by id.
+    Known(Vec<u64>),
+    /// A node the graph does not have: its id, row and edges.
+    New(u64, NewNode),
+}
 
 /// Shared by the front ends. Cheap to clone.
 #[derive(Debug, Clone)]
@@ -101,11 +111,28 @@ impl Service {
 
     /// One client call: counted, timed, batched.
     pub async fn predict(&self, ids: Vec<u64>) -> Result<Vec<Prediction>, PredictError> {
+        self.call(Call::Known(ids)).await
+    }
+
+    /// One client call for a node the graph does not have (docs/serving.md,
+    /// "A new node in one call"): counted, timed, batched.
+    pub async fn predict_new_node(
+        &self,
+        id: u64,
+        node: NewNode,
+    ) -> Result<Vec<Prediction>, PredictError> {
+        self.call(Call::New(id, node)).await
+    }
+
+    async fn call(&self, call: Call) -> Result<Vec<Prediction>, PredictError> {
         let metrics = self.metrics();
         metrics.calls.inc();
         let started = std::time::Instant::now();
         let result = match self.inner.predictor.get() {
-            Some(predictor) => predictor.predict(ids).await,
+            Some(predictor) => match call {
+                Call::Known(ids) => predictor.predict(ids).await,
+                Call::New(id, node) => predictor.predict_new_node(id, node).await,
+            },
             None => Err(PredictError::Unavailable(
                 self.readiness().err().unwrap_or_default(),
             )),

@@ -18,7 +18,7 @@ use arrow_buffer::Buffer;
 use crate::layout::{server_state, status, FeatureSchema, Geometry, ResponseHeader, MAX_HOPS};
 use crate::liveness::{self, ClientId, HeartbeatWatch};
 use crate::payload::{self, reader, DecodeError, DecodeLimits, ResponseTables, SchemaCache};
-use crate::request;
+use crate::request::{self, NewNode};
 use crate::segment::{server_state_name, AttachError, Segment};
 use crate::slot::{state, AbandonOutcome, SlotWord};
 use crate::submit::SubmitQueue;
@@ -59,6 +59,9 @@ pub struct CallRequest<'a> {
     pub request_id: u64,
     /// Only the targets' own rows, no neighbours (`OWN_ROWS_ONLY`).
     pub own_rows_only: bool,
+    /// The one target is this node, which the graph does not have
+    /// (`NEW_NODE`); `targets` is its id alone.
+    pub new_node: Option<&'a NewNode>,
 }
 
 impl<'a> CallRequest<'a> {
@@ -69,6 +72,16 @@ impl<'a> CallRequest<'a> {
             timeout: None,
             request_id: 0,
             own_rows_only: false,
+            new_node: None,
+        }
+    }
+
+    /// A request for a node the graph does not have: `id` with `node`'s row
+    /// and edges (`NEW_NODE`).
+    pub fn new_node(id: &'a [u64; 1], node: &'a NewNode) -> Self {
+        Self {
+            new_node: Some(node),
+            ..Self::new(id)
         }
     }
 
@@ -102,6 +115,8 @@ pub enum CallError {
     RingFull { name: String, slots: u32 },
     #[error("{n_targets} targets in one call; the sidecar allows at most {max_targets}: split the batch")]
     TooManyTargets { n_targets: usize, max_targets: u32 },
+    #[error("{0}")]
+    NewNode(String),
     #[error(
         "all {0} client entries of the segment are in use: too many worker processes attached"
     )]
@@ -112,6 +127,65 @@ pub enum CallError {
         status_name: &'static str,
         message: String,
     },
+}
+
+/// The flag bits of a call.
+fn request_flags(request: &CallRequest<'_>) -> u32 {
+    use crate::layout::request_flags::{NEW_NODE, NEW_NODE_DIRECTED, OWN_ROWS_ONLY};
+    let mut flags = 0;
+    if request.own_rows_only {
+        flags |= OWN_ROWS_ONLY;
+    }
+    if let Some(node) = request.new_node {
+        flags |= NEW_NODE;
+        if node.directed {
+            flags |= NEW_NODE_DIRECTED;
+        }
+    }
+    flags
+}
+
+/// What the sidecar would refuse in a new node, refused before a slot is
+/// claimed: one target, a row of the segment's width, finite values, edges
+/// that fit the request area.
+fn check_new_node(
+    targets: &[u64],
+    node: &NewNode,
+    geometry: &Geometry,
+    schema: &FeatureSchema,
+) -> Result<(), CallError> {
+    if targets.len() != 1 {
+        return Err(CallError::NewNode(format!(
+            "a new-node call has {} target ids; it carries exactly one (the new node's)",
+            targets.len()
+        )));
+    }
+    let dim = schema.feature_dim as usize;
+    if node.features.len() != dim {
+        return Err(CallError::NewNode(format!(
+            "the new node's row has {} features; this graph's rows have {dim}",
+            node.features.len()
+        )));
+    }
+    if let Some((i, v)) = node
+        .features
+        .iter()
+        .enumerate()
+        .find(|(_, v)| !v.is_finite())
+    {
+        return Err(CallError::NewNode(format!(
+            "the new node's feature {i} is {v}: every feature must be a finite number"
+        )));
+    }
+    let max = request::max_new_node_edges(geometry, schema);
+    if node.neighbors.len() as u64 > max {
+        return Err(CallError::NewNode(format!(
+            "the new node has {} edges; the sidecar takes at most {max}: send fewer, or raise \
+             the sidecar's max_new_node_edges",
+            node.neighbors.len()
+        )));
+    }
+    Ok(())
 }
 
 /// What [`RingClient::status`] reports.
@@ -464,6 +538,9 @@ impl RingClient {
                 max_targets: geometry.max_targets,
             });
         }
+        if let Some(node) = request.new_node {
+            check_new_node(request.targets, node, &geometry, segment.schema())?;
+        }
         let header = segment.header();
         // The client rule of DRAINING (docs/protocol.md): submit nothing new.
         if header.preamble.server_state.load(Ordering::Acquire) == server_state::DRAINING {
@@ -513,12 +590,9 @@ impl RingClient {
                 request.request_id,
                 deadline_ns,
                 request.fanouts,
-                if request.own_rows_only {
-                    crate::layout::request_flags::OWN_ROWS_ONLY
-                } else {
-                    0
-                },
+                request_flags(request),
                 request.targets,
+                request.new_node,
             ),
         );
         let submitted = match slot.submit(claimed) {

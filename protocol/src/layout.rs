@@ -247,8 +247,16 @@ pub mod request_flags {
     /// response's fanouts are [1, 1] with every count 0 (what a model that
     /// reads the target alone, such as an MLP student, needs).
     pub const OWN_ROWS_ONLY: u32 = 1;
+    /// The request's one target is a node the graph does not have: its
+    /// feature row and its edges to known nodes follow the target id
+    /// (docs/protocol.md, "A new node in the request"). Sampled as if it had
+    /// been added with those edges in both directions, without adding it.
+    pub const NEW_NODE: u32 = 1 << 1;
+    /// With `NEW_NODE`: the edges go from the new node to its neighbours
+    /// only (as `sidecarctl graph add-node --directed` would add them).
+    pub const NEW_NODE_DIRECTED: u32 = 1 << 2;
     /// Every defined bit; a sidecar refuses others.
-    pub const KNOWN: u32 = OWN_ROWS_ONLY;
+    pub const KNOWN: u32 = OWN_ROWS_ONLY | NEW_NODE | NEW_NODE_DIRECTED;
 }
 
 /// The fixed part of a request, at the start of a slot's data region; the
@@ -266,7 +274,10 @@ pub struct RequestHeader {
     pub fanouts: [u32; MAX_HOPS],
     /// Bits of [`request_flags`].
     pub flags: u32,
-    pub _reserved: [u8; 32],
+    /// With `NEW_NODE`: the new node's edges after its feature row; 0
+    /// otherwise.
+    pub new_node_edges: u32,
+    pub _reserved: [u8; 28],
 }
 
 /// Response status codes, in [`ResponseHeader::status`].
@@ -427,6 +438,7 @@ mod tests {
         assert_eq!(offset_of!(RequestHeader, n_targets), 16);
         assert_eq!(offset_of!(RequestHeader, fanouts), 20);
         assert_eq!(offset_of!(RequestHeader, flags), 28);
+        assert_eq!(offset_of!(RequestHeader, new_node_edges), 32);
 
         assert_eq!(offset_of!(ResponseHeader, status), 0);
         assert_eq!(offset_of!(ResponseHeader, n_targets), 4);

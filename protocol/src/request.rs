@@ -1,5 +1,6 @@
-//! The request a worker writes into a slot: a [`RequestHeader`] and the
-//! target node ids after it.
+//! The request a worker writes into a slot: a [`RequestHeader`], the
+//! target node ids after it and, with `NEW_NODE`, the new node's feature
+//! row and edges after those.
 
 use std::mem::size_of;
 
@@ -21,8 +22,53 @@ pub fn request_bytes_for(max_targets: u32) -> Option<u64> {
     )
 }
 
-/// The bytes of a request area holding `request` (its header and targets),
-/// for the client to copy in.
+/// Bytes of request area a segment needs for `max_targets` targets and for
+/// a new node (`NEW_NODE`) with a row of `feature_dim` values and
+/// `new_node_edges` edges, whole pages.
+pub fn request_bytes_with_new_node(
+    max_targets: u32,
+    feature_dim: u32,
+    new_node_edges: u32,
+) -> Option<u64> {
+    let (_, edges_at) = new_node_offsets(feature_dim)?;
+    let new_node = edges_at.checked_add(u64::from(new_node_edges).checked_mul(8)?)?;
+    Some(request_bytes_for(max_targets)?.max(align_up(new_node, SLOT_ALIGN as u64)?))
+}
+
+/// Where a new node's feature row and its edges start in the request area
+/// (after the request's one target id): the row at 72, the edges at the next
+/// multiple of 8 after the row's `4 x feature_dim` bytes.
+pub fn new_node_offsets(feature_dim: u32) -> Option<(u64, u64)> {
+    let row_at = TARGETS_OFFSET as u64 + 8;
+    let row_bytes = u64::from(feature_dim).checked_mul(4)?;
+    Some((row_at, align_up(row_at.checked_add(row_bytes)?, 8)?))
+}
+
+/// The most edges a new node may carry in a request to this segment: what
+/// fits its request area after the row.
+pub fn max_new_node_edges(geometry: &Geometry, schema: &FeatureSchema) -> u64 {
+    new_node_offsets(schema.feature_dim).map_or(0, |(_, edges_at)| {
+        geometry.request_bytes.saturating_sub(edges_at) / 8
+    })
+}
+
+/// A node the graph does not have, carried in a request (`NEW_NODE`): the
+/// sidecar samples its neighbourhood as if it had been added with these
+/// edges, without adding it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct NewNode {
+    /// Its feature row, `feature_dim` values.
+    pub features: Vec<f32>,
+    /// Its neighbours: known node ids.
+    pub neighbors: Vec<u64>,
+    /// The edges go from the new node only (`NEW_NODE_DIRECTED`); otherwise
+    /// both ways.
+    pub directed: bool,
+}
+
+/// The bytes of a request area holding `request` (its header, targets and
+/// new node), for the client to copy in. With a new node, `targets` is its
+/// one id.
 #[cfg_attr(loom, allow(dead_code))]
 pub(crate) fn encoded(
     request_id: u64,
@@ -30,8 +76,15 @@ pub(crate) fn encoded(
     fanouts: [u32; MAX_HOPS],
     flags: u32,
     targets: &[u64],
+    new_node: Option<&NewNode>,
 ) -> Vec<u8> {
-    let mut area = vec![0u8; TARGETS_OFFSET + targets.len() * 8];
+    let mut len = TARGETS_OFFSET + targets.len() * 8;
+    if let Some(node) = new_node {
+        let (_, edges_at) =
+            new_node_offsets(node.features.len() as u32).expect("a row the segment holds");
+        len = edges_at as usize + node.neighbors.len() * 8;
+    }
+    let mut area = vec![0u8; len];
     encode(
         &mut area,
         request_id,
@@ -39,13 +92,14 @@ pub(crate) fn encoded(
         fanouts,
         flags,
         targets,
+        new_node,
     );
     area
 }
 
 /// A request as the sidecar sees it after validation: fanouts resolved
 /// against the segment defaults and checked against the caps.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct Request {
     pub request_id: u64,
     /// CLOCK_MONOTONIC nanoseconds; 0 = the sidecar's default deadline.
@@ -58,6 +112,8 @@ pub struct Request {
     /// `OWN_ROWS_ONLY`: the targets' rows, no neighbours.
     pub own_rows_only: bool,
     pub targets: Vec<u64>,
+    /// `NEW_NODE`: the one target is this node, not the graph's.
+    pub new_node: Option<NewNode>,
 }
 
 impl Request {
@@ -88,10 +144,36 @@ pub enum RequestError {
     #[error("request flags {flags:#x} contain bits this sidecar does not know")]
     UnknownFlags { flags: u32 },
     #[error(
-        "request bytes 32..64 (reserved) are not zero: the client writes a newer layout than \
+        "request bytes 36..64 (reserved) are not zero: the client writes a newer layout than \
          this sidecar's"
     )]
     ReservedNotZero,
+    #[error(
+        "request has new_node_edges {edges} but not the NEW_NODE flag: set the flag, or leave \
+         the count at 0"
+    )]
+    EdgesWithoutNewNode { edges: u32 },
+    #[error(
+        "request flag NEW_NODE_DIRECTED (0x4) is set without NEW_NODE (0x2): set both or neither"
+    )]
+    DirectedWithoutNewNode,
+    #[error(
+        "a NEW_NODE request has {n_targets} targets; it carries exactly one (the new node's \
+         id): send the known nodes in a request of their own"
+    )]
+    NewNodeTargets { n_targets: u32 },
+    #[error(
+        "the new node has {edges} edges; this segment's request area holds at most {max} with \
+         a row of {feature_dim} values: send fewer edges, or raise the sidecar's \
+         max_new_node_edges"
+    )]
+    NewNodeTooManyEdges {
+        edges: u32,
+        max: u64,
+        feature_dim: u32,
+    },
+    #[error("the new node's feature {index} is {value}: every feature must be a finite number")]
+    NewNodeFeatureNotFinite { index: usize, value: String },
 }
 
 /// Writes `request` into a request area (the caller holds the slot CLAIMED).
@@ -105,6 +187,7 @@ pub(crate) fn encode(
     fanouts: [u32; MAX_HOPS],
     flags: u32,
     targets: &[u64],
+    new_node: Option<&NewNode>,
 ) {
     let header = RequestHeader {
         request_id,
@@ -112,13 +195,46 @@ pub(crate) fn encode(
         n_targets: targets.len() as u32,
         fanouts,
         flags,
-        _reserved: [0; 32],
+        new_node_edges: new_node.map_or(0, |n| n.neighbors.len() as u32),
+        _reserved: [0; 28],
     };
     area[..TARGETS_OFFSET].copy_from_slice(bytemuck::bytes_of(&header));
     let ids = &mut area[TARGETS_OFFSET..TARGETS_OFFSET + targets.len() * 8];
     for (chunk, id) in ids.chunks_exact_mut(8).zip(targets) {
         chunk.copy_from_slice(&id.to_le_bytes());
     }
+    if let Some(node) = new_node {
+        let (row_at, edges_at) =
+            new_node_offsets(node.features.len() as u32).expect("a row the segment holds");
+        let (row_at, edges_at) = (row_at as usize, edges_at as usize);
+        let row = &mut area[row_at..row_at + node.features.len() * 4];
+        for (chunk, v) in row.chunks_exact_mut(4).zip(&node.features) {
+            chunk.copy_from_slice(&v.to_le_bytes());
+        }
+        let edges = &mut area[edges_at..edges_at + node.neighbors.len() * 8];
+        for (chunk, id) in edges.chunks_exact_mut(8).zip(&node.neighbors) {
+            chunk.copy_from_slice(&id.to_le_bytes());
+        }
+    }
+}
+
+/// How many bytes of the request area a request whose header is `head`
+/// occupies (header, targets, new node), capped at `request_bytes`: what
+/// the sidecar copies out before decoding. Trusts nothing in `head`.
+pub fn occupied_bytes(head: &[u8], geometry: &Geometry, schema: &FeatureSchema) -> usize {
+    let cap = geometry.request_bytes;
+    let Some(head) = head.get(..TARGETS_OFFSET) else {
+        return TARGETS_OFFSET;
+    };
+    let header: RequestHeader = bytemuck::pod_read_unaligned(head);
+    let targets = u64::from(header.n_targets.min(geometry.max_targets));
+    let mut end = TARGETS_OFFSET as u64 + targets * 8;
+    if header.flags & request_flags::NEW_NODE != 0 && header.n_targets == 1 {
+        if let Some((_, edges_at)) = new_node_offsets(schema.feature_dim) {
+            end = end.max(edges_at.saturating_add(u64::from(header.new_node_edges) * 8));
+        }
+    }
+    end.min(cap) as usize
 }
 
 /// Reads and validates a request from a request area. Never panics, whatever
@@ -142,8 +258,22 @@ pub fn decode(
             flags: header.flags,
         });
     }
-    if header._reserved != [0; 32] {
+    if header._reserved != [0; 28] {
         return Err(RequestError::ReservedNotZero);
+    }
+    let new_node = header.flags & request_flags::NEW_NODE != 0;
+    if !new_node && header.new_node_edges != 0 {
+        return Err(RequestError::EdgesWithoutNewNode {
+            edges: header.new_node_edges,
+        });
+    }
+    if !new_node && header.flags & request_flags::NEW_NODE_DIRECTED != 0 {
+        return Err(RequestError::DirectedWithoutNewNode);
+    }
+    if new_node && header.n_targets != 1 {
+        return Err(RequestError::NewNodeTargets {
+            n_targets: header.n_targets,
+        });
     }
     if header.n_targets > geometry.max_targets {
         return Err(RequestError::TooManyTargets {
@@ -177,10 +307,12 @@ pub fn decode(
             max_targets: geometry.max_targets,
         });
     };
-    let targets = ids
-        .chunks_exact(8)
-        .map(|c| u64::from_le_bytes(c.try_into().expect("chunks of 8")))
-        .collect();
+    let targets = read_u64s(ids);
+    let new_node = if new_node {
+        Some(decode_new_node(area, &header, geometry, schema)?)
+    } else {
+        None
+    };
     Ok(Request {
         request_id: header.request_id,
         deadline_mono_ns: header.deadline_mono_ns,
@@ -188,6 +320,54 @@ pub fn decode(
         defaulted,
         own_rows_only: header.flags & request_flags::OWN_ROWS_ONLY != 0,
         targets,
+        new_node,
+    })
+}
+
+fn read_u64s(bytes: &[u8]) -> Vec<u64> {
+    bytes
+        .chunks_exact(8)
+        .map(|c| u64::from_le_bytes(c.try_into().expect("chunks of 8")))
+        .collect()
+}
+
+/// The new node after a `NEW_NODE` request's one target id.
+fn decode_new_node(
+    area: &[u8],
+    header: &RequestHeader,
+    geometry: &Geometry,
+    schema: &FeatureSchema,
+) -> Result<NewNode, RequestError> {
+    let too_many = || RequestError::NewNodeTooManyEdges {
+        edges: header.new_node_edges,
+        max: max_new_node_edges(geometry, schema),
+        feature_dim: schema.feature_dim,
+    };
+    let (row_at, edges_at) = new_node_offsets(schema.feature_dim).ok_or_else(too_many)?;
+    let end = edges_at
+        .checked_add(u64::from(header.new_node_edges) * 8)
+        .filter(|&end| end <= geometry.request_bytes)
+        .ok_or_else(too_many)?;
+    let (Some(row), Some(edges)) = (
+        area.get(row_at as usize..row_at as usize + schema.feature_dim as usize * 4),
+        area.get(edges_at as usize..end as usize),
+    ) else {
+        return Err(too_many());
+    };
+    let features: Vec<f32> = row
+        .chunks_exact(4)
+        .map(|c| f32::from_le_bytes(c.try_into().expect("chunks of 4")))
+        .collect();
+    if let Some((index, &value)) = features.iter().enumerate().find(|(_, v)| !v.is_finite()) {
+        return Err(RequestError::NewNodeFeatureNotFinite {
+            index,
+            value: value.to_string(),
+        });
+    }
+    Ok(NewNode {
+        features,
+        neighbors: read_u64s(edges),
+        directed: header.flags & request_flags::NEW_NODE_DIRECTED != 0,
     })
 }
 
@@ -215,6 +395,7 @@ mod tests {
             defaulted: [false; 2],
             own_rows_only: false,
             targets: vec![],
+            new_node: None,
         };
         assert_eq!(request.remaining_at(5_000), None, "no deadline");
         request.deadline_mono_ns = 8_000;

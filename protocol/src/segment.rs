@@ -35,7 +35,7 @@ use crate::layout::{
     TypeDesc, BUFFER_ALIGN, LAYOUT_VERSION, MAGIC, MAX_FANOUT, MAX_HOPS, MAX_SLOTS, MAX_TYPES,
     SLOT_ALIGN,
 };
-use crate::request::request_bytes_for;
+use crate::request::{request_bytes_for, request_bytes_with_new_node};
 use crate::sync::Ordering;
 
 /// Bytes of the preamble the sidecar keeps locked for its life.
@@ -54,6 +54,9 @@ pub struct SegmentConfig {
     pub max_nodes: u32,
     /// Bytes of each slot's response area (Arrow tables and their header).
     pub response_bytes: u64,
+    /// Edges of a new node (`NEW_NODE` requests) the request area holds
+    /// besides its feature row.
+    pub max_new_node_edges: u32,
     pub schema: FeatureSchema,
     pub heartbeat_interval: Duration,
     /// A client whose heartbeat stands still this long (and that holds no
@@ -78,6 +81,7 @@ pub mod defaults {
     pub const MAX_FANOUTS: [u32; MAX_HOPS] = [50, 50];
     pub const MAX_NODES: u32 = 65_536;
     pub const RESPONSE_BYTES: u64 = 8 << 20;
+    pub const MAX_NEW_NODE_EDGES: u32 = 1024;
     pub const HEARTBEAT_INTERVAL: Duration = Duration::from_millis(100);
     pub const STALE_AFTER: Duration = Duration::from_secs(1);
     /// How long a worker may stay silent before its slots are reclaimed.
@@ -95,6 +99,7 @@ impl SegmentConfig {
             max_fanouts: defaults::MAX_FANOUTS,
             max_nodes: defaults::MAX_NODES,
             response_bytes: defaults::RESPONSE_BYTES,
+            max_new_node_edges: defaults::MAX_NEW_NODE_EDGES,
             schema,
             heartbeat_interval: defaults::HEARTBEAT_INTERVAL,
             client_timeout: defaults::CLIENT_TIMEOUT,
@@ -261,7 +266,12 @@ pub fn plan_geometry(cfg: &SegmentConfig) -> Result<(Geometry, u64), String> {
         .checked_add(u64::from(cfg.slot_count) * size_of::<SlotControl>() as u64)
         .ok_or("overflow")?;
     let data_offset = align_up(control_end, SLOT_ALIGN as u64).ok_or("overflow")?;
-    let request_bytes = request_bytes_for(cfg.max_targets).ok_or("max targets too large")?;
+    let request_bytes = request_bytes_with_new_node(
+        cfg.max_targets,
+        cfg.schema.feature_dim,
+        cfg.max_new_node_edges,
+    )
+    .ok_or("max targets or new-node edges too large")?;
     let response_bytes = align_up(cfg.response_bytes, BUFFER_ALIGN as u64).ok_or("overflow")?;
     let stride = align_up(
         request_bytes

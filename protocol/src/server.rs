@@ -551,10 +551,10 @@ impl ServeTicket {
         let slot_idx = self.slot_idx as usize;
         let mut area = vec![0u8; request::TARGETS_OFFSET];
         segment.read_request(slot_idx, 0, &mut area);
-        let n_targets = u32::from_le_bytes(area[16..20].try_into().expect("4 bytes"));
-        // More than allowed is refused by `decode` from the header alone.
-        let n = n_targets.min(segment.geometry().max_targets) as usize;
-        area.resize(request::TARGETS_OFFSET + n * 8, 0);
+        // The header says how much follows (targets, a new node), bounded by
+        // the area; `decode` checks it all on the copy.
+        let len = request::occupied_bytes(&area, segment.geometry(), segment.schema());
+        area.resize(len.next_multiple_of(8), 0);
         segment.read_request(
             slot_idx,
             request::TARGETS_OFFSET,

@@ -237,7 +237,91 @@ fn the_own_rows_flag_is_read_and_other_bits_are_refused() {
     let own = with_flags(protocol::layout::request_flags::OWN_ROWS_ONLY).unwrap();
     assert!(own.own_rows_only);
     assert_eq!((own.request_id, own.targets.as_slice()), (7, &[42u64][..]));
-    let err = with_flags(2).unwrap_err();
-    assert_eq!(err, request::RequestError::UnknownFlags { flags: 2 });
-    assert!(err.to_string().contains("0x2"), "{err}");
+    let err = with_flags(8).unwrap_err();
+    assert_eq!(err, request::RequestError::UnknownFlags { flags: 8 });
+    assert!(err.to_string().contains("0x8"), "{err}");
+}
+
+/// `NEW_NODE`: the row and the edges after the one target id are read as
+/// docs/protocol.md lays them out; every way of getting them wrong is
+/// refused by name, never read past the area.
+#[test]
+fn a_new_node_is_read_after_its_id_and_bad_ones_are_refused() {
+    use protocol::layout::request_flags::{NEW_NODE, NEW_NODE_DIRECTED};
+    use request::RequestError;
+    let geometry: Geometry = bytemuck_geometry(valid_segment_bytes());
+    let dim = schema().feature_dim;
+    let (row_at, edges_at) = request::new_node_offsets(dim).unwrap();
+    assert_eq!((row_at, edges_at), (72, 88), "docs/protocol.md's offsets");
+    let max = request::max_new_node_edges(&geometry, &schema());
+    assert_eq!(max, (geometry.request_bytes - 88) / 8);
+    assert!(max >= 1024, "sized for the default max_new_node_edges");
+    let area = |flags: u32, n_targets: u32, edges: u32, row: [f32; 4], ids: &[u64]| {
+        let mut area = vec![0u8; geometry.request_bytes as usize];
+        area[0..8].copy_from_slice(&9u64.to_le_bytes());
+        area[16..20].copy_from_slice(&n_targets.to_le_bytes());
+        area[28..32].copy_from_slice(&flags.to_le_bytes());
+        area[32..36].copy_from_slice(&edges.to_le_bytes());
+        area[64..72].copy_from_slice(&5000u64.to_le_bytes());
+        for (i, v) in row.iter().enumerate() {
+            area[72 + 4 * i..76 + 4 * i].copy_from_slice(&v.to_le_bytes());
+        }
+        for (i, id) in ids.iter().enumerate() {
+            area[88 + 8 * i..96 + 8 * i].copy_from_slice(&id.to_le_bytes());
+        }
+        area
+    };
+    let decode = |bytes: &[u8]| request::decode(bytes, &geometry, &schema());
+    let row = [1.0, -2.5, 0.0, 3.25];
+    let got = decode(&area(NEW_NODE | NEW_NODE_DIRECTED, 1, 3, row, &[4, 7, 11])).unwrap();
+    assert_eq!(got.targets, vec![5000]);
+    let node = got.new_node.expect("the new node");
+    assert_eq!(node.features, row.to_vec());
+    assert_eq!(node.neighbors, vec![4, 7, 11]);
+    assert!(node.directed);
+    assert!(
+        !decode(&area(NEW_NODE, 1, 0, row, &[]))
+            .unwrap()
+            .new_node
+            .unwrap()
+            .directed
+    );
+    assert!(decode(&area(0, 1, 0, row, &[])).unwrap().new_node.is_none());
+    // What the sidecar copies out of the slot covers exactly this much.
+    let bytes = area(NEW_NODE, 1, 3, row, &[4, 7, 11]);
+    assert_eq!(
+        request::occupied_bytes(&bytes, &geometry, &schema()),
+        88 + 24
+    );
+
+    assert_eq!(
+        decode(&area(NEW_NODE, 2, 0, row, &[])).unwrap_err(),
+        RequestError::NewNodeTargets { n_targets: 2 }
+    );
+    let too_many = (max + 1) as u32;
+    let err = decode(&area(NEW_NODE, 1, too_many, row, &[])).unwrap_err();
+    assert!(err.to_string().contains("max_new_node_edges"), "{err}");
+    assert!(matches!(
+        decode(&area(NEW_NODE, 1, u32::MAX, row, &[])).unwrap_err(),
+        RequestError::NewNodeTooManyEdges { .. }
+    ));
+    // An area cut short (a hostile peer's geometry) is refused, not indexed.
+    let short = area(NEW_NODE, 1, 3, row, &[4, 7, 11]);
+    assert!(decode(&short[..100]).is_err());
+    let err = decode(&area(NEW_NODE, 1, 0, [1.0, f32::NAN, 0.0, 0.0], &[])).unwrap_err();
+    assert_eq!(
+        err,
+        RequestError::NewNodeFeatureNotFinite {
+            index: 1,
+            value: "NaN".into()
+        }
+    );
+    assert_eq!(
+        decode(&area(0, 1, 2, row, &[])).unwrap_err(),
+        RequestError::EdgesWithoutNewNode { edges: 2 }
+    );
+    assert_eq!(
+        decode(&area(NEW_NODE_DIRECTED, 1, 0, row, &[])).unwrap_err(),
+        RequestError::DirectedWithoutNewNode
+    );
 }

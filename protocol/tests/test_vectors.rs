@@ -34,6 +34,9 @@ fn header_vector() -> Vec<u8> {
     cfg.max_fanouts = [2, 2];
     cfg.max_nodes = 16;
     cfg.response_bytes = 8192;
+    // A new node of 2 features and up to 502 edges fits the one page the
+    // targets take: the vector shows the smallest request area.
+    cfg.max_new_node_edges = 502;
     let segment = Segment::create(&cfg).expect("create");
     let mut bytes = std::fs::read(format!("/dev/shm/{name}")).expect("read the segment");
     segment.unlink().expect("unlink");

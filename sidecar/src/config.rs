@@ -148,6 +148,9 @@ pub struct ServeConfig {
     pub max_targets: u32,
     /// Most node-table rows per response.
     pub max_nodes: u32,
+    /// Edges a new node carried in a predict request (`NEW_NODE`) may have:
+    /// each slot's request area is sized for its feature row and this many.
+    pub max_new_node_edges: u32,
     /// Response area per slot, MiB (tmpfs pages are only allocated when used).
     pub response_mib: u64,
     /// Longest a batch waits for feature rows from L2/L3 before serving
@@ -211,6 +214,7 @@ impl Default for ServeConfig {
             serve_threads: 2,
             max_targets: defaults::MAX_TARGETS,
             max_nodes: defaults::MAX_NODES,
+            max_new_node_edges: defaults::MAX_NEW_NODE_EDGES,
             response_mib: defaults::RESPONSE_BYTES >> 20,
             deadline_ms: 20.0,
             l1_mib: 256,
@@ -336,6 +340,12 @@ impl Validate for ServeConfig {
         u64_between("serve_threads", self.serve_threads as u64, 1, 64)?;
         u64_between("max_targets", self.max_targets.into(), 1, 1 << 20)?;
         u64_between("max_nodes", self.max_nodes.into(), 1, u32::MAX.into())?;
+        u64_between(
+            "max_new_node_edges",
+            self.max_new_node_edges.into(),
+            0,
+            1 << 20,
+        )?;
         u64_between("response_mib", self.response_mib, 1, MAX_RESPONSE_MIB)?;
         finite_between("deadline_ms", self.deadline_ms, 0.01, MAX_DEADLINE_MS, "ms")?;
         u64_between("l1_mib", self.l1_mib, 0, 1 << 20)?;
@@ -512,6 +522,10 @@ pub struct ServeFlags {
     #[arg(long)]
     #[serde(skip_serializing_if = "Option::is_none")]
     pub max_nodes: Option<u32>,
+    /// Edges a new node in a predict request may carry [default: 1024].
+    #[arg(long)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub max_new_node_edges: Option<u32>,
     /// Response area per slot, MiB [default: 8].
     #[arg(long)]
     #[serde(skip_serializing_if = "Option::is_none")]

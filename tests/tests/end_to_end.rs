@@ -56,6 +56,7 @@ fn predict_all(stack: &Stack, ids: &[u64], per_call: usize) -> Vec<pb::Predictio
                             .predict(pb::PredictRequest {
                                 node_ids: chunk,
                                 request_id: 0,
+                                new_node: None,
                             })
                             .await
                     })
@@ -593,6 +594,231 @@ fn a_node_added_while_serving_is_predicted_without_restart() {
     assert!(stack.stop());
 }
 
+/// A node the graph does not have, answered in one call (`new_node`):
+/// the answer equals what the node gets once added through the admin socket
+/// with the same row and edges, both ways (the new node then lies among its
+/// neighbours' neighbours) and one way (`directed`); the graph is not
+/// changed by the call; bad new nodes are refused, each naming the problem.
+#[test]
+fn a_new_node_in_one_call_is_answered_as_once_it_is_added() {
+    let name = "cora";
+    let metrics = format!("127.0.0.1:{}", tests::stack::free_port());
+    let mut options = StackOptions::new(name);
+    options.sidecar_args = vec!["--metrics-addr".into(), metrics.clone()];
+    let stack = Stack::start(&options).expect("stack");
+    let n = meta(name)["num_nodes"].as_u64().unwrap();
+    let dim = meta(name)["feature_dim"].as_u64().unwrap() as usize;
+    let features = read_f32(&dataset(name).join("features.f32"));
+    let row_of = |v: u64| features[v as usize * dim..(v as usize + 1) * dim].to_vec();
+    // Two new nodes with disjoint neighbours, so that adding one does not
+    // change what the other samples: the first with more edges than the
+    // hop-1 fanout (20), through a hub (1358 has cora's highest degree).
+    let (both_ways, one_way) = (n, n + 1);
+    let mut edges_a: Vec<u64> = (100..124).collect();
+    edges_a.push(1358);
+    let edges_b: Vec<u64> = vec![7, 8, 9];
+    let new_node =
+        |id: u64, row: Vec<f32>, neighbors: Vec<u64>, directed: bool| pb::PredictRequest {
+            node_ids: Vec::new(),
+            request_id: id,
+            new_node: Some(pb::NewNode {
+                id,
+                features: row,
+                neighbors,
+                directed,
+            }),
+        };
+    let (inline_a, inline_b, refusals) = runtime().block_on(async {
+        let mut client = PredictorClient::connect(stack.grpc.clone()).await.unwrap();
+        let ask = |request: pb::PredictRequest| {
+            let mut client = client.clone();
+            async move { client.predict(request).await.map(|r| r.into_inner()) }
+        };
+        let a = ask(new_node(both_ways, row_of(40), edges_a.clone(), false))
+            .await
+            .expect("a new node, both ways");
+        let b = ask(new_node(one_way, row_of(41), edges_b.clone(), true))
+            .await
+            .expect("a new node, one way");
+        let mut refusals = Vec::new();
+        for (request, says) in [
+            (
+                new_node(n + 2, vec![0.5; dim - 1], vec![1], false),
+                "rows have 1433",
+            ),
+            (
+                new_node(n + 2, row_of(40), vec![1, 4_000_000], false),
+                "neighbour 4000000 is not in the graph",
+            ),
+            (
+                new_node(n + 2, row_of(40), (0..2000).collect(), false),
+                "max_new_node_edges",
+            ),
+            (
+                new_node(5, row_of(40), vec![1], false),
+                "node 5 is already in the graph",
+            ),
+            (
+                pb::PredictRequest {
+                    node_ids: vec![1],
+                    ..new_node(n + 2, row_of(40), vec![1], false)
+                },
+                "not both",
+            ),
+        ] {
+            let status = ask(request).await.expect_err("a bad new node was answered");
+            assert_eq!(status.code(), tonic::Code::InvalidArgument, "{status:?}");
+            assert!(
+                status.message().contains(says),
+                "{says}: {}",
+                status.message()
+            );
+            refusals.push(status.message().to_string());
+        }
+        // The calls changed nothing: the node is still unknown.
+        let by_id = client
+            .predict(pb::PredictRequest {
+                node_ids: vec![both_ways],
+                request_id: 0,
+                new_node: None,
+            })
+            .await
+            .unwrap()
+            .into_inner();
+        assert!(
+            !by_id.predictions[0].known,
+            "a new-node call added the node"
+        );
+        (a.predictions, b.predictions, refusals)
+    });
+    assert_eq!(refusals.len(), 5);
+    for (p, id) in [(&inline_a, both_ways), (&inline_b, one_way)] {
+        assert_eq!(p.len(), 1);
+        assert_eq!(p[0].node_id, id);
+        assert!(p[0].known);
+        assert_eq!(p[0].answered_by, "gnn");
+        assert_eq!(p[0].fallback_rows, 0);
+    }
+    // The same over HTTP.
+    let body = serde_json::json!({"new_node": {
+        "id": both_ways, "features": row_of(40), "neighbors": edges_a,
+    }});
+    let (code, text) =
+        tests::stack::http_request(&stack.http, "POST", "/v1/predict", Some(&body.to_string()))
+            .unwrap();
+    assert_eq!(code, 200, "{text}");
+    let json: serde_json::Value = serde_json::from_str(&text).unwrap();
+    let http_logits: Vec<f32> = json["predictions"][0]["logits"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v.as_f64().unwrap() as f32)
+        .collect();
+    assert_eq!(http_logits, inline_a[0].logits, "HTTP and gRPC differ");
+    let (code, text) = tests::stack::http_request(
+        &stack.http,
+        "POST",
+        "/v1/predict",
+        Some(r#"{"new_node": {"id": 5, "features": [1.0]}}"#),
+    )
+    .unwrap();
+    assert_eq!(code, 400, "{text}");
+    assert!(text.contains("rows have 1433"), "{text}");
+    // And from the command line.
+    let row_file = stack.dir.path().join("row-cli.f32");
+    let bytes: Vec<u8> = row_of(40).iter().flat_map(|x| x.to_le_bytes()).collect();
+    std::fs::write(&row_file, bytes).unwrap();
+    let mut args = vec![
+        "predict".to_string(),
+        "--addr".into(),
+        stack.grpc.clone(),
+        "--json".into(),
+        "--new-node".into(),
+        both_ways.to_string(),
+        "--features-file".into(),
+        row_file.to_string_lossy().into_owned(),
+    ];
+    for e in &edges_a {
+        args.extend(["--edge".to_string(), e.to_string()]);
+    }
+    let out = std::process::Command::new(workspace_bin("gnn-worker"))
+        .args(&args)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let line: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(line["node_id"], both_ways);
+    let cli_logits: Vec<f32> = line["logits"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v.as_f64().unwrap() as f32)
+        .collect();
+    assert_eq!(
+        cli_logits, inline_a[0].logits,
+        "the command line and gRPC differ"
+    );
+
+    // Now add both through the admin socket and predict them by id.
+    for (id, source, edges, directed) in [
+        (both_ways, 40u64, &edges_a, false),
+        (one_way, 41, &edges_b, true),
+    ] {
+        let row_file = stack.dir.path().join(format!("row-{id}.f32"));
+        let bytes: Vec<u8> = row_of(source)
+            .iter()
+            .flat_map(|x| x.to_le_bytes())
+            .collect();
+        std::fs::write(&row_file, bytes).unwrap();
+        let id_text = id.to_string();
+        let file = row_file.to_string_lossy().into_owned();
+        let edge_text: Vec<String> = edges.iter().map(u64::to_string).collect();
+        let mut args = vec!["graph", "add-node", &id_text, "--features-file", &file];
+        for e in &edge_text {
+            args.extend(["--edge", e.as_str()]);
+        }
+        if directed {
+            args.push("--directed");
+        }
+        let said = stack.sidecarctl(&args).unwrap();
+        assert!(said.contains("added"), "{said}");
+    }
+    let added = predict_all(&stack, &[both_ways, one_way], 1);
+    for (inline, added) in [(&inline_a[0], &added[0]), (&inline_b[0], &added[1])] {
+        assert!(added.known);
+        let worst = inline
+            .logits
+            .iter()
+            .zip(&added.logits)
+            .map(|(a, b)| (a - b).abs())
+            .fold(0f32, f32::max);
+        assert!(
+            worst <= 1e-5,
+            "node {}: in one call and once added differ by {worst}",
+            added.node_id
+        );
+        assert_eq!(inline.label, added.label);
+    }
+    // Once added, the id is refused as a new node.
+    let (code, text) =
+        tests::stack::http_request(&stack.http, "POST", "/v1/predict", Some(&body.to_string()))
+            .unwrap();
+    assert_eq!(code, 400, "{text}");
+    assert!(text.contains("already in the graph"), "{text}");
+    // Answered: two over gRPC, one over HTTP, one from the command line;
+    // refused by the sidecar: the unknown neighbour and the known id (twice);
+    // the worker refused the others before they reached the ring.
+    assert_eq!(
+        tests::stack::metric_value(&metrics, "sidecar_new_node_requests_total"),
+        7.0
+    );
+    assert!(stack.stop());
+}
+
 #[test]
 fn http_streaming_batching_and_clean_shutdown() {
     let stack = Stack::start(&StackOptions::new("cora")).expect("stack");
@@ -625,6 +851,7 @@ fn http_streaming_batching_and_clean_shutdown() {
             .map(|k| pb::PredictRequest {
                 node_ids: vec![k, k + 100],
                 request_id: 1000 + k,
+                new_node: None,
             })
             .collect();
         let mut answers = client
@@ -651,6 +878,7 @@ fn http_streaming_batching_and_clean_shutdown() {
                     .predict(pb::PredictRequest {
                         node_ids: vec![k],
                         request_id: k,
+                        new_node: None,
                     })
                     .await
                     .map(|r| r.into_inner().predictions[0].node_id)
@@ -664,6 +892,7 @@ fn http_streaming_batching_and_clean_shutdown() {
             .predict(pb::PredictRequest {
                 node_ids: vec![1; 5000],
                 request_id: 0,
+                new_node: None,
             })
             .await
             .unwrap_err();
@@ -805,6 +1034,7 @@ fn a_lone_call_does_not_wait_for_company() {
                 .predict(pb::PredictRequest {
                     node_ids: vec![k * 101 % 2708],
                     request_id: k,
+                    new_node: None,
                 })
                 .await
                 .expect("predict");

@@ -550,6 +550,7 @@ fn encoded(ids: &[u64], request_id: u64) -> Vec<u8> {
     prost::Message::encode_to_vec(&gnn_worker::grpc::pb::PredictRequest {
         node_ids: ids.to_vec(),
         request_id,
+        new_node: None,
     })
 }
 
@@ -812,6 +813,7 @@ fn a_killed_sidecar_makes_the_worker_unavailable_and_a_new_one_is_served_without
                 .predict(pb::PredictRequest {
                     node_ids: ids,
                     request_id: 1,
+                    new_node: None,
                 })
                 .await
             {

@@ -198,6 +198,7 @@ async fn predict(grpc: &str, ids: &[u64]) -> Result<Vec<pb::Prediction>, tonic::
             .predict(pb::PredictRequest {
                 node_ids: chunk.to_vec(),
                 request_id: 0,
+                new_node: None,
             })
             .await?;
         out.extend(response.into_inner().predictions);

@@ -119,6 +119,7 @@ impl Worker {
                 .predict(pb::PredictRequest {
                     node_ids: ids.to_vec(),
                     request_id: 1,
+                    new_node: None,
                 })
                 .await
                 .map(|r| r.into_inner().predictions)

@@ -287,28 +287,9 @@ fn request_of(command: Command) -> anyhow::Result<AdminRequest> {
                 edges,
                 directed,
             } => {
-                let features = match (features, features_file) {
-                    (Some(text), None) => text
-                        .split(',')
-                        .map(|v| {
-                            v.trim()
-                                .parse::<f32>()
-                                .with_context(|| format!("{v:?} in --features is not a number"))
-                        })
-                        .collect::<anyhow::Result<Vec<f32>>>()?,
-                    (None, Some(path)) => {
-                        let bytes = std::fs::read(&path)
-                            .with_context(|| format!("reading {}", path.display()))?;
-                        if bytes.len() % 4 != 0 {
-                            bail!("{} is not a whole number of f32 values", path.display());
-                        }
-                        bytes
-                            .chunks_exact(4)
-                            .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
-                            .collect()
-                    }
-                    _ => bail!("give the feature row with --features or --features-file"),
-                };
+                let features =
+                    daemon_kit::row::feature_row(features.as_deref(), features_file.as_deref())
+                        .map_err(anyhow::Error::msg)?;
                 AdminRequest::AddNodes {
                     nodes: vec![NewNode { id, features }],
                     edges: edges.into_iter().map(|n| (id, n)).collect(),

@@ -169,6 +169,44 @@ impl GraphSnapshot {
         digest
     }
 
+    /// This snapshot with one more node, `id`, and its edges to known nodes
+    /// (both ways unless `directed`), exactly as an update adding them would
+    /// make it, for one request to sample from (`NEW_NODE`): nothing is
+    /// published. Costs what that update would (the paths of the ids it
+    /// touches). Refuses an id the graph has or cannot take, and an edge to
+    /// a node it does not have.
+    pub fn with_new_node(
+        &self,
+        id: u64,
+        neighbors: &[u64],
+        directed: bool,
+    ) -> anyhow::Result<GraphSnapshot> {
+        ensure!(
+            !self.is_known(id),
+            "node {id} is already in the graph: predict it by its id (a new node needs an id \
+             the graph does not have)"
+        );
+        if let Some(&unknown) = neighbors.iter().find(|&&n| !self.is_known(n)) {
+            bail!(
+                "the new node's neighbour {unknown} is not in the graph: a new node's edges must \
+                 go to known nodes"
+            );
+        }
+        let update = GraphUpdate {
+            nodes: vec![id],
+            edges: neighbors.iter().map(|&n| (id, n)).collect(),
+            undirected: !directed,
+        };
+        self.check(&update)?;
+        let mut next = GraphSnapshot {
+            base: self.base.clone(),
+            delta: self.delta.clone(),
+            ..*self
+        };
+        next.apply(&update);
+        Ok(next)
+    }
+
     /// Makes `node` known, if it is not.
     fn know(&mut self, node: u32) {
         if !self.is_known(u64::from(node)) {

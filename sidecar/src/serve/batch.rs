@@ -22,6 +22,7 @@ use crate::graph::live::GraphSnapshot;
 use crate::graph::sampler::{Sampled, Sampler};
 use crate::serve::metrics::Metrics;
 use crate::serve::Knobs;
+use protocol::payload::schema::tier;
 
 /// Most of a request's remaining time kept back from the feature fetch for
 /// writing its response (docs/serving.md, "Deadlines").
@@ -89,6 +90,8 @@ impl BatchServer {
         // Group by fanouts (and whether neighbours are wanted at all): one
         // sampling pass per distinct pair.
         let mut groups: Vec<(SampleKey, Vec<Pending>)> = Vec::new();
+        // Requests carrying a new node: each samples a graph of its own.
+        let mut new_nodes: Vec<(Pending, Instant)> = Vec::new();
         for ticket in tickets {
             let mut request = match ticket.request() {
                 Ok(request) => request,
@@ -154,6 +157,18 @@ impl BatchServer {
                     left.saturating_sub((left / 10).min(RESPONSE_RESERVE))
                         .min(cap)
                 });
+            if request.new_node.is_some() {
+                m.new_node_requests.inc();
+                new_nodes.push((
+                    Pending {
+                        ticket,
+                        request,
+                        first_target: 0,
+                    },
+                    until,
+                ));
+                continue;
+            }
             deadline = Some(deadline.map_or(until, |d: Instant| d.min(until)));
             let key = (request.fanouts, request.own_rows_only);
             let group = match groups.iter().position(|(k, _)| *k == key) {
@@ -168,6 +183,9 @@ impl BatchServer {
                 request,
                 first_target: 0,
             });
+        }
+        for (pending, until) in new_nodes {
+            self.serve_new_node(ctx, pending, until);
         }
         if groups.is_empty() {
             return;
@@ -249,6 +267,59 @@ impl BatchServer {
                 self.respond(ctx, p, sampled, Some(batch), |_, _, _| {});
             }
         }
+    }
+
+    /// Answers a request carrying a new node: samples the graph as it would
+    /// be with the node added (nothing is published), fetches its
+    /// neighbours' rows through the tiers, and writes the node's own row
+    /// from the request (tier L1, not a fallback).
+    fn serve_new_node(&mut self, ctx: &BatchContext<'_>, pending: Pending, deadline: Instant) {
+        let m = ctx.metrics;
+        let request = &pending.request;
+        let node = request.new_node.as_ref().expect("a new-node request");
+        let id = request.targets[0];
+        let graph = match ctx.graph.with_new_node(id, &node.neighbors, node.directed) {
+            Ok(graph) => graph,
+            Err(e) => {
+                m.invalid_requests.inc();
+                let request_id = request.request_id;
+                pending.ticket.respond_error(
+                    status::INVALID_REQUEST,
+                    request_id,
+                    &format!("{e:#}"),
+                );
+                return;
+            }
+        };
+        let sampling = Instant::now();
+        let sampled = if request.own_rows_only {
+            self.sampler.own_rows(&graph, &request.targets)
+        } else {
+            self.sampler
+                .sample(&graph, &request.targets, request.fanouts, SAMPLING_SEED)
+        };
+        m.stage("sample").observe(sampling.elapsed().as_secs_f64());
+        let row = node.features.clone();
+        self.respond(ctx, pending, &sampled, None, |ids, features, sources| {
+            // The target comes first in the node table: row 0 is the new
+            // node, whose row the request carried.
+            let dim = row.len();
+            features[..dim].copy_from_slice(&row);
+            sources[0] = RowSource {
+                tier: tier::L1,
+                fallback: false,
+                late: false,
+            };
+            m.rows_fetched.inc_by(ids.len() as u64 - 1);
+            let fetching = Instant::now();
+            ctx.runtime.block_on(ctx.tiers.fetch_into(
+                &ids[1..],
+                Some(deadline),
+                &mut features[dim..],
+                &mut sources[1..],
+            ));
+            m.stage("fetch").observe(fetching.elapsed().as_secs_f64());
+        });
     }
 
     /// Writes one request's response: its slice of the group's sample,

@@ -62,6 +62,8 @@ pub struct Metrics {
     pub invalid_requests: Counter,
     /// Requests whose deadline had passed when they were taken.
     pub expired_requests: Counter,
+    /// Requests carrying a node the graph does not have (`NEW_NODE`).
+    pub new_node_requests: Counter,
     pub too_large: Counter,
     /// Requests whose batch served at least one row late.
     pub deadline_misses: Counter,
@@ -103,6 +105,11 @@ impl Metrics {
             &mut registry,
             "sidecar_expired_requests",
             "requests answered DEADLINE_EXCEEDED: their deadline had passed when taken",
+        );
+        let new_node_requests = counter(
+            &mut registry,
+            "sidecar_new_node_requests",
+            "requests carrying a node the graph does not have (NEW_NODE), answered or refused",
         );
         let too_large = counter(
             &mut registry,
@@ -157,6 +164,7 @@ impl Metrics {
             rows_fetched,
             invalid_requests,
             expired_requests,
+            new_node_requests,
             too_large,
             deadline_misses,
             segments_replaced,

@@ -623,6 +623,7 @@ pub fn run(
     segment.max_targets = config.max_targets;
     segment.max_fanouts = config.max_fanouts.0;
     segment.max_nodes = config.max_nodes;
+    segment.max_new_node_edges = config.max_new_node_edges;
     segment.response_bytes = config.response_bytes();
     let mut options = ServerOptions::new(segment);
     options.segment.client_timeout = config.client_timeout();
