@@ -45,6 +45,9 @@ import numpy as np
 OPSET = 17
 INPUTS = ["features", "target_row", "hop1_count", "hop1_rows", "hop2_count", "hop2_rows"]
 OUTPUT = "logits"
+# The GNN's second output: the targets' layer-1 embedding (what `gnn-worker
+# precompute` stores beside the logits).
+H1_OUTPUT = "h1"
 
 
 def load_dataset(path):
@@ -218,6 +221,7 @@ def build_onnx(params, feature_dim, num_classes):
     out = op("Add", [op("MatMul", [h_t, "w2_self"], "o_self"), op("MatMul", [agg_h, "w2_neigh"], "o_neigh")],
              "o_sum")
     op("Add", [out, "b2"], OUTPUT)
+    op("Identity", [h_t], H1_OUTPUT)
 
     i32, f32 = TensorProto.INT32, TensorProto.FLOAT
     inputs = [
@@ -228,17 +232,22 @@ def build_onnx(params, feature_dim, num_classes):
         helper.make_tensor_value_info("hop2_count", i32, ["n_targets", "f1"]),
         helper.make_tensor_value_info("hop2_rows", i32, ["n_targets", "f1", "f2"]),
     ]
+    hidden = w1s.shape[1]
     return onnx_model(nodes, "graphsage_mean_2layer", inputs, num_classes, inits,
-                      "gnn-worker/model/sage.py")
+                      "gnn-worker/model/sage.py", hidden=hidden)
 
 
-def onnx_model(nodes, name, inputs, num_classes, inits, producer):
-    """The checked model of `nodes` (opset OPSET, IR 8) with the one output
-    `logits`, f32 [n_targets, num_classes]."""
+def onnx_model(nodes, name, inputs, num_classes, inits, producer, hidden=None):
+    """The checked model of `nodes` (opset OPSET, IR 8) with the output
+    `logits`, f32 [n_targets, num_classes], and with `hidden`, the second
+    output `h1`, f32 [n_targets, hidden]."""
     import onnx
     from onnx import TensorProto, helper
 
     outputs = [helper.make_tensor_value_info(OUTPUT, TensorProto.FLOAT, ["n_targets", num_classes])]
+    if hidden is not None:
+        outputs.append(helper.make_tensor_value_info(H1_OUTPUT, TensorProto.FLOAT,
+                                                     ["n_targets", hidden]))
     graph = helper.make_graph(nodes, name, inputs, outputs, inits)
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)],
                               producer_name=producer)
@@ -346,7 +355,7 @@ def cmd_train(args):
         "num_nodes": n,
         "opset": OPSET,
         "inputs": INPUTS,
-        "outputs": [OUTPUT],
+        "outputs": [OUTPUT, H1_OUTPUT],
         "training": {"seed": args.seed, "epochs": args.epochs, "best_epoch": epoch, "lr": args.lr,
                      "weight_decay": args.weight_decay, "dropout": args.dropout},
         "offline": {"val_accuracy": val, "test_accuracy": test_acc,
@@ -383,7 +392,7 @@ def cmd_init(args):
         "num_nodes": None,
         "opset": OPSET,
         "inputs": INPUTS,
-        "outputs": [OUTPUT],
+        "outputs": [OUTPUT, H1_OUTPUT],
         "training": None,
         "offline": None,
     }

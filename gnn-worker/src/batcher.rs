@@ -49,6 +49,7 @@ use tokio::sync::{mpsc, oneshot};
 use crate::config::WorkerConfig;
 use crate::metrics::WorkerMetrics;
 use crate::model::{AnsweredBy, Model};
+use crate::precomputed::{Precomputed, PrecomputedSet};
 
 /// How calls are batched.
 #[derive(Debug, Clone)]
@@ -152,6 +153,8 @@ pub struct Predictor {
     schema: FeatureSchema,
     /// The MLP student that answers when the batcher's queue is long.
     student: Option<Arc<Mutex<Model>>>,
+    /// Precomputed answers, when the worker has them.
+    precomputed: Option<Arc<Precomputed>>,
 }
 
 impl std::fmt::Debug for Predictor {
@@ -200,6 +203,7 @@ impl Predictor {
         client: Arc<RingClient>,
         models: Vec<Model>,
         student: Option<Model>,
+        precomputed: Option<Arc<Precomputed>>,
         schema: FeatureSchema,
         config: BatchConfig,
         metrics: Arc<WorkerMetrics>,
@@ -226,10 +230,18 @@ impl Predictor {
                 ready_tx.clone(),
                 capacity.clone(),
             );
+            let precomputed = precomputed.clone();
             std::thread::Builder::new()
                 .name(format!("ring-{i}"))
                 .spawn(move || {
-                    ring_stage(&client, schema, &config, &metrics, &rx, &tx, &capacity)
+                    let ring = Ring {
+                        client: &client,
+                        schema,
+                        config: &config,
+                        metrics: &metrics,
+                        precomputed: precomputed.as_deref(),
+                    };
+                    ring_stage(&ring, &rx, &tx, &capacity)
                 })?;
         }
         drop(ready_tx);
@@ -258,6 +270,7 @@ impl Predictor {
             client,
             schema,
             student: student.map(|s| Arc::new(Mutex::new(s))),
+            precomputed,
         })
     }
 
@@ -404,36 +417,36 @@ impl Predictor {
         ids: Vec<u64>,
         new_node: Option<NewNode>,
     ) -> Result<Vec<Prediction>, PredictError> {
-        let (client, schema, config, metrics) = (
+        let (client, schema, config, metrics, precomputed) = (
             self.client.clone(),
             self.schema,
             self.config.clone(),
             self.metrics.clone(),
+            self.precomputed.clone(),
         );
         tokio::task::spawn_blocking(move || {
             metrics.targets.inc_by(ids.len() as u64);
+            let ring = Ring {
+                client: &client,
+                schema,
+                config: &config,
+                metrics: &metrics,
+                precomputed: precomputed.as_deref(),
+            };
             let responses = match &new_node {
-                None => ring_calls(&client, &schema, &config, &metrics, &ids, true)?,
+                None => ring_calls(&ring, &ids, RingCall::own_rows())?,
                 Some(node) => {
                     let mut responses = Vec::with_capacity(1);
                     let call = RingCall {
-                        own_rows_only: true,
                         new_node: Some(node),
+                        ..RingCall::own_rows()
                     };
-                    ring_call_split(
-                        &client,
-                        &schema,
-                        &config,
-                        &metrics,
-                        &ids,
-                        call,
-                        &mut responses,
-                    )?;
+                    ring_call_split(&ring, &ids, call, &mut responses)?;
                     responses
                 }
             };
             let mut student = student.lock().unwrap_or_else(|p| p.into_inner());
-            run_model(&mut student, &metrics, &ids, responses)
+            run_model(&mut student, &metrics, &ids, responses, None)
         })
         .await
         .map_err(|e| PredictError::Internal(format!("the student's run failed ({e}); retry")))?
@@ -518,6 +531,18 @@ struct RingDone {
     /// Whether answering this gives the batch's pipeline place back (the
     /// last part of a batch that was split per call).
     releases: bool,
+    /// The precomputed set the ring calls asked about (`FRESH` targets are
+    /// answered from it).
+    store: Option<Arc<PrecomputedSet>>,
+}
+
+/// What a ring call needs of the worker.
+struct Ring<'a> {
+    client: &'a RingClient,
+    schema: FeatureSchema,
+    config: &'a BatchConfig,
+    metrics: &'a WorkerMetrics,
+    precomputed: Option<&'a Precomputed>,
 }
 
 /// A ring call failed because one target's own neighbourhood does not fit
@@ -574,14 +599,12 @@ fn answer(
 /// A ring thread: takes batches, makes their ring calls, hands the
 /// responses to the model stage.
 fn ring_stage(
-    client: &RingClient,
-    schema: FeatureSchema,
-    config: &BatchConfig,
-    metrics: &WorkerMetrics,
+    ring: &Ring<'_>,
     batches: &Mutex<std_mpsc::Receiver<Vec<Job>>>,
     ready: &std_mpsc::SyncSender<RingDone>,
     capacity: &Capacity,
 ) {
+    let metrics = ring.metrics;
     loop {
         let batch = {
             let rx = batches.lock().unwrap_or_else(|p| p.into_inner());
@@ -596,15 +619,18 @@ fn ring_stage(
                 .queue_wait_seconds
                 .observe(taken.duration_since(job.enqueued).as_secs_f64());
         }
-        // Known nodes go to the ring together; each new node after them, in
-        // a request of its own (the responses come in the order of `ids`).
+        // The calls whose every node has a precomputed answer go to the ring
+        // together (asking which answers still stand), then the other known
+        // nodes, then each new node in a request of its own: the responses
+        // come in the order of `ids`.
+        let store = ring.precomputed.and_then(Precomputed::current);
         let mut batch = batch;
-        batch.sort_by_key(|job| job.new_node.is_some());
+        batch.sort_by_key(|job| job_kind(job, store.as_deref()));
         let ids: Vec<u64> = batch.iter().flat_map(|j| j.ids.iter().copied()).collect();
         metrics.targets.inc_by(ids.len() as u64);
         let call = |jobs: &[Job]| {
             std::panic::catch_unwind(AssertUnwindSafe(|| {
-                jobs_ring_calls(client, &schema, config, metrics, jobs)
+                jobs_ring_calls(ring, jobs, store.as_deref())
             }))
             .unwrap_or_else(|panic| {
                 let what = panic_text(&*panic);
@@ -631,6 +657,7 @@ fn ring_stage(
                     ids,
                     responses,
                     releases: i + 1 == n,
+                    store: store.clone(),
                 });
             }
         } else {
@@ -639,6 +666,7 @@ fn ring_stage(
                 ids,
                 responses,
                 releases: true,
+                store,
             });
         }
         for done in parts {
@@ -681,10 +709,13 @@ fn model_stage(
             ids,
             responses,
             releases,
+            store,
         } = done;
         let ran = std::panic::catch_unwind(AssertUnwindSafe(|| {
             fail::fail_point!("gnn-worker-executor");
-            responses.and_then(|responses| run_model(&mut model, metrics, &ids, responses))
+            responses.and_then(|responses| {
+                run_model(&mut model, metrics, &ids, responses, store.as_deref())
+            })
         }));
         let (result, retire) = match ran {
             Ok(result) => (result, false),
@@ -712,36 +743,53 @@ fn model_stage(
 
 static REQUEST_ID: AtomicU64 = AtomicU64::new(1);
 
-/// The ring calls of a batch's jobs: the known nodes' ids together, then
-/// each new node's own request, in the order of the jobs (known first).
+/// How a job goes to the ring, in this order: its nodes all have a
+/// precomputed answer (asked `FRESH_SINCE`), known nodes, a new node.
+fn job_kind(job: &Job, store: Option<&PrecomputedSet>) -> u8 {
+    if job.new_node.is_some() {
+        2
+    } else if store.is_some_and(|s| s.covers(&job.ids)) {
+        0
+    } else {
+        1
+    }
+}
+
+/// The ring calls of a batch's jobs, sorted by [`job_kind`]: the nodes with
+/// precomputed answers together, the other known nodes together, then each
+/// new node's own request.
 fn jobs_ring_calls(
-    client: &RingClient,
-    schema: &FeatureSchema,
-    config: &BatchConfig,
-    metrics: &WorkerMetrics,
+    ring: &Ring<'_>,
     jobs: &[Job],
+    store: Option<&PrecomputedSet>,
 ) -> Result<Vec<Response>, PredictError> {
-    let known: Vec<u64> = jobs
-        .iter()
-        .filter(|j| j.new_node.is_none())
-        .flat_map(|j| j.ids.iter().copied())
-        .collect();
-    let mut responses = ring_calls(client, schema, config, metrics, &known, false)?;
+    let ids_of = |kind: u8| -> Vec<u64> {
+        jobs.iter()
+            .filter(|j| job_kind(j, store) == kind)
+            .flat_map(|j| j.ids.iter().copied())
+            .collect()
+    };
+    let fresh = store.map(|s| protocol::request::FreshSince {
+        clock: s.meta.clock,
+        tick: s.meta.tick,
+        fanouts: s.meta.fanouts,
+    });
+    let mut responses = ring_calls(
+        ring,
+        &ids_of(0),
+        RingCall {
+            fresh,
+            ..RingCall::default()
+        },
+    )?;
+    responses.extend(ring_calls(ring, &ids_of(1), RingCall::default())?);
     for job in jobs {
         if let Some(node) = &job.new_node {
             let call = RingCall {
-                own_rows_only: false,
                 new_node: Some(node),
+                ..RingCall::default()
             };
-            ring_call_split(
-                client,
-                schema,
-                config,
-                metrics,
-                &job.ids,
-                call,
-                &mut responses,
-            )?;
+            ring_call_split(ring, &job.ids, call, &mut responses)?;
         }
     }
     Ok(responses)
@@ -754,36 +802,35 @@ struct RingCall<'a> {
     own_rows_only: bool,
     /// `NEW_NODE`: the one target is this node.
     new_node: Option<&'a NewNode>,
+    /// `FRESH_SINCE`: unchanged targets come back `FRESH`.
+    fresh: Option<protocol::request::FreshSince>,
+}
+
+impl RingCall<'_> {
+    /// The targets' own rows only (the student's requests).
+    fn own_rows() -> Self {
+        Self {
+            own_rows_only: true,
+            ..Self::default()
+        }
+    }
 }
 
 /// The ring calls of one batch: one per `max_targets` chunk, in order.
 fn ring_calls(
-    client: &RingClient,
-    schema: &FeatureSchema,
-    config: &BatchConfig,
-    metrics: &WorkerMetrics,
+    ring: &Ring<'_>,
     ids: &[u64],
-    own_rows_only: bool,
+    call: RingCall<'_>,
 ) -> Result<Vec<Response>, PredictError> {
-    let max_targets = client
+    let max_targets = ring
+        .client
         .geometry()
         .map(|g| g.max_targets as usize)
         .unwrap_or(1)
         .max(1);
     let mut responses = Vec::with_capacity(ids.len().div_ceil(max_targets));
     for chunk in ids.chunks(max_targets) {
-        ring_call_split(
-            client,
-            schema,
-            config,
-            metrics,
-            chunk,
-            RingCall {
-                own_rows_only,
-                new_node: None,
-            },
-            &mut responses,
-        )?;
+        ring_call_split(ring, chunk, call, &mut responses)?;
     }
     Ok(responses)
 }
@@ -792,20 +839,25 @@ fn ring_calls(
 /// area, the two halves are asked for separately (recursively), so that only
 /// a target that cannot fit alone fails.
 fn ring_call_split(
-    client: &RingClient,
-    schema: &FeatureSchema,
-    config: &BatchConfig,
-    metrics: &WorkerMetrics,
+    ring: &Ring<'_>,
     targets: &[u64],
     call: RingCall<'_>,
     responses: &mut Vec<Response>,
 ) -> Result<(), PredictError> {
+    let Ring {
+        client,
+        schema,
+        config,
+        metrics,
+        ..
+    } = *ring;
     let request = CallRequest {
         targets,
         fanouts: config.fanouts,
         timeout: Some(config.ring_timeout),
         request_id: REQUEST_ID.fetch_add(1, Ordering::Relaxed),
         own_rows_only: call.own_rows_only,
+        fresh: call.fresh,
         new_node: call.new_node,
     };
     metrics.ring_requests.inc();
@@ -830,8 +882,8 @@ fn ring_call_split(
             }
             metrics.ring_splits.inc();
             let (first, second) = targets.split_at(targets.len() / 2);
-            ring_call_split(client, schema, config, metrics, first, call, responses)?;
-            return ring_call_split(client, schema, config, metrics, second, call, responses);
+            ring_call_split(ring, first, call, responses)?;
+            return ring_call_split(ring, second, call, responses);
         }
         Err(e @ CallError::RingFull { .. }) => return Err(PredictError::Overloaded(e.to_string())),
         // What the caller sent about its new node (an unknown neighbour, an
@@ -844,7 +896,10 @@ fn ring_call_split(
         }) if call.new_node.is_some() => return Err(PredictError::InvalidArgument(message)),
         Err(e) => return Err(PredictError::Unavailable(e.to_string())),
     };
-    if client.schema().is_some_and(|s| s != *schema) {
+    if let Some(precomputed) = ring.precomputed {
+        precomputed.saw_clock(response.header().change_clock);
+    }
+    if client.schema().is_some_and(|s| s != schema) {
         return Err(PredictError::Unavailable(
             "the sidecar now serves another feature schema or graph version than the \
              model was checked against: restart the worker with a matching model"
@@ -861,11 +916,12 @@ fn run_model(
     metrics: &WorkerMetrics,
     ids: &[u64],
     responses: Vec<Response>,
+    store: Option<&PrecomputedSet>,
 ) -> Result<Vec<Prediction>, PredictError> {
     let mut out = Vec::with_capacity(ids.len());
     let mut offset = 0;
     for response in responses {
-        let ran = run_one(model, metrics, ids, &mut offset, &response, &mut out);
+        let ran = run_one(model, metrics, ids, &mut offset, &response, store, &mut out);
         // A segment truncated under the response: what was read may be the
         // SIGBUS handler's zeros, so neither an error nor logits computed
         // from it say anything about the sidecar's answer.
@@ -888,6 +944,7 @@ fn run_one(
     ids: &[u64],
     offset: &mut usize,
     response: &Response,
+    store: Option<&PrecomputedSet>,
     out: &mut Vec<Prediction>,
 ) -> Result<(), PredictError> {
     let tables = response
@@ -903,23 +960,49 @@ fn run_one(
         )));
     }
     *offset += asked.len();
-    let running = Instant::now();
-    let logits = model
-        .run(&tables)
-        .map_err(|e| PredictError::Internal(e.to_string()))?;
-    metrics
-        .onnx_run_seconds
-        .observe(running.elapsed().as_secs_f64());
+    let status = tables.target_status();
+    // A FRESH target's stored answer stands: the model runs only when some
+    // target needs it.
+    let stored = |i: usize| -> Option<&[f32]> {
+        if status[i] != target_status::FRESH {
+            return None;
+        }
+        store.and_then(|s| s.logits(tables.target_ids()[i]))
+    };
+    if let Some(i) =
+        (0..status.len()).find(|&i| status[i] == target_status::FRESH && stored(i).is_none())
+    {
+        return Err(PredictError::Internal(format!(
+            "the sidecar answered node {} FRESH, but the worker holds no stored answer for it: \
+             a malformed response",
+            tables.target_ids()[i]
+        )));
+    }
+    let logits = if (0..status.len()).all(|i| stored(i).is_some()) {
+        Vec::new()
+    } else {
+        let running = Instant::now();
+        let logits = model
+            .run(&tables)
+            .map_err(|e| PredictError::Internal(e.to_string()))?;
+        metrics
+            .onnx_run_seconds
+            .observe(running.elapsed().as_secs_f64());
+        logits
+    };
     let classes = model.manifest().num_classes as usize;
     for (i, &node_id) in tables.target_ids().iter().enumerate() {
-        let row = &logits[i * classes..(i + 1) * classes];
+        let (row, answered_by) = match stored(i) {
+            Some(row) => (row, AnsweredBy::Precomputed),
+            None => (&logits[i * classes..(i + 1) * classes], model.answered_by()),
+        };
         out.push(Prediction {
             node_id,
             label: argmax(row) as i32,
             logits: row.to_vec(),
-            known: tables.target_status()[i] == target_status::OK,
+            known: status[i] != target_status::UNKNOWN_NODE,
             fallback_rows: fallback_rows(&tables, i),
-            answered_by: model.answered_by(),
+            answered_by,
         });
     }
     Ok(())

@@ -38,6 +38,11 @@ pub struct WorkerConfig {
     /// With a student: calls waiting for the batcher from which a new call
     /// is answered by the student (0: every call).
     pub degrade_queue_calls: usize,
+    /// Redis holding `gnn-worker precompute`'s answers; unset: none. With
+    /// one, nodes whose sample has not changed since are answered from it.
+    pub precomputed_redis: Option<String>,
+    /// How often the worker looks for a new precomputed set, seconds.
+    pub precomputed_check_s: f64,
     /// The sidecar's shared-memory segment name.
     pub shm_name: String,
     /// gRPC listen address.
@@ -87,6 +92,8 @@ impl Default for WorkerConfig {
             model: PathBuf::new(),
             student: None,
             degrade_queue_calls: 1024,
+            precomputed_redis: None,
+            precomputed_check_s: 10.0,
             shm_name: "gnn-sidecar".into(),
             grpc: SocketAddr::from(([127, 0, 0, 1], 50051)),
             http: SocketAddr::from(([127, 0, 0, 1], 8080)),
@@ -163,6 +170,12 @@ impl Validate for WorkerConfig {
             0.0,
             crate::batcher::MAX_QUEUED_CALLS as f64,
         )?;
+        between(
+            "precomputed_check_s",
+            self.precomputed_check_s,
+            0.1,
+            3_600.0,
+        )?;
         between("max_batch", self.max_batch as f64, 1.0, 65_536.0)?;
         between("max_delay_ms", self.max_delay_ms, 0.0, 1_000.0)?;
         between(
@@ -225,6 +238,15 @@ pub struct WorkerFlags {
     #[arg(long)]
     #[serde(skip_serializing_if = "Option::is_none")]
     pub degrade_queue_calls: Option<usize>,
+    /// Redis URL of gnn-worker precompute's answers, served while they
+    /// stand [default: none].
+    #[arg(long)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub precomputed_redis: Option<String>,
+    /// How often to look for a new precomputed set, seconds [default: 10].
+    #[arg(long)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub precomputed_check_s: Option<f64>,
     /// The sidecar's shared-memory segment name [default: gnn-sidecar].
     #[arg(long)]
     #[serde(skip_serializing_if = "Option::is_none")]

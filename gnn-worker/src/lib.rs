@@ -26,4 +26,5 @@ pub mod http;
 pub mod metrics;
 pub mod model;
 pub mod onnxruntime;
+pub mod precomputed;
 pub mod service;

@@ -23,6 +23,7 @@ use gnn_worker::batcher::{BatchConfig, Predictor};
 use gnn_worker::config::{WorkerConfig, WorkerFlags, SPEC};
 use gnn_worker::grpc::{pb, PredictService, PredictorClient, PredictorServer};
 use gnn_worker::model::{Manifest, Model};
+use gnn_worker::precomputed::Precomputed;
 use gnn_worker::service::Service;
 use protocol::client::{ClientOptions, RingClient};
 
@@ -38,6 +39,32 @@ struct Cli {
 enum Command {
     /// Load the model, attach to the sidecar's ring, serve gRPC and HTTP.
     Serve(Box<ServeArgs>),
+    /// Score every node of the sidecar's graph and store the outputs in
+    /// Redis, for `serve --precomputed-redis` (docs/serving.md,
+    /// "Precomputed answers").
+    Precompute {
+        /// Model directory (exported by this release's sage.py: with h1).
+        #[arg(long)]
+        model: PathBuf,
+        /// The sidecar's shared-memory segment name.
+        #[arg(long, default_value = "gnn-sidecar")]
+        shm_name: String,
+        /// Redis URL to store the outputs in, e.g. redis://127.0.0.1:6379.
+        #[arg(long)]
+        redis: String,
+        /// Fanouts to compute with, e.g. 20,10 [default: the sidecar's].
+        #[arg(long, value_parser = protocol::request::parse_fanouts)]
+        fanouts: Option<[u32; 2]>,
+        /// Targets per ring request (at most the sidecar's max_targets).
+        #[arg(long, default_value_t = 64)]
+        batch: usize,
+        /// ONNX Runtime's libonnxruntime.so [default: as `serve`].
+        #[arg(long)]
+        onnxruntime_lib: Option<PathBuf>,
+        /// ONNX Runtime threads.
+        #[arg(long, default_value_t = 1)]
+        threads: usize,
+    },
     /// Ask a serving worker (gRPC) for predictions.
     Predict {
         /// The worker's gRPC address, e.g. http://127.0.0.1:50051.
@@ -106,6 +133,38 @@ fn main() -> ExitCode {
     };
     let result = match cli.command {
         Command::Serve(args) => runtime.block_on(serve(*args)),
+        Command::Precompute {
+            model,
+            shm_name,
+            redis,
+            fanouts,
+            batch,
+            onnxruntime_lib,
+            threads,
+        } => {
+            let job = gnn_worker::precomputed::PrecomputeJob {
+                model_dir: model,
+                shm_name,
+                redis_url: redis,
+                fanouts,
+                batch,
+                onnxruntime_lib,
+                threads,
+            };
+            gnn_worker::precomputed::precompute(&job).map(|meta| {
+                println!(
+                    "precomputed {} nodes (ids below {}) at fanouts {:?} in {:.1} s: set {} of \
+                     sidecar start {:016x}, tick {}",
+                    meta.nodes,
+                    meta.id_bound,
+                    meta.fanouts,
+                    meta.seconds,
+                    meta.model,
+                    meta.clock,
+                    meta.tick
+                )
+            })
+        }
         Command::Predict {
             addr,
             ids,
@@ -233,10 +292,37 @@ async fn start(config: &WorkerConfig, service: &Service) -> anyhow::Result<()> {
         );
         batching.ring_concurrency = geometry.slot_count as usize;
     }
+    let precomputed = match &config.precomputed_redis {
+        None => None,
+        Some(url) => {
+            if manifest.outputs.len() < 2 {
+                tracing::warn!(
+                    "the model has no h1 output; precomputed answers need a model exported by \
+                     this release's sage.py (gnn-worker precompute refuses older ones)"
+                );
+            }
+            let precomputed = Arc::new(Precomputed::default());
+            let model_id = gnn_worker::precomputed::model_id(&config.model)?;
+            let metrics = service.metrics().clone();
+            tokio::spawn(precomputed.clone().follow(
+                url.clone(),
+                model_id,
+                manifest.num_classes,
+                Duration::from_secs_f64(config.precomputed_check_s),
+                move |set| {
+                    metrics
+                        .precomputed_nodes
+                        .set(set.map_or(0, |s| s.len() as i64));
+                },
+            ));
+            Some(precomputed)
+        }
+    };
     let predictor = Predictor::start(
         Arc::new(client),
         models,
         student,
+        precomputed,
         schema,
         batching,
         service.metrics().clone(),

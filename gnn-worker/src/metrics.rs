@@ -15,7 +15,7 @@ use prometheus_client::collector::Collector;
 use prometheus_client::encoding::{DescriptorEncoder, EncodeLabelSet, EncodeMetric};
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
-use prometheus_client::metrics::gauge::ConstGauge;
+use prometheus_client::metrics::gauge::{ConstGauge, Gauge};
 use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::Registry;
 
@@ -45,8 +45,10 @@ pub struct WorkerMetrics {
     registry: Registry,
     pub calls: Counter,
     pub call_errors: Family<ErrorKind, Counter>,
-    /// Calls answered, per model (`gnn`, `student`).
+    /// Predictions answered, per source (`gnn`, `student`, `precomputed`).
     pub answers: Family<AnsweredByLabel, Counter>,
+    /// Nodes of the precomputed set in use (0: none).
+    pub precomputed_nodes: Gauge,
     pub batches: Counter,
     pub ring_requests: Counter,
     /// Ring requests answered TOO_LARGE and split in two.
@@ -93,14 +95,20 @@ impl WorkerMetrics {
             call_errors.clone(),
         );
         let answers = Family::<AnsweredByLabel, Counter>::default();
-        for by in ["gnn", "student"] {
+        for by in ["gnn", "student", "precomputed"] {
             let _ = answers.get_or_create(&AnsweredByLabel { by });
         }
         r.register(
             "gnn_worker_answers",
-            "client calls answered with predictions, per model that answered (gnn; student: \
-             the batcher's queue was at degrade_queue_calls)",
+            "predictions answered, per source (gnn; student: the batcher's queue was at \
+             degrade_queue_calls; precomputed: a stored answer that still stands)",
             answers.clone(),
+        );
+        let precomputed_nodes = Gauge::default();
+        r.register(
+            "gnn_worker_precomputed_nodes",
+            "nodes of the precomputed set in use (0: none)",
+            precomputed_nodes.clone(),
         );
         let batches = counter(
             &mut r,
@@ -166,6 +174,7 @@ impl WorkerMetrics {
             calls,
             call_errors,
             answers,
+            precomputed_nodes,
             batches,
             ring_requests,
             ring_splits,

@@ -37,6 +37,9 @@ pub enum AnsweredBy {
     Gnn,
     /// The MLP student, on the target's own row (docs/serving.md, "Degrade").
     Student,
+    /// The GNN's output stored by `gnn-worker precompute`, still fresh
+    /// (docs/serving.md, "Precomputed answers").
+    Precomputed,
 }
 
 impl AnsweredBy {
@@ -44,9 +47,13 @@ impl AnsweredBy {
         match self {
             AnsweredBy::Gnn => "gnn",
             AnsweredBy::Student => "student",
+            AnsweredBy::Precomputed => "precomputed",
         }
     }
 }
+
+/// The name of a GNN's second output, the targets' layer-1 embedding.
+pub const H1_OUTPUT: &str = "h1";
 
 /// `manifest.json` beside `model.onnx`, written by gnn-worker/model/sage.py.
 #[derive(Debug, Clone, Deserialize)]
@@ -60,7 +67,11 @@ pub struct Manifest {
     pub graph_version: u64,
     pub opset: u32,
     pub inputs: Vec<String>,
+    /// `logits`, then (models exported by this release) `h1`.
     pub outputs: Vec<String>,
+    /// Width of the layer-1 embedding (`h1`); absent on a student.
+    #[serde(default)]
+    pub hidden: Option<u32>,
     /// Present on a model `sage.py quantize` wrote (INT8 weights).
     #[serde(default)]
     pub quantization: Option<Quantization>,
@@ -115,8 +126,21 @@ impl Manifest {
                 manifest.format_version
             )));
         }
-        if manifest.outputs.len() != 1 {
-            return Err(error("exactly one output (the logits) is expected".into()));
+        match manifest
+            .outputs
+            .iter()
+            .map(String::as_str)
+            .collect::<Vec<_>>()[..]
+        {
+            [_] => {}
+            [_, H1_OUTPUT] if manifest.hidden.is_some() => {}
+            _ => {
+                return Err(error(format!(
+                    "outputs {:?}: expected the logits, optionally followed by \"h1\" (with \
+                     `hidden` set)",
+                    manifest.outputs
+                )))
+            }
         }
         Ok(manifest)
     }
@@ -287,7 +311,7 @@ impl Model {
             .map_err(|e| load(e.to_string()))?;
         let names: Vec<&str> = session.inputs().iter().map(|i| i.name()).collect();
         let wanted: &[&str] = match answered_by {
-            AnsweredBy::Gnn => &INPUTS,
+            AnsweredBy::Gnn | AnsweredBy::Precomputed => &INPUTS,
             AnsweredBy::Student => &STUDENT_INPUTS,
         };
         for &name in wanted {
@@ -297,15 +321,10 @@ impl Model {
                 )));
             }
         }
-        if !session
-            .outputs()
-            .iter()
-            .any(|o| o.name() == manifest.outputs[0])
-        {
-            return Err(load(format!(
-                "the graph has no output {:?}",
-                manifest.outputs[0]
-            )));
+        for wanted in &manifest.outputs {
+            if !session.outputs().iter().any(|o| o.name() == wanted) {
+                return Err(load(format!("the graph has no output {wanted:?}")));
+            }
         }
         Ok(Self {
             session,
@@ -339,21 +358,50 @@ impl Model {
                 .map_err(|e| ModelError::Run(e.to_string()))?;
             return logits_of(&self.manifest, &outputs, tables.n_targets());
         }
-        self.run_inputs(inputs, tables.n_targets())
+        self.run_inputs(inputs, tables.n_targets(), false)
+            .map(|(logits, _)| logits)
+    }
+
+    /// Whether the model exports the targets' layer-1 embedding (`h1`).
+    pub fn has_h1(&self) -> bool {
+        self.manifest.outputs.len() == 2
+    }
+
+    /// Runs the GNN on a response; returns the logits and the targets'
+    /// layer-1 embeddings (`n_targets x hidden`), for a model that has them
+    /// ([`Model::has_h1`]).
+    pub fn run_with_h1(
+        &mut self,
+        tables: &ResponseTables,
+    ) -> Result<(Vec<f32>, Vec<f32>), ModelError> {
+        if !self.has_h1() || self.answered_by != AnsweredBy::Gnn {
+            return Err(ModelError::Run(
+                "the model has no h1 output: export it with this release's sage.py".into(),
+            ));
+        }
+        if tables.n_targets() == 0 {
+            return Ok((Vec::new(), Vec::new()));
+        }
+        let inputs = bind_inputs(tables).map_err(|e| ModelError::Run(e.to_string()))?;
+        let (logits, h1) = self.run_inputs(inputs, tables.n_targets(), true)?;
+        Ok((logits, h1.unwrap_or_default()))
     }
 
     /// Runs the model on inputs in the response layout held anywhere (the
     /// reference batches of the model tooling, for instance).
     pub fn run_slices(&mut self, inputs: &InputSlices<'_>) -> Result<Vec<f32>, ModelError> {
         let bound = inputs.bind().map_err(|e| ModelError::Run(e.to_string()))?;
-        self.run_inputs(bound, inputs.target_row.len())
+        self.run_inputs(bound, inputs.target_row.len(), false)
+            .map(|(logits, _)| logits)
     }
 
+    /// Logits, and with `h1` the targets' layer-1 embeddings.
     fn run_inputs(
         &mut self,
         inputs: [Input<'_>; 6],
         n_targets: usize,
-    ) -> Result<Vec<f32>, ModelError> {
+        h1: bool,
+    ) -> Result<(Vec<f32>, Option<Vec<f32>>), ModelError> {
         let [features, target_row, hop1_count, hop1_rows, hop2_count, hop2_rows] = inputs;
         let outputs = self
             .session
@@ -366,7 +414,20 @@ impl Model {
                 "hop2_rows" => hop2_rows,
             ])
             .map_err(|e| ModelError::Run(e.to_string()))?;
-        logits_of(&self.manifest, &outputs, n_targets)
+        let logits = logits_of(&self.manifest, &outputs, n_targets)?;
+        if !h1 {
+            return Ok((logits, None));
+        }
+        let hidden = self.manifest.hidden.unwrap_or(0) as usize;
+        let (shape, values) = outputs[H1_OUTPUT]
+            .try_extract_tensor::<f32>()
+            .map_err(|e| ModelError::Run(e.to_string()))?;
+        if shape.len() != 2 || shape[0] as usize != n_targets || shape[1] as usize != hidden {
+            return Err(ModelError::Run(format!(
+                "h1 shape {shape:?}, expected [{n_targets}, {hidden}]"
+            )));
+        }
+        Ok((logits, Some(values.to_vec())))
     }
 }
 

@@ -143,11 +143,11 @@ impl Service {
         match &result {
             Err(e) => metrics.call_failed(e.kind()),
             Ok(predictions) => {
-                if let Some(first) = predictions.first() {
+                for p in predictions {
                     metrics
                         .answers
                         .get_or_create(&crate::metrics::AnsweredByLabel {
-                            by: first.answered_by.as_str(),
+                            by: p.answered_by.as_str(),
                         })
                         .inc();
                 }

@@ -62,6 +62,9 @@ pub struct CallRequest<'a> {
     /// The one target is this node, which the graph does not have
     /// (`NEW_NODE`); `targets` is its id alone.
     pub new_node: Option<&'a NewNode>,
+    /// Unchanged targets come back `FRESH` with their own row alone
+    /// (`FRESH_SINCE`).
+    pub fresh: Option<request::FreshSince>,
 }
 
 impl<'a> CallRequest<'a> {
@@ -73,6 +76,7 @@ impl<'a> CallRequest<'a> {
             request_id: 0,
             own_rows_only: false,
             new_node: None,
+            fresh: None,
         }
     }
 
@@ -129,10 +133,32 @@ pub enum CallError {
     },
 }
 
+/// The request header of a call.
+fn request_header(
+    request: &CallRequest<'_>,
+    deadline_mono_ns: u64,
+) -> crate::layout::RequestHeader {
+    crate::layout::RequestHeader {
+        request_id: request.request_id,
+        deadline_mono_ns,
+        n_targets: request.targets.len() as u32,
+        fanouts: request.fanouts,
+        flags: request_flags(request),
+        new_node_edges: request.new_node.map_or(0, |n| n.neighbors.len() as u32),
+        _reserved: [0; 4],
+        fresh_clock: request.fresh.map_or(0, |f| f.clock),
+        fresh_tick: request.fresh.map_or(0, |f| f.tick),
+        fresh_fanouts: request.fresh.map_or([0; MAX_HOPS], |f| f.fanouts),
+    }
+}
+
 /// The flag bits of a call.
 fn request_flags(request: &CallRequest<'_>) -> u32 {
-    use crate::layout::request_flags::{NEW_NODE, NEW_NODE_DIRECTED, OWN_ROWS_ONLY};
+    use crate::layout::request_flags::{FRESH_SINCE, NEW_NODE, NEW_NODE_DIRECTED, OWN_ROWS_ONLY};
     let mut flags = 0;
+    if request.fresh.is_some() {
+        flags |= FRESH_SINCE;
+    }
     if request.own_rows_only {
         flags |= OWN_ROWS_ONLY;
     }
@@ -587,10 +613,7 @@ impl RingClient {
         segment.write_request(
             slot_idx,
             &request::encoded(
-                request.request_id,
-                deadline_ns,
-                request.fanouts,
-                request_flags(request),
+                &request_header(request, deadline_ns),
                 request.targets,
                 request.new_node,
             ),

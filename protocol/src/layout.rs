@@ -255,8 +255,13 @@ pub mod request_flags {
     /// With `NEW_NODE`: the edges go from the new node to its neighbours
     /// only (as `sidecarctl graph add-node --directed` would add them).
     pub const NEW_NODE_DIRECTED: u32 = 1 << 2;
+    /// Answer targets whose sampled neighbourhood has not changed since a
+    /// point of the sidecar's change clock with their own row only and
+    /// target status `FRESH` (docs/protocol.md, "Freshness"): the caller
+    /// holds their answer already (precomputed outputs).
+    pub const FRESH_SINCE: u32 = 1 << 3;
     /// Every defined bit; a sidecar refuses others.
-    pub const KNOWN: u32 = OWN_ROWS_ONLY | NEW_NODE | NEW_NODE_DIRECTED;
+    pub const KNOWN: u32 = OWN_ROWS_ONLY | NEW_NODE | NEW_NODE_DIRECTED | FRESH_SINCE;
 }
 
 /// The fixed part of a request, at the start of a slot's data region; the
@@ -277,7 +282,13 @@ pub struct RequestHeader {
     /// With `NEW_NODE`: the new node's edges after its feature row; 0
     /// otherwise.
     pub new_node_edges: u32,
-    pub _reserved: [u8; 28],
+    pub _reserved: [u8; 4],
+    /// With `FRESH_SINCE`: the change clock ([`ResponseHeader::change_clock`])
+    /// and tick the caller's answers were computed at, and the fanouts they
+    /// were computed with; 0 otherwise.
+    pub fresh_clock: u64,
+    pub fresh_tick: u64,
+    pub fresh_fanouts: [u32; MAX_HOPS],
 }
 
 /// Response status codes, in [`ResponseHeader::status`].
@@ -320,7 +331,14 @@ pub struct ResponseHeader {
     pub target_table_len: u64,
     /// Nanoseconds the sidecar spent on the request (take to publish).
     pub server_ns: u64,
-    pub _reserved: [u8; 48],
+    /// The sidecar's change clock: a non-zero id drawn at each sidecar start
+    /// (0 from a sidecar without one), and the changes (graph updates,
+    /// feature invalidations) it had applied when it sampled this request.
+    pub change_clock: u64,
+    pub change_tick: u64,
+    /// The graph's largest known node id + 1 when it sampled this request.
+    pub id_bound: u64,
+    pub _reserved: [u8; 24],
     /// UTF-8 text explaining a non-OK status.
     pub message: [u8; MESSAGE_BYTES],
 }
@@ -439,6 +457,12 @@ mod tests {
         assert_eq!(offset_of!(RequestHeader, fanouts), 20);
         assert_eq!(offset_of!(RequestHeader, flags), 28);
         assert_eq!(offset_of!(RequestHeader, new_node_edges), 32);
+        assert_eq!(offset_of!(RequestHeader, fresh_clock), 40);
+        assert_eq!(offset_of!(RequestHeader, fresh_tick), 48);
+        assert_eq!(offset_of!(RequestHeader, fresh_fanouts), 56);
+        assert_eq!(offset_of!(ResponseHeader, change_clock), 80);
+        assert_eq!(offset_of!(ResponseHeader, change_tick), 88);
+        assert_eq!(offset_of!(ResponseHeader, id_bound), 96);
 
         assert_eq!(offset_of!(ResponseHeader, status), 0);
         assert_eq!(offset_of!(ResponseHeader, n_targets), 4);

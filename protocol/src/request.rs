@@ -66,34 +66,52 @@ pub struct NewNode {
     pub directed: bool,
 }
 
-/// The bytes of a request area holding `request` (its header, targets and
-/// new node), for the client to copy in. With a new node, `targets` is its
-/// one id.
+/// A `FRESH_SINCE` request's point of the change clock: targets whose
+/// sample at `fanouts` has not changed since `tick` of `clock` come back
+/// `FRESH` with their own row alone.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FreshSince {
+    /// The sidecar's change clock id ([`crate::layout::ResponseHeader::change_clock`]).
+    pub clock: u64,
+    pub tick: u64,
+    /// The fanouts the caller's answers were computed with.
+    pub fanouts: [u32; MAX_HOPS],
+}
+
+/// The bytes of a request area holding `header` (whose `n_targets` and
+/// `new_node_edges` are those of `targets` and `new_node`), the target ids
+/// after it and, with a new node, its row and edges: for the client to copy
+/// in. The caller has already checked `targets.len() <= max_targets` and the
+/// new node against the segment, which the area was sized for.
 #[cfg_attr(loom, allow(dead_code))]
 pub(crate) fn encoded(
-    request_id: u64,
-    deadline_mono_ns: u64,
-    fanouts: [u32; MAX_HOPS],
-    flags: u32,
+    header: &RequestHeader,
     targets: &[u64],
     new_node: Option<&NewNode>,
 ) -> Vec<u8> {
     let mut len = TARGETS_OFFSET + targets.len() * 8;
-    if let Some(node) = new_node {
-        let (_, edges_at) =
+    let offsets = new_node.map(|node| {
+        let (row_at, edges_at) =
             new_node_offsets(node.features.len() as u32).expect("a row the segment holds");
         len = edges_at as usize + node.neighbors.len() * 8;
-    }
+        (row_at as usize, edges_at as usize)
+    });
     let mut area = vec![0u8; len];
-    encode(
-        &mut area,
-        request_id,
-        deadline_mono_ns,
-        fanouts,
-        flags,
-        targets,
-        new_node,
-    );
+    area[..TARGETS_OFFSET].copy_from_slice(bytemuck::bytes_of(header));
+    let ids = &mut area[TARGETS_OFFSET..TARGETS_OFFSET + targets.len() * 8];
+    for (chunk, id) in ids.chunks_exact_mut(8).zip(targets) {
+        chunk.copy_from_slice(&id.to_le_bytes());
+    }
+    if let (Some(node), Some((row_at, edges_at))) = (new_node, offsets) {
+        let row = &mut area[row_at..row_at + node.features.len() * 4];
+        for (chunk, v) in row.chunks_exact_mut(4).zip(&node.features) {
+            chunk.copy_from_slice(&v.to_le_bytes());
+        }
+        let edges = &mut area[edges_at..edges_at + node.neighbors.len() * 8];
+        for (chunk, id) in edges.chunks_exact_mut(8).zip(&node.neighbors) {
+            chunk.copy_from_slice(&id.to_le_bytes());
+        }
+    }
     area
 }
 
@@ -114,6 +132,8 @@ pub struct Request {
     pub targets: Vec<u64>,
     /// `NEW_NODE`: the one target is this node, not the graph's.
     pub new_node: Option<NewNode>,
+    /// `FRESH_SINCE`: answer unchanged targets with their own row alone.
+    pub fresh: Option<FreshSince>,
 }
 
 impl Request {
@@ -144,7 +164,7 @@ pub enum RequestError {
     #[error("request flags {flags:#x} contain bits this sidecar does not know")]
     UnknownFlags { flags: u32 },
     #[error(
-        "request bytes 36..64 (reserved) are not zero: the client writes a newer layout than \
+        "request bytes 36..40 (reserved) are not zero: the client writes a newer layout than \
          this sidecar's"
     )]
     ReservedNotZero,
@@ -157,6 +177,20 @@ pub enum RequestError {
         "request flag NEW_NODE_DIRECTED (0x4) is set without NEW_NODE (0x2): set both or neither"
     )]
     DirectedWithoutNewNode,
+    #[error(
+        "request bytes 40..64 (fresh_clock, fresh_tick, fresh_fanouts) are set without the \
+         FRESH_SINCE flag (0x8): set the flag, or leave them 0"
+    )]
+    FreshWithoutFlag,
+    #[error(
+        "request fresh_fanouts [{f1}, {f2}] are not within 1..=max_fanouts {caps:?}: send the \
+         fanouts the stored answers were computed with"
+    )]
+    FreshFanouts {
+        f1: u32,
+        f2: u32,
+        caps: [u32; MAX_HOPS],
+    },
     #[error(
         "a NEW_NODE request has {n_targets} targets; it carries exactly one (the new node's \
          id): send the known nodes in a request of their own"
@@ -174,48 +208,6 @@ pub enum RequestError {
     },
     #[error("the new node's feature {index} is {value}: every feature must be a finite number")]
     NewNodeFeatureNotFinite { index: usize, value: String },
-}
-
-/// Writes `request` into a request area (the caller holds the slot CLAIMED).
-/// The caller has already checked `targets.len() <= max_targets`, which the
-/// area was sized for.
-#[cfg_attr(loom, allow(dead_code))]
-pub(crate) fn encode(
-    area: &mut [u8],
-    request_id: u64,
-    deadline_mono_ns: u64,
-    fanouts: [u32; MAX_HOPS],
-    flags: u32,
-    targets: &[u64],
-    new_node: Option<&NewNode>,
-) {
-    let header = RequestHeader {
-        request_id,
-        deadline_mono_ns,
-        n_targets: targets.len() as u32,
-        fanouts,
-        flags,
-        new_node_edges: new_node.map_or(0, |n| n.neighbors.len() as u32),
-        _reserved: [0; 28],
-    };
-    area[..TARGETS_OFFSET].copy_from_slice(bytemuck::bytes_of(&header));
-    let ids = &mut area[TARGETS_OFFSET..TARGETS_OFFSET + targets.len() * 8];
-    for (chunk, id) in ids.chunks_exact_mut(8).zip(targets) {
-        chunk.copy_from_slice(&id.to_le_bytes());
-    }
-    if let Some(node) = new_node {
-        let (row_at, edges_at) =
-            new_node_offsets(node.features.len() as u32).expect("a row the segment holds");
-        let (row_at, edges_at) = (row_at as usize, edges_at as usize);
-        let row = &mut area[row_at..row_at + node.features.len() * 4];
-        for (chunk, v) in row.chunks_exact_mut(4).zip(&node.features) {
-            chunk.copy_from_slice(&v.to_le_bytes());
-        }
-        let edges = &mut area[edges_at..edges_at + node.neighbors.len() * 8];
-        for (chunk, id) in edges.chunks_exact_mut(8).zip(&node.neighbors) {
-            chunk.copy_from_slice(&id.to_le_bytes());
-        }
-    }
 }
 
 /// How many bytes of the request area a request whose header is `head`
@@ -258,9 +250,25 @@ pub fn decode(
             flags: header.flags,
         });
     }
-    if header._reserved != [0; 28] {
+    if header._reserved != [0; 4] {
         return Err(RequestError::ReservedNotZero);
     }
+    let fresh = if header.flags & request_flags::FRESH_SINCE != 0 {
+        let [f1, f2] = header.fresh_fanouts;
+        let caps = geometry.max_fanouts;
+        if f1 == 0 || f2 == 0 || f1 > caps[0] || f2 > caps[1] {
+            return Err(RequestError::FreshFanouts { f1, f2, caps });
+        }
+        Some(FreshSince {
+            clock: header.fresh_clock,
+            tick: header.fresh_tick,
+            fanouts: header.fresh_fanouts,
+        })
+    } else if header.fresh_clock != 0 || header.fresh_tick != 0 || header.fresh_fanouts != [0; 2] {
+        return Err(RequestError::FreshWithoutFlag);
+    } else {
+        None
+    };
     let new_node = header.flags & request_flags::NEW_NODE != 0;
     if !new_node && header.new_node_edges != 0 {
         return Err(RequestError::EdgesWithoutNewNode {
@@ -321,6 +329,7 @@ pub fn decode(
         own_rows_only: header.flags & request_flags::OWN_ROWS_ONLY != 0,
         targets,
         new_node,
+        fresh,
     })
 }
 
@@ -396,6 +405,7 @@ mod tests {
             own_rows_only: false,
             targets: vec![],
             new_node: None,
+            fresh: None,
         };
         assert_eq!(request.remaining_at(5_000), None, "no deadline");
         request.deadline_mono_ns = 8_000;

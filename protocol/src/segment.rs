@@ -1212,7 +1212,7 @@ fn continue_wait() {
 
 /// A value that differs at every sidecar start: wall-clock nanoseconds mixed
 /// with the process id (splitmix64 finaliser), never 0.
-fn new_epoch() -> u64 {
+pub fn new_epoch() -> u64 {
     let nanos = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map(|d| d.as_nanos() as u64)

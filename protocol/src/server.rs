@@ -569,7 +569,7 @@ impl ServeTicket {
     pub fn respond(
         mut self,
         request_id: u64,
-        graph_version: u64,
+        meta: impl Into<payload::ResponseMeta>,
         shape: PayloadShape,
         fill: impl FnOnce(&mut NodeColumns<'_>, &mut TargetColumns<'_>),
     ) -> Result<(), WriteError> {
@@ -584,7 +584,7 @@ impl ServeTicket {
                     fill(&mut nodes, &mut targets);
                 }
                 let server_ns = self.taken_at.elapsed().as_nanos() as u64;
-                writer.finish(request_id, graph_version, server_ns);
+                writer.finish(request_id, meta, server_ns);
                 self.publish();
                 Ok(())
             }

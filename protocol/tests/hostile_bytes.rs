@@ -237,9 +237,49 @@ fn the_own_rows_flag_is_read_and_other_bits_are_refused() {
     let own = with_flags(protocol::layout::request_flags::OWN_ROWS_ONLY).unwrap();
     assert!(own.own_rows_only);
     assert_eq!((own.request_id, own.targets.as_slice()), (7, &[42u64][..]));
-    let err = with_flags(8).unwrap_err();
-    assert_eq!(err, request::RequestError::UnknownFlags { flags: 8 });
-    assert!(err.to_string().contains("0x8"), "{err}");
+    let err = with_flags(16).unwrap_err();
+    assert_eq!(err, request::RequestError::UnknownFlags { flags: 16 });
+    assert!(err.to_string().contains("0x10"), "{err}");
+}
+
+/// `FRESH_SINCE`: the clock, tick and fanouts at 40..64 are read with the
+/// flag and refused without it; fanouts outside the caps are refused.
+#[test]
+fn the_fresh_since_fields_are_read_with_their_flag_only() {
+    use protocol::layout::request_flags::FRESH_SINCE;
+    use request::RequestError;
+    let geometry: Geometry = bytemuck_geometry(valid_segment_bytes());
+    let area = |flags: u32, clock: u64, tick: u64, fanouts: [u32; 2]| {
+        let mut area = vec![0u8; 72];
+        area[16..20].copy_from_slice(&1u32.to_le_bytes());
+        area[28..32].copy_from_slice(&flags.to_le_bytes());
+        area[40..48].copy_from_slice(&clock.to_le_bytes());
+        area[48..56].copy_from_slice(&tick.to_le_bytes());
+        area[56..60].copy_from_slice(&fanouts[0].to_le_bytes());
+        area[60..64].copy_from_slice(&fanouts[1].to_le_bytes());
+        area[64..72].copy_from_slice(&3u64.to_le_bytes());
+        area
+    };
+    let decode = |bytes: &[u8]| request::decode(bytes, &geometry, &schema());
+    let caps = geometry.max_fanouts;
+    let got = decode(&area(FRESH_SINCE, 0xabc, 17, caps)).unwrap();
+    assert_eq!(
+        got.fresh,
+        Some(request::FreshSince {
+            clock: 0xabc,
+            tick: 17,
+            fanouts: caps
+        })
+    );
+    assert_eq!(decode(&area(0, 0, 0, [0, 0])).unwrap().fresh, None);
+    assert_eq!(
+        decode(&area(0, 0, 5, [0, 0])).unwrap_err(),
+        RequestError::FreshWithoutFlag
+    );
+    for bad in [[0, 1], [1, 0], [caps[0] + 1, 1]] {
+        let err = decode(&area(FRESH_SINCE, 1, 1, bad)).unwrap_err();
+        assert!(matches!(err, RequestError::FreshFanouts { .. }), "{err}");
+    }
 }
 
 /// `NEW_NODE`: the row and the edges after the one target id are read as

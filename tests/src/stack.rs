@@ -251,6 +251,8 @@ pub struct StackOptions {
     pub dataset_dir: Option<PathBuf>,
     /// Fanouts the sidecar defaults to and the worker sends.
     pub fanouts: [u32; 2],
+    /// The sidecar's caps (unset: each fanout, at least 50).
+    pub max_fanouts: Option<[u32; 2]>,
     pub max_targets: u32,
     /// Slots of the ring (16).
     pub slots: u32,
@@ -274,6 +276,7 @@ impl StackOptions {
             dataset: dataset.into(),
             dataset_dir: None,
             fanouts: [20, 10],
+            max_fanouts: None,
             max_targets: 64,
             slots: 16,
             response_mib: 8,
@@ -369,6 +372,7 @@ impl Stack {
         let shm_name = unique_name("e2e");
         let admin_socket = dir.path().join("admin.sock");
         let [f1, f2] = options.fanouts;
+        let [m1, m2] = options.max_fanouts.unwrap_or([f1.max(50), f2.max(50)]);
         let mut sidecar_command: Vec<std::ffi::OsString> =
             vec!["serve".into(), "--data-dir".into(), data.clone().into()];
         for arg in [
@@ -379,7 +383,7 @@ impl Stack {
             "--fanouts".into(),
             format!("{f1},{f2}"),
             "--max-fanouts".into(),
-            format!("{},{}", f1.max(50), f2.max(50)),
+            format!("{m1},{m2}"),
             "--max-targets".into(),
             options.max_targets.to_string(),
             "--response-mib".into(),

@@ -301,10 +301,10 @@ fn a_worker_with_a_student_answers_with_it_from_the_queue_threshold() {
     .unwrap();
     assert_eq!(code, 200, "{body}");
     assert!(body.contains(r#""answered_by":"student""#), "{body}");
-    let calls = ids.len().div_ceil(16) + 1;
+    // One per prediction: the ids, and node 5 over HTTP.
     assert_eq!(
         tests::stack::metric_value(&stack.http, "gnn_worker_answers_total{by=\"student\"}"),
-        calls as f64
+        (ids.len() + 1) as f64
     );
     assert_eq!(
         tests::stack::metric_value(&stack.http, "gnn_worker_answers_total{by=\"gnn\"}"),
@@ -816,6 +816,138 @@ fn a_new_node_in_one_call_is_answered_as_once_it_is_added() {
         tests::stack::metric_value(&metrics, "sidecar_new_node_requests_total"),
         7.0
     );
+    assert!(stack.stop());
+}
+
+/// Precomputed answers: `gnn-worker precompute` stores every node's output
+/// (with covering fanouts, the offline model's logits); the worker answers
+/// from them while nothing a node's answer depends on has changed, and
+/// through the GNN exactly for the nodes an edge or a feature change
+/// reaches: the edge's endpoints and their neighbours, the changed row's
+/// nodes within two hops.
+#[test]
+fn precomputed_answers_stand_until_their_neighbourhood_changes() {
+    let name = "cora";
+    let redis = tests::redis::RedisServer::start();
+    let max_degree = meta(name)["degree"]["max"].as_u64().unwrap() as u32;
+    let mut options = StackOptions::new(name);
+    options.fanouts = [max_degree, max_degree];
+    options.max_targets = 8;
+    options.response_mib = 64;
+    options.worker_args = vec![
+        "--precomputed-redis".into(),
+        redis.url(),
+        "--precomputed-check-s".into(),
+        "0.2".into(),
+    ];
+    let metrics = format!("127.0.0.1:{}", tests::stack::free_port());
+    options.sidecar_args = vec!["--metrics-addr".into(), metrics.clone()];
+    let stack = Stack::start(&options).expect("stack");
+    let n = meta(name)["num_nodes"].as_u64().unwrap();
+    let out = std::process::Command::new(workspace_bin("gnn-worker"))
+        .args(["precompute", "--model"])
+        .arg(&stack.model)
+        .args([
+            "--shm-name",
+            &stack.shm_name,
+            "--redis",
+            &redis.url(),
+            "--batch",
+            "8",
+        ])
+        .arg("--onnxruntime-lib")
+        .arg(tests::stack::onnxruntime_lib())
+        .output()
+        .unwrap();
+    let said = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(said.contains(&format!("precomputed {n} nodes")), "{said}");
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("100.0%"),
+        "no progress shown"
+    );
+    // The worker finds the set once it has heard the sidecar's clock.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    loop {
+        predict_all(&stack, &[0], 1);
+        if tests::stack::metric_value(&stack.http, "gnn_worker_precomputed_nodes") == n as f64 {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the set was not loaded"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    let classes = manifest(&stack.model)["num_classes"].as_u64().unwrap() as usize;
+    let reference = read_f32(&stack.model.join("reference/logits.f32"));
+    let ids: Vec<u64> = (0..n).collect();
+    let offline = |p: &pb::Prediction| -> f32 {
+        let at = p.node_id as usize * classes;
+        p.logits
+            .iter()
+            .zip(&reference[at..at + classes])
+            .map(|(a, b)| (a - b).abs())
+            .fold(0f32, f32::max)
+    };
+    let before = predict_all(&stack, &ids, 8);
+    for p in &before {
+        assert_eq!(p.answered_by, "precomputed", "node {}", p.node_id);
+        assert!(offline(p) <= 1e-4, "node {}: {}", p.node_id, offline(p));
+    }
+
+    // An edge between a and b, and a changed row of c.
+    let (a, b, c) = (10u64, 2000u64, 1000u64);
+    let edges = std::fs::read(dataset(name).join("edges.u32")).unwrap();
+    let mut adjacency: Vec<Vec<u64>> = vec![Vec::new(); n as usize];
+    for e in edges.chunks_exact(8) {
+        let s = u32::from_le_bytes([e[0], e[1], e[2], e[3]]) as usize;
+        let d = u32::from_le_bytes([e[4], e[5], e[6], e[7]]) as u64;
+        adjacency[s].push(d);
+    }
+    adjacency[a as usize].push(b);
+    adjacency[b as usize].push(a);
+    let mut stale = std::collections::BTreeSet::from([a, b]);
+    stale.extend(adjacency[a as usize].iter().copied());
+    stale.extend(adjacency[b as usize].iter().copied());
+    stale.insert(c);
+    for &u in &adjacency[c as usize] {
+        stale.insert(u);
+        stale.extend(adjacency[u as usize].iter().copied());
+    }
+    let pair = stack.dir.path().join("edge.txt");
+    std::fs::write(&pair, format!("{a} {b}\n")).unwrap();
+    let said = stack
+        .sidecarctl(&["graph", "add-edges", "--file", &pair.to_string_lossy()])
+        .unwrap();
+    assert!(said.contains("added"), "{said}");
+    stack.sidecarctl(&["invalidate", &c.to_string()]).unwrap();
+
+    let gnn_answers =
+        || tests::stack::metric_value(&stack.http, "gnn_worker_answers_total{by=\"gnn\"}");
+    let gnn_before = gnn_answers();
+    let after = predict_all(&stack, &ids, 8);
+    let by_gnn: std::collections::BTreeSet<u64> = after
+        .iter()
+        .filter(|p| p.answered_by == "gnn")
+        .map(|p| p.node_id)
+        .collect();
+    assert_eq!(
+        by_gnn, stale,
+        "the nodes answered by the GNN are not exactly those the changes reach"
+    );
+    for p in after.iter().filter(|p| p.answered_by == "precomputed") {
+        assert!(offline(p) <= 1e-4, "node {}", p.node_id);
+    }
+    // The new edge changed a's answer (its neighbourhood gained b).
+    assert!(offline(&after[a as usize]) > 1e-4);
+    assert_eq!(gnn_answers() - gnn_before, stale.len() as f64);
+    let fresh = tests::stack::metric_value(&metrics, "sidecar_fresh_targets_total");
+    assert!(fresh >= (2 * n as usize - stale.len()) as f64, "{fresh}");
     assert!(stack.stop());
 }
 

@@ -12,5 +12,6 @@ pub mod writer;
 
 pub use reader::{decode, DecodeError, DecodeLimits, ResponseTables};
 pub use writer::{
-    write_error, NodeColumns, PayloadShape, ResponseWriter, SchemaCache, TargetColumns, WriteError,
+    write_error, NodeColumns, PayloadShape, ResponseMeta, ResponseWriter, SchemaCache,
+    TargetColumns, WriteError,
 };

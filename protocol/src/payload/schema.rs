@@ -63,7 +63,12 @@ pub mod target_status {
     /// The node is not in the graph index: its row holds the default features
     /// (flagged fallback) and it has no neighbours.
     pub const UNKNOWN_NODE: u8 = 1;
-    pub const MAX: u8 = UNKNOWN_NODE;
+    /// Only in answer to a `FRESH_SINCE` request: nothing the target's
+    /// sampled neighbourhood depends on changed since the request's point of
+    /// the change clock; its own row alone is in the response (no
+    /// neighbours), and the caller's stored answer stands.
+    pub const FRESH: u8 = 2;
+    pub const MAX: u8 = FRESH;
 }
 
 /// Schema-level metadata key carrying the layout version.

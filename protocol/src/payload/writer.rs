@@ -310,7 +310,8 @@ impl<'a> ResponseWriter<'a> {
     }
 
     /// Writes the response header (status OK). Returns the bytes used.
-    pub fn finish(self, request_id: u64, graph_version: u64, server_ns: u64) -> usize {
+    pub fn finish(self, request_id: u64, meta: impl Into<ResponseMeta>, server_ns: u64) -> usize {
+        let meta = meta.into();
         let header = ResponseHeader {
             status: status::OK,
             n_targets: self.shape.n_targets,
@@ -318,17 +319,40 @@ impl<'a> ResponseWriter<'a> {
             fanouts: self.shape.fanouts,
             message_len: 0,
             request_id,
-            graph_version,
+            graph_version: meta.graph_version,
             node_table_offset: self.nodes.stream.start as u64,
             node_table_len: self.nodes.stream.len() as u64,
             target_table_offset: self.targets.stream.start as u64,
             target_table_len: self.targets.stream.len() as u64,
             server_ns,
-            _reserved: [0; 48],
+            change_clock: meta.change_clock,
+            change_tick: meta.change_tick,
+            id_bound: meta.id_bound,
+            _reserved: [0; 24],
             message: [0; MESSAGE_BYTES],
         };
         self.area[..size_of::<ResponseHeader>()].copy_from_slice(bytemuck::bytes_of(&header));
         self.targets.stream.end
+    }
+}
+
+/// What an OK response's header says besides its shape: the graph version,
+/// the change clock and the id bound (docs/protocol.md, response header).
+/// A bare `u64` is the graph version alone.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ResponseMeta {
+    pub graph_version: u64,
+    pub change_clock: u64,
+    pub change_tick: u64,
+    pub id_bound: u64,
+}
+
+impl From<u64> for ResponseMeta {
+    fn from(graph_version: u64) -> Self {
+        Self {
+            graph_version,
+            ..Self::default()
+        }
     }
 }
 
@@ -354,7 +378,10 @@ pub fn write_error(area: &mut [u8], status_code: u32, request_id: u64, message: 
         target_table_offset: 0,
         target_table_len: 0,
         server_ns: 0,
-        _reserved: [0; 48],
+        change_clock: 0,
+        change_tick: 0,
+        id_bound: 0,
+        _reserved: [0; 24],
         message: text,
     };
     area[..size_of::<ResponseHeader>()].copy_from_slice(bytemuck::bytes_of(&header));

@@ -85,6 +85,8 @@ pub struct TierConfig {
     pub default_row: DefaultRow,
     /// Longest a detached fetch may run (it outlives short deadlines).
     pub fetch_timeout: Duration,
+    /// The change clock invalidations mark (docs/protocol.md, "Freshness").
+    pub changes: Option<Arc<crate::graph::Changes>>,
 }
 
 impl TierConfig {
@@ -97,6 +99,7 @@ impl TierConfig {
             default_deadline: defaults.deadline(),
             default_row: DefaultRow::Zeros,
             fetch_timeout: Duration::from_secs(1),
+            changes: None,
         }
     }
 }
@@ -151,6 +154,8 @@ struct Inner {
     /// started does not write its rows to L1 or L2: they may predate the
     /// invalidation (it still hands them to its waiters).
     invalidations: AtomicU64,
+    /// The change clock invalidations mark.
+    changes: Option<Arc<crate::graph::Changes>>,
 }
 
 /// The feature tiers of one sidecar. Cheap to clone (shared).
@@ -219,6 +224,7 @@ impl FeatureTiers {
                 stats: TierStats::default(),
                 ready: AtomicBool::new(false),
                 invalidations: AtomicU64::new(0),
+                changes: config.changes.clone(),
             }),
         }
     }
@@ -358,6 +364,17 @@ impl FeatureTiers {
     /// fetch already in flight, or one that starts before this returns, will
     /// not cache what it brings back.
     pub async fn invalidate(&self, ids: &[u64]) {
+        // Marked before any cached row goes; the tick moves once they have.
+        let change = self.inner.changes.as_deref().map(|changes| {
+            let change = changes.begin();
+            change.features(ids.iter().copied());
+            change
+        });
+        self.evict(ids).await;
+        drop(change);
+    }
+
+    async fn evict(&self, ids: &[u64]) {
         // SYNC POINT: the epoch is bumped twice. The first bump, before the
         // L2 delete, stops a flight that started earlier from writing its
         // (possibly old) L3 rows back to L2 after the delete: the write-back

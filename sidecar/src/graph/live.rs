@@ -30,6 +30,7 @@ use rustc_hash::FxHashMap;
 use xxhash_rust::xxh3::Xxh3;
 
 use crate::graph::build::{self, BuildOptions, BuildStats, EdgeFile};
+use crate::graph::changes::Changes;
 use crate::graph::delta::{Delta, Row};
 use crate::graph::format::StreamPosition;
 use crate::graph::sampler::NeighborSource;
@@ -203,7 +204,7 @@ impl GraphSnapshot {
             delta: self.delta.clone(),
             ..*self
         };
-        next.apply(&update);
+        next.apply(&update, &mut Vec::new());
         Ok(next)
     }
 
@@ -240,18 +241,27 @@ impl GraphSnapshot {
         Ok(())
     }
 
-    /// Applies one checked update to this (private, next) snapshot.
-    fn apply(&mut self, update: &GraphUpdate) -> UpdateStats {
+    /// Applies one checked update to this (private, next) snapshot; adds
+    /// the nodes whose neighbour lists it changed (or that it made known)
+    /// to `touched`.
+    fn apply(&mut self, update: &GraphUpdate, touched: &mut Vec<u64>) -> UpdateStats {
         let known_before = self.known;
         for &node in &update.nodes {
+            if !self.is_known(node) {
+                touched.push(node);
+            }
             self.know(node as u32);
         }
         // New neighbours per source node, before merging.
         let mut incoming: FxHashMap<u32, Vec<u32>> = FxHashMap::default();
         for &(src, dst) in &update.edges {
             let (src, dst) = (src as u32, dst as u32);
-            self.know(src);
-            self.know(dst);
+            for node in [src, dst] {
+                if !self.is_known(u64::from(node)) {
+                    touched.push(u64::from(node));
+                }
+                self.know(node);
+            }
             incoming.entry(src).or_default().push(dst);
             if update.undirected {
                 incoming.entry(dst).or_default().push(src);
@@ -276,6 +286,7 @@ impl GraphSnapshot {
             let mut merged: Vec<u32> = Vec::with_capacity(previous.len() + fresh.len());
             merge_sorted(previous, &fresh, |v| merged.push(v));
             edges_added += fresh.len() as u64;
+            touched.push(u64::from(node));
             self.delta.insert(node, merged.into());
         }
         self.added_edges += edges_added;
@@ -386,6 +397,8 @@ struct WriterState {
 #[derive(Debug)]
 struct Shared {
     current: ArcSwap<GraphSnapshot>,
+    /// Marked with the nodes every update touches, before it is published.
+    changes: Arc<Changes>,
     /// Serialises writers; readers never take it, and a compaction holds it
     /// only to take its snapshot and to switch to the new base.
     writer: Mutex<WriterState>,
@@ -412,6 +425,7 @@ impl LiveGraph {
         Self {
             shared: Arc::new(Shared {
                 current: ArcSwap::from_pointee(Self::fresh(Arc::new(base))),
+                changes: Arc::new(Changes::new()),
                 writer: Mutex::new(WriterState::default()),
                 auto,
                 compactions: AtomicU64::new(0),
@@ -445,6 +459,12 @@ impl LiveGraph {
     /// Whether a compaction is building now.
     pub fn compacting(&self) -> bool {
         self.writer().compacting.is_some()
+    }
+
+    /// The change clock every update marks (and that feature invalidations
+    /// share).
+    pub fn changes(&self) -> &Arc<Changes> {
+        &self.shared.changes
     }
 
     /// The snapshot a request should sample from, start to end.
@@ -512,6 +532,7 @@ impl LiveGraph {
             position: position.map_or(old.position, |p| p.0),
             consumed: position.map_or(old.consumed, |p| p.1),
         };
+        let mut touched = Vec::new();
         let outcomes: Vec<anyhow::Result<UpdateStats>> = updates
             .iter()
             .map(|update| {
@@ -519,15 +540,21 @@ impl LiveGraph {
                 if let Some(recorded) = writer.compacting.as_mut() {
                     recorded.push(update.clone());
                 }
-                Ok(next.apply(update))
+                Ok(next.apply(update, &mut touched))
             })
             .collect();
+        // Marked before the snapshot is published; the tick moves after.
+        let change = (!touched.is_empty()).then(|| self.shared.changes.begin());
+        if let Some(change) = &change {
+            change.edges(touched);
+        }
         let wants_compaction = self.shared.auto.as_ref().is_some_and(|auto| {
             writer.compacting.is_none() && next.delta.len() + next.added_edges >= auto.after
         });
         // SYNC POINT: readers that load after this store see the whole new
         // snapshot; readers holding the old one keep it alive until done.
         self.shared.current.store(Arc::new(next));
+        drop(change);
         drop(writer);
         if wants_compaction {
             self.compact_in_background();
@@ -590,8 +617,9 @@ impl LiveGraph {
         let (stats, base) = built?;
         let mut next = Self::fresh(Arc::new(base));
         for update in &recorded {
-            // Checked once already, against the same id bound.
-            next.apply(update);
+            // Checked once already, against the same id bound; marked when
+            // first applied (the graph served does not change here).
+            next.apply(update, &mut Vec::new());
         }
         let current = self.snapshot();
         next.position = current.position;

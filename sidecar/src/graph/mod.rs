@@ -8,9 +8,11 @@
 //! - [`delta`]: the persistent map of added rows a snapshot shares;
 //! - [`live`]: the served graph, base + added nodes and edges, switched
 //!   atomically, and its compaction;
-//! - [`generate`]: seeded R-MAT graphs with planted super nodes.
+//! - [`generate`]: seeded R-MAT graphs with planted super nodes;
+//! - [`changes`]: the change clock that tells stored answers fresh or stale.
 
 pub mod build;
+pub mod changes;
 pub mod dataset;
 pub mod delta;
 pub mod format;
@@ -20,6 +22,7 @@ pub mod live;
 pub mod sampler;
 
 pub use build::{BuildOptions, BuildStats};
+pub use changes::Changes;
 pub use format::{CsrHeader, FormatError, StreamPosition};
 pub use index::CsrIndex;
 pub use live::{GraphSnapshot, GraphUpdate, LiveGraph, UpdateStats};

@@ -93,14 +93,28 @@ impl Sampler {
         fanouts: [u32; MAX_HOPS],
         seed: u64,
     ) -> Sampled {
-        self.sample_hops(graph, targets, fanouts, seed, true)
+        self.sample_hops(graph, targets, fanouts, seed, true, &[])
+    }
+
+    /// As [`Sampler::sample`], except that the targets whose `fresh` entry
+    /// is true get their own row alone and status `FRESH` (the request flag
+    /// `FRESH_SINCE`: their caller holds their answer).
+    pub fn sample_unless(
+        &mut self,
+        graph: &impl NeighborSource,
+        targets: &[u64],
+        fanouts: [u32; MAX_HOPS],
+        seed: u64,
+        fresh: &[bool],
+    ) -> Sampled {
+        self.sample_hops(graph, targets, fanouts, seed, true, fresh)
     }
 
     /// The targets' own rows only (the request flag `OWN_ROWS_ONLY`):
     /// fanouts [1, 1] with every count 0 and the padding holding the
     /// target's row; unknown targets are flagged as by [`Sampler::sample`].
     pub fn own_rows(&mut self, graph: &impl NeighborSource, targets: &[u64]) -> Sampled {
-        self.sample_hops(graph, targets, [1, 1], 0, false)
+        self.sample_hops(graph, targets, [1, 1], 0, false, &[])
     }
 
     fn sample_hops(
@@ -110,6 +124,7 @@ impl Sampler {
         fanouts: [u32; MAX_HOPS],
         seed: u64,
         neighbours: bool,
+        fresh: &[bool],
     ) -> Sampled {
         let [f1, f2] = fanouts;
         let (f1u, f2u) = (f1 as usize, f2 as usize);
@@ -144,6 +159,7 @@ impl Sampler {
             hop1.clear();
             match graph.degree(target) {
                 None => out.status.push(target_status::UNKNOWN_NODE),
+                Some(_) if fresh.get(t) == Some(&true) => out.status.push(target_status::FRESH),
                 Some(_) if !neighbours => out.status.push(target_status::OK),
                 Some(degree) => {
                     out.status.push(target_status::OK);

@@ -13,11 +13,12 @@ use std::time::Instant;
 
 use protocol::layout::{status, MAX_HOPS};
 use protocol::payload::{NodeColumns, PayloadShape, TargetColumns};
-use protocol::request::Request;
+use protocol::request::{FreshSince, Request};
 use protocol::server::ServeTicket;
 use rustc_hash::FxHashMap;
 
 use crate::features::{FeatureTiers, RowSource};
+use crate::graph::changes::Changes;
 use crate::graph::live::GraphSnapshot;
 use crate::graph::sampler::{Sampled, Sampler};
 use crate::serve::metrics::Metrics;
@@ -44,6 +45,9 @@ pub const SAMPLING_SEED: u64 = 0x676e_6e2d_7365_6564;
 #[derive(Debug)]
 pub struct BatchContext<'a> {
     pub graph: &'a GraphSnapshot,
+    /// The change clock, and its tick read before `graph` was loaded.
+    pub changes: &'a Changes,
+    pub change_tick: u64,
     pub tiers: &'a FeatureTiers,
     pub runtime: &'a tokio::runtime::Handle,
     /// The fanouts for requests that leave them to the sidecar, and the
@@ -55,9 +59,11 @@ pub struct BatchContext<'a> {
     pub metrics: &'a Metrics,
 }
 
-/// What one sampling pass is for: the fanouts, and whether the requests
-/// want their targets' own rows only (`OWN_ROWS_ONLY`).
-type SampleKey = ([u32; MAX_HOPS], bool);
+/// What one sampling pass is for: the fanouts, whether the requests want
+/// their targets' own rows only (`OWN_ROWS_ONLY`), and the point of the
+/// change clock unchanged targets are answered `FRESH` against
+/// (`FRESH_SINCE`).
+type SampleKey = ([u32; MAX_HOPS], bool, Option<FreshSince>);
 
 struct Pending {
     ticket: ServeTicket,
@@ -170,7 +176,12 @@ impl BatchServer {
                 continue;
             }
             deadline = Some(deadline.map_or(until, |d: Instant| d.min(until)));
-            let key = (request.fanouts, request.own_rows_only);
+            // An answer stamped by another clock (a sidecar since
+            // restarted) cannot be vouched for: every target is sampled.
+            let fresh = request
+                .fresh
+                .filter(|f| f.clock == ctx.changes.clock() && !request.own_rows_only);
+            let key = (request.fanouts, request.own_rows_only, fresh);
             let group = match groups.iter().position(|(k, _)| *k == key) {
                 Some(i) => i,
                 None => {
@@ -192,17 +203,30 @@ impl BatchServer {
         }
         let sampling = Instant::now();
         let mut samples: Vec<Sampled> = Vec::with_capacity(groups.len());
-        for ((fanouts, own_rows_only), pending) in &mut groups {
+        for ((fanouts, own_rows_only, fresh), pending) in &mut groups {
             let mut targets = Vec::new();
             for p in pending.iter_mut() {
                 p.first_target = targets.len();
                 targets.extend_from_slice(&p.request.targets);
             }
-            samples.push(if *own_rows_only {
-                self.sampler.own_rows(ctx.graph, &targets)
-            } else {
-                self.sampler
-                    .sample(ctx.graph, &targets, *fanouts, SAMPLING_SEED)
+            samples.push(match fresh {
+                _ if *own_rows_only => self.sampler.own_rows(ctx.graph, &targets),
+                None => self
+                    .sampler
+                    .sample(ctx.graph, &targets, *fanouts, SAMPLING_SEED),
+                Some(fresh) => {
+                    let unchanged = self.unchanged(ctx, &targets, fresh);
+                    m.fresh_checked.inc_by(targets.len() as u64);
+                    m.fresh_targets
+                        .inc_by(unchanged.iter().filter(|&&u| u).count() as u64);
+                    self.sampler.sample_unless(
+                        ctx.graph,
+                        &targets,
+                        *fanouts,
+                        SAMPLING_SEED,
+                        &unchanged,
+                    )
+                }
             });
         }
 
@@ -267,6 +291,36 @@ impl BatchServer {
                 self.respond(ctx, p, sampled, Some(batch), |_, _, _| {});
             }
         }
+    }
+
+    /// Which targets' samples at the stored answers' fanouts hold no change
+    /// since the stored answers' tick (docs/protocol.md, "Freshness"): the
+    /// same sample is drawn again, from the index alone, and its nodes'
+    /// marks are checked.
+    fn unchanged(
+        &mut self,
+        ctx: &BatchContext<'_>,
+        targets: &[u64],
+        fresh: &FreshSince,
+    ) -> Vec<bool> {
+        targets
+            .iter()
+            .map(|&target| {
+                if !ctx.graph.is_known(target) {
+                    return false;
+                }
+                let sample =
+                    self.sampler
+                        .sample(ctx.graph, &[target], fresh.fanouts, SAMPLING_SEED);
+                let f1 = fresh.fanouts[0] as usize;
+                let hop1 = &sample.hop1_rows[..sample.hop1_count[0].clamp(0, f1 as i32) as usize];
+                let mut listed = Vec::with_capacity(1 + hop1.len());
+                listed.push(target);
+                listed.extend(hop1.iter().map(|&row| sample.nodes[row as usize]));
+                ctx.changes
+                    .unchanged_since(fresh.tick, &sample.nodes, &listed)
+            })
+            .collect()
     }
 
     /// Answers a request carrying a new node: samples the graph as it would
@@ -385,12 +439,17 @@ impl BatchServer {
             feature_dim: dim as u32,
             fanouts: sampled.fanouts,
         };
-        let graph_version = ctx.graph.graph_version();
+        let meta = protocol::payload::ResponseMeta {
+            graph_version: ctx.graph.graph_version(),
+            change_clock: ctx.changes.clock(),
+            change_tick: ctx.change_tick,
+            id_bound: ctx.graph.id_bound(),
+        };
         let targets = &pending.request.targets;
         let mut late = false;
         let written = pending
             .ticket
-            .respond(request_id, graph_version, shape, |nodes, out| {
+            .respond(request_id, meta, shape, |nodes, out| {
                 cols.write(targets, out);
                 match batch {
                     None => {

@@ -64,6 +64,10 @@ pub struct Metrics {
     pub expired_requests: Counter,
     /// Requests carrying a node the graph does not have (`NEW_NODE`).
     pub new_node_requests: Counter,
+    /// Targets of `FRESH_SINCE` requests answered `FRESH`, and all their
+    /// targets.
+    pub fresh_targets: Counter,
+    pub fresh_checked: Counter,
     pub too_large: Counter,
     /// Requests whose batch served at least one row late.
     pub deadline_misses: Counter,
@@ -110,6 +114,16 @@ impl Metrics {
             &mut registry,
             "sidecar_new_node_requests",
             "requests carrying a node the graph does not have (NEW_NODE), answered or refused",
+        );
+        let fresh_targets = counter(
+            &mut registry,
+            "sidecar_fresh_targets",
+            "targets of FRESH_SINCE requests answered FRESH (nothing in their sample changed)",
+        );
+        let fresh_checked = counter(
+            &mut registry,
+            "sidecar_fresh_checked_targets",
+            "targets of FRESH_SINCE requests checked for changes",
         );
         let too_large = counter(
             &mut registry,
@@ -165,6 +179,8 @@ impl Metrics {
             invalid_requests,
             expired_requests,
             new_node_requests,
+            fresh_targets,
+            fresh_checked,
             too_large,
             deadline_misses,
             segments_replaced,

@@ -475,6 +475,7 @@ fn load(
         other => bail!("features.json names an unknown store {other:?}"),
     };
     let mut tier_config = TierConfig::new(dim);
+    tier_config.changes = Some(graph.changes().clone());
     tier_config.l1_bytes = config.l1_bytes();
     tier_config.default_deadline = config.deadline();
     tier_config.default_row = match config.default_row {
@@ -669,9 +670,15 @@ pub fn run(
             }
             return n;
         }
+        // The change tick is read before the snapshot is loaded: a change
+        // the snapshot holds may be newer than the tick, never older.
+        let changes = core.graph.changes();
+        let change_tick = changes.tick();
         let snapshot = core.graph.snapshot();
         let ctx = batch::BatchContext {
             graph: &snapshot,
+            changes,
+            change_tick,
             tiers: &core.tiers,
             runtime: runtime.handle(),
             knobs: &daemon.knobs,

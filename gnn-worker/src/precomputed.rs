@@ -1,0 +1,525 @@
+//! Precomputed answers (docs/serving.md, "Precomputed answers"): what
+//! `gnn-worker precompute` stores in Redis and what `gnn-worker serve
+//! --precomputed-redis` answers from while the sidecar vouches that nothing
+//! a node's answer depends on has changed.
+//!
+//! A *set* is every known node's output (logits, then the layer-1
+//! embedding `h1`, little-endian f32) computed by one model against one
+//! sidecar start, at one point of its change clock (docs/protocol.md,
+//! "Freshness"). Keys, with `model` the first 16 hex digits of the XXH3-128
+//! of `model.onnx` and `clock` the sidecar's change clock id in hex:
+//!
+//! - `gnn:precomputed:<model>:<clock>`: the set's description (JSON,
+//!   [`SetMeta`]), written last;
+//! - `gnn:precomputed:<model>:<clock>:<tick>:<node>`: one node's output.
+
+use std::path::Path;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+use anyhow::Context;
+use arc_swap::ArcSwapOption;
+use protocol::layout::MAX_HOPS;
+use serde::{Deserialize, Serialize};
+
+/// The key prefix of every precomputed set.
+pub const KEY_PREFIX: &str = "gnn:precomputed";
+
+/// Ids per MGET or MSET.
+const CHUNK: usize = 1024;
+
+/// A set's description, the value of its pointer key.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct SetMeta {
+    /// The model's identity ([`model_id`]).
+    pub model: String,
+    /// The sidecar's change clock id and the tick the set was computed at:
+    /// answers stand for nodes with no change after it.
+    pub clock: u64,
+    pub tick: u64,
+    /// The fanouts the outputs were computed with.
+    pub fanouts: [u32; MAX_HOPS],
+    /// Node ids below this were asked for; `nodes` of them were known.
+    pub id_bound: u64,
+    pub nodes: u64,
+    pub classes: u32,
+    pub hidden: u32,
+    /// Wall-clock seconds the precompute took, and when it finished (Unix
+    /// seconds).
+    pub seconds: f64,
+    pub created_unix: u64,
+}
+
+impl SetMeta {
+    /// The key prefix of this set's node outputs.
+    pub fn node_prefix(&self) -> String {
+        format!(
+            "{}:{}:{:016x}:{}:",
+            KEY_PREFIX, self.model, self.clock, self.tick
+        )
+    }
+}
+
+/// The identity of a model directory: the first 16 hex digits of the
+/// XXH3-128 of its `model.onnx`.
+pub fn model_id(model_dir: &Path) -> anyhow::Result<String> {
+    let path = model_dir.join(crate::model::Manifest::MODEL);
+    let bytes = std::fs::read(&path).with_context(|| format!("reading {}", path.display()))?;
+    Ok(format!("{:032x}", xxhash_rust::xxh3::xxh3_128(&bytes))[..16].to_string())
+}
+
+/// The pointer key of `model`'s set for the sidecar start `clock`.
+pub fn pointer_key(model: &str, clock: u64) -> String {
+    format!("{KEY_PREFIX}:{model}:{clock:016x}")
+}
+
+/// One node's stored output: logits then h1.
+pub fn encode_output(logits: &[f32], h1: &[f32]) -> Vec<u8> {
+    logits
+        .iter()
+        .chain(h1)
+        .flat_map(|v| v.to_le_bytes())
+        .collect()
+}
+
+/// A loaded set: every stored node's logits, in memory.
+#[derive(Debug)]
+pub struct PrecomputedSet {
+    pub meta: SetMeta,
+    /// `id_bound x classes`, row-major.
+    logits: Vec<f32>,
+    present: Vec<bool>,
+}
+
+impl PrecomputedSet {
+    /// The stored logits of `node`, if the set holds it.
+    pub fn logits(&self, node: u64) -> Option<&[f32]> {
+        let i = usize::try_from(node).ok()?;
+        if !*self.present.get(i)? {
+            return None;
+        }
+        let c = self.meta.classes as usize;
+        Some(&self.logits[i * c..(i + 1) * c])
+    }
+
+    /// Whether the set holds every one of `ids`.
+    pub fn covers(&self, ids: &[u64]) -> bool {
+        ids.iter().all(|&id| self.logits(id).is_some())
+    }
+
+    /// Nodes held.
+    pub fn len(&self) -> usize {
+        self.present.iter().filter(|&&p| p).count()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Reads `model`'s set for the sidecar start `clock`, if there is one:
+    /// its description, then every node's logits (MGET, 1,024 ids at a
+    /// time). A set whose classes are not `classes` is refused.
+    pub async fn load(
+        redis: &mut redis::aio::MultiplexedConnection,
+        model: &str,
+        clock: u64,
+        classes: u32,
+    ) -> anyhow::Result<Option<Self>> {
+        let pointer: Option<String> = redis::cmd("GET")
+            .arg(pointer_key(model, clock))
+            .query_async(redis)
+            .await
+            .context("reading the precomputed set's description")?;
+        let Some(pointer) = pointer else {
+            return Ok(None);
+        };
+        let meta: SetMeta = serde_json::from_str(&pointer)
+            .with_context(|| format!("the description of a precomputed set: {pointer:?}"))?;
+        anyhow::ensure!(
+            meta.classes == classes,
+            "the precomputed set has {} classes; the model has {classes}: run gnn-worker \
+             precompute with this model",
+            meta.classes
+        );
+        let c = classes as usize;
+        let width = (meta.classes + meta.hidden) as usize * 4;
+        let n = usize::try_from(meta.id_bound).context("id bound")?;
+        let mut logits = vec![0f32; n * c];
+        let mut present = vec![false; n];
+        let prefix = meta.node_prefix();
+        for start in (0..n).step_by(CHUNK) {
+            let end = (start + CHUNK).min(n);
+            let keys: Vec<String> = (start..end).map(|i| format!("{prefix}{i}")).collect();
+            let values: Vec<Option<Vec<u8>>> = redis::cmd("MGET")
+                .arg(&keys)
+                .query_async(redis)
+                .await
+                .context("reading precomputed outputs")?;
+            for (i, value) in (start..end).zip(values) {
+                let Some(bytes) = value.filter(|b| b.len() == width) else {
+                    continue;
+                };
+                for (k, chunk) in bytes[..c * 4].chunks_exact(4).enumerate() {
+                    logits[i * c + k] = f32::from_le_bytes(chunk.try_into().expect("4 bytes"));
+                }
+                present[i] = true;
+            }
+        }
+        Ok(Some(Self {
+            meta,
+            logits,
+            present,
+        }))
+    }
+}
+
+/// The worker's precomputed answers: the set in use (swapped when a newer
+/// one appears) and the change clock of the sidecar it last heard from.
+#[derive(Debug, Default)]
+pub struct Precomputed {
+    current: ArcSwapOption<PrecomputedSet>,
+    /// The change clock id of the latest response (0: none yet).
+    sidecar_clock: AtomicU64,
+}
+
+impl Precomputed {
+    pub fn current(&self) -> Option<Arc<PrecomputedSet>> {
+        self.current.load_full()
+    }
+
+    pub fn set(&self, set: Option<Arc<PrecomputedSet>>) {
+        self.current.store(set);
+    }
+
+    pub fn sidecar_clock(&self) -> u64 {
+        self.sidecar_clock.load(Ordering::Relaxed)
+    }
+
+    /// Called with every response's change clock.
+    pub fn saw_clock(&self, clock: u64) {
+        self.sidecar_clock.store(clock, Ordering::Relaxed);
+    }
+
+    /// Keeps the set in use matching the sidecar: every `period`, if the
+    /// sidecar's clock or its set changed, loads the set stored for it (or
+    /// drops the old one when there is none). Runs for ever.
+    pub async fn follow(
+        self: Arc<Self>,
+        redis_url: String,
+        model: String,
+        classes: u32,
+        period: std::time::Duration,
+        loaded: impl Fn(Option<&PrecomputedSet>) + Send + 'static,
+    ) {
+        let mut tick = tokio::time::interval(period);
+        let mut connection: Option<redis::aio::MultiplexedConnection> = None;
+        loop {
+            tick.tick().await;
+            let clock = self.sidecar_clock();
+            if clock == 0 {
+                continue;
+            }
+            if connection.is_none() {
+                match redis::Client::open(redis_url.as_str()) {
+                    Ok(client) => match client.get_multiplexed_async_connection().await {
+                        Ok(c) => connection = Some(c),
+                        Err(e) => {
+                            tracing::warn!(error = %e, "cannot reach the precomputed answers' Redis; serving inductively");
+                            continue;
+                        }
+                    },
+                    Err(e) => {
+                        tracing::warn!(error = %e, "bad precomputed_redis URL");
+                        return;
+                    }
+                }
+            }
+            let Some(redis) = connection.as_mut() else {
+                continue;
+            };
+            let pointer: redis::RedisResult<Option<String>> = redis::cmd("GET")
+                .arg(pointer_key(&model, clock))
+                .query_async(redis)
+                .await;
+            let pointer = match pointer {
+                Ok(p) => p,
+                Err(e) => {
+                    tracing::warn!(error = %e, "reading the precomputed set's description failed");
+                    connection = None;
+                    continue;
+                }
+            };
+            let current = self.current();
+            let current_meta = current.as_ref().map(|s| &s.meta);
+            let wanted: Option<SetMeta> = pointer.and_then(|p| serde_json::from_str(&p).ok());
+            if wanted.as_ref() == current_meta {
+                continue;
+            }
+            if wanted.is_none() {
+                if current.is_some() {
+                    tracing::warn!(
+                        clock = format_args!("{clock:016x}"),
+                        "no precomputed answers for this sidecar start: serving inductively \
+                         until gnn-worker precompute runs against it"
+                    );
+                }
+                self.set(None);
+                loaded(None);
+                continue;
+            }
+            match PrecomputedSet::load(redis, &model, clock, classes).await {
+                Ok(Some(set)) => {
+                    tracing::info!(
+                        nodes = set.len(),
+                        tick = set.meta.tick,
+                        fanouts = ?set.meta.fanouts,
+                        "precomputed answers loaded"
+                    );
+                    loaded(Some(&set));
+                    self.set(Some(Arc::new(set)));
+                }
+                Ok(None) => {}
+                Err(e) => {
+                    tracing::warn!(error = %format!("{e:#}"), "loading precomputed answers failed");
+                }
+            }
+        }
+    }
+}
+
+/// What `gnn-worker precompute` is asked to do.
+#[derive(Debug, Clone)]
+pub struct PrecomputeJob {
+    pub model_dir: std::path::PathBuf,
+    pub shm_name: String,
+    pub redis_url: String,
+    /// `None`: the segment's default fanouts (what a worker without
+    /// `fanouts` serves with).
+    pub fanouts: Option<[u32; MAX_HOPS]>,
+    /// Targets per ring request (at most the segment's `max_targets`).
+    pub batch: usize,
+    pub onnxruntime_lib: Option<std::path::PathBuf>,
+    pub threads: usize,
+}
+
+/// Scores every node below the graph's id bound through the sidecar's
+/// ring and the model, stores each known node's logits and h1 in Redis,
+/// then the set's description, and removes the set it replaces. Prints
+/// its progress to stderr. Returns the description written.
+pub fn precompute(job: &PrecomputeJob) -> anyhow::Result<SetMeta> {
+    use protocol::client::{CallError, CallRequest, ClientOptions, RingClient};
+    use protocol::payload::schema::target_status;
+
+    let started = std::time::Instant::now();
+    let env = crate::onnxruntime::init(job.onnxruntime_lib.as_deref())?;
+    let manifest = crate::model::Manifest::read(&job.model_dir)?;
+    let mut model = crate::model::Model::load(
+        &env,
+        &job.model_dir,
+        crate::model::Device::Cpu,
+        job.threads.max(1),
+    )?;
+    anyhow::ensure!(
+        model.has_h1(),
+        "{} has no h1 output: export the model with this release's sage.py (train, init or \
+         quantize)",
+        job.model_dir.display()
+    );
+    let model_id = model_id(&job.model_dir)?;
+    let client = RingClient::attach(&job.shm_name, ClientOptions::default())
+        .with_context(|| format!("attaching to the sidecar on /dev/shm/{}", job.shm_name))?;
+    let (Some(schema), Some(geometry)) = (client.schema(), client.geometry()) else {
+        anyhow::bail!("the sidecar went away while attaching");
+    };
+    let fanouts = job.fanouts.unwrap_or(schema.default_fanouts);
+    manifest.check_segment(&schema, &geometry, fanouts)?;
+    let batch = job.batch.clamp(1, geometry.max_targets as usize);
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    let mut redis = runtime
+        .block_on(async {
+            redis::Client::open(job.redis_url.as_str())?
+                .get_multiplexed_async_connection()
+                .await
+        })
+        .with_context(|| format!("connecting to Redis at {}", job.redis_url))?;
+
+    // The stamp: the change clock of the first response (read by the
+    // sidecar before it sampled). Every later output is at least as new.
+    let mut stamp: Option<(u64, u64, u64)> = None;
+    let classes = manifest.num_classes as usize;
+    let hidden = manifest.hidden.unwrap_or(0) as usize;
+    let mut writes: Vec<(String, Vec<u8>)> = Vec::new();
+    let mut nodes = 0u64;
+    let mut next = 0u64;
+    let mut last_report = std::time::Instant::now();
+    let mut prefix = String::new();
+    let flush = |redis: &mut redis::aio::MultiplexedConnection,
+                 writes: &mut Vec<(String, Vec<u8>)>|
+     -> anyhow::Result<()> {
+        if writes.is_empty() {
+            return Ok(());
+        }
+        let mut cmd = redis::cmd("MSET");
+        for (key, value) in writes.drain(..) {
+            cmd.arg(key).arg(value);
+        }
+        runtime
+            .block_on(cmd.query_async::<()>(redis))
+            .context("writing precomputed outputs to Redis")
+    };
+    loop {
+        let bound = stamp.map_or(u64::MAX, |(_, _, bound)| bound);
+        if next >= bound {
+            break;
+        }
+        let ids: Vec<u64> = (next..(next + batch as u64).min(bound)).collect();
+        let mut queue = vec![ids.as_slice()];
+        while let Some(targets) = queue.pop() {
+            let request = CallRequest {
+                fanouts,
+                timeout: Some(std::time::Duration::from_secs(10)),
+                ..CallRequest::new(targets)
+            };
+            let response = match client.call(&request) {
+                Ok(response) => response,
+                Err(CallError::Status {
+                    status: protocol::layout::status::TOO_LARGE,
+                    message,
+                    ..
+                }) => {
+                    anyhow::ensure!(
+                        targets.len() > 1,
+                        "the neighbourhood of node {} does not fit one response ({message}): \
+                         lower --fanouts, or raise the sidecar's response_mib or max_nodes",
+                        targets[0]
+                    );
+                    let (a, b) = targets.split_at(targets.len() / 2);
+                    queue.push(b);
+                    queue.push(a);
+                    continue;
+                }
+                Err(e) => return Err(e).context("asking the sidecar for a batch"),
+            };
+            let header = response.header();
+            let (clock, tick, id_bound) =
+                (header.change_clock, header.change_tick, header.id_bound);
+            anyhow::ensure!(
+                clock != 0,
+                "the sidecar has no change clock (an older release): upgrade it before \
+                 precomputing"
+            );
+            match stamp {
+                None => {
+                    stamp = Some((clock, tick, id_bound));
+                    prefix = SetMeta {
+                        model: model_id.clone(),
+                        clock,
+                        tick,
+                        ..empty_meta()
+                    }
+                    .node_prefix();
+                }
+                Some((first, ..)) => anyhow::ensure!(
+                    first == clock,
+                    "the sidecar restarted during the precompute (its change clock moved from \
+                     {first:016x} to {clock:016x}): run gnn-worker precompute again"
+                ),
+            }
+            let tables = response
+                .tables()
+                .context("decoding the sidecar's response")?;
+            let (logits, h1) = model.run_with_h1(&tables)?;
+            for (i, (&id, &status)) in tables
+                .target_ids()
+                .iter()
+                .zip(tables.target_status())
+                .enumerate()
+            {
+                if status != target_status::OK {
+                    continue;
+                }
+                writes.push((
+                    format!("{prefix}{id}"),
+                    encode_output(
+                        &logits[i * classes..(i + 1) * classes],
+                        &h1[i * hidden..(i + 1) * hidden],
+                    ),
+                ));
+                nodes += 1;
+            }
+            drop(tables);
+            drop(response);
+            if writes.len() >= CHUNK {
+                flush(&mut redis, &mut writes)?;
+            }
+        }
+        next += ids.len() as u64;
+        let bound = stamp.map_or(next, |(_, _, bound)| bound).max(1);
+        if last_report.elapsed() >= std::time::Duration::from_secs(1) || next >= bound {
+            last_report = std::time::Instant::now();
+            let secs = started.elapsed().as_secs_f64();
+            eprintln!(
+                "precompute: {:5.1}% ({next}/{bound} ids), {nodes} nodes, {:.0} nodes/s",
+                100.0 * next.min(bound) as f64 / bound as f64,
+                nodes as f64 / secs.max(1e-9)
+            );
+        }
+    }
+    flush(&mut redis, &mut writes)?;
+    let (clock, tick, id_bound) = stamp.context("the sidecar answered nothing")?;
+    let meta = SetMeta {
+        model: model_id.clone(),
+        clock,
+        tick,
+        fanouts,
+        id_bound,
+        nodes,
+        classes: classes as u32,
+        hidden: hidden as u32,
+        seconds: started.elapsed().as_secs_f64(),
+        created_unix: std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs()),
+    };
+    let pointer = pointer_key(&model_id, clock);
+    let previous: Option<String> = runtime.block_on(
+        redis::cmd("SET")
+            .arg(&pointer)
+            .arg(serde_json::to_string(&meta)?)
+            .arg("GET")
+            .query_async(&mut redis),
+    )?;
+    // The set this one replaces (same model, same sidecar start): removed
+    // once no worker can pick it up any more.
+    if let Some(old) = previous.and_then(|p| serde_json::from_str::<SetMeta>(&p).ok()) {
+        if old.node_prefix() != meta.node_prefix() {
+            let old_prefix = old.node_prefix();
+            let ids: Vec<u64> = (0..old.id_bound).collect();
+            for chunk in ids.chunks(CHUNK) {
+                let mut cmd = redis::cmd("UNLINK");
+                for id in chunk {
+                    cmd.arg(format!("{old_prefix}{id}"));
+                }
+                runtime.block_on(cmd.query_async::<()>(&mut redis))?;
+            }
+        }
+    }
+    Ok(meta)
+}
+
+fn empty_meta() -> SetMeta {
+    SetMeta {
+        model: String::new(),
+        clock: 0,
+        tick: 0,
+        fanouts: [0; MAX_HOPS],
+        id_bound: 0,
+        nodes: 0,
+        classes: 0,
+        hidden: 0,
+        seconds: 0.0,
+        created_unix: 0,
+    }
+}
