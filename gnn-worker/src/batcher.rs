@@ -47,6 +47,7 @@ use protocol::request::NewNode;
 use tokio::sync::{mpsc, oneshot};
 
 use crate::config::WorkerConfig;
+use crate::ladder::{Costs, Rung};
 use crate::metrics::WorkerMetrics;
 use crate::model::{AnsweredBy, Model};
 use crate::precomputed::{Precomputed, PrecomputedSet};
@@ -68,8 +69,10 @@ pub struct BatchConfig {
     /// Batches on the ring at once (ring threads).
     pub ring_concurrency: usize,
     /// With a student: calls waiting for the batcher from which a new call
-    /// is answered by the student instead (docs/serving.md, "Degrade").
+    /// is answered by the student instead (docs/serving.md, "The ladder").
     pub degrade_queue_calls: usize,
+    /// The fanouts of the ladder's reduced GNN rung; `None`: no such rung.
+    pub degrade_fanouts: Option<[u32; MAX_HOPS]>,
 }
 
 impl BatchConfig {
@@ -83,6 +86,7 @@ impl BatchConfig {
             max_request_targets: config.max_request_targets,
             ring_concurrency: config.ring_concurrency.max(1),
             degrade_queue_calls: config.degrade_queue_calls,
+            degrade_fanouts: config.degrade_fanouts.map(|f| f.0),
         }
     }
 }
@@ -139,6 +143,8 @@ struct Job {
     ids: Vec<u64>,
     /// A node the graph does not have; `ids` is its id alone.
     new_node: Option<NewNode>,
+    /// `Full` or `Reduced` (the student's calls never queue).
+    rung: Rung,
     enqueued: Instant,
     reply: oneshot::Sender<Result<Vec<Prediction>, PredictError>>,
 }
@@ -151,10 +157,13 @@ pub struct Predictor {
     metrics: Arc<WorkerMetrics>,
     client: Arc<RingClient>,
     schema: FeatureSchema,
-    /// The MLP student that answers when the batcher's queue is long.
-    student: Option<Arc<Mutex<Model>>>,
+    /// The MLP student's lane: its own queue, gathered into batches like
+    /// the GNN's and answered by one thread (docs/serving.md, "The ladder").
+    student: Option<mpsc::Sender<Job>>,
     /// Precomputed answers, when the worker has them.
     precomputed: Option<Arc<Precomputed>>,
+    /// What each rung of the ladder costs.
+    costs: Arc<Costs>,
 }
 
 impl std::fmt::Debug for Predictor {
@@ -218,6 +227,7 @@ impl Predictor {
         let (ready_tx, ready_rx) = std_mpsc::sync_channel::<RingDone>(models.len());
         let ready_rx = Arc::new(Mutex::new(ready_rx));
         let capacity = Arc::new(Capacity::default());
+        let costs = Arc::new(Costs::default());
         capacity
             .free
             .store(config.ring_concurrency as isize, Ordering::Release);
@@ -230,7 +240,7 @@ impl Predictor {
                 ready_tx.clone(),
                 capacity.clone(),
             );
-            let precomputed = precomputed.clone();
+            let (precomputed, costs) = (precomputed.clone(), costs.clone());
             std::thread::Builder::new()
                 .name(format!("ring-{i}"))
                 .spawn(move || {
@@ -240,6 +250,7 @@ impl Predictor {
                         config: &config,
                         metrics: &metrics,
                         precomputed: precomputed.as_deref(),
+                        costs: &costs,
                     };
                     ring_stage(&ring, &rx, &tx, &capacity)
                 })?;
@@ -247,13 +258,14 @@ impl Predictor {
         drop(ready_tx);
         for (i, model) in models.into_iter().enumerate() {
             let (metrics, rx, capacity) = (metrics.clone(), ready_rx.clone(), capacity.clone());
+            let costs = costs.clone();
             metrics.executors_alive.fetch_add(1, Ordering::AcqRel);
             let alive = Alive(metrics.clone());
             std::thread::Builder::new()
                 .name(format!("executor-{i}"))
                 .spawn(move || {
                     let _alive = alive;
-                    model_stage(model, &metrics, &rx, &capacity)
+                    model_stage(model, &metrics, &costs, &rx, &capacity)
                 })?;
         }
         tokio::spawn(gather(
@@ -263,14 +275,54 @@ impl Predictor {
             metrics.clone(),
             capacity,
         ));
+        let student_lane = match student {
+            None => None,
+            Some(student) => {
+                let (lane_tx, lane_rx) = mpsc::channel::<Job>(MAX_QUEUED_CALLS);
+                let (batch_tx, batch_rx) = std_mpsc::channel::<Vec<Job>>();
+                // One student batch in flight: the next gathers meanwhile.
+                let capacity = Arc::new(Capacity::default());
+                capacity.free.store(1, Ordering::Release);
+                let (client, config2, metrics2, precomputed, costs, capacity2) = (
+                    client.clone(),
+                    config.clone(),
+                    metrics.clone(),
+                    precomputed.clone(),
+                    costs.clone(),
+                    capacity.clone(),
+                );
+                std::thread::Builder::new()
+                    .name("student".into())
+                    .spawn(move || {
+                        let ring = Ring {
+                            client: &client,
+                            schema,
+                            config: &config2,
+                            metrics: &metrics2,
+                            precomputed: precomputed.as_deref(),
+                            costs: &costs,
+                        };
+                        student_stage(&ring, student, &batch_rx, &capacity2)
+                    })?;
+                tokio::spawn(gather(
+                    lane_rx,
+                    batch_tx,
+                    config.clone(),
+                    metrics.clone(),
+                    capacity,
+                ));
+                Some(lane_tx)
+            }
+        };
         Ok(Self {
             jobs: jobs_tx,
             config,
             metrics,
             client,
             schema,
-            student: student.map(|s| Arc::new(Mutex::new(s))),
+            student: student_lane,
             precomputed,
+            costs,
         })
     }
 
@@ -311,8 +363,13 @@ impl Predictor {
         Ok(())
     }
 
-    /// Predicts `ids` (batched with concurrent calls).
-    pub async fn predict(&self, ids: Vec<u64>) -> Result<Vec<Prediction>, PredictError> {
+    /// Predicts `ids` (batched with concurrent calls); `left`: the time
+    /// before the call's deadline, if it has one (the ladder's input).
+    pub async fn predict(
+        &self,
+        ids: Vec<u64>,
+        left: Option<Duration>,
+    ) -> Result<Vec<Prediction>, PredictError> {
         if ids.is_empty() {
             return Ok(Vec::new());
         }
@@ -324,7 +381,7 @@ impl Predictor {
                 self.config.max_request_targets
             )));
         }
-        self.enqueue(ids, None).await
+        self.enqueue(ids, None, left).await
     }
 
     /// Predicts a node the graph does not have, from its feature row and
@@ -336,6 +393,7 @@ impl Predictor {
         &self,
         id: u64,
         node: NewNode,
+        left: Option<Duration>,
     ) -> Result<Vec<Prediction>, PredictError> {
         let dim = self.schema.feature_dim as usize;
         if node.features.len() != dim {
@@ -364,32 +422,66 @@ impl Predictor {
                 )));
             }
         }
-        self.enqueue(vec![id], Some(node)).await
+        self.enqueue(vec![id], Some(node), left).await
     }
 
-    /// Hands a checked call to the batcher, or to the student when the
-    /// batcher's queue is long.
+    /// Answers a checked call on the rung the ladder picks (docs/serving.md,
+    /// "The ladder"); when the sidecar is unavailable, from the precomputed
+    /// answers unchecked if they hold every node.
     async fn enqueue(
         &self,
         ids: Vec<u64>,
         new_node: Option<NewNode>,
+        left: Option<Duration>,
     ) -> Result<Vec<Prediction>, PredictError> {
-        self.readiness().map_err(PredictError::Unavailable)?;
-        if let Some(student) = &self.student {
-            let waiting = MAX_QUEUED_CALLS - self.jobs.capacity();
-            if waiting >= self.config.degrade_queue_calls {
-                return self
-                    .predict_with_student(student.clone(), ids, new_node)
-                    .await;
-            }
+        if let Err(why) = self.readiness() {
+            return self.unchecked(&ids).ok_or(PredictError::Unavailable(why));
         }
+        // Kept for the fallback only when there are stored answers.
+        let fallback = self.precomputed.is_some().then(|| ids.clone());
+        let result = self.climb(ids, new_node, left).await;
+        match (result, fallback) {
+            (Err(PredictError::Unavailable(why)), Some(ids)) => {
+                self.unchecked(&ids).ok_or(PredictError::Unavailable(why))
+            }
+            (result, _) => result,
+        }
+    }
+
+    /// The ladder's choice, and the call on that rung.
+    async fn climb(
+        &self,
+        ids: Vec<u64>,
+        new_node: Option<NewNode>,
+        left: Option<Duration>,
+    ) -> Result<Vec<Prediction>, PredictError> {
+        let waiting = MAX_QUEUED_CALLS - self.jobs.capacity();
+        let mut available = vec![Rung::Full];
+        if self.config.degrade_fanouts.is_some() && new_node.is_none() {
+            available.push(Rung::Reduced);
+        }
+        if self.student.is_some() {
+            available.push(Rung::Student);
+        }
+        let rung = if self.student.is_some() && waiting >= self.config.degrade_queue_calls {
+            Rung::Student
+        } else {
+            left.map_or(Rung::Full, |left| {
+                self.costs.choose(left, waiting, &available)
+            })
+        };
+        let queue = match (rung, &self.student) {
+            (Rung::Student, Some(lane)) => lane,
+            _ => &self.jobs,
+        };
         let (reply, answer) = oneshot::channel();
         // A bounded queue, never a wait for room in it: a full queue is an
         // explicit overload error the caller can retry elsewhere.
-        self.jobs
+        queue
             .try_send(Job {
                 ids,
                 new_node,
+                rung,
                 enqueued: Instant::now(),
                 reply,
             })
@@ -409,47 +501,71 @@ impl Predictor {
         })?
     }
 
-    /// One call answered by the student on its targets' own rows (ring
-    /// requests with `OWN_ROWS_ONLY`), outside the batcher.
-    async fn predict_with_student(
-        &self,
-        student: Arc<Mutex<Model>>,
-        ids: Vec<u64>,
-        new_node: Option<NewNode>,
-    ) -> Result<Vec<Prediction>, PredictError> {
-        let (client, schema, config, metrics, precomputed) = (
-            self.client.clone(),
-            self.schema,
-            self.config.clone(),
-            self.metrics.clone(),
-            self.precomputed.clone(),
-        );
-        tokio::task::spawn_blocking(move || {
-            metrics.targets.inc_by(ids.len() as u64);
-            let ring = Ring {
-                client: &client,
-                schema,
-                config: &config,
-                metrics: &metrics,
-                precomputed: precomputed.as_deref(),
-            };
-            let responses = match &new_node {
-                None => ring_calls(&ring, &ids, RingCall::own_rows())?,
-                Some(node) => {
-                    let mut responses = Vec::with_capacity(1);
-                    let call = RingCall {
-                        new_node: Some(node),
-                        ..RingCall::own_rows()
-                    };
-                    ring_call_split(&ring, &ids, call, &mut responses)?;
-                    responses
-                }
-            };
-            let mut student = student.lock().unwrap_or_else(|p| p.into_inner());
-            run_model(&mut student, &metrics, &ids, responses, None)
-        })
-        .await
-        .map_err(|e| PredictError::Internal(format!("the student's run failed ({e}); retry")))?
+    /// The precomputed answers of `ids`, unchecked (the sidecar cannot say
+    /// whether they stand), if the set in use holds every one.
+    fn unchecked(&self, ids: &[u64]) -> Option<Vec<Prediction>> {
+        let store = self.precomputed.as_ref()?.current()?;
+        if ids.is_empty() || !store.covers(ids) {
+            return None;
+        }
+        Some(
+            ids.iter()
+                .map(|&id| {
+                    let logits = store.logits(id).expect("covered").to_vec();
+                    Prediction {
+                        node_id: id,
+                        label: argmax(&logits) as i32,
+                        logits,
+                        known: true,
+                        fallback_rows: 0,
+                        answered_by: AnsweredBy::PrecomputedUnchecked,
+                    }
+                })
+                .collect(),
+        )
+    }
+}
+
+/// The student's thread: takes the student lane's batches, asks for their
+/// targets' own rows (`OWN_ROWS_ONLY`; each new node in a request of its
+/// own), runs the student on them and answers the callers.
+fn student_stage(
+    ring: &Ring<'_>,
+    mut student: Model,
+    batches: &std_mpsc::Receiver<Vec<Job>>,
+    capacity: &Capacity,
+) {
+    let metrics = ring.metrics;
+    while let Ok(mut batch) = batches.recv() {
+        let taken = Instant::now();
+        batch.sort_by_key(|job| job.new_node.is_some());
+        let ids: Vec<u64> = batch.iter().flat_map(|j| j.ids.iter().copied()).collect();
+        metrics.targets.inc_by(ids.len() as u64);
+        let ran = std::panic::catch_unwind(AssertUnwindSafe(|| {
+            let known: Vec<u64> = batch
+                .iter()
+                .filter(|j| j.new_node.is_none())
+                .flat_map(|j| j.ids.iter().copied())
+                .collect();
+            let mut responses = ring_calls(ring, &known, RingCall::own_rows())?;
+            for job in batch.iter().filter(|j| j.new_node.is_some()) {
+                let call = RingCall {
+                    new_node: job.new_node.as_ref(),
+                    ..RingCall::own_rows()
+                };
+                ring_call_split(ring, &job.ids, call, &mut responses)?;
+            }
+            run_model(&mut student, metrics, &ids, responses, None)
+        }));
+        let result = ran.unwrap_or_else(|panic| {
+            let what = panic_text(&*panic);
+            tracing::error!(panic = %what, "the student's run panicked; its batch gets an error");
+            Err(PredictError::Internal(format!(
+                "the student's run failed ({what}); retry"
+            )))
+        });
+        answer(batch, &ids, result, metrics, Some((ring.costs, taken)));
+        capacity.release();
     }
 }
 
@@ -534,6 +650,8 @@ struct RingDone {
     /// The precomputed set the ring calls asked about (`FRESH` targets are
     /// answered from it).
     store: Option<Arc<PrecomputedSet>>,
+    /// When the ring stage took the batch.
+    taken: Instant,
 }
 
 /// What a ring call needs of the worker.
@@ -543,6 +661,7 @@ struct Ring<'a> {
     config: &'a BatchConfig,
     metrics: &'a WorkerMetrics,
     precomputed: Option<&'a Precomputed>,
+    costs: &'a Costs,
 }
 
 /// A ring call failed because one target's own neighbourhood does not fit
@@ -563,11 +682,14 @@ fn panic_text(panic: &(dyn std::any::Any + Send)) -> String {
 }
 
 /// Sends every caller of `batch` its share of `result`.
+/// `timed`: the ladder's costs and when the batch was dispatched, to
+/// measure each call's rung.
 fn answer(
     batch: Vec<Job>,
     ids: &[u64],
     result: Result<Vec<Prediction>, PredictError>,
     metrics: &WorkerMetrics,
+    timed: Option<(&Costs, Instant)>,
 ) {
     let result = result.and_then(|predictions| {
         if predictions.len() == ids.len() {
@@ -588,7 +710,20 @@ fn answer(
     for job in batch {
         let n = job.ids.len();
         let answer = match &result {
-            Ok(predictions) => Ok(predictions[offset..offset + n].to_vec()),
+            Ok(predictions) => {
+                let mut mine = predictions[offset..offset + n].to_vec();
+                if job.rung == Rung::Reduced {
+                    for p in &mut mine {
+                        if p.answered_by == AnsweredBy::Gnn {
+                            p.answered_by = AnsweredBy::GnnReduced;
+                        }
+                    }
+                }
+                if let Some((costs, dispatched)) = timed {
+                    costs.observe(job.rung, dispatched.elapsed());
+                }
+                Ok(mine)
+            }
             Err(e) => Err(e.clone()),
         };
         offset += n;
@@ -615,9 +750,9 @@ fn ring_stage(
         };
         let taken = Instant::now();
         for job in &batch {
-            metrics
-                .queue_wait_seconds
-                .observe(taken.duration_since(job.enqueued).as_secs_f64());
+            let wait = taken.duration_since(job.enqueued);
+            metrics.queue_wait_seconds.observe(wait.as_secs_f64());
+            ring.costs.observe_queue_wait(wait);
         }
         // The calls whose every node has a precomputed answer go to the ring
         // together (asking which answers still stand), then the other known
@@ -658,6 +793,7 @@ fn ring_stage(
                     responses,
                     releases: i + 1 == n,
                     store: store.clone(),
+                    taken,
                 });
             }
         } else {
@@ -667,6 +803,7 @@ fn ring_stage(
                 responses,
                 releases: true,
                 store,
+                taken,
             });
         }
         for done in parts {
@@ -679,6 +816,7 @@ fn ring_stage(
                         "no executor is alive: restart the worker".into(),
                     )),
                     metrics,
+                    None,
                 );
                 if done.releases {
                     capacity.release();
@@ -693,6 +831,7 @@ fn ring_stage(
 fn model_stage(
     mut model: Model,
     metrics: &WorkerMetrics,
+    costs: &Costs,
     ready: &Mutex<std_mpsc::Receiver<RingDone>>,
     capacity: &Capacity,
 ) {
@@ -710,6 +849,7 @@ fn model_stage(
             responses,
             releases,
             store,
+            taken,
         } = done;
         let ran = std::panic::catch_unwind(AssertUnwindSafe(|| {
             fail::fail_point!("gnn-worker-executor");
@@ -731,7 +871,7 @@ fn model_stage(
                 )
             }
         };
-        answer(batch, &ids, result, metrics);
+        answer(batch, &ids, result, metrics, Some((costs, taken)));
         if releases {
             capacity.release();
         }
@@ -744,9 +884,12 @@ fn model_stage(
 static REQUEST_ID: AtomicU64 = AtomicU64::new(1);
 
 /// How a job goes to the ring, in this order: its nodes all have a
-/// precomputed answer (asked `FRESH_SINCE`), known nodes, a new node.
+/// precomputed answer (asked `FRESH_SINCE`), known nodes, known nodes at
+/// the ladder's reduced fanouts, a new node.
 fn job_kind(job: &Job, store: Option<&PrecomputedSet>) -> u8 {
     if job.new_node.is_some() {
+        3
+    } else if job.rung == Rung::Reduced {
         2
     } else if store.is_some_and(|s| s.covers(&job.ids)) {
         0
@@ -783,6 +926,11 @@ fn jobs_ring_calls(
         },
     )?;
     responses.extend(ring_calls(ring, &ids_of(1), RingCall::default())?);
+    let reduced = RingCall {
+        fanouts: ring.config.degrade_fanouts,
+        ..RingCall::default()
+    };
+    responses.extend(ring_calls(ring, &ids_of(2), reduced)?);
     for job in jobs {
         if let Some(node) = &job.new_node {
             let call = RingCall {
@@ -804,6 +952,8 @@ struct RingCall<'a> {
     new_node: Option<&'a NewNode>,
     /// `FRESH_SINCE`: unchanged targets come back `FRESH`.
     fresh: Option<protocol::request::FreshSince>,
+    /// Fanouts other than the worker's (the ladder's reduced rung).
+    fanouts: Option<[u32; MAX_HOPS]>,
 }
 
 impl RingCall<'_> {
@@ -853,7 +1003,7 @@ fn ring_call_split(
     } = *ring;
     let request = CallRequest {
         targets,
-        fanouts: config.fanouts,
+        fanouts: call.fanouts.unwrap_or(config.fanouts),
         timeout: Some(config.ring_timeout),
         request_id: REQUEST_ID.fetch_add(1, Ordering::Relaxed),
         own_rows_only: call.own_rows_only,

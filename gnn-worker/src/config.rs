@@ -38,6 +38,9 @@ pub struct WorkerConfig {
     /// With a student: calls waiting for the batcher from which a new call
     /// is answered by the student (0: every call).
     pub degrade_queue_calls: usize,
+    /// The fanouts of the ladder's reduced GNN rung, for calls whose
+    /// deadline the full fanouts would miss; unset: no such rung.
+    pub degrade_fanouts: Option<Fanouts>,
     /// Redis holding `gnn-worker precompute`'s answers; unset: none. With
     /// one, nodes whose sample has not changed since are answered from it.
     pub precomputed_redis: Option<String>,
@@ -92,6 +95,7 @@ impl Default for WorkerConfig {
             model: PathBuf::new(),
             student: None,
             degrade_queue_calls: 1024,
+            degrade_fanouts: None,
             precomputed_redis: None,
             precomputed_check_s: 10.0,
             shm_name: "gnn-sidecar".into(),
@@ -238,6 +242,10 @@ pub struct WorkerFlags {
     #[arg(long)]
     #[serde(skip_serializing_if = "Option::is_none")]
     pub degrade_queue_calls: Option<usize>,
+    /// Fanouts of the ladder's reduced GNN rung, e.g. 5,3 [default: none].
+    #[arg(long)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub degrade_fanouts: Option<Fanouts>,
     /// Redis URL of gnn-worker precompute's answers, served while they
     /// stand [default: none].
     #[arg(long)]

@@ -102,12 +102,14 @@ fn to_pb(p: Prediction) -> pb::Prediction {
     }
 }
 
+/// `left`: the time before the call's deadline (its `grpc-timeout`).
 async fn answer(
     service: &Service,
     request: pb::PredictRequest,
+    left: Option<std::time::Duration>,
 ) -> Result<pb::PredictResponse, Status> {
     let predictions = match request.new_node {
-        None => service.predict(request.node_ids).await,
+        None => service.predict(request.node_ids, left).await,
         Some(_) if !request.node_ids.is_empty() => Err(PredictError::InvalidArgument(
             "a PredictRequest sets node_ids or new_node, not both: send the known nodes in a \
              request of their own"
@@ -119,7 +121,7 @@ async fn answer(
                 neighbors: node.neighbors,
                 directed: node.directed,
             };
-            service.predict_new_node(node.id, new_node).await
+            service.predict_new_node(node.id, new_node, left).await
         }
     }
     .map_err(to_status)?;
@@ -138,7 +140,12 @@ impl pb::predictor_server::Predictor for PredictService {
         &self,
         request: Request<pb::PredictRequest>,
     ) -> Result<Response<pb::PredictResponse>, Status> {
-        answer(&self.service, request.into_inner())
+        let left = request
+            .metadata()
+            .get("grpc-timeout")
+            .and_then(|v| v.to_str().ok())
+            .and_then(crate::ladder::parse_grpc_timeout);
+        answer(&self.service, request.into_inner(), left)
             .await
             .map(Response::new)
     }
@@ -157,7 +164,9 @@ impl pb::predictor_server::Predictor for PredictService {
                 let next = match incoming.message().await {
                     Ok(Some(request)) => {
                         let request_id = request.request_id;
-                        match answer(&service, request).await {
+                        // A stream's deadline is the whole stream's, not
+                        // one request's: the ladder is not consulted.
+                        match answer(&service, request, None).await {
                             Ok(response) => Ok(response),
                             Err(status) => Ok(error_response(request_id, &status)),
                         }

@@ -25,6 +25,10 @@ pub struct PredictBody {
     /// of `node_ids`).
     #[serde(default)]
     pub new_node: Option<NewNodeJson>,
+    /// The call's deadline, milliseconds from now: the ladder answers on
+    /// the richest rung that fits (docs/serving.md, "The ladder").
+    #[serde(default)]
+    pub timeout_ms: Option<f64>,
 }
 
 /// `new_node` of a predict body (docs/serving.md, "A new node in one call").
@@ -63,8 +67,16 @@ async fn predict(
     State(service): State<Service>,
     Json(body): Json<PredictBody>,
 ) -> Result<Json<serde_json::Value>, axum::response::Response> {
+    let left = match body.timeout_ms {
+        Some(ms) if !(ms.is_finite() && ms > 0.0 && ms <= 3_600_000.0) => {
+            return Err(error_response(PredictError::InvalidArgument(format!(
+                "timeout_ms {ms} is not a number of milliseconds in (0, 3600000]"
+            ))));
+        }
+        ms => ms.map(|ms| std::time::Duration::from_secs_f64(ms / 1000.0)),
+    };
     let result = match body.new_node {
-        None => service.predict(body.node_ids).await,
+        None => service.predict(body.node_ids, left).await,
         Some(_) if !body.node_ids.is_empty() => Err(PredictError::InvalidArgument(
             "a predict body has node_ids or new_node, not both: send the known nodes in a \
              call of their own"
@@ -76,7 +88,7 @@ async fn predict(
                 neighbors: node.neighbors,
                 directed: node.directed,
             };
-            service.predict_new_node(node.id, new_node).await
+            service.predict_new_node(node.id, new_node, left).await
         }
     };
     match result {
@@ -94,7 +106,14 @@ async fn predict(
                 .collect();
             Ok(Json(serde_json::json!({ "predictions": predictions })))
         }
-        Err(e) => {
+        Err(e) => Err(error_response(e)),
+    }
+}
+
+/// The HTTP answer to a failed call.
+fn error_response(e: PredictError) -> axum::response::Response {
+    {
+        {
             let code = match e {
                 PredictError::InvalidArgument(_) => StatusCode::BAD_REQUEST,
                 PredictError::Unavailable(_) | PredictError::Overloaded(_) => {
@@ -108,7 +127,7 @@ async fn predict(
                     .headers_mut()
                     .insert(header::RETRY_AFTER, header::HeaderValue::from_static("1"));
             }
-            Err(response)
+            response
         }
     }
 }

@@ -283,6 +283,19 @@ async fn start(config: &WorkerConfig, service: &Service) -> anyhow::Result<()> {
     };
     let fanouts = config.fanouts.map_or(schema.default_fanouts, |f| f.0);
     manifest.check_segment(&schema, &geometry, fanouts)?;
+    if let Some(reduced) = config.degrade_fanouts {
+        for (hop, (f, cap)) in reduced.0.iter().zip(geometry.max_fanouts).enumerate() {
+            if *f > cap {
+                bail!(
+                    "degrade_fanouts {},{}: hop {} is {f}, above the sidecar's max fanout {cap}; \
+                     lower degrade_fanouts (it should be smaller than the worker's fanouts)",
+                    reduced.0[0],
+                    reduced.0[1],
+                    hop + 1
+                );
+            }
+        }
+    }
     let mut batching = BatchConfig::from_config(config);
     if batching.ring_concurrency > geometry.slot_count as usize {
         tracing::warn!(
@@ -480,10 +493,10 @@ async fn predict(
                 "node {:>8}  label {:>3}{}{}{}",
                 p.node_id,
                 p.label,
-                if p.answered_by == "student" {
-                    "  (by the student)"
-                } else {
-                    ""
+                match p.answered_by.as_str() {
+                    "student" => "  (by the student)",
+                    "precomputed" => "  (precomputed)",
+                    _ => "",
                 },
                 if p.known { "" } else { "  (unknown node)" },
                 if p.fallback_rows > 0 {

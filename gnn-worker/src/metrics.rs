@@ -95,13 +95,19 @@ impl WorkerMetrics {
             call_errors.clone(),
         );
         let answers = Family::<AnsweredByLabel, Counter>::default();
-        for by in ["gnn", "student", "precomputed"] {
+        for by in [
+            "gnn",
+            "gnn_reduced",
+            "student",
+            "precomputed",
+            "precomputed_unchecked",
+        ] {
             let _ = answers.get_or_create(&AnsweredByLabel { by });
         }
         r.register(
             "gnn_worker_answers",
-            "predictions answered, per source (gnn; student: the batcher's queue was at \
-             degrade_queue_calls; precomputed: a stored answer that still stands)",
+            "predictions answered, per rung of the ladder (gnn, gnn_reduced, student, \
+             precomputed, precomputed_unchecked)",
             answers.clone(),
         );
         let precomputed_nodes = Gauge::default();

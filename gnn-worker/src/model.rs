@@ -35,11 +35,17 @@ pub const STUDENT_INPUTS: [&str; 2] = ["features", "target_row"];
 pub enum AnsweredBy {
     /// The GNN, on the sampled neighbourhood.
     Gnn,
-    /// The MLP student, on the target's own row (docs/serving.md, "Degrade").
+    /// The MLP student, on the target's own row (docs/serving.md, "The ladder").
     Student,
     /// The GNN's output stored by `gnn-worker precompute`, still fresh
     /// (docs/serving.md, "Precomputed answers").
     Precomputed,
+    /// The GNN at the smaller `degrade_fanouts` (docs/serving.md, "The
+    /// ladder").
+    GnnReduced,
+    /// A stored answer the sidecar could not vouch for: it was unavailable
+    /// (docs/serving.md, "The ladder").
+    PrecomputedUnchecked,
 }
 
 impl AnsweredBy {
@@ -48,6 +54,8 @@ impl AnsweredBy {
             AnsweredBy::Gnn => "gnn",
             AnsweredBy::Student => "student",
             AnsweredBy::Precomputed => "precomputed",
+            AnsweredBy::GnnReduced => "gnn_reduced",
+            AnsweredBy::PrecomputedUnchecked => "precomputed_unchecked",
         }
     }
 }
@@ -311,8 +319,8 @@ impl Model {
             .map_err(|e| load(e.to_string()))?;
         let names: Vec<&str> = session.inputs().iter().map(|i| i.name()).collect();
         let wanted: &[&str] = match answered_by {
-            AnsweredBy::Gnn | AnsweredBy::Precomputed => &INPUTS,
             AnsweredBy::Student => &STUDENT_INPUTS,
+            _ => &INPUTS,
         };
         for &name in wanted {
             if !names.contains(&name) {

@@ -109,9 +109,15 @@ impl Service {
         }
     }
 
-    /// One client call: counted, timed, batched.
-    pub async fn predict(&self, ids: Vec<u64>) -> Result<Vec<Prediction>, PredictError> {
-        self.call(Call::Known(ids)).await
+    /// One client call: counted, timed, batched. `left`: the time before
+    /// the call's deadline, if the caller set one (docs/serving.md, "The
+    /// ladder").
+    pub async fn predict(
+        &self,
+        ids: Vec<u64>,
+        left: Option<Duration>,
+    ) -> Result<Vec<Prediction>, PredictError> {
+        self.call(Call::Known(ids), left).await
     }
 
     /// One client call for a node the graph does not have (docs/serving.md,
@@ -120,18 +126,23 @@ impl Service {
         &self,
         id: u64,
         node: NewNode,
+        left: Option<Duration>,
     ) -> Result<Vec<Prediction>, PredictError> {
-        self.call(Call::New(id, node)).await
+        self.call(Call::New(id, node), left).await
     }
 
-    async fn call(&self, call: Call) -> Result<Vec<Prediction>, PredictError> {
+    async fn call(
+        &self,
+        call: Call,
+        left: Option<Duration>,
+    ) -> Result<Vec<Prediction>, PredictError> {
         let metrics = self.metrics();
         metrics.calls.inc();
         let started = std::time::Instant::now();
         let result = match self.inner.predictor.get() {
             Some(predictor) => match call {
-                Call::Known(ids) => predictor.predict(ids).await,
-                Call::New(id, node) => predictor.predict_new_node(id, node).await,
+                Call::Known(ids) => predictor.predict(ids, left).await,
+                Call::New(id, node) => predictor.predict_new_node(id, node, left).await,
             },
             None => Err(PredictError::Unavailable(
                 self.readiness().err().unwrap_or_default(),

@@ -948,6 +948,105 @@ fn precomputed_answers_stand_until_their_neighbourhood_changes() {
     assert_eq!(gnn_answers() - gnn_before, stale.len() as f64);
     let fresh = tests::stack::metric_value(&metrics, "sidecar_fresh_targets_total");
     assert!(fresh >= (2 * n as usize - stale.len()) as f64, "{fresh}");
+
+    // The sidecar gone: the stored answers, unchecked, rather than an error.
+    let mut stack = stack;
+    let mut sidecar = stack.sidecar.take().expect("the sidecar");
+    sidecar.child.kill().unwrap();
+    sidecar.child.wait().unwrap();
+    let unchecked = predict_all(&stack, &[c, 5], 2);
+    for (p, stored) in unchecked.iter().zip([&before[c as usize], &before[5]]) {
+        assert_eq!(p.answered_by, "precomputed_unchecked", "node {}", p.node_id);
+        assert_eq!(p.logits, stored.logits, "node {}", p.node_id);
+    }
+    let (code, text) = tests::stack::http_request(
+        &stack.http,
+        "POST",
+        "/v1/predict",
+        Some(&format!(r#"{{"node_ids": [{n}]}}"#)),
+    )
+    .unwrap();
+    assert_eq!(code, 503, "a node without a stored answer: {text}");
+    assert_eq!(
+        tests::stack::metric_value(
+            &stack.http,
+            "gnn_worker_answers_total{by=\"precomputed_unchecked\"}"
+        ),
+        2.0
+    );
+}
+
+/// The ladder: a call whose deadline the full GNN would miss is answered
+/// on a cheaper rung (the GNN at `degrade_fanouts`, then the student, each
+/// tried once it is the only rung left that fits), says which, and is
+/// counted; a call with time to spare gets the full GNN.
+#[test]
+fn a_tight_deadline_steps_down_the_ladder() {
+    let student = tests::stack::derived_model_for(&dataset("cora"), "distill");
+    let mut options = StackOptions::new("cora");
+    options.worker_args = vec![
+        "--student".into(),
+        student.display().to_string(),
+        "--degrade-fanouts".into(),
+        "5,3".into(),
+    ];
+    let stack = Stack::start(&options).expect("stack");
+    let call = |timeout_ms: f64| -> serde_json::Value {
+        let body = format!(r#"{{"node_ids": [1358], "timeout_ms": {timeout_ms}}}"#);
+        let (code, text) =
+            tests::stack::http_request(&stack.http, "POST", "/v1/predict", Some(&body)).unwrap();
+        assert_eq!(code, 200, "{text}");
+        serde_json::from_str::<serde_json::Value>(&text).unwrap()["predictions"][0].clone()
+    };
+    let full = call(10_000.0);
+    assert_eq!(full["answered_by"], "gnn");
+    // One microsecond: the full GNN, measured now, does not fit; the reduced
+    // rung is tried, then (measured too) the student.
+    let reduced = call(0.001);
+    assert_eq!(reduced["answered_by"], "gnn_reduced");
+    assert_ne!(
+        reduced["logits"], full["logits"],
+        "node 1358 (degree 168) at fanouts [5, 3] is not its [20, 10] answer"
+    );
+    let by_student = call(0.001);
+    assert_eq!(by_student["answered_by"], "student");
+    // From then on the cheapest rung there is, whichever was measured so.
+    let cheapest = call(0.001);
+    assert!(
+        ["gnn", "gnn_reduced", "student"].contains(&cheapest["answered_by"].as_str().unwrap()),
+        "{cheapest}"
+    );
+    assert_eq!(call(10_000.0)["answered_by"], "gnn", "time to spare");
+    let count = |by: &str| {
+        tests::stack::metric_value(
+            &stack.http,
+            &format!("gnn_worker_answers_total{{by=\"{by}\"}}"),
+        )
+    };
+    assert_eq!(count("gnn") + count("gnn_reduced") + count("student"), 5.0);
+    assert!(count("gnn_reduced") >= 1.0 && count("student") >= 1.0);
+    // gRPC: the deadline is the call's grpc-timeout.
+    runtime().block_on(async {
+        let mut client = PredictorClient::connect(stack.grpc.clone()).await.unwrap();
+        let mut request = tonic::Request::new(pb::PredictRequest {
+            node_ids: vec![1358],
+            request_id: 0,
+            new_node: None,
+        });
+        request.set_timeout(std::time::Duration::from_secs(10));
+        let answer = client.predict(request).await.unwrap().into_inner();
+        assert_eq!(answer.predictions[0].answered_by, "gnn");
+    });
+    // A deadline that is not a number of milliseconds is refused.
+    let (code, text) = tests::stack::http_request(
+        &stack.http,
+        "POST",
+        "/v1/predict",
+        Some(r#"{"node_ids": [1], "timeout_ms": -3}"#),
+    )
+    .unwrap();
+    assert_eq!(code, 400, "{text}");
+    assert!(text.contains("timeout_ms"), "{text}");
     assert!(stack.stop());
 }
 

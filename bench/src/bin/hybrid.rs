@@ -41,6 +41,10 @@ struct Args {
     /// Seconds of closed-loop load per worker.
     #[arg(long, default_value_t = 10)]
     seconds: u64,
+    /// Fanouts the answers are precomputed with: `covering` (every
+    /// neighbour: the dataset's largest degree) or `f1,f2`.
+    #[arg(long, default_value = "covering")]
+    precompute_fanouts: String,
     /// Concurrent callers of the closed loop.
     #[arg(long, default_value_t = 8)]
     concurrency: usize,
@@ -81,6 +85,7 @@ struct DatasetResult {
 struct Report {
     command: String,
     cores: usize,
+    precompute_fanouts: String,
     results: Vec<DatasetResult>,
 }
 
@@ -200,7 +205,10 @@ fn run_dataset(name: &str, args: &Args) -> anyhow::Result<DatasetResult> {
             );
             std::thread::sleep(Duration::from_millis(100));
         }
-        let fanouts = [max_degree, max_degree];
+        let fanouts = match args.precompute_fanouts.as_str() {
+            "covering" => [max_degree, max_degree],
+            text => protocol::request::parse_fanouts(text).map_err(anyhow::Error::msg)?,
+        };
         let out = Command::new(workspace_bin("gnn-worker"))
             .args(["precompute", "--model"])
             .arg(&stack.model)
@@ -227,7 +235,7 @@ fn run_dataset(name: &str, args: &Args) -> anyhow::Result<DatasetResult> {
             .enable_all()
             .build()?;
         runtime.block_on(async {
-            let hybrid = PredictorClient::connect(format!("http://{}", stack.grpc)).await?;
+            let hybrid = PredictorClient::connect(stack.grpc.clone()).await?;
             let inductive = PredictorClient::connect(format!("http://{grpc}")).await?;
             let deadline = Instant::now() + Duration::from_secs(60);
             loop {
@@ -309,9 +317,9 @@ fn markdown(report: &Report) -> String {
     let mut md = format!(
         "# Precomputed answers against the inductive path\n\n`{}` ({} cores). Both workers \
          serve at fanouts [20, 10] from one sidecar; the stored answers were computed with \
-         covering fanouts. Latency: lone gRPC calls of one node, microseconds; throughput: \
+         fanouts `{}` (the table's precompute column). Latency: lone gRPC calls of one node, microseconds; throughput: \
          closed loop of one-node calls over every test node.\n\n",
-        report.command, report.cores
+        report.command, report.cores, report.precompute_fanouts
     );
     md.push_str(
         "| dataset | precompute | share from store (before / after changes) | accuracy \
@@ -320,9 +328,10 @@ fn markdown(report: &Report) -> String {
     );
     for r in &report.results {
         md.push_str(&format!(
-            "| {} | {} nodes in {:.1} s | {:.1}% / {:.1}% | {:.1} / {:.1}% | {:.1} / {:.1}% | {:.0} / {:.0} | {:.0} / {:.0} | {:.0} / {:.0} | {:.0} / {:.0} ({:.2}x) |\n",
+            "| {} | {} nodes at {:?} in {:.1} s | {:.1}% / {:.1}% | {:.1} / {:.1}% | {:.1} / {:.1}% | {:.0} / {:.0} | {:.0} / {:.0} | {:.0} / {:.0} | {:.0} / {:.0} ({:.2}x) |\n",
             r.dataset,
             r.nodes,
+            r.precompute_fanouts,
             r.precompute_seconds,
             100.0 * r.before_changes.share_precomputed,
             100.0 * r.after_changes.share_precomputed,
@@ -358,6 +367,7 @@ fn main() -> anyhow::Result<()> {
     let report = Report {
         command: std::env::args().collect::<Vec<_>>().join(" "),
         cores: std::thread::available_parallelism().map_or(1, |n| n.get()),
+        precompute_fanouts: args.precompute_fanouts.clone(),
         results,
     };
     let md = markdown(&report);
