@@ -4,6 +4,7 @@
 //! ([`scenario`]) and the report ([`report`]). The command is `bench-e2e`
 //! (`src/main.rs`).
 
+pub mod beside;
 pub mod floors;
 pub mod http;
 pub mod load;

@@ -395,32 +395,11 @@ impl Predictor {
         node: NewNode,
         left: Option<Duration>,
     ) -> Result<Vec<Prediction>, PredictError> {
-        let dim = self.schema.feature_dim as usize;
-        if node.features.len() != dim {
-            return Err(PredictError::InvalidArgument(format!(
-                "the new node's features have {} values; the served graph's rows have {dim}",
-                node.features.len()
-            )));
-        }
-        if let Some((i, v)) = node
-            .features
-            .iter()
-            .enumerate()
-            .find(|(_, v)| !v.is_finite())
-        {
-            return Err(PredictError::InvalidArgument(format!(
-                "the new node's feature {i} is {v}: every feature must be a finite number"
-            )));
-        }
-        if let Some(geometry) = self.client.geometry() {
-            let max = protocol::request::max_new_node_edges(&geometry, &self.schema);
-            if node.neighbors.len() as u64 > max {
-                return Err(PredictError::InvalidArgument(format!(
-                    "the new node has {} neighbours; the sidecar takes at most {max} in one \
-                     call: send fewer, or raise the sidecar's max_new_node_edges",
-                    node.neighbors.len()
-                )));
-            }
+        let problem = self.client.geometry().and_then(|geometry| {
+            protocol::request::new_node_problem(&node, &geometry, &self.schema)
+        });
+        if let Some(problem) = problem {
+            return Err(PredictError::InvalidArgument(problem));
         }
         self.enqueue(vec![id], Some(node), left).await
     }

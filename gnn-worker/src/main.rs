@@ -314,6 +314,12 @@ async fn start(config: &WorkerConfig, service: &Service) -> anyhow::Result<()> {
                      this release's sage.py (gnn-worker precompute refuses older ones)"
                 );
             }
+            redis::Client::open(url.as_str()).map_err(|e| {
+                anyhow::anyhow!(
+                    "precomputed_redis {url:?} is not a Redis URL ({e}): give one such as \
+                     redis://host:6379"
+                )
+            })?;
             let precomputed = Arc::new(Precomputed::default());
             let model_id = gnn_worker::precomputed::model_id(&config.model)?;
             let metrics = service.metrics().clone();

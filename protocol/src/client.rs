@@ -186,32 +186,10 @@ fn check_new_node(
             targets.len()
         )));
     }
-    let dim = schema.feature_dim as usize;
-    if node.features.len() != dim {
-        return Err(CallError::NewNode(format!(
-            "the new node's row has {} features; this graph's rows have {dim}",
-            node.features.len()
-        )));
+    match request::new_node_problem(node, geometry, schema) {
+        Some(problem) => Err(CallError::NewNode(problem)),
+        None => Ok(()),
     }
-    if let Some((i, v)) = node
-        .features
-        .iter()
-        .enumerate()
-        .find(|(_, v)| !v.is_finite())
-    {
-        return Err(CallError::NewNode(format!(
-            "the new node's feature {i} is {v}: every feature must be a finite number"
-        )));
-    }
-    let max = request::max_new_node_edges(geometry, schema);
-    if node.neighbors.len() as u64 > max {
-        return Err(CallError::NewNode(format!(
-            "the new node has {} edges; the sidecar takes at most {max}: send fewer, or raise \
-             the sidecar's max_new_node_edges",
-            node.neighbors.len()
-        )));
-    }
-    Ok(())
 }
 
 /// What [`RingClient::status`] reports.

@@ -52,6 +52,43 @@ pub fn max_new_node_edges(geometry: &Geometry, schema: &FeatureSchema) -> u64 {
     })
 }
 
+/// What a sidecar would refuse in `node` that its caller can see before
+/// asking: a row not of the segment's width, a value that is not a finite
+/// number, more edges than the request area holds. The message names the
+/// problem and the fix.
+pub fn new_node_problem(
+    node: &NewNode,
+    geometry: &Geometry,
+    schema: &FeatureSchema,
+) -> Option<String> {
+    let dim = schema.feature_dim as usize;
+    if node.features.len() != dim {
+        return Some(format!(
+            "the new node's row has {} features; this graph's rows have {dim}",
+            node.features.len()
+        ));
+    }
+    if let Some((i, v)) = node
+        .features
+        .iter()
+        .enumerate()
+        .find(|(_, v)| !v.is_finite())
+    {
+        return Some(format!(
+            "the new node's feature {i} is {v}: every feature must be a finite number"
+        ));
+    }
+    let max = max_new_node_edges(geometry, schema);
+    if node.neighbors.len() as u64 > max {
+        return Some(format!(
+            "the new node has {} edges; the sidecar takes at most {max}: send fewer, or raise \
+             the sidecar's max_new_node_edges",
+            node.neighbors.len()
+        ));
+    }
+    None
+}
+
 /// A node the graph does not have, carried in a request (`NEW_NODE`): the
 /// sidecar samples its neighbourhood as if it had been added with these
 /// edges, without adding it.

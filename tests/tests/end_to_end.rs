@@ -263,20 +263,24 @@ fn the_distilled_student_is_within_2_points_of_its_teacher() {
     );
 }
 
+/// cora served by a worker with the distilled student and `extra`
+/// arguments; the student's directory and the stack.
+fn cora_with_student(extra: &[&str]) -> (std::path::PathBuf, Stack) {
+    let student = tests::stack::derived_model_for(&dataset("cora"), "distill");
+    let mut options = StackOptions::new("cora");
+    options.worker_args = ["--student".to_string(), student.display().to_string()]
+        .into_iter()
+        .chain(extra.iter().map(|s| s.to_string()))
+        .collect();
+    (student, Stack::start(&options).expect("stack"))
+}
+
 /// `--student` with `--degrade-queue-calls 0`: every call is answered by
 /// the MLP student on its targets' own rows, exactly the student's offline
 /// logits, and says so (gRPC, HTTP, the answers metric).
 #[test]
 fn a_worker_with_a_student_answers_with_it_from_the_queue_threshold() {
-    let student = tests::stack::derived_model_for(&dataset("cora"), "distill");
-    let mut options = StackOptions::new("cora");
-    options.worker_args = vec![
-        "--student".into(),
-        student.display().to_string(),
-        "--degrade-queue-calls".into(),
-        "0".into(),
-    ];
-    let stack = Stack::start(&options).expect("stack");
+    let (student, stack) = cora_with_student(&["--degrade-queue-calls", "0"]);
     let classes = manifest(&student)["num_classes"].as_u64().unwrap() as usize;
     let reference = read_f32(&student.join("reference/logits.f32"));
     let ids: Vec<u64> = test_nodes("cora").into_iter().take(200).collect();
@@ -900,6 +904,9 @@ fn precomputed_answers_stand_until_their_neighbourhood_changes() {
         assert!(offline(p) <= 1e-4, "node {}: {}", p.node_id, offline(p));
     }
 
+    // Redis gone: the set in use stays (the rest of this test runs without
+    // it).
+    drop(redis);
     // An edge between a and b, and a changed row of c.
     let (a, b, c) = (10u64, 2000u64, 1000u64);
     let edges = std::fs::read(dataset(name).join("edges.u32")).unwrap();
@@ -982,15 +989,7 @@ fn precomputed_answers_stand_until_their_neighbourhood_changes() {
 /// counted; a call with time to spare gets the full GNN.
 #[test]
 fn a_tight_deadline_steps_down_the_ladder() {
-    let student = tests::stack::derived_model_for(&dataset("cora"), "distill");
-    let mut options = StackOptions::new("cora");
-    options.worker_args = vec![
-        "--student".into(),
-        student.display().to_string(),
-        "--degrade-fanouts".into(),
-        "5,3".into(),
-    ];
-    let stack = Stack::start(&options).expect("stack");
+    let (_, stack) = cora_with_student(&["--degrade-fanouts", "5,3"]);
     let call = |timeout_ms: f64| -> serde_json::Value {
         let body = format!(r#"{{"node_ids": [1358], "timeout_ms": {timeout_ms}}}"#);
         let (code, text) =

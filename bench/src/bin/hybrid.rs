@@ -25,7 +25,7 @@ use clap::Parser;
 use gnn_worker::grpc::{pb, PredictorClient};
 use rand::{Rng, SeedableRng};
 use serde::Serialize;
-use tests::stack::{dataset, free_port, metric_value, onnxruntime_lib, workspace_bin, Stack};
+use tests::stack::{dataset, metric_value, onnxruntime_lib, workspace_bin, Stack};
 
 #[derive(Debug, Parser)]
 #[command(about = "Precomputed answers against the inductive path")]
@@ -177,34 +177,9 @@ fn run_dataset(name: &str, args: &Args) -> anyhow::Result<DatasetResult> {
     ];
     let stack = Stack::start(&options)?;
     // The inductive worker beside it, on the same ring.
-    let grpc = format!("127.0.0.1:{}", free_port());
-    let http = format!("127.0.0.1:{}", free_port());
-    let mut inductive_worker = Command::new(workspace_bin("gnn-worker"))
-        .arg("serve")
-        .arg("--model")
-        .arg(&stack.model)
-        .args([
-            "--shm-name",
-            &stack.shm_name,
-            "--grpc",
-            &grpc,
-            "--http",
-            &http,
-        ])
-        .args(["--fanouts", "20,10", "--executors", "2"])
-        .arg("--onnxruntime-lib")
-        .arg(onnxruntime_lib())
-        .spawn()?;
+    let inductive_worker = bench::beside::Beside::start(&stack, &[])?;
+    let grpc = inductive_worker.grpc.clone();
     let result = (|| -> anyhow::Result<DatasetResult> {
-        let deadline = Instant::now() + Duration::from_secs(60);
-        while tests::stack::http_request(&http, "GET", "/readyz", None).map_or(true, |r| r.0 != 200)
-        {
-            ensure!(
-                Instant::now() < deadline,
-                "the inductive worker is not ready"
-            );
-            std::thread::sleep(Duration::from_millis(100));
-        }
         let fanouts = match args.precompute_fanouts.as_str() {
             "covering" => [max_degree, max_degree],
             text => protocol::request::parse_fanouts(text).map_err(anyhow::Error::msg)?,
@@ -236,7 +211,7 @@ fn run_dataset(name: &str, args: &Args) -> anyhow::Result<DatasetResult> {
             .build()?;
         runtime.block_on(async {
             let hybrid = PredictorClient::connect(stack.grpc.clone()).await?;
-            let inductive = PredictorClient::connect(format!("http://{grpc}")).await?;
+            let inductive = PredictorClient::connect(grpc.clone()).await?;
             let deadline = Instant::now() + Duration::from_secs(60);
             loop {
                 predict_all(&hybrid, &[test[0]]).await?;
@@ -307,8 +282,7 @@ fn run_dataset(name: &str, args: &Args) -> anyhow::Result<DatasetResult> {
             })
         })
     })();
-    let _ = inductive_worker.kill();
-    let _ = inductive_worker.wait();
+    drop(inductive_worker);
     drop(stack);
     result
 }

@@ -17,17 +17,16 @@ use std::collections::BTreeMap;
 use std::future::Future;
 use std::path::PathBuf;
 use std::pin::Pin;
-use std::process::Command;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use anyhow::{ensure, Context};
+use anyhow::Context;
 use bench::load::{self, Caller, Summary};
 use clap::Parser;
 use gnn_worker::grpc::{pb, PredictorClient};
 use serde::Serialize;
-use tests::stack::{dataset, free_port, onnxruntime_lib, workspace_bin, Stack, StackOptions};
+use tests::stack::{dataset, Stack, StackOptions};
 
 #[derive(Debug, Parser)]
 #[command(about = "Twice the sustainable load, with and without the ladder")]
@@ -122,37 +121,6 @@ struct Report {
     runs: Vec<Run>,
 }
 
-fn start_worker(
-    stack: &Stack,
-    extra: &[String],
-) -> anyhow::Result<(std::process::Child, String, String)> {
-    let grpc = format!("127.0.0.1:{}", free_port());
-    let http = format!("127.0.0.1:{}", free_port());
-    let child = Command::new(workspace_bin("gnn-worker"))
-        .arg("serve")
-        .arg("--model")
-        .arg(&stack.model)
-        .args([
-            "--shm-name",
-            &stack.shm_name,
-            "--grpc",
-            &grpc,
-            "--http",
-            &http,
-        ])
-        .args(["--fanouts", "20,10", "--executors", "2"])
-        .arg("--onnxruntime-lib")
-        .arg(onnxruntime_lib())
-        .args(extra)
-        .spawn()?;
-    let deadline = Instant::now() + Duration::from_secs(60);
-    while tests::stack::http_request(&http, "GET", "/readyz", None).map_or(true, |r| r.0 != 200) {
-        ensure!(Instant::now() < deadline, "a worker did not become ready");
-        std::thread::sleep(Duration::from_millis(100));
-    }
-    Ok((child, http, format!("http://{grpc}")))
-}
-
 fn main() -> anyhow::Result<()> {
     let args = Args::parse();
     let name = args.dataset.as_str();
@@ -196,9 +164,9 @@ fn main() -> anyhow::Result<()> {
     let mut saturation = 0.0;
     let mut runs = Vec::new();
     for (worker, extra) in workers {
-        let (mut child, _http, grpc) = start_worker(&stack, &extra)?;
+        let beside = bench::beside::Beside::start(&stack, &extra)?;
         let run = runtime.block_on(async {
-            let client = PredictorClient::connect(grpc).await?;
+            let client = PredictorClient::connect(beside.grpc.clone()).await?;
             // Warm up every rung's estimate, then (plain worker) find the
             // saturation the overload is a multiple of.
             let warm: Arc<dyn Caller> = Arc::new(checked(&client));
@@ -229,8 +197,7 @@ fn main() -> anyhow::Result<()> {
                 load: summary,
             })
         });
-        let _ = child.kill();
-        let _ = child.wait();
+        drop(beside);
         runs.push(run?);
     }
     let report = Report {

@@ -1,0 +1,61 @@
+//! A second worker on a stack's ring, for the binaries that set two
+//! workers side by side on one sidecar (`hybrid`, `ladder`).
+
+use std::process::{Child, Command};
+use std::time::{Duration, Instant};
+
+use anyhow::ensure;
+use tests::stack::{free_port, http_request, onnxruntime_lib, workspace_bin, Stack};
+
+/// A worker serving `stack`'s model from its ring at fanouts [20, 10] with
+/// two executors and `extra` arguments, once it is ready.
+#[derive(Debug)]
+pub struct Beside {
+    pub child: Child,
+    /// `host:port` of its HTTP listener.
+    pub http: String,
+    /// `http://host:port` of its gRPC listener.
+    pub grpc: String,
+}
+
+impl Beside {
+    pub fn start(stack: &Stack, extra: &[String]) -> anyhow::Result<Self> {
+        let grpc = format!("127.0.0.1:{}", free_port());
+        let http = format!("127.0.0.1:{}", free_port());
+        let child = Command::new(workspace_bin("gnn-worker"))
+            .arg("serve")
+            .arg("--model")
+            .arg(&stack.model)
+            .args(["--shm-name", &stack.shm_name, "--grpc", &grpc])
+            .args(["--http", &http, "--fanouts", "20,10", "--executors", "2"])
+            .arg("--onnxruntime-lib")
+            .arg(onnxruntime_lib())
+            .args(extra)
+            .spawn()?;
+        let mut worker = Self {
+            child,
+            http,
+            grpc: format!("http://{grpc}"),
+        };
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while http_request(&worker.http, "GET", "/readyz", None).map_or(true, |r| r.0 != 200) {
+            if Instant::now() >= deadline {
+                worker.stop();
+                ensure!(false, "the worker beside the stack did not become ready");
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        Ok(worker)
+    }
+
+    pub fn stop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for Beside {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
