@@ -739,7 +739,7 @@ fn ring_stage(
         // come in the order of `ids`.
         let store = ring.precomputed.and_then(Precomputed::current);
         let mut batch = batch;
-        batch.sort_by_key(|job| job_kind(job, store.as_deref()));
+        batch.sort_by_cached_key(|job| job_kind(job, store.as_deref()));
         let ids: Vec<u64> = batch.iter().flat_map(|j| j.ids.iter().copied()).collect();
         metrics.targets.inc_by(ids.len() as u64);
         let call = |jobs: &[Job]| {
@@ -885,10 +885,12 @@ fn jobs_ring_calls(
     jobs: &[Job],
     store: Option<&PrecomputedSet>,
 ) -> Result<Vec<Response>, PredictError> {
+    let kinds: Vec<u8> = jobs.iter().map(|j| job_kind(j, store)).collect();
     let ids_of = |kind: u8| -> Vec<u64> {
         jobs.iter()
-            .filter(|j| job_kind(j, store) == kind)
-            .flat_map(|j| j.ids.iter().copied())
+            .zip(&kinds)
+            .filter(|(_, &k)| k == kind)
+            .flat_map(|(j, _)| j.ids.iter().copied())
             .collect()
     };
     let fresh = store.map(|s| protocol::request::FreshSince {

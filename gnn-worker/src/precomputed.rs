@@ -53,11 +53,14 @@ pub struct SetMeta {
 impl SetMeta {
     /// The key prefix of this set's node outputs.
     pub fn node_prefix(&self) -> String {
-        format!(
-            "{}:{}:{:016x}:{}:",
-            KEY_PREFIX, self.model, self.clock, self.tick
-        )
+        node_prefix(&self.model, self.clock, self.tick)
     }
+}
+
+/// The key prefix of the node outputs of `model`'s set at `tick` of the
+/// sidecar start `clock`.
+pub fn node_prefix(model: &str, clock: u64, tick: u64) -> String {
+    format!("{KEY_PREFIX}:{model}:{clock:016x}:{tick}:")
 }
 
 /// The identity of a model directory: the first 16 hex digits of the
@@ -413,13 +416,7 @@ pub fn precompute(job: &PrecomputeJob) -> anyhow::Result<SetMeta> {
             match stamp {
                 None => {
                     stamp = Some((clock, tick, id_bound));
-                    prefix = SetMeta {
-                        model: model_id.clone(),
-                        clock,
-                        tick,
-                        ..empty_meta()
-                    }
-                    .node_prefix();
+                    prefix = node_prefix(&model_id, clock, tick);
                 }
                 Some((first, ..)) => anyhow::ensure!(
                     first == clock,
@@ -507,19 +504,4 @@ pub fn precompute(job: &PrecomputeJob) -> anyhow::Result<SetMeta> {
         }
     }
     Ok(meta)
-}
-
-fn empty_meta() -> SetMeta {
-    SetMeta {
-        model: String::new(),
-        clock: 0,
-        tick: 0,
-        fanouts: [0; MAX_HOPS],
-        id_bound: 0,
-        nodes: 0,
-        classes: 0,
-        hidden: 0,
-        seconds: 0.0,
-        created_unix: 0,
-    }
 }

@@ -101,7 +101,8 @@ impl Changes {
             .any(|n| edges.get(n).is_some_and(|&t| t > since))
     }
 
-    /// Nodes with a mark of either kind (for the metrics).
+    /// Nodes with a feature mark and with a neighbour-list mark
+    /// (`sidecar_change_marks`).
     pub fn marked(&self) -> (usize, usize) {
         let features = self
             .features

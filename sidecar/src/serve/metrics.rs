@@ -503,6 +503,24 @@ impl Collector for StateCollector {
             "rows being fetched from L2 or L3 now",
             core.tiers.rows_in_flight(),
         )?;
+        let changes = core.graph.changes();
+        let (feature_marks, edge_marks) = changes.marked();
+        gauge(
+            &mut e,
+            "sidecar_change_tick",
+            "changes (graph updates, feature invalidations) applied since the sidecar started",
+            changes.tick(),
+        )?;
+        labelled_gauges(
+            &mut e,
+            "sidecar_change_marks",
+            "nodes marked by the change clock (kept for the process's life), per kind",
+            "kind",
+            &[
+                ("features", feature_marks as i64),
+                ("edges", edge_marks as i64),
+            ],
+        )?;
         let graph = core.graph.snapshot();
         gauge(
             &mut e,
