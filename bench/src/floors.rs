@@ -72,6 +72,7 @@ fn inputs<'a>(sampled: &'a Sampled, features: &'a [f32], dim: usize) -> InputSli
         hop2_count: &sampled.hop2_count,
         hop2_rows: &sampled.hop2_rows,
         fanouts: sampled.fanouts.map(|f| f as usize),
+        hop1_h1: &[],
     }
 }
 

@@ -48,6 +48,11 @@ OUTPUT = "logits"
 # The GNN's second output: the targets' layer-1 embedding (what `gnn-worker
 # precompute` stores beside the logits).
 H1_OUTPUT = "h1"
+# The GNN's seventh input: the stored layer-1 embedding of each hop-1 slot
+# the sidecar sent without hop-2 neighbours (hop2_count -1, request flag
+# HUB_H1); [1, 1, hidden] when there is none.
+HUB_INPUT = "hop1_h1"
+GNN_INPUTS = INPUTS + [HUB_INPUT]
 
 
 def load_dataset(path):
@@ -86,9 +91,15 @@ def normalise(x):
     return x / np.maximum(x.sum(axis=1, keepdims=True), 1.0)
 
 
+def layer1(params, xn, a):
+    """h(v) for every node: the layer-1 embedding."""
+    w1s, w1n, b1 = params[:3]
+    return np.maximum(xn @ w1s + a @ (xn @ w1n) + b1, 0.0)
+
+
 def forward(params, xn, a):
-    w1s, w1n, b1, w2s, w2n, b2 = params
-    h = np.maximum(xn @ w1s + a @ (xn @ w1n) + b1, 0.0)
+    w2s, w2n, b2 = params[3:]
+    h = layer1(params, xn, a)
     return h @ w2s + a @ (h @ w2n) + b2
 
 
@@ -216,6 +227,10 @@ def build_onnx(params, feature_dim, num_classes):
                                     "z_t0"), "b1"], "z_t")], "h_t")
     h_1 = op("Relu", [op("Add", [op("Add", [op("Gather", [p_self, "hop1_rows"], "g_1s", axis=0), agg_1],
                                     "z_10"), "b1"], "z_1")], "h_1")
+    # A hop-1 slot sent without hop-2 neighbours (hop2_count -1: a hub whose
+    # stored layer-1 embedding stands) takes it from hop1_h1 instead.
+    cached = op("Unsqueeze", [op("Less", ["hop2_count", "zero_i"], "hub_less"), "axis2"], "hub_cached")
+    h_1 = op("Where", [cached, HUB_INPUT, h_1], "h_1_hub")
     # Layer 2 at the targets.
     agg_h = masked_mean(h_1, m1, "hop1_count", 1, "agg_h")
     out = op("Add", [op("MatMul", [h_t, "w2_self"], "o_self"), op("MatMul", [agg_h, "w2_neigh"], "o_neigh")],
@@ -231,6 +246,9 @@ def build_onnx(params, feature_dim, num_classes):
         helper.make_tensor_value_info("hop1_rows", i32, ["n_targets", "f1"]),
         helper.make_tensor_value_info("hop2_count", i32, ["n_targets", "f1"]),
         helper.make_tensor_value_info("hop2_rows", i32, ["n_targets", "f1", "f2"]),
+        # [n_targets, f1, hidden], or [1, 1, hidden] (broadcast) when no slot
+        # is cached.
+        helper.make_tensor_value_info(HUB_INPUT, f32, ["hub_targets", "hub_f1", w1s.shape[1]]),
     ]
     hidden = w1s.shape[1]
     return onnx_model(nodes, "graphsage_mean_2layer", inputs, num_classes, inits,
@@ -256,12 +274,16 @@ def onnx_model(nodes, name, inputs, num_classes, inits, producer, hidden=None):
     return model
 
 
-def response_inputs(x, targets, neighbours, fanouts):
+def response_inputs(x, targets, neighbours, fanouts, hubs=None):
     """Model inputs for `targets` laid out exactly as the sidecar lays out
     a response at `fanouts` (targets first, rows deduplicated, padding =
     the target's own row, hop2_count padded with 0); `neighbours(v, f)`
-    gives the neighbours of v kept for a hop of fanout f."""
+    gives the neighbours of v kept for a hop of fanout f. With `hubs` =
+    (is_hub, h1), a hop-1 node u with is_hub(u) goes without hop-2
+    neighbours (hop2_count -1) and `hop1_h1` holds h1[u] in its slot, as a
+    HUB_H1 response is served."""
     f1, f2 = fanouts
+    hop1_h1 = None if hubs is None else np.zeros((len(targets), f1, hubs[1].shape[1]), np.float32)
     rows, nodes = {}, []
 
     def row_of(v):
@@ -283,25 +305,44 @@ def response_inputs(x, targets, neighbours, fanouts):
         hop1_count[i] = len(hop1)
         for j, u in enumerate(hop1):
             hop1_rows[i, j] = row_of(int(u))
+            if hubs is not None and hubs[0](int(u)):
+                hop2_count[i, j] = -1
+                hop1_h1[i, j] = hubs[1][int(u)]
+                continue
             hop2 = neighbours(int(u), f2)
             hop2_count[i, j] = len(hop2)
             for k, w in enumerate(hop2):
                 hop2_rows[i, j, k] = row_of(int(w))
-    return {
+    feeds = {
         "features": x[np.array(nodes)].astype(np.float32),
         "target_row": np.array(target_row, np.int32),
         "hop1_count": hop1_count, "hop1_rows": hop1_rows,
         "hop2_count": hop2_count, "hop2_rows": hop2_rows,
     }
+    if hop1_h1 is not None:
+        feeds[HUB_INPUT] = hop1_h1
+    return feeds
 
 
-def full_inputs(x, indptr, indices, targets):
+def session_feeds(session, feeds):
+    """The entries of `feeds` that `session` takes, with `hop1_h1` (no
+    cached slot: [1, 1, hidden] zeros) when it takes one and `feeds` has
+    none."""
+    wanted = {i.name: i for i in session.get_inputs()}
+    out = {k: v for k, v in feeds.items() if k in wanted}
+    if HUB_INPUT in wanted and HUB_INPUT not in out:
+        out[HUB_INPUT] = np.zeros((1, 1, wanted[HUB_INPUT].shape[2]), np.float32)
+    return out
+
+
+def full_inputs(x, indptr, indices, targets, hubs=None):
     """Model inputs for `targets` with every neighbour: fanouts just wide
-    enough for the widest neighbour list among them."""
+    enough for the widest neighbour list among them (`hubs`: as
+    response_inputs)."""
     degree = indptr[1:] - indptr[:-1]
     f1 = max(1, max(int(degree[t]) for t in targets))
     f2 = max([1] + [int(degree[u]) for t in targets for u in indices[indptr[t]:indptr[t + 1]]])
-    return response_inputs(x, targets, lambda v, f: indices[indptr[v]:indptr[v + 1]], (f1, f2))
+    return response_inputs(x, targets, lambda v, f: indices[indptr[v]:indptr[v + 1]], (f1, f2), hubs)
 
 
 def cmd_train(args):
@@ -312,7 +353,9 @@ def cmd_train(args):
     a = mean_adjacency(n, indptr, indices)
     val, params, epoch = train(x, a, labels, split, c, args.hidden, args.epochs, args.lr,
                                args.weight_decay, args.dropout, args.seed)
-    logits = forward(params, normalise(x).astype(np.float32), a).astype(np.float32)
+    xn = normalise(x).astype(np.float32)
+    logits = forward(params, xn, a).astype(np.float32)
+    h1 = layer1(params, xn, a).astype(np.float32)
     test_idx = np.flatnonzero(split == 2)
     test_acc = accuracy(logits, labels, test_idx)
     os.makedirs(os.path.join(args.out, "reference"), exist_ok=True)
@@ -322,17 +365,26 @@ def cmd_train(args):
     logits.tofile(os.path.join(args.out, "reference", "logits.f32"))
 
     # A batch of inputs and what onnxruntime (Python) makes of them: the
-    # Rust worker must compute the same on the same bytes.
+    # Rust worker must compute the same on the same bytes. The batch is
+    # served as a HUB_H1 response is: hop-1 nodes of degree at least the
+    # batch's median hop-1 degree come with their offline h1 and no hop-2
+    # neighbours, which with every neighbour sampled changes nothing.
     import onnxruntime as ort
     targets = test_idx[: args.reference_targets]
-    feeds = full_inputs(x, indptr, indices, targets)
     session = ort.InferenceSession(os.path.join(args.out, "model.onnx"), providers=["CPUExecutionProvider"])
-    ort_logits = session.run([OUTPUT], feeds)[0]
-    diff = float(np.abs(ort_logits - logits[targets]).max())
+    plain = session.run([OUTPUT], session_feeds(session, full_inputs(x, indptr, indices, targets)))[0]
+    diff = float(np.abs(plain - logits[targets]).max())
     if diff > 1e-4:
         sys.exit(f"onnxruntime and the offline model disagree by {diff} on the reference batch")
+    degree = indptr[1:] - indptr[:-1]
+    hub_degree = max(2, int(np.median([degree[u] for t in targets for u in indices[indptr[t]:indptr[t + 1]]])))
+    feeds = full_inputs(x, indptr, indices, targets, hubs=(lambda u: degree[u] >= hub_degree, h1))
+    ort_logits = session.run([OUTPUT], feeds)[0]
+    hub_diff = float(np.abs(ort_logits - logits[targets]).max())
+    if hub_diff > 1e-4 or not (feeds["hop2_count"] < 0).any():
+        sys.exit(f"with stored hub embeddings, onnxruntime and the offline model disagree by {hub_diff}")
     described = {}
-    for name in INPUTS:
+    for name in GNN_INPUTS:
         arr = np.ascontiguousarray(feeds[name])
         arr.tofile(os.path.join(args.out, "reference", name + ".bin"))
         described[name] = {"dtype": str(arr.dtype), "shape": list(arr.shape)}
@@ -354,12 +406,12 @@ def cmd_train(args):
         "graph_version": args.graph_version,
         "num_nodes": n,
         "opset": OPSET,
-        "inputs": INPUTS,
+        "inputs": GNN_INPUTS,
         "outputs": [OUTPUT, H1_OUTPUT],
         "training": {"seed": args.seed, "epochs": args.epochs, "best_epoch": epoch, "lr": args.lr,
                      "weight_decay": args.weight_decay, "dropout": args.dropout},
         "offline": {"val_accuracy": val, "test_accuracy": test_acc,
-                    "onnxruntime_max_abs_diff": diff},
+                    "onnxruntime_max_abs_diff": diff, "hub_h1_max_abs_diff": hub_diff},
     }
     with open(os.path.join(args.out, "manifest.json"), "w") as f:
         json.dump(manifest, f, indent=2)
@@ -391,7 +443,7 @@ def cmd_init(args):
         "graph_version": args.graph_version,
         "num_nodes": None,
         "opset": OPSET,
-        "inputs": INPUTS,
+        "inputs": GNN_INPUTS,
         "outputs": [OUTPUT, H1_OUTPUT],
         "training": None,
         "offline": None,
@@ -430,10 +482,9 @@ def session_of(path):
 def session_logits(session, feeds_of, idx, batch=16):
     """Logits of `session` for the nodes `idx`, `batch` targets a run."""
     out = []
-    names = {i.name for i in session.get_inputs()}
     for start in range(0, len(idx), batch):
         feeds = feeds_of(idx[start:start + batch])
-        out.append(session.run([OUTPUT], {k: v for k, v in feeds.items() if k in names})[0])
+        out.append(session.run([OUTPUT], session_feeds(session, feeds))[0])
     return np.concatenate(out)
 
 
@@ -442,11 +493,10 @@ def time_sessions(named, feeds_pool, runs):
     sessions taking turns run by run so that each sees the same machine:
     {name: (p50, p99)}."""
     samples = {name: [] for name, _ in named}
-    wanted = {name: {i.name for i in session.get_inputs()} for name, session in named}
     for r in range(runs):
         feeds = feeds_pool[r % len(feeds_pool)]
         for name, session in (named if r % 2 == 0 else named[::-1]):
-            f = {k: v for k, v in feeds.items() if k in wanted[name]}
+            f = session_feeds(session, feeds)
             started = time.perf_counter()
             session.run([OUTPUT], f)
             samples[name].append((time.perf_counter() - started) * 1e6)

@@ -41,7 +41,7 @@ use std::time::{Duration, Instant};
 use protocol::client::CallError;
 use protocol::client::{CallRequest, ClientStatus, Response, RingClient};
 use protocol::layout::{status, FeatureSchema, MAX_HOPS};
-use protocol::payload::schema::target_status;
+use protocol::payload::schema::{target_status, HOP2_CACHED};
 use protocol::payload::ResponseTables;
 use protocol::request::NewNode;
 use tokio::sync::{mpsc, oneshot};
@@ -73,6 +73,12 @@ pub struct BatchConfig {
     pub degrade_queue_calls: usize,
     /// The fanouts of the ladder's reduced GNN rung; `None`: no such rung.
     pub degrade_fanouts: Option<[u32; MAX_HOPS]>,
+    /// With a precomputed set: whether its answers are served (otherwise
+    /// it only feeds the hub embeddings).
+    pub precomputed_answers: bool,
+    /// With a precomputed set: the smallest degree of the hop-1 nodes whose
+    /// stored layer-1 embedding stands in for their neighbourhood; 0: off.
+    pub hub_min_degree: u32,
 }
 
 impl BatchConfig {
@@ -87,6 +93,8 @@ impl BatchConfig {
             ring_concurrency: config.ring_concurrency.max(1),
             degrade_queue_calls: config.degrade_queue_calls,
             degrade_fanouts: config.degrade_fanouts.map(|f| f.0),
+            precomputed_answers: config.precomputed_answers,
+            hub_min_degree: config.hub_min_degree,
         }
     }
 }
@@ -484,7 +492,7 @@ impl Predictor {
     /// whether they stand), if the set in use holds every one.
     fn unchecked(&self, ids: &[u64]) -> Option<Vec<Prediction>> {
         let store = self.precomputed.as_ref()?.current()?;
-        if ids.is_empty() || !store.covers(ids) {
+        if ids.is_empty() || !store.covers(ids) || !self.config.precomputed_answers {
             return None;
         }
         Some(
@@ -739,7 +747,8 @@ fn ring_stage(
         // come in the order of `ids`.
         let store = ring.precomputed.and_then(Precomputed::current);
         let mut batch = batch;
-        batch.sort_by_cached_key(|job| job_kind(job, store.as_deref()));
+        let answers = store.as_deref().filter(|_| ring.config.precomputed_answers);
+        batch.sort_by_cached_key(|job| job_kind(job, answers));
         let ids: Vec<u64> = batch.iter().flat_map(|j| j.ids.iter().copied()).collect();
         metrics.targets.inc_by(ids.len() as u64);
         let call = |jobs: &[Job]| {
@@ -863,14 +872,15 @@ fn model_stage(
 static REQUEST_ID: AtomicU64 = AtomicU64::new(1);
 
 /// How a job goes to the ring, in this order: its nodes all have a
-/// precomputed answer (asked `FRESH_SINCE`), known nodes, known nodes at
-/// the ladder's reduced fanouts, a new node.
-fn job_kind(job: &Job, store: Option<&PrecomputedSet>) -> u8 {
+/// precomputed answer (asked `FRESH_SINCE`; `answers` is the set when its
+/// answers are served), known nodes, known nodes at the ladder's reduced
+/// fanouts, a new node.
+fn job_kind(job: &Job, answers: Option<&PrecomputedSet>) -> u8 {
     if job.new_node.is_some() {
         3
     } else if job.rung == Rung::Reduced {
         2
-    } else if store.is_some_and(|s| s.covers(&job.ids)) {
+    } else if answers.is_some_and(|s| s.covers(&job.ids)) {
         0
     } else {
         1
@@ -885,7 +895,8 @@ fn jobs_ring_calls(
     jobs: &[Job],
     store: Option<&PrecomputedSet>,
 ) -> Result<Vec<Response>, PredictError> {
-    let kinds: Vec<u8> = jobs.iter().map(|j| job_kind(j, store)).collect();
+    let answers = store.filter(|_| ring.config.precomputed_answers);
+    let kinds: Vec<u8> = jobs.iter().map(|j| job_kind(j, answers)).collect();
     let ids_of = |kind: u8| -> Vec<u64> {
         jobs.iter()
             .zip(&kinds)
@@ -893,22 +904,36 @@ fn jobs_ring_calls(
             .flat_map(|(j, _)| j.ids.iter().copied())
             .collect()
     };
-    let fresh = store.map(|s| protocol::request::FreshSince {
+    let since = store.map(|s| protocol::request::FreshSince {
         clock: s.meta.clock,
         tick: s.meta.tick,
         fanouts: s.meta.fanouts,
     });
+    // Hubs whose stored layer-1 embedding stands come without their
+    // neighbourhood (docs/serving.md, "Hub layer-1 embeddings").
+    let hub_h1 = since
+        .filter(|_| ring.config.hub_min_degree > 0 && store.is_some_and(|s| s.has_h1()))
+        .map(|since| protocol::request::HubH1 {
+            since,
+            min_degree: ring.config.hub_min_degree,
+        });
     let mut responses = ring_calls(
         ring,
         &ids_of(0),
         RingCall {
-            fresh,
+            fresh: since,
+            hub_h1,
             ..RingCall::default()
         },
     )?;
-    responses.extend(ring_calls(ring, &ids_of(1), RingCall::default())?);
+    let known = RingCall {
+        hub_h1,
+        ..RingCall::default()
+    };
+    responses.extend(ring_calls(ring, &ids_of(1), known)?);
     let reduced = RingCall {
         fanouts: ring.config.degrade_fanouts,
+        hub_h1,
         ..RingCall::default()
     };
     responses.extend(ring_calls(ring, &ids_of(2), reduced)?);
@@ -933,6 +958,8 @@ struct RingCall<'a> {
     new_node: Option<&'a NewNode>,
     /// `FRESH_SINCE`: unchanged targets come back `FRESH`.
     fresh: Option<protocol::request::FreshSince>,
+    /// `HUB_H1`: unchanged hubs come without their neighbourhood.
+    hub_h1: Option<protocol::request::HubH1>,
     /// Fanouts other than the worker's (the ladder's reduced rung).
     fanouts: Option<[u32; MAX_HOPS]>,
 }
@@ -989,6 +1016,7 @@ fn ring_call_split(
         request_id: REQUEST_ID.fetch_add(1, Ordering::Relaxed),
         own_rows_only: call.own_rows_only,
         fresh: call.fresh,
+        hub_h1: call.hub_h1,
         new_node: call.new_node,
     };
     metrics.ring_requests.inc();
@@ -1112,9 +1140,10 @@ fn run_one(
     let logits = if (0..status.len()).all(|i| stored(i).is_some()) {
         Vec::new()
     } else {
+        let hop1_h1 = hub_embeddings(&tables, store, model.manifest().hidden)?;
         let running = Instant::now();
         let logits = model
-            .run(&tables)
+            .run_with_hubs(&tables, &hop1_h1)
             .map_err(|e| PredictError::Internal(e.to_string()))?;
         metrics
             .onnx_run_seconds
@@ -1137,6 +1166,33 @@ fn run_one(
         });
     }
     Ok(())
+}
+
+/// The model's `hop1_h1` input for a response: empty when no hop-1 slot
+/// came without its neighbourhood, else `n_targets x f1 x hidden` with the
+/// stored layer-1 embedding of each such slot's node (zeros elsewhere).
+fn hub_embeddings(
+    tables: &ResponseTables,
+    store: Option<&PrecomputedSet>,
+    hidden: Option<u32>,
+) -> Result<Vec<f32>, PredictError> {
+    let counts = tables.hop2_counts();
+    if !counts.contains(&HOP2_CACHED) {
+        return Ok(Vec::new());
+    }
+    let hidden = hidden.unwrap_or(0) as usize;
+    let mut out = vec![0f32; counts.len() * hidden];
+    for (slot, _) in counts.iter().enumerate().filter(|(_, &c)| c == HOP2_CACHED) {
+        let node = tables.node_ids()[tables.hop1_rows()[slot] as usize];
+        let h1 = store.and_then(|s| s.h1(node)).ok_or_else(|| {
+            PredictError::Internal(format!(
+                "the sidecar sent hub {node} without its neighbourhood, but the worker holds no \
+                 layer-1 embedding for it: a malformed response"
+            ))
+        })?;
+        out[slot * hidden..(slot + 1) * hidden].copy_from_slice(h1);
+    }
+    Ok(out)
 }
 
 /// Index of the largest value (the first on ties).

@@ -46,6 +46,13 @@ pub struct WorkerConfig {
     pub precomputed_redis: Option<String>,
     /// How often the worker looks for a new precomputed set, seconds.
     pub precomputed_check_s: f64,
+    /// With precomputed_redis: whether fresh stored answers are served
+    /// (false: the set only feeds the hub embeddings).
+    pub precomputed_answers: bool,
+    /// With precomputed_redis: hop-1 nodes of at least this degree whose
+    /// stored layer-1 embedding stands are sent without their
+    /// neighbourhood; 0: off.
+    pub hub_min_degree: u32,
     /// The sidecar's shared-memory segment name.
     pub shm_name: String,
     /// gRPC listen address.
@@ -98,6 +105,8 @@ impl Default for WorkerConfig {
             degrade_fanouts: None,
             precomputed_redis: None,
             precomputed_check_s: 10.0,
+            precomputed_answers: true,
+            hub_min_degree: 0,
             shm_name: "gnn-sidecar".into(),
             grpc: SocketAddr::from(([127, 0, 0, 1], 50051)),
             http: SocketAddr::from(([127, 0, 0, 1], 8080)),
@@ -180,6 +189,24 @@ impl Validate for WorkerConfig {
             0.1,
             3_600.0,
         )?;
+        if self.hub_min_degree > 0 && self.precomputed_redis.is_none() {
+            return Err(Invalid::new(
+                "hub_min_degree",
+                format!(
+                    "is {} but precomputed_redis is not set: the hubs' layer-1 embeddings come \
+                     from a precomputed set",
+                    self.hub_min_degree
+                ),
+                "set precomputed_redis (and run gnn-worker precompute), or hub_min_degree 0",
+            ));
+        }
+        if !self.precomputed_answers && self.precomputed_redis.is_none() {
+            return Err(Invalid::new(
+                "precomputed_answers",
+                "is false but precomputed_redis is not set",
+                "leave precomputed_answers at true, or set precomputed_redis",
+            ));
+        }
         between("max_batch", self.max_batch as f64, 1.0, 65_536.0)?;
         between("max_delay_ms", self.max_delay_ms, 0.0, 1_000.0)?;
         between(
@@ -255,6 +282,17 @@ pub struct WorkerFlags {
     #[arg(long)]
     #[serde(skip_serializing_if = "Option::is_none")]
     pub precomputed_check_s: Option<f64>,
+    /// With --precomputed-redis: serve fresh stored answers (false: the
+    /// set only feeds the hub embeddings) [default: true].
+    #[arg(long)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub precomputed_answers: Option<bool>,
+    /// With --precomputed-redis: send hop-1 nodes of at least this degree
+    /// without their neighbourhood while their stored layer-1 embedding
+    /// stands; 0: off [default: 0].
+    #[arg(long)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub hub_min_degree: Option<u32>,
     /// The sidecar's shared-memory segment name [default: gnn-sidecar].
     #[arg(long)]
     #[serde(skip_serializing_if = "Option::is_none")]

@@ -320,6 +320,15 @@ async fn start(config: &WorkerConfig, service: &Service) -> anyhow::Result<()> {
                      redis://host:6379"
                 )
             })?;
+            anyhow::ensure!(
+                config.hub_min_degree == 0 || manifest.has_hub_input(),
+                "hub_min_degree is {} but the model {} takes no stored hub embeddings (its \
+                 inputs have no {:?}): re-export it with this release's sage.py, or set \
+                 hub_min_degree 0",
+                config.hub_min_degree,
+                config.model.display(),
+                gnn_worker::model::HUB_INPUT
+            );
             let precomputed = Arc::new(Precomputed::default());
             let model_id = gnn_worker::precomputed::model_id(&config.model)?;
             let metrics = service.metrics().clone();
@@ -327,6 +336,7 @@ async fn start(config: &WorkerConfig, service: &Service) -> anyhow::Result<()> {
                 url.clone(),
                 model_id,
                 manifest.num_classes,
+                config.hub_min_degree > 0,
                 Duration::from_secs_f64(config.precomputed_check_s),
                 move |set| {
                     metrics

@@ -26,6 +26,12 @@ pub const INPUTS: [&str; 6] = [
     "hop2_rows",
 ];
 
+/// A GNN's optional seventh input (models exported by this release): the
+/// stored layer-1 embedding of each hop-1 slot the sidecar sent without
+/// hop-2 neighbours (`hop2_count` -1, request flag `HUB_H1`), f32
+/// `[n_targets, f1, hidden]`, or `[1, 1, hidden]` when no slot is.
+pub const HUB_INPUT: &str = "hop1_h1";
+
 /// The inputs of an MLP student (`sage.py distill`): the node table's
 /// features and the targets' rows in it.
 pub const STUDENT_INPUTS: [&str; 2] = ["features", "target_row"];
@@ -185,7 +191,11 @@ impl Manifest {
             reason,
         };
         let manifest = Self::parse(model_dir)?;
-        if manifest.inputs != INPUTS {
+        let hub = manifest.inputs.len() == INPUTS.len() + 1
+            && manifest.inputs.last().map(String::as_str) == Some(HUB_INPUT);
+        if manifest.inputs[..manifest.inputs.len().min(INPUTS.len())] != INPUTS
+            || !(manifest.inputs.len() == INPUTS.len() || hub)
+        {
             let hint = if manifest.architecture == "mlp-2layer" {
                 ": this is an MLP student (sage.py distill), not a GNN; point --model at the \
                  GNN's directory"
@@ -193,11 +203,22 @@ impl Manifest {
                 ""
             };
             return Err(error(format!(
-                "inputs {:?}, expected {INPUTS:?} (the response columns){hint}",
+                "inputs {:?}, expected {INPUTS:?} (the response columns), optionally followed \
+                 by {HUB_INPUT:?}{hint}",
                 manifest.inputs
             )));
         }
+        if hub && manifest.hidden.is_none() {
+            return Err(error(format!(
+                "input {HUB_INPUT:?} without hidden: re-export the model with sage.py"
+            )));
+        }
         Ok(manifest)
+    }
+
+    /// Whether the GNN takes stored hub embeddings ([`HUB_INPUT`]).
+    pub fn has_hub_input(&self) -> bool {
+        self.inputs.last().map(String::as_str) == Some(HUB_INPUT)
     }
 
     /// Refuses a model trained for other data than the sidecar serves,
@@ -256,6 +277,9 @@ pub struct Model {
     session: Session,
     manifest: Manifest,
     answered_by: AnsweredBy,
+    /// `hidden` zeros: the `[1, 1, hidden]` hub input of a run without
+    /// cached slots.
+    no_hubs: Vec<f32>,
 }
 
 impl Model {
@@ -318,11 +342,14 @@ impl Model {
             .commit_from_file(&path)
             .map_err(|e| load(e.to_string()))?;
         let names: Vec<&str> = session.inputs().iter().map(|i| i.name()).collect();
-        let wanted: &[&str] = match answered_by {
-            AnsweredBy::Student => &STUDENT_INPUTS,
-            _ => &INPUTS,
+        let mut wanted: Vec<&str> = match answered_by {
+            AnsweredBy::Student => STUDENT_INPUTS.to_vec(),
+            _ => INPUTS.to_vec(),
         };
-        for &name in wanted {
+        if answered_by != AnsweredBy::Student && manifest.has_hub_input() {
+            wanted.push(HUB_INPUT);
+        }
+        for name in wanted {
             if !names.contains(&name) {
                 return Err(load(format!(
                     "the graph has no input {name:?} (it has {names:?})"
@@ -334,10 +361,12 @@ impl Model {
                 return Err(load(format!("the graph has no output {wanted:?}")));
             }
         }
+        let no_hubs = vec![0f32; manifest.hidden.unwrap_or(0) as usize];
         Ok(Self {
             session,
             manifest,
             answered_by,
+            no_hubs,
         })
     }
 
@@ -353,6 +382,18 @@ impl Model {
     /// Runs the model on a response; returns `n_targets x num_classes`
     /// logits, row-major. The inputs borrow the response's buffers.
     pub fn run(&mut self, tables: &ResponseTables) -> Result<Vec<f32>, ModelError> {
+        self.run_with_hubs(tables, &[])
+    }
+
+    /// As [`Model::run`], with `hop1_h1` (`n_targets x f1 x hidden`, or
+    /// empty when no slot is cached) the stored layer-1 embedding of each
+    /// hop-1 slot whose `hop2_count` is -1, for a GNN that takes them
+    /// ([`Manifest::has_hub_input`]).
+    pub fn run_with_hubs(
+        &mut self,
+        tables: &ResponseTables,
+        hop1_h1: &[f32],
+    ) -> Result<Vec<f32>, ModelError> {
         if tables.n_targets() == 0 {
             return Ok(Vec::new());
         }
@@ -366,7 +407,8 @@ impl Model {
                 .map_err(|e| ModelError::Run(e.to_string()))?;
             return logits_of(&self.manifest, &outputs, tables.n_targets());
         }
-        self.run_inputs(inputs, tables.n_targets(), false)
+        let f1 = tables.fanouts()[0] as usize;
+        self.run_inputs(inputs, (tables.n_targets(), f1), hop1_h1, false)
             .map(|(logits, _)| logits)
     }
 
@@ -391,7 +433,8 @@ impl Model {
             return Ok((Vec::new(), Vec::new()));
         }
         let inputs = bind_inputs(tables).map_err(|e| ModelError::Run(e.to_string()))?;
-        let (logits, h1) = self.run_inputs(inputs, tables.n_targets(), true)?;
+        let shape = (tables.n_targets(), tables.fanouts()[0] as usize);
+        let (logits, h1) = self.run_inputs(inputs, shape, &[], true)?;
         Ok((logits, h1.unwrap_or_default()))
     }
 
@@ -399,34 +442,60 @@ impl Model {
     /// reference batches of the model tooling, for instance).
     pub fn run_slices(&mut self, inputs: &InputSlices<'_>) -> Result<Vec<f32>, ModelError> {
         let bound = inputs.bind().map_err(|e| ModelError::Run(e.to_string()))?;
-        self.run_inputs(bound, inputs.target_row.len(), false)
+        let shape = (inputs.target_row.len(), inputs.fanouts[0]);
+        self.run_inputs(bound, shape, inputs.hop1_h1, false)
             .map(|(logits, _)| logits)
     }
 
-    /// Logits, and with `h1` the targets' layer-1 embeddings.
+    /// Logits, and with `h1` the targets' layer-1 embeddings; `shape` is
+    /// `(n_targets, f1)`.
     fn run_inputs(
         &mut self,
         inputs: [Input<'_>; 6],
-        n_targets: usize,
+        shape: (usize, usize),
+        hop1_h1: &[f32],
         h1: bool,
     ) -> Result<(Vec<f32>, Option<Vec<f32>>), ModelError> {
+        let (n_targets, f1) = shape;
+        let hidden = self.manifest.hidden.unwrap_or(0) as usize;
         let [features, target_row, hop1_count, hop1_rows, hop2_count, hop2_rows] = inputs;
+        let mut named = ort::inputs![
+            "features" => features,
+            "target_row" => target_row,
+            "hop1_count" => hop1_count,
+            "hop1_rows" => hop1_rows,
+            "hop2_count" => hop2_count,
+            "hop2_rows" => hop2_rows,
+        ];
+        if self.manifest.has_hub_input() {
+            let hubs = if hop1_h1.is_empty() {
+                TensorRef::from_array_view(([1, 1, hidden], &self.no_hubs[..]))
+            } else if hop1_h1.len() == n_targets * f1 * hidden {
+                TensorRef::from_array_view(([n_targets, f1, hidden], hop1_h1))
+            } else {
+                return Err(ModelError::Run(format!(
+                    "{} stored hub embedding values for {n_targets} targets at hop-1 fanout \
+                     {f1} and {hidden} hidden units",
+                    hop1_h1.len()
+                )));
+            }
+            .map_err(|e| ModelError::Run(e.to_string()))?;
+            named.push((HUB_INPUT.into(), hubs.into()));
+        } else if !hop1_h1.is_empty() {
+            return Err(ModelError::Run(
+                "stored hub embeddings given to a model that takes none: re-export it with \
+                 this release's sage.py"
+                    .into(),
+            ));
+        }
         let outputs = self
             .session
-            .run(ort::inputs![
-                "features" => features,
-                "target_row" => target_row,
-                "hop1_count" => hop1_count,
-                "hop1_rows" => hop1_rows,
-                "hop2_count" => hop2_count,
-                "hop2_rows" => hop2_rows,
-            ])
+            .run(named)
             .map_err(|e| ModelError::Run(e.to_string()))?;
         let logits = logits_of(&self.manifest, &outputs, n_targets)?;
         if !h1 {
             return Ok((logits, None));
         }
-        let hidden = self.manifest.hidden.unwrap_or(0) as usize;
         let (shape, values) = outputs[H1_OUTPUT]
             .try_extract_tensor::<f32>()
             .map_err(|e| ModelError::Run(e.to_string()))?;
@@ -469,6 +538,9 @@ pub struct InputSlices<'a> {
     pub hop2_count: &'a [i32],
     pub hop2_rows: &'a [i32],
     pub fanouts: [usize; MAX_HOPS],
+    /// `n_targets x f1 x hidden` stored hub embeddings ([`HUB_INPUT`]), or
+    /// empty.
+    pub hop1_h1: &'a [f32],
 }
 
 impl<'a> InputSlices<'a> {
@@ -534,6 +606,7 @@ pub fn bind_inputs(tables: &ResponseTables) -> ort::Result<[Input<'_>; 6]> {
         hop2_count: tables.hop2_counts(),
         hop2_rows: tables.hop2_rows(),
         fanouts: tables.fanouts().map(|f| f as usize),
+        hop1_h1: &[],
     }
     .bind()
 }

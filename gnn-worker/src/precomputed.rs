@@ -85,12 +85,15 @@ pub fn encode_output(logits: &[f32], h1: &[f32]) -> Vec<u8> {
         .collect()
 }
 
-/// A loaded set: every stored node's logits, in memory.
+/// A loaded set: every stored node's logits and, when loaded with them,
+/// layer-1 embeddings, in memory.
 #[derive(Debug)]
 pub struct PrecomputedSet {
     pub meta: SetMeta,
     /// `id_bound x classes`, row-major.
     logits: Vec<f32>,
+    /// `id_bound x hidden`, row-major; empty unless loaded with them.
+    h1: Vec<f32>,
     present: Vec<bool>,
 }
 
@@ -103,6 +106,25 @@ impl PrecomputedSet {
         }
         let c = self.meta.classes as usize;
         Some(&self.logits[i * c..(i + 1) * c])
+    }
+
+    /// The stored layer-1 embedding of `node`, if the set holds it and was
+    /// loaded with them.
+    pub fn h1(&self, node: u64) -> Option<&[f32]> {
+        if !self.has_h1() {
+            return None;
+        }
+        let i = usize::try_from(node).ok()?;
+        if !*self.present.get(i)? {
+            return None;
+        }
+        let h = self.meta.hidden as usize;
+        Some(&self.h1[i * h..(i + 1) * h])
+    }
+
+    /// Whether the set was loaded with the layer-1 embeddings.
+    pub fn has_h1(&self) -> bool {
+        !self.h1.is_empty()
     }
 
     /// Whether the set holds every one of `ids`.
@@ -120,13 +142,15 @@ impl PrecomputedSet {
     }
 
     /// Reads `model`'s set for the sidecar start `clock`, if there is one:
-    /// its description, then every node's logits (MGET, 1,024 ids at a
-    /// time). A set whose classes are not `classes` is refused.
+    /// its description, then every node's logits and, `with_h1`, layer-1
+    /// embeddings (MGET, 1,024 ids at a time). A set whose classes are not
+    /// `classes` is refused.
     pub async fn load(
         redis: &mut redis::aio::MultiplexedConnection,
         model: &str,
         clock: u64,
         classes: u32,
+        with_h1: bool,
     ) -> anyhow::Result<Option<Self>> {
         let pointer: Option<String> = redis::cmd("GET")
             .arg(pointer_key(model, clock))
@@ -147,7 +171,13 @@ impl PrecomputedSet {
         let c = classes as usize;
         let width = (meta.classes + meta.hidden) as usize * 4;
         let n = usize::try_from(meta.id_bound).context("id bound")?;
+        let h = meta.hidden as usize;
         let mut logits = vec![0f32; n * c];
+        let mut h1 = if with_h1 && h > 0 {
+            vec![0f32; n * h]
+        } else {
+            Vec::new()
+        };
         let mut present = vec![false; n];
         let prefix = meta.node_prefix();
         for start in (0..n).step_by(CHUNK) {
@@ -165,12 +195,18 @@ impl PrecomputedSet {
                 for (k, chunk) in bytes[..c * 4].chunks_exact(4).enumerate() {
                     logits[i * c + k] = f32::from_le_bytes(chunk.try_into().expect("4 bytes"));
                 }
+                if !h1.is_empty() {
+                    for (k, chunk) in bytes[c * 4..].chunks_exact(4).enumerate() {
+                        h1[i * h + k] = f32::from_le_bytes(chunk.try_into().expect("4 bytes"));
+                    }
+                }
                 present[i] = true;
             }
         }
         Ok(Some(Self {
             meta,
             logits,
+            h1,
             present,
         }))
     }
@@ -205,12 +241,14 @@ impl Precomputed {
 
     /// Keeps the set in use matching the sidecar: every `period`, if the
     /// sidecar's clock or its set changed, loads the set stored for it (or
-    /// drops the old one when there is none). Runs for ever.
+    /// drops the old one when there is none), `with_h1` with its layer-1
+    /// embeddings. Runs for ever.
     pub async fn follow(
         self: Arc<Self>,
         redis_url: String,
         model: String,
         classes: u32,
+        with_h1: bool,
         period: std::time::Duration,
         loaded: impl Fn(Option<&PrecomputedSet>) + Send + 'static,
     ) {
@@ -270,7 +308,7 @@ impl Precomputed {
                 loaded(None);
                 continue;
             }
-            match PrecomputedSet::load(redis, &model, clock, classes).await {
+            match PrecomputedSet::load(redis, &model, clock, classes, with_h1).await {
                 Ok(Some(set)) => {
                     tracing::info!(
                         nodes = set.len(),

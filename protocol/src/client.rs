@@ -65,6 +65,10 @@ pub struct CallRequest<'a> {
     /// Unchanged targets come back `FRESH` with their own row alone
     /// (`FRESH_SINCE`).
     pub fresh: Option<request::FreshSince>,
+    /// Unchanged hubs among the hop-1 nodes come without their hop-2
+    /// neighbours (`HUB_H1`); with `fresh` as well, both carry the same
+    /// point of the change clock.
+    pub hub_h1: Option<request::HubH1>,
 }
 
 impl<'a> CallRequest<'a> {
@@ -77,6 +81,7 @@ impl<'a> CallRequest<'a> {
             own_rows_only: false,
             new_node: None,
             fresh: None,
+            hub_h1: None,
         }
     }
 
@@ -138,6 +143,13 @@ fn request_header(
     request: &CallRequest<'_>,
     deadline_mono_ns: u64,
 ) -> crate::layout::RequestHeader {
+    debug_assert!(
+        request.fresh.is_none()
+            || request.hub_h1.is_none()
+            || request.fresh == request.hub_h1.map(|h| h.since),
+        "FRESH_SINCE and HUB_H1 share the request's point of the change clock"
+    );
+    let since = request.fresh.or(request.hub_h1.map(|h| h.since));
     crate::layout::RequestHeader {
         request_id: request.request_id,
         deadline_mono_ns,
@@ -145,19 +157,24 @@ fn request_header(
         fanouts: request.fanouts,
         flags: request_flags(request),
         new_node_edges: request.new_node.map_or(0, |n| n.neighbors.len() as u32),
-        _reserved: [0; 4],
-        fresh_clock: request.fresh.map_or(0, |f| f.clock),
-        fresh_tick: request.fresh.map_or(0, |f| f.tick),
-        fresh_fanouts: request.fresh.map_or([0; MAX_HOPS], |f| f.fanouts),
+        hub_min_degree: request.hub_h1.map_or(0, |h| h.min_degree),
+        fresh_clock: since.map_or(0, |f| f.clock),
+        fresh_tick: since.map_or(0, |f| f.tick),
+        fresh_fanouts: since.map_or([0; MAX_HOPS], |f| f.fanouts),
     }
 }
 
 /// The flag bits of a call.
 fn request_flags(request: &CallRequest<'_>) -> u32 {
-    use crate::layout::request_flags::{FRESH_SINCE, NEW_NODE, NEW_NODE_DIRECTED, OWN_ROWS_ONLY};
+    use crate::layout::request_flags::{
+        FRESH_SINCE, HUB_H1, NEW_NODE, NEW_NODE_DIRECTED, OWN_ROWS_ONLY,
+    };
     let mut flags = 0;
     if request.fresh.is_some() {
         flags |= FRESH_SINCE;
+    }
+    if request.hub_h1.is_some() {
+        flags |= HUB_H1;
     }
     if request.own_rows_only {
         flags |= OWN_ROWS_ONLY;

@@ -260,8 +260,15 @@ pub mod request_flags {
     /// target status `FRESH` (docs/protocol.md, "Freshness"): the caller
     /// holds their answer already (precomputed outputs).
     pub const FRESH_SINCE: u32 = 1 << 3;
+    /// The caller holds the layer-1 embedding of every node as computed at
+    /// `fresh_clock`/`fresh_tick`/`fresh_fanouts`: a sampled hop-1 node of
+    /// degree at least `hub_min_degree` whose own hop-1 sample has not
+    /// changed since then gets no hop-2 neighbours and `hop2_count` -1
+    /// ([`crate::payload::schema::HOP2_CACHED`]); docs/protocol.md, "Hub
+    /// layer-1 embeddings".
+    pub const HUB_H1: u32 = 1 << 4;
     /// Every defined bit; a sidecar refuses others.
-    pub const KNOWN: u32 = OWN_ROWS_ONLY | NEW_NODE | NEW_NODE_DIRECTED | FRESH_SINCE;
+    pub const KNOWN: u32 = OWN_ROWS_ONLY | NEW_NODE | NEW_NODE_DIRECTED | FRESH_SINCE | HUB_H1;
 }
 
 /// The fixed part of a request, at the start of a slot's data region; the
@@ -282,10 +289,13 @@ pub struct RequestHeader {
     /// With `NEW_NODE`: the new node's edges after its feature row; 0
     /// otherwise.
     pub new_node_edges: u32,
-    pub _reserved: [u8; 4],
-    /// With `FRESH_SINCE`: the change clock ([`ResponseHeader::change_clock`])
-    /// and tick the caller's answers were computed at, and the fanouts they
-    /// were computed with; 0 otherwise.
+    /// With `HUB_H1`: the smallest degree of a hop-1 node whose layer-1
+    /// embedding the caller holds (at least 1); 0 otherwise.
+    pub hub_min_degree: u32,
+    /// With `FRESH_SINCE` or `HUB_H1`: the change clock
+    /// ([`ResponseHeader::change_clock`]) and tick the caller's stored
+    /// outputs were computed at, and the fanouts they were computed with; 0
+    /// otherwise.
     pub fresh_clock: u64,
     pub fresh_tick: u64,
     pub fresh_fanouts: [u32; MAX_HOPS],
@@ -457,6 +467,7 @@ mod tests {
         assert_eq!(offset_of!(RequestHeader, fanouts), 20);
         assert_eq!(offset_of!(RequestHeader, flags), 28);
         assert_eq!(offset_of!(RequestHeader, new_node_edges), 32);
+        assert_eq!(offset_of!(RequestHeader, hub_min_degree), 36);
         assert_eq!(offset_of!(RequestHeader, fresh_clock), 40);
         assert_eq!(offset_of!(RequestHeader, fresh_tick), 48);
         assert_eq!(offset_of!(RequestHeader, fresh_fanouts), 56);

@@ -115,6 +115,16 @@ pub struct FreshSince {
     pub fanouts: [u32; MAX_HOPS],
 }
 
+/// A `HUB_H1` request's ask: the caller holds the layer-1 embedding of
+/// every node as computed at `since`, and wants hop-1 nodes of degree at
+/// least `min_degree` whose own hop-1 sample at `since.fanouts[0]` has not
+/// changed sent without their hop-2 neighbours.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct HubH1 {
+    pub since: FreshSince,
+    pub min_degree: u32,
+}
+
 /// The bytes of a request area holding `header` (whose `n_targets` and
 /// `new_node_edges` are those of `targets` and `new_node`), the target ids
 /// after it and, with a new node, its row and edges: for the client to copy
@@ -171,6 +181,9 @@ pub struct Request {
     pub new_node: Option<NewNode>,
     /// `FRESH_SINCE`: answer unchanged targets with their own row alone.
     pub fresh: Option<FreshSince>,
+    /// `HUB_H1`: send unchanged hubs among the hop-1 nodes without their
+    /// hop-2 neighbours.
+    pub hub_h1: Option<HubH1>,
 }
 
 impl Request {
@@ -201,10 +214,15 @@ pub enum RequestError {
     #[error("request flags {flags:#x} contain bits this sidecar does not know")]
     UnknownFlags { flags: u32 },
     #[error(
-        "request bytes 36..40 (reserved) are not zero: the client writes a newer layout than \
-         this sidecar's"
+        "request hub_min_degree is {degree} without the HUB_H1 flag (0x10): set the flag, or \
+         leave it 0"
     )]
-    ReservedNotZero,
+    HubDegreeWithoutFlag { degree: u32 },
+    #[error(
+        "request flag HUB_H1 (0x10) has hub_min_degree 0: send the smallest degree of the hubs \
+         whose layer-1 embedding the caller holds (at least 1)"
+    )]
+    HubDegreeZero,
     #[error(
         "request has new_node_edges {edges} but not the NEW_NODE flag: set the flag, or leave \
          the count at 0"
@@ -216,7 +234,7 @@ pub enum RequestError {
     DirectedWithoutNewNode,
     #[error(
         "request bytes 40..64 (fresh_clock, fresh_tick, fresh_fanouts) are set without the \
-         FRESH_SINCE flag (0x8): set the flag, or leave them 0"
+         FRESH_SINCE (0x8) or HUB_H1 (0x10) flag: set one, or leave them 0"
     )]
     FreshWithoutFlag,
     #[error(
@@ -287,10 +305,16 @@ pub fn decode(
             flags: header.flags,
         });
     }
-    if header._reserved != [0; 4] {
-        return Err(RequestError::ReservedNotZero);
+    let hub = header.flags & request_flags::HUB_H1 != 0;
+    if !hub && header.hub_min_degree != 0 {
+        return Err(RequestError::HubDegreeWithoutFlag {
+            degree: header.hub_min_degree,
+        });
     }
-    let fresh = if header.flags & request_flags::FRESH_SINCE != 0 {
+    if hub && header.hub_min_degree == 0 {
+        return Err(RequestError::HubDegreeZero);
+    }
+    let since = if header.flags & (request_flags::FRESH_SINCE | request_flags::HUB_H1) != 0 {
         let [f1, f2] = header.fresh_fanouts;
         let caps = geometry.max_fanouts;
         if f1 == 0 || f2 == 0 || f1 > caps[0] || f2 > caps[1] {
@@ -306,6 +330,11 @@ pub fn decode(
     } else {
         None
     };
+    let fresh = since.filter(|_| header.flags & request_flags::FRESH_SINCE != 0);
+    let hub_h1 = since.filter(|_| hub).map(|since| HubH1 {
+        since,
+        min_degree: header.hub_min_degree,
+    });
     let new_node = header.flags & request_flags::NEW_NODE != 0;
     if !new_node && header.new_node_edges != 0 {
         return Err(RequestError::EdgesWithoutNewNode {
@@ -367,6 +396,7 @@ pub fn decode(
         targets,
         new_node,
         fresh,
+        hub_h1,
     })
 }
 
@@ -443,6 +473,7 @@ mod tests {
             targets: vec![],
             new_node: None,
             fresh: None,
+            hub_h1: None,
         };
         assert_eq!(request.remaining_at(5_000), None, "no deadline");
         request.deadline_mono_ns = 8_000;

@@ -237,9 +237,9 @@ fn the_own_rows_flag_is_read_and_other_bits_are_refused() {
     let own = with_flags(protocol::layout::request_flags::OWN_ROWS_ONLY).unwrap();
     assert!(own.own_rows_only);
     assert_eq!((own.request_id, own.targets.as_slice()), (7, &[42u64][..]));
-    let err = with_flags(16).unwrap_err();
-    assert_eq!(err, request::RequestError::UnknownFlags { flags: 16 });
-    assert!(err.to_string().contains("0x10"), "{err}");
+    let err = with_flags(32).unwrap_err();
+    assert_eq!(err, request::RequestError::UnknownFlags { flags: 32 });
+    assert!(err.to_string().contains("0x20"), "{err}");
 }
 
 /// `FRESH_SINCE`: the clock, tick and fanouts at 40..64 are read with the
@@ -280,6 +280,57 @@ fn the_fresh_since_fields_are_read_with_their_flag_only() {
         let err = decode(&area(FRESH_SINCE, 1, 1, bad)).unwrap_err();
         assert!(matches!(err, RequestError::FreshFanouts { .. }), "{err}");
     }
+}
+
+/// `HUB_H1`: `hub_min_degree` at 36 and the clock fields at 40..64 are
+/// read with the flag, alone or beside `FRESH_SINCE`; a degree without
+/// the flag, or 0 with it, is refused by name.
+#[test]
+fn the_hub_fields_are_read_with_their_flag_only() {
+    use protocol::layout::request_flags::{FRESH_SINCE, HUB_H1};
+    use request::RequestError;
+    let geometry: Geometry = bytemuck_geometry(valid_segment_bytes());
+    let caps = geometry.max_fanouts;
+    let area = |flags: u32, degree: u32, tick: u64| {
+        let mut area = vec![0u8; 72];
+        area[16..20].copy_from_slice(&1u32.to_le_bytes());
+        area[28..32].copy_from_slice(&flags.to_le_bytes());
+        area[36..40].copy_from_slice(&degree.to_le_bytes());
+        area[40..48].copy_from_slice(&0xabcu64.to_le_bytes());
+        area[48..56].copy_from_slice(&tick.to_le_bytes());
+        area[56..60].copy_from_slice(&caps[0].to_le_bytes());
+        area[60..64].copy_from_slice(&caps[1].to_le_bytes());
+        area[64..72].copy_from_slice(&3u64.to_le_bytes());
+        area
+    };
+    let decode = |bytes: &[u8]| request::decode(bytes, &geometry, &schema());
+    let since = request::FreshSince {
+        clock: 0xabc,
+        tick: 9,
+        fanouts: caps,
+    };
+    let hub = decode(&area(HUB_H1, 20, 9)).unwrap();
+    assert_eq!(
+        hub.hub_h1,
+        Some(request::HubH1 {
+            since,
+            min_degree: 20
+        })
+    );
+    assert_eq!(hub.fresh, None, "HUB_H1 alone asks for no FRESH target");
+    let both = decode(&area(HUB_H1 | FRESH_SINCE, 5, 9)).unwrap();
+    assert_eq!(
+        (both.fresh, both.hub_h1.map(|h| h.since)),
+        (Some(since), Some(since))
+    );
+    let mut degree_alone = area(0, 20, 0);
+    degree_alone[40..64].fill(0);
+    let err = decode(&degree_alone).unwrap_err();
+    assert_eq!(err, RequestError::HubDegreeWithoutFlag { degree: 20 });
+    assert!(err.to_string().contains("HUB_H1"), "{err}");
+    let err = decode(&area(HUB_H1, 0, 9)).unwrap_err();
+    assert_eq!(err, RequestError::HubDegreeZero);
+    assert!(err.to_string().contains("hub_min_degree 0"), "{err}");
 }
 
 /// `NEW_NODE`: the row and the edges after the one target id are read as

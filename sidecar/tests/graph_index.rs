@@ -262,6 +262,66 @@ fn sampling_is_deterministic_for_a_seed() {
     );
 }
 
+/// `HUB_H1`: a cached hop-1 node gets count -1 and padding, nothing of its
+/// own neighbourhood; every other node's sample is the one `sample` draws
+/// (the cached node's draws are made and dropped); `hop1_of` draws a
+/// node's hop-1 sample as `sample` does for it as a target.
+#[test]
+fn cached_hubs_go_without_neighbours_and_leave_the_other_samples_alone() {
+    let (_dir, path) = cora_index_file();
+    let index = CsrIndex::open(&path).unwrap();
+    let targets: Vec<u64> = (0..64).map(|i| i * 37 % 2708).collect();
+    let fanouts = [20, 10];
+    let plain = Sampler::default().sample(&index, &targets, fanouts, 7);
+    let mut asked = Vec::new();
+    let cached =
+        Sampler::default().sample_unless(&index, &targets, fanouts, 7, &[], &mut |n, d| {
+            asked.push((n, d));
+            d >= 8
+        });
+    assert!(asked.iter().all(|&(n, d)| index.degree(n as u32) == d));
+    let (f1, f2) = (20usize, 10usize);
+    let id = |s: &Sampled, row: i32| s.nodes[row as usize];
+    let mut hubs = 0;
+    for t in 0..targets.len() {
+        assert_eq!(plain.hop1_count[t], cached.hop1_count[t]);
+        for j in 0..plain.hop1_count[t] as usize {
+            let slot = t * f1 + j;
+            let node = id(&plain, plain.hop1_rows[slot]);
+            assert_eq!(node, id(&cached, cached.hop1_rows[slot]));
+            let rows = slot * f2..(slot + 1) * f2;
+            if index.degree(node as u32) >= 8 {
+                hubs += 1;
+                assert_eq!(cached.hop2_count[slot], -1, "hub {node}");
+                assert!(cached.hop2_rows[rows]
+                    .iter()
+                    .all(|&r| r == cached.target_row[t]));
+            } else {
+                assert_eq!(cached.hop2_count[slot], plain.hop2_count[slot]);
+                let ids = |s: &Sampled| -> Vec<u64> {
+                    s.hop2_rows[rows.clone()][..s.hop2_count[slot] as usize]
+                        .iter()
+                        .map(|&r| id(s, r))
+                        .collect()
+                };
+                assert_eq!(ids(&cached), ids(&plain), "node {node}'s sample");
+            }
+        }
+    }
+    assert!(hubs > 0, "no hub among the hop-1 nodes");
+    assert!(cached.nodes.len() < plain.nodes.len());
+    for &target in &targets {
+        let mut hop1 = Vec::new();
+        sidecar::graph::sampler::hop1_of(&index, target, 20, 7, &mut Vec::new(), &mut hop1);
+        let alone = Sampler::default().sample(&index, &[target], fanouts, 7);
+        let expected: Vec<u64> = alone.hop1_rows[..alone.hop1_count[0] as usize]
+            .iter()
+            .map(|&r| alone.nodes[r as usize])
+            .collect();
+        assert_eq!(hop1, expected, "target {target}");
+    }
+}
+
 /// A star: node 0 linked to nodes 1..=degree (and back).
 fn star(degree: u32) -> (tempfile::TempDir, CsrIndex) {
     let mut text = String::with_capacity(degree as usize * 12);

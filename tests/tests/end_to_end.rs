@@ -344,6 +344,14 @@ fn assert_worker_matches_python(model_dir: &Path, tolerance: f32) {
     .map(|n| read_i32(&reference.join(format!("{n}.bin"))))
     .collect();
     let hop2 = shape("hop2_rows");
+    // The reference batch is served with stored hub embeddings
+    // (docs/model.md, "Reference outputs").
+    let hop1_h1 = read_f32(&reference.join("hop1_h1.bin"));
+    assert_eq!(hop1_h1.len(), shape("hop1_h1").iter().product::<usize>());
+    assert!(
+        ints[3].contains(&-1),
+        "the reference batch has no cached hub"
+    );
     let inputs = InputSlices {
         features: &features,
         feature_dim: shape("features")[1],
@@ -353,6 +361,7 @@ fn assert_worker_matches_python(model_dir: &Path, tolerance: f32) {
         hop2_count: &ints[3],
         hop2_rows: &ints[4],
         fanouts: [hop2[1], hop2[2]],
+        hop1_h1: &hop1_h1,
     };
     let mut model = Model::load(ort_env(), model_dir, Device::Cpu, 1).unwrap();
     let rust = model.run_slices(&inputs).unwrap();
@@ -848,45 +857,7 @@ fn precomputed_answers_stand_until_their_neighbourhood_changes() {
     options.sidecar_args = vec!["--metrics-addr".into(), metrics.clone()];
     let stack = Stack::start(&options).expect("stack");
     let n = meta(name)["num_nodes"].as_u64().unwrap();
-    let out = std::process::Command::new(workspace_bin("gnn-worker"))
-        .args(["precompute", "--model"])
-        .arg(&stack.model)
-        .args([
-            "--shm-name",
-            &stack.shm_name,
-            "--redis",
-            &redis.url(),
-            "--batch",
-            "8",
-        ])
-        .arg("--onnxruntime-lib")
-        .arg(tests::stack::onnxruntime_lib())
-        .output()
-        .unwrap();
-    let said = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    assert!(said.contains(&format!("precomputed {n} nodes")), "{said}");
-    assert!(
-        String::from_utf8_lossy(&out.stderr).contains("100.0%"),
-        "no progress shown"
-    );
-    // The worker finds the set once it has heard the sidecar's clock.
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
-    loop {
-        predict_all(&stack, &[0], 1);
-        if tests::stack::metric_value(&stack.http, "gnn_worker_precomputed_nodes") == n as f64 {
-            break;
-        }
-        assert!(
-            std::time::Instant::now() < deadline,
-            "the set was not loaded"
-        );
-        std::thread::sleep(std::time::Duration::from_millis(100));
-    }
+    precompute_every_node(&stack, &redis, n);
     let classes = manifest(&stack.model)["num_classes"].as_u64().unwrap() as usize;
     let reference = read_f32(&stack.model.join("reference/logits.f32"));
     let ids: Vec<u64> = (0..n).collect();
@@ -909,13 +880,7 @@ fn precomputed_answers_stand_until_their_neighbourhood_changes() {
     drop(redis);
     // An edge between a and b, and a changed row of c.
     let (a, b, c) = (10u64, 2000u64, 1000u64);
-    let edges = std::fs::read(dataset(name).join("edges.u32")).unwrap();
-    let mut adjacency: Vec<Vec<u64>> = vec![Vec::new(); n as usize];
-    for e in edges.chunks_exact(8) {
-        let s = u32::from_le_bytes([e[0], e[1], e[2], e[3]]) as usize;
-        let d = u32::from_le_bytes([e[4], e[5], e[6], e[7]]) as u64;
-        adjacency[s].push(d);
-    }
+    let mut adjacency = adjacency_of(name, n as usize);
     adjacency[a as usize].push(b);
     adjacency[b as usize].push(a);
     let mut stale = std::collections::BTreeSet::from([a, b]);
@@ -981,6 +946,231 @@ fn precomputed_answers_stand_until_their_neighbourhood_changes() {
         ),
         2.0
     );
+}
+
+/// Hub layer-1 embeddings (docs/serving.md, "Hub layer-1 embeddings"):
+/// with covering fanouts, a hop-1 hub whose own neighbourhood is unchanged
+/// comes without its neighbours (fewer rows) and the worker uses its stored
+/// embedding, which changes no answer; a hub whose neighbour list or whose
+/// neighbours' rows changed is sampled again.
+#[test]
+fn stored_hub_embeddings_stand_in_for_unchanged_hubs() {
+    use protocol::request::{FreshSince, HubH1};
+    let name = "cora";
+    let redis = tests::redis::RedisServer::start();
+    let max_degree = meta(name)["degree"]["max"].as_u64().unwrap() as u32;
+    let hub_degree = 10usize;
+    let mut options = StackOptions::new(name);
+    options.fanouts = [max_degree, max_degree];
+    options.max_targets = 8;
+    options.response_mib = 64;
+    options.worker_args = [
+        "--precomputed-redis",
+        &redis.url(),
+        "--precomputed-check-s",
+        "0.2",
+        "--precomputed-answers",
+        "false",
+        "--hub-min-degree",
+        &hub_degree.to_string(),
+    ]
+    .map(String::from)
+    .to_vec();
+    let metrics = format!("127.0.0.1:{}", tests::stack::free_port());
+    options.sidecar_args = vec!["--metrics-addr".into(), metrics.clone()];
+    let stack = Stack::start(&options).expect("stack");
+    let n = meta(name)["num_nodes"].as_u64().unwrap();
+    precompute_every_node(&stack, &redis, n);
+    let mut adjacency = adjacency_of(name, n as usize);
+    let is_hub = |adjacency: &[Vec<u64>], v: u64| adjacency[v as usize].len() >= hub_degree;
+    let classes = manifest(&stack.model)["num_classes"].as_u64().unwrap() as usize;
+    let reference = read_f32(&stack.model.join("reference/logits.f32"));
+    let offline = |p: &pb::Prediction| -> f32 {
+        let at = p.node_id as usize * classes;
+        p.logits
+            .iter()
+            .zip(&reference[at..at + classes])
+            .map(|(a, b)| (a - b).abs())
+            .fold(0f32, f32::max)
+    };
+    let sidecar_metric = |m: &str| tests::stack::metric_value(&metrics, m);
+    let ids: Vec<u64> = (0..n).collect();
+
+    // Every hub is unchanged: the GNN answers every node (stored answers
+    // are not served), with the hubs' stored embeddings, as offline.
+    let (slots, cached) = (
+        sidecar_metric("sidecar_hub_slots_total"),
+        sidecar_metric("sidecar_hub_cached_slots_total"),
+    );
+    for p in predict_all(&stack, &ids, 8) {
+        assert_eq!(p.answered_by, "gnn", "node {}", p.node_id);
+        assert!(offline(&p) <= 1e-4, "node {}: {}", p.node_id, offline(&p));
+    }
+    let cached_slots = sidecar_metric("sidecar_hub_cached_slots_total") - cached;
+    assert!(cached_slots > 0.0, "no hub was sent without its neighbours");
+    assert_eq!(
+        cached_slots,
+        sidecar_metric("sidecar_hub_slots_total") - slots,
+        "an unchanged hub was sampled"
+    );
+
+    // On the ring: the same request with and without HUB_H1.
+    let client = RingClient::attach(&stack.shm_name, ClientOptions::default()).unwrap();
+    let fanouts = [max_degree, max_degree];
+    let plain = |targets: &[u64]| {
+        let mut call = CallRequest::new(targets);
+        call.fanouts = fanouts;
+        client.call(&call).unwrap()
+    };
+    let first = plain(&[0]);
+    let since = FreshSince {
+        clock: first.header().change_clock,
+        tick: first.header().change_tick,
+        fanouts,
+    };
+    let hub_call = |targets: &[u64]| {
+        let mut call = CallRequest::new(targets);
+        call.fanouts = fanouts;
+        call.hub_h1 = Some(HubH1 {
+            since,
+            min_degree: hub_degree as u32,
+        });
+        client.call(&call).unwrap()
+    };
+    let a = (0..n)
+        .max_by_key(|&v| adjacency[v as usize].len())
+        .expect("a node");
+    let t = adjacency[a as usize][0];
+    let (with, without) = (hub_call(&[t]), plain(&[t]));
+    let (with, without) = (with.tables().unwrap(), without.tables().unwrap());
+    assert!(
+        with.n_nodes() < without.n_nodes(),
+        "{} rows with stored hubs, {} without",
+        with.n_nodes(),
+        without.n_nodes()
+    );
+    let hop1 = |t: &protocol::payload::ResponseTables| -> Vec<u64> {
+        let count = t.hop1_counts()[0] as usize;
+        t.hop1_rows()[..count]
+            .iter()
+            .map(|&r| t.node_ids()[r as usize])
+            .collect()
+    };
+    assert_eq!(hop1(&with), hop1(&without), "the same hop-1 sample");
+
+    // An edge between the largest hub a and b, and an invalidated row c.
+    let b = (0..n)
+        .find(|&v| v != a && !adjacency[a as usize].contains(&v))
+        .expect("a node apart from a");
+    let c = 1000u64;
+    let pair = stack.dir.path().join("edge.txt");
+    std::fs::write(&pair, format!("{a} {b}\n")).unwrap();
+    stack
+        .sidecarctl(&["graph", "add-edges", "--file", &pair.to_string_lossy()])
+        .unwrap();
+    stack.sidecarctl(&["invalidate", &c.to_string()]).unwrap();
+    adjacency[a as usize].push(b);
+    adjacency[b as usize].push(a);
+    let stale = |h: u64| h == a || h == b || h == c || adjacency[h as usize].contains(&c);
+    // Every hop-1 slot of every node: without neighbours exactly when it
+    // holds an unchanged hub.
+    for chunk in ids.chunks(8) {
+        let response = hub_call(chunk);
+        let tables = response.tables().unwrap();
+        let f1 = max_degree as usize;
+        for (i, &target) in chunk.iter().enumerate() {
+            for j in 0..tables.hop1_counts()[i] as usize {
+                let slot = i * f1 + j;
+                let node = tables.node_ids()[tables.hop1_rows()[slot] as usize];
+                let expected = is_hub(&adjacency, node) && !stale(node);
+                assert_eq!(
+                    tables.hop2_counts()[slot] == -1,
+                    expected,
+                    "target {target}, hop-1 node {node}"
+                );
+            }
+        }
+    }
+    // The answers: unchanged where the edge does not reach (c's row is the
+    // same), changed around a (its embedding is computed again, not the
+    // stored one).
+    let after = predict_all(&stack, &ids, 8);
+    let reached: std::collections::BTreeSet<u64> = [a, b]
+        .into_iter()
+        .chain(adjacency[a as usize].iter().copied())
+        .chain(adjacency[b as usize].iter().copied())
+        .collect();
+    for p in &after {
+        assert_eq!(p.answered_by, "gnn", "node {}", p.node_id);
+        if !reached.contains(&p.node_id) {
+            assert!(offline(p) <= 1e-4, "node {}: {}", p.node_id, offline(p));
+        }
+    }
+    for &v in adjacency[a as usize].iter().filter(|&&v| v != b) {
+        assert!(
+            offline(&after[v as usize]) > 1e-6,
+            "node {v} next to the changed hub {a} got its old answer"
+        );
+    }
+    drop((with, without, first));
+    assert!(stack.stop());
+}
+
+/// Runs `gnn-worker precompute` against the stack's sidecar (every one of
+/// its `n` nodes, 8 a batch) and waits until the stack's worker has loaded
+/// the set.
+fn precompute_every_node(stack: &Stack, redis: &tests::redis::RedisServer, n: u64) {
+    let out = std::process::Command::new(workspace_bin("gnn-worker"))
+        .args(["precompute", "--model"])
+        .arg(&stack.model)
+        .args([
+            "--shm-name",
+            &stack.shm_name,
+            "--redis",
+            &redis.url(),
+            "--batch",
+            "8",
+        ])
+        .arg("--onnxruntime-lib")
+        .arg(tests::stack::onnxruntime_lib())
+        .output()
+        .unwrap();
+    let said = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(said.contains(&format!("precomputed {n} nodes")), "{said}");
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("100.0%"),
+        "no progress shown"
+    );
+    // The worker finds the set once it has heard the sidecar's clock.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    loop {
+        predict_all(stack, &[0], 1);
+        if tests::stack::metric_value(&stack.http, "gnn_worker_precomputed_nodes") == n as f64 {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the set was not loaded"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+}
+
+/// The edges of dataset `name` as adjacency lists.
+fn adjacency_of(name: &str, n: usize) -> Vec<Vec<u64>> {
+    let edges = std::fs::read(dataset(name).join("edges.u32")).unwrap();
+    let mut adjacency: Vec<Vec<u64>> = vec![Vec::new(); n];
+    for e in edges.chunks_exact(8) {
+        let s = u32::from_le_bytes([e[0], e[1], e[2], e[3]]) as usize;
+        let d = u32::from_le_bytes([e[4], e[5], e[6], e[7]]) as u64;
+        adjacency[s].push(d);
+    }
+    adjacency
 }
 
 /// The ladder: a call whose deadline the full GNN would miss is answered

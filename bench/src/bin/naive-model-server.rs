@@ -77,6 +77,7 @@ async fn predict(
             hop2_count: &body.hop2_count,
             hop2_rows: &body.hop2_rows,
             fanouts: body.fanouts,
+            hop1_h1: &[],
         };
         let out = model.run_slices(&inputs);
         pool2.models.lock().unwrap().push(model);

@@ -17,7 +17,7 @@ use arrow_ipc::{Block, MessageHeader, MetadataVersion};
 use arrow_schema::ArrowError;
 
 use crate::layout::{status, ResponseHeader, MAX_FANOUT, MAX_HOPS, MESSAGE_BYTES};
-use crate::payload::schema::{target_status, tier};
+use crate::payload::schema::{target_status, tier, HOP2_CACHED};
 use crate::payload::writer::{CachedSchema, SchemaCache};
 
 /// Why a response could not be decoded.
@@ -499,8 +499,14 @@ impl ResponseTables {
         if self.hop1_counts().iter().any(|&c| !(0..=f1).contains(&c)) {
             return bad(format!("a hop-1 count is outside 0..={f1}"));
         }
-        if self.hop2_counts().iter().any(|&c| !(0..=f2).contains(&c)) {
-            return bad(format!("a hop-2 count is outside 0..={f2}"));
+        if self
+            .hop2_counts()
+            .iter()
+            .any(|&c| c != HOP2_CACHED && !(0..=f2).contains(&c))
+        {
+            return bad(format!(
+                "a hop-2 count is outside 0..={f2} (or -1, a cached hub)"
+            ));
         }
         if self.target_status().iter().any(|&s| s > target_status::MAX) {
             return bad("unknown target status code".into());

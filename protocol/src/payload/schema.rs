@@ -71,6 +71,11 @@ pub mod target_status {
     pub const MAX: u8 = FRESH;
 }
 
+/// The `hop2_count` of a hop-1 node sent without hop-2 neighbours because
+/// the caller holds its layer-1 embedding (only in answer to the request
+/// flag `HUB_H1`); its `hop2_rows` are padding.
+pub const HOP2_CACHED: i32 = -1;
+
 /// Schema-level metadata key carrying the layout version.
 pub const LAYOUT_VERSION_KEY: &str = "gnn.layout_version";
 

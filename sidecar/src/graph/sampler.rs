@@ -12,7 +12,7 @@ use rand::{Rng, SeedableRng};
 use rustc_hash::FxHashMap;
 
 use protocol::layout::MAX_HOPS;
-use protocol::payload::schema::target_status;
+use protocol::payload::schema::{target_status, HOP2_CACHED};
 use protocol::payload::TargetColumns;
 
 /// Read access to a graph by neighbour index.
@@ -93,12 +93,17 @@ impl Sampler {
         fanouts: [u32; MAX_HOPS],
         seed: u64,
     ) -> Sampled {
-        self.sample_hops(graph, targets, fanouts, seed, true, &[])
+        self.sample_hops(graph, targets, fanouts, seed, true, &[], &mut |_, _| false)
     }
 
     /// As [`Sampler::sample`], except that the targets whose `fresh` entry
     /// is true get their own row alone and status `FRESH` (the request flag
-    /// `FRESH_SINCE`: their caller holds their answer).
+    /// `FRESH_SINCE`: their caller holds their answer), and that a hop-1
+    /// node `n` of degree `d` for which `cached(n, d)` holds gets no hop-2
+    /// neighbours and `hop2_count` [`HOP2_CACHED`] (the request flag
+    /// `HUB_H1`: the caller holds its layer-1 embedding). The draws are
+    /// made as by [`Sampler::sample`] (a cached node's are drawn and
+    /// dropped), so every other node's sample is the one it gets there.
     pub fn sample_unless(
         &mut self,
         graph: &impl NeighborSource,
@@ -106,17 +111,19 @@ impl Sampler {
         fanouts: [u32; MAX_HOPS],
         seed: u64,
         fresh: &[bool],
+        cached: &mut dyn FnMut(u64, u32) -> bool,
     ) -> Sampled {
-        self.sample_hops(graph, targets, fanouts, seed, true, fresh)
+        self.sample_hops(graph, targets, fanouts, seed, true, fresh, cached)
     }
 
     /// The targets' own rows only (the request flag `OWN_ROWS_ONLY`):
     /// fanouts [1, 1] with every count 0 and the padding holding the
     /// target's row; unknown targets are flagged as by [`Sampler::sample`].
     pub fn own_rows(&mut self, graph: &impl NeighborSource, targets: &[u64]) -> Sampled {
-        self.sample_hops(graph, targets, [1, 1], 0, false, &[])
+        self.sample_hops(graph, targets, [1, 1], 0, false, &[], &mut |_, _| false)
     }
 
+    #[allow(clippy::too_many_arguments)]
     fn sample_hops(
         &mut self,
         graph: &impl NeighborSource,
@@ -125,6 +132,7 @@ impl Sampler {
         seed: u64,
         neighbours: bool,
         fresh: &[bool],
+        cached: &mut dyn FnMut(u64, u32) -> bool,
     ) -> Sampled {
         let [f1, f2] = fanouts;
         let (f1u, f2u) = (f1 as usize, f2 as usize);
@@ -178,6 +186,11 @@ impl Sampler {
                 out.hop1_rows.push(row_of(n1));
                 let degree = graph.degree(n1).unwrap_or(0);
                 out.work += pick(&mut rng, degree, f2, &mut self.picked);
+                if cached(n1, degree) {
+                    out.hop2_count.push(HOP2_CACHED);
+                    out.hop2_rows.extend(std::iter::repeat_n(target_row, f2u));
+                    continue;
+                }
                 out.hop2_count.push(self.picked.len() as i32);
                 for j in 0..f2u {
                     let row = match self.picked.get(j) {
@@ -190,6 +203,25 @@ impl Sampler {
         }
         out
     }
+}
+
+/// The hop-1 sample of `node` at fanout `f1` as [`Sampler::sample`] draws
+/// it for `node` as a target with `seed`, into `out` (`picked`: scratch).
+pub fn hop1_of(
+    graph: &impl NeighborSource,
+    node: u64,
+    f1: u32,
+    seed: u64,
+    picked: &mut Vec<u32>,
+    out: &mut Vec<u64>,
+) {
+    out.clear();
+    let Some(degree) = graph.degree(node) else {
+        return;
+    };
+    let mut rng = SmallRng::seed_from_u64(target_seed(seed, node));
+    pick(&mut rng, degree, f1, picked);
+    out.extend(picked.iter().map(|&i| graph.neighbor(node, i)));
 }
 
 /// The seed of one target's draws: SplitMix64's finaliser over the batch

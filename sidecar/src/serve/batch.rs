@@ -13,14 +13,14 @@ use std::time::Instant;
 
 use protocol::layout::{status, MAX_HOPS};
 use protocol::payload::{NodeColumns, PayloadShape, TargetColumns};
-use protocol::request::{FreshSince, Request};
+use protocol::request::{FreshSince, HubH1, Request};
 use protocol::server::ServeTicket;
 use rustc_hash::FxHashMap;
 
 use crate::features::{FeatureTiers, RowSource};
 use crate::graph::changes::Changes;
 use crate::graph::live::GraphSnapshot;
-use crate::graph::sampler::{Sampled, Sampler};
+use crate::graph::sampler::{hop1_of, Sampled, Sampler};
 use crate::serve::metrics::Metrics;
 use crate::serve::Knobs;
 use protocol::payload::schema::tier;
@@ -62,8 +62,9 @@ pub struct BatchContext<'a> {
 /// What one sampling pass is for: the fanouts, whether the requests want
 /// their targets' own rows only (`OWN_ROWS_ONLY`), and the point of the
 /// change clock unchanged targets are answered `FRESH` against
-/// (`FRESH_SINCE`).
-type SampleKey = ([u32; MAX_HOPS], bool, Option<FreshSince>);
+/// (`FRESH_SINCE`), and the hubs the caller holds layer-1 embeddings of
+/// (`HUB_H1`).
+type SampleKey = ([u32; MAX_HOPS], bool, Option<FreshSince>, Option<HubH1>);
 
 struct Pending {
     ticket: ServeTicket,
@@ -181,7 +182,10 @@ impl BatchServer {
             let fresh = request
                 .fresh
                 .filter(|f| f.clock == ctx.changes.clock() && !request.own_rows_only);
-            let key = (request.fanouts, request.own_rows_only, fresh);
+            let hub_h1 = request
+                .hub_h1
+                .filter(|h| h.since.clock == ctx.changes.clock() && !request.own_rows_only);
+            let key = (request.fanouts, request.own_rows_only, fresh, hub_h1);
             let group = match groups.iter().position(|(k, _)| *k == key) {
                 Some(i) => i,
                 None => {
@@ -203,31 +207,40 @@ impl BatchServer {
         }
         let sampling = Instant::now();
         let mut samples: Vec<Sampled> = Vec::with_capacity(groups.len());
-        for ((fanouts, own_rows_only, fresh), pending) in &mut groups {
+        for ((fanouts, own_rows_only, fresh, hub_h1), pending) in &mut groups {
             let mut targets = Vec::new();
             for p in pending.iter_mut() {
                 p.first_target = targets.len();
                 targets.extend_from_slice(&p.request.targets);
             }
-            samples.push(match fresh {
-                _ if *own_rows_only => self.sampler.own_rows(ctx.graph, &targets),
-                None => self
-                    .sampler
-                    .sample(ctx.graph, &targets, *fanouts, SAMPLING_SEED),
+            if *own_rows_only {
+                samples.push(self.sampler.own_rows(ctx.graph, &targets));
+                continue;
+            }
+            let unchanged = match fresh {
+                None => Vec::new(),
                 Some(fresh) => {
                     let unchanged = self.unchanged(ctx, &targets, fresh);
                     m.fresh_checked.inc_by(targets.len() as u64);
                     m.fresh_targets
                         .inc_by(unchanged.iter().filter(|&&u| u).count() as u64);
-                    self.sampler.sample_unless(
-                        ctx.graph,
-                        &targets,
-                        *fanouts,
-                        SAMPLING_SEED,
-                        &unchanged,
-                    )
+                    unchanged
                 }
-            });
+            };
+            let mut hubs = hub_h1.map(|ask| HubCheck::new(ctx, ask));
+            let sampled = self.sampler.sample_unless(
+                ctx.graph,
+                &targets,
+                *fanouts,
+                SAMPLING_SEED,
+                &unchanged,
+                &mut |node, degree| hubs.as_mut().is_some_and(|h| h.cached(node, degree)),
+            );
+            if let Some(hubs) = hubs {
+                m.hub_slots.inc_by(hubs.slots);
+                m.hub_cached_slots.inc_by(hubs.cached_slots);
+            }
+            samples.push(sampled);
         }
 
         m.stage("sample").observe(sampling.elapsed().as_secs_f64());
@@ -533,5 +546,66 @@ impl<'a> SampleSlice<'a> {
         out.hop1_rows.copy_from_slice(&self.hop1_rows);
         out.hop2_count.copy_from_slice(self.hop2_count);
         out.hop2_rows.copy_from_slice(&self.hop2_rows);
+    }
+}
+
+/// A `HUB_H1` request's hubs within one sampling pass: whether each hub's
+/// stored layer-1 embedding still stands, checked once per hub.
+struct HubCheck<'a, 'c> {
+    ctx: &'a BatchContext<'c>,
+    ask: HubH1,
+    memo: FxHashMap<u64, bool>,
+    picked: Vec<u32>,
+    hop1: Vec<u64>,
+    slots: u64,
+    cached_slots: u64,
+}
+
+impl<'a, 'c> HubCheck<'a, 'c> {
+    fn new(ctx: &'a BatchContext<'c>, ask: HubH1) -> Self {
+        Self {
+            ctx,
+            ask,
+            memo: FxHashMap::default(),
+            picked: Vec::new(),
+            hop1: Vec::new(),
+            slots: 0,
+            cached_slots: 0,
+        }
+    }
+
+    /// Whether the hop-1 node `node` of degree `degree` goes without its
+    /// hop-2 neighbours: it is a hub, and the layer-1 embedding the caller
+    /// holds for it still stands (docs/protocol.md, "Hub layer-1
+    /// embeddings"): its own hop-1 sample at the stored fanouts, drawn
+    /// again, holds no node with a feature mark after the stored tick, and
+    /// its neighbour list has no mark after it.
+    fn cached(&mut self, node: u64, degree: u32) -> bool {
+        if degree < self.ask.min_degree {
+            return false;
+        }
+        self.slots += 1;
+        let Self {
+            ctx,
+            ask,
+            memo,
+            picked,
+            hop1,
+            ..
+        } = self;
+        let cached = *memo.entry(node).or_insert_with(|| {
+            hop1_of(
+                ctx.graph,
+                node,
+                ask.since.fanouts[0],
+                SAMPLING_SEED,
+                picked,
+                hop1,
+            );
+            hop1.push(node);
+            ctx.changes.unchanged_since(ask.since.tick, hop1, &[node])
+        });
+        self.cached_slots += u64::from(cached);
+        cached
     }
 }

@@ -68,6 +68,10 @@ pub struct Metrics {
     /// targets.
     pub fresh_targets: Counter,
     pub fresh_checked: Counter,
+    /// Hop-1 slots of `HUB_H1` requests whose node was a hub, and of those
+    /// the ones sent without hop-2 neighbours (unchanged).
+    pub hub_slots: Counter,
+    pub hub_cached_slots: Counter,
     pub too_large: Counter,
     /// Requests whose batch served at least one row late.
     pub deadline_misses: Counter,
@@ -125,6 +129,16 @@ impl Metrics {
             "sidecar_fresh_checked_targets",
             "targets of FRESH_SINCE requests checked for changes",
         );
+        let hub_slots = counter(
+            &mut registry,
+            "sidecar_hub_slots",
+            "hop-1 slots of HUB_H1 requests holding a hub (degree at least hub_min_degree)",
+        );
+        let hub_cached_slots = counter(
+            &mut registry,
+            "sidecar_hub_cached_slots",
+            "of those, the slots sent without hop-2 neighbours (the hub's hop-1 sample unchanged)",
+        );
         let too_large = counter(
             &mut registry,
             "sidecar_too_large",
@@ -181,6 +195,8 @@ impl Metrics {
             new_node_requests,
             fresh_targets,
             fresh_checked,
+            hub_slots,
+            hub_cached_slots,
             too_large,
             deadline_misses,
             segments_replaced,
