@@ -1,5 +1,6 @@
 //! A second worker on a stack's ring, for the binaries that set two
-//! workers side by side on one sidecar (`hybrid`, `ladder`).
+//! workers side by side on one sidecar (`hybrid`, `ladder`, `hub`), and
+//! what they ask both: a dataset's test split, every node's prediction.
 
 use std::process::{Child, Command};
 use std::time::{Duration, Instant};
@@ -58,4 +59,39 @@ impl Drop for Beside {
     fn drop(&mut self) {
         self.stop();
     }
+}
+
+/// Node ids of the test split of the dataset in `dir`, and every node's
+/// label.
+pub fn test_split(dir: &std::path::Path) -> anyhow::Result<(Vec<u64>, Vec<i32>)> {
+    let split = std::fs::read(dir.join("split.u8"))?;
+    let labels = std::fs::read(dir.join("labels.i32"))?
+        .chunks_exact(4)
+        .map(|c| i32::from_le_bytes(c.try_into().expect("4 bytes")))
+        .collect();
+    let test = (0..split.len() as u64)
+        .filter(|&i| split[i as usize] == 2)
+        .collect();
+    Ok((test, labels))
+}
+
+/// The predictions of `ids` from a worker, 16 nodes a gRPC call.
+pub async fn predict_all(
+    client: &gnn_worker::grpc::PredictorClient<tonic::transport::Channel>,
+    ids: &[u64],
+) -> anyhow::Result<Vec<gnn_worker::grpc::pb::Prediction>> {
+    let mut out = Vec::with_capacity(ids.len());
+    for chunk in ids.chunks(16) {
+        let mut client = client.clone();
+        let response = client
+            .predict(gnn_worker::grpc::pb::PredictRequest {
+                node_ids: chunk.to_vec(),
+                request_id: 0,
+                new_node: None,
+            })
+            .await
+            .map_err(|s| anyhow::anyhow!("{}: {}", s.code(), s.message()))?;
+        out.extend(response.into_inner().predictions);
+    }
+    Ok(out)
 }

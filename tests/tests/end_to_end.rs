@@ -858,17 +858,8 @@ fn precomputed_answers_stand_until_their_neighbourhood_changes() {
     let stack = Stack::start(&options).expect("stack");
     let n = meta(name)["num_nodes"].as_u64().unwrap();
     precompute_every_node(&stack, &redis, n);
-    let classes = manifest(&stack.model)["num_classes"].as_u64().unwrap() as usize;
-    let reference = read_f32(&stack.model.join("reference/logits.f32"));
     let ids: Vec<u64> = (0..n).collect();
-    let offline = |p: &pb::Prediction| -> f32 {
-        let at = p.node_id as usize * classes;
-        p.logits
-            .iter()
-            .zip(&reference[at..at + classes])
-            .map(|(a, b)| (a - b).abs())
-            .fold(0f32, f32::max)
-    };
+    let offline = offline_distance(&stack.model);
     let before = predict_all(&stack, &ids, 8);
     for p in &before {
         assert_eq!(p.answered_by, "precomputed", "node {}", p.node_id);
@@ -983,16 +974,7 @@ fn stored_hub_embeddings_stand_in_for_unchanged_hubs() {
     precompute_every_node(&stack, &redis, n);
     let mut adjacency = adjacency_of(name, n as usize);
     let is_hub = |adjacency: &[Vec<u64>], v: u64| adjacency[v as usize].len() >= hub_degree;
-    let classes = manifest(&stack.model)["num_classes"].as_u64().unwrap() as usize;
-    let reference = read_f32(&stack.model.join("reference/logits.f32"));
-    let offline = |p: &pb::Prediction| -> f32 {
-        let at = p.node_id as usize * classes;
-        p.logits
-            .iter()
-            .zip(&reference[at..at + classes])
-            .map(|(a, b)| (a - b).abs())
-            .fold(0f32, f32::max)
-    };
+    let offline = offline_distance(&stack.model);
     let sidecar_metric = |m: &str| tests::stack::metric_value(&metrics, m);
     let ids: Vec<u64> = (0..n).collect();
 
@@ -1158,6 +1140,21 @@ fn precompute_every_node(stack: &Stack, redis: &tests::redis::RedisServer, n: u6
             "the set was not loaded"
         );
         std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+}
+
+/// How far a prediction's logits are from the offline model's logits for
+/// its node (`model`'s reference/logits.f32): the largest difference.
+fn offline_distance(model: &Path) -> impl Fn(&pb::Prediction) -> f32 {
+    let classes = manifest(model)["num_classes"].as_u64().unwrap() as usize;
+    let reference = read_f32(&model.join("reference/logits.f32"));
+    move |p: &pb::Prediction| {
+        let at = p.node_id as usize * classes;
+        p.logits
+            .iter()
+            .zip(&reference[at..at + classes])
+            .map(|(a, b)| (a - b).abs())
+            .fold(0f32, f32::max)
     }
 }
 

@@ -22,6 +22,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{ensure, Context};
+use bench::beside::predict_all;
 use bench::load::{self, Caller, Summary};
 use bench::systems::ProductGrpc;
 use clap::Parser;
@@ -117,14 +118,7 @@ fn served(name: &str, args: &Args) -> anyhow::Result<Served> {
     };
     let Some((nodes, edges)) = synthetic else {
         let dir = dataset(name);
-        let split = std::fs::read(dir.join("split.u8"))?;
-        let labels = std::fs::read(dir.join("labels.i32"))?
-            .chunks_exact(4)
-            .map(|c| i32::from_le_bytes(c.try_into().expect("4 bytes")))
-            .collect();
-        let asked = (0..split.len() as u64)
-            .filter(|&i| split[i as usize] == 2)
-            .collect();
+        let (asked, labels) = bench::beside::test_split(&dir)?;
         return Ok(Served {
             dir,
             model: None,
@@ -177,26 +171,6 @@ fn hub_degree(index: &CsrIndex, share: f64) -> (u32, f64) {
     let d = degrees[k - 1].max(1);
     let hubs = degrees.iter().filter(|&&x| x >= d).count();
     (d, hubs as f64 / n as f64)
-}
-
-async fn predict_all(
-    client: &PredictorClient<tonic::transport::Channel>,
-    ids: &[u64],
-) -> anyhow::Result<Vec<pb::Prediction>> {
-    let mut out = Vec::with_capacity(ids.len());
-    for chunk in ids.chunks(16) {
-        let mut client = client.clone();
-        let response = client
-            .predict(pb::PredictRequest {
-                node_ids: chunk.to_vec(),
-                request_id: 0,
-                new_node: None,
-            })
-            .await
-            .map_err(|s| anyhow::anyhow!("{}: {}", s.code(), s.message()))?;
-        out.extend(response.into_inner().predictions);
-    }
-    Ok(out)
 }
 
 fn run_dataset(name: &str, args: &Args) -> anyhow::Result<DatasetResult> {

@@ -19,6 +19,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{ensure, Context};
+use bench::beside::predict_all;
 use bench::load::{self, Caller, Summary};
 use bench::systems::ProductGrpc;
 use clap::Parser;
@@ -94,40 +95,6 @@ fn meta(name: &str) -> anyhow::Result<serde_json::Value> {
     Ok(serde_json::from_str(&text)?)
 }
 
-/// Node ids of the test split, and every node's label.
-fn split(name: &str) -> anyhow::Result<(Vec<u64>, Vec<i32>)> {
-    let split = std::fs::read(dataset(name).join("split.u8"))?;
-    let labels = std::fs::read(dataset(name).join("labels.i32"))?;
-    let labels = labels
-        .chunks_exact(4)
-        .map(|c| i32::from_le_bytes(c.try_into().expect("4 bytes")))
-        .collect();
-    let test = (0..split.len() as u64)
-        .filter(|&i| split[i as usize] == 2)
-        .collect();
-    Ok((test, labels))
-}
-
-async fn predict_all(
-    client: &PredictorClient<tonic::transport::Channel>,
-    ids: &[u64],
-) -> anyhow::Result<Vec<pb::Prediction>> {
-    let mut out = Vec::with_capacity(ids.len());
-    for chunk in ids.chunks(16) {
-        let mut client = client.clone();
-        let response = client
-            .predict(pb::PredictRequest {
-                node_ids: chunk.to_vec(),
-                request_id: 0,
-                new_node: None,
-            })
-            .await
-            .map_err(|s| anyhow::anyhow!("{}: {}", s.code(), s.message()))?;
-        out.extend(response.into_inner().predictions);
-    }
-    Ok(out)
-}
-
 async fn phase(
     hybrid: &PredictorClient<tonic::transport::Channel>,
     inductive: &PredictorClient<tonic::transport::Channel>,
@@ -164,7 +131,7 @@ fn run_dataset(name: &str, args: &Args) -> anyhow::Result<DatasetResult> {
     let meta = meta(name)?;
     let n = meta["num_nodes"].as_u64().context("num_nodes")?;
     let max_degree = meta["degree"]["max"].as_u64().context("degree.max")? as u32;
-    let (test, labels) = split(name)?;
+    let (test, labels) = bench::beside::test_split(&dataset(name))?;
     let redis = tests::redis::RedisServer::start();
     let mut options = tests::stack::StackOptions::new(name);
     options.max_fanouts = Some([max_degree.max(50), max_degree.max(50)]);
