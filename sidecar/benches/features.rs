@@ -59,6 +59,7 @@ async fn main() -> anyhow::Result<()> {
             super_nodes: 0,
             super_degree: 0,
             feature_dim: 0,
+            classes: 0,
         },
         &dir.path().join("g"),
     )?;

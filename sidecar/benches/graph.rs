@@ -37,6 +37,7 @@ fn main() -> anyhow::Result<()> {
             super_nodes: 1,
             super_degree,
             feature_dim: 0,
+            classes: 0,
         },
         &dataset,
     )?;

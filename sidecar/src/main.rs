@@ -112,6 +112,11 @@ enum Command {
         /// of this many values per node.
         #[arg(long, default_value_t = 0)]
         feature_dim: u32,
+        /// Also write labels of this many classes (`labels.i32`, learnable
+        /// from the features) and a split (`split.u8`), for the model
+        /// tooling to train on; needs --feature-dim.
+        #[arg(long, default_value_t = 0)]
+        classes: u32,
     },
 }
 
@@ -304,6 +309,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             super_nodes,
             super_degree,
             feature_dim,
+            classes,
         } => {
             let options = generate::GenerateOptions {
                 nodes,
@@ -312,6 +318,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                 super_nodes,
                 super_degree,
                 feature_dim,
+                classes,
             };
             let done = generate::generate(&options, &out)?;
             println!(

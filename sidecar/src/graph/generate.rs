@@ -10,6 +10,10 @@
 //! The output is a dataset directory in the shared layout (`edges.u32`,
 //! `meta.json`, and with `feature_dim` > 0 `features.f32`: seeded values
 //! uniform in [0, 1)), so `sidecar import` reads it like any other dataset.
+//! With `classes` > 0 as well, `labels.i32` (each node's label: the largest
+//! of `classes` seeded random projections of its row less 0.5, so a model
+//! can learn it and the classes are about equally common) and `split.u8` (seeded: 60% train, 20% validation, 20% test), so the
+//! model tooling can train on it.
 //! Edges are unsorted and may repeat; the importer sorts and deduplicates.
 
 use std::fs::File;
@@ -32,6 +36,9 @@ pub struct GenerateOptions {
     pub super_degree: u64,
     /// Features per node (0: no `features.f32`).
     pub feature_dim: u32,
+    /// Classes of `labels.i32` (with `split.u8`); 0: neither. Needs
+    /// `feature_dim` > 0.
+    pub classes: u32,
 }
 
 /// What was generated.
@@ -77,21 +84,58 @@ fn gcd(mut a: u64, mut b: u64) -> u64 {
     a
 }
 
-/// Writes `n x dim` seeded features to `<out>/features.f32`.
-fn write_features(out: &Path, n: u64, dim: u32, seed: u64) -> anyhow::Result<()> {
+/// Writes `n x dim` seeded features to `<out>/features.f32` and, with
+/// `classes` > 0, each row's label to `<out>/labels.i32` and a seeded split
+/// to `<out>/split.u8` (0 train, 1 validation, 2 test).
+fn write_features(out: &Path, n: u64, dim: u32, classes: u32, seed: u64) -> anyhow::Result<()> {
     let mut rng = SmallRng::seed_from_u64(seed ^ 0x5eed_f00d);
+    let mut split_rng = SmallRng::seed_from_u64(seed ^ 0x5b11_7000);
+    // Class k's direction: `dim` seeded values in [-1, 1).
+    let projections: Vec<f32> = (0..classes as usize * dim as usize)
+        .map(|_| split_rng.random::<f32>() * 2.0 - 1.0)
+        .collect();
     let mut writer = BufWriter::with_capacity(1 << 20, File::create(out.join("features.f32"))?);
-    let mut row = vec![0u8; dim as usize * 4];
+    let mut labelled = if classes > 0 {
+        Some((
+            BufWriter::new(File::create(out.join("labels.i32"))?),
+            BufWriter::new(File::create(out.join("split.u8"))?),
+        ))
+    } else {
+        None
+    };
+    let mut row = vec![0f32; dim as usize];
+    let mut bytes = vec![0u8; dim as usize * 4];
     for node in 0..n {
-        for value in row.chunks_exact_mut(4) {
-            value.copy_from_slice(&rng.random::<f32>().to_le_bytes());
+        for (value, out) in row.iter_mut().zip(bytes.chunks_exact_mut(4)) {
+            *value = rng.random::<f32>();
+            out.copy_from_slice(&value.to_le_bytes());
         }
-        writer.write_all(&row)?;
+        writer.write_all(&bytes)?;
+        if let Some((labels, split)) = labelled.as_mut() {
+            let score = |k: usize| -> f32 {
+                let direction = &projections[k * row.len()..(k + 1) * row.len()];
+                row.iter().zip(direction).map(|(a, b)| (a - 0.5) * b).sum()
+            };
+            let label = (0..classes as usize)
+                .max_by(|&a, &b| score(a).total_cmp(&score(b)))
+                .unwrap_or(0) as i32;
+            labels.write_all(&label.to_le_bytes())?;
+            let part = match split_rng.random_range(0..10u8) {
+                0..=5 => 0u8,
+                6..=7 => 1,
+                _ => 2,
+            };
+            split.write_all(&[part])?;
+        }
         if (node + 1).is_multiple_of(10_000_000) {
             tracing::info!(rows = node + 1, "generating features");
         }
     }
     writer.flush()?;
+    if let Some((mut labels, mut split)) = labelled {
+        labels.flush()?;
+        split.flush()?;
+    }
     Ok(())
 }
 
@@ -107,6 +151,11 @@ pub fn generate(options: &GenerateOptions, out: &Path) -> anyhow::Result<Generat
         options.super_nodes <= n,
         "--super-nodes {} exceeds --nodes {n}",
         options.super_nodes
+    );
+    ensure!(
+        options.classes == 0 || options.feature_dim > 0,
+        "--classes {} needs --feature-dim: the labels are drawn from the features",
+        options.classes
     );
     ensure!(
         options.super_degree < n,
@@ -149,7 +198,7 @@ pub fn generate(options: &GenerateOptions, out: &Path) -> anyhow::Result<Generat
     }
     writer.flush()?;
     if options.feature_dim > 0 {
-        write_features(out, n, options.feature_dim, options.seed)?;
+        write_features(out, n, options.feature_dim, options.classes, options.seed)?;
     }
     let mut meta = serde_json::json!({
         "name": format!("rmat-n{}-e{}-s{}", n, options.edges, options.seed),
@@ -169,9 +218,79 @@ pub fn generate(options: &GenerateOptions, out: &Path) -> anyhow::Result<Generat
         meta["features"] =
             "features.f32: f32 LE, num_nodes x feature_dim, uniform in [0, 1)".into();
     }
+    if options.classes > 0 {
+        meta["num_classes"] = options.classes.into();
+        meta["labels"] = "labels.i32: i32 LE, the largest of num_classes seeded random \
+                          projections of the node's features less 0.5"
+            .into();
+        meta["split"] = "split.u8: 0 train, 1 validation, 2 test; seeded, about 60/20/20".into();
+    }
     std::fs::write(out.join("meta.json"), serde_json::to_string_pretty(&meta)?)?;
     Ok(Generated {
         edges_written: written,
         seconds: started.elapsed().as_secs_f64(),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn read(dir: &Path, name: &str) -> Vec<u8> {
+        std::fs::read(dir.join(name)).unwrap()
+    }
+
+    #[test]
+    fn a_labelled_graph_is_seeded_balanced_and_split_three_ways() {
+        let dir = tempfile::tempdir().unwrap();
+        let options = GenerateOptions {
+            nodes: 3_000,
+            edges: 20_000,
+            seed: 5,
+            super_nodes: 1,
+            super_degree: 100,
+            feature_dim: 8,
+            classes: 3,
+        };
+        generate(&options, &dir.path().join("a")).unwrap();
+        generate(&options, &dir.path().join("b")).unwrap();
+        let a = dir.path().join("a");
+        for name in ["edges.u32", "features.f32", "labels.i32", "split.u8"] {
+            assert_eq!(
+                read(&a, name),
+                read(&dir.path().join("b"), name),
+                "{name} is seeded"
+            );
+        }
+        let labels: Vec<i32> = read(&a, "labels.i32")
+            .chunks_exact(4)
+            .map(|c| i32::from_le_bytes(c.try_into().unwrap()))
+            .collect();
+        let split = read(&a, "split.u8");
+        assert_eq!((labels.len(), split.len()), (3_000, 3_000));
+        for class in 0..3 {
+            let share = labels.iter().filter(|&&l| l == class).count() as f64 / 3_000.0;
+            assert!(share > 0.1, "class {class}: {share}");
+        }
+        let parts = |p: u8| split.iter().filter(|&&s| s == p).count() as f64 / 3_000.0;
+        assert!((parts(0) - 0.6).abs() < 0.05, "train {}", parts(0));
+        assert!((parts(1) - 0.2).abs() < 0.05, "validation {}", parts(1));
+        assert!((parts(2) - 0.2).abs() < 0.05, "test {}", parts(2));
+        assert!(split.iter().all(|&s| s <= 2));
+        let meta: serde_json::Value = serde_json::from_slice(&read(&a, "meta.json")).unwrap();
+        assert_eq!(meta["num_classes"], 3);
+
+        let unlabelled = generate(
+            &GenerateOptions {
+                feature_dim: 0,
+                ..options
+            },
+            &dir.path().join("c"),
+        )
+        .unwrap_err();
+        assert!(
+            unlabelled.to_string().contains("--feature-dim"),
+            "{unlabelled}"
+        );
+    }
 }
