@@ -19,13 +19,30 @@ fn run(command: &mut Command, what: &str) -> String {
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
+/// Copies the files under `from` to `to` (directories made as needed).
+fn copy_tree(from: &Path, to: &Path) {
+    std::fs::create_dir_all(to).unwrap();
+    for entry in std::fs::read_dir(from).unwrap() {
+        let entry = entry.unwrap();
+        let target = to.join(entry.file_name());
+        if entry.file_type().unwrap().is_dir() {
+            copy_tree(&entry.path(), &target);
+        } else {
+            std::fs::copy(entry.path(), &target).unwrap();
+        }
+    }
+}
+
 #[test]
 fn the_python_client_installs_and_passes_its_checks_against_a_worker() {
     let root = repo_root();
     let dir = tempfile::tempdir().unwrap();
     let site = dir.path().join("site");
-    // Installed as a user would, from the repository, with the project
-    // venv's grpcio and protobuf (no download).
+    // Installed as a user would, from the repository's package directory
+    // (copied, so that the build's leftovers stay out of the tree), with
+    // the project venv's grpcio and protobuf (no download).
+    let package = dir.path().join("package");
+    copy_tree(&root.join("clients/python"), &package);
     run(
         Command::new(python())
             .args([
@@ -38,7 +55,7 @@ fn the_python_client_installs_and_passes_its_checks_against_a_worker() {
             ])
             .arg("--target")
             .arg(&site)
-            .arg(root.join("clients/python")),
+            .arg(&package),
         "pip install clients/python",
     );
     assert!(site.join("gnn_client/client.py").is_file());
