@@ -9,6 +9,8 @@ reference outputs.
         --out models/cora-int8
     python gnn-worker/model/sage.py distill --teacher models/cora --dataset ../shared/data/cora \
         --out models/cora/student
+    python gnn-worker/model/sage.py import-pyg --weights model.safetensors \
+        --dataset ../shared/data/cora --out models/pyg
 
 writes into --out:
   model.onnx          the model; its inputs are the sidecar's response tables
@@ -358,12 +360,14 @@ def scatter_add(out, rows, values):
     out[sorted_rows[starts]] += np.add.reduceat(values[order], starts, axis=0)
 
 
-def layout_logits(params, feeds):
+def layout_logits(params, feeds, row_normalise=True):
     """The served computation (docs/model.md) in numpy on inputs laid out
     as a response, stored hub embeddings included: what the ONNX graph
     must compute on them."""
     w1s, w1n, b1, w2s, w2n, b2 = params
-    x = normalise(feeds["features"]).astype(np.float32)
+    x = feeds["features"].astype(np.float32)
+    if row_normalise:
+        x = normalise(x).astype(np.float32)
     tr, c1, r1 = feeds["target_row"], feeds["hop1_count"], feeds["hop1_rows"]
     c2, r2 = feeds["hop2_count"], feeds["hop2_rows"]
     f1, f2 = r2.shape[1], r2.shape[2]
@@ -384,7 +388,7 @@ def accuracy(logits, labels, idx):
     return float((logits[idx].argmax(axis=1) == labels[idx]).mean()) if len(idx) else 0.0
 
 
-def build_onnx(params, feature_dim, num_classes):
+def build_onnx(params, feature_dim, num_classes, row_normalise=True):
     from onnx import TensorProto, helper, numpy_helper
 
     w1s, w1n, b1, w2s, w2n, b2 = params
@@ -404,8 +408,11 @@ def build_onnx(params, feature_dim, num_classes):
     # Row-normalised features, projected once per node-table row: gathering
     # hidden-size rows instead of feature rows keeps the work per neighbour
     # small (mean and projection commute).
-    rowsum = op("ReduceSum", ["features", "axis1"], "rowsum", keepdims=1)
-    xn = op("Div", ["features", op("Max", [rowsum, "one_f"], "rowsum1")], "xn")
+    if row_normalise:
+        rowsum = op("ReduceSum", ["features", "axis1"], "rowsum", keepdims=1)
+        xn = op("Div", ["features", op("Max", [rowsum, "one_f"], "rowsum1")], "xn")
+    else:
+        xn = "features"
     p_self = op("MatMul", [xn, "w1_self"], "p_self")
     p_neigh = op("MatMul", [xn, "w1_neigh"], "p_neigh")
 
@@ -557,11 +564,66 @@ def full_inputs(x, indptr, indices, targets, hubs=None):
     return response_inputs(x, targets, lambda v, f: indices[indptr[v]:indptr[v + 1]], (f1, f2), hubs)
 
 
+def write_reference(out, params, x, indptr, indices, targets, logits, h1, fanouts, seed,
+                    row_normalise=True, tolerance=1e-4):
+    """Writes reference/ (inputs.json, <input>.bin, ort_logits.f32) for the
+    exported model in `out` and checks onnxruntime against the offline
+    `logits` (and `h1`, every node's layer-1 embedding) within
+    `tolerance`: exits naming the difference otherwise. Returns the
+    largest differences without and with stored hub embeddings."""
+    # A batch of inputs and what onnxruntime (Python) makes of them: the
+    # Rust worker must compute the same on the same bytes. The batch is
+    # served as a HUB_H1 response is: hop-1 nodes of degree at least the
+    # batch's median hop-1 degree come with their offline h1 and no hop-2
+    # neighbours, which with every neighbour sampled changes nothing. On a
+    # graph too large for every neighbour of the batch, it is sampled at
+    # the manifest's fanouts and checked against the same computation in
+    # numpy.
+    import onnxruntime as ort
+    session = ort.InferenceSession(os.path.join(out, "model.onnx"), providers=["CPUExecutionProvider"])
+    degree = np.diff(indptr)
+    hop1 = [u for t in targets for u in indices[indptr[t]:indptr[t + 1]]]
+    covering = len(targets) * max([1] + [int(degree[t]) for t in targets]) * \
+        max([1] + [int(degree[u]) for u in hop1]) <= REFERENCE_MAX_ENTRIES
+    hub_degree = max(2, int(np.median([degree[u] for u in hop1]))) if hop1 else 2
+    hubs = (lambda u: degree[u] >= hub_degree, h1)
+    if covering:
+        plain_feeds = full_inputs(x, indptr, indices, targets)
+        feeds = full_inputs(x, indptr, indices, targets, hubs=hubs)
+        expected_plain = expected = logits[targets]
+    else:
+        rng = np.random.default_rng(seed)
+        plain_feeds = sampled_inputs(x, indptr, indices, targets, fanouts, rng)
+        feeds = response_inputs(x, targets, sample_neighbours(indptr, indices, rng), fanouts, hubs)
+        expected_plain, expected = (layout_logits(params, plain_feeds, row_normalise),
+                                   layout_logits(params, feeds, row_normalise))
+    plain = session.run([OUTPUT], session_feeds(session, plain_feeds))[0]
+    diff = float(np.abs(plain - expected_plain).max())
+    if diff > tolerance:
+        sys.exit(f"onnxruntime and the offline model disagree by {diff} on the reference batch")
+    ort_logits = session.run([OUTPUT], feeds)[0]
+    hub_diff = float(np.abs(ort_logits - expected).max())
+    if hub_diff > tolerance:
+        sys.exit(f"with stored hub embeddings, onnxruntime and the offline model disagree by {hub_diff}")
+    described = {}
+    for name in GNN_INPUTS:
+        arr = np.ascontiguousarray(feeds[name])
+        arr.tofile(os.path.join(out, "reference", name + ".bin"))
+        described[name] = {"dtype": str(arr.dtype), "shape": list(arr.shape)}
+    ort_logits.astype(np.float32).tofile(os.path.join(out, "reference", "ort_logits.f32"))
+    with open(os.path.join(out, "reference", "inputs.json"), "w") as f:
+        json.dump({"targets": [int(t) for t in targets], "inputs": described,
+                   "covering": covering,
+                   "ort_logits": {"dtype": "float32", "shape": list(ort_logits.shape)}}, f, indent=2)
+
+    return diff, hub_diff
+
+
 # Above this many edges, `train --mode auto` trains on mini-batches.
 FULL_GRAPH_MAX_EDGES = 2_000_000
 # Above this many hop-2 entries, the reference batch is sampled at the
 # manifest's fanouts instead of covering every neighbour.
-REFERENCE_MAX_ENTRIES = 1 << 22
+REFERENCE_MAX_ENTRIES = 1 << 20
 
 
 def cmd_train(args):
@@ -595,52 +657,10 @@ def cmd_train(args):
     onnx.save(model, os.path.join(args.out, "model.onnx"))
     logits.tofile(os.path.join(args.out, "reference", "logits.f32"))
 
-    # A batch of inputs and what onnxruntime (Python) makes of them: the
-    # Rust worker must compute the same on the same bytes. The batch is
-    # served as a HUB_H1 response is: hop-1 nodes of degree at least the
-    # batch's median hop-1 degree come with their offline h1 and no hop-2
-    # neighbours, which with every neighbour sampled changes nothing. On a
-    # graph too large for every neighbour of the batch, it is sampled at
-    # the manifest's fanouts and checked against the same computation in
-    # numpy.
-    import onnxruntime as ort
     targets = test_idx[: args.reference_targets]
-    session = ort.InferenceSession(os.path.join(args.out, "model.onnx"), providers=["CPUExecutionProvider"])
-    degree = np.diff(indptr)
-    hop1 = [u for t in targets for u in indices[indptr[t]:indptr[t + 1]]]
-    covering = len(targets) * max([1] + [int(degree[t]) for t in targets]) * \
-        max([1] + [int(degree[u]) for u in hop1]) <= REFERENCE_MAX_ENTRIES
-    hub_degree = max(2, int(np.median([degree[u] for u in hop1]))) if hop1 else 2
-    hubs = (lambda u: degree[u] >= hub_degree, h1)
-    if covering:
-        plain_feeds = full_inputs(x, indptr, indices, targets)
-        feeds = full_inputs(x, indptr, indices, targets, hubs=hubs)
-        expected_plain = expected = logits[targets]
-    else:
-        rng = np.random.default_rng(args.seed)
-        plain_feeds = sampled_inputs(x, indptr, indices, targets, fanouts, rng)
-        feeds = response_inputs(x, targets, sample_neighbours(indptr, indices, rng), fanouts, hubs)
-        expected_plain, expected = layout_logits(params, plain_feeds), layout_logits(params, feeds)
-    plain = session.run([OUTPUT], session_feeds(session, plain_feeds))[0]
-    diff = float(np.abs(plain - expected_plain).max())
-    if diff > 1e-4:
-        sys.exit(f"onnxruntime and the offline model disagree by {diff} on the reference batch")
-    ort_logits = session.run([OUTPUT], feeds)[0]
-    hub_diff = float(np.abs(ort_logits - expected).max())
-    if hub_diff > 1e-4:
-        sys.exit(f"with stored hub embeddings, onnxruntime and the offline model disagree by {hub_diff}")
-    described = {}
-    for name in GNN_INPUTS:
-        arr = np.ascontiguousarray(feeds[name])
-        arr.tofile(os.path.join(args.out, "reference", name + ".bin"))
-        described[name] = {"dtype": str(arr.dtype), "shape": list(arr.shape)}
-    ort_logits.astype(np.float32).tofile(os.path.join(args.out, "reference", "ort_logits.f32"))
-    with open(os.path.join(args.out, "reference", "inputs.json"), "w") as f:
-        json.dump({"targets": [int(t) for t in targets], "inputs": described,
-                   "covering": covering,
-                   "ort_logits": {"dtype": "float32", "shape": list(ort_logits.shape)}}, f, indent=2)
+    diff, hub_diff = write_reference(args.out, params, x, indptr, indices, targets, logits, h1,
+                                     fanouts, args.seed)
 
-    fanouts = [int(v) for v in args.fanouts.split(",")]
     manifest = {
         "format_version": 1,
         "architecture": "graphsage-mean-2layer",
@@ -668,6 +688,118 @@ def cmd_train(args):
     print(f"{meta['name']}: offline test accuracy {test_acc * 100:.1f}% (val {val * 100:.1f}%, "
           f"epoch {epoch}); onnxruntime diff {diff:.2e}; {mode} training {trained:.1f} s, "
           f"{time.time() - started:.1f} s in all, peak RSS {peak_rss_mib():.0f} MiB -> {args.out}")
+
+
+# PyG's parameter names of a 2-layer SAGEConv model (mean aggregation, root
+# weight): lin_l acts on the neighbours' mean and carries the bias, lin_r on
+# the node itself.
+PYG_SAGE_KEYS = ["conv1.lin_l.weight", "conv1.lin_l.bias", "conv1.lin_r.weight",
+                 "conv2.lin_l.weight", "conv2.lin_l.bias", "conv2.lin_r.weight"]
+
+
+def pyg_sage_reference(weights, x, indptr, indices):
+    """PyG's SAGEConv, written from its documentation: x'_i = W_1 x_i +
+    W_2 mean_{j in N(i)} x_j (+ bias, on lin_l), W_1 = lin_r, W_2 = lin_l;
+    relu between the layers. Node by node, independent of the export:
+    (logits, h1) of every node."""
+    def layer(h, k):
+        w_l, b_l, w_r = (weights[f"conv{k}.lin_l.weight"], weights[f"conv{k}.lin_l.bias"],
+                         weights[f"conv{k}.lin_r.weight"])
+        out = np.empty((len(h), w_l.shape[0]), np.float64)
+        for i in range(len(h)):
+            nbrs = indices[indptr[i]:indptr[i + 1]]
+            mean = h[nbrs].astype(np.float64).mean(axis=0) if len(nbrs) else np.zeros(h.shape[1])
+            out[i] = w_l @ mean + b_l + w_r @ h[i]
+        return out.astype(np.float32)
+    h1 = np.maximum(layer(x, 1), 0.0)
+    return layer(h1, 2), h1
+
+
+def cmd_import_pyg(args):
+    """A 2-layer PyTorch Geometric model's weights (safetensors, PyG's
+    names) exported as this contract's ONNX graph with its manifest."""
+    from safetensors.numpy import load_file
+    if args.arch == "gcn":
+        sys.exit("GCNConv is not supported: its symmetric normalisation needs the degree of "
+                 "every node of the sampled subgraph, which the response does not carry "
+                 "(docs/model.md, \"Bring your own model\", says what the contract would need)")
+    weights = {k[len(args.prefix):]: v for k, v in load_file(args.weights).items()
+               if k.startswith(args.prefix)}
+    missing = [k for k in PYG_SAGE_KEYS if k not in weights]
+    if missing:
+        sys.exit(f"{args.weights}: no {', '.join(args.prefix + k for k in missing)} (it has "
+                 f"{sorted(weights) or 'nothing under the prefix'}): save a 2-layer SAGEConv "
+                 "model's state_dict (docs/model.md, \"Bring your own model\"), or give --prefix")
+    extra = [k for k in weights if k not in PYG_SAGE_KEYS]
+    if extra:
+        sys.exit(f"{args.weights}: parameters this import does not know: {extra} (a bias on "
+                 "lin_r, a third layer, another aggregation?): only SAGEConv(mean, "
+                 "root_weight=True) x 2 is supported")
+    w = {k: np.asarray(v, np.float32) for k, v in weights.items()}
+    hidden, d = w["conv1.lin_l.weight"].shape
+    c = w["conv2.lin_l.weight"].shape[0]
+    shapes = {"conv1.lin_l.bias": (hidden,), "conv1.lin_r.weight": (hidden, d),
+              "conv2.lin_l.weight": (c, hidden), "conv2.lin_l.bias": (c,),
+              "conv2.lin_r.weight": (c, hidden)}
+    for key, shape in shapes.items():
+        if w[key].shape != shape:
+            sys.exit(f"{args.weights}: {key} has shape {list(w[key].shape)}, expected "
+                     f"{list(shape)} (from conv1.lin_l.weight {[hidden, d]} and "
+                     f"conv2.lin_l.weight {[c, hidden]})")
+    params = [w["conv1.lin_r.weight"].T.copy(), w["conv1.lin_l.weight"].T.copy(),
+              w["conv1.lin_l.bias"], w["conv2.lin_r.weight"].T.copy(),
+              w["conv2.lin_l.weight"].T.copy(), w["conv2.lin_l.bias"]]
+    os.makedirs(os.path.join(args.out, "reference"), exist_ok=True)
+    import onnx
+    onnx.save(build_onnx(params, d, c, row_normalise=args.row_normalise),
+              os.path.join(args.out, "model.onnx"))
+    fanouts = [int(v) for v in args.fanouts.split(",")]
+    offline = None
+    name = None
+    if args.dataset:
+        meta, x, edges, labels, split = load_dataset(args.dataset)
+        name = meta["name"]
+        if meta["feature_dim"] != d:
+            sys.exit(f"{args.dataset} has {meta['feature_dim']} features; the weights take {d}")
+        n = meta["num_nodes"]
+        indptr, indices = csr(n, edges)
+        xin = normalise(x).astype(np.float32) if args.row_normalise else x
+        logits, h1 = pyg_sage_reference(w, xin, indptr, indices)
+        logits.tofile(os.path.join(args.out, "reference", "logits.f32"))
+        test_idx = np.flatnonzero(split == 2)
+        targets = (test_idx if len(test_idx) else np.arange(n))[:32]
+        diff, hub_diff = write_reference(args.out, params, x, indptr, indices, targets, logits, h1,
+                                         fanouts, 0, row_normalise=args.row_normalise,
+                                         tolerance=1e-5)
+        offline = {"test_accuracy": accuracy(logits, labels, test_idx),
+                   "reference": "numpy, PyG's SAGEConv formula, every neighbour",
+                   "onnxruntime_max_abs_diff": diff, "hub_h1_max_abs_diff": hub_diff}
+    manifest = {
+        "format_version": 1,
+        "architecture": "graphsage-mean-2layer",
+        "dataset": name,
+        "feature_dim": d,
+        "dtype": "f32",
+        "num_classes": c,
+        "hidden": hidden,
+        "fanouts": fanouts,
+        "graph_version": args.graph_version,
+        "num_nodes": None,
+        "opset": OPSET,
+        "inputs": GNN_INPUTS,
+        "outputs": [OUTPUT, H1_OUTPUT],
+        "row_normalise": args.row_normalise,
+        "imported": {"from": "pytorch_geometric", "layer": "SAGEConv", "aggr": "mean",
+                     "weights_sha256": file_sha256(args.weights)},
+        "training": None,
+        "offline": offline,
+    }
+    with open(os.path.join(args.out, "manifest.json"), "w") as f:
+        json.dump(manifest, f, indent=2)
+    checked = (f"onnxruntime within {offline['onnxruntime_max_abs_diff']:.1e} of PyG's formula on "
+               f"{name}, test accuracy {offline['test_accuracy'] * 100:.1f}%" if offline else
+               "not checked against a dataset (give --dataset)")
+    print(f"imported SAGEConv x 2 ({d} -> {hidden} -> {c}); {checked} -> {args.out}")
 
 
 def cmd_init(args):
@@ -1048,6 +1180,18 @@ def main():
     i.add_argument("--graph-version", type=int, default=1)
     i.add_argument("--hidden", type=int, default=64)
     i.add_argument("--seed", type=int, default=0)
+    g = sub.add_parser("import-pyg", help="export a 2-layer PyTorch Geometric SAGEConv model's "
+                       "weights (safetensors) as the serving contract's ONNX graph")
+    g.add_argument("--weights", required=True, help="model.safetensors: the model's state_dict")
+    g.add_argument("--out", required=True, help="model directory to write")
+    g.add_argument("--arch", choices=["sage", "gcn"], default="sage")
+    g.add_argument("--prefix", default="", help="prefix of the parameter names (e.g. model.)")
+    g.add_argument("--no-row-normalise", dest="row_normalise", action="store_false",
+                   help="the model was trained on raw features (no NormalizeFeatures)")
+    g.add_argument("--dataset", help="check the export against PyG's formula on this dataset "
+                   "and write reference outputs (covering fanouts, within 1e-5)")
+    g.add_argument("--fanouts", default="20,10", help="serving fanouts recorded in the manifest")
+    g.add_argument("--graph-version", type=int, default=1)
     q = sub.add_parser("quantize", help="export a dynamically quantized (INT8) copy of a model, "
                        "with its accuracy and speed against FP32")
     q.add_argument("--model", required=True, help="the FP32 model directory (sage.py train or init)")
@@ -1071,7 +1215,7 @@ def main():
     s.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
     {"train": cmd_train, "init": cmd_init, "quantize": cmd_quantize,
-     "distill": cmd_distill}[args.command](args)
+     "distill": cmd_distill, "import-pyg": cmd_import_pyg}[args.command](args)
 
 
 if __name__ == "__main__":

@@ -383,8 +383,8 @@ impl Predictor {
         }
         if ids.len() > self.config.max_request_targets {
             return Err(PredictError::InvalidArgument(format!(
-                "{} node ids in one call; at most {} (split the call, or raise \
-                 max_request_targets)",
+                "{} node ids in one call; at most {} (split the call, or raise the worker's \
+                 max_request_targets, --max-request-targets)",
                 ids.len(),
                 self.config.max_request_targets
             )));

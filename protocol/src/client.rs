@@ -122,7 +122,10 @@ pub enum CallError {
          /dev/shm/{name} are busy (it is saturated); retry shortly, or add capacity"
     )]
     RingFull { name: String, slots: u32 },
-    #[error("{n_targets} targets in one call; the sidecar allows at most {max_targets}: split the batch")]
+    #[error(
+        "{n_targets} targets in one call; the sidecar allows at most {max_targets}: split the \
+         batch, or raise the sidecar's max_targets (--max-targets)"
+    )]
     TooManyTargets { n_targets: usize, max_targets: u32 },
     #[error("{0}")]
     NewNode(String),

@@ -39,8 +39,12 @@ pub const MAGIC: [u8; 8] = *b"GNNRING\0";
 pub const LAYOUT_VERSION: u32 = 2;
 /// Hops of neighbourhood sampling the protocol carries (GraphSAGE 2-hop).
 pub const MAX_HOPS: usize = 2;
-/// Largest fanout a segment may allow for one hop.
-pub const MAX_FANOUT: u32 = 1024;
+/// Largest fanout a segment may allow for one hop: 2^15, so that a
+/// target's `f1 x f2` hop-2 entries (at most 2^30) index as i32. In
+/// practice the response area bounds it first: the hop arrays of one target
+/// take `4 x f1 x (2 + f2)` bytes (6.8 MB at 1,303 x 1,303), which the
+/// sidecar checks against its response area at start.
+pub const MAX_FANOUT: u32 = 1 << 15;
 /// Most worker processes (or client handles) attached at once.
 pub const MAX_CLIENTS: usize = 64;
 /// Most slots a segment can have (the submission bitmap has one bit per slot).

@@ -204,11 +204,14 @@ impl Request {
 /// mistake (or a hostile client's), answered with `INVALID_REQUEST`.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum RequestError {
-    #[error("request has {n_targets} targets; the segment allows at most {max_targets}")]
+    #[error(
+        "request has {n_targets} targets; the segment allows at most {max_targets}: send \
+         fewer, or raise the sidecar's max_targets (--max-targets)"
+    )]
     TooManyTargets { n_targets: u32, max_targets: u32 },
     #[error(
         "request fanout {fanout} for hop {hop} exceeds the cap {cap}; ask for at most {cap} or \
-         raise the sidecar's max fanout"
+         raise the sidecar's max_fanouts (--max-fanouts)"
     )]
     FanoutAboveCap { hop: usize, fanout: u32, cap: u32 },
     #[error("request flags {flags:#x} contain bits this sidecar does not know")]
@@ -254,7 +257,7 @@ pub enum RequestError {
     #[error(
         "the new node has {edges} edges; this segment's request area holds at most {max} with \
          a row of {feature_dim} values: send fewer edges, or raise the sidecar's \
-         max_new_node_edges"
+         max_new_node_edges (--max-new-node-edges)"
     )]
     NewNodeTooManyEdges {
         edges: u32,

@@ -347,6 +347,24 @@ impl Validate for ServeConfig {
             1 << 20,
         )?;
         u64_between("response_mib", self.response_mib, 1, MAX_RESPONSE_MIB)?;
+        // One target at the caps must fit a response: its hop arrays alone
+        // (hop1_rows, hop2_count, hop2_rows: 4 bytes an entry).
+        let [f1, f2] = self.max_fanouts.0.map(u64::from);
+        let hop_bytes = 4 * f1 * (2 + f2);
+        if hop_bytes > self.response_bytes() {
+            return Err(Invalid::new(
+                "max_fanouts",
+                format!(
+                    "{f1},{f2}: the hop arrays of one target take {hop_bytes} bytes, more than \
+                     the {} MiB response area (response_mib)",
+                    self.response_mib
+                ),
+                format!(
+                    "raise response_mib (--response-mib) to at least {} or lower max_fanouts",
+                    hop_bytes.div_ceil(1 << 20) + 1
+                ),
+            ));
+        }
         finite_between("deadline_ms", self.deadline_ms, 0.01, MAX_DEADLINE_MS, "ms")?;
         u64_between("l1_mib", self.l1_mib, 0, 1 << 20)?;
         u64_between("warm_up", self.warm_up as u64, 0, u32::MAX.into())?;

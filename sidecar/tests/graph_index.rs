@@ -322,6 +322,32 @@ fn cached_hubs_go_without_neighbours_and_leave_the_other_samples_alone() {
     }
 }
 
+/// Wide picks (a hash set past 64) give exactly the picks of Floyd's
+/// algorithm with a scan, in the same order, in O(k) work.
+#[test]
+fn wide_picks_are_floyds_picks() {
+    use rand::{Rng, SeedableRng};
+    use sidecar::graph::sampler::pick;
+    for (degree, k, seed) in [
+        (10_000u32, 65u32, 1u64),
+        (50_000, 1_500, 2),
+        (2_000, 1_999, 3),
+    ] {
+        let mut rng = rand::rngs::SmallRng::seed_from_u64(seed);
+        let mut out = Vec::new();
+        let work = pick(&mut rng, degree, k, &mut out);
+        assert!(work <= 2 * u64::from(k), "work {work} for k {k}");
+        let mut rng = rand::rngs::SmallRng::seed_from_u64(seed);
+        let mut expected: Vec<u32> = Vec::new();
+        for j in degree - k..degree {
+            let t = rng.random_range(0..=j);
+            expected.push(if expected.contains(&t) { j } else { t });
+        }
+        assert_eq!(out, expected, "degree {degree}, k {k}");
+        assert_eq!(out.iter().collect::<HashSet<_>>().len(), k as usize);
+    }
+}
+
 /// A star: node 0 linked to nodes 1..=degree (and back).
 fn star(degree: u32) -> (tempfile::TempDir, CsrIndex) {
     let mut text = String::with_capacity(degree as usize * 12);

@@ -68,6 +68,28 @@ fn the_sidecar_refuses_a_bad_value_from_each_source_naming_key_source_and_fix() 
     let e = refusal(&serve("sidecar", &["--config", &f], &[]));
     assert!(e.contains(&format!("`fanouts` from {f}:2")), "{e}");
     assert!(e.contains("lower fanouts or raise max_fanouts"), "{e}");
+    // A fanout cap past 1,024 is fine while one target's hop arrays fit the
+    // response area; past it, the refusal names the flag that makes room.
+    let e = refusal(&serve(
+        "sidecar",
+        &[
+            "--data-dir",
+            "/d",
+            "--max-fanouts",
+            "2000,2000",
+            "--response-mib",
+            "8",
+        ],
+        &[],
+    ));
+    assert!(e.contains("`max_fanouts` from flag --max-fanouts"), "{e}");
+    assert!(e.contains("--response-mib"), "{e}");
+    let e = refusal(&serve(
+        "sidecar",
+        &["--data-dir", "/d", "--max-fanouts", "40000,1"],
+        &[],
+    ));
+    assert!(e.contains("outside 1..=32768"), "{e}");
     let f = file(dir.path(), "syntax.toml", "data_dir = \"/d\"\nslots = \n");
     let e = refusal(&serve("sidecar", &["--config", &f], &[]));
     assert!(e.contains(&format!("{f}:2: not valid TOML")), "{e}");

@@ -261,6 +261,185 @@ fn minibatch_training_learns_a_generated_graph_and_is_served() {
     assert!(stack.stop());
 }
 
+/// Exact serving of any degree (docs/serving.md, "Limits"): cora with a
+/// hub of degree 1,100 (past the former fanout cap of 1,024), served with
+/// covering fanouts, answers the hub and its neighbours as the offline
+/// model does.
+#[test]
+fn a_node_past_the_former_fanout_cap_is_served_exactly() {
+    let dir = tempfile::tempdir().unwrap();
+    let graph = dir.path().join("cora-hub");
+    std::fs::create_dir_all(&graph).unwrap();
+    let cora = dataset("cora");
+    for file in ["features.f32", "labels.i32", "split.u8"] {
+        std::fs::copy(cora.join(file), graph.join(file)).unwrap();
+    }
+    let n = meta("cora")["num_nodes"].as_u64().unwrap() as u32;
+    let mut edges = std::fs::read(cora.join("edges.u32")).unwrap();
+    let hub = 0u32;
+    for v in 1..=1100u32 {
+        for (a, b) in [(hub, v), (v, hub)] {
+            edges.extend_from_slice(&a.to_le_bytes());
+            edges.extend_from_slice(&b.to_le_bytes());
+        }
+    }
+    std::fs::write(graph.join("edges.u32"), &edges).unwrap();
+    let mut m = meta("cora");
+    m["name"] = "cora-hub".into();
+    m["num_edges"] = (edges.len() / 8).into();
+    std::fs::write(graph.join("meta.json"), m.to_string()).unwrap();
+    let adjacency = {
+        let mut adjacency = vec![std::collections::BTreeSet::new(); n as usize];
+        for e in edges.chunks_exact(8) {
+            let s = u32::from_le_bytes([e[0], e[1], e[2], e[3]]);
+            let d = u32::from_le_bytes([e[4], e[5], e[6], e[7]]);
+            if s != d {
+                adjacency[s as usize].insert(d as u64);
+            }
+        }
+        adjacency
+    };
+    let max_degree = adjacency.iter().map(|a| a.len()).max().unwrap() as u32;
+    assert!(max_degree > 1024, "{max_degree}");
+
+    let model = dir.path().join("model");
+    let out = std::process::Command::new(tests::stack::python())
+        .arg(tests::stack::repo_root().join("gnn-worker/model/sage.py"))
+        .args(["train", "--dataset"])
+        .arg(&graph)
+        .args(["--epochs", "30", "--out"])
+        .arg(&model)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+
+    let mut options = StackOptions::new("cora-hub");
+    options.dataset_dir = Some(graph);
+    options.model = Some(model.clone());
+    options.fanouts = [max_degree, max_degree];
+    // One target a run: its padded hop-2 arrays alone are 1,100^2 entries.
+    options.max_targets = 1;
+    options.max_batch = 1;
+    options.response_mib = 64;
+    let stack = Stack::start(&options).expect("stack");
+    let offline = offline_distance(&model);
+    let mut ids: Vec<u64> = vec![hub as u64];
+    ids.extend(adjacency[hub as usize].iter().step_by(100));
+    for p in predict_all(&stack, &ids, 1) {
+        assert!(
+            offline(&p) <= 1e-5,
+            "node {} (degree {}): {}",
+            p.node_id,
+            adjacency[p.node_id as usize].len(),
+            offline(&p)
+        );
+    }
+    assert!(stack.stop());
+}
+
+/// Bring your own model (docs/model.md): a 2-layer PyTorch Geometric
+/// SAGEConv model's weights, saved with safetensors under PyG's names, are
+/// imported (`sage.py import-pyg`), checked by the tool against a numpy
+/// reference of PyG's formula, and served with covering fanouts as that
+/// reference computes, with and without row normalisation; a GCN or a
+/// file without PyG's names is refused, naming why.
+#[test]
+fn a_pyg_sage_model_is_imported_and_served_as_pyg_computes_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let weights = dir.path().join("model.safetensors");
+    // What a PyG user's state_dict holds for SAGEConv(1433, 32) and
+    // SAGEConv(32, 7): weights [out, in], lin_l with a bias.
+    let script = r#"
+import sys, numpy as np
+from safetensors.numpy import save_file
+rng = np.random.default_rng(3)
+u = lambda *s: rng.uniform(-1, 1, size=s).astype(np.float32)
+save_file({"conv1.lin_l.weight": u(32, 1433) * 2, "conv1.lin_l.bias": u(32) * 0.1,
+           "conv1.lin_r.weight": u(32, 1433) * 2, "conv2.lin_l.weight": u(7, 32),
+           "conv2.lin_l.bias": u(7), "conv2.lin_r.weight": u(7, 32)}, sys.argv[1])
+"#;
+    let out = std::process::Command::new(tests::stack::python())
+        .args(["-c", script])
+        .arg(&weights)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let import = |out_dir: &Path, extra: &[&str]| {
+        std::process::Command::new(tests::stack::python())
+            .arg(tests::stack::repo_root().join("gnn-worker/model/sage.py"))
+            .args(["import-pyg", "--weights"])
+            .arg(&weights)
+            .args(extra)
+            .arg("--out")
+            .arg(out_dir)
+            .output()
+            .unwrap()
+    };
+    let cora = dataset("cora");
+    let max_degree = meta("cora")["degree"]["max"].as_u64().unwrap() as u32;
+    let ids = test_nodes("cora");
+    for (name, extra) in [("normalised", vec![]), ("raw", vec!["--no-row-normalise"])] {
+        let model = dir.path().join(name);
+        let mut args = vec!["--dataset", cora.to_str().unwrap()];
+        args.extend(extra.iter().copied());
+        let out = import(&model, &args);
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let m = manifest(&model);
+        assert_eq!(m["imported"]["layer"], "SAGEConv", "{m}");
+        assert_eq!(m["row_normalise"], name == "normalised");
+        assert!(m["offline"]["onnxruntime_max_abs_diff"].as_f64().unwrap() <= 1e-5);
+        assert_worker_matches_python(&model, 1e-5);
+        let mut options = StackOptions::new("cora");
+        options.model = Some(model.clone());
+        options.fanouts = [max_degree, max_degree];
+        options.max_targets = 8;
+        options.response_mib = 64;
+        let stack = Stack::start(&options).expect("stack");
+        let offline = offline_distance(&model);
+        let worst = predict_all(&stack, &ids, 8)
+            .iter()
+            .map(&offline)
+            .fold(0f32, f32::max);
+        // Row-normalised: within 1e-5. Raw rows give logits in the tens,
+        // where 1e-5 is a few f32 ulps: within 1e-5 of their scale.
+        let scale = match name {
+            "normalised" => 1f32,
+            _ => read_f32(&model.join("reference/logits.f32"))
+                .iter()
+                .fold(1f32, |m, v| m.max(v.abs())),
+        };
+        assert!(
+            worst <= 1e-5 * scale,
+            "{name}: served {worst} from PyG's formula (logits up to {scale})"
+        );
+        assert!(stack.stop());
+    }
+
+    let refused = import(&dir.path().join("gcn"), &["--arch", "gcn"]);
+    assert!(!refused.status.success());
+    assert!(
+        String::from_utf8_lossy(&refused.stderr).contains("Bring your own model"),
+        "{}",
+        String::from_utf8_lossy(&refused.stderr)
+    );
+    let refused = import(&dir.path().join("prefixed"), &["--prefix", "model."]);
+    let said = String::from_utf8_lossy(&refused.stderr);
+    assert!(!refused.status.success());
+    assert!(said.contains("model.conv1.lin_l.weight"), "{said}");
+}
+
 /// The INT8 export (`sage.py quantize`): the worker computes what
 /// onnxruntime in Python computes on the reference batch, and serves cora
 /// within 2 points of the FP32 model's offline accuracy.

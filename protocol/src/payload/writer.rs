@@ -27,7 +27,7 @@ pub enum WriteError {
     #[error(
         "response of {needed} bytes does not fit the {available} byte response area \
          ({n_nodes} nodes x {feature_dim} features): send fewer targets per request or raise \
-         the sidecar's response bytes per slot"
+         the sidecar's response_mib (--response-mib)"
     )]
     TooLarge {
         needed: usize,

@@ -233,9 +233,14 @@ fn target_seed(seed: u64, target: u64) -> u64 {
     z ^ (z >> 31)
 }
 
+/// Above this many picks, membership is a hash set rather than a scan.
+const PICK_SCAN_MAX: u32 = 64;
+
 /// Picks `min(k, degree)` distinct indices of `0..degree` uniformly at random
 /// into `out` (Floyd's algorithm). Returns the work spent: one unit per draw
-/// and per set probe, bounded by `k + k^2` whatever the degree.
+/// and per set probe, bounded by `k + k^2` (a scan of the picks, up to
+/// [`PICK_SCAN_MAX`] of them) or `2k` (a hash set, above) whatever the
+/// degree. Both give the same picks in the same order.
 pub fn pick(rng: &mut SmallRng, degree: u32, k: u32, out: &mut Vec<u32>) -> u64 {
     out.clear();
     if degree <= k {
@@ -243,6 +248,19 @@ pub fn pick(rng: &mut SmallRng, degree: u32, k: u32, out: &mut Vec<u32>) -> u64 
         return u64::from(degree);
     }
     let mut work = 0u64;
+    if k > PICK_SCAN_MAX {
+        let mut seen =
+            rustc_hash::FxHashSet::with_capacity_and_hasher(k as usize, Default::default());
+        for j in degree - k..degree {
+            let t = rng.random_range(0..=j);
+            work += 2;
+            // j is above every earlier draw's range: never seen yet.
+            let next = if seen.insert(t) { t } else { j };
+            seen.insert(next);
+            out.push(next);
+        }
+        return work;
+    }
     for j in degree - k..degree {
         let t = rng.random_range(0..=j);
         work += 1 + out.len() as u64;

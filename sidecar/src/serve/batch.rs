@@ -148,7 +148,8 @@ impl BatchServer {
                     &format!(
                         "the hop arrays of {} targets at fanouts [{f1}, {f2}] take {hop_bytes} \
                          bytes, more than the slot's {} byte response area: send fewer targets \
-                         per request or lower the fanouts",
+                         per request, lower the fanouts, or raise the sidecar's response_mib \
+                         (--response-mib)",
                         request.targets.len(),
                         ctx.response_bytes
                     ),
@@ -439,7 +440,8 @@ impl BatchServer {
                 request_id,
                 &format!(
                     "{n_nodes} sampled nodes exceed the segment's max_nodes {}: send fewer \
-                     targets per request or lower the fanouts",
+                     targets per request, lower the fanouts, or raise the sidecar's max_nodes \
+                     (--max-nodes)",
                     ctx.max_nodes
                 ),
             );
