@@ -178,6 +178,15 @@ def init_params(rng, d, hidden, num_classes):
             np.zeros(num_classes, np.float32)]
 
 
+def start_training(rng, d, hidden, num_classes, weight_decay, split):
+    """Glorot parameters, their weight decay (first layer only), Adam's
+    moments, and the training and validation nodes."""
+    params = init_params(rng, d, hidden, num_classes)
+    decay = [weight_decay, weight_decay, 0.0, 0.0, 0.0, 0.0]
+    moments = ([np.zeros_like(p) for p in params], [np.zeros_like(p) for p in params])
+    return params, decay, moments, np.flatnonzero(split == 0), np.flatnonzero(split == 1)
+
+
 _last_progress = [0.0]
 
 
@@ -199,12 +208,8 @@ def train_full(x, agg, labels, split, num_classes, hidden, epochs, lr, weight_de
     rng = np.random.default_rng(seed)
     n, d = x.shape
     xn = normalise(x).astype(np.float32)
-    params = init_params(rng, d, hidden, num_classes)
-    decay = [weight_decay, weight_decay, 0.0, 0.0, 0.0, 0.0]
-    m = [np.zeros_like(p) for p in params]
-    v = [np.zeros_like(p) for p in params]
-    train_idx = np.flatnonzero(split == 0)
-    val_idx = np.flatnonzero(split == 1)
+    params, decay, (m, v), train_idx, val_idx = start_training(rng, d, hidden, num_classes,
+                                                               weight_decay, split)
     onehot = np.eye(num_classes, dtype=np.float32)[labels[train_idx]]
     keep = 1.0 - dropout
     best = (-1.0, None, 0)
@@ -271,12 +276,8 @@ def train_minibatch(x, indptr, indices, labels, split, num_classes, hidden, epoc
     parameters, its epoch)."""
     rng = np.random.default_rng(seed)
     n, d = x.shape
-    params = init_params(rng, d, hidden, num_classes)
-    decay = [weight_decay, weight_decay, 0.0, 0.0, 0.0, 0.0]
-    m = [np.zeros_like(p) for p in params]
-    v = [np.zeros_like(p) for p in params]
-    train_idx = np.flatnonzero(split == 0)
-    val_idx = np.flatnonzero(split == 1)
+    params, decay, (m, v), train_idx, val_idx = start_training(rng, d, hidden, num_classes,
+                                                               weight_decay, split)
     f1, f2 = fanouts
     sample = sample_neighbours(indptr, indices, rng)
     keep = 1.0 - dropout

@@ -633,3 +633,17 @@ pub fn read_f32(path: &Path) -> Vec<f32> {
 pub fn read_i32(path: &Path) -> Vec<i32> {
     read_le4(path, i32::from_le_bytes)
 }
+
+/// Runs `command` to its end and returns its stdout and stderr; panics
+/// naming `what`, with both, when it fails.
+pub fn run_ok(command: &mut Command, what: &str) -> (String, String) {
+    let out = command
+        .output()
+        .unwrap_or_else(|e| panic!("{what}: cannot run: {e}"));
+    let (stdout, stderr) = (
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    );
+    assert!(out.status.success(), "{what} failed:\n{stdout}\n{stderr}");
+    (stdout, stderr)
+}

@@ -10,7 +10,7 @@ use gnn_worker::grpc::{pb, PredictorClient};
 use gnn_worker::model::{bind_inputs, Device, InputSlices, Model};
 use protocol::client::{CallRequest, ClientOptions, RingClient};
 use tests::stack::{
-    dataset, read_f32, read_i32, trained_model, workspace_bin, Stack, StackOptions,
+    dataset, read_f32, read_i32, run_ok, trained_model, workspace_bin, Stack, StackOptions,
 };
 
 fn runtime() -> tokio::runtime::Runtime {
@@ -183,44 +183,34 @@ fn onnxruntime_in_python_and_the_worker_agree() {
 fn minibatch_training_learns_a_generated_graph_and_is_served() {
     let dir = tempfile::tempdir().unwrap();
     let graph = dir.path().join("rmat");
-    let out = std::process::Command::new(workspace_bin("sidecar"))
-        .args(["generate", "--out"])
-        .arg(&graph)
-        .args(["--nodes", "20000", "--edges", "200000", "--seed", "3"])
-        .args(["--super-nodes", "1", "--super-degree", "5000"])
-        .args(["--feature-dim", "32", "--classes", "4"])
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
+    run_ok(
+        std::process::Command::new(workspace_bin("sidecar"))
+            .args(["generate", "--out"])
+            .arg(&graph)
+            .args(["--nodes", "20000", "--edges", "200000", "--seed", "3"])
+            .args(["--super-nodes", "1", "--super-degree", "5000"])
+            .args(["--feature-dim", "32", "--classes", "4"]),
+        "sidecar generate",
     );
     let model = dir.path().join("model");
-    let out = std::process::Command::new(tests::stack::python())
-        .arg(tests::stack::repo_root().join("gnn-worker/model/sage.py"))
-        .args(["train", "--dataset"])
-        .arg(&graph)
-        .args([
+    let (said, progress) = run_ok(
+        sage_py(&[
+            "train",
             "--mode",
             "minibatch",
             "--epochs",
             "3",
             "--batch",
             "256",
-            "--out",
         ])
-        .arg(&model)
-        .output()
-        .unwrap();
-    let said = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
+        .arg("--dataset")
+        .arg(&graph)
+        .arg("--out")
+        .arg(&model),
+        "sage.py train --mode minibatch",
     );
     assert!(
-        String::from_utf8_lossy(&out.stderr).contains("mini-batch training: step"),
+        progress.contains("mini-batch training: step"),
         "no progress shown"
     );
     let m = manifest(&model);
@@ -303,18 +293,12 @@ fn a_node_past_the_former_fanout_cap_is_served_exactly() {
     assert!(max_degree > 1024, "{max_degree}");
 
     let model = dir.path().join("model");
-    let out = std::process::Command::new(tests::stack::python())
-        .arg(tests::stack::repo_root().join("gnn-worker/model/sage.py"))
-        .args(["train", "--dataset"])
-        .arg(&graph)
-        .args(["--epochs", "30", "--out"])
-        .arg(&model)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
+    run_ok(
+        sage_py(&["train", "--epochs", "30", "--dataset"])
+            .arg(&graph)
+            .arg("--out")
+            .arg(&model),
+        "sage.py train",
     );
 
     let mut options = StackOptions::new("cora-hub");
@@ -362,20 +346,14 @@ save_file({"conv1.lin_l.weight": u(32, 1433) * 2, "conv1.lin_l.bias": u(32) * 0.
            "conv1.lin_r.weight": u(32, 1433) * 2, "conv2.lin_l.weight": u(7, 32),
            "conv2.lin_l.bias": u(7), "conv2.lin_r.weight": u(7, 32)}, sys.argv[1])
 "#;
-    let out = std::process::Command::new(tests::stack::python())
-        .args(["-c", script])
-        .arg(&weights)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
+    run_ok(
+        std::process::Command::new(tests::stack::python())
+            .args(["-c", script])
+            .arg(&weights),
+        "writing PyG-named weights",
     );
     let import = |out_dir: &Path, extra: &[&str]| {
-        std::process::Command::new(tests::stack::python())
-            .arg(tests::stack::repo_root().join("gnn-worker/model/sage.py"))
-            .args(["import-pyg", "--weights"])
+        sage_py(&["import-pyg", "--weights"])
             .arg(&weights)
             .args(extra)
             .arg("--out")
@@ -393,7 +371,7 @@ save_file({"conv1.lin_l.weight": u(32, 1433) * 2, "conv1.lin_l.bias": u(32) * 0.
         let out = import(&model, &args);
         assert!(
             out.status.success(),
-            "{}",
+            "import-pyg: {}",
             String::from_utf8_lossy(&out.stderr)
         );
         let m = manifest(&model);
@@ -1369,32 +1347,17 @@ fn stored_hub_embeddings_stand_in_for_unchanged_hubs() {
 /// its `n` nodes, 8 a batch) and waits until the stack's worker has loaded
 /// the set.
 fn precompute_every_node(stack: &Stack, redis: &tests::redis::RedisServer, n: u64) {
-    let out = std::process::Command::new(workspace_bin("gnn-worker"))
-        .args(["precompute", "--model"])
-        .arg(&stack.model)
-        .args([
-            "--shm-name",
-            &stack.shm_name,
-            "--redis",
-            &redis.url(),
-            "--batch",
-            "8",
-        ])
-        .arg("--onnxruntime-lib")
-        .arg(tests::stack::onnxruntime_lib())
-        .output()
-        .unwrap();
-    let said = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
+    let (said, progress) = run_ok(
+        std::process::Command::new(workspace_bin("gnn-worker"))
+            .args(["precompute", "--model"])
+            .arg(&stack.model)
+            .args(["--shm-name", &stack.shm_name, "--redis", &redis.url()])
+            .args(["--batch", "8", "--onnxruntime-lib"])
+            .arg(tests::stack::onnxruntime_lib()),
+        "gnn-worker precompute",
     );
     assert!(said.contains(&format!("precomputed {n} nodes")), "{said}");
-    assert!(
-        String::from_utf8_lossy(&out.stderr).contains("100.0%"),
-        "no progress shown"
-    );
+    assert!(progress.contains("100.0%"), "no progress shown");
     // The worker finds the set once it has heard the sidecar's clock.
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
     loop {
@@ -1408,6 +1371,15 @@ fn precompute_every_node(stack: &Stack, redis: &tests::redis::RedisServer, n: u6
         );
         std::thread::sleep(std::time::Duration::from_millis(100));
     }
+}
+
+/// `.venv/bin/python gnn-worker/model/sage.py <args>`, to complete.
+fn sage_py(args: &[&str]) -> std::process::Command {
+    let mut command = std::process::Command::new(tests::stack::python());
+    command
+        .arg(tests::stack::repo_root().join("gnn-worker/model/sage.py"))
+        .args(args);
+    command
 }
 
 /// How far a prediction's logits are from the offline model's logits for

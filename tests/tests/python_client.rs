@@ -6,18 +6,7 @@
 use std::path::Path;
 use std::process::Command;
 
-use tests::stack::{python, repo_root, Stack, StackOptions};
-
-fn run(command: &mut Command, what: &str) -> String {
-    let out = command.output().unwrap_or_else(|e| panic!("{what}: {e}"));
-    assert!(
-        out.status.success(),
-        "{what} failed:\n{}\n{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).into_owned()
-}
+use tests::stack::{python, repo_root, run_ok, Stack, StackOptions};
 
 /// Copies the files under `from` to `to` (directories made as needed).
 fn copy_tree(from: &Path, to: &Path) {
@@ -43,7 +32,7 @@ fn the_python_client_installs_and_passes_its_checks_against_a_worker() {
     // the project venv's grpcio and protobuf (no download).
     let package = dir.path().join("package");
     copy_tree(&root.join("clients/python"), &package);
-    run(
+    run_ok(
         Command::new(python())
             .args([
                 "-m",
@@ -63,7 +52,7 @@ fn the_python_client_installs_and_passes_its_checks_against_a_worker() {
     // The checked-in stubs are what the .proto generates today.
     let generated = dir.path().join("generated");
     std::fs::create_dir_all(&generated).unwrap();
-    run(
+    run_ok(
         Command::new(python())
             .current_dir(&root)
             .args(["-m", "grpc_tools.protoc", "-Ignn_client=gnn-worker/proto"])
@@ -102,7 +91,7 @@ fn the_python_client_installs_and_passes_its_checks_against_a_worker() {
     let expected = dir.path().join("expected.json");
     std::fs::write(&expected, answer["predictions"].to_string()).unwrap();
     let grpc = stack.grpc.trim_start_matches("http://").to_string();
-    let said = run(
+    let (said, _) = run_ok(
         Command::new(python())
             .env("PYTHONPATH", &site)
             .arg(root.join("clients/python/tests/check_worker.py"))
