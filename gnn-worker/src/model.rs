@@ -191,11 +191,9 @@ impl Manifest {
             reason,
         };
         let manifest = Self::parse(model_dir)?;
-        let hub = manifest.inputs.len() == INPUTS.len() + 1
-            && manifest.inputs.last().map(String::as_str) == Some(HUB_INPUT);
-        if manifest.inputs[..manifest.inputs.len().min(INPUTS.len())] != INPUTS
-            || !(manifest.inputs.len() == INPUTS.len() || hub)
-        {
+        // The response columns, optionally followed by the hub input.
+        let hub = manifest.has_hub_input();
+        if manifest.inputs[..manifest.inputs.len() - usize::from(hub)] != INPUTS {
             let hint = if manifest.architecture == "mlp-2layer" {
                 ": this is an MLP student (sage.py distill), not a GNN; point --model at the \
                  GNN's directory"

@@ -647,3 +647,17 @@ pub fn run_ok(command: &mut Command, what: &str) -> (String, String) {
     assert!(out.status.success(), "{what} failed:\n{stdout}\n{stderr}");
     (stdout, stderr)
 }
+
+/// Copies the files under `from` to `to`, directories made as needed.
+pub fn copy_dir(from: &Path, to: &Path) {
+    std::fs::create_dir_all(to).unwrap();
+    for entry in std::fs::read_dir(from).unwrap() {
+        let entry = entry.unwrap();
+        let target = to.join(entry.file_name());
+        if entry.file_type().unwrap().is_dir() {
+            copy_dir(&entry.path(), &target);
+        } else {
+            std::fs::copy(entry.path(), target).unwrap();
+        }
+    }
+}

@@ -114,19 +114,6 @@ fn copy_with_libraries(binary: &Path, dest: &Path, root: &Path) {
     }
 }
 
-fn copy_dir(from: &Path, to: &Path) {
-    std::fs::create_dir_all(to).unwrap();
-    for entry in std::fs::read_dir(from).unwrap() {
-        let entry = entry.unwrap();
-        let target = to.join(entry.file_name());
-        if entry.file_type().unwrap().is_dir() {
-            copy_dir(&entry.path(), &target);
-        } else {
-            std::fs::copy(entry.path(), target).unwrap();
-        }
-    }
-}
-
 /// The files every image has: the users. The directories the pod mounts
 /// volumes on are left to podman, which creates them owned by the pod's
 /// user (over an existing root-owned directory, a volume takes its owner).
@@ -263,7 +250,7 @@ fn the_dev_pod_pair_runs_under_podman_and_survives_a_sidecar_kill() {
         Path::new("/usr/bin/sidecarctl"),
         &sidecar_root,
     );
-    copy_dir(
+    tests::stack::copy_dir(
         &cora,
         &sidecar_root.join("usr/share/gnn-serving/datasets/cora"),
     );

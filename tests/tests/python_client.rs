@@ -8,20 +8,6 @@ use std::process::Command;
 
 use tests::stack::{python, repo_root, run_ok, Stack, StackOptions};
 
-/// Copies the files under `from` to `to` (directories made as needed).
-fn copy_tree(from: &Path, to: &Path) {
-    std::fs::create_dir_all(to).unwrap();
-    for entry in std::fs::read_dir(from).unwrap() {
-        let entry = entry.unwrap();
-        let target = to.join(entry.file_name());
-        if entry.file_type().unwrap().is_dir() {
-            copy_tree(&entry.path(), &target);
-        } else {
-            std::fs::copy(entry.path(), &target).unwrap();
-        }
-    }
-}
-
 #[test]
 fn the_python_client_installs_and_passes_its_checks_against_a_worker() {
     let root = repo_root();
@@ -31,7 +17,7 @@ fn the_python_client_installs_and_passes_its_checks_against_a_worker() {
     // (copied, so that the build's leftovers stay out of the tree), with
     // the project venv's grpcio and protobuf (no download).
     let package = dir.path().join("package");
-    copy_tree(&root.join("clients/python"), &package);
+    tests::stack::copy_dir(&root.join("clients/python"), &package);
     run_ok(
         Command::new(python())
             .args([
