@@ -165,6 +165,68 @@ impl<'de> Deserialize<'de> for Fanouts {
     }
 }
 
+/// Fanouts of one to three hops, for a model that names its own hop count
+/// (the worker's subgraph-layout models): `"20,10"`, `"15"` or
+/// `"20,10,5"` as text, or a TOML list.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HopFanouts(pub Vec<u32>);
+
+/// Most hops [`HopFanouts`] holds.
+pub const MAX_HOP_FANOUTS: usize = 3;
+
+impl std::str::FromStr for HopFanouts {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        let bad =
+            || format!("{s:?}: expected one to {MAX_HOP_FANOUTS} fanouts such as 20,10 or 15,10,5");
+        let fanouts = s
+            .split(',')
+            .map(|f| f.trim().parse::<u32>().map_err(|_| bad()))
+            .collect::<Result<Vec<_>, _>>()?;
+        if fanouts.is_empty() || fanouts.len() > MAX_HOP_FANOUTS {
+            return Err(bad());
+        }
+        Ok(HopFanouts(fanouts))
+    }
+}
+
+impl Serialize for HopFanouts {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        self.0.serialize(s)
+    }
+}
+
+impl<'de> Deserialize<'de> for HopFanouts {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        #[derive(Deserialize)]
+        #[serde(untagged)]
+        enum Either {
+            Text(String),
+            List(Vec<u32>),
+        }
+        let bad = || {
+            serde::de::Error::custom(format!(
+                "expected one to {MAX_HOP_FANOUTS} fanouts, as \"20,10\" or [20, 10]"
+            ))
+        };
+        match Either::deserialize(d).map_err(|_| bad())? {
+            Either::Text(text) => text.parse().map_err(serde::de::Error::custom),
+            Either::List(list) if (1..=MAX_HOP_FANOUTS).contains(&list.len()) => {
+                Ok(HopFanouts(list))
+            }
+            Either::List(_) => Err(bad()),
+        }
+    }
+}
+
+impl std::fmt::Display for HopFanouts {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let text: Vec<String> = self.0.iter().map(u32::to_string).collect();
+        f.write_str(&text.join(","))
+    }
+}
+
 /// The metadata name of the flags layer (how a value is recognised as
 /// coming from the command line).
 const FLAG_LAYER: &str = "command-line flag";

@@ -43,13 +43,13 @@ use protocol::client::{CallRequest, ClientStatus, Response, RingClient};
 use protocol::layout::{status, FeatureSchema, MAX_HOPS};
 use protocol::payload::schema::{target_status, HOP2_CACHED};
 use protocol::payload::ResponseTables;
-use protocol::request::NewNode;
+use protocol::request::{NewNode, SubgraphFanouts};
 use tokio::sync::{mpsc, oneshot};
 
 use crate::config::WorkerConfig;
 use crate::ladder::{Costs, Rung};
 use crate::metrics::WorkerMetrics;
-use crate::model::{AnsweredBy, Model};
+use crate::model::{AnsweredBy, Model, OutputKind};
 use crate::precomputed::{Precomputed, PrecomputedSet};
 
 /// How calls are batched.
@@ -59,9 +59,12 @@ pub struct BatchConfig {
     pub max_batch: usize,
     /// Longest the first call of a batch waits for others.
     pub max_delay: Duration,
-    /// Fanouts sent with every ring request; `[0, 0]` leaves them to the
-    /// sidecar.
+    /// Fanouts sent with every dense-layout ring request; `[0, 0]` leaves
+    /// them to the sidecar.
     pub fanouts: [u32; MAX_HOPS],
+    /// A subgraph-layout model's fanouts, one per hop: its GNN requests ask
+    /// for the subgraph layout at these (`None`: a dense-layout model).
+    pub subgraph: Option<SubgraphFanouts>,
     /// Deadline of one ring call (sampling + features).
     pub ring_timeout: Duration,
     /// Most targets one client call may ask for.
@@ -71,8 +74,11 @@ pub struct BatchConfig {
     /// With a student: calls waiting for the batcher from which a new call
     /// is answered by the student instead (docs/serving.md, "The ladder").
     pub degrade_queue_calls: usize,
-    /// The fanouts of the ladder's reduced GNN rung; `None`: no such rung.
+    /// The fanouts of the ladder's reduced GNN rung (dense layout); `None`:
+    /// no such rung.
     pub degrade_fanouts: Option<[u32; MAX_HOPS]>,
+    /// The reduced rung of a subgraph-layout model.
+    pub degrade_subgraph: Option<SubgraphFanouts>,
     /// With a precomputed set: whether its answers are served (otherwise
     /// it only feeds the hub embeddings).
     pub precomputed_answers: bool,
@@ -87,14 +93,35 @@ impl BatchConfig {
         Self {
             max_batch: config.max_batch.max(1),
             max_delay: config.max_delay(),
-            fanouts: config.fanouts.map_or([0; MAX_HOPS], |f| f.0),
+            fanouts: dense_fanouts(config.fanouts.as_ref()).unwrap_or([0; MAX_HOPS]),
+            subgraph: None,
             ring_timeout: config.ring_timeout(),
             max_request_targets: config.max_request_targets,
             ring_concurrency: config.ring_concurrency.max(1),
             degrade_queue_calls: config.degrade_queue_calls,
-            degrade_fanouts: config.degrade_fanouts.map(|f| f.0),
+            degrade_fanouts: dense_fanouts(config.degrade_fanouts.as_ref()),
+            degrade_subgraph: None,
             precomputed_answers: config.precomputed_answers,
             hub_min_degree: config.hub_min_degree,
+        }
+    }
+}
+
+/// Two configured fanouts as the dense layout's; `None` for another count
+/// (a subgraph-layout model's, set by the worker from its manifest).
+fn dense_fanouts(fanouts: Option<&daemon_kit::config::HopFanouts>) -> Option<[u32; MAX_HOPS]> {
+    match fanouts.map(|f| f.0.as_slice()) {
+        Some(&[f1, f2]) => Some([f1, f2]),
+        _ => None,
+    }
+}
+
+impl BatchConfig {
+    /// Whether the ladder has a reduced GNN rung.
+    fn has_reduced(&self) -> bool {
+        match self.subgraph {
+            Some(_) => self.degrade_subgraph.is_some(),
+            None => self.degrade_fanouts.is_some(),
         }
     }
 }
@@ -109,8 +136,12 @@ impl Default for BatchConfig {
 #[derive(Debug, Clone, PartialEq)]
 pub struct Prediction {
     pub node_id: u64,
+    /// Arg max of the logits; -1 from an embedding model.
     pub label: i32,
+    /// Empty from an embedding model.
     pub logits: Vec<f32>,
+    /// The node's embedding, from an embedding model (empty otherwise).
+    pub embedding: Vec<f32>,
     pub known: bool,
     pub fallback_rows: u32,
     /// The model that computed it.
@@ -444,7 +475,7 @@ impl Predictor {
     ) -> Result<Vec<Prediction>, PredictError> {
         let waiting = MAX_QUEUED_CALLS - self.jobs.capacity();
         let mut available = vec![Rung::Full];
-        if self.config.degrade_fanouts.is_some() && new_node.is_none() {
+        if self.config.has_reduced() && new_node.is_none() {
             available.push(Rung::Reduced);
         }
         if self.student.is_some() {
@@ -503,6 +534,7 @@ impl Predictor {
                         node_id: id,
                         label: argmax(&logits) as i32,
                         logits,
+                        embedding: Vec::new(),
                         known: true,
                         fallback_rows: 0,
                         answered_by: AnsweredBy::PrecomputedUnchecked,
@@ -917,31 +949,34 @@ fn jobs_ring_calls(
             since,
             min_degree: ring.config.hub_min_degree,
         });
+    // A subgraph-layout model's GNN requests ask for its layout.
+    let gnn = RingCall {
+        subgraph: ring.config.subgraph,
+        ..RingCall::default()
+    };
     let mut responses = ring_calls(
         ring,
         &ids_of(0),
         RingCall {
             fresh: since,
             hub_h1,
-            ..RingCall::default()
+            ..gnn
         },
     )?;
-    let known = RingCall {
-        hub_h1,
-        ..RingCall::default()
-    };
+    let known = RingCall { hub_h1, ..gnn };
     responses.extend(ring_calls(ring, &ids_of(1), known)?);
     let reduced = RingCall {
         fanouts: ring.config.degrade_fanouts,
+        subgraph: ring.config.degrade_subgraph,
         hub_h1,
-        ..RingCall::default()
+        ..gnn
     };
     responses.extend(ring_calls(ring, &ids_of(2), reduced)?);
     for job in jobs {
         if let Some(node) = &job.new_node {
             let call = RingCall {
                 new_node: Some(node),
-                ..RingCall::default()
+                ..gnn
             };
             ring_call_split(ring, &job.ids, call, &mut responses)?;
         }
@@ -962,6 +997,9 @@ struct RingCall<'a> {
     hub_h1: Option<protocol::request::HubH1>,
     /// Fanouts other than the worker's (the ladder's reduced rung).
     fanouts: Option<[u32; MAX_HOPS]>,
+    /// The subgraph layout at these fanouts (a subgraph-layout model's
+    /// GNN requests).
+    subgraph: Option<SubgraphFanouts>,
 }
 
 impl RingCall<'_> {
@@ -1018,6 +1056,7 @@ fn ring_call_split(
         fresh: call.fresh,
         hub_h1: call.hub_h1,
         new_node: call.new_node,
+        subgraph: call.subgraph,
     };
     metrics.ring_requests.inc();
     let calling = Instant::now();
@@ -1150,18 +1189,26 @@ fn run_one(
             .observe(running.elapsed().as_secs_f64());
         logits
     };
-    let classes = model.manifest().num_classes as usize;
+    let width = model.manifest().output_width() as usize;
+    let embedding = model.manifest().output == OutputKind::Embedding;
+    let fallbacks = FallbackCounter::new(&tables);
     for (i, &node_id) in tables.target_ids().iter().enumerate() {
         let (row, answered_by) = match stored(i) {
             Some(row) => (row, AnsweredBy::Precomputed),
-            None => (&logits[i * classes..(i + 1) * classes], model.answered_by()),
+            None => (&logits[i * width..(i + 1) * width], model.answered_by()),
+        };
+        let (label, logits, vector) = if embedding {
+            (-1, Vec::new(), row.to_vec())
+        } else {
+            (argmax(row) as i32, row.to_vec(), Vec::new())
         };
         out.push(Prediction {
             node_id,
-            label: argmax(row) as i32,
-            logits: row.to_vec(),
+            label,
+            logits,
+            embedding: vector,
             known: status[i] != target_status::UNKNOWN_NODE,
-            fallback_rows: fallback_rows(&tables, i),
+            fallback_rows: fallbacks.of(&tables, i),
             answered_by,
         });
     }
@@ -1204,6 +1251,55 @@ pub fn argmax(values: &[f32]) -> usize {
         }
     }
     best
+}
+
+/// Counts each target's default rows: in the dense layout the rows its hop
+/// arrays reference, in the subgraph layout the rows its output depends on
+/// (those within `hops` edges of it). Free when no row is a default.
+struct FallbackCounter {
+    any: bool,
+}
+
+impl FallbackCounter {
+    fn new(tables: &ResponseTables) -> Self {
+        let any = (0..tables.n_nodes()).any(|row| tables.fallback(row));
+        Self { any }
+    }
+
+    fn of(&self, tables: &ResponseTables, t: usize) -> u32 {
+        match (self.any, tables.hops()) {
+            (false, _) => 0,
+            (true, 0) => fallback_rows(tables, t),
+            (true, hops) => subgraph_fallback_rows(tables, t, hops),
+        }
+    }
+}
+
+/// Default rows within `hops` edges (against their direction) of target
+/// `t`, itself included: the rows a `hops`-layer model's answer reads.
+fn subgraph_fallback_rows(tables: &ResponseTables, t: usize, hops: usize) -> u32 {
+    let edges = tables.edge_index();
+    let (src, dst) = edges.split_at(edges.len() / 2);
+    let n = tables.n_nodes();
+    let mut reached = vec![false; n];
+    let mut frontier = vec![false; n];
+    let target = tables.target_rows()[t] as usize;
+    reached[target] = true;
+    frontier[target] = true;
+    for _ in 0..hops {
+        let mut next = vec![false; n];
+        for (&s, &d) in src.iter().zip(dst) {
+            let (s, d) = (s as usize, d as usize);
+            if frontier[d] && !reached[s] {
+                reached[s] = true;
+                next[s] = true;
+            }
+        }
+        frontier = next;
+    }
+    (0..reached.len())
+        .filter(|&row| reached[row] && tables.fallback(row))
+        .count() as u32
 }
 
 /// Default rows among the rows target `t` references (itself, its sampled

@@ -12,7 +12,7 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use daemon_kit::config::{Fanouts, Invalid, Spec, Validate};
+use daemon_kit::config::{HopFanouts, Invalid, Spec, Validate};
 use daemon_kit::logging::LogFormat;
 use serde::{Deserialize, Serialize};
 
@@ -39,8 +39,9 @@ pub struct WorkerConfig {
     /// is answered by the student (0: every call).
     pub degrade_queue_calls: usize,
     /// The fanouts of the ladder's reduced GNN rung, for calls whose
-    /// deadline the full fanouts would miss; unset: no such rung.
-    pub degrade_fanouts: Option<Fanouts>,
+    /// deadline the full fanouts would miss (as many hops as the model's
+    /// fanouts); unset: no such rung.
+    pub degrade_fanouts: Option<HopFanouts>,
     /// Redis holding `gnn-worker precompute`'s answers; unset: none. With
     /// one, nodes whose sample has not changed since are answered from it.
     pub precomputed_redis: Option<String>,
@@ -64,9 +65,14 @@ pub struct WorkerConfig {
     /// libonnxruntime.so to load; unset: $ORT_DYLIB_PATH, then the system
     /// library path.
     pub onnxruntime_lib: Option<PathBuf>,
-    /// Fanouts sent with every ring request; unset: the sidecar's current
-    /// fanouts (`sidecarctl fanouts set` then applies).
-    pub fanouts: Option<Fanouts>,
+    /// Fanouts sent with every ring request; unset: for a dense-layout
+    /// model the sidecar's current fanouts (`sidecarctl fanouts set` then
+    /// applies), for a subgraph-layout model its manifest's (one per hop:
+    /// a value given here has as many).
+    pub fanouts: Option<HopFanouts>,
+    /// Rewrite a subgraph-layout model's row scatter-adds as `ScatterND`
+    /// at load (same sums, a faster kernel; docs/model.md).
+    pub fast_scatter: bool,
     /// Most targets gathered into one batch.
     pub max_batch: usize,
     /// Longest a call waits for others to batch with, milliseconds.
@@ -113,6 +119,7 @@ impl Default for WorkerConfig {
             device: Device::Cpu,
             onnxruntime_lib: None,
             fanouts: None,
+            fast_scatter: true,
             max_batch: 64,
             max_delay_ms: 2.0,
             max_request_targets: 4096,
@@ -168,13 +175,18 @@ impl Validate for WorkerConfig {
                 "give HTTP and gRPC different ports",
             ));
         }
-        if let Some(Fanouts([f1, f2])) = self.fanouts {
-            if f1 == 0 || f2 == 0 {
-                return Err(Invalid::new(
-                    "fanouts",
-                    format!("{f1},{f2} has a zero fanout"),
-                    "leave fanouts unset to use the sidecar's, or give two fanouts of at least 1",
-                ));
+        for (key, fanouts) in [
+            ("fanouts", &self.fanouts),
+            ("degrade_fanouts", &self.degrade_fanouts),
+        ] {
+            if let Some(fanouts) = fanouts {
+                if fanouts.0.contains(&0) {
+                    return Err(Invalid::new(
+                        key,
+                        format!("{fanouts} has a zero fanout"),
+                        "leave it unset, or give fanouts of at least 1 (one per hop of the model)",
+                    ));
+                }
             }
         }
         between(
@@ -272,7 +284,7 @@ pub struct WorkerFlags {
     /// Fanouts of the ladder's reduced GNN rung, e.g. 5,3 [default: none].
     #[arg(long)]
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub degrade_fanouts: Option<Fanouts>,
+    pub degrade_fanouts: Option<HopFanouts>,
     /// Redis URL of gnn-worker precompute's answers, served while they
     /// stand [default: none].
     #[arg(long)]
@@ -313,10 +325,17 @@ pub struct WorkerFlags {
     #[arg(long)]
     #[serde(skip_serializing_if = "Option::is_none")]
     pub onnxruntime_lib: Option<PathBuf>,
-    /// Fanouts sent with every request, e.g. 20,10 [default: the sidecar's].
+    /// Fanouts sent with every request, e.g. 20,10 (a subgraph-layout
+    /// model: one per hop) [default: the sidecar's; a subgraph-layout
+    /// model's manifest's].
     #[arg(long)]
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub fanouts: Option<Fanouts>,
+    pub fanouts: Option<HopFanouts>,
+    /// Rewrite a subgraph-layout model's row scatter-adds at load
+    /// [default: true].
+    #[arg(long)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub fast_scatter: Option<bool>,
     /// Most targets gathered into one batch [default: 64].
     #[arg(long)]
     #[serde(skip_serializing_if = "Option::is_none")]

@@ -96,6 +96,7 @@ fn to_pb(p: Prediction) -> pb::Prediction {
         node_id: p.node_id,
         label: p.label,
         logits: p.logits,
+        embedding: p.embedding,
         known: p.known,
         fallback_rows: p.fallback_rows,
         answered_by: p.answered_by.as_str().to_string(),

@@ -46,8 +46,12 @@ pub struct NewNodeJson {
 #[derive(Debug, Serialize)]
 pub struct PredictionJson {
     pub node_id: u64,
+    /// -1 from an embedding model.
     pub label: i32,
+    /// Empty from an embedding model.
     pub logits: Vec<f32>,
+    /// The node's embedding from an embedding model; empty otherwise.
+    pub embedding: Vec<f32>,
     pub known: bool,
     pub fallback_rows: u32,
     pub answered_by: &'static str,
@@ -99,6 +103,7 @@ async fn predict(
                     node_id: p.node_id,
                     label: p.label,
                     logits: p.logits,
+                    embedding: p.embedding,
                     known: p.known,
                     fallback_rows: p.fallback_rows,
                     answered_by: p.answered_by.as_str(),

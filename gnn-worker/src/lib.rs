@@ -26,6 +26,7 @@ pub mod http;
 pub mod ladder;
 pub mod metrics;
 pub mod model;
+pub mod onnx_graph;
 pub mod onnxruntime;
 pub mod precomputed;
 pub mod service;

@@ -22,10 +22,12 @@ use daemon_kit::config::{ConfigError, Layered};
 use gnn_worker::batcher::{BatchConfig, Predictor};
 use gnn_worker::config::{WorkerConfig, WorkerFlags, SPEC};
 use gnn_worker::grpc::{pb, PredictService, PredictorClient, PredictorServer};
-use gnn_worker::model::{Manifest, Model};
+use gnn_worker::model::{Manifest, Model, ModelLayout};
 use gnn_worker::precomputed::Precomputed;
 use gnn_worker::service::Service;
 use protocol::client::{ClientOptions, RingClient};
+use protocol::layout::MAX_HOPS;
+use protocol::request::SubgraphFanouts;
 
 /// The GNN model worker.
 #[derive(Debug, Parser)]
@@ -249,16 +251,20 @@ async fn start(config: &WorkerConfig, service: &Service) -> anyhow::Result<()> {
     let env = gnn_worker::onnxruntime::init(config.onnxruntime_lib.as_deref())?;
     let mut models = Vec::with_capacity(config.executors);
     for _ in 0..config.executors {
-        models.push(Model::load(
+        models.push(Model::load_with(
             &env,
             &config.model,
             config.device,
             config.intra_threads,
+            config.fast_scatter,
         )?);
     }
     tracing::info!(
         model = %config.model.display(),
         architecture = %manifest.architecture,
+        layout = ?manifest.layout,
+        output = ?manifest.output,
+        scatters_rewritten = models.first().map_or(0, Model::scatters_rewritten),
         weights = manifest.quantization.as_ref().map_or("f32", |q| q.weights.as_str()),
         device = ?config.device,
         executors = config.executors,
@@ -281,22 +287,42 @@ async fn start(config: &WorkerConfig, service: &Service) -> anyhow::Result<()> {
     let (Some(schema), Some(geometry)) = (client.schema(), client.geometry()) else {
         bail!("the sidecar went away while attaching");
     };
-    let fanouts = config.fanouts.map_or(schema.default_fanouts, |f| f.0);
-    manifest.check_segment(&schema, &geometry, fanouts)?;
-    if let Some(reduced) = config.degrade_fanouts {
-        for (hop, (f, cap)) in reduced.0.iter().zip(geometry.max_fanouts).enumerate() {
+    let fanouts = worker_fanouts(config, &manifest, &schema)?;
+    manifest.check_segment(&schema, &geometry, &fanouts)?;
+    if let Some(reduced) = &config.degrade_fanouts {
+        if manifest.layout == ModelLayout::Dense && reduced.0.len() != MAX_HOPS {
+            bail!(
+                "degrade_fanouts {reduced} has {} hops; the model {} reads the dense layout, \
+                 which has two: give two fanouts such as 5,3",
+                reduced.0.len(),
+                config.model.display()
+            );
+        }
+        for (hop, f) in reduced.0.iter().enumerate() {
+            let cap = geometry.max_fanouts[hop.min(MAX_HOPS - 1)];
             if *f > cap {
                 bail!(
-                    "degrade_fanouts {},{}: hop {} is {f}, above the sidecar's max fanout {cap}; \
-                     lower degrade_fanouts (it should be smaller than the worker's fanouts)",
-                    reduced.0[0],
-                    reduced.0[1],
+                    "degrade_fanouts {reduced}: hop {} is {f}, above the sidecar's max fanout \
+                     {cap}; lower degrade_fanouts (it should be smaller than the worker's fanouts)",
                     hop + 1
                 );
             }
         }
     }
     let mut batching = BatchConfig::from_config(config);
+    if manifest.layout == ModelLayout::Subgraph {
+        batching.subgraph = SubgraphFanouts::new(&fanouts);
+        batching.degrade_subgraph = config
+            .degrade_fanouts
+            .as_ref()
+            .and_then(|f| SubgraphFanouts::new(&f.0));
+        anyhow::ensure!(
+            config.precomputed_redis.is_none() && config.hub_min_degree == 0,
+            "precomputed answers and hub embeddings are dense-layout features in this release; \
+             the model {} reads the subgraph layout: unset precomputed_redis and hub_min_degree",
+            config.model.display()
+        );
+    }
     if batching.ring_concurrency > geometry.slot_count as usize {
         tracing::warn!(
             ring_concurrency = batching.ring_concurrency,
@@ -360,10 +386,36 @@ async fn start(config: &WorkerConfig, service: &Service) -> anyhow::Result<()> {
     service.set_predictor(predictor);
     service.spawn_reattacher(Duration::from_millis(200));
     tracing::info!(
-        fanouts = ?config.fanouts.map(|f| f.0),
-        "worker serving (fanouts: the sidecar's unless set)"
+        fanouts = ?config.fanouts.as_ref().map(|f| &f.0),
+        "worker serving (fanouts: the sidecar's unless set, a subgraph-layout model's manifest's)"
     );
     Ok(())
+}
+
+/// The fanouts the worker asks for: a dense-layout model's are the
+/// configured two, or the sidecar's default; a subgraph-layout model's the
+/// configured ones, or its manifest's, one per hop of the model.
+fn worker_fanouts(
+    config: &WorkerConfig,
+    manifest: &Manifest,
+    schema: &protocol::FeatureSchema,
+) -> anyhow::Result<Vec<u32>> {
+    let configured = config.fanouts.as_ref().map(|f| f.0.clone());
+    match manifest.layout {
+        ModelLayout::Dense => match configured {
+            None => Ok(schema.default_fanouts.to_vec()),
+            Some(f) if f.len() == MAX_HOPS => Ok(f),
+            Some(f) => bail!(
+                "fanouts {f:?} has {} hops; the model {} reads the dense layout, which has two: \
+                 give two fanouts such as 20,10",
+                f.len(),
+                config.model.display()
+            ),
+        },
+        // Any number of hops the layout carries: a GCN, say, is exact with
+        // one hop more than its layers (docs/model.md).
+        ModelLayout::Subgraph => Ok(configured.unwrap_or_else(|| manifest.fanouts.clone())),
+    }
 }
 
 async fn serve(args: ServeArgs) -> anyhow::Result<()> {
@@ -501,14 +553,18 @@ async fn predict(
             println!(
                 "{}",
                 serde_json::json!({"node_id": p.node_id, "label": p.label, "logits": p.logits,
-                    "known": p.known, "fallback_rows": p.fallback_rows,
-                    "answered_by": p.answered_by})
+                    "embedding": p.embedding, "known": p.known,
+                    "fallback_rows": p.fallback_rows, "answered_by": p.answered_by})
             );
         } else {
+            let answer = if p.embedding.is_empty() {
+                format!("label {:>3}", p.label)
+            } else {
+                format!("embedding of {} values", p.embedding.len())
+            };
             println!(
-                "node {:>8}  label {:>3}{}{}{}",
+                "node {:>8}  {answer}{}{}{}",
                 p.node_id,
-                p.label,
                 match p.answered_by.as_str() {
                     "student" => "  (by the student)",
                     "precomputed" => "  (precomputed)",

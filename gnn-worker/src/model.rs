@@ -1,7 +1,17 @@
 //! The model: its manifest, its check against the segment, and running it on
 //! a response's Arrow buffers in place.
 //!
-//! The model's six inputs are the response tables' buffers as they are:
+//! A model reads one of the two response layouts (docs/protocol.md):
+//!
+//! - **subgraph** (a PyTorch Geometric model exported with
+//!   `torch.onnx.export`, unchanged): inputs `x` (n_nodes x D, the node
+//!   table's features) and `edge_index` (2 x n_edges int64, the edge
+//!   table's list values), output one row per node, of which the targets'
+//!   rows are the answers (classes or an embedding). Its aggregation is
+//!   rewritten at load ([`crate::onnx_graph`]).
+//! - **dense** (this project's GraphSAGE, `sage.py`): six inputs, below.
+//!
+//! The dense model's six inputs are the response tables' buffers as they are:
 //! `features` (n_nodes x D), `target_row` (T), `hop1_count` (T), `hop1_rows`
 //! (T x f1), `hop2_count` (T x f1), `hop2_rows` (T x f1 x f2, the same
 //! buffer as the target table's T x (f1*f2) list with a 3-d shape). Each is
@@ -11,9 +21,10 @@
 use std::path::{Path, PathBuf};
 
 use ort::session::Session;
-use ort::value::TensorRef;
-use protocol::layout::{dtype, FeatureSchema, Geometry, MAX_HOPS};
+use ort::value::{TensorElementType, TensorRef, ValueType};
+use protocol::layout::{dtype, FeatureSchema, Geometry, MAX_HOPS, MAX_SUBGRAPH_HOPS};
 use protocol::payload::ResponseTables;
+use protocol::request::SubgraphFanouts;
 use serde::Deserialize;
 
 /// Input names, in the order of the response's columns.
@@ -35,6 +46,36 @@ pub const HUB_INPUT: &str = "hop1_h1";
 /// The inputs of an MLP student (`sage.py distill`): the node table's
 /// features and the targets' rows in it.
 pub const STUDENT_INPUTS: [&str; 2] = ["features", "target_row"];
+
+/// The inputs of a subgraph-layout model, as PyG's `model(x, edge_index)`
+/// takes them.
+pub const SUBGRAPH_INPUTS: [&str; 2] = ["x", "edge_index"];
+
+/// The opsets a subgraph-layout model may be exported with: what ONNX
+/// Runtime 1.31 runs, from the first with `ScatterElements` reductions.
+pub const SUBGRAPH_OPSETS: std::ops::RangeInclusive<u32> = 16..=23;
+
+/// Which response layout a model reads (docs/protocol.md).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ModelLayout {
+    /// This project's GraphSAGE on the per-target hop arrays.
+    #[default]
+    Dense,
+    /// A PyG model on `(x, edge_index)`, NeighborLoader-shaped.
+    Subgraph,
+}
+
+/// What a model's output row means.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum OutputKind {
+    /// Class logits: answered as a label (the arg max) and the logits.
+    #[default]
+    Classes,
+    /// A node embedding: answered as the vector itself.
+    Embedding,
+}
 
 /// Which model answered a prediction (the `answered_by` of a response).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -74,10 +115,24 @@ pub const H1_OUTPUT: &str = "h1";
 pub struct Manifest {
     pub format_version: u32,
     pub architecture: String,
+    /// The response layout it reads (absent: dense).
+    #[serde(default)]
+    pub layout: ModelLayout,
     pub feature_dim: u32,
     pub dtype: String,
+    /// Width of the logits; 0 for an embedding model.
+    #[serde(default)]
     pub num_classes: u32,
-    pub fanouts: [u32; MAX_HOPS],
+    /// What the output is (absent: classes).
+    #[serde(default)]
+    pub output: OutputKind,
+    /// Width of the embedding (`output` embedding).
+    #[serde(default)]
+    pub embedding_dim: Option<u32>,
+    /// One fanout per hop: two for the dense layout, 1 to 3 for the
+    /// subgraph layout (which the worker sends unless `--fanouts` says
+    /// otherwise).
+    pub fanouts: Vec<u32>,
     pub graph_version: u64,
     pub opset: u32,
     pub inputs: Vec<String>,
@@ -140,6 +195,17 @@ impl Manifest {
                 manifest.format_version
             )));
         }
+        if manifest.layout == ModelLayout::Subgraph {
+            manifest.check_subgraph().map_err(error)?;
+            return Ok(manifest);
+        }
+        if manifest.fanouts.len() != MAX_HOPS || manifest.output != OutputKind::Classes {
+            return Err(error(format!(
+                "a dense-layout model has two fanouts and class outputs (fanouts {:?}, output \
+                 {:?}): export it with sage.py, or set \"layout\": \"subgraph\" for a PyG model",
+                manifest.fanouts, manifest.output
+            )));
+        }
         match manifest
             .outputs
             .iter()
@@ -157,6 +223,70 @@ impl Manifest {
             }
         }
         Ok(manifest)
+    }
+
+    /// What a subgraph-layout manifest must say: PyG's two inputs, one
+    /// output, 1 to 3 fanouts, a supported opset, the output's width.
+    fn check_subgraph(&self) -> Result<(), String> {
+        if self.inputs != SUBGRAPH_INPUTS {
+            return Err(format!(
+                "inputs {:?}: a subgraph-layout model takes {SUBGRAPH_INPUTS:?}; export it with \
+                 input_names=[\"x\", \"edge_index\"] (gnn-worker/model/pyg_model.py export does)",
+                self.inputs
+            ));
+        }
+        if self.outputs.len() != 1 {
+            return Err(format!(
+                "outputs {:?}: a subgraph-layout model has one output (a row per node)",
+                self.outputs
+            ));
+        }
+        if self.fanouts.is_empty()
+            || self.fanouts.len() > MAX_SUBGRAPH_HOPS
+            || self.fanouts.contains(&0)
+        {
+            return Err(format!(
+                "fanouts {:?}: give one fanout of at least 1 per hop, 1 to {MAX_SUBGRAPH_HOPS} \
+                 hops",
+                self.fanouts
+            ));
+        }
+        if !SUBGRAPH_OPSETS.contains(&self.opset) {
+            return Err(format!(
+                "opset {} is outside {}..={}: export with opset_version={} (ScatterElements \
+                 reductions need 16; ONNX Runtime 1.31 runs up to {})",
+                self.opset,
+                SUBGRAPH_OPSETS.start(),
+                SUBGRAPH_OPSETS.end(),
+                18,
+                SUBGRAPH_OPSETS.end()
+            ));
+        }
+        match (self.output, self.num_classes, self.embedding_dim) {
+            (OutputKind::Classes, 1.., _) => Ok(()),
+            (OutputKind::Embedding, _, Some(1..)) => Ok(()),
+            (OutputKind::Classes, ..) => {
+                Err("output classes needs num_classes (the logits' width) of at least 1".into())
+            }
+            (OutputKind::Embedding, ..) => Err(
+                "output embedding needs embedding_dim (the vector's width) of at least 1".into(),
+            ),
+        }
+    }
+
+    /// Width of one answer row: the classes, or the embedding.
+    pub fn output_width(&self) -> u32 {
+        match self.output {
+            OutputKind::Classes => self.num_classes,
+            OutputKind::Embedding => self.embedding_dim.unwrap_or(0),
+        }
+    }
+
+    /// The subgraph layout's fanouts (`None` for a dense model).
+    pub fn subgraph_fanouts(&self) -> Option<SubgraphFanouts> {
+        (self.layout == ModelLayout::Subgraph)
+            .then(|| SubgraphFanouts::new(&self.fanouts))
+            .flatten()
     }
 
     /// The manifest of an MLP student (`sage.py distill`), checked against
@@ -191,6 +321,9 @@ impl Manifest {
             reason,
         };
         let manifest = Self::parse(model_dir)?;
+        if manifest.layout == ModelLayout::Subgraph {
+            return Ok(manifest);
+        }
         // The response columns, optionally followed by the hub input.
         let hub = manifest.has_hub_input();
         if manifest.inputs[..manifest.inputs.len() - usize::from(hub)] != INPUTS {
@@ -216,7 +349,8 @@ impl Manifest {
 
     /// Whether the GNN takes stored hub embeddings ([`HUB_INPUT`]).
     pub fn has_hub_input(&self) -> bool {
-        self.inputs.last().map(String::as_str) == Some(HUB_INPUT)
+        self.layout == ModelLayout::Dense
+            && self.inputs.last().map(String::as_str) == Some(HUB_INPUT)
     }
 
     /// Refuses a model trained for other data than the sidecar serves,
@@ -225,7 +359,7 @@ impl Manifest {
         &self,
         schema: &FeatureSchema,
         geometry: &Geometry,
-        fanouts: [u32; MAX_HOPS],
+        fanouts: &[u32],
     ) -> Result<(), ModelError> {
         if self.dtype != "f32" || schema.dtype != dtype::F32 {
             return Err(ModelError::Mismatch(format!(
@@ -247,7 +381,9 @@ impl Manifest {
                 self.graph_version, schema.graph_version, self.graph_version
             )));
         }
-        for (hop, (&fanout, &cap)) in fanouts.iter().zip(&geometry.max_fanouts).enumerate() {
+        for (hop, &fanout) in fanouts.iter().enumerate() {
+            // A subgraph's third hop is capped as its second.
+            let cap = geometry.max_fanouts[hop.min(MAX_HOPS - 1)];
             if fanout == 0 || fanout > cap {
                 return Err(ModelError::Mismatch(format!(
                     "fanouts[{hop}] {} (model manifest or --fanouts) is outside 1..={} \
@@ -278,6 +414,109 @@ pub struct Model {
     /// `hidden` zeros: the `[1, 1, hidden]` hub input of a run without
     /// cached slots.
     no_hubs: Vec<f32>,
+    scatters_rewritten: usize,
+}
+
+/// How a model is loaded.
+#[derive(Debug, Clone, Copy)]
+struct LoadOptions {
+    device: Device,
+    intra_threads: usize,
+    fast_scatter: bool,
+}
+
+/// A subgraph-layout session must take exactly `x` (f32, [n, D]) and
+/// `edge_index` (int64, [2, e]) with dynamic node and edge counts, and give
+/// the manifest's output as f32 [n, width]. The message names the input,
+/// the dtype, the width and the fix.
+fn check_subgraph_session(session: &Session, manifest: &Manifest) -> Result<(), String> {
+    let names: Vec<&str> = session.inputs().iter().map(|i| i.name()).collect();
+    if names != SUBGRAPH_INPUTS {
+        return Err(format!(
+            "model.onnx takes inputs {names:?}; a subgraph-layout model takes exactly \
+             {SUBGRAPH_INPUTS:?}: export model(x, edge_index) with input_names=[\"x\", \
+             \"edge_index\"] (an input the model never reads is dropped by the exporter: it \
+             must use edge_index)"
+        ));
+    }
+    let describe = |ty: &ValueType| -> Option<(TensorElementType, Vec<i64>)> {
+        Some((ty.tensor_type()?, ty.tensor_shape()?.to_vec()))
+    };
+    let dynamic = "export with dynamic_axes={\"x\": {0: \"n\"}, \"edge_index\": {1: \"e\"}, \
+                   <output>: {0: \"n\"}}";
+    for input in session.inputs() {
+        let Some((ty, shape)) = describe(input.dtype()) else {
+            return Err(format!("input {:?} is not a tensor", input.name()));
+        };
+        let name = input.name();
+        let (want_ty, want) = if name == "x" {
+            (
+                TensorElementType::Float32,
+                [-1, i64::from(manifest.feature_dim)],
+            )
+        } else {
+            (TensorElementType::Int64, [2, -1])
+        };
+        if ty != want_ty {
+            return Err(format!(
+                "input {name:?} is {ty:?}; the sidecar sends {want_ty:?} ({}): export with {}",
+                if name == "x" {
+                    "f32 feature rows"
+                } else {
+                    "PyG's int64 edge_index"
+                },
+                if name == "x" {
+                    "float32 x"
+                } else {
+                    "an int64 (torch.long) edge_index"
+                }
+            ));
+        }
+        // -1 is a dynamic dimension: the node and edge counts must be.
+        let fits = match (name, shape.as_slice()) {
+            ("x", &[-1, d]) => d == -1 || d == want[1],
+            ("edge_index", &[two, -1]) => two == 2 || two == -1,
+            _ => false,
+        };
+        if !fits {
+            let hint = match shape.as_slice() {
+                &[_, d] if name == "x" && d != -1 && d != want[1] => format!(
+                    "its width {d} is not the segment's feature_dim {}: train on these \
+                     features, or re-import the data",
+                    manifest.feature_dim
+                ),
+                _ => dynamic.to_string(),
+            };
+            return Err(format!(
+                "input {name:?} has shape {shape:?}; expected {want:?} with -1 a dynamic \
+                 dimension: {hint}"
+            ));
+        }
+    }
+    let output = &manifest.outputs[0];
+    let Some(outlet) = session.outputs().iter().find(|o| o.name() == output) else {
+        let names: Vec<&str> = session.outputs().iter().map(|o| o.name()).collect();
+        return Err(format!(
+            "model.onnx has no output {output:?} (the manifest's; it has {names:?}): export with \
+             output_names=[{output:?}]"
+        ));
+    };
+    let width = i64::from(manifest.output_width());
+    match describe(outlet.dtype()) {
+        Some((TensorElementType::Float32, shape))
+            if shape.len() == 2 && shape[0] == -1 && (shape[1] == -1 || shape[1] == width) =>
+        {
+            Ok(())
+        }
+        other => Err(format!(
+            "output {output:?} is {other:?}; expected Float32 [-1, {width}] (a row of {width} per \
+             node, the manifest's {}): {dynamic}",
+            match manifest.output {
+                OutputKind::Classes => "num_classes",
+                OutputKind::Embedding => "embedding_dim",
+            }
+        )),
+    }
 }
 
 impl Model {
@@ -289,8 +528,26 @@ impl Model {
         device: Device,
         intra_threads: usize,
     ) -> Result<Self, ModelError> {
+        Self::load_with(env, dir, device, intra_threads, true)
+    }
+
+    /// As [`Model::load`]; `fast_scatter` false keeps a subgraph-layout
+    /// model's aggregation as exported (no rewrite, [`crate::onnx_graph`]).
+    pub fn load_with(
+        env: &ort::environment::Environment,
+        dir: &Path,
+        device: Device,
+        intra_threads: usize,
+        fast_scatter: bool,
+    ) -> Result<Self, ModelError> {
         let manifest = Manifest::read(dir)?;
-        Self::load_checked(env, dir, manifest, device, intra_threads, AnsweredBy::Gnn)
+        let answered_by = AnsweredBy::Gnn;
+        let options = LoadOptions {
+            device,
+            intra_threads,
+            fast_scatter,
+        };
+        Self::load_checked(env, dir, manifest, options, answered_by)
     }
 
     /// Loads the MLP student of `<dir>` (on the CPU), checked against the
@@ -302,22 +559,19 @@ impl Model {
         intra_threads: usize,
     ) -> Result<Self, ModelError> {
         let manifest = Manifest::read_student(dir, gnn)?;
-        Self::load_checked(
-            env,
-            dir,
-            manifest,
-            Device::Cpu,
+        let options = LoadOptions {
+            device: Device::Cpu,
             intra_threads,
-            AnsweredBy::Student,
-        )
+            fast_scatter: false,
+        };
+        Self::load_checked(env, dir, manifest, options, AnsweredBy::Student)
     }
 
     fn load_checked(
         env: &ort::environment::Environment,
         dir: &Path,
         manifest: Manifest,
-        device: Device,
-        intra_threads: usize,
+        options: LoadOptions,
         answered_by: AnsweredBy,
     ) -> Result<Self, ModelError> {
         let path = dir.join(Manifest::MODEL);
@@ -327,14 +581,46 @@ impl Model {
         };
         let mut builder = Session::builder(env)
             .map_err(|e| load(e.to_string()))?
-            .with_intra_threads(intra_threads)
+            .with_intra_threads(options.intra_threads)
             .map_err(|e| load(e.to_string()))?;
-        if device == Device::Cuda {
+        if options.device == Device::Cuda {
             builder = builder
                 .with_execution_providers([ort::ep::CUDA::default().build().error_on_failure()])
                 .map_err(|e| ModelError::Cuda {
                     reason: e.to_string(),
                 })?;
+        }
+        if manifest.layout == ModelLayout::Subgraph {
+            let bytes = std::fs::read(&path).map_err(|e| load(e.to_string()))?;
+            let rewritten =
+                crate::onnx_graph::rewrite_scatter_adds(&bytes).map_err(|e| load(e.to_string()))?;
+            if rewritten.opset != Some(i64::from(manifest.opset)) {
+                return Err(ModelError::Mismatch(format!(
+                    "opset {} in model manifest, {} imported by {}: export the model and its \
+                     manifest together",
+                    manifest.opset,
+                    rewritten
+                        .opset
+                        .map_or("none".to_string(), |o| o.to_string()),
+                    path.display()
+                )));
+            }
+            let (bytes, scatters) = if options.fast_scatter {
+                (rewritten.bytes, rewritten.scatters)
+            } else {
+                (bytes, 0)
+            };
+            let session = builder
+                .commit_from_memory(&bytes)
+                .map_err(|e| load(e.to_string()))?;
+            check_subgraph_session(&session, &manifest).map_err(ModelError::Mismatch)?;
+            return Ok(Self {
+                session,
+                manifest,
+                answered_by,
+                no_hubs: Vec::new(),
+                scatters_rewritten: scatters,
+            });
         }
         let session = builder
             .commit_from_file(&path)
@@ -365,7 +651,14 @@ impl Model {
             manifest,
             answered_by,
             no_hubs,
+            scatters_rewritten: 0,
         })
+    }
+
+    /// Scatter-adds of a subgraph-layout model rewritten at load
+    /// ([`crate::onnx_graph`]).
+    pub fn scatters_rewritten(&self) -> usize {
+        self.scatters_rewritten
     }
 
     pub fn manifest(&self) -> &Manifest {
@@ -395,6 +688,14 @@ impl Model {
         if tables.n_targets() == 0 {
             return Ok(Vec::new());
         }
+        if self.manifest.layout == ModelLayout::Subgraph {
+            if !hop1_h1.is_empty() {
+                return Err(ModelError::Run(
+                    "stored hub embeddings are a dense-layout feature".into(),
+                ));
+            }
+            return self.run_subgraph(tables);
+        }
         let inputs = bind_inputs(tables).map_err(|e| ModelError::Run(e.to_string()))?;
         if self.answered_by == AnsweredBy::Student {
             // The student reads the node table and the targets' rows in it.
@@ -410,9 +711,51 @@ impl Model {
             .map(|(logits, _)| logits)
     }
 
+    /// Runs a subgraph-layout model on a subgraph response: `x` and
+    /// `edge_index` borrow the node table's features and the edge table's
+    /// values in place; returns each target's output row (`n_targets x
+    /// width`).
+    fn run_subgraph(&mut self, tables: &ResponseTables) -> Result<Vec<f32>, ModelError> {
+        if tables.hops() == 0 {
+            return Err(ModelError::Run(
+                "a dense-layout response for a subgraph-layout model".into(),
+            ));
+        }
+        let run = |e: ort::Error| ModelError::Run(e.to_string());
+        let n = tables.n_nodes();
+        let [x, edge_index] = bind_subgraph_inputs(tables).map_err(run)?;
+        let outputs = self
+            .session
+            .run(ort::inputs!["x" => x, "edge_index" => edge_index])
+            .map_err(|e| {
+                let hint = if tables.n_edges() == 0 {
+                    " (on a subgraph with no edges: the targets have no neighbours; some \
+                     exported models cannot run on an empty edge_index)"
+                } else {
+                    ""
+                };
+                ModelError::Run(format!("{e}{hint}"))
+            })?;
+        let width = self.manifest.output_width() as usize;
+        let (shape, values) = outputs[self.manifest.outputs[0].as_str()]
+            .try_extract_tensor::<f32>()
+            .map_err(run)?;
+        if shape.len() != 2 || shape[0] as usize != n || shape[1] as usize != width {
+            return Err(ModelError::Run(format!(
+                "output shape {shape:?}, expected [{n}, {width}] (a row per node)"
+            )));
+        }
+        let mut rows = Vec::with_capacity(tables.n_targets() * width);
+        for &row in tables.target_rows() {
+            let row = row as usize;
+            rows.extend_from_slice(&values[row * width..(row + 1) * width]);
+        }
+        Ok(rows)
+    }
+
     /// Whether the model exports the targets' layer-1 embedding (`h1`).
     pub fn has_h1(&self) -> bool {
-        self.manifest.outputs.len() == 2
+        self.manifest.layout == ModelLayout::Dense && self.manifest.outputs.len() == 2
     }
 
     /// Runs the GNN on a response; returns the logits and the targets'
@@ -422,7 +765,10 @@ impl Model {
         &mut self,
         tables: &ResponseTables,
     ) -> Result<(Vec<f32>, Vec<f32>), ModelError> {
-        if !self.has_h1() || self.answered_by != AnsweredBy::Gnn {
+        if !self.has_h1()
+            || self.answered_by != AnsweredBy::Gnn
+            || self.manifest.layout != ModelLayout::Dense
+        {
             return Err(ModelError::Run(
                 "the model has no h1 output: export it with this release's sage.py".into(),
             ));
@@ -512,7 +858,7 @@ fn logits_of(
     outputs: &ort::session::SessionOutputs<'_>,
     n_targets: usize,
 ) -> Result<Vec<f32>, ModelError> {
-    let classes = manifest.num_classes as usize;
+    let classes = manifest.output_width() as usize;
     let (shape, logits) = outputs[manifest.outputs[0].as_str()]
         .try_extract_tensor::<f32>()
         .map_err(|e| ModelError::Run(e.to_string()))?;
@@ -565,11 +911,12 @@ impl<'a> InputSlices<'a> {
     }
 }
 
-/// A model input: an f32 or i32 tensor borrowing a response buffer.
+/// A model input: an f32, i32 or i64 tensor borrowing a response buffer.
 #[derive(Debug)]
 pub enum Input<'a> {
     F32(TensorRef<'a, f32>),
     I32(TensorRef<'a, i32>),
+    I64(TensorRef<'a, i64>),
 }
 
 impl Input<'_> {
@@ -578,6 +925,7 @@ impl Input<'_> {
         match self {
             Input::F32(t) => t.data_ptr() as usize,
             Input::I32(t) => t.data_ptr() as usize,
+            Input::I64(t) => t.data_ptr() as usize,
         }
     }
 }
@@ -587,8 +935,24 @@ impl<'a> From<Input<'a>> for ort::session::SessionInputValue<'a> {
         match input {
             Input::F32(t) => t.into(),
             Input::I32(t) => t.into(),
+            Input::I64(t) => t.into(),
         }
     }
+}
+
+/// A subgraph-layout model's two inputs as tensors that borrow the
+/// response's buffers in shared memory: `x` the node table's features
+/// (`n_nodes x D`), `edge_index` the edge table's `2 x n_edges` values.
+pub fn bind_subgraph_inputs(tables: &ResponseTables) -> ort::Result<[Input<'_>; 2]> {
+    let n = tables.n_nodes();
+    let dim = tables.features().len().checked_div(n).unwrap_or(0);
+    Ok([
+        Input::F32(TensorRef::from_array_view(([n, dim], tables.features()))?),
+        Input::I64(TensorRef::from_array_view((
+            [2, tables.n_edges()],
+            tables.edge_index(),
+        ))?),
+    ])
 }
 
 /// The six model inputs as tensors that borrow the response's buffers (in

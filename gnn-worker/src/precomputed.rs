@@ -361,6 +361,12 @@ pub fn precompute(job: &PrecomputeJob) -> anyhow::Result<SetMeta> {
         job.threads.max(1),
     )?;
     anyhow::ensure!(
+        manifest.layout == crate::model::ModelLayout::Dense,
+        "{} reads the subgraph layout (a PyG model): precomputed answers are a dense-layout \
+         feature in this release (docs/strategies.md)",
+        job.model_dir.display()
+    );
+    anyhow::ensure!(
         model.has_h1(),
         "{} has no h1 output: export the model with this release's sage.py (train, init or \
          quantize)",
@@ -373,7 +379,7 @@ pub fn precompute(job: &PrecomputeJob) -> anyhow::Result<SetMeta> {
         anyhow::bail!("the sidecar went away while attaching");
     };
     let fanouts = job.fanouts.unwrap_or(schema.default_fanouts);
-    manifest.check_segment(&schema, &geometry, fanouts)?;
+    manifest.check_segment(&schema, &geometry, &fanouts)?;
     let batch = job.batch.clamp(1, geometry.max_targets as usize);
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()

@@ -69,6 +69,9 @@ pub struct CallRequest<'a> {
     /// neighbours (`HUB_H1`); with `fresh` as well, both carry the same
     /// point of the change clock.
     pub hub_h1: Option<request::HubH1>,
+    /// The subgraph layout at these fanouts, one per hop (docs/protocol.md,
+    /// "The subgraph layout"); `None`: the dense layout at `fanouts`.
+    pub subgraph: Option<request::SubgraphFanouts>,
 }
 
 impl<'a> CallRequest<'a> {
@@ -82,6 +85,7 @@ impl<'a> CallRequest<'a> {
             new_node: None,
             fresh: None,
             hub_h1: None,
+            subgraph: None,
         }
     }
 
@@ -153,17 +157,27 @@ fn request_header(
         "FRESH_SINCE and HUB_H1 share the request's point of the change clock"
     );
     let since = request.fresh.or(request.hub_h1.map(|h| h.since));
+    let (hops, fanouts, fanout3) = match request.subgraph {
+        None => (0, request.fanouts, 0),
+        Some(subgraph) => {
+            let [f1, f2, f3] = subgraph.padded();
+            (subgraph.hops() as u32, [f1, f2], f3)
+        }
+    };
     crate::layout::RequestHeader {
         request_id: request.request_id,
         deadline_mono_ns,
         n_targets: request.targets.len() as u32,
-        fanouts: request.fanouts,
+        fanouts,
         flags: request_flags(request),
         new_node_edges: request.new_node.map_or(0, |n| n.neighbors.len() as u32),
         hub_min_degree: request.hub_h1.map_or(0, |h| h.min_degree),
         fresh_clock: since.map_or(0, |f| f.clock),
         fresh_tick: since.map_or(0, |f| f.tick),
         fresh_fanouts: since.map_or([0; MAX_HOPS], |f| f.fanouts),
+        hops,
+        fanout3,
+        _reserved: [0; 56],
     }
 }
 

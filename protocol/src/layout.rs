@@ -36,9 +36,13 @@ pub unsafe trait ShmSafe: Sized {}
 pub const MAGIC: [u8; 8] = *b"GNNRING\0";
 /// Version of everything in this module and of the payload schema. Any change
 /// to a shared type, an offset, a state code or a payload column bumps it.
-pub const LAYOUT_VERSION: u32 = 2;
-/// Hops of neighbourhood sampling the protocol carries (GraphSAGE 2-hop).
+pub const LAYOUT_VERSION: u32 = 3;
+/// Hops of the dense layout (GraphSAGE 2-hop), and of the fanouts a
+/// segment's geometry caps.
 pub const MAX_HOPS: usize = 2;
+/// Most hops a subgraph-layout request may ask for (docs/protocol.md,
+/// "The subgraph layout"): a PyG model of up to three message-passing layers.
+pub const MAX_SUBGRAPH_HOPS: usize = 3;
 /// Largest fanout a segment may allow for one hop: 2^15, so that a
 /// target's `f1 x f2` hop-2 entries (at most 2^30) index as i32. In
 /// practice the response area bounds it first: the hop arrays of one target
@@ -276,7 +280,7 @@ pub mod request_flags {
 }
 
 /// The fixed part of a request, at the start of a slot's data region; the
-/// `n_targets` u64 target ids follow at offset 64.
+/// `n_targets` u64 target ids follow at offset 128.
 #[repr(C, align(64))]
 #[derive(Debug, Clone, Copy, PartialEq, Eq, bytemuck::Pod, bytemuck::Zeroable)]
 pub struct RequestHeader {
@@ -303,6 +307,15 @@ pub struct RequestHeader {
     pub fresh_clock: u64,
     pub fresh_tick: u64,
     pub fresh_fanouts: [u32; MAX_HOPS],
+    /// The response layout: 0 the dense layout (two hops, `fanouts`); 1 to
+    /// [`MAX_SUBGRAPH_HOPS`] the subgraph layout with that many hops
+    /// (docs/protocol.md, "The subgraph layout").
+    pub hops: u32,
+    /// With `hops` 3: the third hop's fanout (0 = the sidecar's current
+    /// hop-2 fanout); 0 otherwise.
+    pub fanout3: u32,
+    /// Zero (a sidecar refuses other bytes).
+    pub _reserved: [u8; 56],
 }
 
 /// Response status codes, in [`ResponseHeader::status`].
@@ -352,7 +365,16 @@ pub struct ResponseHeader {
     pub change_tick: u64,
     /// The graph's largest known node id + 1 when it sampled this request.
     pub id_bound: u64,
-    pub _reserved: [u8; 24],
+    /// Subgraph layout only: the Arrow IPC stream of the edge table; 0 in a
+    /// dense-layout response.
+    pub edge_table_offset: u64,
+    pub edge_table_len: u64,
+    /// The request's `hops`: 0 for the dense layout, 1 to
+    /// [`MAX_SUBGRAPH_HOPS`] for the subgraph layout.
+    pub hops: u32,
+    /// The third hop's fanout as used (subgraph layout with 3 hops; 0
+    /// otherwise).
+    pub fanout3: u32,
     /// UTF-8 text explaining a non-OK status.
     pub message: [u8; MESSAGE_BYTES],
 }
@@ -465,7 +487,10 @@ mod tests {
         assert_eq!(offset_of!(SlotControl, wake), 8);
         assert_eq!(offset_of!(SlotControl, waiters), 12);
 
-        assert_eq!(size_of::<RequestHeader>(), 64);
+        assert_eq!(size_of::<RequestHeader>(), 128);
+        assert_eq!(offset_of!(RequestHeader, hops), 64);
+        assert_eq!(offset_of!(RequestHeader, fanout3), 68);
+        assert_eq!(offset_of!(RequestHeader, _reserved), 72);
         assert_eq!(offset_of!(RequestHeader, deadline_mono_ns), 8);
         assert_eq!(offset_of!(RequestHeader, n_targets), 16);
         assert_eq!(offset_of!(RequestHeader, fanouts), 20);
@@ -478,6 +503,10 @@ mod tests {
         assert_eq!(offset_of!(ResponseHeader, change_clock), 80);
         assert_eq!(offset_of!(ResponseHeader, change_tick), 88);
         assert_eq!(offset_of!(ResponseHeader, id_bound), 96);
+        assert_eq!(offset_of!(ResponseHeader, edge_table_offset), 104);
+        assert_eq!(offset_of!(ResponseHeader, edge_table_len), 112);
+        assert_eq!(offset_of!(ResponseHeader, hops), 120);
+        assert_eq!(offset_of!(ResponseHeader, fanout3), 124);
 
         assert_eq!(offset_of!(ResponseHeader, status), 0);
         assert_eq!(offset_of!(ResponseHeader, n_targets), 4);

@@ -5,7 +5,8 @@
 use std::mem::size_of;
 
 use crate::layout::{
-    align_up, request_flags, FeatureSchema, Geometry, RequestHeader, MAX_HOPS, SLOT_ALIGN,
+    align_up, request_flags, FeatureSchema, Geometry, RequestHeader, MAX_HOPS, MAX_SUBGRAPH_HOPS,
+    SLOT_ALIGN,
 };
 
 /// Offset of the target ids in the request area.
@@ -36,8 +37,8 @@ pub fn request_bytes_with_new_node(
 }
 
 /// Where a new node's feature row and its edges start in the request area
-/// (after the request's one target id): the row at 72, the edges at the next
-/// multiple of 8 after the row's `4 x feature_dim` bytes.
+/// (after the request's one target id): the row at 136, the edges at the
+/// next multiple of 8 after the row's `4 x feature_dim` bytes.
 pub fn new_node_offsets(feature_dim: u32) -> Option<(u64, u64)> {
     let row_at = TARGETS_OFFSET as u64 + 8;
     let row_bytes = u64::from(feature_dim).checked_mul(4)?;
@@ -125,6 +126,44 @@ pub struct HubH1 {
     pub min_degree: u32,
 }
 
+/// The fanouts of a subgraph-layout request, one per hop (1 to
+/// [`MAX_SUBGRAPH_HOPS`] hops; docs/protocol.md, "The subgraph layout"). A
+/// 0 asks for the sidecar's current fanout of that hop (hop 3: of hop 2).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct SubgraphFanouts {
+    hops: u8,
+    fanouts: [u32; MAX_SUBGRAPH_HOPS],
+}
+
+impl SubgraphFanouts {
+    /// `None` unless `fanouts` has 1 to [`MAX_SUBGRAPH_HOPS`] entries.
+    pub fn new(fanouts: &[u32]) -> Option<Self> {
+        if fanouts.is_empty() || fanouts.len() > MAX_SUBGRAPH_HOPS {
+            return None;
+        }
+        let mut all = [0; MAX_SUBGRAPH_HOPS];
+        all[..fanouts.len()].copy_from_slice(fanouts);
+        Some(Self {
+            hops: fanouts.len() as u8,
+            fanouts: all,
+        })
+    }
+
+    pub fn hops(&self) -> usize {
+        usize::from(self.hops)
+    }
+
+    /// One fanout per hop.
+    pub fn as_slice(&self) -> &[u32] {
+        &self.fanouts[..self.hops()]
+    }
+
+    /// Every hop's fanout, 0 past the last hop (as the headers carry them).
+    pub fn padded(&self) -> [u32; MAX_SUBGRAPH_HOPS] {
+        self.fanouts
+    }
+}
+
 /// The bytes of a request area holding `header` (whose `n_targets` and
 /// `new_node_edges` are those of `targets` and `new_node`), the target ids
 /// after it and, with a new node, its row and edges: for the client to copy
@@ -184,9 +223,26 @@ pub struct Request {
     /// `HUB_H1`: send unchanged hubs among the hop-1 nodes without their
     /// hop-2 neighbours.
     pub hub_h1: Option<HubH1>,
+    /// The subgraph layout's hops (1 to [`MAX_SUBGRAPH_HOPS`]); 0: the dense
+    /// layout. Hops 1 and 2 use `fanouts`, hop 3 `fanout3`.
+    pub hops: u32,
+    /// With `hops` 3: the third hop's fanout (the segment's default hop-2
+    /// fanout where the client left it at 0, see `fanout3_defaulted`).
+    pub fanout3: u32,
+    pub fanout3_defaulted: bool,
 }
 
 impl Request {
+    /// The subgraph layout's fanouts, one per hop; `None` for the dense
+    /// layout.
+    pub fn subgraph(&self) -> Option<SubgraphFanouts> {
+        let all = [self.fanouts[0], self.fanouts[1], self.fanout3];
+        match self.hops {
+            0 => None,
+            hops => SubgraphFanouts::new(&all[..(hops as usize).min(MAX_SUBGRAPH_HOPS)]),
+        }
+    }
+
     /// Time left before the request's deadline, on CLOCK_MONOTONIC: `None`
     /// when the client set none (use the sidecar's default), `Some(ZERO)` once
     /// it has passed.
@@ -266,6 +322,23 @@ pub enum RequestError {
     },
     #[error("the new node's feature {index} is {value}: every feature must be a finite number")]
     NewNodeFeatureNotFinite { index: usize, value: String },
+    #[error(
+        "request hops {hops}: 0 asks for the dense layout, 1 to {MAX_SUBGRAPH_HOPS} for the \
+         subgraph layout with that many hops"
+    )]
+    SubgraphHops { hops: u32 },
+    #[error(
+        "request fanout3 is {fanout3} but hops is {hops}: the third hop's fanout is for a \
+         3-hop subgraph request only; leave it 0"
+    )]
+    Fanout3WithoutThirdHop { fanout3: u32, hops: u32 },
+    #[error(
+        "request flag {flag} is defined for the dense layout only: send it with hops 0, or \
+         leave it unset"
+    )]
+    NotForSubgraph { flag: &'static str },
+    #[error("request bytes 72..128 are reserved and must be zero")]
+    Reserved,
 }
 
 /// How many bytes of the request area a request whose header is `head`
@@ -306,6 +379,34 @@ pub fn decode(
     if header.flags & !request_flags::KNOWN != 0 {
         return Err(RequestError::UnknownFlags {
             flags: header.flags,
+        });
+    }
+    if header._reserved.iter().any(|&b| b != 0) {
+        return Err(RequestError::Reserved);
+    }
+    if header.hops as usize > MAX_SUBGRAPH_HOPS {
+        return Err(RequestError::SubgraphHops { hops: header.hops });
+    }
+    if header.hops != 3 && header.fanout3 != 0 {
+        return Err(RequestError::Fanout3WithoutThirdHop {
+            fanout3: header.fanout3,
+            hops: header.hops,
+        });
+    }
+    if header.hops != 0 {
+        let dense_only = [
+            (request_flags::OWN_ROWS_ONLY, "OWN_ROWS_ONLY (0x1)"),
+            (request_flags::FRESH_SINCE, "FRESH_SINCE (0x8)"),
+            (request_flags::HUB_H1, "HUB_H1 (0x10)"),
+        ];
+        if let Some((_, flag)) = dense_only.iter().find(|(bit, _)| header.flags & bit != 0) {
+            return Err(RequestError::NotForSubgraph { flag });
+        }
+    }
+    if header.n_targets > geometry.max_targets {
+        return Err(RequestError::TooManyTargets {
+            n_targets: header.n_targets,
+            max_targets: geometry.max_targets,
         });
     }
     let hub = header.flags & request_flags::HUB_H1 != 0;
@@ -352,12 +453,6 @@ pub fn decode(
             n_targets: header.n_targets,
         });
     }
-    if header.n_targets > geometry.max_targets {
-        return Err(RequestError::TooManyTargets {
-            n_targets: header.n_targets,
-            max_targets: geometry.max_targets,
-        });
-    }
     let mut fanouts = [0; MAX_HOPS];
     let mut defaulted = [false; MAX_HOPS];
     for (hop, fanout) in fanouts.iter_mut().enumerate() {
@@ -376,6 +471,18 @@ pub fn decode(
                 cap,
             });
         }
+    }
+    let fanout3 = if header.fanout3 == 0 {
+        schema.default_fanouts[1]
+    } else {
+        header.fanout3
+    };
+    if header.hops == 3 && fanout3 > geometry.max_fanouts[1] {
+        return Err(RequestError::FanoutAboveCap {
+            hop: 3,
+            fanout: fanout3,
+            cap: geometry.max_fanouts[1],
+        });
     }
     let end = TARGETS_OFFSET + header.n_targets as usize * 8;
     let Some(ids) = area.get(TARGETS_OFFSET..end) else {
@@ -400,6 +507,9 @@ pub fn decode(
         new_node,
         fresh,
         hub_h1,
+        hops: header.hops,
+        fanout3: if header.hops == 3 { fanout3 } else { 0 },
+        fanout3_defaulted: header.hops == 3 && header.fanout3 == 0,
     })
 }
 
@@ -477,6 +587,9 @@ mod tests {
             new_node: None,
             fresh: None,
             hub_h1: None,
+            hops: 0,
+            fanout3: 0,
+            fanout3_defaulted: false,
         };
         assert_eq!(request.remaining_at(5_000), None, "no deadline");
         request.deadline_mono_ns = 8_000;

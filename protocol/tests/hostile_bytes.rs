@@ -152,6 +152,7 @@ fn valid_response() -> MutableBuffer {
         n_nodes: 3,
         feature_dim: 4,
         fanouts: [2, 1],
+        subgraph: None,
     };
     let cache = SchemaCache::default();
     let mut writer = ResponseWriter::new(area.as_slice_mut(), shape, &cache).unwrap();
@@ -223,10 +224,10 @@ fn fuzzer_found_responses_are_refused_by_the_framing() {
 #[test]
 fn the_own_rows_flag_is_read_and_other_bits_are_refused() {
     let geometry: Geometry = bytemuck_geometry(valid_segment_bytes());
-    let mut area = vec![0u8; 72];
+    let mut area = vec![0u8; 136];
     area[0..8].copy_from_slice(&7u64.to_le_bytes());
     area[16..20].copy_from_slice(&1u32.to_le_bytes());
-    area[64..72].copy_from_slice(&42u64.to_le_bytes());
+    area[128..136].copy_from_slice(&42u64.to_le_bytes());
     let with_flags = |flags: u32| {
         let mut area = area.clone();
         area[28..32].copy_from_slice(&flags.to_le_bytes());
@@ -250,14 +251,14 @@ fn the_fresh_since_fields_are_read_with_their_flag_only() {
     use request::RequestError;
     let geometry: Geometry = bytemuck_geometry(valid_segment_bytes());
     let area = |flags: u32, clock: u64, tick: u64, fanouts: [u32; 2]| {
-        let mut area = vec![0u8; 72];
+        let mut area = vec![0u8; 136];
         area[16..20].copy_from_slice(&1u32.to_le_bytes());
         area[28..32].copy_from_slice(&flags.to_le_bytes());
         area[40..48].copy_from_slice(&clock.to_le_bytes());
         area[48..56].copy_from_slice(&tick.to_le_bytes());
         area[56..60].copy_from_slice(&fanouts[0].to_le_bytes());
         area[60..64].copy_from_slice(&fanouts[1].to_le_bytes());
-        area[64..72].copy_from_slice(&3u64.to_le_bytes());
+        area[128..136].copy_from_slice(&3u64.to_le_bytes());
         area
     };
     let decode = |bytes: &[u8]| request::decode(bytes, &geometry, &schema());
@@ -292,7 +293,7 @@ fn the_hub_fields_are_read_with_their_flag_only() {
     let geometry: Geometry = bytemuck_geometry(valid_segment_bytes());
     let caps = geometry.max_fanouts;
     let area = |flags: u32, degree: u32, tick: u64| {
-        let mut area = vec![0u8; 72];
+        let mut area = vec![0u8; 136];
         area[16..20].copy_from_slice(&1u32.to_le_bytes());
         area[28..32].copy_from_slice(&flags.to_le_bytes());
         area[36..40].copy_from_slice(&degree.to_le_bytes());
@@ -300,7 +301,7 @@ fn the_hub_fields_are_read_with_their_flag_only() {
         area[48..56].copy_from_slice(&tick.to_le_bytes());
         area[56..60].copy_from_slice(&caps[0].to_le_bytes());
         area[60..64].copy_from_slice(&caps[1].to_le_bytes());
-        area[64..72].copy_from_slice(&3u64.to_le_bytes());
+        area[128..136].copy_from_slice(&3u64.to_le_bytes());
         area
     };
     let decode = |bytes: &[u8]| request::decode(bytes, &geometry, &schema());
@@ -343,9 +344,9 @@ fn a_new_node_is_read_after_its_id_and_bad_ones_are_refused() {
     let geometry: Geometry = bytemuck_geometry(valid_segment_bytes());
     let dim = schema().feature_dim;
     let (row_at, edges_at) = request::new_node_offsets(dim).unwrap();
-    assert_eq!((row_at, edges_at), (72, 88), "docs/protocol.md's offsets");
+    assert_eq!((row_at, edges_at), (136, 152), "docs/protocol.md's offsets");
     let max = request::max_new_node_edges(&geometry, &schema());
-    assert_eq!(max, (geometry.request_bytes - 88) / 8);
+    assert_eq!(max, (geometry.request_bytes - 152) / 8);
     assert!(max >= 1024, "sized for the default max_new_node_edges");
     let area = |flags: u32, n_targets: u32, edges: u32, row: [f32; 4], ids: &[u64]| {
         let mut area = vec![0u8; geometry.request_bytes as usize];
@@ -353,12 +354,12 @@ fn a_new_node_is_read_after_its_id_and_bad_ones_are_refused() {
         area[16..20].copy_from_slice(&n_targets.to_le_bytes());
         area[28..32].copy_from_slice(&flags.to_le_bytes());
         area[32..36].copy_from_slice(&edges.to_le_bytes());
-        area[64..72].copy_from_slice(&5000u64.to_le_bytes());
+        area[128..136].copy_from_slice(&5000u64.to_le_bytes());
         for (i, v) in row.iter().enumerate() {
-            area[72 + 4 * i..76 + 4 * i].copy_from_slice(&v.to_le_bytes());
+            area[136 + 4 * i..140 + 4 * i].copy_from_slice(&v.to_le_bytes());
         }
         for (i, id) in ids.iter().enumerate() {
-            area[88 + 8 * i..96 + 8 * i].copy_from_slice(&id.to_le_bytes());
+            area[152 + 8 * i..160 + 8 * i].copy_from_slice(&id.to_le_bytes());
         }
         area
     };
@@ -382,7 +383,7 @@ fn a_new_node_is_read_after_its_id_and_bad_ones_are_refused() {
     let bytes = area(NEW_NODE, 1, 3, row, &[4, 7, 11]);
     assert_eq!(
         request::occupied_bytes(&bytes, &geometry, &schema()),
-        88 + 24
+        152 + 24
     );
 
     assert_eq!(
@@ -398,7 +399,7 @@ fn a_new_node_is_read_after_its_id_and_bad_ones_are_refused() {
     ));
     // An area cut short (a hostile peer's geometry) is refused, not indexed.
     let short = area(NEW_NODE, 1, 3, row, &[4, 7, 11]);
-    assert!(decode(&short[..100]).is_err());
+    assert!(decode(&short[..160]).is_err());
     let err = decode(&area(NEW_NODE, 1, 0, [1.0, f32::NAN, 0.0, 0.0], &[])).unwrap_err();
     assert_eq!(
         err,
@@ -415,4 +416,69 @@ fn a_new_node_is_read_after_its_id_and_bad_ones_are_refused() {
         decode(&area(NEW_NODE_DIRECTED, 1, 0, row, &[])).unwrap_err(),
         RequestError::DirectedWithoutNewNode
     );
+}
+
+/// The subgraph layout's fields: `hops` at 64 and `fanout3` at 68 are read
+/// (hop 3 capped as hop 2, 0 meaning hop 2's default); more than three
+/// hops, a third fanout without a third hop, a dense-only flag with hops,
+/// and non-zero reserved bytes are refused by name.
+#[test]
+fn the_subgraph_fields_are_read_and_bad_ones_are_refused() {
+    use protocol::layout::request_flags::{FRESH_SINCE, HUB_H1, NEW_NODE, OWN_ROWS_ONLY};
+    use request::RequestError;
+    let geometry: Geometry = bytemuck_geometry(valid_segment_bytes());
+    let caps = geometry.max_fanouts;
+    let area = |hops: u32, fanouts: [u32; 3], flags: u32| {
+        let mut area = vec![0u8; 136];
+        area[16..20].copy_from_slice(&1u32.to_le_bytes());
+        area[20..24].copy_from_slice(&fanouts[0].to_le_bytes());
+        area[24..28].copy_from_slice(&fanouts[1].to_le_bytes());
+        area[28..32].copy_from_slice(&flags.to_le_bytes());
+        area[64..68].copy_from_slice(&hops.to_le_bytes());
+        area[68..72].copy_from_slice(&fanouts[2].to_le_bytes());
+        area[128..136].copy_from_slice(&3u64.to_le_bytes());
+        area
+    };
+    let decode = |bytes: &[u8]| request::decode(bytes, &geometry, &schema());
+    let dense = decode(&area(0, [2, 1, 0], 0)).unwrap();
+    assert_eq!(dense.subgraph(), None);
+    let three = decode(&area(3, [2, 1, 1], 0)).unwrap();
+    assert_eq!(three.subgraph().unwrap().as_slice(), &[2, 1, 1]);
+    let one = decode(&area(1, [2, 0, 0], 0)).unwrap();
+    assert_eq!(one.subgraph().unwrap().hops(), 1);
+    // Hop 3 left at 0 takes the segment's default hop-2 fanout.
+    let defaulted = decode(&area(3, [2, 1, 0], 0)).unwrap();
+    assert!(defaulted.fanout3_defaulted);
+    assert_eq!(defaulted.fanout3, schema().default_fanouts[1]);
+    assert_eq!(
+        decode(&area(4, [1, 1, 1], 0)).unwrap_err(),
+        RequestError::SubgraphHops { hops: 4 }
+    );
+    assert_eq!(
+        decode(&area(2, [1, 1, 1], 0)).unwrap_err(),
+        RequestError::Fanout3WithoutThirdHop {
+            fanout3: 1,
+            hops: 2
+        }
+    );
+    let err = decode(&area(3, [1, 1, caps[1] + 1], 0)).unwrap_err();
+    assert!(
+        matches!(err, RequestError::FanoutAboveCap { hop: 3, .. }),
+        "{err}"
+    );
+    for flag in [OWN_ROWS_ONLY, FRESH_SINCE, HUB_H1] {
+        let err = decode(&area(2, [1, 1, 0], flag)).unwrap_err();
+        assert!(
+            matches!(err, RequestError::NotForSubgraph { .. }),
+            "flag {flag:#x}: {err}"
+        );
+        assert!(err.to_string().contains("dense layout only"), "{err}");
+    }
+    // A new node is sampled in either layout.
+    let mut new_node = area(2, [1, 1, 0], NEW_NODE);
+    new_node.resize(geometry.request_bytes as usize, 0);
+    assert!(decode(&new_node).unwrap().new_node.is_some());
+    let mut reserved = area(2, [1, 1, 0], 0);
+    reserved[100] = 1;
+    assert_eq!(decode(&reserved).unwrap_err(), RequestError::Reserved);
 }

@@ -34,6 +34,7 @@ fn write_full(area: &mut [u8], dim: u32, fanouts: [u32; 2]) -> PayloadShape {
         n_nodes: n_nodes as u32,
         feature_dim: dim,
         fanouts,
+        subgraph: None,
     };
     let cache = SchemaCache::default();
     let mut writer = ResponseWriter::new(area, shape, &cache).unwrap();
@@ -108,6 +109,7 @@ fn a_response_that_does_not_fit_is_refused_before_any_write() {
         n_nodes: 221,
         feature_dim: 128,
         fanouts: [20, 10],
+        subgraph: None,
     };
     let err =
         ResponseWriter::new(small.as_slice_mut(), shape, &SchemaCache::default()).unwrap_err();
@@ -186,4 +188,149 @@ fn fanout_limits_are_enforced_on_decode() {
     tight.max_fanouts = [2, 50];
     let err = payload::decode(&buffer, &tight, &SchemaCache::default()).unwrap_err();
     assert!(err.to_string().contains("fanout 3 of hop 1"), "{err}");
+}
+
+/// A subgraph-layout response as the sidecar writes it: a chain 0 <- 1 <- 2
+/// ... of `n_nodes` rows, one edge per node after the target, split over
+/// `hops` hops as evenly as the chain allows.
+fn write_subgraph(area: &mut [u8], dim: u32, n_nodes: usize, hops: usize) -> PayloadShape {
+    use protocol::payload::SubgraphShape;
+    use protocol::request::SubgraphFanouts;
+    let n_edges = n_nodes - 1;
+    let fanouts = SubgraphFanouts::new(&vec![3; hops]).unwrap();
+    let shape = PayloadShape {
+        n_targets: 1,
+        n_nodes: n_nodes as u32,
+        feature_dim: dim,
+        fanouts: [0, 0],
+        subgraph: Some(SubgraphShape {
+            fanouts,
+            n_edges: n_edges as u32,
+        }),
+    };
+    let cache = SchemaCache::default();
+    let mut writer = ResponseWriter::new(area, shape, &cache).unwrap();
+    {
+        let (mut nodes, targets) = writer.columns();
+        for row in 0..n_nodes {
+            nodes.node_id[row] = 500 + row as u64;
+            for j in 0..dim as usize {
+                nodes.features[row * dim as usize + j] = (row * 100 + j) as f32;
+            }
+            nodes.tier[row] = tier::L2;
+            nodes.set_fallback(row, false);
+        }
+        targets.target_id[0] = 500;
+        targets.status[0] = target_status::OK;
+        targets.target_row[0] = 0;
+        let (src, dst) = targets.edge_index.split_at_mut(n_edges);
+        for e in 0..n_edges {
+            src[e] = e as i64 + 1;
+            dst[e] = e as i64;
+        }
+        // Hop k reaches the k-th share of the chain.
+        let mut left = n_edges as i64;
+        targets.sampled_nodes[0] = 1;
+        for k in 0..hops {
+            let share = if k + 1 == hops {
+                left
+            } else {
+                n_edges as i64 / hops as i64
+            };
+            targets.sampled_nodes[k + 1] = share;
+            targets.sampled_edges[k] = share;
+            left -= share;
+        }
+    }
+    writer.finish(42, 3, 0);
+    shape
+}
+
+#[test]
+fn a_subgraph_response_round_trips_with_edge_index_in_place() {
+    for hops in 1..=3 {
+        let mut area = area();
+        write_subgraph(area.as_slice_mut(), 16, 10, hops);
+        let buffer: Buffer = area.into();
+        let tables = payload::decode(&buffer, &limits(16), &SchemaCache::default()).unwrap();
+        assert_eq!(tables.hops(), hops);
+        assert_eq!(tables.subgraph_fanouts().unwrap().as_slice(), vec![3; hops]);
+        assert_eq!(tables.n_nodes(), 10);
+        assert_eq!(tables.n_edges(), 9);
+        let edges = tables.edge_index();
+        assert_eq!(&edges[..9], &[1, 2, 3, 4, 5, 6, 7, 8, 9]);
+        assert_eq!(&edges[9..], &[0, 1, 2, 3, 4, 5, 6, 7, 8]);
+        assert_eq!(tables.sampled_nodes().len(), hops + 1);
+        assert_eq!(tables.sampled_edges().len(), hops);
+        assert_eq!(tables.sampled_nodes().iter().sum::<i64>(), 10);
+        assert_eq!(tables.features()[9 * 16 + 3], 903.0);
+        assert!(tables.hop1_counts().is_empty() && tables.hop2_rows().is_empty());
+        let range = buffer.as_ptr() as usize..buffer.as_ptr() as usize + buffer.len();
+        for start in [
+            tables.features().as_ptr() as usize,
+            tables.edge_index().as_ptr() as usize,
+            tables.target_rows().as_ptr() as usize,
+        ] {
+            assert!(range.contains(&start), "buffer copied out of the area");
+            assert_eq!(start % 64, 0, "buffer not 64-byte aligned");
+        }
+    }
+    // No edges: targets without neighbours.
+    let mut area = area();
+    write_subgraph(area.as_slice_mut(), 4, 1, 2);
+    let buffer: Buffer = area.into();
+    let tables = payload::decode(&buffer, &limits(4), &SchemaCache::default()).unwrap();
+    assert_eq!((tables.n_edges(), tables.edge_index().len()), (0, 0));
+    assert_eq!(tables.sampled_nodes(), &[1, 0, 0]);
+}
+
+/// Every way a peer could make a subgraph response lie is a decode error:
+/// an edge row past the node table, hop counts that do not add up, a hop
+/// count above 3, fanouts past the last hop.
+#[test]
+fn a_subgraph_response_that_lies_is_refused() {
+    let cache = SchemaCache::default();
+    let decode = |mutate: &dyn Fn(&mut [u8])| {
+        let mut area = area();
+        write_subgraph(area.as_slice_mut(), 4, 6, 2);
+        mutate(area.as_slice_mut());
+        let buffer: Buffer = area.into();
+        payload::decode(&buffer, &limits(4), &cache).map(|_| ())
+    };
+    decode(&|_| {}).expect("the unchanged response decodes");
+    let u64_at = |area: &[u8], at: usize| u64::from_le_bytes(area[at..at + 8].try_into().unwrap());
+    // The edge table's body: find the edge_index values (row 0 = 1..=5).
+    let values_at = |area: &[u8]| {
+        let start = u64_at(area, 104) as usize;
+        let end = start + u64_at(area, 112) as usize;
+        let want: Vec<u8> = [1i64, 2, 3, 4, 5]
+            .iter()
+            .flat_map(|v| v.to_le_bytes())
+            .collect();
+        start
+            + area[start..end]
+                .windows(want.len())
+                .position(|w| w == want)
+                .expect("edge values in the stream")
+    };
+    let err = decode(&|area| {
+        let at = values_at(area);
+        area[at..at + 8].copy_from_slice(&6i64.to_le_bytes());
+    })
+    .unwrap_err();
+    assert!(err.to_string().contains("outside the node table"), "{err}");
+    let err = decode(&|area| {
+        let at = values_at(area) + 10 * 8; // past both rows: hop_counts
+        let counts = area[at..].windows(8).position(|w| w == 1i64.to_le_bytes());
+        let at = at + counts.expect("hop counts after the edges");
+        area[at..at + 8].copy_from_slice(&2i64.to_le_bytes());
+    })
+    .unwrap_err();
+    assert!(err.to_string().contains("do not add up"), "{err}");
+    let err = decode(&|area| area[120..124].copy_from_slice(&4u32.to_le_bytes())).unwrap_err();
+    assert!(err.to_string().contains("hops 4"), "{err}");
+    let err = decode(&|area| area[124..128].copy_from_slice(&3u32.to_le_bytes())).unwrap_err();
+    assert!(err.to_string().contains("hop 3"), "{err}");
+    let err = decode(&|area| area[104..120].fill(0)).unwrap_err();
+    assert!(err.to_string().contains("edge table"), "{err}");
 }

@@ -12,7 +12,8 @@ use std::mem::offset_of;
 use arrow_buffer::MutableBuffer;
 use protocol::layout::{dtype, FeatureSchema, Header, Preamble};
 use protocol::payload::schema::{target_status, tier};
-use protocol::payload::{PayloadShape, ResponseWriter, SchemaCache};
+use protocol::payload::{PayloadShape, ResponseWriter, SchemaCache, SubgraphShape};
+use protocol::request::SubgraphFanouts;
 use protocol::{Segment, SegmentConfig};
 
 /// The header vector covers the header up to the end of the feature schema.
@@ -34,9 +35,9 @@ fn header_vector() -> Vec<u8> {
     cfg.max_fanouts = [2, 2];
     cfg.max_nodes = 16;
     cfg.response_bytes = 8192;
-    // A new node of 2 features and up to 502 edges fits the one page the
+    // A new node of 2 features and up to 494 edges fits the one page the
     // targets take: the vector shows the smallest request area.
-    cfg.max_new_node_edges = 502;
+    cfg.max_new_node_edges = 494;
     let segment = Segment::create(&cfg).expect("create");
     let mut bytes = std::fs::read(format!("/dev/shm/{name}")).expect("read the segment");
     segment.unlink().expect("unlink");
@@ -62,6 +63,7 @@ fn response_vector() -> Vec<u8> {
         n_nodes: 2,
         feature_dim: 2,
         fanouts: [1, 1],
+        subgraph: None,
     };
     let cache = SchemaCache::default();
     let mut writer = ResponseWriter::new(area.as_slice_mut(), shape, &cache).expect("fits");
@@ -85,6 +87,50 @@ fn response_vector() -> Vec<u8> {
     let u64_at = |at: usize| u64::from_le_bytes(bytes[at..at + 8].try_into().unwrap());
     // The area up to the end of the target table (the last thing written).
     let end = (u64_at(56) + u64_at(64)) as usize;
+    bytes[..end].to_vec()
+}
+
+/// A subgraph-layout response to request 0x1122334455667788 for target 5
+/// at fanouts [1, 2] (two hops): 5's neighbour 9 at hop 1 (tier L3), 9's
+/// neighbours 4 (new, tier L2) and 5 (the target again) at hop 2; feature
+/// dim 2, graph version 7, server_ns 1000.
+fn subgraph_response_vector() -> Vec<u8> {
+    let mut area = MutableBuffer::from_len_zeroed(4096);
+    let shape = PayloadShape {
+        n_targets: 1,
+        n_nodes: 3,
+        feature_dim: 2,
+        fanouts: [0, 0],
+        subgraph: Some(SubgraphShape {
+            fanouts: SubgraphFanouts::new(&[1, 2]).expect("two hops"),
+            n_edges: 3,
+        }),
+    };
+    let cache = SchemaCache::default();
+    let mut writer = ResponseWriter::new(area.as_slice_mut(), shape, &cache).expect("fits");
+    {
+        let (mut nodes, targets) = writer.columns();
+        nodes.node_id.copy_from_slice(&[5, 9, 4]);
+        nodes
+            .features
+            .copy_from_slice(&[1.0, 2.0, 3.0, 4.0, 5.0, 6.0]);
+        nodes.tier.copy_from_slice(&[tier::L1, tier::L3, tier::L2]);
+        for row in 0..3 {
+            nodes.set_fallback(row, false);
+        }
+        targets.target_id[0] = 5;
+        targets.status[0] = target_status::OK;
+        targets.target_row[0] = 0;
+        // Sources (9, 4, 5), then destinations (5, 9, 9), as rows.
+        targets.edge_index.copy_from_slice(&[1, 2, 0, 0, 1, 1]);
+        targets.sampled_nodes.copy_from_slice(&[1, 1, 1]);
+        targets.sampled_edges.copy_from_slice(&[1, 2]);
+    }
+    writer.finish(0x1122_3344_5566_7788, 7, 1000);
+    let bytes = area.as_slice();
+    let u64_at = |at: usize| u64::from_le_bytes(bytes[at..at + 8].try_into().unwrap());
+    // The area up to the end of the edge table (the last thing written).
+    let end = (u64_at(104) + u64_at(112)) as usize;
     bytes[..end].to_vec()
 }
 
@@ -154,5 +200,19 @@ fn the_documented_response_vector_is_what_the_sidecar_writes() {
         to_hex_lines(&documented),
         to_hex_lines(&ours),
         "docs/protocol.md appendix A (response) differs from the implementation"
+    );
+}
+
+#[test]
+fn the_documented_subgraph_response_vector_is_what_the_sidecar_writes() {
+    let ours = subgraph_response_vector();
+    if std::env::var_os("GNN_PRINT_VECTORS").is_some() {
+        println!("subgraph response vector:\n{}", to_hex_lines(&ours));
+    }
+    let documented = vector_in_doc(&doc(), "<!-- vector: subgraph-response -->");
+    assert_eq!(
+        to_hex_lines(&documented),
+        to_hex_lines(&ours),
+        "docs/protocol.md appendix A (subgraph response) differs from the implementation"
     );
 }

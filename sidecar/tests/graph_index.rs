@@ -418,6 +418,7 @@ fn a_sample_fills_a_response_that_the_protocol_reader_accepts() {
         n_nodes: s.nodes.len() as u32,
         feature_dim: 2,
         fanouts: [20, 10],
+        subgraph: None,
     };
     let mut area = MutableBuffer::from_len_zeroed(1 << 20);
     let cache = SchemaCache::default();
@@ -453,4 +454,161 @@ fn the_hot_set_is_the_top_degree_nodes() {
     assert!(all
         .windows(2)
         .all(|w| index.degree(w[0]) >= index.degree(w[1])));
+}
+
+/// The subgraph layout, data-driven: a small graph sampled with covering
+/// fanouts gives exactly the batch NeighborLoader builds (targets first,
+/// each hop's new nodes in the order they are reached, an edge per
+/// sampled neighbour, a node expanded once at the hop that reached it).
+#[test]
+fn a_subgraph_is_laid_out_as_neighbor_loader_lays_out_a_batch() {
+    use protocol::request::SubgraphFanouts;
+    use sidecar::graph::sampler::SubgraphLimits;
+    // 0-1, 0-2, 1-3, 2-3, 3-4, 5 alone (undirected).
+    let (_dir, index) = import_text("0 1\n0 2\n1 3\n2 3\n3 4\n5 5\n", true);
+    let limits = SubgraphLimits {
+        max_nodes: 100,
+        max_edges: 100,
+    };
+    let fanouts = SubgraphFanouts::new(&[10, 10]).unwrap();
+    let s = Sampler::default()
+        .sample_subgraph(&index, &[2, 0, 2, 77], fanouts, 1, limits)
+        .unwrap();
+    // Hop 0: the unique targets (2 repeated; 77 unknown).
+    // Hop 1: 2's neighbours 0 (a target), 3 (new); 0's neighbours 1 (new),
+    // 2 (a target); 77 has none.
+    // Hop 2: 3's neighbours 1, 2, 4 (new); 1's neighbours 0, 3.
+    assert_eq!(s.nodes, vec![2, 0, 77, 3, 1, 4]);
+    assert_eq!(s.target_row, vec![0, 1, 0, 2]);
+    assert_eq!(
+        s.status,
+        vec![
+            target_status::OK,
+            target_status::OK,
+            target_status::OK,
+            target_status::UNKNOWN_NODE
+        ]
+    );
+    assert_eq!(s.edge_src, vec![1, 3, 4, 0, 4, 0, 5, 1, 3]);
+    assert_eq!(s.edge_dst, vec![0, 0, 1, 1, 3, 3, 3, 4, 4]);
+    assert_eq!(s.sampled_nodes, vec![3, 2, 1]);
+    assert_eq!(s.sampled_edges, vec![4, 5]);
+    // One hop: the targets' own edges only.
+    let one = Sampler::default()
+        .sample_subgraph(
+            &index,
+            &[3],
+            SubgraphFanouts::new(&[10]).unwrap(),
+            1,
+            limits,
+        )
+        .unwrap();
+    assert_eq!(one.nodes, vec![3, 1, 2, 4]);
+    assert_eq!(
+        (one.edge_src.clone(), one.edge_dst.clone()),
+        (vec![1, 2, 3], vec![0, 0, 0])
+    );
+    // A node without neighbours: no edges at all.
+    let alone = Sampler::default()
+        .sample_subgraph(&index, &[5], fanouts, 1, limits)
+        .unwrap();
+    assert_eq!((alone.nodes.clone(), alone.n_edges()), (vec![5], 0));
+    assert_eq!(alone.sampled_nodes, vec![1, 0, 0]);
+}
+
+/// With fanouts below the degrees: every expanded node gets exactly
+/// min(fanout, degree) distinct real neighbours, once; the same request
+/// samples the same subgraph; a node's draws do not depend on the other
+/// targets; a super node costs what a small one costs.
+#[test]
+fn subgraph_samples_respect_fanouts_and_are_deterministic() {
+    use protocol::request::SubgraphFanouts;
+    use sidecar::graph::sampler::SubgraphLimits;
+    let (_dir, path) = cora_index_file();
+    let index = CsrIndex::open(&path).unwrap();
+    let limits = SubgraphLimits {
+        max_nodes: 100_000,
+        max_edges: 1_000_000,
+    };
+    let fanouts = SubgraphFanouts::new(&[5, 3, 2]).unwrap();
+    let targets = [1358u64, 0, 5, 99];
+    let mut sampler = Sampler::default();
+    let s = sampler
+        .sample_subgraph(&index, &targets, fanouts, 9, limits)
+        .unwrap();
+    assert_eq!(s.n_edges() as i64, s.sampled_edges.iter().sum::<i64>());
+    assert_eq!(s.nodes.len() as i64, s.sampled_nodes.iter().sum::<i64>());
+    assert!(
+        s.edge_dst.windows(2).all(|w| w[0] <= w[1]),
+        "sorted by destination"
+    );
+    let mut hop_of = vec![0usize; s.nodes.len()];
+    let mut start = 0;
+    for (hop, &count) in s.sampled_nodes.iter().enumerate() {
+        hop_of[start..start + count as usize].fill(hop);
+        start += count as usize;
+    }
+    let mut by_node: HashMap<i64, Vec<u64>> = HashMap::new();
+    for (&src, &dst) in s.edge_src.iter().zip(&s.edge_dst) {
+        by_node.entry(dst).or_default().push(s.nodes[src as usize]);
+    }
+    for (&dst, sampled) in &by_node {
+        let node = s.nodes[dst as usize];
+        let hop = hop_of[dst as usize];
+        assert!(hop < 3, "nodes of the last hop are not expanded");
+        let degree = index.degree(node as u32);
+        let fanout = fanouts.as_slice()[hop];
+        assert_eq!(sampled.len() as u32, degree.min(fanout), "node {node}");
+        let real: HashSet<u64> = index
+            .neighbors(node as u32)
+            .iter()
+            .map(|&n| u64::from(n))
+            .collect();
+        assert!(sampled.iter().all(|n| real.contains(n)), "node {node}");
+        assert_eq!(
+            sampled.iter().collect::<HashSet<_>>().len(),
+            sampled.len(),
+            "node {node}: drawn without replacement"
+        );
+    }
+    let again = Sampler::default()
+        .sample_subgraph(&index, &targets, fanouts, 9, limits)
+        .unwrap();
+    assert_eq!(
+        (again.nodes, again.edge_src),
+        (s.nodes.clone(), s.edge_src.clone())
+    );
+    // Target 1358's own hop-1 draws are the same alone as beside others.
+    let alone = Sampler::default()
+        .sample_subgraph(&index, &[1358], fanouts, 9, limits)
+        .unwrap();
+    let hop1 = |s: &Sampled, row: i64| -> Vec<u64> {
+        s.edge_src
+            .iter()
+            .zip(&s.edge_dst)
+            .filter(|(_, &d)| d == row)
+            .map(|(&src, _)| s.nodes[src as usize])
+            .collect()
+    };
+    assert_eq!(hop1(&alone, 0), hop1(&s, 0));
+    // Limits stop the sample with what outgrew.
+    let tight = SubgraphLimits {
+        max_nodes: 10,
+        max_edges: 1_000,
+    };
+    assert!(Sampler::default()
+        .sample_subgraph(&index, &targets, fanouts, 9, tight)
+        .is_err());
+    // A super node costs its fanout, not its degree.
+    let (_d1, big) = star(1_000_000);
+    let (_d2, small) = star(30);
+    let one_hop = SubgraphFanouts::new(&[20]).unwrap();
+    let on_big = sampler
+        .sample_subgraph(&big, &[0], one_hop, 4, limits)
+        .unwrap();
+    let on_small = sampler
+        .sample_subgraph(&small, &[0], one_hop, 4, limits)
+        .unwrap();
+    assert_eq!((on_big.n_edges(), on_small.n_edges()), (20, 20));
+    assert_eq!(on_big.work, on_small.work, "same work for degree 1M and 30");
 }

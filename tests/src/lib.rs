@@ -107,6 +107,7 @@ pub fn answer_synthetic(ticket: ServeTicket, feature_dim: u32, full: bool) {
         n_nodes: order.len() as u32,
         feature_dim,
         fanouts: request.fanouts,
+        subgraph: None,
     };
     let dim = feature_dim as usize;
     let (f1, f2) = (f1 as usize, f2 as usize);
@@ -423,6 +424,7 @@ impl Precomputed {
                 n_nodes: node_ids.len() as u32,
                 feature_dim,
                 fanouts: [f1, f2],
+                subgraph: None,
             },
             target,
             node_ids,

@@ -268,6 +268,9 @@ pub struct StackOptions {
     pub imported: Option<PathBuf>,
     /// The model to serve instead of one trained for the dataset.
     pub model: Option<PathBuf>,
+    /// The worker's `--fanouts` when not `fanouts` (a subgraph-layout
+    /// model's, one per hop, such as "168,168,168").
+    pub worker_fanouts: Option<String>,
 }
 
 impl StackOptions {
@@ -286,6 +289,7 @@ impl StackOptions {
             sidecar_args: Vec::new(),
             imported: None,
             model: None,
+            worker_fanouts: None,
         }
     }
 
@@ -410,7 +414,13 @@ impl Stack {
             .arg("--model")
             .arg(&model)
             .args(["--shm-name", &shm_name, "--grpc", &grpc, "--http", &http])
-            .args(["--fanouts", &format!("{f1},{f2}")])
+            .args([
+                "--fanouts",
+                &options
+                    .worker_fanouts
+                    .clone()
+                    .unwrap_or_else(|| format!("{f1},{f2}")),
+            ])
             .args(["--max-batch", &options.max_batch.to_string()])
             .args(["--executors", &options.executors.to_string()])
             .arg("--onnxruntime-lib")

@@ -26,6 +26,9 @@ pub(crate) enum ColumnKind {
     Bool,
     /// A fixed-size list of `size` primitives of `width` bytes.
     List { width: usize, size: usize },
+    /// A variable-size list (i32 offsets) of primitives of `width` bytes,
+    /// `children` of them in all rows together.
+    VarList { width: usize, children: usize },
 }
 
 /// Where a table's buffers are, relative to the start of its body.
@@ -34,8 +37,12 @@ pub(crate) struct BodyPlan {
     pub rows: usize,
     pub nodes: Vec<FieldNode>,
     pub buffers: Vec<arrow_ipc::Buffer>,
-    /// The values buffer of each column, in column order.
+    /// The values buffer of each column, in column order (a list's: its
+    /// child's values).
     pub values: Vec<Range<usize>>,
+    /// The offsets buffer of each variable-size list column (`None` for
+    /// the other kinds), in column order.
+    pub offsets: Vec<Option<Range<usize>>>,
     pub body_len: usize,
 }
 
@@ -49,6 +56,7 @@ pub(crate) fn plan_body(rows: usize, columns: &[ColumnKind]) -> Option<BodyPlan>
     let mut nodes = Vec::new();
     let mut buffers = Vec::new();
     let mut values = Vec::new();
+    let mut offsets = Vec::new();
     let mut offset = 0usize;
     let rows_i64 = i64::try_from(rows).ok()?;
     // An empty validity buffer (no nulls) precedes every values buffer.
@@ -64,6 +72,7 @@ pub(crate) fn plan_body(rows: usize, columns: &[ColumnKind]) -> Option<BodyPlan>
     };
     for column in columns {
         nodes.push(FieldNode::new(rows_i64, 0));
+        let mut list_offsets = None;
         let range = match *column {
             ColumnKind::Fixed { width } => {
                 place(rows.checked_mul(width)?, &mut offset, &mut buffers)?
@@ -76,14 +85,24 @@ pub(crate) fn plan_body(rows: usize, columns: &[ColumnKind]) -> Option<BodyPlan>
                 nodes.push(FieldNode::new(i64::try_from(children).ok()?, 0));
                 place(children.checked_mul(width)?, &mut offset, &mut buffers)?
             }
+            ColumnKind::VarList { width, children } => {
+                // The list's validity and i32 offsets, then the child's node
+                // and buffers.
+                let offsets_len = rows.checked_add(1)?.checked_mul(4)?;
+                list_offsets = Some(place(offsets_len, &mut offset, &mut buffers)?);
+                nodes.push(FieldNode::new(i64::try_from(children).ok()?, 0));
+                place(children.checked_mul(width)?, &mut offset, &mut buffers)?
+            }
         };
         values.push(range);
+        offsets.push(list_offsets);
     }
     Some(BodyPlan {
         rows,
         nodes,
         buffers,
         values,
+        offsets,
         body_len: offset,
     })
 }

@@ -1,4 +1,5 @@
-//! The response payload: two Arrow tables written in place into a slot.
+//! The response payload: Arrow tables written in place into a slot (two in
+//! the dense layout, three in the subgraph layout).
 //!
 //! - [`schema`]: the columns and their codes (versioned with the layout);
 //! - `ipc`: where each buffer goes, and the IPC messages that describe them;
@@ -13,5 +14,5 @@ pub mod writer;
 pub use reader::{decode, DecodeError, DecodeLimits, ResponseTables};
 pub use writer::{
     write_error, NodeColumns, PayloadShape, ResponseMeta, ResponseWriter, SchemaCache,
-    TargetColumns, WriteError,
+    SubgraphShape, TargetColumns, WriteError,
 };

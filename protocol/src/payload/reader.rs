@@ -9,14 +9,16 @@
 use std::mem::size_of;
 
 use arrow_array::cast::AsArray;
-use arrow_array::types::{Float32Type, Int32Type, UInt64Type, UInt8Type};
+use arrow_array::types::{Float32Type, Int32Type, Int64Type, UInt64Type, UInt8Type};
 use arrow_array::RecordBatch;
 use arrow_buffer::Buffer;
 use arrow_ipc::reader::FileDecoder;
 use arrow_ipc::{Block, MessageHeader, MetadataVersion};
 use arrow_schema::ArrowError;
 
-use crate::layout::{status, ResponseHeader, MAX_FANOUT, MAX_HOPS, MESSAGE_BYTES};
+use crate::layout::{
+    status, ResponseHeader, MAX_FANOUT, MAX_HOPS, MAX_SUBGRAPH_HOPS, MESSAGE_BYTES,
+};
 use crate::payload::schema::{target_status, tier, HOP2_CACHED};
 use crate::payload::writer::{CachedSchema, SchemaCache};
 
@@ -73,6 +75,8 @@ pub struct ResponseTables {
     pub header: ResponseHeader,
     pub nodes: RecordBatch,
     pub targets: RecordBatch,
+    /// The subgraph layout's edge table; `None` in the dense layout.
+    pub edges: Option<RecordBatch>,
 }
 
 /// Limits the reader enforces, from the segment the response came from.
@@ -118,13 +122,27 @@ pub fn decode(
             header.n_nodes, limits.max_nodes
         )));
     }
-    for hop in 0..MAX_HOPS {
-        let fanout = header.fanouts[hop];
-        if fanout == 0 || fanout > limits.max_fanouts[hop].min(MAX_FANOUT) {
+    let hops = header.hops as usize;
+    if hops > MAX_SUBGRAPH_HOPS {
+        return Err(malformed(format!(
+            "hops {hops}, more than {MAX_SUBGRAPH_HOPS}"
+        )));
+    }
+    // Dense: both hops; subgraph: each of its hops (hop 3 capped as hop 2),
+    // 0 past its last.
+    let all = [header.fanouts[0], header.fanouts[1], header.fanout3];
+    let used = if hops == 0 { MAX_HOPS } else { hops };
+    for (hop, &fanout) in all.iter().enumerate() {
+        let cap = limits.max_fanouts[hop.min(MAX_HOPS - 1)].min(MAX_FANOUT);
+        let ok = if hop < used {
+            (1..=cap).contains(&fanout)
+        } else {
+            fanout == 0
+        };
+        if !ok {
             return Err(malformed(format!(
-                "fanout {fanout} of hop {} outside 1..={}",
+                "fanout {fanout} of hop {} outside 1..={cap} (0 past the last of {used} hops)",
                 hop + 1,
-                limits.max_fanouts[hop]
             )));
         }
     }
@@ -135,18 +153,41 @@ pub fn decode(
         header.node_table_len,
         &schemas.node(limits.feature_dim),
     )?;
+    let target_schema = if hops == 0 {
+        schemas.target(header.fanouts)
+    } else {
+        schemas.subgraph_target()
+    };
     let targets = decode_table(
         area,
         "target",
         header.target_table_offset,
         header.target_table_len,
-        &schemas.target(header.fanouts),
+        &target_schema,
     )?;
+    let edges = if hops == 0 {
+        if header.edge_table_offset != 0 || header.edge_table_len != 0 {
+            return Err(malformed(
+                "a dense-layout response with an edge table".into(),
+            ));
+        }
+        None
+    } else {
+        Some(decode_table(
+            area,
+            "edge",
+            header.edge_table_offset,
+            header.edge_table_len,
+            &schemas.edges(),
+        )?)
+    };
     if nodes.num_rows() != header.n_nodes as usize
         || targets.num_rows() != header.n_targets as usize
+        || edges.as_ref().is_some_and(|e| e.num_rows() != 2)
     {
         return Err(malformed(format!(
-            "tables have {} nodes and {} targets, header says {} and {}",
+            "tables have {} nodes and {} targets, header says {} and {} (and an edge table \
+             has two rows)",
             nodes.num_rows(),
             targets.num_rows(),
             header.n_nodes,
@@ -157,6 +198,7 @@ pub fn decode(
         header,
         nodes,
         targets,
+        edges,
     };
     tables.validate_indices()?;
     Ok(tables)
@@ -409,6 +451,61 @@ impl ResponseTables {
         self.header.fanouts
     }
 
+    /// The subgraph layout's hops; 0 for the dense layout.
+    pub fn hops(&self) -> usize {
+        self.header.hops as usize
+    }
+
+    /// The subgraph layout's fanouts, one per hop; `None` for the dense
+    /// layout.
+    pub fn subgraph_fanouts(&self) -> Option<crate::request::SubgraphFanouts> {
+        let all = [
+            self.header.fanouts[0],
+            self.header.fanouts[1],
+            self.header.fanout3,
+        ];
+        match self.hops() {
+            0 => None,
+            hops => crate::request::SubgraphFanouts::new(&all[..hops]),
+        }
+    }
+
+    fn edge_list(&self, column: usize) -> &[i64] {
+        match &self.edges {
+            None => &[],
+            Some(edges) => edges
+                .column(column)
+                .as_list::<i32>()
+                .values()
+                .as_primitive::<Int64Type>()
+                .values(),
+        }
+    }
+
+    /// Subgraph layout: PyG's `edge_index`, `2 x n_edges` node-table rows,
+    /// row-major (row 0 the sampled neighbours, row 1 the nodes they were
+    /// sampled for), inside the slot; empty in the dense layout.
+    pub fn edge_index(&self) -> &[i64] {
+        self.edge_list(0)
+    }
+
+    /// Subgraph layout: the edges of the subgraph.
+    pub fn n_edges(&self) -> usize {
+        self.edge_index().len() / 2
+    }
+
+    /// Subgraph layout: PyG's `num_sampled_nodes`, `hops + 1` counts.
+    pub fn sampled_nodes(&self) -> &[i64] {
+        let counts = self.edge_list(1);
+        &counts[..counts.len().min(self.hops() + 1)]
+    }
+
+    /// Subgraph layout: PyG's `num_sampled_edges`, `hops` counts.
+    pub fn sampled_edges(&self) -> &[i64] {
+        let counts = self.edge_list(1);
+        &counts[counts.len().min(self.hops() + 1)..]
+    }
+
     pub fn node_ids(&self) -> &[u64] {
         self.nodes.column(0).as_primitive::<UInt64Type>().values()
     }
@@ -440,6 +537,9 @@ impl ResponseTables {
     }
 
     fn i32_column(&self, idx: usize) -> &[i32] {
+        if idx >= self.targets.num_columns() {
+            return &[];
+        }
         self.targets
             .column(idx)
             .as_primitive::<Int32Type>()
@@ -447,6 +547,9 @@ impl ResponseTables {
     }
 
     fn i32_list_column(&self, idx: usize) -> &[i32] {
+        if idx >= self.targets.num_columns() {
+            return &[];
+        }
         self.targets
             .column(idx)
             .as_fixed_size_list()
@@ -459,23 +562,79 @@ impl ResponseTables {
         self.i32_column(2)
     }
 
+    /// Dense layout (empty in the subgraph layout).
     pub fn hop1_counts(&self) -> &[i32] {
         self.i32_column(3)
     }
 
-    /// `n_targets x f1`.
+    /// Dense layout: `n_targets x f1` (empty in the subgraph layout).
     pub fn hop1_rows(&self) -> &[i32] {
         self.i32_list_column(4)
     }
 
-    /// `n_targets x f1`.
+    /// Dense layout: `n_targets x f1` (empty in the subgraph layout).
     pub fn hop2_counts(&self) -> &[i32] {
         self.i32_list_column(5)
     }
 
-    /// `n_targets x f1 x f2`.
+    /// Dense layout: `n_targets x f1 x f2` (empty in the subgraph layout).
     pub fn hop2_rows(&self) -> &[i32] {
         self.i32_list_column(6)
+    }
+
+    /// The edge table's lists hold exactly what docs/protocol.md says: two
+    /// equal halves of edge rows in range, and per-hop counts that add up to
+    /// the node and edge counts.
+    fn validate_edges(&self, edges: &RecordBatch) -> Result<(), DecodeError> {
+        let bad = |what: String| Err(DecodeError::Malformed(format!("edge table: {what}")));
+        let hops = self.hops() as i32;
+        let edge_offsets = edges.column(0).as_list::<i32>().offsets();
+        let count_offsets = edges.column(1).as_list::<i32>().offsets();
+        let n_values = self.edge_index().len() as i32;
+        if edge_offsets[..] != [0, n_values / 2, n_values] || n_values % 2 != 0 {
+            return bad(format!(
+                "edge_index offsets {:?}: expected two rows of equal length",
+                &edge_offsets[..]
+            ));
+        }
+        if count_offsets[..] != [0, hops + 1, 2 * hops + 1] {
+            return bad(format!(
+                "hop_counts offsets {:?}: expected {} node counts and {hops} edge counts",
+                &count_offsets[..],
+                hops + 1
+            ));
+        }
+        let n_nodes = self.n_nodes() as i64;
+        if self
+            .edge_index()
+            .iter()
+            .any(|&r| !(0..n_nodes).contains(&r))
+        {
+            return bad(format!(
+                "a row index is outside the node table of {n_nodes} rows"
+            ));
+        }
+        let (nodes, edges) = (self.sampled_nodes(), self.sampled_edges());
+        let sum = |counts: &[i64]| {
+            counts.iter().try_fold(0i64, |acc, &c| {
+                (c >= 0).then(|| acc.checked_add(c)).flatten()
+            })
+        };
+        if sum(nodes) != Some(n_nodes) || sum(edges) != Some(self.n_edges() as i64) {
+            return bad(format!(
+                "hop counts {nodes:?} and {edges:?} do not add up to {n_nodes} nodes and {} \
+                 edges",
+                self.n_edges()
+            ));
+        }
+        if nodes[0] > self.n_targets() as i64 {
+            return bad(format!(
+                "{} hop-0 nodes for {} targets",
+                nodes[0],
+                self.n_targets()
+            ));
+        }
+        Ok(())
     }
 
     /// Every row index in range, every count within its fanout, every code
@@ -508,6 +667,9 @@ impl ResponseTables {
                 "a hop-2 count is outside 0..={f2} (or -1, a cached hub)"
             ));
         }
+        if let Some(edges) = &self.edges {
+            self.validate_edges(edges)?;
+        }
         if self.target_status().iter().any(|&s| s > target_status::MAX) {
             return bad("unknown target status code".into());
         }
@@ -537,6 +699,7 @@ mod tests {
             n_nodes: 2,
             feature_dim: 4,
             fanouts: [1, 1],
+            subgraph: None,
         };
         let mut writer = ResponseWriter::new(area.as_slice_mut(), shape, &cache).unwrap();
         {

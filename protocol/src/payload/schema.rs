@@ -1,4 +1,5 @@
-//! The Arrow schema of a response: the node table and the target table.
+//! The Arrow schema of a response: the node table and the target table,
+//! and in the subgraph layout the edge table.
 //!
 //! Versioned with the segment layout ([`crate::layout::LAYOUT_VERSION`]); the
 //! same text is in `docs/protocol.md`.
@@ -41,6 +42,18 @@ pub mod target_columns {
     /// FixedSizeList<Int32, f1*f2>: node-table rows of the hop-2 neighbours,
     /// `f2` entries per hop-1 neighbour.
     pub const HOP2_ROWS: &str = "hop2_rows";
+}
+
+/// Edge table columns (subgraph layout), in order. The table has two rows.
+pub mod edge_columns {
+    /// List<Int64>: row 0 the sampled neighbours, row 1 the nodes they were
+    /// sampled for, as node-table rows; the child values buffer is PyG's
+    /// `edge_index`, a row-major `2 x n_edges` matrix.
+    pub const EDGE_INDEX: &str = "edge_index";
+    /// List<Int64>: row 0 the nodes first reached at each hop (hop 0: the
+    /// targets), PyG's `num_sampled_nodes` (`hops + 1` values); row 1 the
+    /// edges sampled at each hop, PyG's `num_sampled_edges` (`hops` values).
+    pub const HOP_COUNTS: &str = "hop_counts";
 }
 
 /// Codes of the node table's `tier` column.
@@ -88,6 +101,10 @@ fn fixed_list(item: DataType, size: u32) -> DataType {
     DataType::FixedSizeList(Arc::new(Field::new("item", item, false)), size as i32)
 }
 
+fn var_list(item: DataType) -> DataType {
+    DataType::List(Arc::new(Field::new("item", item, false)))
+}
+
 /// The node table's schema for feature rows of `feature_dim` f32.
 pub fn node_schema(feature_dim: u32) -> SchemaRef {
     with_version(vec![
@@ -125,5 +142,23 @@ pub fn target_schema(fanouts: [u32; MAX_HOPS]) -> SchemaRef {
             fixed_list(DataType::Int32, f1 * f2),
             false,
         ),
+    ])
+}
+
+/// The subgraph layout's target table: each target's id, status and row in
+/// the node table (its neighbourhood is in the edge table).
+pub fn subgraph_target_schema() -> SchemaRef {
+    with_version(vec![
+        Field::new(target_columns::TARGET_ID, DataType::UInt64, false),
+        Field::new(target_columns::STATUS, DataType::UInt8, false),
+        Field::new(target_columns::TARGET_ROW, DataType::Int32, false),
+    ])
+}
+
+/// The subgraph layout's edge table (two rows, see [`edge_columns`]).
+pub fn edge_schema() -> SchemaRef {
+    with_version(vec![
+        Field::new(edge_columns::EDGE_INDEX, var_list(DataType::Int64), false),
+        Field::new(edge_columns::HOP_COUNTS, var_list(DataType::Int64), false),
     ])
 }

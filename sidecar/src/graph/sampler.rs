@@ -5,7 +5,12 @@
 //! cost of a node is O(fanout) whatever its degree (a node with ten million
 //! edges costs what a node with twenty costs). Nodes are deduplicated across
 //! hops and across the targets of a batch: each unique node gets one row. The
-//! output has the shape of the response's target table.
+//! output has the shape of the response's target table: the dense layout's
+//! per-target hop arrays ([`Sampler::sample`]), or the subgraph layout's
+//! edge list, shaped as PyTorch Geometric's `NeighborLoader` shapes a batch
+//! ([`Sampler::sample_subgraph`]). Both draw a node's neighbours with the
+//! same [`pick`] from a generator seeded by the node's id, and share the
+//! row deduplication.
 
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
@@ -14,6 +19,7 @@ use rustc_hash::FxHashMap;
 use protocol::layout::MAX_HOPS;
 use protocol::payload::schema::{target_status, HOP2_CACHED};
 use protocol::payload::TargetColumns;
+use protocol::request::SubgraphFanouts;
 
 /// Read access to a graph by neighbour index.
 pub trait NeighborSource {
@@ -52,6 +58,36 @@ pub struct Sampled {
     /// Random draws and set probes spent: the sampling work, for tests that
     /// prove it does not grow with degree.
     pub work: u64,
+    /// The subgraph layout's hops and fanouts; `None`: the dense layout
+    /// (the hop arrays above), and the edge lists below are empty.
+    pub subgraph: Option<SubgraphFanouts>,
+    /// Subgraph layout: each edge's sampled neighbour (a node-table row),
+    /// in sampling order.
+    pub edge_src: Vec<i64>,
+    /// Subgraph layout: the node-table row each edge's neighbour was
+    /// sampled for (non-decreasing: hop by hop, node by node).
+    pub edge_dst: Vec<i64>,
+    /// Subgraph layout: the nodes first reached at each hop (hop 0: the
+    /// unique targets), `hops + 1` counts.
+    pub sampled_nodes: Vec<i64>,
+    /// Subgraph layout: the edges sampled at each hop, `hops` counts.
+    pub sampled_edges: Vec<i64>,
+}
+
+/// Why a subgraph was not sampled whole: it outgrew a response.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SubgraphTooLarge {
+    /// More unique nodes than `max_nodes`.
+    Nodes { max_nodes: usize },
+    /// More edges than `max_edges`.
+    Edges { max_edges: usize },
+}
+
+/// What a subgraph may hold before sampling stops (a response's bounds).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SubgraphLimits {
+    pub max_nodes: usize,
+    pub max_edges: usize,
 }
 
 impl Sampled {
@@ -59,8 +95,9 @@ impl Sampled {
         self.status.len()
     }
 
-    /// Copies the sample into a response's target table (the columns have
-    /// exactly these shapes; the node table's ids are [`Sampled::nodes`]).
+    /// Copies the sample into a response's target table, and in the
+    /// subgraph layout its edge table (the columns have exactly these
+    /// shapes; the node table's ids are [`Sampled::nodes`]).
     pub fn write_targets(&self, targets: &[u64], columns: &mut TargetColumns<'_>) {
         columns.target_id.copy_from_slice(targets);
         columns.status.copy_from_slice(&self.status);
@@ -69,6 +106,16 @@ impl Sampled {
         columns.hop1_rows.copy_from_slice(&self.hop1_rows);
         columns.hop2_count.copy_from_slice(&self.hop2_count);
         columns.hop2_rows.copy_from_slice(&self.hop2_rows);
+        let (src, dst) = columns.edge_index.split_at_mut(self.edge_src.len());
+        src.copy_from_slice(&self.edge_src);
+        dst.copy_from_slice(&self.edge_dst);
+        columns.sampled_nodes.copy_from_slice(&self.sampled_nodes);
+        columns.sampled_edges.copy_from_slice(&self.sampled_edges);
+    }
+
+    /// Edges of a subgraph-layout sample (0 in the dense layout).
+    pub fn n_edges(&self) -> usize {
+        self.edge_src.len()
     }
 }
 
@@ -123,6 +170,83 @@ impl Sampler {
         self.sample_hops(graph, targets, [1, 1], 0, false, &[], &mut |_, _| false)
     }
 
+    /// Samples the targets' neighbourhood as PyTorch Geometric's
+    /// `NeighborLoader(num_neighbors=fanouts, replace=False)` builds one
+    /// batch (docs/protocol.md, "The subgraph layout"): the unique targets
+    /// first, in request order; then hop by hop, for each node first
+    /// reached at the previous hop (in row order), up to that hop's fanout
+    /// of its neighbours, uniformly without replacement, each a row of its
+    /// own the first time it is reached and an edge (neighbour, node) every
+    /// time. A node is expanded once, at the hop that first reached it.
+    /// Its draws come from a generator seeded by `seed` and its id alone, so
+    /// they are those [`hop1_of`] makes at its fanout. Unknown targets get
+    /// a row, status `UNKNOWN_NODE` and no edges. Stops, with what
+    /// outgrew, once the nodes or edges pass `limits`.
+    pub fn sample_subgraph(
+        &mut self,
+        graph: &impl NeighborSource,
+        targets: &[u64],
+        fanouts: SubgraphFanouts,
+        seed: u64,
+        limits: SubgraphLimits,
+    ) -> Result<Sampled, SubgraphTooLarge> {
+        let n = targets.len();
+        let mut out = Sampled {
+            fanouts: [
+                fanouts.as_slice()[0],
+                fanouts.as_slice().get(1).copied().unwrap_or(0),
+            ],
+            nodes: Vec::with_capacity(n * 16),
+            status: Vec::with_capacity(n),
+            target_row: Vec::with_capacity(n),
+            subgraph: Some(fanouts),
+            ..Sampled::default()
+        };
+        self.rows.clear();
+        let rows = &mut self.rows;
+        for &target in targets {
+            out.target_row.push(row_in(rows, &mut out.nodes, target));
+            out.status.push(match graph.degree(target) {
+                None => target_status::UNKNOWN_NODE,
+                Some(_) => target_status::OK,
+            });
+        }
+        out.sampled_nodes.push(out.nodes.len() as i64);
+        let mut begin = 0;
+        for &fanout in fanouts.as_slice() {
+            let end = out.nodes.len();
+            let edges_before = out.edge_src.len();
+            for local in begin..end {
+                let node = out.nodes[local];
+                let Some(degree) = graph.degree(node) else {
+                    continue;
+                };
+                let mut rng = SmallRng::seed_from_u64(target_seed(seed, node));
+                out.work += pick(&mut rng, degree, fanout, &mut self.picked);
+                for &i in &self.picked {
+                    let row = row_in(rows, &mut out.nodes, graph.neighbor(node, i));
+                    out.edge_src.push(i64::from(row));
+                    out.edge_dst.push(local as i64);
+                }
+                if out.nodes.len() > limits.max_nodes {
+                    return Err(SubgraphTooLarge::Nodes {
+                        max_nodes: limits.max_nodes,
+                    });
+                }
+                if out.edge_src.len() > limits.max_edges {
+                    return Err(SubgraphTooLarge::Edges {
+                        max_edges: limits.max_edges,
+                    });
+                }
+            }
+            out.sampled_nodes.push((out.nodes.len() - end) as i64);
+            out.sampled_edges
+                .push((out.edge_src.len() - edges_before) as i64);
+            begin = end;
+        }
+        Ok(out)
+    }
+
     #[allow(clippy::too_many_arguments)]
     fn sample_hops(
         &mut self,
@@ -146,7 +270,7 @@ impl Sampler {
             hop1_rows: Vec::with_capacity(n * f1u),
             hop2_count: Vec::with_capacity(n * f1u),
             hop2_rows: Vec::with_capacity(n * f1u * f2u),
-            work: 0,
+            ..Sampled::default()
         };
         self.rows.clear();
         let rows = &mut self.rows;
@@ -203,6 +327,14 @@ impl Sampler {
         }
         out
     }
+}
+
+/// The row of `node` in `nodes`, appending it the first time.
+fn row_in(rows: &mut FxHashMap<u64, i32>, nodes: &mut Vec<u64>, node: u64) -> i32 {
+    *rows.entry(node).or_insert_with(|| {
+        nodes.push(node);
+        (nodes.len() - 1) as i32
+    })
 }
 
 /// The hop-1 sample of `node` at fanout `f1` as [`Sampler::sample`] draws

@@ -12,15 +12,15 @@ use std::borrow::Cow;
 use std::time::Instant;
 
 use protocol::layout::{status, MAX_HOPS};
-use protocol::payload::{NodeColumns, PayloadShape, TargetColumns};
-use protocol::request::{FreshSince, HubH1, Request};
+use protocol::payload::{NodeColumns, PayloadShape, SubgraphShape, TargetColumns};
+use protocol::request::{FreshSince, HubH1, Request, SubgraphFanouts};
 use protocol::server::ServeTicket;
 use rustc_hash::FxHashMap;
 
 use crate::features::{FeatureTiers, RowSource};
 use crate::graph::changes::Changes;
 use crate::graph::live::GraphSnapshot;
-use crate::graph::sampler::{hop1_of, Sampled, Sampler};
+use crate::graph::sampler::{hop1_of, Sampled, Sampler, SubgraphLimits, SubgraphTooLarge};
 use crate::serve::metrics::Metrics;
 use crate::serve::Knobs;
 use protocol::payload::schema::tier;
@@ -62,9 +62,16 @@ pub struct BatchContext<'a> {
 /// What one sampling pass is for: the fanouts, whether the requests want
 /// their targets' own rows only (`OWN_ROWS_ONLY`), and the point of the
 /// change clock unchanged targets are answered `FRESH` against
-/// (`FRESH_SINCE`), and the hubs the caller holds layer-1 embeddings of
-/// (`HUB_H1`).
-type SampleKey = ([u32; MAX_HOPS], bool, Option<FreshSince>, Option<HubH1>);
+/// (`FRESH_SINCE`), the hubs the caller holds layer-1 embeddings of
+/// (`HUB_H1`), and the subgraph layout's fanouts (such a request is a
+/// sampling pass of its own: a `NeighborLoader` batch is its targets').
+type SampleKey = (
+    [u32; MAX_HOPS],
+    bool,
+    Option<FreshSince>,
+    Option<HubH1>,
+    Option<SubgraphFanouts>,
+);
 
 struct Pending {
     ticket: ServeTicket,
@@ -131,16 +138,22 @@ impl BatchServer {
                     *fanout = knob;
                 }
             }
+            if request.fanout3_defaulted {
+                // Hop 3 of a subgraph request follows hop 2's setting.
+                request.fanout3 = knob_fanouts[1];
+            }
             if request.own_rows_only {
                 // The targets alone: the smallest hop arrays (every count 0).
                 request.fanouts = [1, 1];
             }
             // The padded hop arrays alone (4 bytes per entry of hop1_rows,
             // hop2_count and hop2_rows) must fit the response area: checked
-            // before the sampler sets memory aside for them.
+            // before the sampler sets memory aside for them. (A subgraph's
+            // size is the sample's own: the sampler stops where it outgrows
+            // the response.)
             let [f1, f2] = request.fanouts.map(u64::from);
             let hop_bytes = request.targets.len() as u64 * f1 * (2 + f2) * 4;
-            if hop_bytes > ctx.response_bytes {
+            if request.hops == 0 && hop_bytes > ctx.response_bytes {
                 m.too_large.inc();
                 ticket.respond_error(
                     status::TOO_LARGE,
@@ -186,8 +199,19 @@ impl BatchServer {
             let hub_h1 = request
                 .hub_h1
                 .filter(|h| h.since.clock == ctx.changes.clock() && !request.own_rows_only);
-            let key = (request.fanouts, request.own_rows_only, fresh, hub_h1);
-            let group = match groups.iter().position(|(k, _)| *k == key) {
+            let subgraph = request.subgraph();
+            let key = (
+                request.fanouts,
+                request.own_rows_only,
+                fresh,
+                hub_h1,
+                subgraph,
+            );
+            let shared = subgraph
+                .is_none()
+                .then(|| groups.iter().position(|(k, _)| *k == key))
+                .flatten();
+            let group = match shared {
                 Some(i) => i,
                 None => {
                     groups.push((key, Vec::new()));
@@ -208,11 +232,29 @@ impl BatchServer {
         }
         let sampling = Instant::now();
         let mut samples: Vec<Sampled> = Vec::with_capacity(groups.len());
-        for ((fanouts, own_rows_only, fresh, hub_h1), pending) in &mut groups {
+        for ((fanouts, own_rows_only, fresh, hub_h1, subgraph), pending) in &mut groups {
             let mut targets = Vec::new();
             for p in pending.iter_mut() {
                 p.first_target = targets.len();
                 targets.extend_from_slice(&p.request.targets);
+            }
+            if let Some(subgraph) = subgraph {
+                match self.sampler.sample_subgraph(
+                    ctx.graph,
+                    &targets,
+                    *subgraph,
+                    SAMPLING_SEED,
+                    subgraph_limits(ctx),
+                ) {
+                    Ok(sampled) => samples.push(sampled),
+                    Err(outgrew) => {
+                        for p in pending.drain(..) {
+                            respond_outgrew(ctx, p, outgrew);
+                        }
+                        samples.push(Sampled::default());
+                    }
+                }
+                continue;
             }
             if *own_rows_only {
                 samples.push(self.sampler.own_rows(ctx.graph, &targets));
@@ -245,6 +287,16 @@ impl BatchServer {
         }
 
         m.stage("sample").observe(sampling.elapsed().as_secs_f64());
+        // Subgraph requests refused as too large left their groups empty.
+        let (groups, samples): (Vec<_>, Vec<_>) = groups
+            .into_iter()
+            .zip(samples)
+            .filter(|((_, pending), _)| !pending.is_empty())
+            .unzip();
+        let mut groups = groups;
+        if groups.is_empty() {
+            return;
+        }
 
         // A lone request: fetch straight into its slot.
         if groups.len() == 1 && groups[0].1.len() == 1 {
@@ -360,11 +412,21 @@ impl BatchServer {
             }
         };
         let sampling = Instant::now();
-        let sampled = if request.own_rows_only {
-            self.sampler.own_rows(&graph, &request.targets)
-        } else {
-            self.sampler
-                .sample(&graph, &request.targets, request.fanouts, SAMPLING_SEED)
+        let sampled = match request.subgraph() {
+            Some(subgraph) => match self.sampler.sample_subgraph(
+                &graph,
+                &request.targets,
+                subgraph,
+                SAMPLING_SEED,
+                subgraph_limits(ctx),
+            ) {
+                Ok(sampled) => sampled,
+                Err(outgrew) => return respond_outgrew(ctx, pending, outgrew),
+            },
+            None if request.own_rows_only => self.sampler.own_rows(&graph, &request.targets),
+            None => self
+                .sampler
+                .sample(&graph, &request.targets, request.fanouts, SAMPLING_SEED),
         };
         m.stage("sample").observe(sampling.elapsed().as_secs_f64());
         let row = node.features.clone();
@@ -406,11 +468,16 @@ impl BatchServer {
         let n = pending.request.targets.len();
         let t0 = pending.first_target;
         let whole = t0 == 0 && n == sampled.n_targets();
+        // A subgraph is its request's own sampling pass: written whole.
+        debug_assert!(sampled.subgraph.is_none() || whole);
         // Local rows: the group's rows this request references, in order of
         // first reference (identity when the request is the whole group).
         let mut local: Vec<u32> = Vec::new();
-        let mut cols = SampleSlice::of(sampled, t0, n, f1, f2);
-        if !whole {
+        let mut cols = sampled
+            .subgraph
+            .is_none()
+            .then(|| SampleSlice::of(sampled, t0, n, f1, f2));
+        if let (false, Some(cols)) = (whole, cols.as_mut()) {
             self.remap.clear();
             self.remap.resize(sampled.nodes.len(), -1);
             let remap = &mut self.remap;
@@ -453,6 +520,10 @@ impl BatchServer {
             n_nodes: n_nodes as u32,
             feature_dim: dim as u32,
             fanouts: sampled.fanouts,
+            subgraph: sampled.subgraph.map(|fanouts| SubgraphShape {
+                fanouts,
+                n_edges: sampled.n_edges() as u32,
+            }),
         };
         let meta = protocol::payload::ResponseMeta {
             graph_version: ctx.graph.graph_version(),
@@ -465,7 +536,10 @@ impl BatchServer {
         let written = pending
             .ticket
             .respond(request_id, meta, shape, |nodes, out| {
-                cols.write(targets, out);
+                match &cols {
+                    Some(cols) => cols.write(targets, out),
+                    None => sampled.write_targets(targets, out),
+                }
                 match batch {
                     None => {
                         nodes.node_id.copy_from_slice(&sampled.nodes);
@@ -498,6 +572,39 @@ impl BatchServer {
             ctx.metrics.deadline_misses.inc();
         }
     }
+}
+
+/// How large a subgraph may grow before it cannot be a response: the
+/// segment's `max_nodes`, and as many edges as the response area holds
+/// (16 bytes each).
+fn subgraph_limits(ctx: &BatchContext<'_>) -> SubgraphLimits {
+    SubgraphLimits {
+        max_nodes: ctx.max_nodes as usize,
+        max_edges: (ctx.response_bytes / 16) as usize,
+    }
+}
+
+/// Answers a subgraph request whose sample outgrew a response TOO_LARGE,
+/// naming the limit and the fix.
+fn respond_outgrew(ctx: &BatchContext<'_>, pending: Pending, outgrew: SubgraphTooLarge) {
+    ctx.metrics.too_large.inc();
+    let what = match outgrew {
+        SubgraphTooLarge::Nodes { max_nodes } => format!(
+            "the sampled subgraph has more than the segment's max_nodes {max_nodes} nodes: send \
+             fewer targets per request, lower the fanouts, or raise the sidecar's max_nodes \
+             (--max-nodes)"
+        ),
+        SubgraphTooLarge::Edges { max_edges } => format!(
+            "the sampled subgraph has more than the {max_edges} edges the slot's {} byte response \
+             area holds: send fewer targets per request, lower the fanouts, or raise the \
+             sidecar's response_mib (--response-mib)",
+            ctx.response_bytes
+        ),
+    };
+    let request_id = pending.request.request_id;
+    pending
+        .ticket
+        .respond_error(status::TOO_LARGE, request_id, &what);
 }
 
 /// The batch's fetched rows and where each group row lives in them.
