@@ -21,12 +21,21 @@ pub struct Beside {
 
 impl Beside {
     pub fn start(stack: &Stack, extra: &[String]) -> anyhow::Result<Self> {
+        Self::start_model(stack, &stack.model, extra)
+    }
+
+    /// As [`Beside::start`], serving `model` instead of the stack's.
+    pub fn start_model(
+        stack: &Stack,
+        model: &std::path::Path,
+        extra: &[String],
+    ) -> anyhow::Result<Self> {
         let grpc = format!("127.0.0.1:{}", free_port());
         let http = format!("127.0.0.1:{}", free_port());
         let child = Command::new(workspace_bin("gnn-worker"))
             .arg("serve")
             .arg("--model")
-            .arg(&stack.model)
+            .arg(model)
             .args(["--shm-name", &stack.shm_name, "--grpc", &grpc])
             .args(["--http", &http, "--fanouts", "20,10", "--executors", "2"])
             .arg("--onnxruntime-lib")

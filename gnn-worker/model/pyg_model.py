@@ -20,7 +20,9 @@ writes into the model directory:
   model.onnx            the model as torch.onnx.export wrote it (TorchScript
                         exporter, opset 18, dynamic node and edge counts):
                         inputs x [n, D] f32 and edge_index [2, e] int64,
-                        output `out` [n, C] (one row per node)
+                        output `out` [n, C] (one row per node); a max or min
+                        scatter the exporter got wrong is corrected
+                        (`fix_scatter_extrema`)
   manifest.json         layout "subgraph", feature dim, fanouts (one per
                         hop), graph version, opset, output kind and width,
                         what the check measured, offline accuracy
@@ -29,6 +31,7 @@ writes into the model directory:
   reference/subgraph.json + reference/*.bin: one sampled subgraph (node ids,
                         x, edge_index) and the outputs onnxruntime computed
                         on it in Python
+  weights.safetensors   (train only) the trained state_dict, PyG's names
 
 The subgraphs are laid out as the sidecar lays out a subgraph-layout
 response and as NeighborLoader(num_neighbors=fanouts, replace=False) builds
@@ -139,6 +142,8 @@ def sample_subgraph(indptr, indices, targets, fanouts, rng=None):
 
 
 def torch_modules():
+    import warnings
+    warnings.filterwarnings("ignore", category=FutureWarning)
     import torch
     import torch.nn.functional as F
     from torch_geometric.nn import GATConv, GCNConv, GINConv, SAGEConv
@@ -281,6 +286,75 @@ def export_onnx(model, path, x_example, edge_example):
                           path, dynamo=False, opset_version=OPSET, input_names=INPUTS,
                           output_names=[OUTPUT],
                           dynamic_axes={"x": {0: "n"}, "edge_index": {1: "e"}, OUTPUT: {0: "n"}})
+
+
+def _zeros_source(name, producers):
+    """Whether tensor `name` is all zeros by construction: a ConstantOfShape
+    of 0, possibly passed on by Identity, Reshape or both branches of an If
+    (how the TorchScript exporter hands scatter_reduce its `new_zeros`)."""
+    from onnx import numpy_helper
+    node = producers.get(name)
+    if node is None:
+        return False
+    if node.op_type == "ConstantOfShape":
+        value = [a for a in node.attribute if a.name == "value"]
+        return not value or not numpy_helper.to_array(value[0].t).any()
+    if node.op_type in ("Identity", "Reshape"):
+        return _zeros_source(node.input[0], producers)
+    if node.op_type == "If":
+        k = list(node.output).index(name)
+        for branch in node.attribute:
+            graph = branch.g
+            inner = {o: n for n in graph.node for o in n.output}
+            out = inner.get(graph.output[k].name)
+            if out is None or out.op_type not in ("Identity", "Reshape"):
+                return False
+            if not _zeros_source(out.input[0], producers):
+                return False
+        return True
+    return False
+
+
+def fix_scatter_extrema(path):
+    """The TorchScript exporter turns PyG's `scatter(..., reduce="max")`
+    (torch's scatter_reduce with include_self=False on a zeros tensor) into
+    ScatterElements(zeros, ..., reduction="max"): the maximum of 0 and the
+    messages, wrong when all of a node's messages are negative (attention
+    softmax then underflows; max aggregation answers 0). Rewrites each such
+    scatter to start from -inf (+inf for min) and to keep 0 where no message
+    arrived, PyG's semantics, in place. Returns the scatters fixed."""
+    import onnx
+    from onnx import TensorProto, helper
+    model = onnx.load(path)
+    graph = model.graph
+    producers = {o: n for n in graph.node for o in n.output}
+    fixed, nodes = 0, []
+    for node in graph.node:
+        reduction = [a.s for a in node.attribute if a.name == "reduction"]
+        if (node.op_type != "ScatterElements" or reduction not in ([b"max"], [b"min"])
+                or not _zeros_source(node.input[0], producers)):
+            nodes.append(node)
+            continue
+        fixed += 1
+        out, data = node.output[0], node.input[0]
+        at = f"{out}/include_self_false"
+        sign = -1.0 if reduction == [b"max"] else 1.0
+        nodes.append(helper.make_node(
+            "Constant", [], [f"{at}/inf"],
+            value=helper.make_tensor(f"{at}/inf", TensorProto.FLOAT, [], [sign * np.inf])))
+        nodes.append(helper.make_node("Add", [data, f"{at}/inf"], [f"{at}/start"]))
+        scatter = onnx.NodeProto()
+        scatter.CopyFrom(node)
+        scatter.input[0], scatter.output[0] = f"{at}/start", f"{at}/reduced"
+        nodes.append(scatter)
+        nodes.append(helper.make_node("IsInf", [f"{at}/reduced"], [f"{at}/empty"],
+                                      detect_positive=int(sign > 0), detect_negative=int(sign < 0)))
+        nodes.append(helper.make_node("Where", [f"{at}/empty", data, f"{at}/reduced"], [out]))
+    if fixed:
+        del graph.node[:]
+        graph.node.extend(nodes)
+        onnx.save(model, path)
+    return fixed
 
 
 def session_of(path):
@@ -438,6 +512,7 @@ def export(model, *, dataset, out, fanouts, output="classes", graph_version=1, a
     if sub.shape[1] < 2:
         n_id, sub = np.arange(min(n, 8)), edge_index[:, :8] % min(n, 8)
     export_onnx(model, path, np.ascontiguousarray(x[n_id]), sub)
+    extrema_fixed = fix_scatter_extrema(path)
     session = session_of(path)
     names = [i.name for i in session.get_inputs()]
     if names != INPUTS:
@@ -464,7 +539,7 @@ def export(model, *, dataset, out, fanouts, output="classes", graph_version=1, a
         "outputs": [OUTPUT],
         "exporter": {"torch": torch.__version__.split("+")[0],
                      "torch_geometric": torch_geometric.__version__, "onnx_exporter": "torchscript",
-                     "model_sha256": file_sha256(path)},
+                     "scatter_extrema_fixed": extrema_fixed, "model_sha256": file_sha256(path)},
         "check": dict(check, seconds=round(time.time() - started, 1), tolerance=TOLERANCE),
     }
     if output == "classes":
@@ -563,6 +638,11 @@ def cmd_train(args):
                       output=args.output, graph_version=args.graph_version,
                       architecture=f"pyg-{args.arch}-{args.layers}layer", seed=args.seed,
                       extra=extra)
+    # The trained weights as PyG names them (sage.py import-pyg reads a
+    # SAGEConv model's: the same weights in the dense layout).
+    from safetensors.torch import save_file
+    save_file({k: v.detach().contiguous() for k, v in net.state_dict().items()},
+              os.path.join(args.out, "weights.safetensors"))
     print(json.dumps({"out": args.out, "arch": args.arch, "layers": args.layers,
                       "test_accuracy": test_acc, "val_accuracy": val, "best_epoch": epoch,
                       "check_max_rel_diff": manifest["check"]["max_rel_diff"],

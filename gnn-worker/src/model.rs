@@ -721,14 +721,47 @@ impl Model {
                 "a dense-layout response for a subgraph-layout model".into(),
             ));
         }
+        let inputs = bind_subgraph_inputs(tables).map_err(|e| ModelError::Run(e.to_string()))?;
+        let values = self.run_subgraph_inputs(inputs, tables.n_nodes(), tables.n_edges())?;
+        let width = self.manifest.output_width() as usize;
+        let mut rows = Vec::with_capacity(tables.n_targets() * width);
+        for &row in tables.target_rows() {
+            let row = row as usize;
+            rows.extend_from_slice(&values[row * width..(row + 1) * width]);
+        }
+        Ok(rows)
+    }
+
+    /// Runs a subgraph-layout model on `x` (`n x feature_dim`) and
+    /// `edge_index` (`2 x e`, row-major) held anywhere (the tooling's
+    /// reference subgraph, for instance); returns every node's output row.
+    pub fn run_subgraph_slices(
+        &mut self,
+        x: &[f32],
+        edge_index: &[i64],
+    ) -> Result<Vec<f32>, ModelError> {
         let run = |e: ort::Error| ModelError::Run(e.to_string());
-        let n = tables.n_nodes();
-        let [x, edge_index] = bind_subgraph_inputs(tables).map_err(run)?;
+        let dim = self.manifest.feature_dim as usize;
+        let (n, e) = (x.len() / dim.max(1), edge_index.len() / 2);
+        let inputs = [
+            Input::F32(TensorRef::from_array_view(([n, dim], x)).map_err(run)?),
+            Input::I64(TensorRef::from_array_view(([2, e], edge_index)).map_err(run)?),
+        ];
+        self.run_subgraph_inputs(inputs, n, e)
+    }
+
+    /// Every node's output row, checked to be `n x width`.
+    fn run_subgraph_inputs(
+        &mut self,
+        [x, edge_index]: [Input<'_>; 2],
+        n: usize,
+        n_edges: usize,
+    ) -> Result<Vec<f32>, ModelError> {
         let outputs = self
             .session
             .run(ort::inputs!["x" => x, "edge_index" => edge_index])
             .map_err(|e| {
-                let hint = if tables.n_edges() == 0 {
+                let hint = if n_edges == 0 {
                     " (on a subgraph with no edges: the targets have no neighbours; some \
                      exported models cannot run on an empty edge_index)"
                 } else {
@@ -739,18 +772,13 @@ impl Model {
         let width = self.manifest.output_width() as usize;
         let (shape, values) = outputs[self.manifest.outputs[0].as_str()]
             .try_extract_tensor::<f32>()
-            .map_err(run)?;
+            .map_err(|e| ModelError::Run(e.to_string()))?;
         if shape.len() != 2 || shape[0] as usize != n || shape[1] as usize != width {
             return Err(ModelError::Run(format!(
                 "output shape {shape:?}, expected [{n}, {width}] (a row per node)"
             )));
         }
-        let mut rows = Vec::with_capacity(tables.n_targets() * width);
-        for &row in tables.target_rows() {
-            let row = row as usize;
-            rows.extend_from_slice(&values[row * width..(row + 1) * width]);
-        }
-        Ok(rows)
+        Ok(values.to_vec())
     }
 
     /// Whether the model exports the targets' layer-1 embedding (`h1`).

@@ -75,12 +75,12 @@ impl HandClient {
             .expect("a free slot");
         let g = self.segment.geometry();
         let at = g.slot_data_offset as usize + slot_idx * g.slot_stride as usize;
-        let mut request = [0u8; 72];
+        let mut request = [0u8; 136];
         request[0..8].copy_from_slice(&request_id.to_le_bytes());
         request[16..20].copy_from_slice(&1u32.to_le_bytes());
-        request[64..72].copy_from_slice(&7u64.to_le_bytes());
+        request[128..136].copy_from_slice(&7u64.to_le_bytes());
         // SAFETY: the slot is CLAIMED by this test, which gives it the request
-        // area; `at + 72` lies inside the mapping (validated geometry).
+        // area; `at + 136` lies inside the mapping (validated geometry).
         unsafe {
             std::ptr::copy_nonoverlapping(
                 request.as_ptr(),

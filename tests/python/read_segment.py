@@ -35,7 +35,7 @@ def main() -> int:
         return struct.unpack_from("<Q", mm, off)[0]
 
     assert mm[0:8] == MAGIC, "magic"
-    assert u32(8) == 2, "layout version"
+    assert u32(8) == 3, "layout version"
     assert u64(16) == size, "segment size"
     # Geometry at 720, feature schema at 784.
     slot_count, max_targets = u32(720), u32(724)
@@ -50,6 +50,8 @@ def main() -> int:
     status, n_targets, n_nodes = u32(area), u32(area + 4), u32(area + 8)
     node_off, node_len = u64(area + 40), u64(area + 48)
     target_off, target_len = u64(area + 56), u64(area + 64)
+    # The subgraph layout (hops 1 to 3) adds the edge table.
+    edge_off, edge_len, hops = u64(area + 104), u64(area + 112), u32(area + 120)
 
     base = pa.py_buffer(mm)
     lo, hi = base.address, base.address + base.size
@@ -63,6 +65,7 @@ def main() -> int:
 
     nodes = read_table(node_off, node_len)
     targets = read_table(target_off, target_len)
+    edges = read_table(edge_off, edge_len) if hops else None
 
     inside, outside, misaligned = 0, 0, 0
 
@@ -78,7 +81,7 @@ def main() -> int:
             if buf.address % 64:
                 misaligned += 1
 
-    for column in nodes.columns + targets.columns:
+    for column in nodes.columns + targets.columns + (edges.columns if edges else []):
         check(column)
 
     features = nodes.column("features").values.to_numpy(zero_copy_only=True)
@@ -94,15 +97,25 @@ def main() -> int:
         "fallback": nodes.column("fallback").to_pylist(),
         "target_ids": targets.column("target_id").to_pylist(),
         "target_row": targets.column("target_row").to_pylist(),
-        "hop1_rows": targets.column("hop1_rows").values.to_pylist(),
-        "hop2_rows": targets.column("hop2_rows").values.to_pylist(),
+        "hops": hops,
         "buffers_inside": inside,
         "buffers_outside": outside,
         "buffers_misaligned": misaligned,
         "features_inside": lo <= features.ctypes.data < hi,
         "layout_version": nodes.schema.metadata[b"gnn.layout_version"].decode(),
     }
-    del nodes, targets, features, base
+    if hops:
+        # PyG's edge_index: the list column's values, a 2 x E int64 matrix.
+        edge_index = edges.column("edge_index").values.to_numpy(zero_copy_only=True)
+        out["edge_index"] = edge_index.reshape(2, -1).tolist()
+        out["edge_index_inside"] = lo <= edge_index.ctypes.data < hi or edge_index.size == 0
+        counts = edges.column("hop_counts").to_pylist()
+        out["num_sampled_nodes"], out["num_sampled_edges"] = counts[0], counts[1]
+        del edge_index
+    else:
+        out["hop1_rows"] = targets.column("hop1_rows").values.to_pylist()
+        out["hop2_rows"] = targets.column("hop2_rows").values.to_pylist()
+    del nodes, targets, edges, features, base
     json.dump(out, sys.stdout)
     return 0
 

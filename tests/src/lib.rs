@@ -66,6 +66,10 @@ pub fn answer_synthetic(ticket: ServeTicket, feature_dim: u32, full: bool) {
         );
         return;
     }
+    if let Some(fanouts) = request.subgraph() {
+        answer_synthetic_subgraph(ticket, &request, fanouts, feature_dim, full);
+        return;
+    }
     let [f1, f2] = request.fanouts;
     // Assign node-table rows: targets first, then neighbours, deduplicated.
     let mut rows: HashMap<u64, i32> = HashMap::new();
@@ -112,22 +116,7 @@ pub fn answer_synthetic(ticket: ServeTicket, feature_dim: u32, full: bool) {
     let dim = feature_dim as usize;
     let (f1, f2) = (f1 as usize, f2 as usize);
     let result = ticket.respond(request.request_id, 7, shape, |nodes, targets| {
-        for (row, &node) in order.iter().enumerate() {
-            nodes.node_id[row] = node;
-            let unknown = node >= UNKNOWN_FROM;
-            for (j, value) in nodes.features[row * dim..(row + 1) * dim]
-                .iter_mut()
-                .enumerate()
-            {
-                *value = if unknown { 0.0 } else { feature(node, j) };
-            }
-            nodes.tier[row] = if unknown {
-                tier::DEFAULT
-            } else {
-                (node % 3) as u8
-            };
-            nodes.set_fallback(row, unknown);
-        }
+        fill_synthetic_nodes(nodes, &order, dim);
         for (t, plan) in plans.iter().enumerate() {
             let target = request.targets[t];
             targets.target_id[t] = target;
@@ -156,6 +145,157 @@ pub fn answer_synthetic(ticket: ServeTicket, feature_dim: u32, full: bool) {
     if let Err(e) = result {
         tracing::warn!(error = %e, "response did not fit");
     }
+}
+
+/// The synthetic graph's subgraph-layout sample (docs/protocol.md, "The
+/// subgraph layout"): node ids in row order, the edges (rows), and the
+/// nodes and edges of each hop.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SyntheticSubgraph {
+    pub nodes: Vec<u64>,
+    pub target_rows: Vec<i32>,
+    pub src: Vec<i64>,
+    pub dst: Vec<i64>,
+    pub sampled_nodes: Vec<i64>,
+    pub sampled_edges: Vec<i64>,
+}
+
+/// Samples the synthetic graph as the sidecar samples a subgraph: unique
+/// targets first, then each hop's new nodes, an edge per neighbour, each
+/// node expanded once at the hop that reached it.
+pub fn synthetic_subgraph(targets: &[u64], fanouts: &[u32], full: bool) -> SyntheticSubgraph {
+    let mut rows: HashMap<u64, i64> = HashMap::new();
+    let mut out = SyntheticSubgraph {
+        nodes: Vec::new(),
+        target_rows: Vec::new(),
+        src: Vec::new(),
+        dst: Vec::new(),
+        sampled_nodes: Vec::new(),
+        sampled_edges: Vec::new(),
+    };
+    let row_of = |rows: &mut HashMap<u64, i64>, nodes: &mut Vec<u64>, node: u64| -> i64 {
+        *rows.entry(node).or_insert_with(|| {
+            nodes.push(node);
+            nodes.len() as i64 - 1
+        })
+    };
+    for &t in targets {
+        let row = row_of(&mut rows, &mut out.nodes, t);
+        out.target_rows.push(row as i32);
+    }
+    out.sampled_nodes.push(out.nodes.len() as i64);
+    let mut begin = 0;
+    for &fanout in fanouts {
+        let (end, edges) = (out.nodes.len(), out.src.len());
+        for local in begin..end {
+            let node = out.nodes[local];
+            if node >= UNKNOWN_FROM {
+                continue;
+            }
+            for i in 0..neighbour_count(node, fanout, full) {
+                let row = row_of(&mut rows, &mut out.nodes, neighbour(node, i));
+                out.src.push(row);
+                out.dst.push(local as i64);
+            }
+        }
+        out.sampled_nodes.push((out.nodes.len() - end) as i64);
+        out.sampled_edges.push((out.src.len() - edges) as i64);
+        begin = end;
+    }
+    out
+}
+
+/// Answers a subgraph-layout request with the synthetic graph's sample.
+fn answer_synthetic_subgraph(
+    ticket: ServeTicket,
+    request: &protocol::request::Request,
+    fanouts: protocol::request::SubgraphFanouts,
+    feature_dim: u32,
+    full: bool,
+) {
+    let sample = synthetic_subgraph(&request.targets, fanouts.as_slice(), full);
+    let shape = PayloadShape {
+        n_targets: request.targets.len() as u32,
+        n_nodes: sample.nodes.len() as u32,
+        feature_dim,
+        fanouts: [0, 0],
+        subgraph: Some(protocol::payload::SubgraphShape {
+            fanouts,
+            n_edges: sample.src.len() as u32,
+        }),
+    };
+    let dim = feature_dim as usize;
+    let result = ticket.respond(request.request_id, 7, shape, |nodes, targets| {
+        fill_synthetic_nodes(nodes, &sample.nodes, dim);
+        for (t, &target) in request.targets.iter().enumerate() {
+            targets.target_id[t] = target;
+            targets.status[t] = if target >= UNKNOWN_FROM {
+                target_status::UNKNOWN_NODE
+            } else {
+                target_status::OK
+            };
+            targets.target_row[t] = sample.target_rows[t];
+        }
+        let (src, dst) = targets.edge_index.split_at_mut(sample.src.len());
+        src.copy_from_slice(&sample.src);
+        dst.copy_from_slice(&sample.dst);
+        targets.sampled_nodes.copy_from_slice(&sample.sampled_nodes);
+        targets.sampled_edges.copy_from_slice(&sample.sampled_edges);
+    });
+    if let Err(e) = result {
+        tracing::warn!(error = %e, "response did not fit");
+    }
+}
+
+/// The node table of a synthetic response: ids, features, tiers, fallbacks.
+fn fill_synthetic_nodes(nodes: &mut NodeColumns<'_>, order: &[u64], dim: usize) {
+    for (row, &node) in order.iter().enumerate() {
+        nodes.node_id[row] = node;
+        let unknown = node >= UNKNOWN_FROM;
+        for (j, value) in nodes.features[row * dim..(row + 1) * dim]
+            .iter_mut()
+            .enumerate()
+        {
+            *value = if unknown { 0.0 } else { feature(node, j) };
+        }
+        nodes.tier[row] = if unknown {
+            tier::DEFAULT
+        } else {
+            (node % 3) as u8
+        };
+        nodes.set_fallback(row, unknown);
+    }
+}
+
+/// Checks every value of a synthetic subgraph-layout response.
+pub fn verify_subgraph_response(
+    tables: &ResponseTables,
+    targets: &[u64],
+    feature_dim: usize,
+    fanouts: &[u32],
+    full: bool,
+) -> anyhow::Result<()> {
+    let want = synthetic_subgraph(targets, fanouts, full);
+    ensure!(tables.hops() == fanouts.len(), "hops");
+    ensure!(tables.target_ids() == targets, "target ids differ");
+    ensure!(tables.node_ids() == want.nodes, "node ids or their order");
+    ensure!(tables.target_rows() == want.target_rows, "target rows");
+    let (src, dst) = tables.edge_index().split_at(tables.n_edges());
+    ensure!(src == want.src && dst == want.dst, "edge_index");
+    ensure!(tables.sampled_nodes() == want.sampled_nodes, "node counts");
+    ensure!(tables.sampled_edges() == want.sampled_edges, "edge counts");
+    for (row, &node) in want.nodes.iter().enumerate() {
+        let unknown = node >= UNKNOWN_FROM;
+        ensure!(tables.fallback(row) == unknown, "fallback of row {row}");
+        for j in 0..feature_dim {
+            let expected = if unknown { 0.0 } else { feature(node, j) };
+            ensure!(
+                tables.features()[row * feature_dim + j] == expected,
+                "feature {j} of node {node}"
+            );
+        }
+    }
+    Ok(())
 }
 
 /// Checks every value of a synthetic response against the pure functions

@@ -200,6 +200,47 @@ pub fn derived_model_for(dir: &Path, command: &str) -> PathBuf {
     out
 }
 
+/// A PyTorch Geometric model trained and exported by
+/// `gnn-worker/model/pyg_model.py train --dataset <dir> <args>`, once per
+/// test process and argument list (the subgraph layout, docs/model.md).
+pub fn pyg_model_for(dir: &Path, args: &[&str]) -> PathBuf {
+    static MODELS: Mutex<Option<HashMap<(PathBuf, Vec<String>), PathBuf>>> = Mutex::new(None);
+    let key = (
+        dir.to_path_buf(),
+        args.iter().map(|a| a.to_string()).collect::<Vec<_>>(),
+    );
+    if let Some(path) = MODELS
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .get_or_insert_with(HashMap::new)
+        .get(&key)
+    {
+        return path.clone();
+    }
+    // Trained outside the lock: models of other arguments train at once.
+    let out = process_dir("pyg-model");
+    let status = Command::new(python())
+        .arg(repo_root().join("gnn-worker/model/pyg_model.py"))
+        .args(["train", "--dataset"])
+        .arg(dir)
+        .arg("--out")
+        .arg(&out)
+        .args(args)
+        .status()
+        .expect("running the PyG model tooling");
+    assert!(
+        status.success(),
+        "pyg_model.py train {args:?} for {} failed",
+        dir.display()
+    );
+    MODELS
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .get_or_insert_with(HashMap::new)
+        .insert(key, out.clone());
+    out
+}
+
 /// The demo dataset the repository ships (`demo/data/cora.tar.gz`),
 /// extracted once per test process into a temporary directory.
 pub fn shipped_cora() -> PathBuf {

@@ -696,11 +696,11 @@ fn expired_and_invalid_requests_get_their_status_with_their_id() {
             u64::from_le_bytes(header[24..32].try_into().unwrap()),
         )
     };
-    let mut request = [0u8; 72];
+    let mut request = [0u8; 136];
     request[0..8].copy_from_slice(&0xdead_beef_u64.to_le_bytes());
     request[8..16].copy_from_slice(&1u64.to_le_bytes()); // 1 ns after boot
     request[16..20].copy_from_slice(&1u32.to_le_bytes());
-    request[64..72].copy_from_slice(&7u64.to_le_bytes());
+    request[128..136].copy_from_slice(&7u64.to_le_bytes());
     assert_eq!(
         hand_call(&request),
         (protocol::layout::status::DEADLINE_EXCEEDED, 0xdead_beef),

@@ -117,3 +117,56 @@ fn pyarrow_decodes_a_response_in_place_from_the_segment_file() {
     drop(client);
     server.stop().unwrap();
 }
+
+/// The subgraph layout through pyarrow: the three tables decode in place,
+/// and the edge table's `edge_index` values are PyG's [2, E] matrix, equal
+/// to what arrow-rs reads.
+#[test]
+fn pyarrow_reads_a_subgraph_response_in_place() {
+    let name = unique_name("pyarrow-subgraph");
+    let server = ServerProcess::start(
+        Path::new(SERVER),
+        &["--name".into(), name.clone(), "--dim".into(), "8".into()],
+    )
+    .unwrap();
+    let client = RingClient::attach(&name, ClientOptions::default()).unwrap();
+    let targets = [5u64, 17, 5, tests::UNKNOWN_FROM + 1];
+    let mut request = CallRequest::new(&targets);
+    request.subgraph = protocol::request::SubgraphFanouts::new(&[3, 2, 2]);
+    request.timeout = Some(Duration::from_secs(5));
+    let response = client.call(&request).unwrap();
+    let tables = response.tables().unwrap();
+    tests::verify_subgraph_response(&tables, &targets, 8, &[3, 2, 2], false).unwrap();
+
+    let script = tests::stack::repo_root().join("tests/python/read_segment.py");
+    let output = Command::new(python())
+        .arg(&script)
+        .arg(&name)
+        .arg(response.slot_index().to_string())
+        .output()
+        .expect("python runs");
+    assert!(
+        output.status.success(),
+        "read_segment.py failed: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let out: serde_json::Value = serde_json::from_slice(&output.stdout).unwrap();
+    assert_eq!(out["hops"], 3);
+    assert_eq!(out["buffers_outside"], 0, "pyarrow copied a buffer: {out}");
+    assert_eq!(out["buffers_misaligned"], 0);
+    assert_eq!(out["edge_index_inside"], true);
+    let rows: Vec<Vec<i64>> = serde_json::from_value(out["edge_index"].clone()).unwrap();
+    let (src, dst) = tables.edge_index().split_at(tables.n_edges());
+    assert_eq!((rows[0].as_slice(), rows[1].as_slice()), (src, dst));
+    let counts: Vec<i64> = serde_json::from_value(out["num_sampled_nodes"].clone()).unwrap();
+    assert_eq!(counts, tables.sampled_nodes());
+    let counts: Vec<i64> = serde_json::from_value(out["num_sampled_edges"].clone()).unwrap();
+    assert_eq!(counts, tables.sampled_edges());
+    let ids: Vec<u64> = serde_json::from_value(out["node_ids"].clone()).unwrap();
+    assert_eq!(ids, tables.node_ids());
+
+    drop(tables);
+    drop(response);
+    drop(client);
+    server.stop().unwrap();
+}

@@ -76,7 +76,9 @@ class Prediction:
     """One node's answer (the proto's `Prediction`)."""
 
     node_id: int
+    # Arg max of the logits; -1 from an embedding model.
     label: int
+    # Empty from an embedding model.
     logits: list[float]
     # False when the node is not in the sidecar's graph.
     known: bool
@@ -85,11 +87,14 @@ class Prediction:
     # The rung of the worker's ladder that answered: "gnn", "precomputed",
     # "gnn_reduced", "student" or "precomputed_unchecked".
     answered_by: str
+    # The node's embedding, from a model whose manifest says `output:
+    # embedding`; empty from a classifier.
+    embedding: list[float] = field(default_factory=list)
 
     @staticmethod
     def _of(p: predictor_pb2.Prediction) -> "Prediction":
         return Prediction(p.node_id, p.label, list(p.logits), p.known, p.fallback_rows,
-                          p.answered_by)
+                          p.answered_by, list(p.embedding))
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,563 @@
+//! PyTorch Geometric models, trained and exported with `torch.onnx.export`
+//! by `gnn-worker/model/pyg_model.py`, served unchanged in the subgraph
+//! layout by the real stack: every test node's served output equals PyG's
+//! full-graph `model(x, edge_index)` with covering fanouts, and the served
+//! accuracy at sampled fanouts is PyG's NeighborLoader accuracy at the same
+//! fanouts. On the cora dataset the repository ships (no `../shared`).
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use gnn_worker::grpc::{pb, PredictorClient};
+use gnn_worker::model::{bind_subgraph_inputs, Device, Model};
+use protocol::client::{CallRequest, ClientOptions, RingClient};
+use protocol::request::SubgraphFanouts;
+use tests::stack::{
+    onnxruntime_lib, pyg_model_for, python, read_f32, read_i32, repo_root, run_ok, shipped_cora,
+    workspace_bin, Stack, StackOptions,
+};
+
+/// cora's largest degree: fanouts of at least this take every neighbour.
+const COVERING: u32 = 168;
+const CLASSES: usize = 7;
+
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("tokio runtime")
+}
+
+fn ort_env() -> &'static ort::environment::Environment {
+    static ENV: std::sync::OnceLock<ort::environment::Environment> = std::sync::OnceLock::new();
+    ENV.get_or_init(|| {
+        gnn_worker::onnxruntime::init(Some(&onnxruntime_lib())).expect("loading ONNX Runtime")
+    })
+}
+
+fn json(path: &Path) -> serde_json::Value {
+    serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap()
+}
+
+fn test_nodes() -> Vec<u64> {
+    let split = std::fs::read(shipped_cora().join("split.u8")).unwrap();
+    (0..split.len() as u64)
+        .filter(|&i| split[i as usize] == 2)
+        .collect()
+}
+
+/// A PyG model of `arch` trained on cora, exported with fanouts [10, 5]
+/// and its NeighborLoader accuracy there over three seeded runs.
+fn model(arch: &str, extra: &[&str]) -> PathBuf {
+    let mut args = vec![
+        "--arch",
+        arch,
+        "--fanouts",
+        "10,5",
+        "--epochs",
+        "100",
+        "--loader-runs",
+        "3",
+    ];
+    args.extend_from_slice(extra);
+    pyg_model_for(&shipped_cora(), &args)
+}
+
+/// A stack serving `model` at `fanouts` (the worker's, one per hop).
+fn stack(model: &Path, fanouts: &str, max_batch: usize) -> Stack {
+    let mut options = StackOptions::new("cora");
+    options.dataset_dir = Some(shipped_cora());
+    options.model = Some(model.to_path_buf());
+    options.max_fanouts = Some([COVERING, COVERING]);
+    options.worker_fanouts = Some(fanouts.to_string());
+    options.max_targets = 8;
+    options.max_batch = max_batch;
+    options.response_mib = 64;
+    Stack::start(&options).expect("stack")
+}
+
+/// Predictions for `ids` over gRPC, `per_call` ids a call, four calls in
+/// flight (one at a time when `per_call` is 1, so each is its own batch).
+fn predict(stack: &Stack, ids: &[u64], per_call: usize) -> Vec<pb::Prediction> {
+    let in_flight = if per_call == 1 { 1 } else { 4 };
+    runtime().block_on(async {
+        let client = PredictorClient::connect(stack.grpc.clone()).await.unwrap();
+        let mut out = Vec::with_capacity(ids.len());
+        let chunks: Vec<Vec<u64>> = ids.chunks(per_call).map(<[u64]>::to_vec).collect();
+        for group in chunks.chunks(in_flight) {
+            let tasks: Vec<_> = group
+                .iter()
+                .map(|chunk| {
+                    let mut client = client.clone();
+                    let chunk = chunk.clone();
+                    tokio::spawn(async move {
+                        client
+                            .predict(pb::PredictRequest {
+                                node_ids: chunk,
+                                request_id: 0,
+                                new_node: None,
+                            })
+                            .await
+                    })
+                })
+                .collect();
+            for task in tasks {
+                out.extend(
+                    task.await
+                        .unwrap()
+                        .expect("predict")
+                        .into_inner()
+                        .predictions,
+                );
+            }
+        }
+        out
+    })
+}
+
+/// The largest difference between served rows and PyG's full-graph rows
+/// (`reference/outputs.f32`), each relative to the row's magnitude (at
+/// least 1): float32 sums of large terms round alike whoever adds them.
+fn worst_difference(model: &Path, served: &[(u64, Vec<f32>)]) -> f32 {
+    let reference = read_f32(&model.join("reference/outputs.f32"));
+    let width = reference.len() / 2708;
+    let mut worst = 0f32;
+    for (id, row) in served {
+        let want = &reference[*id as usize * width..(*id as usize + 1) * width];
+        assert_eq!(row.len(), width, "node {id}: output width");
+        let scale = want.iter().fold(1f32, |m, v| m.max(v.abs()));
+        for (a, b) in row.iter().zip(want) {
+            worst = worst.max((a - b).abs() / scale);
+        }
+    }
+    worst
+}
+
+fn accuracy(predictions: &[pb::Prediction]) -> f64 {
+    let labels = read_i32(&shipped_cora().join("labels.i32"));
+    let right = predictions
+        .iter()
+        .filter(|p| labels[p.node_id as usize] == p.label)
+        .count();
+    right as f64 / predictions.len() as f64
+}
+
+/// Covering fanouts: every test node's served logits equal PyG's
+/// full-graph logits within 1e-5. Sampled at [10, 5]: the served accuracy
+/// is within 1.5 points of PyG's NeighborLoader inference at [10, 5] (the
+/// mean over the tooling's three seeded runs), both one target a batch.
+fn served_as_pyg_computes_it(arch: &str, covering: &str) {
+    let model = model(arch, &[]);
+    let manifest = json(&model.join("manifest.json"));
+    assert_eq!(manifest["layout"], "subgraph");
+    assert_eq!(manifest["fanouts"], serde_json::json!([10, 5]));
+    let ids = test_nodes();
+
+    let exact = stack(&model, covering, 8);
+    let predictions = predict(&exact, &ids, 8);
+    assert_eq!(predictions.len(), ids.len());
+    let reference = read_f32(&model.join("reference/outputs.f32"));
+    for (p, &id) in predictions.iter().zip(&ids) {
+        assert_eq!(p.node_id, id);
+        assert!(p.known && p.fallback_rows == 0, "node {id}");
+        assert_eq!(p.answered_by, "gnn");
+        let want = &reference[id as usize * CLASSES..(id as usize + 1) * CLASSES];
+        assert_eq!(
+            p.label as usize,
+            gnn_worker::batcher::argmax(want),
+            "{arch}: node {id}'s served label is not PyG's"
+        );
+    }
+    let served: Vec<(u64, Vec<f32>)> = predictions
+        .iter()
+        .map(|p| (p.node_id, p.logits.clone()))
+        .collect();
+    let worst = worst_difference(&model, &served);
+    println!(
+        "{arch}: {} test nodes at fanouts [{covering}]: max difference to PyG's full graph {worst:.2e}",
+        ids.len()
+    );
+    assert!(
+        worst <= 1e-5,
+        "{arch}: served logits differ from PyG's full-graph logits by {worst:.2e}"
+    );
+    assert!(exact.stop(), "the stack did not shut down cleanly");
+
+    let sampled = stack(&model, "10,5", 1);
+    let predictions = predict(&sampled, &ids, 1);
+    let served = accuracy(&predictions);
+    let pyg = manifest["neighbor_loader"]["mean_test_accuracy"]
+        .as_f64()
+        .unwrap();
+    println!(
+        "{arch} at [10,5]: served {:.1}%, PyG NeighborLoader {:.1}% (runs {})",
+        served * 100.0,
+        pyg * 100.0,
+        manifest["neighbor_loader"]["runs"]
+    );
+    assert!(
+        (served - pyg).abs() <= 0.015,
+        "{arch} at [10,5]: served {served:.3}, PyG's NeighborLoader {pyg:.3}"
+    );
+    assert!(sampled.stop());
+}
+
+#[test]
+fn a_pyg_sage_model_is_served_as_pyg_computes_it() {
+    served_as_pyg_computes_it("sage", "168,168");
+}
+
+/// GCN weighs each edge by both ends' degrees: the nodes two hops out need
+/// their own neighbours for their degree, so three hops are sampled.
+#[test]
+fn a_pyg_gcn_model_is_served_as_pyg_computes_it() {
+    served_as_pyg_computes_it("gcn", "168,168,168");
+}
+
+#[test]
+fn a_pyg_gat_model_is_served_as_pyg_computes_it() {
+    served_as_pyg_computes_it("gat", "168,168");
+}
+
+#[test]
+fn a_pyg_gin_model_is_served_as_pyg_computes_it() {
+    served_as_pyg_computes_it("gin", "168,168");
+}
+
+/// One- and three-layer models, sampled one and three hops deep.
+#[test]
+fn one_and_three_layer_models_are_served_exactly() {
+    let ids: Vec<u64> = test_nodes().into_iter().step_by(4).collect();
+    for (layers, fanouts, covering) in [("1", "10", "168"), ("3", "10,5,3", "168,168,168")] {
+        let model = pyg_model_for(
+            &shipped_cora(),
+            &[
+                "--layers",
+                layers,
+                "--fanouts",
+                fanouts,
+                "--epochs",
+                "60",
+                "--loader-runs",
+                "0",
+            ],
+        );
+        let stack = stack(&model, covering, 8);
+        let predictions = predict(&stack, &ids, 8);
+        let served: Vec<(u64, Vec<f32>)> = predictions
+            .iter()
+            .map(|p| (p.node_id, p.logits.clone()))
+            .collect();
+        let worst = worst_difference(&model, &served);
+        println!("{layers}-layer SAGE at [{covering}]: max difference {worst:.2e}");
+        assert!(worst <= 1e-5, "{layers} layers: {worst:.2e}");
+        // The model samples as deep as its manifest says by default.
+        let default = stack_default_hops(&stack);
+        assert_eq!(default, layers.parse::<usize>().unwrap());
+        assert!(stack.stop());
+    }
+}
+
+/// The hops of the worker's ring requests, read back from a response the
+/// test asks for the same way.
+fn stack_default_hops(stack: &Stack) -> usize {
+    let manifest = json(&stack.model.join("manifest.json"));
+    let fanouts: Vec<u32> = manifest["fanouts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|f| f.as_u64().unwrap() as u32)
+        .collect();
+    let client = RingClient::attach(&stack.shm_name, ClientOptions::default()).unwrap();
+    let mut request = CallRequest::new(&[0]);
+    request.subgraph = SubgraphFanouts::new(&fanouts);
+    let response = client.call(&request).unwrap();
+    let hops = response.tables().unwrap().hops();
+    hops
+}
+
+/// An embedding model answers its vector over gRPC, HTTP and the Python
+/// client, equal to PyG's full-graph embedding with covering fanouts; it
+/// has no label (-1) and no logits.
+#[test]
+fn an_embedding_model_answers_its_vectors() {
+    let model = pyg_model_for(
+        &shipped_cora(),
+        &[
+            "--output",
+            "embedding",
+            "--hidden",
+            "32",
+            "--epochs",
+            "60",
+            "--loader-runs",
+            "0",
+        ],
+    );
+    let manifest = json(&model.join("manifest.json"));
+    assert_eq!(manifest["output"], "embedding");
+    assert_eq!(manifest["embedding_dim"], 32);
+    let stack = stack(&model, "168,168", 8);
+    let ids: Vec<u64> = test_nodes().into_iter().take(200).collect();
+    let predictions = predict(&stack, &ids, 8);
+    for p in &predictions {
+        assert_eq!(p.label, -1, "an embedding has no label");
+        assert!(p.logits.is_empty());
+        assert_eq!(p.embedding.len(), 32);
+    }
+    let served: Vec<(u64, Vec<f32>)> = predictions
+        .iter()
+        .map(|p| (p.node_id, p.embedding.clone()))
+        .collect();
+    let worst = worst_difference(&model, &served);
+    assert!(worst <= 1e-5, "embeddings differ from PyG's by {worst:.2e}");
+
+    // HTTP.
+    let body = serde_json::json!({"node_ids": [ids[0], ids[1]]}).to_string();
+    let (code, text) =
+        tests::stack::http_request(&stack.http, "POST", "/v1/predict", Some(&body)).unwrap();
+    assert_eq!(code, 200, "{text}");
+    let answer: serde_json::Value = serde_json::from_str(&text).unwrap();
+    let first = &answer["predictions"][0];
+    assert_eq!(first["label"], -1);
+    assert_eq!(first["logits"], serde_json::json!([]));
+    let vector: Vec<f32> = first["embedding"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v.as_f64().unwrap() as f32)
+        .collect();
+    assert_eq!(vector, predictions[0].embedding);
+
+    // The Python client, from the repository's package source.
+    let script = format!(
+        "import json, sys; sys.path.insert(0, 'clients/python/src')\n\
+         from gnn_client import Client\n\
+         with Client('{}') as c:\n    p = c.predict([{}])[0]\n\
+         print(json.dumps({{'label': p.label, 'logits': p.logits, 'embedding': p.embedding}}))",
+        stack.grpc.trim_start_matches("http://"),
+        ids[0]
+    );
+    let (out, _) = run_ok(
+        Command::new(python())
+            .current_dir(repo_root())
+            .args(["-c", &script]),
+        "the Python client",
+    );
+    let from_python: serde_json::Value = serde_json::from_str(out.trim()).unwrap();
+    assert_eq!(from_python["label"], -1);
+    let vector: Vec<f32> = from_python["embedding"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v.as_f64().unwrap() as f32)
+        .collect();
+    assert_eq!(vector, predictions[0].embedding);
+    assert!(stack.stop());
+}
+
+/// The worker's session reads the response's buffers in place, rewritten
+/// or not computes what onnxruntime computed in Python on the tooling's
+/// reference subgraph, and the rewrite changes no sum.
+#[test]
+fn the_scatter_rewrite_changes_no_answer_and_inputs_stay_in_place() {
+    for arch in ["sage", "gcn", "gat", "gin"] {
+        let model_dir = model(arch, &[]);
+        let reference = model_dir.join("reference");
+        let x = read_f32(&reference.join("x.bin"));
+        let edge_index: Vec<i64> = std::fs::read(reference.join("edge_index.bin"))
+            .unwrap()
+            .chunks_exact(8)
+            .map(|c| i64::from_le_bytes(c.try_into().unwrap()))
+            .collect();
+        let python = read_f32(&reference.join("ort_outputs.bin"));
+        let mut fast = Model::load_with(ort_env(), &model_dir, Device::Cpu, 1, true).unwrap();
+        let mut plain = Model::load_with(ort_env(), &model_dir, Device::Cpu, 1, false).unwrap();
+        assert!(
+            fast.scatters_rewritten() >= 2,
+            "{arch}: {} scatter-adds rewritten, the two layers' aggregations expected",
+            fast.scatters_rewritten()
+        );
+        assert_eq!(plain.scatters_rewritten(), 0);
+        let a = fast.run_subgraph_slices(&x, &edge_index).unwrap();
+        let b = plain.run_subgraph_slices(&x, &edge_index).unwrap();
+        assert_eq!(a.len(), python.len());
+        let diff = |u: &[f32], v: &[f32]| {
+            u.iter()
+                .zip(v)
+                .map(|(p, q)| (p - q).abs())
+                .fold(0f32, f32::max)
+        };
+        println!(
+            "{arch}: rewritten vs not {:.2e}, vs Python {:.2e}",
+            diff(&a, &b),
+            diff(&a, &python)
+        );
+        assert_eq!(a, b, "{arch}: the rewrite changed a sum");
+        assert!(diff(&a, &python) <= 1e-5, "{arch}: differs from Python");
+    }
+
+    // In place: the tensors ONNX Runtime reads are the segment's buffers.
+    let model_dir = model("sage", &[]);
+    let stack = stack(&model_dir, "10,5", 8);
+    let client = RingClient::attach(&stack.shm_name, ClientOptions::default()).unwrap();
+    let targets = [0u64, 1358, 5];
+    let mut request = CallRequest::new(&targets);
+    request.subgraph = SubgraphFanouts::new(&[10, 5]);
+    let response = client.call(&request).unwrap();
+    let tables = response.tables().unwrap();
+    assert_eq!(tables.hops(), 2);
+    assert!(tables.n_edges() > 0);
+    let mapping = response.mapping_range();
+    let inputs = bind_subgraph_inputs(&tables).unwrap();
+    let buffers = [
+        tables.features().as_ptr() as usize,
+        tables.edge_index().as_ptr() as usize,
+    ];
+    for (input, buffer) in inputs.iter().zip(buffers) {
+        let address = input.data_address();
+        assert_eq!(
+            address, buffer,
+            "ONNX Runtime's tensor is not the response buffer"
+        );
+        assert!(
+            mapping.contains(&address),
+            "tensor data outside the mapping"
+        );
+    }
+    drop(inputs);
+    let mut model = Model::load(ort_env(), &model_dir, Device::Cpu, 1).unwrap();
+    let answers = model.run(&tables).unwrap();
+    assert_eq!(answers.len(), targets.len() * CLASSES);
+    drop(tables);
+    drop(response);
+    assert!(stack.stop());
+}
+
+/// A node the graph does not have, in one call, in the subgraph layout: its
+/// answer is the one it gets once added with the same row and edges; with
+/// no edges at all (an empty edge_index) it is answered too.
+#[test]
+fn a_new_node_is_answered_in_the_subgraph_layout() {
+    let model_dir = model("sage", &[]);
+    let stack = stack(&model_dir, "168,168", 8);
+    let features = read_f32(&shipped_cora().join("features.f32"));
+    let row: Vec<f32> = features[1358 * 1433..1359 * 1433].to_vec();
+    let ask = |id: u64, neighbors: Vec<u64>| {
+        runtime().block_on(async {
+            let mut client = PredictorClient::connect(stack.grpc.clone()).await.unwrap();
+            client
+                .predict(pb::PredictRequest {
+                    node_ids: vec![],
+                    request_id: 0,
+                    new_node: Some(pb::NewNode {
+                        id,
+                        features: row.clone(),
+                        neighbors,
+                        directed: false,
+                    }),
+                })
+                .await
+                .expect("a new node is answered")
+                .into_inner()
+                .predictions
+        })
+    };
+    let lone = ask(5000, vec![]);
+    assert_eq!(lone.len(), 1);
+    assert!(lone[0].logits.iter().all(|v| v.is_finite()));
+    let linked = ask(5001, vec![1358, 0, 7]);
+    let row_file = stack.dir.path().join("row-5001.f32");
+    let bytes: Vec<u8> = row.iter().flat_map(|v| v.to_le_bytes()).collect();
+    std::fs::write(&row_file, bytes).unwrap();
+    let file = row_file.to_string_lossy().into_owned();
+    let said = stack
+        .sidecarctl(&[
+            "graph",
+            "add-node",
+            "5001",
+            "--features-file",
+            &file,
+            "--edge",
+            "1358",
+            "--edge",
+            "0",
+            "--edge",
+            "7",
+        ])
+        .unwrap();
+    assert!(said.contains("added"), "{said}");
+    let added = predict(&stack, &[5001], 1);
+    let diff = linked[0]
+        .logits
+        .iter()
+        .zip(&added[0].logits)
+        .map(|(a, b)| (a - b).abs())
+        .fold(0f32, f32::max);
+    assert!(diff <= 1e-5, "new node in one call vs added: {diff:.2e}");
+    assert!(stack.stop());
+}
+
+/// Models that do not fit are refused at start, naming the input, the
+/// dtype, the width or the opset, and the fix.
+#[test]
+fn a_model_that_does_not_fit_is_refused_by_name() {
+    let dir = tests::stack::process_dir("pyg-variants");
+    run_ok(
+        Command::new(python())
+            .arg(repo_root().join("tests/python/pyg_variants.py"))
+            .arg(shipped_cora())
+            .arg(&dir),
+        "tests/python/pyg_variants.py",
+    );
+    let model_dir = model("sage", &[]);
+    let stack = stack(&model_dir, "10,5", 8);
+    for (variant, expected) in [
+        ("renamed", "takes inputs [\"features\", \"edges\"]"),
+        ("int32", "input \"edge_index\" is Int32"),
+        ("fixed", "input \"x\" has shape"),
+        ("no-edges", "takes inputs [\"x\"]"),
+        (
+            "width",
+            "feature_dim 10 in model manifest, 1433 in segment header",
+        ),
+        ("opset", "opset 15 is outside 16..=23"),
+        (
+            "inputs",
+            "a subgraph-layout model takes [\"x\", \"edge_index\"]",
+        ),
+    ] {
+        let err = worker_refusal(&stack, &dir.join(variant));
+        assert!(
+            err.contains(expected),
+            "{variant}: expected {expected:?} in the refusal, got:\n{err}"
+        );
+    }
+    assert!(stack.stop());
+}
+
+/// Starts a second worker on `stack`'s sidecar with `model`; it must exit
+/// non-zero. Returns its stderr.
+fn worker_refusal(stack: &Stack, model: &Path) -> String {
+    let port = || format!("127.0.0.1:{}", tests::stack::free_port());
+    let output = Command::new(workspace_bin("gnn-worker"))
+        .arg("serve")
+        .arg("--model")
+        .arg(model)
+        .args([
+            "--shm-name",
+            &stack.shm_name,
+            "--grpc",
+            &port(),
+            "--http",
+            &port(),
+        ])
+        .args(["--attach-timeout-s", "10"])
+        .arg("--onnxruntime-lib")
+        .arg(onnxruntime_lib())
+        .output()
+        .expect("running gnn-worker");
+    assert!(!output.status.success(), "{} was served", model.display());
+    String::from_utf8_lossy(&output.stderr).into_owned()
+}
