@@ -15,9 +15,10 @@
 #   python3-venv where the system Python lacks the venv module;
 # - a project-local Python venv in .venv with requirements.txt (numpy,
 #   pyarrow, onnx, onnxruntime: the model tooling, the Python side of the
-#   tests, and the ONNX Runtime library the worker loads; kubernetes-validate
-#   for the rendered manifests), reinstalled only when the requirements
-#   change.
+#   tests, and the ONNX Runtime library the worker loads; torch and
+#   torch_geometric: the PyTorch Geometric tooling and its tests, about
+#   5.6 GB and 90 s from PyPI; kubernetes-validate for the rendered
+#   manifests), reinstalled only when the requirements change.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 

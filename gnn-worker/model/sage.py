@@ -721,9 +721,11 @@ def cmd_import_pyg(args):
     names) exported as this contract's ONNX graph with its manifest."""
     from safetensors.numpy import load_file
     if args.arch == "gcn":
-        sys.exit("GCNConv is not supported: its symmetric normalisation needs the degree of "
-                 "every node of the sampled subgraph, which the response does not carry "
-                 "(docs/model.md, \"Bring your own model\", says what the contract would need)")
+        sys.exit("GCNConv is not imported into the dense layout: its symmetric normalisation "
+                 "needs the degree of every node of the sampled subgraph, which the dense layout "
+                 "does not carry. Export the PyG model as it is and serve it in the subgraph "
+                 "layout (gnn-worker/model/pyg_model.py; docs/model.md, \"PyTorch Geometric "
+                 "models\")")
     weights = {k[len(args.prefix):]: v for k, v in load_file(args.weights).items()
                if k.startswith(args.prefix)}
     missing = [k for k in PYG_SAGE_KEYS if k not in weights]
@@ -881,21 +883,34 @@ def time_sessions(named, feeds_pool, runs):
         feeds = feeds_pool[r % len(feeds_pool)]
         for name, session in (named if r % 2 == 0 else named[::-1]):
             f = session_feeds(session, feeds)
+            first = [session.get_outputs()[0].name]
             started = time.perf_counter()
-            session.run([OUTPUT], f)
+            session.run(first, f)
             samples[name].append((time.perf_counter() - started) * 1e6)
     return {name: (float(np.percentile(v, 50)), float(np.percentile(v, 99)))
             for name, v in samples.items()}
 
 
-def serving_timings(named, x, indptr, indices, fanouts, n, runs, seed):
+def subgraph_inputs(x, indptr, indices, targets, fanouts, rng):
+    """A subgraph-layout model's inputs for `targets` at `fanouts` (one per
+    hop), as the sidecar samples them (pyg_model.sample_subgraph), beside
+    the targets' own rows (what a student reads)."""
+    from pyg_model import sample_subgraph
+    n_id, edge_index, _, _ = sample_subgraph(indptr, indices, targets, fanouts, rng)
+    return dict(own_row_inputs(x, targets), x=np.ascontiguousarray(x[n_id]),
+                edge_index=edge_index)
+
+
+def serving_timings(named, x, indptr, indices, fanouts, n, runs, seed, subgraph=False):
     """Per-run latency of each session on serving-shaped inputs (targets
-    drawn at random, neighbourhoods sampled at `fanouts`), for batches of
-    1 and 32 targets: {"1": {name: [p50, p99]}, "32": ...}."""
+    drawn at random, neighbourhoods sampled at `fanouts`, in the dense
+    layout or, with `subgraph`, the subgraph layout), for batches of 1 and
+    32 targets: {"1": {name: [p50, p99]}, "32": ...}."""
     rng = np.random.default_rng(seed)
+    inputs = subgraph_inputs if subgraph else sampled_inputs
     out = {}
     for batch in (1, 32):
-        pool = [sampled_inputs(x, indptr, indices, rng.integers(0, n, size=batch), fanouts, rng)
+        pool = [inputs(x, indptr, indices, rng.integers(0, n, size=batch), fanouts, rng)
                 for _ in range(50)]
         out[str(batch)] = {name: [round(p50, 1), round(p99, 1)]
                            for name, (p50, p99) in time_sessions(named, pool, runs).items()}
@@ -930,9 +945,14 @@ def cmd_quantize(args):
     manifest = read_manifest(args.model)
     if manifest.get("quantization"):
         sys.exit(f"{args.model} is already quantized: quantize the FP32 model")
-    if manifest.get("architecture") != "graphsage-mean-2layer":
+    subgraph = manifest.get("layout") == "subgraph"
+    if subgraph and manifest.get("output", "classes") != "classes":
+        sys.exit(f"{args.model}: an embedding model; quantize a classifier (the accuracy is "
+                 "measured on the labels)")
+    if not subgraph and manifest.get("architecture") != "graphsage-mean-2layer":
         sys.exit(f"{args.model}: architecture {manifest.get('architecture')!r}; quantize a GNN "
-                 "exported by `sage.py train` or `init`")
+                 "exported by `sage.py train` or `init`, or a PyG model exported by "
+                 "`pyg_model.py`")
     meta, x, edges, labels, split = load_dataset(args.dataset)
     check_dataset_matches(manifest, meta, args.model)
     n = meta["num_nodes"]
@@ -953,13 +973,19 @@ def cmd_quantize(args):
     # error, not sampling's.
     test_idx = np.flatnonzero(split == 2)
     every = np.arange(n)
-    full = lambda t: full_inputs(x, indptr, indices, t)  # noqa: E731
-    l32 = session_logits(fp32, full, every)
-    l8 = session_logits(int8, full, every)
+    if subgraph:
+        # A PyG model runs on the whole graph at once.
+        from pyg_model import full_edge_index
+        whole = {"x": x, "edge_index": full_edge_index(n, edges)}
+        l32, l8 = fp32.run(None, whole)[0], int8.run(None, whole)[0]
+    else:
+        full = lambda t: full_inputs(x, indptr, indices, t)  # noqa: E731
+        l32 = session_logits(fp32, full, every)
+        l8 = session_logits(int8, full, every)
     acc32, acc8 = accuracy(l32, labels, test_idx), accuracy(l8, labels, test_idx)
     agreement = float((l32.argmax(1) == l8.argmax(1)).mean())
     timings = serving_timings([("fp32", fp32), ("int8", int8)], x, indptr, indices,
-                              manifest["fanouts"], n, args.runs, args.seed)
+                              manifest["fanouts"], n, args.runs, args.seed, subgraph=subgraph)
 
     # The reference batch of the FP32 model, answered by the INT8 one: the
     # Rust worker must compute the same on the same bytes.
@@ -978,7 +1004,21 @@ def cmd_quantize(args):
         with open(os.path.join(ref_out, "inputs.json"), "w") as f:
             json.dump(dict(described, ort_logits={"dtype": "float32", "shape": list(ort_logits.shape)}),
                       f, indent=2)
-    l8.astype(np.float32).tofile(os.path.join(ref_out, "logits.f32"))
+    if subgraph:
+        # The FP32 model's reference subgraph, answered by the INT8 one.
+        import shutil
+        for name in ("subgraph.json", "n_id.bin", "x.bin", "edge_index.bin"):
+            shutil.copy(os.path.join(ref_in, name), os.path.join(ref_out, name))
+        with open(os.path.join(ref_in, "subgraph.json")) as f:
+            described = json.load(f)
+        xs = np.fromfile(os.path.join(ref_in, "x.bin"), dtype="<f4").reshape(
+            described["nodes"], described["feature_dim"])
+        sub = np.fromfile(os.path.join(ref_in, "edge_index.bin"), dtype="<i8").reshape(2, -1)
+        int8.run(None, {"x": xs, "edge_index": sub})[0].astype("<f4").tofile(
+            os.path.join(ref_out, "ort_outputs.bin"))
+        l8.astype(np.float32).tofile(os.path.join(ref_out, "outputs.f32"))
+    else:
+        l8.astype(np.float32).tofile(os.path.join(ref_out, "logits.f32"))
 
     quantized = dict(manifest)
     quantized["quantization"] = {
@@ -1085,13 +1125,18 @@ def build_student_onnx(params, feature_dim, num_classes):
 def cmd_distill(args):
     started = time.time()
     teacher = read_manifest(args.teacher)
-    if teacher.get("architecture") != "graphsage-mean-2layer" or not teacher.get("offline"):
+    subgraph = teacher.get("layout") == "subgraph"
+    dense_teacher = teacher.get("architecture") == "graphsage-mean-2layer" and teacher.get("offline")
+    pyg_teacher = subgraph and teacher.get("output", "classes") == "classes"
+    if not (dense_teacher or pyg_teacher):
         sys.exit(f"{args.teacher}: distill from a GNN trained by `sage.py train` (its manifest has "
-                 "`offline` results and reference/logits.f32)")
+                 "`offline` results and reference/logits.f32) or a PyG classifier exported by "
+                 "`pyg_model.py` (reference/outputs.f32)")
     meta, x, edges, labels, split = load_dataset(args.dataset)
     check_dataset_matches(teacher, meta, args.teacher)
     n, d, c = meta["num_nodes"], meta["feature_dim"], meta["num_classes"]
-    teacher_logits = np.fromfile(os.path.join(args.teacher, "reference", "logits.f32"),
+    reference = "outputs.f32" if subgraph else "logits.f32"
+    teacher_logits = np.fromfile(os.path.join(args.teacher, "reference", reference),
                                  dtype="<f4").reshape(n, c)
     xn = normalise(x).astype(np.float32)
     val, params, epoch = train_student(xn, teacher_logits, labels, split, args.hidden, args.epochs,
@@ -1117,7 +1162,7 @@ def cmd_distill(args):
     indptr, indices = csr(n, edges)
     timings = serving_timings([("teacher", session_of(os.path.join(args.teacher, "model.onnx"))),
                                ("student", student)], x, indptr, indices, teacher["fanouts"], n,
-                              args.runs, args.seed)
+                              args.runs, args.seed, subgraph=subgraph)
     manifest = {
         "format_version": 1,
         "architecture": "mlp-2layer",

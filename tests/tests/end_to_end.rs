@@ -408,7 +408,7 @@ save_file({"conv1.lin_l.weight": u(32, 1433) * 2, "conv1.lin_l.bias": u(32) * 0.
     let refused = import(&dir.path().join("gcn"), &["--arch", "gcn"]);
     assert!(!refused.status.success());
     assert!(
-        String::from_utf8_lossy(&refused.stderr).contains("Bring your own model"),
+        String::from_utf8_lossy(&refused.stderr).contains("serve it in the subgraph layout"),
         "{}",
         String::from_utf8_lossy(&refused.stderr)
     );

@@ -499,6 +499,56 @@ fn a_new_node_is_answered_in_the_subgraph_layout() {
     assert!(stack.stop());
 }
 
+/// A team's own module, given as `module:Class` and a state dict, is
+/// exported from the command line and served as PyG computes it: a max
+/// aggregation (which the exporter alone gets wrong on negative messages)
+/// and a skip connection, with untrained weights.
+#[test]
+fn a_users_module_is_exported_from_the_command_line_and_served() {
+    let dir = tests::stack::process_dir("user-module");
+    std::fs::copy(
+        repo_root().join("tests/python/user_module.py"),
+        dir.join("user_module.py"),
+    )
+    .unwrap();
+    run_ok(
+        Command::new(python())
+            .current_dir(&dir)
+            .args(["user_module.py", "1433", "net.pt"]),
+        "user_module.py",
+    );
+    let out = dir.join("model");
+    run_ok(
+        Command::new(python())
+            .current_dir(&dir)
+            .arg(repo_root().join("gnn-worker/model/pyg_model.py"))
+            .args(["export", "--module", "user_module:Net"])
+            .args(["--init", r#"{"in_dim": 1433}"#, "--state-dict", "net.pt"])
+            .arg("--dataset")
+            .arg(shipped_cora())
+            .args(["--fanouts", "10,5", "--out"])
+            .arg(&out),
+        "pyg_model.py export",
+    );
+    let manifest = json(&out.join("manifest.json"));
+    assert_eq!(manifest["architecture"], "user_module:Net");
+    assert_eq!(
+        manifest["exporter"]["scatter_extrema_fixed"], 2,
+        "both max aggregations corrected"
+    );
+    let stack = stack(&out, "168,168", 8);
+    let ids: Vec<u64> = test_nodes().into_iter().step_by(3).collect();
+    let predictions = predict(&stack, &ids, 8);
+    let served: Vec<(u64, Vec<f32>)> = predictions
+        .iter()
+        .map(|p| (p.node_id, p.logits.clone()))
+        .collect();
+    let worst = worst_difference(&out, &served);
+    println!("user module (max aggregation): max difference {worst:.2e}");
+    assert!(worst <= 1e-5, "user module: {worst:.2e}");
+    assert!(stack.stop());
+}
+
 /// Models that do not fit are refused at start, naming the input, the
 /// dtype, the width or the opset, and the fix.
 #[test]

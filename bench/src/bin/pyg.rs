@@ -187,14 +187,13 @@ fn main() -> anyhow::Result<()> {
     options.worker_fanouts = Some("20,10".into());
     options.response_mib = 16;
     let stack = Stack::start(&options)?;
-    let fanouts = ["--fanouts".to_string(), "20,10".into()];
-    let dense_worker = Beside::start_model(&stack, &dense, &fanouts)?;
-    let mut plain_args = fanouts.to_vec();
-    plain_args.extend(["--fast-scatter".into(), "false".into()]);
-    let plain_worker = Beside::start_model(&stack, &sage, &plain_args)?;
+    // Beside workers serve at fanouts [20, 10].
+    let dense_worker = Beside::start_model(&stack, &dense, &[])?;
+    let plain_worker =
+        Beside::start_model(&stack, &sage, &["--fast-scatter".into(), "false".into()])?;
     let mut other_workers = Vec::new();
     for (arch, model) in &others {
-        other_workers.push((arch.clone(), Beside::start_model(&stack, model, &fanouts)?));
+        other_workers.push((arch.clone(), Beside::start_model(&stack, model, &[])?));
     }
 
     let runtime = tokio::runtime::Builder::new_multi_thread()
