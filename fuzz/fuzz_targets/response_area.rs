@@ -19,6 +19,8 @@ fuzz_target!(|bytes: &[u8]| {
     if let Ok(tables) = payload::decode(&buffer, &limits, &SchemaCache::default()) {
         let n = tables.n_nodes() as i32;
         assert!(tables.hop2_rows().iter().all(|&r| r >= 0 && r < n));
+        assert!(tables.edge_index().iter().all(|&r| r >= 0 && r < i64::from(n)));
+        assert_eq!(tables.edge_index().len(), 2 * tables.n_edges());
         assert_eq!(tables.features().len(), tables.n_nodes() * 2);
     }
 });

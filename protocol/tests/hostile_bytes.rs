@@ -204,6 +204,10 @@ fn fuzzer_found_responses_are_refused_by_the_framing() {
             "a record batch body that is not 8-byte aligned",
             include_bytes!("regressions/response_misaligned_body.bin"),
         ),
+        (
+            "a subgraph edge table whose list offsets buffer is not whole i32 values",
+            include_bytes!("regressions/response_list_offsets_short.bin"),
+        ),
     ];
     for (what, bytes) in found {
         let mut area = MutableBuffer::from_len_zeroed(bytes.len());

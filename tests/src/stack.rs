@@ -204,7 +204,9 @@ pub fn derived_model_for(dir: &Path, command: &str) -> PathBuf {
 /// `gnn-worker/model/pyg_model.py train --dataset <dir> <args>`, once per
 /// test process and argument list (the subgraph layout, docs/model.md).
 pub fn pyg_model_for(dir: &Path, args: &[&str]) -> PathBuf {
-    static MODELS: Mutex<Option<HashMap<(PathBuf, Vec<String>), PathBuf>>> = Mutex::new(None);
+    /// (dataset, arguments) -> model directory.
+    type Trained = HashMap<(PathBuf, Vec<String>), PathBuf>;
+    static MODELS: Mutex<Option<Trained>> = Mutex::new(None);
     let key = (
         dir.to_path_buf(),
         args.iter().map(|a| a.to_string()).collect::<Vec<_>>(),

@@ -273,8 +273,8 @@ fn stack_default_hops(stack: &Stack) -> usize {
     let mut request = CallRequest::new(&[0]);
     request.subgraph = SubgraphFanouts::new(&fanouts);
     let response = client.call(&request).unwrap();
-    let hops = response.tables().unwrap().hops();
-    hops
+    let tables = response.tables().unwrap();
+    tables.hops()
 }
 
 /// An embedding model answers its vector over gRPC, HTTP and the Python
@@ -546,6 +546,110 @@ fn a_users_module_is_exported_from_the_command_line_and_served() {
     let worst = worst_difference(&out, &served);
     println!("user module (max aggregation): max difference {worst:.2e}");
     assert!(worst <= 1e-5, "user module: {worst:.2e}");
+    assert!(stack.stop());
+}
+
+/// The strategies on a PyG model: its INT8 copy (`sage.py quantize`) is
+/// served within 2 points of the FP32 model, and computes in the worker
+/// what onnxruntime computed in Python on the reference subgraph; an MLP
+/// student distilled from it (`sage.py distill`) answers every call when
+/// the ladder sends them all to it; the ladder's reduced rung samples the
+/// subgraph at fewer hops and fanouts.
+#[test]
+fn int8_a_student_and_the_ladder_work_for_a_pyg_model() {
+    let teacher = model("sage", &[]);
+    let derive = |command: &str, from: &str| {
+        let out = tests::stack::process_dir(&format!("pyg-{command}"));
+        run_ok(
+            Command::new(python())
+                .arg(repo_root().join("gnn-worker/model/sage.py"))
+                .args([command, from])
+                .arg(&teacher)
+                .arg("--dataset")
+                .arg(shipped_cora())
+                .arg("--out")
+                .arg(&out)
+                .args(["--runs", "20"]),
+            command,
+        );
+        out
+    };
+    let int8 = derive("quantize", "--model");
+    let manifest = json(&int8.join("manifest.json"));
+    assert_eq!(manifest["quantization"]["weights"], "int8");
+    assert_eq!(manifest["layout"], "subgraph");
+    let reference = int8.join("reference");
+    let x = read_f32(&reference.join("x.bin"));
+    let edge_index: Vec<i64> = std::fs::read(reference.join("edge_index.bin"))
+        .unwrap()
+        .chunks_exact(8)
+        .map(|c| i64::from_le_bytes(c.try_into().unwrap()))
+        .collect();
+    let mut model = Model::load(ort_env(), &int8, Device::Cpu, 1).unwrap();
+    assert!(model.scatters_rewritten() >= 2, "INT8 keeps the pattern");
+    let ours = model.run_subgraph_slices(&x, &edge_index).unwrap();
+    let python = read_f32(&reference.join("ort_outputs.bin"));
+    let diff = ours
+        .iter()
+        .zip(&python)
+        .map(|(a, b)| (a - b).abs())
+        .fold(0f32, f32::max);
+    assert!(diff <= 1e-4, "INT8: worker vs Python {diff:.2e}");
+    let stack = stack(&int8, "10,5", 8);
+    let served = accuracy(&predict(&stack, &test_nodes(), 8));
+    let fp32 = manifest["offline"]["fp32_test_accuracy"].as_f64().unwrap();
+    println!(
+        "PyG SAGE INT8 at [10,5]: served {:.1}%, FP32 offline {:.1}%",
+        served * 100.0,
+        fp32 * 100.0
+    );
+    assert!(served >= fp32 - 0.02, "INT8 {served} vs FP32 {fp32}");
+    assert!(stack.stop());
+
+    let student = derive("distill", "--teacher");
+    let m = json(&student.join("manifest.json"));
+    let (s, t) = (
+        m["offline"]["test_accuracy"].as_f64().unwrap(),
+        m["offline"]["teacher_test_accuracy"].as_f64().unwrap(),
+    );
+    assert!(t - s <= 0.02 + 1e-9, "student {s}, PyG teacher {t}");
+    // The ladder: a call with time to spare is the GNN's; with one
+    // microsecond, the reduced rung (one hop at fanout 3) is tried, then
+    // the student: every answer names its rung.
+    let mut options = StackOptions::new("cora");
+    options.dataset_dir = Some(shipped_cora());
+    options.model = Some(teacher.clone());
+    options.worker_fanouts = Some("10,5".into());
+    options.worker_args = vec![
+        "--student".into(),
+        student.display().to_string(),
+        "--degrade-fanouts".into(),
+        "3".into(),
+    ];
+    let stack = Stack::start(&options).expect("stack");
+    let call = |timeout_ms: f64| -> serde_json::Value {
+        let body = format!(r#"{{"node_ids": [1358], "timeout_ms": {timeout_ms}}}"#);
+        let (code, text) =
+            tests::stack::http_request(&stack.http, "POST", "/v1/predict", Some(&body)).unwrap();
+        assert_eq!(code, 200, "{text}");
+        serde_json::from_str::<serde_json::Value>(&text).unwrap()["predictions"][0].clone()
+    };
+    let full = call(10_000.0);
+    assert_eq!(full["answered_by"], "gnn");
+    let reduced = call(0.001);
+    assert_eq!(reduced["answered_by"], "gnn_reduced");
+    assert_ne!(
+        reduced["logits"], full["logits"],
+        "node 1358 (degree 168) one hop deep at 3 is not its [10, 5] answer"
+    );
+    let by_student = call(0.001);
+    assert_eq!(by_student["answered_by"], "student");
+    let logits = read_f32(&student.join("reference/logits.f32"));
+    let want = &logits[1358 * CLASSES..1359 * CLASSES];
+    assert_eq!(
+        by_student["label"].as_u64().unwrap() as usize,
+        gnn_worker::batcher::argmax(want)
+    );
     assert!(stack.stop());
 }
 

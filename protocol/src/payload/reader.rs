@@ -225,6 +225,10 @@ fn decode_table(
     }
     let stream = area.slice_with_length(offset as usize, len as usize);
     let frame = frame_table(stream.as_slice(), &expected.message)
+        .and_then(|frame| {
+            buffer_shapes(&expected.schema, &frame.node_lengths, &frame.buffer_lengths)?;
+            Ok(frame)
+        })
         .map_err(|reason| DecodeError::Malformed(format!("{table} table: {reason}")))?;
     // Defence in depth: the framing check rules out the inputs known to make
     // arrow-rs panic (buffers past the body); should another one exist, a
@@ -263,6 +267,97 @@ struct TableFrame {
     batch_start: usize,
     batch_meta_len: usize,
     batch_body_len: usize,
+    /// The record batch's field node lengths and buffer lengths, in order.
+    node_lengths: Vec<i64>,
+    buffer_lengths: Vec<i64>,
+}
+
+/// Checks that a record batch has exactly the field nodes and buffers the
+/// documented schema lays out (depth first: a validity buffer per field,
+/// then a primitive's values, a list's i32 offsets and its child, a
+/// fixed-size list's child), and that each buffer arrow-rs will view as a
+/// typed slice holds whole values: a list's offsets `(rows + 1) x 4`
+/// bytes at least, a primitive's a multiple of its width. arrow-rs asserts
+/// these rather than returning an error.
+fn buffer_shapes(
+    schema: &arrow_schema::Schema,
+    nodes: &[i64],
+    buffers: &[i64],
+) -> Result<(), String> {
+    use arrow_schema::DataType;
+    struct Walk<'a> {
+        nodes: &'a [i64],
+        buffers: &'a [i64],
+        node: usize,
+        buffer: usize,
+    }
+    impl Walk<'_> {
+        fn next_node(&mut self) -> Result<i64, String> {
+            let n = *self
+                .nodes
+                .get(self.node)
+                .ok_or("fewer field nodes than the schema has fields")?;
+            self.node += 1;
+            Ok(n)
+        }
+        fn next_buffer(&mut self) -> Result<i64, String> {
+            let b = *self
+                .buffers
+                .get(self.buffer)
+                .ok_or("fewer buffers than the schema lays out")?;
+            self.buffer += 1;
+            Ok(b)
+        }
+        fn field(&mut self, data_type: &DataType) -> Result<(), String> {
+            let rows = self.next_node()?;
+            self.next_buffer()?; // validity
+            match data_type {
+                DataType::Boolean => {
+                    self.next_buffer()?;
+                }
+                DataType::FixedSizeList(child, _) => self.field(child.data_type())?,
+                DataType::List(child) => {
+                    let offsets = self.next_buffer()?;
+                    let needed = rows.saturating_add(1).saturating_mul(4);
+                    if offsets % 4 != 0 || offsets < needed {
+                        return Err(format!(
+                            "a list's offsets buffer of {offsets} bytes for {rows} rows"
+                        ));
+                    }
+                    self.field(child.data_type())?;
+                }
+                primitive => {
+                    let width = primitive.primitive_width().unwrap_or(1) as i64;
+                    let values = self.next_buffer()?;
+                    if values % width != 0 {
+                        return Err(format!(
+                            "a {primitive} buffer of {values} bytes is not whole values"
+                        ));
+                    }
+                }
+            }
+            Ok(())
+        }
+    }
+    let mut walk = Walk {
+        nodes,
+        buffers,
+        node: 0,
+        buffer: 0,
+    };
+    for field in schema.fields() {
+        walk.field(field.data_type())?;
+    }
+    if walk.node != nodes.len() || walk.buffer != buffers.len() {
+        return Err(format!(
+            "{} field nodes and {} buffers where the schema lays out {} and {}",
+            nodes.len(),
+            buffers.len(),
+            walk.node,
+            walk.buffer
+        ));
+    }
+    Ok(())
 }
 
 /// The fast path: the schema message is byte-identical to the encoding of
@@ -329,6 +424,8 @@ fn frame_table(stream: &[u8], expected_schema: &[u8]) -> Result<TableFrame, Stri
     let mut schema_end = None;
     let mut schema_meta = 0..0;
     let mut batch = None;
+    let mut node_lengths = Vec::new();
+    let mut buffer_lengths = Vec::new();
     if known_schema {
         pos = expected_schema.len();
         schema_end = Some(pos);
@@ -415,6 +512,18 @@ fn frame_table(stream: &[u8], expected_schema: &[u8]) -> Result<TableFrame, Stri
                         ));
                     }
                 }
+                node_lengths = record_batch
+                    .nodes()
+                    .into_iter()
+                    .flatten()
+                    .map(|node| node.length())
+                    .collect();
+                buffer_lengths = record_batch
+                    .buffers()
+                    .into_iter()
+                    .flatten()
+                    .map(|buffer| buffer.length())
+                    .collect();
                 batch = Some((pos, 8 + meta_len, body_len));
             }
             (kind, _, _) => {
@@ -435,6 +544,8 @@ fn frame_table(stream: &[u8], expected_schema: &[u8]) -> Result<TableFrame, Stri
         batch_start,
         batch_meta_len,
         batch_body_len,
+        node_lengths,
+        buffer_lengths,
     })
 }
 
@@ -597,7 +708,8 @@ impl ResponseTables {
                 &edge_offsets[..]
             ));
         }
-        if count_offsets[..] != [0, hops + 1, 2 * hops + 1] {
+        let n_counts = self.edge_list(1).len() as i32;
+        if count_offsets[..] != [0, hops + 1, 2 * hops + 1] || n_counts != 2 * hops + 1 {
             return bad(format!(
                 "hop_counts offsets {:?}: expected {} node counts and {hops} edge counts",
                 &count_offsets[..],
