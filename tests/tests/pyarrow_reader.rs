@@ -25,6 +25,24 @@ fn python() -> PathBuf {
     venv
 }
 
+/// What tests/python/read_segment.py, in its own process, reads of slot
+/// `slot` of segment `name`.
+fn read_segment(name: &str, slot: usize) -> serde_json::Value {
+    let script = tests::stack::repo_root().join("tests/python/read_segment.py");
+    let output = Command::new(python())
+        .arg(&script)
+        .arg(name)
+        .arg(slot.to_string())
+        .output()
+        .expect("python runs");
+    assert!(
+        output.status.success(),
+        "read_segment.py failed: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    serde_json::from_slice(&output.stdout).unwrap()
+}
+
 #[test]
 fn pyarrow_decodes_a_response_in_place_from_the_segment_file() {
     let name = unique_name("pyarrow");
@@ -43,19 +61,7 @@ fn pyarrow_decodes_a_response_in_place_from_the_segment_file() {
     let tables = response.tables().unwrap();
     verify_response(&tables, &targets, 24, false).unwrap();
 
-    let script = tests::stack::repo_root().join("tests/python/read_segment.py");
-    let output = Command::new(python())
-        .arg(&script)
-        .arg(&name)
-        .arg(response.slot_index().to_string())
-        .output()
-        .expect("python runs");
-    assert!(
-        output.status.success(),
-        "read_segment.py failed: {}",
-        String::from_utf8_lossy(&output.stderr)
-    );
-    let out: serde_json::Value = serde_json::from_slice(&output.stdout).unwrap();
+    let out = read_segment(&name, response.slot_index());
 
     assert_eq!(out["state_published"], true);
     assert_eq!(out["status"], 0);
@@ -138,19 +144,7 @@ fn pyarrow_reads_a_subgraph_response_in_place() {
     let tables = response.tables().unwrap();
     tests::verify_subgraph_response(&tables, &targets, 8, &[3, 2, 2], false).unwrap();
 
-    let script = tests::stack::repo_root().join("tests/python/read_segment.py");
-    let output = Command::new(python())
-        .arg(&script)
-        .arg(&name)
-        .arg(response.slot_index().to_string())
-        .output()
-        .expect("python runs");
-    assert!(
-        output.status.success(),
-        "read_segment.py failed: {}",
-        String::from_utf8_lossy(&output.stderr)
-    );
-    let out: serde_json::Value = serde_json::from_slice(&output.stdout).unwrap();
+    let out = read_segment(&name, response.slot_index());
     assert_eq!(out["hops"], 3);
     assert_eq!(out["buffers_outside"], 0, "pyarrow copied a buffer: {out}");
     assert_eq!(out["buffers_misaligned"], 0);

@@ -116,6 +116,22 @@ fn predict(stack: &Stack, ids: &[u64], per_call: usize) -> Vec<pb::Prediction> {
     })
 }
 
+/// The tooling's reference subgraph of a model directory: `x`,
+/// `edge_index` and the outputs onnxruntime computed on them in Python.
+fn reference_subgraph(model: &Path) -> (Vec<f32>, Vec<i64>, Vec<f32>) {
+    let reference = model.join("reference");
+    let edge_index = std::fs::read(reference.join("edge_index.bin"))
+        .unwrap()
+        .chunks_exact(8)
+        .map(|c| i64::from_le_bytes(c.try_into().unwrap()))
+        .collect();
+    (
+        read_f32(&reference.join("x.bin")),
+        edge_index,
+        read_f32(&reference.join("ort_outputs.bin")),
+    )
+}
+
 /// The largest difference between served rows and PyG's full-graph rows
 /// (`reference/outputs.f32`), each relative to the row's magnitude (at
 /// least 1): float32 sums of large terms round alike whoever adds them.
@@ -364,14 +380,7 @@ fn an_embedding_model_answers_its_vectors() {
 fn the_scatter_rewrite_changes_no_answer_and_inputs_stay_in_place() {
     for arch in ["sage", "gcn", "gat", "gin"] {
         let model_dir = model(arch, &[]);
-        let reference = model_dir.join("reference");
-        let x = read_f32(&reference.join("x.bin"));
-        let edge_index: Vec<i64> = std::fs::read(reference.join("edge_index.bin"))
-            .unwrap()
-            .chunks_exact(8)
-            .map(|c| i64::from_le_bytes(c.try_into().unwrap()))
-            .collect();
-        let python = read_f32(&reference.join("ort_outputs.bin"));
+        let (x, edge_index, python) = reference_subgraph(&model_dir);
         let mut fast = Model::load_with(ort_env(), &model_dir, Device::Cpu, 1, true).unwrap();
         let mut plain = Model::load_with(ort_env(), &model_dir, Device::Cpu, 1, false).unwrap();
         assert!(
@@ -578,17 +587,10 @@ fn int8_a_student_and_the_ladder_work_for_a_pyg_model() {
     let manifest = json(&int8.join("manifest.json"));
     assert_eq!(manifest["quantization"]["weights"], "int8");
     assert_eq!(manifest["layout"], "subgraph");
-    let reference = int8.join("reference");
-    let x = read_f32(&reference.join("x.bin"));
-    let edge_index: Vec<i64> = std::fs::read(reference.join("edge_index.bin"))
-        .unwrap()
-        .chunks_exact(8)
-        .map(|c| i64::from_le_bytes(c.try_into().unwrap()))
-        .collect();
+    let (x, edge_index, python) = reference_subgraph(&int8);
     let mut model = Model::load(ort_env(), &int8, Device::Cpu, 1).unwrap();
     assert!(model.scatters_rewritten() >= 2, "INT8 keeps the pattern");
     let ours = model.run_subgraph_slices(&x, &edge_index).unwrap();
-    let python = read_f32(&reference.join("ort_outputs.bin"));
     let diff = ours
         .iter()
         .zip(&python)
