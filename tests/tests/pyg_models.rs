@@ -132,6 +132,14 @@ fn reference_subgraph(model: &Path) -> (Vec<f32>, Vec<i64>, Vec<f32>) {
     )
 }
 
+/// Each prediction's node and logits, as [`worst_difference`] takes them.
+fn logits_of(predictions: &[pb::Prediction]) -> Vec<(u64, Vec<f32>)> {
+    predictions
+        .iter()
+        .map(|p| (p.node_id, p.logits.clone()))
+        .collect()
+}
+
 /// The largest difference between served rows and PyG's full-graph rows
 /// (`reference/outputs.f32`), each relative to the row's magnitude (at
 /// least 1): float32 sums of large terms round alike whoever adds them.
@@ -185,10 +193,7 @@ fn served_as_pyg_computes_it(arch: &str, covering: &str) {
             "{arch}: node {id}'s served label is not PyG's"
         );
     }
-    let served: Vec<(u64, Vec<f32>)> = predictions
-        .iter()
-        .map(|p| (p.node_id, p.logits.clone()))
-        .collect();
+    let served = logits_of(&predictions);
     let worst = worst_difference(&model, &served);
     println!(
         "{arch}: {} test nodes at fanouts [{covering}]: max difference to PyG's full graph {worst:.2e}",
@@ -261,10 +266,7 @@ fn one_and_three_layer_models_are_served_exactly() {
         );
         let stack = stack(&model, covering, 8);
         let predictions = predict(&stack, &ids, 8);
-        let served: Vec<(u64, Vec<f32>)> = predictions
-            .iter()
-            .map(|p| (p.node_id, p.logits.clone()))
-            .collect();
+        let served = logits_of(&predictions);
         let worst = worst_difference(&model, &served);
         println!("{layers}-layer SAGE at [{covering}]: max difference {worst:.2e}");
         assert!(worst <= 1e-5, "{layers} layers: {worst:.2e}");
@@ -548,10 +550,7 @@ fn a_users_module_is_exported_from_the_command_line_and_served() {
     let stack = stack(&out, "168,168", 8);
     let ids: Vec<u64> = test_nodes().into_iter().step_by(3).collect();
     let predictions = predict(&stack, &ids, 8);
-    let served: Vec<(u64, Vec<f32>)> = predictions
-        .iter()
-        .map(|p| (p.node_id, p.logits.clone()))
-        .collect();
+    let served = logits_of(&predictions);
     let worst = worst_difference(&out, &served);
     println!("user module (max aggregation): max difference {worst:.2e}");
     assert!(worst <= 1e-5, "user module: {worst:.2e}");
