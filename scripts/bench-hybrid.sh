@@ -8,6 +8,8 @@
 #
 #   scripts/bench-hybrid.sh
 #   scripts/bench-hybrid.sh --datasets cora --seconds 5
+#   scripts/bench-hybrid.sh --datasets cora --model /tmp/gnn-bench-pyg/pyg-sage \
+#       --out bench/results/hybrid-pyg     # a PyG model (scripts/bench-pyg.sh's)
 #
 # Installs what is missing first (scripts/setup.sh); safe to run again.
 # Not part of the test suite: it takes minutes and wants a quiet machine.

@@ -1,7 +1,7 @@
 //! The README demo: the whole product on cora, end to end.
 //!
 //! Uses the cora dataset the repository ships (`demo/data/cora.tar.gz`;
-//! `--dataset citeseer|cora_ml` reads ../shared/data instead). Imports the
+//! `--dataset citeseer|cora_ml`, shipped beside it, instead). Imports the
 //! dataset into the embedded store, trains and exports the model
 //! with the tooling, starts `sidecar serve` and `gnn-worker serve`, sends
 //! every test node through gRPC (one node per call, one call at a time, for
@@ -14,12 +14,13 @@ use std::time::Instant;
 use anyhow::{ensure, Context};
 use clap::Parser;
 use gnn_worker::grpc::{pb, PredictorClient};
-use tests::stack::{dataset, read_i32, shipped_cora, Stack, StackOptions};
+use tests::stack::{dataset, read_i32, Stack, StackOptions};
 use tests::Latency;
 
 #[derive(Debug, Parser)]
 struct Args {
-    /// `cora` (shipped with the repository), or a dataset of ../shared/data.
+    /// `cora`, `citeseer` or `cora_ml` (shipped with the repository in
+    /// demo/data).
     #[arg(long, default_value = "cora")]
     dataset: String,
     /// Calls in flight in the throughput pass.
@@ -30,11 +31,7 @@ struct Args {
 fn main() -> anyhow::Result<()> {
     let args = Args::parse();
     println!("demo: importing {0} into the embedded store, training the model, starting sidecar + worker", args.dataset);
-    let dataset_dir = if args.dataset == "cora" {
-        shipped_cora()
-    } else {
-        dataset(&args.dataset)
-    };
+    let dataset_dir = dataset(&args.dataset);
     let options = StackOptions {
         dataset_dir: Some(dataset_dir.clone()),
         ..StackOptions::new(&args.dataset)

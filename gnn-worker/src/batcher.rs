@@ -41,7 +41,7 @@ use std::time::{Duration, Instant};
 use protocol::client::CallError;
 use protocol::client::{CallRequest, ClientStatus, Response, RingClient};
 use protocol::layout::{status, FeatureSchema, MAX_HOPS};
-use protocol::payload::schema::{target_status, HOP2_CACHED};
+use protocol::payload::schema::{target_status, HOP2_CACHED, NO_ROW};
 use protocol::payload::ResponseTables;
 use protocol::request::{NewNode, SubgraphFanouts};
 use tokio::sync::{mpsc, oneshot};
@@ -51,6 +51,7 @@ use crate::ladder::{Costs, Rung};
 use crate::metrics::WorkerMetrics;
 use crate::model::{AnsweredBy, Model, OutputKind};
 use crate::precomputed::{Precomputed, PrecomputedSet};
+use crate::queue::{Place, Waiting};
 
 /// How calls are batched.
 #[derive(Debug, Clone)]
@@ -67,6 +68,8 @@ pub struct BatchConfig {
     pub subgraph: Option<SubgraphFanouts>,
     /// Deadline of one ring call (sampling + features).
     pub ring_timeout: Duration,
+    /// The deadline of a call that brings none.
+    pub call_timeout: Duration,
     /// Most targets one client call may ask for.
     pub max_request_targets: usize,
     /// Batches on the ring at once (ring threads).
@@ -96,6 +99,7 @@ impl BatchConfig {
             fanouts: dense_fanouts(config.fanouts.as_ref()).unwrap_or([0; MAX_HOPS]),
             subgraph: None,
             ring_timeout: config.ring_timeout(),
+            call_timeout: config.call_timeout(),
             max_request_targets: config.max_request_targets,
             ring_concurrency: config.ring_concurrency.max(1),
             degrade_queue_calls: config.degrade_queue_calls,
@@ -148,6 +152,27 @@ pub struct Prediction {
     pub answered_by: AnsweredBy,
 }
 
+impl Prediction {
+    /// A known node's prediction from its output row: the label and logits
+    /// of a classifier, or an embedding model's vector (label -1).
+    pub fn of_row(node_id: u64, row: &[f32], embedding: bool) -> Self {
+        let (label, logits, embedding) = if embedding {
+            (-1, Vec::new(), row.to_vec())
+        } else {
+            (argmax(row) as i32, row.to_vec(), Vec::new())
+        };
+        Self {
+            node_id,
+            label,
+            logits,
+            embedding,
+            known: true,
+            fallback_rows: 0,
+            answered_by: AnsweredBy::Gnn,
+        }
+    }
+}
+
 /// Why a call got no predictions.
 #[derive(Debug, Clone, thiserror::Error)]
 pub enum PredictError {
@@ -160,6 +185,9 @@ pub enum PredictError {
     /// The worker or its sidecar is saturated: retry after a moment.
     #[error("{0}")]
     Overloaded(String),
+    /// The call's deadline passed before it reached the ring.
+    #[error("{0}")]
+    DeadlineExceeded(String),
 }
 
 impl PredictError {
@@ -170,13 +198,12 @@ impl PredictError {
             PredictError::Unavailable(_) => "unavailable",
             PredictError::Internal(_) => "internal",
             PredictError::Overloaded(_) => "overloaded",
+            PredictError::DeadlineExceeded(_) => "deadline_exceeded",
         }
     }
 }
 
-/// Calls that may wait for the batcher at once; one more is refused as
-/// overloaded (docs/serving.md, "Overload").
-pub const MAX_QUEUED_CALLS: usize = 4096;
+pub use crate::queue::MAX_QUEUED_CALLS;
 
 struct Job {
     ids: Vec<u64>,
@@ -185,22 +212,39 @@ struct Job {
     /// `Full` or `Reduced` (the student's calls never queue).
     rung: Rung,
     enqueued: Instant,
+    /// When a call still waiting for a ring thread is dropped: after the
+    /// worker's `call_timeout_ms`, or its own deadline if that is later (a
+    /// deadline that nothing fits is the ladder's to answer on its
+    /// cheapest rung, and a gRPC call past it is ended by the server).
+    deadline: Instant,
+    /// Its place among its lane's waiting calls, until a thread takes it.
+    place: Place,
     reply: oneshot::Sender<Result<Vec<Prediction>, PredictError>>,
+}
+
+/// A queue of calls for the batcher: its channel and the count of the calls
+/// that wait in it (bounded: docs/serving.md, "Overload").
+#[derive(Clone)]
+struct Lane {
+    jobs: mpsc::Sender<Job>,
+    waiting: Arc<Waiting>,
 }
 
 /// The batching front of the worker. Cheap to clone.
 #[derive(Clone)]
 pub struct Predictor {
-    jobs: mpsc::Sender<Job>,
+    jobs: Lane,
     config: Arc<BatchConfig>,
     metrics: Arc<WorkerMetrics>,
     client: Arc<RingClient>,
     schema: FeatureSchema,
     /// The MLP student's lane: its own queue, gathered into batches like
     /// the GNN's and answered by one thread (docs/serving.md, "The ladder").
-    student: Option<mpsc::Sender<Job>>,
+    student: Option<Lane>,
     /// Precomputed answers, when the worker has them.
     precomputed: Option<Arc<Precomputed>>,
+    /// What the GNN's output rows are (and so the stored answers).
+    output: OutputKind,
     /// What each rung of the ladder costs.
     costs: Arc<Costs>,
 }
@@ -257,6 +301,9 @@ impl Predictor {
         metrics: Arc<WorkerMetrics>,
     ) -> std::io::Result<Self> {
         let config = Arc::new(config);
+        let output = models
+            .first()
+            .map_or(OutputKind::Classes, |m| m.manifest().output);
         let (jobs_tx, jobs_rx) = mpsc::channel::<Job>(MAX_QUEUED_CALLS);
         let (batch_tx, batch_rx) = std_mpsc::channel::<Vec<Job>>();
         let batch_rx = Arc::new(Mutex::new(batch_rx));
@@ -350,17 +397,24 @@ impl Predictor {
                     metrics.clone(),
                     capacity,
                 ));
-                Some(lane_tx)
+                Some(Lane {
+                    jobs: lane_tx,
+                    waiting: Arc::new(Waiting::default()),
+                })
             }
         };
         Ok(Self {
-            jobs: jobs_tx,
+            jobs: Lane {
+                jobs: jobs_tx,
+                waiting: Arc::new(Waiting::default()),
+            },
             config,
             metrics,
             client,
             schema,
             student: student_lane,
             precomputed,
+            output,
             costs,
         })
     }
@@ -410,7 +464,9 @@ impl Predictor {
         left: Option<Duration>,
     ) -> Result<Vec<Prediction>, PredictError> {
         if ids.is_empty() {
-            return Ok(Vec::new());
+            return Err(PredictError::InvalidArgument(
+                "a call with no node ids: send 1 or more node_ids (or a new_node)".into(),
+            ));
         }
         if ids.len() > self.config.max_request_targets {
             return Err(PredictError::InvalidArgument(format!(
@@ -473,7 +529,7 @@ impl Predictor {
         new_node: Option<NewNode>,
         left: Option<Duration>,
     ) -> Result<Vec<Prediction>, PredictError> {
-        let waiting = MAX_QUEUED_CALLS - self.jobs.capacity();
+        let waiting = self.jobs.waiting.count();
         let mut available = vec![Rung::Full];
         if self.config.has_reduced() && new_node.is_none() {
             available.push(Rung::Reduced);
@@ -488,26 +544,33 @@ impl Predictor {
                 self.costs.choose(left, waiting, &available)
             })
         };
-        let queue = match (rung, &self.student) {
+        let lane = match (rung, &self.student) {
             (Rung::Student, Some(lane)) => lane,
             _ => &self.jobs,
         };
+        // A bounded count of waiting calls, never a wait for room: one more
+        // is an explicit overload error the caller can retry elsewhere.
+        let overloaded = || {
+            PredictError::Overloaded(format!(
+                "the worker is saturated ({MAX_QUEUED_CALLS} calls already wait for the \
+                 batcher); retry after a moment, or add replicas"
+            ))
+        };
+        let place = lane.waiting.place().ok_or_else(overloaded)?;
         let (reply, answer) = oneshot::channel();
-        // A bounded queue, never a wait for room in it: a full queue is an
-        // explicit overload error the caller can retry elsewhere.
-        queue
+        let enqueued = Instant::now();
+        lane.jobs
             .try_send(Job {
                 ids,
                 new_node,
                 rung,
-                enqueued: Instant::now(),
+                enqueued,
+                deadline: enqueued + left.unwrap_or_default().max(self.config.call_timeout),
+                place,
                 reply,
             })
             .map_err(|e| match e {
-                mpsc::error::TrySendError::Full(_) => PredictError::Overloaded(format!(
-                    "the worker is saturated ({MAX_QUEUED_CALLS} calls already wait for the \
-                     batcher); retry after a moment, or add replicas"
-                )),
+                mpsc::error::TrySendError::Full(_) => overloaded(),
                 mpsc::error::TrySendError::Closed(_) => {
                     PredictError::Unavailable("the worker is shutting down".into())
                 }
@@ -526,19 +589,14 @@ impl Predictor {
         if ids.is_empty() || !store.covers(ids) || !self.config.precomputed_answers {
             return None;
         }
+        let embedding = self.output == OutputKind::Embedding;
         Some(
             ids.iter()
                 .map(|&id| {
-                    let logits = store.logits(id).expect("covered").to_vec();
-                    Prediction {
-                        node_id: id,
-                        label: argmax(&logits) as i32,
-                        logits,
-                        embedding: Vec::new(),
-                        known: true,
-                        fallback_rows: 0,
-                        answered_by: AnsweredBy::PrecomputedUnchecked,
-                    }
+                    let row = store.logits(id).expect("covered");
+                    let mut prediction = Prediction::of_row(id, row, embedding);
+                    prediction.answered_by = AnsweredBy::PrecomputedUnchecked;
+                    prediction
                 })
                 .collect(),
         )
@@ -555,8 +613,13 @@ fn student_stage(
     capacity: &Capacity,
 ) {
     let metrics = ring.metrics;
-    while let Ok(mut batch) = batches.recv() {
+    while let Ok(batch) = batches.recv() {
         let taken = Instant::now();
+        let mut batch = take_live(batch, taken, metrics);
+        if batch.is_empty() {
+            capacity.release();
+            continue;
+        }
         batch.sort_by_key(|job| job.new_node.is_some());
         let ids: Vec<u64> = batch.iter().flat_map(|j| j.ids.iter().copied()).collect();
         metrics.targets.inc_by(ids.len() as u64);
@@ -586,6 +649,32 @@ fn student_stage(
         answer(batch, &ids, result, metrics, Some((ring.costs, taken)));
         capacity.release();
     }
+}
+
+/// A thread takes `batch` at `now`: every call gives its place back, and
+/// the calls nobody waits for any more are dropped before the ring (docs/
+/// serving.md, "Overload"): those whose caller has gone (an HTTP client
+/// that closed its connection, a gRPC call ended at its deadline) and those
+/// that waited past [`Job::deadline`] (answered DEADLINE_EXCEEDED).
+fn take_live(batch: Vec<Job>, now: Instant, metrics: &WorkerMetrics) -> Vec<Job> {
+    let mut live = Vec::with_capacity(batch.len());
+    for mut job in batch {
+        job.place.release();
+        if job.reply.is_closed() {
+            metrics.calls_dropped("gone");
+        } else if job.deadline <= now {
+            metrics.calls_dropped("deadline");
+            let waited = now.duration_since(job.enqueued).as_secs_f64();
+            let _ = job.reply.send(Err(PredictError::DeadlineExceeded(format!(
+                "the call waited {waited:.3} s for the batcher, past its deadline (the worker's \
+                 call_timeout_ms, or its own if later), before it reached the sidecar: give it \
+                 more time, or add replicas"
+            ))));
+        } else {
+            live.push(job);
+        }
+    }
+    live
 }
 
 /// Moves every job already queued into `batch`, up to `max_batch` targets.
@@ -621,6 +710,7 @@ async fn gather(
         if !capacity.has_free() && n < config.max_batch {
             // Every executor is busy: gather until one frees up, the batch is
             // full, or max_delay has passed.
+            metrics.batches_waited.inc();
             let until = tokio::time::sleep(config.max_delay);
             tokio::pin!(until);
             loop {
@@ -643,7 +733,10 @@ async fn gather(
                         }
                         None => break,
                     },
-                    () = &mut until => break,
+                    () = &mut until => {
+                        metrics.batches_delayed.inc();
+                        break;
+                    }
                 }
             }
         }
@@ -768,6 +861,21 @@ fn ring_stage(
             }
         };
         let taken = Instant::now();
+        let batch = take_live(batch, taken, metrics);
+        if batch.is_empty() {
+            // Every call of it was dropped: nothing goes to the ring.
+            capacity.release();
+            continue;
+        }
+        if let ClientStatus::Lost(reason) = ring.client.status() {
+            // The sidecar is gone: its calls fail now rather than wait
+            // `ring_timeout` for a new one (the worker is not ready).
+            let ids: Vec<u64> = batch.iter().flat_map(|j| j.ids.iter().copied()).collect();
+            let gone = PredictError::Unavailable(format!("the sidecar is gone: {reason}"));
+            answer(batch, &ids, Err(gone), metrics, None);
+            capacity.release();
+            continue;
+        }
         for job in &batch {
             let wait = taken.duration_since(job.enqueued);
             metrics.queue_wait_seconds.observe(wait.as_secs_f64());
@@ -936,11 +1044,7 @@ fn jobs_ring_calls(
             .flat_map(|(j, _)| j.ids.iter().copied())
             .collect()
     };
-    let since = store.map(|s| protocol::request::FreshSince {
-        clock: s.meta.clock,
-        tick: s.meta.tick,
-        fanouts: s.meta.fanouts,
-    });
+    let since = store.map(|s| s.meta.fresh_since());
     // Hubs whose stored layer-1 embedding stands come without their
     // neighbourhood (docs/serving.md, "Hub layer-1 embeddings").
     let hub_h1 = since
@@ -1197,20 +1301,11 @@ fn run_one(
             Some(row) => (row, AnsweredBy::Precomputed),
             None => (&logits[i * width..(i + 1) * width], model.answered_by()),
         };
-        let (label, logits, vector) = if embedding {
-            (-1, Vec::new(), row.to_vec())
-        } else {
-            (argmax(row) as i32, row.to_vec(), Vec::new())
-        };
-        out.push(Prediction {
-            node_id,
-            label,
-            logits,
-            embedding: vector,
-            known: status[i] != target_status::UNKNOWN_NODE,
-            fallback_rows: fallbacks.of(&tables, i),
-            answered_by,
-        });
+        let mut prediction = Prediction::of_row(node_id, row, embedding);
+        prediction.known = status[i] != target_status::UNKNOWN_NODE;
+        prediction.fallback_rows = fallbacks.of(&tables, i);
+        prediction.answered_by = answered_by;
+        out.push(prediction);
     }
     Ok(())
 }
@@ -1270,6 +1365,9 @@ impl FallbackCounter {
         match (self.any, tables.hops()) {
             (false, _) => 0,
             (true, 0) => fallback_rows(tables, t),
+            // A FRESH target of a subgraph response has no row: its stored
+            // answer read none of these.
+            (true, _) if tables.target_rows()[t] == NO_ROW => 0,
             (true, hops) => subgraph_fallback_rows(tables, t, hops),
         }
     }

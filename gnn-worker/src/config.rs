@@ -90,6 +90,9 @@ pub struct WorkerConfig {
     pub intra_threads: usize,
     /// Deadline of one ring call, milliseconds.
     pub ring_timeout_ms: f64,
+    /// The deadline of a client call that brings none, milliseconds: past
+    /// it, a call still waiting for the batcher is dropped.
+    pub call_timeout_ms: f64,
     /// How long to wait for the sidecar's segment at start, seconds; 0
     /// waits for ever (not ready meanwhile).
     pub attach_timeout_s: f64,
@@ -127,6 +130,7 @@ impl Default for WorkerConfig {
             ring_concurrency: 2,
             intra_threads: 1,
             ring_timeout_ms: 500.0,
+            call_timeout_ms: 30_000.0,
             attach_timeout_s: 0.0,
             shutdown_delay_s: 0.0,
             log_format: LogFormat::Text,
@@ -236,6 +240,7 @@ impl Validate for WorkerConfig {
         )?;
         between("intra_threads", self.intra_threads as f64, 1.0, 256.0)?;
         between("ring_timeout_ms", self.ring_timeout_ms, 1.0, 600_000.0)?;
+        between("call_timeout_ms", self.call_timeout_ms, 1.0, 3_600_000.0)?;
         between("attach_timeout_s", self.attach_timeout_s, 0.0, 86_400.0)?;
         between("shutdown_delay_s", self.shutdown_delay_s, 0.0, 3_600.0)?;
         daemon_kit::logging::parse_level(&self.log_level)
@@ -245,12 +250,28 @@ impl Validate for WorkerConfig {
 }
 
 impl WorkerConfig {
+    /// The configuration as `--print-config` shows it: the Redis password
+    /// of `precomputed_redis` replaced by `***`.
+    pub fn redacted(&self) -> Self {
+        Self {
+            precomputed_redis: self
+                .precomputed_redis
+                .as_deref()
+                .map(daemon_kit::redact::redact_url),
+            ..self.clone()
+        }
+    }
+
     pub fn max_delay(&self) -> Duration {
         Duration::from_secs_f64(self.max_delay_ms / 1e3)
     }
 
     pub fn ring_timeout(&self) -> Duration {
         Duration::from_secs_f64(self.ring_timeout_ms / 1e3)
+    }
+
+    pub fn call_timeout(&self) -> Duration {
+        Duration::from_secs_f64(self.call_timeout_ms / 1e3)
     }
 
     pub fn shutdown_delay(&self) -> Duration {
@@ -364,6 +385,10 @@ pub struct WorkerFlags {
     #[arg(long)]
     #[serde(skip_serializing_if = "Option::is_none")]
     pub ring_timeout_ms: Option<f64>,
+    /// Deadline of a call that brings none, ms [default: 30000].
+    #[arg(long)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub call_timeout_ms: Option<f64>,
     /// Seconds to wait for the sidecar at start; 0 waits for ever [default: 0].
     #[arg(long)]
     #[serde(skip_serializing_if = "Option::is_none")]

@@ -45,6 +45,26 @@ fn error_response(request_id: u64, status: &Status) -> pb::PredictResponse {
     }
 }
 
+/// What tonic's codec and server say, as INTERNAL, when a request's bytes
+/// are not a message: the client's mistake, not the worker's (and INTERNAL
+/// is documented as retryable).
+const UNDECODABLE: [&str; 5] = [
+    // The protobuf bytes do not decode.
+    "failed to decode Protobuf message",
+    // The body ends inside a message's frame.
+    "Unexpected EOF decoding stream",
+    // An empty body where a unary call's one message should be.
+    "Missing request message",
+    // A compressed flag without `grpc-encoding`, or another flag value.
+    "protocol error: received message with",
+    "Error decompressing",
+];
+
+/// Whether an INTERNAL status of tonic's says the request was undecodable.
+fn is_undecodable(code: tonic::Code, message: &str) -> bool {
+    code == tonic::Code::Internal && UNDECODABLE.iter().any(|m| message.contains(m))
+}
+
 /// A unary call whose message could not be decoded gets INVALID_ARGUMENT
 /// instead of the INTERNAL that tonic's codec reports (the status of such an
 /// early failure is in the response headers: a trailers-only response).
@@ -58,7 +78,8 @@ pub fn invalid_argument_for_undecodable<B>(
     let undecodable = headers
         .get("grpc-message")
         .and_then(|m| m.to_str().ok())
-        .is_some_and(|m| m.contains("decode"));
+        .map(percent_decoded)
+        .is_some_and(|m| is_undecodable(tonic::Code::Internal, &m));
     if internal && undecodable {
         headers.insert(
             "grpc-status",
@@ -68,10 +89,34 @@ pub fn invalid_argument_for_undecodable<B>(
     response
 }
 
+/// `grpc-message` as sent: percent-encoded (gRPC's HTTP/2 mapping).
+fn percent_decoded(message: &str) -> String {
+    let bytes = message.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        let hex = bytes
+            .get(i + 1..i + 3)
+            .and_then(|h| std::str::from_utf8(h).ok())
+            .and_then(|h| u8::from_str_radix(h, 16).ok());
+        match (bytes[i], hex) {
+            (b'%', Some(byte)) => {
+                out.push(byte);
+                i += 3;
+            }
+            (byte, _) => {
+                out.push(byte);
+                i += 1;
+            }
+        }
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
 /// A message that could not be decoded is the client's mistake:
 /// INVALID_ARGUMENT, not the INTERNAL that the codec reports.
 pub fn malformed(status: Status) -> Status {
-    if status.code() == tonic::Code::Internal && status.message().contains("decode") {
+    if is_undecodable(status.code(), status.message()) {
         Status::invalid_argument(format!(
             "the request is not a valid gnn.v1.PredictRequest ({}): check the client's \
              generated code against gnn-worker/proto/predictor.proto",
@@ -88,6 +133,7 @@ fn to_status(e: PredictError) -> Status {
         PredictError::Unavailable(m) => Status::unavailable(m),
         PredictError::Internal(m) => Status::internal(m),
         PredictError::Overloaded(m) => Status::resource_exhausted(m),
+        PredictError::DeadlineExceeded(m) => Status::deadline_exceeded(m),
     }
 }
 
@@ -135,6 +181,87 @@ async fn answer(
 
 type ResponseStream = Pin<Box<dyn Stream<Item = Result<pb::PredictResponse, Status>> + Send>>;
 
+/// A stream's requests answered at once, at most (their answers go out in
+/// request order).
+const STREAM_IN_FLIGHT: usize = 256;
+
+/// Bytes of a stream's requests read ahead of their answers, at most.
+/// Reading a burst off the connection at once keeps HTTP/2's budget of
+/// buffered small DATA frames from running out (it closes the connection
+/// with ENHANCE_YOUR_CALM "too_many_data_frames" when a peer's unread
+/// frames cost too much), while this bound keeps the memory a stream holds
+/// bounded: past it, reading waits, and a real flood meets that protection.
+const STREAM_READ_AHEAD_BYTES: usize = 64 << 20;
+
+/// Answers a `PredictStream`: reads requests as they come (up to
+/// [`STREAM_READ_AHEAD_BYTES`] ahead), answers up to [`STREAM_IN_FLIGHT`]
+/// of them at once through the batcher, and sends the answers in request
+/// order. A failed request is answered in band and the stream goes on;
+/// bytes that are not a message end it, after the answers before them.
+async fn drive_stream(
+    service: Service,
+    mut incoming: Streaming<pb::PredictRequest>,
+    tx: tokio::sync::mpsc::Sender<Result<pb::PredictResponse, Status>>,
+) {
+    use futures_util::stream::{FuturesOrdered, StreamExt};
+    let mut waiting: std::collections::VecDeque<(pb::PredictRequest, usize)> = Default::default();
+    let mut waiting_bytes = 0usize;
+    let mut running = FuturesOrdered::new();
+    let mut reading = true;
+    let mut end: Option<Status> = None;
+    loop {
+        while running.len() < STREAM_IN_FLIGHT {
+            let Some((request, bytes)) = waiting.pop_front() else {
+                break;
+            };
+            waiting_bytes -= bytes;
+            running.push_back(answer_in_band(service.clone(), request));
+        }
+        if !reading && waiting.is_empty() && running.is_empty() {
+            if let Some(status) = end {
+                let _ = tx.send(Err(status)).await;
+            }
+            return;
+        }
+        tokio::select! {
+            biased;
+            Some(answer) = running.next(), if !running.is_empty() => {
+                if tx.send(Ok(answer)).await.is_err() {
+                    // The client is gone.
+                    return;
+                }
+            }
+            message = incoming.message(), if reading && waiting_bytes < STREAM_READ_AHEAD_BYTES => {
+                match message {
+                    Ok(Some(request)) => {
+                        let bytes = prost::Message::encoded_len(&request).max(1);
+                        waiting_bytes += bytes;
+                        waiting.push_back((request, bytes));
+                    }
+                    Ok(None) => reading = false,
+                    // Bytes that are not a message: the decoder cannot find
+                    // the next one reliably, so the stream ends here.
+                    Err(status) => {
+                        reading = false;
+                        end = Some(malformed(status));
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// One stream request's answer: its predictions, or its error in band. A
+/// stream's deadline is the whole stream's, not one request's: the ladder
+/// is not consulted.
+async fn answer_in_band(service: Service, request: pb::PredictRequest) -> pb::PredictResponse {
+    let request_id = request.request_id;
+    match answer(&service, request, None).await {
+        Ok(response) => response,
+        Err(status) => error_response(request_id, &status),
+    }
+}
+
 #[tonic::async_trait]
 impl pb::predictor_server::Predictor for PredictService {
     async fn predict(
@@ -157,32 +284,10 @@ impl pb::predictor_server::Predictor for PredictService {
         &self,
         request: Request<Streaming<pb::PredictRequest>>,
     ) -> Result<Response<Self::PredictStreamStream>, Status> {
-        let mut incoming = request.into_inner();
+        let incoming = request.into_inner();
         let service = self.service.clone();
-        let (tx, rx) = tokio::sync::mpsc::channel(64);
-        tokio::spawn(async move {
-            loop {
-                let next = match incoming.message().await {
-                    Ok(Some(request)) => {
-                        let request_id = request.request_id;
-                        // A stream's deadline is the whole stream's, not
-                        // one request's: the ladder is not consulted.
-                        match answer(&service, request, None).await {
-                            Ok(response) => Ok(response),
-                            Err(status) => Ok(error_response(request_id, &status)),
-                        }
-                    }
-                    Ok(None) => return,
-                    // Bytes that are not a message: the decoder cannot find
-                    // the next one reliably, so the stream ends here.
-                    Err(status) => Err(malformed(status)),
-                };
-                let ended = next.is_err();
-                if tx.send(next).await.is_err() || ended {
-                    return;
-                }
-            }
-        });
+        let (tx, rx) = tokio::sync::mpsc::channel(STREAM_IN_FLIGHT);
+        tokio::spawn(drive_stream(service, incoming, tx));
         Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
     }
 }

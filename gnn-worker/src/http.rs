@@ -125,6 +125,7 @@ fn error_response(e: PredictError) -> axum::response::Response {
                     StatusCode::SERVICE_UNAVAILABLE
                 }
                 PredictError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
+                PredictError::DeadlineExceeded(_) => StatusCode::GATEWAY_TIMEOUT,
             };
             let mut response = (code, format!("{e}\n")).into_response();
             if matches!(e, PredictError::Overloaded(_)) {

@@ -29,4 +29,5 @@ pub mod model;
 pub mod onnx_graph;
 pub mod onnxruntime;
 pub mod precomputed;
+pub mod queue;
 pub mod service;

@@ -54,10 +54,13 @@ enum Command {
         /// Redis URL to store the outputs in, e.g. redis://127.0.0.1:6379.
         #[arg(long)]
         redis: String,
-        /// Fanouts to compute with, e.g. 20,10 [default: the sidecar's].
-        #[arg(long, value_parser = protocol::request::parse_fanouts)]
-        fanouts: Option<[u32; 2]>,
-        /// Targets per ring request (at most the sidecar's max_targets).
+        /// Fanouts to compute with, e.g. 20,10 [default: a dense-layout
+        /// model's the sidecar's, a subgraph-layout (PyG) model's its
+        /// manifest's; one per hop, 1 to 3, for such a model].
+        #[arg(long)]
+        fanouts: Option<daemon_kit::config::HopFanouts>,
+        /// Targets per ring request (at most the sidecar's max_targets); a
+        /// subgraph-layout model's nodes are computed one per request.
         #[arg(long, default_value_t = 64)]
         batch: usize,
         /// ONNX Runtime's libonnxruntime.so [default: as `serve`].
@@ -118,7 +121,7 @@ struct ServeArgs {
 }
 
 fn main() -> ExitCode {
-    let cli = Cli::parse();
+    let cli: Cli = daemon_kit::cli::parse();
     if !matches!(cli.command, Command::Serve(_)) {
         daemon_kit::logging::init_for_command();
     }
@@ -148,7 +151,7 @@ fn main() -> ExitCode {
                 model_dir: model,
                 shm_name,
                 redis_url: redis,
-                fanouts,
+                fanouts: fanouts.map(|f| f.0),
                 batch,
                 onnxruntime_lib,
                 threads,
@@ -159,7 +162,7 @@ fn main() -> ExitCode {
                      sidecar start {:016x}, tick {}",
                     meta.nodes,
                     meta.id_bound,
-                    meta.fanouts,
+                    meta.computed_at(),
                     meta.seconds,
                     meta.model,
                     meta.clock,
@@ -317,9 +320,9 @@ async fn start(config: &WorkerConfig, service: &Service) -> anyhow::Result<()> {
             .as_ref()
             .and_then(|f| SubgraphFanouts::new(&f.0));
         anyhow::ensure!(
-            config.precomputed_redis.is_none() && config.hub_min_degree == 0,
-            "precomputed answers and hub embeddings are dense-layout features in this release; \
-             the model {} reads the subgraph layout: unset precomputed_redis and hub_min_degree",
+            config.hub_min_degree == 0,
+            "hub embeddings are a dense-layout feature (docs/strategies.md, \"PyTorch Geometric \
+             models\"); the model {} reads the subgraph layout: set hub_min_degree 0",
             config.model.display()
         );
     }
@@ -334,7 +337,7 @@ async fn start(config: &WorkerConfig, service: &Service) -> anyhow::Result<()> {
     let precomputed = match &config.precomputed_redis {
         None => None,
         Some(url) => {
-            if manifest.outputs.len() < 2 {
+            if manifest.layout == ModelLayout::Dense && manifest.outputs.len() < 2 {
                 tracing::warn!(
                     "the model has no h1 output; precomputed answers need a model exported by \
                      this release's sage.py (gnn-worker precompute refuses older ones)"
@@ -342,8 +345,9 @@ async fn start(config: &WorkerConfig, service: &Service) -> anyhow::Result<()> {
             }
             redis::Client::open(url.as_str()).map_err(|e| {
                 anyhow::anyhow!(
-                    "precomputed_redis {url:?} is not a Redis URL ({e}): give one such as \
-                     redis://host:6379"
+                    "precomputed_redis {:?} is not a Redis URL ({e}): give one such as \
+                     redis://host:6379",
+                    daemon_kit::redact::redact_url(url)
                 )
             })?;
             anyhow::ensure!(
@@ -361,7 +365,7 @@ async fn start(config: &WorkerConfig, service: &Service) -> anyhow::Result<()> {
             tokio::spawn(precomputed.clone().follow(
                 url.clone(),
                 model_id,
-                manifest.num_classes,
+                manifest.output_width(),
                 config.hub_min_degree > 0,
                 Duration::from_secs_f64(config.precomputed_check_s),
                 move |set| {
@@ -421,7 +425,7 @@ fn worker_fanouts(
 async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     let layered = load_config(&args).map_err(anyhow::Error::msg)?;
     if args.print_config {
-        print!("{}", layered.to_toml(&layered.value));
+        print!("{}", layered.to_toml(&layered.value.redacted()));
         return Ok(());
     }
     let config = layered.value.clone();

@@ -34,6 +34,12 @@ pub struct ErrorKind {
     pub kind: &'static str,
 }
 
+/// The `why` label of calls dropped before the ring.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct DroppedWhy {
+    pub why: &'static str,
+}
+
 /// Whether the worker can serve, read at scrape time.
 pub trait Health: Send + Sync + fmt::Debug {
     fn ready(&self) -> bool;
@@ -45,11 +51,19 @@ pub struct WorkerMetrics {
     registry: Registry,
     pub calls: Counter,
     pub call_errors: Family<ErrorKind, Counter>,
+    /// Calls dropped before the ring: their caller had gone, or their
+    /// deadline had passed.
+    pub dropped: Family<DroppedWhy, Counter>,
     /// Predictions answered, per source (`gnn`, `student`, `precomputed`).
     pub answers: Family<AnsweredByLabel, Counter>,
     /// Nodes of the precomputed set in use (0: none).
     pub precomputed_nodes: Gauge,
     pub batches: Counter,
+    /// Batches that waited for an executor (every one was busy when their
+    /// first call came), and of those, the ones sent because `max_delay`
+    /// passed.
+    pub batches_waited: Counter,
+    pub batches_delayed: Counter,
     pub ring_requests: Counter,
     /// Ring requests answered TOO_LARGE and split in two.
     pub ring_splits: Counter,
@@ -86,12 +100,30 @@ impl WorkerMetrics {
         let calls = counter(&mut r, "gnn_worker_calls", "client calls (gRPC and HTTP)");
         let call_errors = Family::<ErrorKind, Counter>::default();
         // Every kind from the start (at 0), so dashboards see the series.
-        for kind in ["invalid_argument", "unavailable", "internal", "overloaded"] {
+        for kind in [
+            "invalid_argument",
+            "unavailable",
+            "internal",
+            "overloaded",
+            "deadline_exceeded",
+        ] {
             let _ = call_errors.get_or_create(&ErrorKind { kind });
         }
+        let dropped = Family::<DroppedWhy, Counter>::default();
+        for why in ["gone", "deadline"] {
+            let _ = dropped.get_or_create(&DroppedWhy { why });
+        }
+        r.register(
+            "gnn_worker_calls_dropped",
+            "calls dropped when a thread took them, before the ring: their caller had gone \
+             (gone) or they had waited past call_timeout_ms or their own later deadline \
+             (deadline)",
+            dropped.clone(),
+        );
         r.register(
             "gnn_worker_call_errors",
-            "client calls answered with an error, per kind (invalid_argument, unavailable, internal)",
+            "client calls answered with an error, per kind (invalid_argument, unavailable, \
+             internal, overloaded, deadline_exceeded)",
             call_errors.clone(),
         );
         let answers = Family::<AnsweredByLabel, Counter>::default();
@@ -120,6 +152,17 @@ impl WorkerMetrics {
             &mut r,
             "gnn_worker_batches",
             "batches formed by the batcher",
+        );
+        let batches_waited = counter(
+            &mut r,
+            "gnn_worker_batches_waited",
+            "batches whose first call found every executor busy: they gathered calls until \
+             one freed up, the batch was full or max_delay passed",
+        );
+        let batches_delayed = counter(
+            &mut r,
+            "gnn_worker_batches_delayed",
+            "of the batches that waited, those sent because max_delay passed",
         );
         let ring_requests = counter(&mut r, "gnn_worker_ring_requests", "ring requests sent");
         let ring_splits = counter(
@@ -178,10 +221,13 @@ impl WorkerMetrics {
         Self {
             registry: r,
             calls,
+            dropped,
             call_errors,
             answers,
             precomputed_nodes,
             batches,
+            batches_waited,
+            batches_delayed,
             ring_requests,
             ring_splits,
             targets,
@@ -195,6 +241,11 @@ impl WorkerMetrics {
             batch_targets,
             batch_calls,
         }
+    }
+
+    /// Counts a call dropped before the ring (`why`: gone, deadline).
+    pub fn calls_dropped(&self, why: &'static str) {
+        self.dropped.get_or_create(&DroppedWhy { why }).inc();
     }
 
     /// Counts a failed call.

@@ -23,6 +23,7 @@ use std::path::{Path, PathBuf};
 use ort::session::Session;
 use ort::value::{TensorElementType, TensorRef, ValueType};
 use protocol::layout::{dtype, FeatureSchema, Geometry, MAX_HOPS, MAX_SUBGRAPH_HOPS};
+use protocol::payload::schema::NO_ROW;
 use protocol::payload::ResponseTables;
 use protocol::request::SubgraphFanouts;
 use serde::Deserialize;
@@ -714,20 +715,27 @@ impl Model {
     /// Runs a subgraph-layout model on a subgraph response: `x` and
     /// `edge_index` borrow the node table's features and the edge table's
     /// values in place; returns each target's output row (`n_targets x
-    /// width`).
+    /// width`; zeros for a `FRESH` target, which has no row). The model
+    /// does not run when no target has a row.
     fn run_subgraph(&mut self, tables: &ResponseTables) -> Result<Vec<f32>, ModelError> {
         if tables.hops() == 0 {
             return Err(ModelError::Run(
                 "a dense-layout response for a subgraph-layout model".into(),
             ));
         }
+        let width = self.manifest.output_width() as usize;
+        let mut rows = vec![0f32; tables.n_targets() * width];
+        if tables.target_rows().iter().all(|&row| row == NO_ROW) {
+            return Ok(rows);
+        }
         let inputs = bind_subgraph_inputs(tables).map_err(|e| ModelError::Run(e.to_string()))?;
         let values = self.run_subgraph_inputs(inputs, tables.n_nodes(), tables.n_edges())?;
-        let width = self.manifest.output_width() as usize;
-        let mut rows = Vec::with_capacity(tables.n_targets() * width);
-        for &row in tables.target_rows() {
-            let row = row as usize;
-            rows.extend_from_slice(&values[row * width..(row + 1) * width]);
+        for (t, &row) in tables.target_rows().iter().enumerate() {
+            let Ok(row) = usize::try_from(row) else {
+                continue;
+            };
+            rows[t * width..(t + 1) * width]
+                .copy_from_slice(&values[row * width..(row + 1) * width]);
         }
         Ok(rows)
     }

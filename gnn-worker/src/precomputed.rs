@@ -3,9 +3,11 @@
 //! --precomputed-redis` answers from while the sidecar vouches that nothing
 //! a node's answer depends on has changed.
 //!
-//! A *set* is every known node's output (logits, then the layer-1
-//! embedding `h1`, little-endian f32) computed by one model against one
-//! sidecar start, at one point of its change clock (docs/protocol.md,
+//! A *set* is every known node's output (a dense-layout model's logits,
+//! then its layer-1 embedding `h1`; a subgraph-layout model's output row,
+//! logits or embedding, computed on the node's own subgraph with the node
+//! alone in its request; little-endian f32) computed by one model against
+//! one sidecar start, at one point of its change clock (docs/protocol.md,
 //! "Freshness"). Keys, with `model` the first 16 hex digits of the XXH3-128
 //! of `model.onnx` and `clock` the sidecar's change clock id in hex:
 //!
@@ -37,12 +39,21 @@ pub struct SetMeta {
     /// answers stand for nodes with no change after it.
     pub clock: u64,
     pub tick: u64,
-    /// The fanouts the outputs were computed with.
+    /// The fanouts the outputs were computed with: the dense layout's two,
+    /// or the first two hops of `subgraph` (0 past its last hop).
     pub fanouts: [u32; MAX_HOPS],
+    /// A subgraph-layout model's set: the fanouts, one per hop, of the
+    /// subgraph each node's output was computed on (the node alone in its
+    /// request); absent for a dense-layout model's set.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub subgraph: Option<Vec<u32>>,
     /// Node ids below this were asked for; `nodes` of them were known.
     pub id_bound: u64,
     pub nodes: u64,
+    /// The width of a node's answer: the classes, or an embedding model's
+    /// vector width.
     pub classes: u32,
+    /// The width of a node's stored layer-1 embedding (0: none stored).
     pub hidden: u32,
     /// Wall-clock seconds the precompute took, and when it finished (Unix
     /// seconds).
@@ -54,6 +65,22 @@ impl SetMeta {
     /// The key prefix of this set's node outputs.
     pub fn node_prefix(&self) -> String {
         node_prefix(&self.model, self.clock, self.tick)
+    }
+
+    /// The fanouts the outputs were computed at, one per hop.
+    pub fn computed_at(&self) -> Vec<u32> {
+        self.subgraph
+            .clone()
+            .unwrap_or_else(|| self.fanouts.to_vec())
+    }
+
+    /// The `FRESH_SINCE` point that vouches for this set's answers.
+    pub fn fresh_since(&self) -> protocol::request::FreshSince {
+        use protocol::request::{FreshSince, SubgraphFanouts};
+        match self.subgraph.as_deref().and_then(SubgraphFanouts::new) {
+            Some(subgraph) => FreshSince::subgraph(self.clock, self.tick, subgraph),
+            None => FreshSince::dense(self.clock, self.tick, self.fanouts),
+        }
     }
 }
 
@@ -334,22 +361,28 @@ pub struct PrecomputeJob {
     pub model_dir: std::path::PathBuf,
     pub shm_name: String,
     pub redis_url: String,
-    /// `None`: the segment's default fanouts (what a worker without
-    /// `fanouts` serves with).
-    pub fanouts: Option<[u32; MAX_HOPS]>,
-    /// Targets per ring request (at most the segment's `max_targets`).
+    /// `None`: a dense-layout model's the segment's default fanouts (what
+    /// a worker without `fanouts` serves with), a subgraph-layout model's
+    /// its manifest's. One per hop (two for a dense-layout model).
+    pub fanouts: Option<Vec<u32>>,
+    /// Targets per ring request (at most the segment's `max_targets`); a
+    /// subgraph-layout model's nodes go one per request.
     pub batch: usize,
     pub onnxruntime_lib: Option<std::path::PathBuf>,
     pub threads: usize,
 }
 
 /// Scores every node below the graph's id bound through the sidecar's
-/// ring and the model, stores each known node's logits and h1 in Redis,
-/// then the set's description, and removes the set it replaces. Prints
-/// its progress to stderr. Returns the description written.
+/// ring and the model, stores each known node's output in Redis, then the
+/// set's description, and removes the set it replaces. A dense-layout
+/// model's nodes go `batch` a request (its answers do not depend on the
+/// batch); a subgraph-layout model's one a request, so that each output is
+/// the one its node's own subgraph gives (the one a `FRESH_SINCE` check
+/// draws again). Prints its progress to stderr. Returns the description
+/// written.
 pub fn precompute(job: &PrecomputeJob) -> anyhow::Result<SetMeta> {
-    use protocol::client::{CallError, CallRequest, ClientOptions, RingClient};
-    use protocol::payload::schema::target_status;
+    use crate::model::ModelLayout;
+    use protocol::request::SubgraphFanouts;
 
     let started = std::time::Instant::now();
     let env = crate::onnxruntime::init(job.onnxruntime_lib.as_deref())?;
@@ -360,144 +393,93 @@ pub fn precompute(job: &PrecomputeJob) -> anyhow::Result<SetMeta> {
         crate::model::Device::Cpu,
         job.threads.max(1),
     )?;
+    let subgraph = manifest.layout == ModelLayout::Subgraph;
     anyhow::ensure!(
-        manifest.layout == crate::model::ModelLayout::Dense,
-        "{} reads the subgraph layout (a PyG model): precomputed answers are a dense-layout \
-         feature in this release (docs/strategies.md)",
-        job.model_dir.display()
-    );
-    anyhow::ensure!(
-        model.has_h1(),
+        subgraph || model.has_h1(),
         "{} has no h1 output: export the model with this release's sage.py (train, init or \
          quantize)",
         job.model_dir.display()
     );
     let model_id = model_id(&job.model_dir)?;
-    let client = RingClient::attach(&job.shm_name, ClientOptions::default())
-        .with_context(|| format!("attaching to the sidecar on /dev/shm/{}", job.shm_name))?;
-    let (Some(schema), Some(geometry)) = (client.schema(), client.geometry()) else {
-        anyhow::bail!("the sidecar went away while attaching");
+    let client = RingClientFor::attach(&job.shm_name)?;
+    let (schema, geometry) = (client.schema, client.geometry);
+    let fanouts: Vec<u32> = match (&job.fanouts, subgraph) {
+        (Some(f), _) => f.clone(),
+        (None, true) => manifest.fanouts.clone(),
+        (None, false) => schema.default_fanouts.to_vec(),
     };
-    let fanouts = job.fanouts.unwrap_or(schema.default_fanouts);
     manifest.check_segment(&schema, &geometry, &fanouts)?;
-    let batch = job.batch.clamp(1, geometry.max_targets as usize);
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()?;
-    let mut redis = runtime
-        .block_on(async {
-            redis::Client::open(job.redis_url.as_str())?
-                .get_multiplexed_async_connection()
-                .await
-        })
-        .with_context(|| format!("connecting to Redis at {}", job.redis_url))?;
-
-    // The stamp: the change clock of the first response (read by the
-    // sidecar before it sampled). Every later output is at least as new.
-    let mut stamp: Option<(u64, u64, u64)> = None;
-    let classes = manifest.num_classes as usize;
-    let hidden = manifest.hidden.unwrap_or(0) as usize;
-    let mut writes: Vec<(String, Vec<u8>)> = Vec::new();
+    let shape = if subgraph {
+        let hops = SubgraphFanouts::new(&fanouts)
+            .with_context(|| format!("fanouts {fanouts:?}: give one to three, one per hop"))?;
+        Shape::Subgraph(hops)
+    } else {
+        let dense: [u32; MAX_HOPS] = fanouts.as_slice().try_into().map_err(|_| {
+            anyhow::anyhow!(
+                "fanouts {fanouts:?}: the model {} reads the dense layout, which has two hops: \
+                 give two such as 20,10",
+                job.model_dir.display()
+            )
+        })?;
+        Shape::Dense(dense)
+    };
+    let batch = match shape {
+        Shape::Subgraph(_) => 1,
+        Shape::Dense(_) => job.batch.clamp(1, geometry.max_targets as usize),
+    };
+    let mut store = SetWriter::connect(&job.redis_url, &model_id)?;
+    let classes = manifest.output_width() as usize;
+    let hidden = if subgraph {
+        0
+    } else {
+        manifest.hidden.unwrap_or(0) as usize
+    };
     let mut nodes = 0u64;
     let mut next = 0u64;
     let mut last_report = std::time::Instant::now();
-    let mut prefix = String::new();
-    let flush = |redis: &mut redis::aio::MultiplexedConnection,
-                 writes: &mut Vec<(String, Vec<u8>)>|
-     -> anyhow::Result<()> {
-        if writes.is_empty() {
-            return Ok(());
-        }
-        let mut cmd = redis::cmd("MSET");
-        for (key, value) in writes.drain(..) {
-            cmd.arg(key).arg(value);
-        }
-        runtime
-            .block_on(cmd.query_async::<()>(redis))
-            .context("writing precomputed outputs to Redis")
-    };
     loop {
-        let bound = stamp.map_or(u64::MAX, |(_, _, bound)| bound);
+        let bound = store.stamp.map_or(u64::MAX, |(_, _, bound)| bound);
         if next >= bound {
             break;
         }
         let ids: Vec<u64> = (next..(next + batch as u64).min(bound)).collect();
         let mut queue = vec![ids.as_slice()];
         while let Some(targets) = queue.pop() {
-            let request = CallRequest {
-                fanouts,
-                timeout: Some(std::time::Duration::from_secs(10)),
-                ..CallRequest::new(targets)
-            };
-            let response = match client.call(&request) {
-                Ok(response) => response,
-                Err(CallError::Status {
-                    status: protocol::layout::status::TOO_LARGE,
-                    message,
-                    ..
-                }) => {
-                    anyhow::ensure!(
-                        targets.len() > 1,
-                        "the neighbourhood of node {} does not fit one response ({message}): \
-                         lower --fanouts, or raise the sidecar's response_mib or max_nodes",
-                        targets[0]
-                    );
-                    let (a, b) = targets.split_at(targets.len() / 2);
-                    queue.push(b);
-                    queue.push(a);
-                    continue;
-                }
-                Err(e) => return Err(e).context("asking the sidecar for a batch"),
+            let Some(response) = client.call(targets, shape)? else {
+                // Too large: the halves, one after the other.
+                let (a, b) = targets.split_at(targets.len() / 2);
+                queue.push(b);
+                queue.push(a);
+                continue;
             };
             let header = response.header();
-            let (clock, tick, id_bound) =
-                (header.change_clock, header.change_tick, header.id_bound);
-            anyhow::ensure!(
-                clock != 0,
-                "the sidecar has no change clock (an older release): upgrade it before \
-                 precomputing"
-            );
-            match stamp {
-                None => {
-                    stamp = Some((clock, tick, id_bound));
-                    prefix = node_prefix(&model_id, clock, tick);
-                }
-                Some((first, ..)) => anyhow::ensure!(
-                    first == clock,
-                    "the sidecar restarted during the precompute (its change clock moved from \
-                     {first:016x} to {clock:016x}): run gnn-worker precompute again"
-                ),
-            }
+            store.saw(header.change_clock, header.change_tick, header.id_bound)?;
             let tables = response
                 .tables()
                 .context("decoding the sidecar's response")?;
-            let (logits, h1) = model.run_with_h1(&tables)?;
+            let (outputs, h1) = match shape {
+                Shape::Dense(_) => model.run_with_h1(&tables)?,
+                Shape::Subgraph(_) => (model.run(&tables)?, Vec::new()),
+            };
             for (i, (&id, &status)) in tables
                 .target_ids()
                 .iter()
                 .zip(tables.target_status())
                 .enumerate()
             {
-                if status != target_status::OK {
+                if status != protocol::payload::schema::target_status::OK {
                     continue;
                 }
-                writes.push((
-                    format!("{prefix}{id}"),
-                    encode_output(
-                        &logits[i * classes..(i + 1) * classes],
-                        &h1[i * hidden..(i + 1) * hidden],
-                    ),
-                ));
+                let h1 = h1.get(i * hidden..(i + 1) * hidden).unwrap_or(&[]);
+                store.push(
+                    id,
+                    encode_output(&outputs[i * classes..(i + 1) * classes], h1),
+                )?;
                 nodes += 1;
-            }
-            drop(tables);
-            drop(response);
-            if writes.len() >= CHUNK {
-                flush(&mut redis, &mut writes)?;
             }
         }
         next += ids.len() as u64;
-        let bound = stamp.map_or(next, |(_, _, bound)| bound).max(1);
+        let bound = store.stamp.map_or(next, |(_, _, bound)| bound).max(1);
         if last_report.elapsed() >= std::time::Duration::from_secs(1) || next >= bound {
             last_report = std::time::Instant::now();
             let secs = started.elapsed().as_secs_f64();
@@ -508,13 +490,16 @@ pub fn precompute(job: &PrecomputeJob) -> anyhow::Result<SetMeta> {
             );
         }
     }
-    flush(&mut redis, &mut writes)?;
-    let (clock, tick, id_bound) = stamp.context("the sidecar answered nothing")?;
+    let (clock, tick, id_bound) = store.stamp.context("the sidecar answered nothing")?;
     let meta = SetMeta {
         model: model_id.clone(),
         clock,
         tick,
-        fanouts,
+        fanouts: match shape {
+            Shape::Dense(f) => f,
+            Shape::Subgraph(s) => [s.padded()[0], s.padded()[1]],
+        },
+        subgraph: subgraph.then(|| fanouts.clone()),
         id_bound,
         nodes,
         classes: classes as u32,
@@ -524,28 +509,186 @@ pub fn precompute(job: &PrecomputeJob) -> anyhow::Result<SetMeta> {
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0, |d| d.as_secs()),
     };
-    let pointer = pointer_key(&model_id, clock);
-    let previous: Option<String> = runtime.block_on(
-        redis::cmd("SET")
-            .arg(&pointer)
-            .arg(serde_json::to_string(&meta)?)
-            .arg("GET")
-            .query_async(&mut redis),
-    )?;
-    // The set this one replaces (same model, same sidecar start): removed
-    // once no worker can pick it up any more.
-    if let Some(old) = previous.and_then(|p| serde_json::from_str::<SetMeta>(&p).ok()) {
-        if old.node_prefix() != meta.node_prefix() {
-            let old_prefix = old.node_prefix();
-            let ids: Vec<u64> = (0..old.id_bound).collect();
-            for chunk in ids.chunks(CHUNK) {
-                let mut cmd = redis::cmd("UNLINK");
-                for id in chunk {
-                    cmd.arg(format!("{old_prefix}{id}"));
-                }
-                runtime.block_on(cmd.query_async::<()>(&mut redis))?;
+    store.finish(&meta)?;
+    Ok(meta)
+}
+
+/// The layout a precompute asks the sidecar for.
+#[derive(Debug, Clone, Copy)]
+enum Shape {
+    Dense([u32; MAX_HOPS]),
+    Subgraph(protocol::request::SubgraphFanouts),
+}
+
+/// The precompute's ring client, with the segment it attached to.
+struct RingClientFor {
+    client: protocol::client::RingClient,
+    schema: protocol::FeatureSchema,
+    geometry: protocol::layout::Geometry,
+}
+
+impl RingClientFor {
+    fn attach(shm_name: &str) -> anyhow::Result<Self> {
+        use protocol::client::{ClientOptions, RingClient};
+        let client = RingClient::attach(shm_name, ClientOptions::default())
+            .with_context(|| format!("attaching to the sidecar on /dev/shm/{shm_name}"))?;
+        let (Some(schema), Some(geometry)) = (client.schema(), client.geometry()) else {
+            anyhow::bail!("the sidecar went away while attaching");
+        };
+        Ok(Self {
+            client,
+            schema,
+            geometry,
+        })
+    }
+
+    /// The sidecar's answer for `targets`, or `None` when it does not fit
+    /// one response and `targets` can be halved.
+    fn call(
+        &self,
+        targets: &[u64],
+        shape: Shape,
+    ) -> anyhow::Result<Option<protocol::client::Response>> {
+        use protocol::client::{CallError, CallRequest};
+        let (fanouts, subgraph) = match shape {
+            Shape::Dense(f) => (f, None),
+            Shape::Subgraph(s) => (self.schema.default_fanouts, Some(s)),
+        };
+        let request = CallRequest {
+            fanouts,
+            subgraph,
+            timeout: Some(std::time::Duration::from_secs(10)),
+            ..CallRequest::new(targets)
+        };
+        match self.client.call(&request) {
+            Ok(response) => Ok(Some(response)),
+            Err(CallError::Status {
+                status: protocol::layout::status::TOO_LARGE,
+                message,
+                ..
+            }) => {
+                anyhow::ensure!(
+                    targets.len() > 1,
+                    "the neighbourhood of node {} does not fit one response ({message}): \
+                     lower --fanouts, or raise the sidecar's response_mib or max_nodes",
+                    targets[0]
+                );
+                Ok(None)
             }
+            Err(e) => Err(e).context("asking the sidecar for a batch"),
         }
     }
-    Ok(meta)
+}
+
+/// Writes a set's outputs to Redis as they come, then its description.
+struct SetWriter {
+    runtime: tokio::runtime::Runtime,
+    redis: redis::aio::MultiplexedConnection,
+    model_id: String,
+    /// The change clock, tick and id bound of the first response (read by
+    /// the sidecar before it sampled): every later output is at least as
+    /// new.
+    stamp: Option<(u64, u64, u64)>,
+    prefix: String,
+    writes: Vec<(String, Vec<u8>)>,
+}
+
+impl SetWriter {
+    fn connect(redis_url: &str, model_id: &str) -> anyhow::Result<Self> {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()?;
+        let redis = runtime
+            .block_on(async {
+                redis::Client::open(redis_url)?
+                    .get_multiplexed_async_connection()
+                    .await
+            })
+            .with_context(|| {
+                format!(
+                    "connecting to Redis at {}",
+                    daemon_kit::redact::redact_url(redis_url)
+                )
+            })?;
+        Ok(Self {
+            runtime,
+            redis,
+            model_id: model_id.to_string(),
+            stamp: None,
+            prefix: String::new(),
+            writes: Vec::new(),
+        })
+    }
+
+    /// Takes a response's change clock: the first stamps the set, a later
+    /// one from another sidecar start fails the precompute.
+    fn saw(&mut self, clock: u64, tick: u64, id_bound: u64) -> anyhow::Result<()> {
+        anyhow::ensure!(
+            clock != 0,
+            "the sidecar has no change clock (an older release): upgrade it before precomputing"
+        );
+        match self.stamp {
+            None => {
+                self.stamp = Some((clock, tick, id_bound));
+                self.prefix = node_prefix(&self.model_id, clock, tick);
+            }
+            Some((first, ..)) => anyhow::ensure!(
+                first == clock,
+                "the sidecar restarted during the precompute (its change clock moved from \
+                 {first:016x} to {clock:016x}): run gnn-worker precompute again"
+            ),
+        }
+        Ok(())
+    }
+
+    fn push(&mut self, id: u64, output: Vec<u8>) -> anyhow::Result<()> {
+        self.writes.push((format!("{}{id}", self.prefix), output));
+        if self.writes.len() >= CHUNK {
+            self.flush()?;
+        }
+        Ok(())
+    }
+
+    fn flush(&mut self) -> anyhow::Result<()> {
+        if self.writes.is_empty() {
+            return Ok(());
+        }
+        let mut cmd = redis::cmd("MSET");
+        for (key, value) in self.writes.drain(..) {
+            cmd.arg(key).arg(value);
+        }
+        self.runtime
+            .block_on(cmd.query_async::<()>(&mut self.redis))
+            .context("writing precomputed outputs to Redis")
+    }
+
+    /// Writes what is left, then the set's description, and removes the
+    /// set it replaces (same model, same sidecar start).
+    fn finish(mut self, meta: &SetMeta) -> anyhow::Result<()> {
+        self.flush()?;
+        let pointer = pointer_key(&meta.model, meta.clock);
+        let previous: Option<String> = self.runtime.block_on(
+            redis::cmd("SET")
+                .arg(&pointer)
+                .arg(serde_json::to_string(meta)?)
+                .arg("GET")
+                .query_async(&mut self.redis),
+        )?;
+        // Removed once no worker can pick it up any more.
+        if let Some(old) = previous.and_then(|p| serde_json::from_str::<SetMeta>(&p).ok()) {
+            if old.node_prefix() != meta.node_prefix() {
+                let old_prefix = old.node_prefix();
+                let ids: Vec<u64> = (0..old.id_bound).collect();
+                for chunk in ids.chunks(CHUNK) {
+                    let mut cmd = redis::cmd("UNLINK");
+                    for id in chunk {
+                        cmd.arg(format!("{old_prefix}{id}"));
+                    }
+                    self.runtime
+                        .block_on(cmd.query_async::<()>(&mut self.redis))?;
+                }
+            }
+        }
+        Ok(())
+    }
 }

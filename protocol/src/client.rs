@@ -177,7 +177,11 @@ fn request_header(
         fresh_fanouts: since.map_or([0; MAX_HOPS], |f| f.fanouts),
         hops,
         fanout3,
-        _reserved: [0; 56],
+        fresh_hops: since
+            .and_then(|f| f.subgraph)
+            .map_or(0, |s| s.hops() as u32),
+        fresh_fanout3: since.and_then(|f| f.subgraph).map_or(0, |s| s.padded()[2]),
+        _reserved: [0; 48],
     }
 }
 
@@ -546,10 +550,21 @@ impl RingClient {
     /// sidecar if the current one is lost, until the deadline.
     pub fn call(&self, request: &CallRequest<'_>) -> Result<Response, CallError> {
         let deadline = Instant::now() + request.timeout.unwrap_or(self.options.default_timeout);
+        // A call starts by (re-)attaching, waiting up to its deadline for a
+        // sidecar. A sidecar found gone while the call is in flight fails
+        // it at once, unless a new one is already there to take it: the
+        // caller decides whether to wait (docs/protocol.md, section 6).
+        let mut att = self.attachment(deadline)?;
         loop {
-            let att = self.attachment(deadline)?;
             match self.call_once(&att, request, deadline) {
-                Err(CallError::SidecarGone { .. }) if Instant::now() < deadline => continue,
+                Err(gone @ CallError::SidecarGone { .. }) => {
+                    match self.attachment(Instant::now()) {
+                        Ok(next) if Instant::now() < deadline && !Arc::ptr_eq(&next, &att) => {
+                            att = next;
+                        }
+                        _ => return Err(gone),
+                    }
+                }
                 other => return other,
             }
         }
@@ -630,6 +645,15 @@ impl RingClient {
                 request.new_node,
             ),
         );
+        // The client rule of DRAINING, again: the sidecar may have begun
+        // its drain while the request was written (docs/protocol.md, "Rules
+        // a client follows").
+        if header.preamble.server_state.load(Ordering::Acquire) == server_state::DRAINING {
+            slot.cancel(claimed);
+            return Err(CallError::Draining {
+                name: self.name.clone(),
+            });
+        }
         let submitted = match slot.submit(claimed) {
             Ok(word) => word,
             Err(_) => return Err(self.gone(att)), // reclaimed under us

@@ -264,9 +264,11 @@ pub mod request_flags {
     /// only (as `sidecarctl graph add-node --directed` would add them).
     pub const NEW_NODE_DIRECTED: u32 = 1 << 2;
     /// Answer targets whose sampled neighbourhood has not changed since a
-    /// point of the sidecar's change clock with their own row only and
-    /// target status `FRESH` (docs/protocol.md, "Freshness"): the caller
-    /// holds their answer already (precomputed outputs).
+    /// point of the sidecar's change clock with target status `FRESH`
+    /// (docs/protocol.md, "Freshness"): the caller holds their answer
+    /// already (precomputed outputs). In the dense layout such a target
+    /// gets its own row alone; in the subgraph layout no row (target_row
+    /// -1), and the subgraph is sampled for the other targets.
     pub const FRESH_SINCE: u32 = 1 << 3;
     /// The caller holds the layer-1 embedding of every node as computed at
     /// `fresh_clock`/`fresh_tick`/`fresh_fanouts`: a sampled hop-1 node of
@@ -314,8 +316,16 @@ pub struct RequestHeader {
     /// With `hops` 3: the third hop's fanout (0 = the sidecar's current
     /// hop-2 fanout); 0 otherwise.
     pub fanout3: u32,
+    /// With `FRESH_SINCE` in the subgraph layout (`hops` 1 to 3): the hops
+    /// of the subgraph the caller's answers were computed on, each alone
+    /// (1 to [`MAX_SUBGRAPH_HOPS`]; `fresh_fanouts` holds the first two
+    /// hops' fanouts, 0 past the last); 0 otherwise.
+    pub fresh_hops: u32,
+    /// With `fresh_hops` 3: the third hop's fanout of those answers; 0
+    /// otherwise.
+    pub fresh_fanout3: u32,
     /// Zero (a sidecar refuses other bytes).
-    pub _reserved: [u8; 56],
+    pub _reserved: [u8; 48],
 }
 
 /// Response status codes, in [`ResponseHeader::status`].
@@ -490,7 +500,9 @@ mod tests {
         assert_eq!(size_of::<RequestHeader>(), 128);
         assert_eq!(offset_of!(RequestHeader, hops), 64);
         assert_eq!(offset_of!(RequestHeader, fanout3), 68);
-        assert_eq!(offset_of!(RequestHeader, _reserved), 72);
+        assert_eq!(offset_of!(RequestHeader, fresh_hops), 72);
+        assert_eq!(offset_of!(RequestHeader, fresh_fanout3), 76);
+        assert_eq!(offset_of!(RequestHeader, _reserved), 80);
         assert_eq!(offset_of!(RequestHeader, deadline_mono_ns), 8);
         assert_eq!(offset_of!(RequestHeader, n_targets), 16);
         assert_eq!(offset_of!(RequestHeader, fanouts), 20);

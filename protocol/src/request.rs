@@ -106,14 +106,45 @@ pub struct NewNode {
 
 /// A `FRESH_SINCE` request's point of the change clock: targets whose
 /// sample at `fanouts` has not changed since `tick` of `clock` come back
-/// `FRESH` with their own row alone.
+/// `FRESH` (in the dense layout with their own row alone; in the subgraph
+/// layout with no row).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct FreshSince {
     /// The sidecar's change clock id ([`crate::layout::ResponseHeader::change_clock`]).
     pub clock: u64,
     pub tick: u64,
-    /// The fanouts the caller's answers were computed with.
+    /// The fanouts the caller's answers were computed with: the dense
+    /// layout's two hops, or the first two hops of `subgraph` (0 past its
+    /// last hop).
     pub fanouts: [u32; MAX_HOPS],
+    /// Subgraph-layout answers: the hops and fanouts of the subgraph each
+    /// was computed on, the target alone in its request; `None`: dense
+    /// answers, computed on the dense sample at `fanouts`.
+    pub subgraph: Option<SubgraphFanouts>,
+}
+
+impl FreshSince {
+    /// Answers of the dense layout, computed at `fanouts`.
+    pub fn dense(clock: u64, tick: u64, fanouts: [u32; MAX_HOPS]) -> Self {
+        Self {
+            clock,
+            tick,
+            fanouts,
+            subgraph: None,
+        }
+    }
+
+    /// Answers of the subgraph layout, each computed on its target's own
+    /// subgraph at `subgraph`.
+    pub fn subgraph(clock: u64, tick: u64, subgraph: SubgraphFanouts) -> Self {
+        let [f1, f2, _] = subgraph.padded();
+        Self {
+            clock,
+            tick,
+            fanouts: [f1, f2],
+            subgraph: Some(subgraph),
+        }
+    }
 }
 
 /// A `HUB_H1` request's ask: the caller holds the layer-1 embedding of
@@ -292,10 +323,27 @@ pub enum RequestError {
     )]
     DirectedWithoutNewNode,
     #[error(
-        "request bytes 40..64 (fresh_clock, fresh_tick, fresh_fanouts) are set without the \
-         FRESH_SINCE (0x8) or HUB_H1 (0x10) flag: set one, or leave them 0"
+        "request bytes 40..80 (fresh_clock, fresh_tick, fresh_fanouts, fresh_hops, \
+         fresh_fanout3) are set without the FRESH_SINCE (0x8) or HUB_H1 (0x10) flag: set one, \
+         or leave them 0"
     )]
     FreshWithoutFlag,
+    #[error(
+        "request fresh_hops {fresh_hops} and fresh_fanout3 {fresh_fanout3} are for a \
+         subgraph-layout request (hops 1 to 3) only: leave them 0 with hops 0"
+    )]
+    FreshHopsForDense { fresh_hops: u32, fresh_fanout3: u32 },
+    #[error(
+        "request fresh_hops {fresh_hops} with fresh fanouts {fanouts:?}: a subgraph-layout \
+         FRESH_SINCE request names 1 to 3 hops, each hop's fanout within 1..={caps:?} (hop 3 \
+         within hop 2's cap) and 0 past the last hop: send the fanouts the stored answers were \
+         computed with"
+    )]
+    FreshSubgraph {
+        fresh_hops: u32,
+        fanouts: [u32; MAX_SUBGRAPH_HOPS],
+        caps: [u32; MAX_HOPS],
+    },
     #[error(
         "request fresh_fanouts [{f1}, {f2}] are not within 1..=max_fanouts {caps:?}: send the \
          fanouts the stored answers were computed with"
@@ -337,7 +385,7 @@ pub enum RequestError {
          leave it unset"
     )]
     NotForSubgraph { flag: &'static str },
-    #[error("request bytes 72..128 are reserved and must be zero")]
+    #[error("request bytes 80..128 are reserved and must be zero")]
     Reserved,
 }
 
@@ -396,7 +444,6 @@ pub fn decode(
     if header.hops != 0 {
         let dense_only = [
             (request_flags::OWN_ROWS_ONLY, "OWN_ROWS_ONLY (0x1)"),
-            (request_flags::FRESH_SINCE, "FRESH_SINCE (0x8)"),
             (request_flags::HUB_H1, "HUB_H1 (0x10)"),
         ];
         if let Some((_, flag)) = dense_only.iter().find(|(bit, _)| header.flags & bit != 0) {
@@ -419,17 +466,13 @@ pub fn decode(
         return Err(RequestError::HubDegreeZero);
     }
     let since = if header.flags & (request_flags::FRESH_SINCE | request_flags::HUB_H1) != 0 {
-        let [f1, f2] = header.fresh_fanouts;
-        let caps = geometry.max_fanouts;
-        if f1 == 0 || f2 == 0 || f1 > caps[0] || f2 > caps[1] {
-            return Err(RequestError::FreshFanouts { f1, f2, caps });
-        }
-        Some(FreshSince {
-            clock: header.fresh_clock,
-            tick: header.fresh_tick,
-            fanouts: header.fresh_fanouts,
-        })
-    } else if header.fresh_clock != 0 || header.fresh_tick != 0 || header.fresh_fanouts != [0; 2] {
+        Some(decode_since(&header, geometry)?)
+    } else if header.fresh_clock != 0
+        || header.fresh_tick != 0
+        || header.fresh_fanouts != [0; 2]
+        || header.fresh_hops != 0
+        || header.fresh_fanout3 != 0
+    {
         return Err(RequestError::FreshWithoutFlag);
     } else {
         None
@@ -511,6 +554,48 @@ pub fn decode(
         fanout3: if header.hops == 3 { fanout3 } else { 0 },
         fanout3_defaulted: header.hops == 3 && header.fanout3 == 0,
     })
+}
+
+/// The `fresh_*` fields of a `FRESH_SINCE` or `HUB_H1` request (`HUB_H1`
+/// is refused with `hops` before this): the dense layout's two fanouts, or
+/// a subgraph-layout request's `fresh_hops` and their fanouts.
+fn decode_since(header: &RequestHeader, geometry: &Geometry) -> Result<FreshSince, RequestError> {
+    let caps = geometry.max_fanouts;
+    let (clock, tick) = (header.fresh_clock, header.fresh_tick);
+    if header.hops == 0 {
+        if header.fresh_hops != 0 || header.fresh_fanout3 != 0 {
+            return Err(RequestError::FreshHopsForDense {
+                fresh_hops: header.fresh_hops,
+                fresh_fanout3: header.fresh_fanout3,
+            });
+        }
+        let [f1, f2] = header.fresh_fanouts;
+        if f1 == 0 || f2 == 0 || f1 > caps[0] || f2 > caps[1] {
+            return Err(RequestError::FreshFanouts { f1, f2, caps });
+        }
+        return Ok(FreshSince::dense(clock, tick, header.fresh_fanouts));
+    }
+    let [f1, f2] = header.fresh_fanouts;
+    let fanouts = [f1, f2, header.fresh_fanout3];
+    let hop_caps = [caps[0], caps[1], caps[1]];
+    let hops = header.fresh_hops as usize;
+    let fits = (1..=MAX_SUBGRAPH_HOPS).contains(&hops)
+        && fanouts[..hops]
+            .iter()
+            .zip(hop_caps)
+            .all(|(&f, cap)| (1..=cap).contains(&f))
+        && fanouts[hops.min(MAX_SUBGRAPH_HOPS)..]
+            .iter()
+            .all(|&f| f == 0);
+    let subgraph = fits
+        .then(|| SubgraphFanouts::new(&fanouts[..hops]))
+        .flatten()
+        .ok_or(RequestError::FreshSubgraph {
+            fresh_hops: header.fresh_hops,
+            fanouts,
+            caps,
+        })?;
+    Ok(FreshSince::subgraph(clock, tick, subgraph))
 }
 
 fn read_u64s(bytes: &[u8]) -> Vec<u64> {

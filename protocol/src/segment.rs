@@ -119,8 +119,9 @@ pub enum CreateError {
     )]
     InUse { name: String, epoch: u64 },
     #[error(
-        "/dev/shm/{name} exists and is not a sidecar segment (no magic): it was not created by \
-         this product, so it is left alone; remove it by hand or choose another --shm-name"
+        "/dev/shm/{name} exists and is not a sidecar segment (no magic: foreign, empty or \
+         zeroed): it was not created by this product, or its creator died before writing its \
+         header, so it is left alone; remove it by hand or choose another --shm-name"
     )]
     Foreign { name: String },
     #[error("shared-memory segment /dev/shm/{name}: {op} failed: {source}")]
@@ -1153,7 +1154,11 @@ fn probe_existing(name: &str, path: &str, stale_after: Duration) -> Result<Exist
                 _ => first = Some((0, size)),
             }
             if started.elapsed() >= stale_after {
-                return Ok(Existing::Stale { previous_epoch: 0 });
+                // No header came: not a segment (or one whose creator died
+                // before writing it); left alone, as any foreign file.
+                return Err(CreateError::Foreign {
+                    name: name.to_string(),
+                });
             }
             continue_wait();
             continue;
@@ -1193,11 +1198,15 @@ fn probe_existing(name: &str, path: &str, stale_after: Duration) -> Result<Exist
             None => first = Some((heartbeat, size)),
         }
         if started.elapsed() >= stale_after {
-            if magic == MAGIC {
-                preamble
-                    .server_state
-                    .store(server_state::RETIRED, Ordering::Release);
+            if magic != MAGIC {
+                // Still no magic: left alone, as any foreign file.
+                return Err(CreateError::Foreign {
+                    name: name.to_string(),
+                });
             }
+            preamble
+                .server_state
+                .store(server_state::RETIRED, Ordering::Release);
             return Ok(Existing::Stale {
                 previous_epoch: epoch,
             });

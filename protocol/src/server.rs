@@ -432,11 +432,20 @@ fn housekeep(shared: &Shared, interval: Duration, client_timeout: Duration) {
                     continue;
                 }
                 Ok(false) => {}
-                Err(e) => tracing::warn!(
-                    client = dead.index,
-                    error = %e,
-                    "cannot test a silent worker's entry lock; treating it as dead"
-                ),
+                Err(e) => {
+                    // Not known to be dead: its slots may still be read in
+                    // place. Kept, and tested again at the next pass.
+                    if !stall_logged[dead.index as usize] {
+                        stall_logged[dead.index as usize] = true;
+                        tracing::warn!(
+                            client = dead.index,
+                            error = %e,
+                            "cannot test a silent worker's entry lock; its slots are kept \
+                             until the test succeeds"
+                        );
+                    }
+                    continue;
+                }
             }
             if liveness::unregister(header, dead) {
                 shared
@@ -484,6 +493,19 @@ fn scan_slots(shared: &Shared, last_seen: &mut [Option<SlotWord>]) {
             }
             state::ABANDONED => {}
             _ if !liveness::owner_is_live(header, word.owner) => match slot.reclaim(word.owner) {
+                ReclaimOutcome::Abandoned if word.state > state::ABANDONED => {
+                    tracing::warn!(
+                        slot = slot_idx,
+                        code = word.state,
+                        "a client that is gone left a state code no slot state has; the slot \
+                         is reclaimed"
+                    );
+                    shared
+                        .counters
+                        .slots_reclaimed
+                        .fetch_add(1, Ordering::Relaxed);
+                    notify(&slot.wake, &slot.waiters);
+                }
                 ReclaimOutcome::Freed => {
                     freed += 1;
                     shared

@@ -23,6 +23,7 @@
 //! | `PUBLISHED` | `FREE`      | the owner, or the reaper    | the owner is done with the response, or died      |
 //! | `SERVING`   | `FREE`      | the sidecar                 | the owner is not a live registered client: the request is refused unanswered |
 //! | `ABANDONED` | `FREE`      | the sidecar                 | it finds the slot abandoned when it takes or publishes it, or no serve thread holds it |
+//! | any other code | `ABANDONED` | the reaper               | the owner wrote a code no state has, and died (then freed as any `ABANDONED` slot) |
 //!
 //! Memory ordering: every successful transition is `AcqRel`, every load that
 //! decides something is `Acquire`.
@@ -303,7 +304,10 @@ impl SlotControl {
                 state::CLAIMED | state::SUBMITTED | state::PUBLISHED => {
                     (current.with_state(state::FREE), ReclaimOutcome::Freed)
                 }
-                state::SERVING => (
+                // A serve thread may hold it; a code no state has (a broken
+                // or hostile owner wrote it) may hide one too: abandoned,
+                // then freed once no serve thread holds the slot.
+                code if code == state::SERVING || code > state::ABANDONED => (
                     current.with_state(state::ABANDONED),
                     ReclaimOutcome::Abandoned,
                 ),
@@ -394,6 +398,22 @@ mod tests {
         assert_eq!(slot.reclaim(OwnerTag(8)), ReclaimOutcome::NotOwned);
         assert_eq!(slot.reclaim(OwnerTag(7)), ReclaimOutcome::Freed);
         assert!(slot.submit(claimed).is_err());
+    }
+
+    #[test]
+    fn a_dead_owners_undefined_state_code_is_reclaimed() {
+        let slot = SlotControl::new();
+        let claimed = slot.try_claim(OwnerTag(7)).unwrap();
+        let garbage = slot.transition(claimed, claimed.with_state(0x42)).unwrap();
+        assert_eq!(slot.reclaim(OwnerTag(8)), ReclaimOutcome::NotOwned);
+        assert_eq!(slot.reclaim(OwnerTag(7)), ReclaimOutcome::Abandoned);
+        let abandoned = slot.load();
+        assert_eq!(abandoned, garbage.with_state(state::ABANDONED));
+        assert!(slot.free_abandoned(abandoned));
+        assert!(
+            slot.try_claim(OwnerTag(9)).is_some(),
+            "the slot is usable again"
+        );
     }
 
     #[test]

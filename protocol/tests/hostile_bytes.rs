@@ -268,14 +268,7 @@ fn the_fresh_since_fields_are_read_with_their_flag_only() {
     let decode = |bytes: &[u8]| request::decode(bytes, &geometry, &schema());
     let caps = geometry.max_fanouts;
     let got = decode(&area(FRESH_SINCE, 0xabc, 17, caps)).unwrap();
-    assert_eq!(
-        got.fresh,
-        Some(request::FreshSince {
-            clock: 0xabc,
-            tick: 17,
-            fanouts: caps
-        })
-    );
+    assert_eq!(got.fresh, Some(request::FreshSince::dense(0xabc, 17, caps)));
     assert_eq!(decode(&area(0, 0, 0, [0, 0])).unwrap().fresh, None);
     assert_eq!(
         decode(&area(0, 0, 5, [0, 0])).unwrap_err(),
@@ -309,11 +302,7 @@ fn the_hub_fields_are_read_with_their_flag_only() {
         area
     };
     let decode = |bytes: &[u8]| request::decode(bytes, &geometry, &schema());
-    let since = request::FreshSince {
-        clock: 0xabc,
-        tick: 9,
-        fanouts: caps,
-    };
+    let since = request::FreshSince::dense(0xabc, 9, caps);
     let hub = decode(&area(HUB_H1, 20, 9)).unwrap();
     assert_eq!(
         hub.hub_h1,
@@ -425,10 +414,10 @@ fn a_new_node_is_read_after_its_id_and_bad_ones_are_refused() {
 /// The subgraph layout's fields: `hops` at 64 and `fanout3` at 68 are read
 /// (hop 3 capped as hop 2, 0 meaning hop 2's default); more than three
 /// hops, a third fanout without a third hop, a dense-only flag with hops,
-/// and non-zero reserved bytes are refused by name.
+/// and non-zero reserved bytes (80..128) are refused by name.
 #[test]
 fn the_subgraph_fields_are_read_and_bad_ones_are_refused() {
-    use protocol::layout::request_flags::{FRESH_SINCE, HUB_H1, NEW_NODE, OWN_ROWS_ONLY};
+    use protocol::layout::request_flags::{HUB_H1, NEW_NODE, OWN_ROWS_ONLY};
     use request::RequestError;
     let geometry: Geometry = bytemuck_geometry(valid_segment_bytes());
     let caps = geometry.max_fanouts;
@@ -470,7 +459,7 @@ fn the_subgraph_fields_are_read_and_bad_ones_are_refused() {
         matches!(err, RequestError::FanoutAboveCap { hop: 3, .. }),
         "{err}"
     );
-    for flag in [OWN_ROWS_ONLY, FRESH_SINCE, HUB_H1] {
+    for flag in [OWN_ROWS_ONLY, HUB_H1] {
         let err = decode(&area(2, [1, 1, 0], flag)).unwrap_err();
         assert!(
             matches!(err, RequestError::NotForSubgraph { .. }),
@@ -485,4 +474,76 @@ fn the_subgraph_fields_are_read_and_bad_ones_are_refused() {
     let mut reserved = area(2, [1, 1, 0], 0);
     reserved[100] = 1;
     assert_eq!(decode(&reserved).unwrap_err(), RequestError::Reserved);
+}
+
+/// `FRESH_SINCE` in the subgraph layout: `fresh_hops` at 72 and
+/// `fresh_fanout3` at 76 name the stored answers' own subgraph (1 to 3
+/// hops, each fanout within its cap, 0 past the last hop); both are
+/// refused in the dense layout and without the flag.
+#[test]
+fn a_subgraph_fresh_since_names_its_hops() {
+    use protocol::layout::request_flags::FRESH_SINCE;
+    use request::{FreshSince, RequestError, SubgraphFanouts};
+    let geometry: Geometry = bytemuck_geometry(valid_segment_bytes());
+    let caps = geometry.max_fanouts;
+    let area = |hops: u32, flags: u32, fresh_hops: u32, fresh: [u32; 3]| {
+        let mut area = vec![0u8; 136];
+        area[16..20].copy_from_slice(&1u32.to_le_bytes());
+        area[20..24].copy_from_slice(&2u32.to_le_bytes());
+        area[24..28].copy_from_slice(&1u32.to_le_bytes());
+        area[28..32].copy_from_slice(&flags.to_le_bytes());
+        area[40..48].copy_from_slice(&0xabcu64.to_le_bytes());
+        area[48..56].copy_from_slice(&5u64.to_le_bytes());
+        area[56..60].copy_from_slice(&fresh[0].to_le_bytes());
+        area[60..64].copy_from_slice(&fresh[1].to_le_bytes());
+        area[64..68].copy_from_slice(&hops.to_le_bytes());
+        area[72..76].copy_from_slice(&fresh_hops.to_le_bytes());
+        area[76..80].copy_from_slice(&fresh[2].to_le_bytes());
+        area[128..136].copy_from_slice(&3u64.to_le_bytes());
+        area
+    };
+    let decode = |bytes: &[u8]| request::decode(bytes, &geometry, &schema());
+    for (fresh_hops, fresh) in [(1, [3, 0, 0]), (2, [3, 2, 0]), (3, [3, 2, 1])] {
+        let got = decode(&area(2, FRESH_SINCE, fresh_hops, fresh)).unwrap();
+        let subgraph = SubgraphFanouts::new(&fresh[..fresh_hops as usize]).unwrap();
+        assert_eq!(got.fresh, Some(FreshSince::subgraph(0xabc, 5, subgraph)));
+    }
+    // The stored answers' depth need not be the request's.
+    let deeper = decode(&area(1, FRESH_SINCE, 3, [1, 1, 1])).unwrap();
+    assert_eq!(deeper.fresh.unwrap().subgraph.unwrap().hops(), 3);
+    for (fresh_hops, fresh) in [
+        (0, [1, 1, 0]),
+        (4, [1, 1, 1]),
+        (1, [1, 1, 0]),
+        (2, [1, 0, 0]),
+        (2, [1, 1, 1]),
+        (3, [1, 1, 0]),
+        (2, [caps[0] + 1, 1, 0]),
+        (3, [1, 1, caps[1] + 1]),
+    ] {
+        let err = decode(&area(2, FRESH_SINCE, fresh_hops, fresh)).unwrap_err();
+        assert!(
+            matches!(err, RequestError::FreshSubgraph { .. }),
+            "fresh_hops {fresh_hops} {fresh:?}: {err}"
+        );
+        assert!(err.to_string().contains("fresh_hops"), "{err}");
+    }
+    let err = decode(&area(0, FRESH_SINCE, 2, caps_with_zero(caps))).unwrap_err();
+    assert_eq!(
+        err,
+        RequestError::FreshHopsForDense {
+            fresh_hops: 2,
+            fresh_fanout3: 0
+        }
+    );
+    let mut unflagged = area(2, 0, 2, [0, 0, 0]);
+    unflagged[40..56].fill(0);
+    assert_eq!(
+        decode(&unflagged).unwrap_err(),
+        RequestError::FreshWithoutFlag
+    );
+}
+
+fn caps_with_zero(caps: [u32; 2]) -> [u32; 3] {
+    [caps[0], caps[1], 0]
 }

@@ -193,14 +193,20 @@ fn a_foreign_file_is_left_alone() {
     std::fs::remove_file(&path).unwrap();
 }
 
+/// A file without the magic that stays so for `stale_after`, empty or with
+/// a zeroed header, is not taken over either: left alone, named.
 #[test]
-fn an_empty_leftover_from_a_crash_during_create_is_taken_over() {
-    let n = name("empty");
-    let path = format!("/dev/shm/{n}");
-    std::fs::write(&path, b"").unwrap();
-    let segment = Segment::create(&config(&n)).unwrap();
-    assert!(Segment::attach(&n).is_ok());
-    segment.unlink().unwrap();
+fn an_empty_or_zeroed_file_is_left_alone() {
+    for (what, bytes) in [("empty", Vec::new()), ("zeroed", vec![0u8; 8192])] {
+        let n = name(what);
+        let path = format!("/dev/shm/{n}");
+        std::fs::write(&path, &bytes).unwrap();
+        let err = Segment::create(&config(&n)).unwrap_err();
+        assert!(matches!(err, CreateError::Foreign { .. }), "{what}: {err}");
+        assert!(err.to_string().contains(&n), "{err}");
+        assert_eq!(std::fs::read(&path).unwrap(), bytes, "{what}: not modified");
+        std::fs::remove_file(&path).unwrap();
+    }
 }
 
 #[test]

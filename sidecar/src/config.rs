@@ -240,6 +240,9 @@ impl Default for ServeConfig {
 /// Largest `response_mib`: a slot's response area is addressed with u32
 /// offsets in places; 1 GiB per slot is far beyond any real neighbourhood.
 pub const MAX_RESPONSE_MIB: u64 = 1024;
+/// Smallest `deadline_ms` (10 microseconds).
+pub const MIN_DEADLINE_MS: f64 = 0.01;
+
 /// Largest `deadline_ms` (a minute).
 pub const MAX_DEADLINE_MS: f64 = 60_000.0;
 
@@ -365,7 +368,13 @@ impl Validate for ServeConfig {
                 ),
             ));
         }
-        finite_between("deadline_ms", self.deadline_ms, 0.01, MAX_DEADLINE_MS, "ms")?;
+        finite_between(
+            "deadline_ms",
+            self.deadline_ms,
+            MIN_DEADLINE_MS,
+            MAX_DEADLINE_MS,
+            "ms",
+        )?;
         u64_between("l1_mib", self.l1_mib, 0, 1 << 20)?;
         u64_between("warm_up", self.warm_up as u64, 0, u32::MAX.into())?;
         finite_between("client_timeout_s", self.client_timeout_s, 0.5, 3600.0, "s")?;

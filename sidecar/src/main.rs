@@ -164,7 +164,7 @@ fn stop_on_signals(reload_level: impl Fn() + Send + 'static) -> anyhow::Result<A
 }
 
 fn main() -> ExitCode {
-    let cli = Cli::parse();
+    let cli: Cli = daemon_kit::cli::parse();
     if !matches!(cli.command, Command::Serve(_)) {
         daemon_kit::logging::init_for_command();
     }
@@ -262,6 +262,13 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                 "features: {} rows of {} f32 into {} in {:.2} s",
                 done.rows, done.feature_dim, done.destination, done.seconds
             );
+            if done.rows == 0 {
+                println!(
+                    "features: the dataset has no rows: the store is empty, and `sidecar serve` \
+                     will answer every node with the default row (flagged fallback) until rows \
+                     are added (`sidecarctl graph add-node`, an update stream)"
+                );
+            }
             Ok(())
         }
         Command::Serve(args) => serve(*args),

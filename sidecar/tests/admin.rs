@@ -252,6 +252,20 @@ fn runtime_knobs_take_effect_without_a_restart() {
     assert!(sidecar
         .fails(&["deadline", "set", "inf"])
         .contains("outside"));
+    // The configuration's range, not merely "above 0".
+    let e = sidecar.fails(&["deadline", "set", "1e-300"]);
+    assert!(e.contains("outside 0.01..=60000 ms"), "{e}");
+    let e = sidecar.fails(&["deadline", "set", "-5"]);
+    assert!(
+        e.contains("outside"),
+        "a negative number reaches the check: {e}"
+    );
+    assert_eq!(sidecar.json(&["status"])["deadline_ms"], 7.5);
+    let out = sidecar.ctl(&["--timeout-s", "1e300", "status"]);
+    assert_eq!(out.status.code(), Some(1), "{out:?}");
+    let e = String::from_utf8_lossy(&out.stderr);
+    assert!(e.contains("--timeout-s 1e300"), "{e}");
+    assert!(!e.contains("panicked"), "{e}");
 
     assert_eq!(sidecar.json(&["log-level", "get"])["log_level"], "info");
     sidecar.ok(&["log-level", "set", "sidecar=debug,warn"]);
@@ -429,6 +443,59 @@ fn shutdown_stops_the_sidecar_and_removes_the_segment() {
     );
     let e = sidecar.fails(&["status"]);
     assert!(e.contains("is the sidecar running"), "{e}");
+}
+
+/// Graph updates acknowledged through the admin socket survive a clean
+/// stop (`shutdown`, as SIGTERM): the stop compacts them into the index, so
+/// the restarted sidecar serves them, the node's row included; the
+/// acknowledgement says they are in memory until then.
+#[test]
+fn a_clean_stop_keeps_the_acknowledged_graph_updates() {
+    let mut sidecar = Sidecar::start();
+    let row: Vec<String> = (0..1433).map(|i| format!("{}", (i % 5) as f32)).collect();
+    let said = sidecar.ok(&[
+        "graph",
+        "add-node",
+        "2708",
+        "--features",
+        &row.join(","),
+        "--edge",
+        "1",
+    ]);
+    assert!(
+        said.contains("in memory until the graph is compacted"),
+        "{said}"
+    );
+    let edges = sidecar.dir.path().join("edges.txt");
+    std::fs::write(&edges, "2708 3\n").unwrap();
+    let added = sidecar.json(&["graph", "add-edges", "--file", edges.to_str().unwrap()]);
+    assert_eq!(
+        (&added["edges_added"], &added["durable"]),
+        (&2.into(), &false.into())
+    );
+    let before = sidecar.json(&["graph", "checksum"]);
+    assert_eq!(before["n_nodes"], 2709);
+    sidecar.ok(&["shutdown"]);
+    let status = sidecar.child.wait().unwrap();
+    assert!(status.success(), "{status:?}");
+
+    let dir = std::mem::replace(&mut sidecar.dir, tempfile::tempdir().unwrap());
+    let again = Sidecar::spawn(dir, &["--deadline-ms", "10000"]);
+    again.wait_ready();
+    let after = again.json(&["graph", "checksum"]);
+    assert_eq!(
+        (&after["checksum"], &after["n_nodes"]),
+        (&before["checksum"], &before["n_nodes"]),
+        "the restarted sidecar serves the updated graph"
+    );
+    let client = again.client();
+    let response = client.call(&CallRequest::new(&[2708])).unwrap();
+    let tables = response.tables().unwrap();
+    assert_eq!(tables.target_status()[0], 0, "node 2708 is known");
+    let dim = 1433;
+    let features = &tables.features()[..dim];
+    assert_eq!(features[1], 1.0, "its row is the one added");
+    assert!(!tables.fallback(0));
 }
 
 /// A dataset of `n` nodes in a ring (each linked to the next, both

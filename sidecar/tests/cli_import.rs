@@ -89,3 +89,40 @@ fn an_import_with_an_impossible_feature_shape_is_refused_not_a_panic() {
         assert!(stderr.contains(expect), "{stderr}");
     }
 }
+
+/// A missing or emptied store of record is refused at start, naming the
+/// path and `sidecar import`, as a damaged one is: RocksDB would otherwise
+/// create an empty store and every answer would be a default row.
+#[test]
+fn serve_refuses_a_missing_or_empty_store_of_record() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let output = import(&tests::stack::dataset("cora"), &data);
+    assert!(output.status.success());
+    let store = data.join("features.db");
+    let start = || {
+        let out = Command::new(SIDECAR)
+            .arg("serve")
+            .arg("--data-dir")
+            .arg(&data)
+            .args(["--shm-name", &tests::unique_name("gnn-test-no-store")])
+            .arg("--admin-socket")
+            .arg(dir.path().join("admin.sock"))
+            .args(["--metrics-addr", "127.0.0.1:0"])
+            .output()
+            .unwrap();
+        assert!(!out.status.success(), "the sidecar started");
+        let stderr = String::from_utf8_lossy(&out.stderr).to_string();
+        let last = stderr.trim_end().lines().last().unwrap_or("").to_string();
+        assert!(last.contains(&store.display().to_string()), "{stderr}");
+        assert!(last.contains("sidecar import"), "{stderr}");
+        last
+    };
+    std::fs::remove_dir_all(&store).unwrap();
+    assert!(start().contains("is missing"));
+    assert!(!store.exists(), "the refusal created a store");
+    // An empty RocksDB store in its place (what a start without the check
+    // would have created).
+    drop(rocksdb::DB::open_default(&store).expect("an empty RocksDB store"));
+    assert!(start().contains("holds no rows"));
+}

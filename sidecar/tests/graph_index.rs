@@ -9,16 +9,6 @@ use protocol::payload::schema::target_status;
 use sidecar::graph::dataset::{import_graph, INDEX_FILE};
 use sidecar::graph::{CsrIndex, FormatError, Sampled, Sampler};
 
-fn shared_data(name: &str) -> PathBuf {
-    let dir = tests::stack::repo_root().join("../shared/data").join(name);
-    assert!(
-        dir.join("edges.u32").is_file(),
-        "{} is missing: the datasets live in ../shared/data beside the checkout",
-        dir.display()
-    );
-    dir
-}
-
 /// The (src, dst) pairs of a dataset's edges.u32.
 fn dataset_edges(dir: &Path) -> Vec<(u32, u32)> {
     let bytes = std::fs::read(dir.join("edges.u32")).unwrap();
@@ -42,10 +32,43 @@ fn import_text(text: &str, undirected: bool) -> (tempfile::TempDir, CsrIndex) {
     (dir, index)
 }
 
+/// The datasets the repository ships (demo/data) are the ones their
+/// `meta.json` describes: every data file's size and sha256, and a licence
+/// and provenance beside them.
+#[test]
+fn every_shipped_dataset_matches_its_checksums() {
+    for name in ["cora", "citeseer", "cora_ml"] {
+        let data = tests::stack::dataset(name);
+        let meta: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(data.join("meta.json")).unwrap())
+                .unwrap();
+        let files = meta["files"].as_object().expect("meta.json files");
+        assert_eq!(files.len(), 4, "{name}: {files:?}");
+        for (file, want) in files {
+            let path = data.join(file);
+            let bytes = std::fs::metadata(&path).unwrap().len();
+            assert_eq!(Some(bytes), want["bytes"].as_u64(), "{name}/{file}");
+            let out = std::process::Command::new("sha256sum")
+                .arg(&path)
+                .output()
+                .expect("running sha256sum");
+            let sum = String::from_utf8_lossy(&out.stdout);
+            assert_eq!(
+                sum.split_whitespace().next(),
+                want["sha256"].as_str(),
+                "{name}/{file}"
+            );
+        }
+        for file in ["LICENCE", "PROVENANCE.md"] {
+            assert!(data.join(file).is_file(), "{name}/{file}");
+        }
+    }
+}
+
 #[test]
 fn every_dataset_imports_to_exactly_its_edge_list() {
     for name in ["cora", "citeseer", "cora_ml"] {
-        let data = shared_data(name);
+        let data = tests::stack::dataset(name);
         let out = tempfile::tempdir().unwrap();
         let stats = import_graph(&data, out.path(), false, 1).unwrap();
         let index = CsrIndex::open(&out.path().join(INDEX_FILE)).unwrap();
@@ -116,7 +139,7 @@ fn bad_edge_lists_name_the_line() {
 
 fn cora_index_file() -> (tempfile::TempDir, PathBuf) {
     let out = tempfile::tempdir().unwrap();
-    import_graph(&shared_data("cora"), out.path(), false, 1).unwrap();
+    import_graph(&tests::stack::dataset("cora"), out.path(), false, 1).unwrap();
     let path = out.path().join(INDEX_FILE);
     (out, path)
 }
@@ -472,7 +495,7 @@ fn a_subgraph_is_laid_out_as_neighbor_loader_lays_out_a_batch() {
     };
     let fanouts = SubgraphFanouts::new(&[10, 10]).unwrap();
     let s = Sampler::default()
-        .sample_subgraph(&index, &[2, 0, 2, 77], fanouts, 1, limits)
+        .sample_subgraph(&index, &[2, 0, 2, 77], fanouts, 1, limits, &[])
         .unwrap();
     // Hop 0: the unique targets (2 repeated; 77 unknown).
     // Hop 1: 2's neighbours 0 (a target), 3 (new); 0's neighbours 1 (new),
@@ -501,6 +524,7 @@ fn a_subgraph_is_laid_out_as_neighbor_loader_lays_out_a_batch() {
             SubgraphFanouts::new(&[10]).unwrap(),
             1,
             limits,
+            &[],
         )
         .unwrap();
     assert_eq!(one.nodes, vec![3, 1, 2, 4]);
@@ -510,7 +534,7 @@ fn a_subgraph_is_laid_out_as_neighbor_loader_lays_out_a_batch() {
     );
     // A node without neighbours: no edges at all.
     let alone = Sampler::default()
-        .sample_subgraph(&index, &[5], fanouts, 1, limits)
+        .sample_subgraph(&index, &[5], fanouts, 1, limits, &[])
         .unwrap();
     assert_eq!((alone.nodes.clone(), alone.n_edges()), (vec![5], 0));
     assert_eq!(alone.sampled_nodes, vec![1, 0, 0]);
@@ -534,7 +558,7 @@ fn subgraph_samples_respect_fanouts_and_are_deterministic() {
     let targets = [1358u64, 0, 5, 99];
     let mut sampler = Sampler::default();
     let s = sampler
-        .sample_subgraph(&index, &targets, fanouts, 9, limits)
+        .sample_subgraph(&index, &targets, fanouts, 9, limits, &[])
         .unwrap();
     assert_eq!(s.n_edges() as i64, s.sampled_edges.iter().sum::<i64>());
     assert_eq!(s.nodes.len() as i64, s.sampled_nodes.iter().sum::<i64>());
@@ -572,7 +596,7 @@ fn subgraph_samples_respect_fanouts_and_are_deterministic() {
         );
     }
     let again = Sampler::default()
-        .sample_subgraph(&index, &targets, fanouts, 9, limits)
+        .sample_subgraph(&index, &targets, fanouts, 9, limits, &[])
         .unwrap();
     assert_eq!(
         (again.nodes, again.edge_src),
@@ -580,7 +604,7 @@ fn subgraph_samples_respect_fanouts_and_are_deterministic() {
     );
     // Target 1358's own hop-1 draws are the same alone as beside others.
     let alone = Sampler::default()
-        .sample_subgraph(&index, &[1358], fanouts, 9, limits)
+        .sample_subgraph(&index, &[1358], fanouts, 9, limits, &[])
         .unwrap();
     let hop1 = |s: &Sampled, row: i64| -> Vec<u64> {
         s.edge_src
@@ -591,23 +615,42 @@ fn subgraph_samples_respect_fanouts_and_are_deterministic() {
             .collect()
     };
     assert_eq!(hop1(&alone, 0), hop1(&s, 0));
+    // FRESH targets (FRESH_SINCE) have no row and are left out: the
+    // subgraph is the one the others get alone, in the same order.
+    let fresh = [false, true, false, true];
+    let without = Sampler::default()
+        .sample_subgraph(&index, &targets, fanouts, 9, limits, &fresh)
+        .unwrap();
+    let others = Sampler::default()
+        .sample_subgraph(&index, &[1358, 5], fanouts, 9, limits, &[])
+        .unwrap();
+    assert_eq!(
+        (&without.nodes, &without.edge_src, &without.edge_dst),
+        (&others.nodes, &others.edge_src, &others.edge_dst)
+    );
+    assert_eq!(
+        (&without.sampled_nodes, &without.sampled_edges),
+        (&others.sampled_nodes, &others.sampled_edges)
+    );
+    assert_eq!(without.target_row, vec![0, -1, 1, -1]);
+    assert_eq!(without.status, vec![0, 2, 0, 2]);
     // Limits stop the sample with what outgrew.
     let tight = SubgraphLimits {
         max_nodes: 10,
         max_edges: 1_000,
     };
     assert!(Sampler::default()
-        .sample_subgraph(&index, &targets, fanouts, 9, tight)
+        .sample_subgraph(&index, &targets, fanouts, 9, tight, &[])
         .is_err());
     // A super node costs its fanout, not its degree.
     let (_d1, big) = star(1_000_000);
     let (_d2, small) = star(30);
     let one_hop = SubgraphFanouts::new(&[20]).unwrap();
     let on_big = sampler
-        .sample_subgraph(&big, &[0], one_hop, 4, limits)
+        .sample_subgraph(&big, &[0], one_hop, 4, limits, &[])
         .unwrap();
     let on_small = sampler
-        .sample_subgraph(&small, &[0], one_hop, 4, limits)
+        .sample_subgraph(&small, &[0], one_hop, 4, limits, &[])
         .unwrap();
     assert_eq!((on_big.n_edges(), on_small.n_edges()), (20, 20));
     assert_eq!(on_big.work, on_small.work, "same work for degree 1M and 30");

@@ -79,8 +79,10 @@ fn duplicate_and_existing_edges_are_ignored_and_isolated_nodes_can_be_added() {
     let s = sampler.sample(&*snapshot, &[2900, 3000], [20, 10], 1);
     assert_eq!(s.status, [target_status::UNKNOWN_NODE, target_status::OK]);
     assert!(graph.add_edges(&[(0, u64::from(u32::MAX))], false).is_err());
-    // Ids stay dense: a mistyped id far past the end is refused, naming it.
-    let far = 3001 + sidecar::graph::live::MAX_ID_GROWTH;
+    // Ids stay dense: a mistyped id 2^20 or more past the largest id (3000)
+    // is refused, naming it.
+    use sidecar::graph::live::MAX_ID_GROWTH;
+    let far = 3000 + MAX_ID_GROWTH;
     let err = graph.add_nodes(&[far]).unwrap_err().to_string();
     assert!(
         err.contains(&far.to_string()) && err.contains("dense"),
@@ -92,9 +94,21 @@ fn duplicate_and_existing_edges_are_ignored_and_isolated_nodes_can_be_added() {
         2,
         "a refused update does not count"
     );
-    graph
-        .add_nodes(&[far - 1])
-        .expect("just within the growth bound");
+
+    // 2^20 - 1 past is accepted; and the bound holds across updates: the
+    // ids left between the nodes may not grow past 2^20 step by step.
+    let (_dir, _path, fresh) = cora();
+    let first = 2707 + MAX_ID_GROWTH - 1;
+    fresh
+        .add_nodes(&[first])
+        .expect("2^20 - 1 past the largest id");
+    fresh
+        .add_nodes(&[first + 2])
+        .expect("one gap more: 2^20 - 1 gaps");
+    let err = fresh.add_nodes(&[first + 4]).unwrap_err().to_string();
+    assert!(err.contains("ids below the graph's end"), "{err}");
+    fresh.add_nodes(&[first + 1]).expect("filling a gap");
+    assert_eq!(fresh.snapshot().id_bound(), first + 3);
 }
 
 /// Nodes added past the end with gaps: a compaction writes the known-node

@@ -27,15 +27,39 @@ pub fn repo_root() -> PathBuf {
         .to_path_buf()
 }
 
-/// `../shared/data/<name>`.
+/// A dataset the repository ships (`demo/data/<name>.tar.gz`: cora,
+/// citeseer, cora_ml), extracted once per test process into a temporary
+/// directory: the tests need nothing beside the checkout.
 pub fn dataset(name: &str) -> PathBuf {
-    let path = repo_root().join("../shared/data").join(name);
+    static DIRS: Mutex<Option<HashMap<String, PathBuf>>> = Mutex::new(None);
+    let mut dirs = DIRS.lock().unwrap_or_else(|p| p.into_inner());
+    let dirs = dirs.get_or_insert_with(HashMap::new);
+    if let Some(dir) = dirs.get(name) {
+        return dir.clone();
+    }
+    let archive = repo_root().join(format!("demo/data/{name}.tar.gz"));
     assert!(
-        path.join("meta.json").is_file(),
-        "{} is missing: the shared datasets must sit beside the repository",
-        path.display()
+        archive.is_file(),
+        "{} is missing: the repository ships cora, citeseer and cora_ml in demo/data",
+        archive.display()
     );
-    path
+    let out = process_dir(&format!("shipped-{name}"));
+    let status = Command::new("tar")
+        .arg("-xzf")
+        .arg(&archive)
+        .arg("-C")
+        .arg(&out)
+        .status()
+        .expect("running tar");
+    assert!(status.success(), "extracting {} failed", archive.display());
+    let dir = out.join(name);
+    assert!(
+        dir.join("meta.json").is_file(),
+        "{} holds no {name}/meta.json",
+        archive.display()
+    );
+    dirs.insert(name.to_string(), dir.clone());
+    dir
 }
 
 /// The project venv's Python (scripts/setup.sh creates it with numpy,
@@ -89,7 +113,7 @@ pub fn workspace_bin(name: &str) -> PathBuf {
     bin
 }
 
-/// A model trained by the tooling for `dataset` (of ../shared/data), once
+/// A model trained by the tooling for `dataset` (of [`dataset`]), once
 /// per test process.
 pub fn trained_model(dataset_name: &str) -> PathBuf {
     trained_model_for(&dataset(dataset_name))
@@ -243,27 +267,9 @@ pub fn pyg_model_for(dir: &Path, args: &[&str]) -> PathBuf {
     out
 }
 
-/// The demo dataset the repository ships (`demo/data/cora.tar.gz`),
-/// extracted once per test process into a temporary directory.
+/// The demo dataset the repository ships (`demo/data/cora.tar.gz`).
 pub fn shipped_cora() -> PathBuf {
-    static DIR: Mutex<Option<PathBuf>> = Mutex::new(None);
-    let mut dir = DIR.lock().unwrap_or_else(|p| p.into_inner());
-    if let Some(dir) = dir.as_ref() {
-        return dir.clone();
-    }
-    let out = process_dir("shipped-cora");
-    let archive = repo_root().join("demo/data/cora.tar.gz");
-    let status = Command::new("tar")
-        .arg("-xzf")
-        .arg(&archive)
-        .arg("-C")
-        .arg(&out)
-        .status()
-        .expect("running tar");
-    assert!(status.success(), "extracting {} failed", archive.display());
-    let cora = out.join("cora");
-    *dir = Some(cora.clone());
-    cora
+    dataset("cora")
 }
 
 /// A free TCP port on 127.0.0.1 (bound, then released for the child).
@@ -288,7 +294,8 @@ pub fn free_port() -> u16 {
 /// How the stack is started.
 #[derive(Debug, Clone)]
 pub struct StackOptions {
-    /// A dataset of ../shared/data, unless `dataset_dir` is set.
+    /// A dataset the repository ships ([`dataset`]), unless `dataset_dir`
+    /// is set.
     pub dataset: String,
     /// A dataset directory of the shared layout (overrides `dataset`).
     pub dataset_dir: Option<PathBuf>,
@@ -304,6 +311,8 @@ pub struct StackOptions {
     pub executors: usize,
     /// Extra `gnn-worker serve` arguments.
     pub worker_args: Vec<String>,
+    /// Environment variables of `gnn-worker serve` (`FAILPOINTS`, say).
+    pub worker_env: Vec<(String, String)>,
     /// Extra `sidecar serve` arguments.
     pub sidecar_args: Vec<String>,
     /// A directory `sidecar import` already wrote: served as it is, with
@@ -329,6 +338,7 @@ impl StackOptions {
             max_batch: 64,
             executors: 2,
             worker_args: Vec::new(),
+            worker_env: Vec::new(),
             sidecar_args: Vec::new(),
             imported: None,
             model: None,
@@ -469,6 +479,7 @@ impl Stack {
             .arg("--onnxruntime-lib")
             .arg(onnxruntime_lib())
             .args(&options.worker_args)
+            .envs(options.worker_env.iter().map(|(k, v)| (k, v)))
             .spawn()
             .context("starting gnn-worker serve")?;
         let mut stack = Self {
@@ -678,6 +689,52 @@ fn read_le4<T>(path: &Path, from: fn([u8; 4]) -> T) -> Vec<T> {
 }
 
 /// Reads a little-endian f32 file.
+/// Through `stack`'s admin socket, adds the edge `a`-`b` (both ways) and
+/// invalidates `c`'s row in the graph of `dataset_dir` (`n` nodes); returns
+/// the nodes whose 2-hop answer this changes at covering fanouts: a node's
+/// answer reads the rows within two hops of it and the neighbour lists of
+/// itself and its neighbours.
+pub fn add_an_edge_and_invalidate_a_row(
+    stack: &Stack,
+    dataset_dir: &Path,
+    n: usize,
+    (a, b, c): (u64, u64, u64),
+) -> std::collections::BTreeSet<u64> {
+    let mut adjacency = adjacency(dataset_dir, n);
+    adjacency[a as usize].push(b);
+    adjacency[b as usize].push(a);
+    let mut stale = std::collections::BTreeSet::from([a, b, c]);
+    stale.extend(adjacency[a as usize].iter().copied());
+    stale.extend(adjacency[b as usize].iter().copied());
+    for &u in &adjacency[c as usize] {
+        stale.insert(u);
+        stale.extend(adjacency[u as usize].iter().copied());
+    }
+    let pair = stack.dir.path().join("edge.txt");
+    std::fs::write(&pair, format!("{a} {b}\n")).expect("the edge file");
+    let said = stack
+        .sidecarctl(&["graph", "add-edges", "--file", &pair.to_string_lossy()])
+        .expect("graph add-edges");
+    assert!(said.contains("added"), "{said}");
+    stack
+        .sidecarctl(&["invalidate", &c.to_string()])
+        .expect("invalidate");
+    stale
+}
+
+/// The edges of the dataset in `dataset_dir` (`edges.u32`, both
+/// directions listed) as adjacency lists of its `n` nodes.
+pub fn adjacency(dataset_dir: &Path, n: usize) -> Vec<Vec<u64>> {
+    let edges = std::fs::read(dataset_dir.join("edges.u32")).expect("edges.u32");
+    let mut adjacency: Vec<Vec<u64>> = vec![Vec::new(); n];
+    for e in edges.chunks_exact(8) {
+        let s = u32::from_le_bytes([e[0], e[1], e[2], e[3]]) as usize;
+        let d = u32::from_le_bytes([e[4], e[5], e[6], e[7]]) as u64;
+        adjacency[s].push(d);
+    }
+    adjacency
+}
+
 pub fn read_f32(path: &Path) -> Vec<f32> {
     read_le4(path, f32::from_le_bytes)
 }

@@ -327,10 +327,11 @@ fn sighup_rereads_the_log_level_from_the_file() {
         &format!("model = \"{}\"\nlog_level = \"warn\"\n", model.display()),
     );
     let log = dir.path().join("worker.log");
+    let http = format!("127.0.0.1:{}", tests::stack::free_port());
     let mut child = Command::new(workspace_bin("gnn-worker"))
         .args(["serve", "--config", &f])
         .args(["--shm-name", "gnn-test-no-such-sidecar"])
-        .args(["--grpc", "127.0.0.1:0", "--http", "127.0.0.1:0"])
+        .args(["--grpc", "127.0.0.1:0", "--http", &http])
         .arg("--onnxruntime-lib")
         .arg(tests::stack::onnxruntime_lib())
         .stderr(std::fs::File::create(&log).unwrap())
@@ -344,7 +345,16 @@ fn sighup_rereads_the_log_level_from_the_file() {
             .unwrap();
         text
     };
-    std::thread::sleep(std::time::Duration::from_secs(2));
+    // Waiting for the sidecar: the model is loaded and the ports are
+    // listening, each of which logs at info.
+    let waiting = tests::eventually(std::time::Duration::from_secs(30), || {
+        tests::stack::http_request(&http, "GET", "/readyz", None)
+            .is_ok_and(|(code, body)| code == 503 && !body.contains("loading the model"))
+    });
+    assert!(
+        waiting,
+        "the worker did not come up waiting for its sidecar"
+    );
     assert!(
         !read().contains("INFO"),
         "info lines at level warn:\n{}",
@@ -366,4 +376,41 @@ fn sighup_rereads_the_log_level_from_the_file() {
     let _ = child.kill();
     let _ = child.wait();
     assert!(reloaded, "no reload logged:\n{}", read());
+}
+
+/// A negative number given to a numeric flag reaches that flag's own check,
+/// which names it, on every command line of the product.
+#[test]
+fn bad_numbers_on_command_lines_name_their_flag() {
+    let cases: [(&str, &[&str], &str); 3] = [
+        (
+            "sidecar",
+            &["serve", "--data-dir", "/nonexistent", "--slots", "-3"],
+            "--slots",
+        ),
+        (
+            "gnn-worker",
+            &["serve", "--model", "/nonexistent", "--executors", "-1"],
+            "--executors",
+        ),
+        (
+            "sidecarctl",
+            &["--socket", "/nonexistent", "--timeout-s", "-1", "status"],
+            "--timeout-s",
+        ),
+    ];
+    for (bin, args, flag) in cases {
+        let out = Command::new(workspace_bin(bin))
+            .args(args)
+            .output()
+            .unwrap();
+        assert!(!out.status.success(), "{bin} {args:?}");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(stderr.contains(flag), "{bin} {args:?}: {stderr}");
+        assert!(
+            !stderr.contains("unexpected argument"),
+            "{bin} {args:?}: {stderr}"
+        );
+        assert!(!stderr.contains("panicked"), "{bin} {args:?}: {stderr}");
+    }
 }

@@ -1116,24 +1116,12 @@ fn precomputed_answers_stand_until_their_neighbourhood_changes() {
     drop(redis);
     // An edge between a and b, and a changed row of c.
     let (a, b, c) = (10u64, 2000u64, 1000u64);
-    let mut adjacency = adjacency_of(name, n as usize);
-    adjacency[a as usize].push(b);
-    adjacency[b as usize].push(a);
-    let mut stale = std::collections::BTreeSet::from([a, b]);
-    stale.extend(adjacency[a as usize].iter().copied());
-    stale.extend(adjacency[b as usize].iter().copied());
-    stale.insert(c);
-    for &u in &adjacency[c as usize] {
-        stale.insert(u);
-        stale.extend(adjacency[u as usize].iter().copied());
-    }
-    let pair = stack.dir.path().join("edge.txt");
-    std::fs::write(&pair, format!("{a} {b}\n")).unwrap();
-    let said = stack
-        .sidecarctl(&["graph", "add-edges", "--file", &pair.to_string_lossy()])
-        .unwrap();
-    assert!(said.contains("added"), "{said}");
-    stack.sidecarctl(&["invalidate", &c.to_string()]).unwrap();
+    let stale = tests::stack::add_an_edge_and_invalidate_a_row(
+        &stack,
+        &dataset(name),
+        n as usize,
+        (a, b, c),
+    );
 
     let gnn_answers =
         || tests::stack::metric_value(&stack.http, "gnn_worker_answers_total{by=\"gnn\"}");
@@ -1217,7 +1205,7 @@ fn stored_hub_embeddings_stand_in_for_unchanged_hubs() {
     let stack = Stack::start(&options).expect("stack");
     let n = meta(name)["num_nodes"].as_u64().unwrap();
     precompute_every_node(&stack, &redis, n);
-    let mut adjacency = adjacency_of(name, n as usize);
+    let mut adjacency = tests::stack::adjacency(&dataset(name), n as usize);
     let is_hub = |adjacency: &[Vec<u64>], v: u64| adjacency[v as usize].len() >= hub_degree;
     let offline = offline_distance(&stack.model);
     let sidecar_metric = |m: &str| tests::stack::metric_value(&metrics, m);
@@ -1250,11 +1238,11 @@ fn stored_hub_embeddings_stand_in_for_unchanged_hubs() {
         client.call(&call).unwrap()
     };
     let first = plain(&[0]);
-    let since = FreshSince {
-        clock: first.header().change_clock,
-        tick: first.header().change_tick,
+    let since = FreshSince::dense(
+        first.header().change_clock,
+        first.header().change_tick,
         fanouts,
-    };
+    );
     let hub_call = |targets: &[u64]| {
         let mut call = CallRequest::new(targets);
         call.fanouts = fanouts;
@@ -1397,18 +1385,6 @@ fn offline_distance(model: &Path) -> impl Fn(&pb::Prediction) -> f32 {
     }
 }
 
-/// The edges of dataset `name` as adjacency lists.
-fn adjacency_of(name: &str, n: usize) -> Vec<Vec<u64>> {
-    let edges = std::fs::read(dataset(name).join("edges.u32")).unwrap();
-    let mut adjacency: Vec<Vec<u64>> = vec![Vec::new(); n];
-    for e in edges.chunks_exact(8) {
-        let s = u32::from_le_bytes([e[0], e[1], e[2], e[3]]) as usize;
-        let d = u32::from_le_bytes([e[4], e[5], e[6], e[7]]) as u64;
-        adjacency[s].push(d);
-    }
-    adjacency
-}
-
 /// The ladder: a call whose deadline the full GNN would miss is answered
 /// on a cheaper rung (the GNN at `degrade_fanouts`, then the student, each
 /// tried once it is the only rung left that fits), says which, and is
@@ -1499,9 +1475,25 @@ fn http_streaming_batching_and_clean_shutdown() {
     )
     .unwrap();
     assert!((400..500).contains(&code), "bad JSON got {code}: {body}");
+    // A call with no ids is bad input, over HTTP and gRPC.
+    for empty in [r#"{"node_ids": []}"#, "{}"] {
+        let (code, body) =
+            tests::stack::http_request(&stack.http, "POST", "/v1/predict", Some(empty)).unwrap();
+        assert_eq!(code, 400, "{empty}: {body}");
+        assert!(body.contains("no node ids"), "{body}");
+    }
 
     runtime().block_on(async {
         let mut client = PredictorClient::connect(stack.grpc.clone()).await.unwrap();
+        let empty = client
+            .predict(pb::PredictRequest {
+                node_ids: vec![],
+                request_id: 1,
+                new_node: None,
+            })
+            .await
+            .unwrap_err();
+        assert_eq!(empty.code(), tonic::Code::InvalidArgument, "{empty}");
         // Bidirectional streaming: five requests, five answers in order.
         let requests: Vec<pb::PredictRequest> = (0..5u64)
             .map(|k| pb::PredictRequest {
@@ -1675,8 +1667,8 @@ fn concurrent_ring_requests_are_served_as_batches_with_correct_rows() {
 /// A lone call is dispatched at once: `--max-delay-ms` bounds how long calls
 /// may gather while every executor is busy, it is no fixed wait. With the
 /// longest delay the worker accepts (1 s), twenty calls one after another
-/// must average far below it (a batcher that waited for company would take
-/// at least 1 s for each).
+/// each find an executor free: no batch waits for company, none is sent
+/// by the delay, and each call is its own batch.
 #[test]
 fn a_lone_call_does_not_wait_for_company() {
     let mut options = StackOptions::new("cora");
@@ -1697,13 +1689,20 @@ fn a_lone_call_does_not_wait_for_company() {
             assert_eq!(answer.get_ref().predictions.len(), 1);
         }
     });
-    let count = tests::stack::metric_value(&stack.http, "gnn_worker_call_seconds_count");
-    let sum = tests::stack::metric_value(&stack.http, "gnn_worker_call_seconds_sum");
-    assert_eq!(count, calls as f64, "every call is counted");
-    let mean = sum / count;
-    assert!(
-        mean < 0.5,
-        "lone calls took {mean:.3} s on average with --max-delay-ms 1000: they waited for company"
+    let metric = |name: &str| tests::stack::metric_value(&stack.http, name);
+    assert_eq!(
+        metric("gnn_worker_call_seconds_count"),
+        calls as f64,
+        "every call is counted"
+    );
+    assert_eq!(metric("gnn_worker_batches_total"), calls as f64);
+    assert_eq!(
+        (
+            metric("gnn_worker_batches_waited_total"),
+            metric("gnn_worker_batches_delayed_total")
+        ),
+        (0.0, 0.0),
+        "lone calls with --max-delay-ms 1000 waited for company"
     );
     assert!(stack.stop(), "clean shutdown");
 }

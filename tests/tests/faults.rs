@@ -1234,3 +1234,372 @@ fn the_store_corrupted_while_serving_costs_fallback_rows_never_a_failed_call() {
     assert_eq!(stack.http_get("/readyz").unwrap().0, 200);
     assert!(stack.stop(), "clean shutdown");
 }
+
+/// Overload is explicit: with the first model run held for 20 s (a
+/// failpoint) and one call a batch, the worker accepts 4,096 waiting calls
+/// (and the three its pipeline holds: one in the model run, one ready for
+/// it, one on the ring thread) and refuses every further call at once,
+/// RESOURCE_EXHAUSTED over gRPC and 503 with Retry-After over HTTP; the
+/// accepted calls are all answered once the run ends.
+#[test]
+fn the_waiting_call_bound_refuses_the_next_call_at_once() {
+    use gnn_worker::batcher::MAX_QUEUED_CALLS;
+    use gnn_worker::grpc::{pb, PredictorClient};
+    let mut options = StackOptions::new("cora");
+    options.max_batch = 1;
+    options.executors = 1;
+    options.worker_args = ["--ring-concurrency", "1"].map(String::from).to_vec();
+    options
+        .worker_args
+        .extend(["--call-timeout-ms".into(), "600000".into()]);
+    options.worker_env = vec![(
+        "FAILPOINTS".into(),
+        "gnn-worker-executor=1*sleep(20000)".into(),
+    )];
+    let stack = Stack::start(&options).expect("stack");
+    // Over 30 connections (HTTP/2 caps the streams of one).
+    let (connections, per_connection) = (30, 150);
+    let calls = connections * per_connection;
+    let held = 3;
+    let extra = calls - MAX_QUEUED_CALLS - held;
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let http = stack.http.clone();
+    let overloaded =
+        move || metric_value(&http, "gnn_worker_call_errors_total{kind=\"overloaded\"}");
+    let codes: Vec<tonic::Code> = runtime.block_on(async {
+        let mut tasks = Vec::with_capacity(calls);
+        for c in 0..connections {
+            let client = PredictorClient::connect(stack.grpc.clone()).await.unwrap();
+            for k in 0..per_connection {
+                let mut client = client.clone();
+                let id = ((c * per_connection + k) % 2708) as u64;
+                tasks.push(tokio::spawn(async move {
+                    client
+                        .predict(pb::PredictRequest {
+                            node_ids: vec![id],
+                            request_id: id,
+                            new_node: None,
+                        })
+                        .await
+                        .map_or_else(|e| e.code(), |_| tonic::Code::Ok)
+                }));
+            }
+        }
+        // Every call beyond the bound is refused while the run is held.
+        let waiting = overloaded.clone();
+        let refused = tokio::task::spawn_blocking(move || {
+            tests::eventually(std::time::Duration::from_secs(60), || {
+                waiting() >= extra as f64
+            })
+        });
+        let errors = tests::stack::http_request(&stack.http, "GET", "/metrics", None)
+            .map(|(_, text)| {
+                text.lines()
+                    .filter(|l| l.starts_with("gnn_worker_call"))
+                    .collect::<Vec<_>>()
+                    .join("\n")
+            })
+            .unwrap_or_default();
+        assert!(
+            refused.await.unwrap(),
+            "{} of {extra} refused; {errors}",
+            overloaded()
+        );
+        // HTTP too, at once.
+        let http = stack.http.clone();
+        let (code, retry_after, body) =
+            tokio::task::spawn_blocking(move || predict_raw(&http, &[5]))
+                .await
+                .unwrap();
+        assert_eq!(code, 503, "{body}");
+        assert_eq!(retry_after.as_deref(), Some("1"));
+        assert!(body.contains("4096 calls already wait"), "{body}");
+        let mut codes = Vec::with_capacity(calls);
+        for task in tasks {
+            codes.push(task.await.unwrap());
+        }
+        codes
+    });
+    let ok = codes.iter().filter(|&&c| c == tonic::Code::Ok).count();
+    let exhausted = codes
+        .iter()
+        .filter(|&&c| c == tonic::Code::ResourceExhausted)
+        .count();
+    assert_eq!(
+        (ok, exhausted),
+        (MAX_QUEUED_CALLS + held, extra),
+        "every accepted call answered, every other refused"
+    );
+    assert!(stack.stop());
+}
+
+/// No dead work: with every model run held for 3 s (a failpoint), calls
+/// whose HTTP client closed its connection and gRPC calls ended at their
+/// deadline are dropped when the ring thread takes them, and calls without
+/// a deadline that waited past the worker's `call_timeout_ms` (1 s here)
+/// are answered 504: none reaches the ring. Only the three calls the
+/// pipeline held when the clients went (one in the model run, one ready for
+/// it, one on the ring thread) and the next call become ring requests.
+#[test]
+fn calls_nobody_waits_for_are_dropped_before_the_ring() {
+    use gnn_worker::grpc::{pb, PredictorClient};
+    use std::io::Write;
+    let mut options = StackOptions::new("cora");
+    options.max_batch = 1;
+    options.executors = 1;
+    options.worker_args = ["--ring-concurrency", "1", "--call-timeout-ms", "1000"]
+        .map(String::from)
+        .to_vec();
+    options.worker_env = vec![(
+        "FAILPOINTS".into(),
+        "gnn-worker-executor=sleep(3000)".into(),
+    )];
+    let stack = Stack::start(&options).expect("stack");
+    // A call with a deadline of a minute: never dropped here.
+    let patient = |ids: &[u64]| {
+        let body = serde_json::json!({ "node_ids": ids, "timeout_ms": 60000 }).to_string();
+        http_request(&stack.http, "POST", "/v1/predict", Some(&body)).unwrap()
+    };
+    assert_eq!(patient(&[1]).0, 200);
+    let metric = |name: &str| metric_value(&stack.http, name);
+    let ring_requests = metric("gnn_worker_ring_requests_total");
+    let calls = || metric("gnn_worker_calls_total") as usize;
+    let before = calls();
+    // 20 HTTP calls whose clients then close their connections.
+    let mut streams = Vec::new();
+    for k in 0..20u64 {
+        let body = serde_json::json!({ "node_ids": [k] }).to_string();
+        let mut stream = std::net::TcpStream::connect(&stack.http).unwrap();
+        write!(
+            stream,
+            "POST /v1/predict HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n\
+             Content-Length: {}\r\n\r\n{body}",
+            body.len()
+        )
+        .unwrap();
+        streams.push(stream);
+    }
+    assert!(
+        tests::eventually(std::time::Duration::from_secs(20), || calls()
+            == before + 20),
+        "the HTTP calls arrived"
+    );
+    drop(streams);
+    // 20 gRPC calls ended at their 1 s deadline.
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let codes: Vec<tonic::Code> = runtime.block_on(async {
+        let client = PredictorClient::connect(stack.grpc.clone()).await.unwrap();
+        let tasks: Vec<_> = (0..20u64)
+            .map(|k| {
+                let mut client = client.clone();
+                tokio::spawn(async move {
+                    let mut request = tonic::Request::new(pb::PredictRequest {
+                        node_ids: vec![100 + k],
+                        request_id: k,
+                        new_node: None,
+                    });
+                    request.set_timeout(std::time::Duration::from_secs(1));
+                    client
+                        .predict(request)
+                        .await
+                        .map_or_else(|e| e.code(), |_| tonic::Code::Ok)
+                })
+            })
+            .collect();
+        let mut codes = Vec::new();
+        for task in tasks {
+            codes.push(task.await.unwrap());
+        }
+        codes
+    });
+    // Ended at their deadline (the client's timer or the server's).
+    assert!(
+        codes
+            .iter()
+            .all(|&c| matches!(c, tonic::Code::DeadlineExceeded | tonic::Code::Cancelled)),
+        "{codes:?}"
+    );
+    // 5 HTTP calls without a deadline that wait longer than call_timeout_ms.
+    let late: Vec<_> = (0..5u64)
+        .map(|k| {
+            let http = stack.http.clone();
+            std::thread::spawn(move || {
+                let body = serde_json::json!({ "node_ids": [200 + k] });
+                http_request(&http, "POST", "/v1/predict", Some(&body.to_string())).unwrap()
+            })
+        })
+        .collect();
+    for call in late {
+        let (code, body) = call.join().unwrap();
+        assert_eq!(code, 504, "{body}");
+        assert!(body.contains("past its deadline"), "{body}");
+    }
+    assert_eq!(patient(&[7]).0, 200);
+    assert_eq!(
+        metric("gnn_worker_calls_dropped_total{why=\"gone\"}"),
+        37.0,
+        "the HTTP calls after the first three, and the gRPC calls"
+    );
+    assert_eq!(
+        metric("gnn_worker_calls_dropped_total{why=\"deadline\"}"),
+        5.0
+    );
+    assert_eq!(
+        metric("gnn_worker_ring_requests_total") - ring_requests,
+        4.0,
+        "the three calls the pipeline held, and the next one"
+    );
+    assert!(stack.stop());
+}
+
+/// Transport-level decode failures of a unary call are the client's
+/// mistake: an empty body, a frame cut short, and a compressed flag without
+/// `grpc-encoding` are INVALID_ARGUMENT (tonic reports INTERNAL, which is
+/// documented as retryable), and the worker serves on.
+#[test]
+fn grpc_transport_decode_failures_are_invalid_argument() {
+    use tonic::codegen::Service;
+    let stack = Stack::start(&StackOptions::new("cora")).expect("stack");
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let good = encoded(&[1], 1);
+    let frame = |flag: u8, message: &[u8], declared: usize| {
+        let mut body = vec![flag];
+        body.extend_from_slice(&(declared as u32).to_be_bytes());
+        body.extend_from_slice(message);
+        body
+    };
+    let bodies = [
+        ("an empty body", Vec::new()),
+        ("a frame cut short", frame(0, &good, good.len() + 10)),
+        (
+            "a compressed flag without grpc-encoding",
+            frame(1, &good, good.len()),
+        ),
+    ];
+    runtime.block_on(async {
+        let mut channel = tonic::transport::Channel::from_shared(stack.grpc.clone())
+            .unwrap()
+            .connect()
+            .await
+            .expect("connect");
+        for (what, body) in bodies {
+            let request = tonic::codegen::http::Request::builder()
+                .method("POST")
+                .uri(format!("{}/gnn.v1.Predictor/Predict", stack.grpc))
+                .header("content-type", "application/grpc")
+                .header("te", "trailers")
+                .body(tonic::body::Body::new(http_body_util::Full::new(
+                    bytes::Bytes::from(body),
+                )))
+                .unwrap();
+            std::future::poll_fn(|cx| channel.poll_ready(cx))
+                .await
+                .unwrap();
+            let response = channel.call(request).await.expect("an HTTP answer");
+            let status = tonic::Status::from_header_map(response.headers())
+                .unwrap_or_else(|| panic!("{what}: no grpc-status in the headers"));
+            assert_eq!(
+                status.code(),
+                tonic::Code::InvalidArgument,
+                "{what}: {status:?}"
+            );
+        }
+    });
+    // The channel's connection goes with its runtime.
+    drop(runtime);
+    assert_eq!(predict(&stack, &[1]).0, 200, "the worker serves on");
+    assert!(stack.stop());
+}
+
+/// A burst on one stream: 100,000 one-node requests sent back to back (as
+/// fast as HTTP/2 flow control lets them go) are all answered, in order:
+/// the worker reads a burst off the connection instead of leaving its
+/// small frames to HTTP/2's flood protection, and answers many at once.
+#[test]
+fn a_burst_of_100000_stream_requests_is_answered_in_order() {
+    use gnn_worker::grpc::{pb, PredictorClient};
+    let stack = Stack::start(&StackOptions::new("cora")).expect("stack");
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let n = 100_000u64;
+    let answered = runtime.block_on(async {
+        let mut client = PredictorClient::connect(stack.grpc.clone()).await.unwrap();
+        let requests = (1..=n).map(|k| pb::PredictRequest {
+            node_ids: vec![k % 2708],
+            request_id: k,
+            new_node: None,
+        });
+        let mut answers = client
+            .predict_stream(tokio_stream::iter(requests))
+            .await
+            .expect("the stream opens")
+            .into_inner();
+        let mut next = 1u64;
+        while let Some(answer) = answers.message().await.expect("the stream holds") {
+            assert_eq!(answer.request_id, next);
+            assert!(answer.error.is_none(), "{answer:?}");
+            assert_eq!(answer.predictions[0].node_id, next % 2708);
+            next += 1;
+        }
+        next - 1
+    });
+    assert_eq!(answered, n);
+    assert!(stack.stop());
+}
+
+/// Calls that wait for the batcher when the sidecar is found gone fail then
+/// (503), instead of each waiting up to `ring_timeout_ms` (here ten
+/// minutes) for a new sidecar; once the sidecar is back, calls succeed.
+#[test]
+fn waiting_calls_fail_when_the_sidecar_is_found_gone() {
+    let mut options = StackOptions::new("cora");
+    options.max_batch = 1;
+    options.worker_args = ["--ring-concurrency", "1", "--ring-timeout-ms", "600000"]
+        .map(String::from)
+        .to_vec();
+    let stack = Stack::start(&options).expect("stack");
+    assert_eq!(predict(&stack, &[1]).0, 200);
+    let pid = stack.sidecar.as_ref().unwrap().child.id();
+    // Frozen: its heartbeat stands still, and after a second the worker
+    // takes it for gone.
+    tests::stack::freeze_process(pid);
+    let calls: Vec<_> = (0..8u64)
+        .map(|k| {
+            let http = stack.http.clone();
+            std::thread::spawn(move || predict_raw(&http, &[k]))
+        })
+        .collect();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let answers: Vec<_> = calls.into_iter().map(|c| c.join().unwrap()).collect();
+        let _ = tx.send(answers);
+    });
+    let answers = rx
+        .recv_timeout(std::time::Duration::from_secs(60))
+        .expect("the waiting calls were answered, not held for ring_timeout_ms");
+    tests::stack::thaw_process(pid);
+    for (code, _, body) in &answers {
+        assert_eq!(*code, 503, "{body}");
+    }
+    assert!(
+        tests::eventually(std::time::Duration::from_secs(30), || predict(&stack, &[2])
+            .0
+            == 200),
+        "serving resumed"
+    );
+    assert!(stack.stop());
+}

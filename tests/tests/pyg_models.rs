@@ -716,3 +716,122 @@ fn worker_refusal(stack: &Stack, model: &Path) -> String {
     assert!(!output.status.success(), "{} was served", model.display());
     String::from_utf8_lossy(&output.stderr).into_owned()
 }
+
+/// Precomputed answers for a PyG model (docs/strategies.md, "Precomputed
+/// answers"): `gnn-worker precompute` computes each node on its own
+/// subgraph; at covering fanouts that is PyG's full-graph output. The
+/// worker answers from the set while the sidecar vouches (`FRESH_SINCE`
+/// over the node's own subgraph) that nothing in it changed, and through
+/// the GNN exactly for the nodes an edge or a feature change reaches, in
+/// batches that mix both (the subgraph is the stale targets' alone).
+#[test]
+fn precomputed_answers_serve_a_pyg_model_until_its_subgraph_changes() {
+    let model = model("sage", &[]);
+    let redis = tests::redis::RedisServer::start();
+    let mut options = StackOptions::new("cora");
+    options.dataset_dir = Some(shipped_cora());
+    options.model = Some(model.clone());
+    options.max_fanouts = Some([COVERING, COVERING]);
+    // Covering fanouts served too: a stale node's answer is then the same
+    // in any batch, which checks that each answer is its own row.
+    options.worker_fanouts = Some(format!("{COVERING},{COVERING}"));
+    options.max_targets = 8;
+    options.response_mib = 64;
+    options.worker_args = vec![
+        "--precomputed-redis".into(),
+        redis.url(),
+        "--precomputed-check-s".into(),
+        "0.2".into(),
+    ];
+    let stack = Stack::start(&options).expect("stack");
+    let n = 2708u64;
+    let (said, progress) = run_ok(
+        Command::new(workspace_bin("gnn-worker"))
+            .args(["precompute", "--model"])
+            .arg(&model)
+            .args(["--shm-name", &stack.shm_name, "--redis", &redis.url()])
+            .args(["--fanouts", &format!("{COVERING},{COVERING}")])
+            .arg("--onnxruntime-lib")
+            .arg(onnxruntime_lib()),
+        "gnn-worker precompute",
+    );
+    assert!(said.contains(&format!("precomputed {n} nodes")), "{said}");
+    assert!(said.contains("[168, 168]"), "{said}");
+    assert!(progress.contains("100.0%"), "no progress shown");
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    while tests::stack::metric_value(&stack.http, "gnn_worker_precomputed_nodes") != n as f64 {
+        predict(&stack, &[0], 1);
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the set was not loaded"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+
+    // Every node's stored answer is PyG's full-graph output, batched or not.
+    let ids: Vec<u64> = (0..n).collect();
+    for per_call in [1, 8] {
+        let before = predict(&stack, &ids, per_call);
+        assert!(before.iter().all(|p| p.answered_by == "precomputed"));
+        let worst = worst_difference(&model, &logits_of(&before));
+        assert!(
+            worst <= 1e-5,
+            "stored answers differ from PyG's by {worst:.2e}"
+        );
+    }
+
+    // An edge between a and b, and a changed row of c.
+    let (a, b, c) = (10u64, 2000u64, 1000u64);
+    let stale = tests::stack::add_an_edge_and_invalidate_a_row(
+        &stack,
+        &shipped_cora(),
+        n as usize,
+        (a, b, c),
+    );
+
+    let mixed = predict(&stack, &ids, 8);
+    let by_gnn: std::collections::BTreeSet<u64> = mixed
+        .iter()
+        .filter(|p| p.answered_by == "gnn")
+        .map(|p| p.node_id)
+        .collect();
+    assert_eq!(
+        by_gnn, stale,
+        "the nodes answered by the GNN are not exactly those the changes reach"
+    );
+    let stored: Vec<_> = mixed
+        .iter()
+        .filter(|p| p.answered_by == "precomputed")
+        .cloned()
+        .collect();
+    assert_eq!(stored.len() + stale.len(), n as usize);
+    let worst = worst_difference(&model, &logits_of(&stored));
+    assert!(worst <= 1e-5, "{worst:.2e}");
+    // The stale nodes' answers in batches mixed with FRESH targets are the
+    // ones they get alone, and a's changed with its new edge.
+    let stale_ids: Vec<u64> = stale.iter().copied().collect();
+    let alone = predict(&stack, &stale_ids, 1);
+    for p in &alone {
+        assert_eq!(p.answered_by, "gnn");
+        let in_batch = &mixed[p.node_id as usize];
+        assert!(
+            in_batch.known && in_batch.fallback_rows == 0,
+            "node {}",
+            p.node_id
+        );
+        let gap = p
+            .logits
+            .iter()
+            .zip(&in_batch.logits)
+            .map(|(x, y)| (x - y).abs())
+            .fold(0f32, f32::max);
+        assert!(
+            gap <= 1e-5,
+            "node {}: {gap:.2e} between batch and alone",
+            p.node_id
+        );
+    }
+    let a_now = &mixed[a as usize];
+    assert!(worst_difference(&model, &[(a, a_now.logits.clone())]) > 1e-5);
+    assert!(stack.stop());
+}

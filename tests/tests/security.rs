@@ -118,6 +118,20 @@ fn no_secret_reaches_a_log_line_a_metric_or_an_admin_answer() {
         .unwrap();
     seen.push_str(&String::from_utf8_lossy(&printed.stdout));
     seen.push_str(&String::from_utf8_lossy(&printed.stderr));
+    // The worker's precomputed answers' Redis, as the worker prints it.
+    let printed = Command::new(workspace_bin("gnn-worker"))
+        .args(["serve", "--print-config", "--model", "/tmp"])
+        .args(["--precomputed-redis", &redis.url()])
+        .output()
+        .unwrap();
+    assert!(printed.status.success(), "{printed:?}");
+    let worker_config = String::from_utf8_lossy(&printed.stdout);
+    assert!(
+        worker_config.contains("precomputed_redis = \"redis://:***@127.0.0.1"),
+        "{worker_config}"
+    );
+    seen.push_str(&worker_config);
+    seen.push_str(&String::from_utf8_lossy(&printed.stderr));
     drop(client);
     assert!(sidecar.daemon.child.id() > 0);
     let Sidecar { daemon, log, .. } = sidecar;

@@ -11,7 +11,9 @@
 //! accuracy of both workers; lone-call latency of each path (a fresh node
 //! through the hybrid worker, a stale one through it, any node through the
 //! inductive one) and closed-loop throughput of both workers over all test
-//! nodes. Run through `scripts/bench-hybrid.sh`.
+//! nodes. `--model` serves another model, a PyG model in the subgraph
+//! layout for instance (whose answers are precomputed one node a
+//! subgraph). Run through `scripts/bench-hybrid.sh`.
 
 use std::path::PathBuf;
 use std::process::Command;
@@ -49,6 +51,12 @@ struct Args {
     /// Concurrent callers of the closed loop.
     #[arg(long, default_value_t = 8)]
     concurrency: usize,
+    /// A model directory to serve instead of the one trained for each
+    /// dataset (a PyG model in the subgraph layout, for instance:
+    /// `pyg_model.py train` or `scripts/bench-pyg.sh`'s); give the one
+    /// dataset it was trained on.
+    #[arg(long)]
+    model: Option<PathBuf>,
     #[arg(long, default_value = "bench/results/hybrid")]
     out: PathBuf,
 }
@@ -86,6 +94,8 @@ struct DatasetResult {
 struct Report {
     command: String,
     cores: usize,
+    /// The model served when not each dataset's trained one.
+    model: Option<String>,
     precompute_fanouts: String,
     results: Vec<DatasetResult>,
 }
@@ -136,6 +146,10 @@ fn run_dataset(name: &str, args: &Args) -> anyhow::Result<DatasetResult> {
     let mut options = tests::stack::StackOptions::new(name);
     options.max_fanouts = Some([max_degree.max(50), max_degree.max(50)]);
     options.response_mib = 64;
+    if let Some(model) = &args.model {
+        options.model = Some(model.clone());
+        options.worker_fanouts = Some("20,10".into());
+    }
     options.worker_args = vec![
         "--precomputed-redis".into(),
         redis.url(),
@@ -301,6 +315,10 @@ fn markdown(report: &Report) -> String {
 
 fn main() -> anyhow::Result<()> {
     let args = Args::parse();
+    ensure!(
+        args.model.is_none() || args.datasets.len() == 1,
+        "--model serves one model: give the one dataset it was trained on (--datasets cora)"
+    );
     let mut results = Vec::new();
     for name in &args.datasets {
         results.push(run_dataset(name, &args).with_context(|| format!("dataset {name}"))?);
@@ -308,6 +326,7 @@ fn main() -> anyhow::Result<()> {
     let report = Report {
         command: std::env::args().collect::<Vec<_>>().join(" "),
         cores: std::thread::available_parallelism().map_or(1, |n| n.get()),
+        model: args.model.as_ref().map(|m| m.display().to_string()),
         precompute_fanouts: args.precompute_fanouts.clone(),
         results,
     };

@@ -54,6 +54,16 @@ def main():
     assert isinstance(results[1].error, InvalidArgument) and not results[1].predictions
     assert results[2].error is None and results[2].predictions[0].node_id == ids[2]
 
+    # A burst: 10,000 one-node requests sent back to back on one stream, all
+    # answered, in order.
+    burst = [[i % 2708] for i in range(10_000)]
+    answered = 0
+    for k, result in enumerate(client.stream(burst), start=1):
+        assert result.request_id == k and result.error is None, result
+        assert result.predictions[0].node_id == burst[k - 1][0], result
+        answered += 1
+    assert answered == len(burst), answered
+
     row = [1.0] * args.feature_dim
     new = client.predict_new_node(NewNode(id=10**6, features=row, neighbors=ids[:3]))
     assert new.node_id == 10**6 and new.known, new

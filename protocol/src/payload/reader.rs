@@ -19,7 +19,7 @@ use arrow_schema::ArrowError;
 use crate::layout::{
     status, ResponseHeader, MAX_FANOUT, MAX_HOPS, MAX_SUBGRAPH_HOPS, MESSAGE_BYTES,
 };
-use crate::payload::schema::{target_status, tier, HOP2_CACHED};
+use crate::payload::schema::{target_status, tier, HOP2_CACHED, NO_ROW};
 use crate::payload::writer::{CachedSchema, SchemaCache};
 
 /// Why a response could not be decoded.
@@ -759,10 +759,16 @@ impl ResponseTables {
             rows.iter()
                 .all(|&r| (r as i64) >= 0 && (r as i64) < n_nodes)
         };
-        if !in_range(self.target_rows())
-            || !in_range(self.hop1_rows())
-            || !in_range(self.hop2_rows())
-        {
+        // A subgraph layout's FRESH target has no row (-1).
+        let target_rows_in_range =
+            self.target_rows()
+                .iter()
+                .zip(self.target_status())
+                .all(|(&r, &s)| {
+                    ((r as i64) >= 0 && (r as i64) < n_nodes)
+                        || (r == NO_ROW && s == target_status::FRESH && self.hops() != 0)
+                });
+        if !target_rows_in_range || !in_range(self.hop1_rows()) || !in_range(self.hop2_rows()) {
             return bad(format!(
                 "a row index is outside the node table of {n_nodes} rows"
             ));

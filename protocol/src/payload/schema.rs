@@ -78,11 +78,17 @@ pub mod target_status {
     pub const UNKNOWN_NODE: u8 = 1;
     /// Only in answer to a `FRESH_SINCE` request: nothing the target's
     /// sampled neighbourhood depends on changed since the request's point of
-    /// the change clock; its own row alone is in the response (no
-    /// neighbours), and the caller's stored answer stands.
+    /// the change clock, and the caller's stored answer stands. In the dense
+    /// layout its own row alone is in the response (no neighbours); in the
+    /// subgraph layout it has no row ([`super::NO_ROW`]) and the subgraph is
+    /// the other targets'.
     pub const FRESH: u8 = 2;
     pub const MAX: u8 = FRESH;
 }
+
+/// The `target_row` of a subgraph-layout target answered `FRESH`: it has
+/// no row in the node table.
+pub const NO_ROW: i32 = -1;
 
 /// The `hop2_count` of a hop-1 node sent without hop-2 neighbours because
 /// the caller holds its layer-1 embedding (only in answer to the request

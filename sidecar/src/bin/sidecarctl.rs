@@ -28,6 +28,9 @@ use std::time::Duration;
 
 use anyhow::{bail, Context};
 use clap::{Parser, Subcommand};
+
+/// The longest `--timeout-s` (a day).
+const MAX_TIMEOUT: Duration = Duration::from_secs(86_400);
 use sidecar::admin::wire::{
     read_frame, write_frame, AdminRequest, AdminResponse, Distribution, FrameError, NewNode,
     StatsReport, StatusReport, ADMIN_VERSION,
@@ -204,7 +207,7 @@ fn out(text: &str) {
 }
 
 fn main() -> ExitCode {
-    let cli = Cli::parse();
+    let cli: Cli = daemon_kit::cli::parse();
     match run(cli) {
         Ok(true) => ExitCode::SUCCESS,
         Ok(false) => ExitCode::from(1),
@@ -314,6 +317,16 @@ fn request_of(command: Command) -> anyhow::Result<AdminRequest> {
 /// Runs the command; `Ok(false)` when a probe did not pass.
 fn run(cli: Cli) -> anyhow::Result<bool> {
     let request = request_of(cli.command)?;
+    let timeout = Duration::try_from_secs_f64(cli.timeout_s)
+        .ok()
+        .filter(|t| !t.is_zero() && *t <= MAX_TIMEOUT)
+        .with_context(|| {
+            format!(
+                "--timeout-s {:?} must be a number of seconds above 0 and at most {}",
+                cli.timeout_s,
+                MAX_TIMEOUT.as_secs()
+            )
+        })?;
     let stream = UnixStream::connect(&cli.socket).with_context(|| {
         format!(
             "connecting to {}: is the sidecar running with admin_socket {}?",
@@ -321,13 +334,6 @@ fn run(cli: Cli) -> anyhow::Result<bool> {
             cli.socket.display()
         )
     })?;
-    if !(cli.timeout_s.is_finite() && cli.timeout_s > 0.0) {
-        bail!(
-            "--timeout-s {} must be a positive number of seconds",
-            cli.timeout_s
-        );
-    }
-    let timeout = Duration::from_secs_f64(cli.timeout_s);
     stream.set_read_timeout(Some(timeout))?;
     stream.set_write_timeout(Some(timeout))?;
     let mut writer = stream.try_clone()?;
@@ -472,11 +478,13 @@ fn print(response: &AdminResponse, as_json: bool) -> anyhow::Result<bool> {
         } => {
             if as_json {
                 json(&j!({"nodes_added": nodes_added, "edges_added": edges_added,
-                    "n_nodes": n_nodes, "generation": generation}));
+                    "n_nodes": n_nodes, "generation": generation, "durable": false}));
             } else {
                 out(&format!(
                     "added {nodes_added} node(s), {edges_added} edge(s); {n_nodes} nodes, \
-                     generation {generation}"
+                     generation {generation}; in memory until the graph is compacted (a clean \
+                     stop, `sidecarctl graph compact`, or compact_after): a crash before that \
+                     loses it"
                 ));
             }
         }

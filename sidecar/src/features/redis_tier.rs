@@ -83,23 +83,7 @@ impl RedisConfig {
     }
 }
 
-/// `url` with any password replaced by `***`, for logs and errors.
-pub fn redact(url: &str) -> String {
-    let Some((scheme, rest)) = url.split_once("://") else {
-        return url.to_string();
-    };
-    match rest.split_once('@') {
-        Some((userinfo, host)) => {
-            let user = userinfo.split(':').next().unwrap_or("");
-            if userinfo.contains(':') {
-                format!("{scheme}://{user}:***@{host}")
-            } else {
-                format!("{scheme}://***@{host}")
-            }
-        }
-        None => url.to_string(),
-    }
-}
+pub use daemon_kit::redact::redact_url as redact;
 
 #[derive(Clone)]
 enum Connection {
@@ -289,21 +273,5 @@ impl RedisTier {
             }
         }
         Ok(())
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::redact;
-
-    #[test]
-    fn passwords_are_redacted() {
-        assert_eq!(redact("redis://:s3cret@h:6379/0"), "redis://:***@h:6379/0");
-        assert_eq!(
-            redact("rediss://user:pw@h:6380"),
-            "rediss://user:***@h:6380"
-        );
-        assert_eq!(redact("redis://token@h"), "redis://***@h");
-        assert_eq!(redact("redis://127.0.0.1:6379"), "redis://127.0.0.1:6379");
     }
 }

@@ -252,6 +252,15 @@ impl RocksStore {
         &self.path
     }
 
+    /// Whether the store holds at least one feature row (a key of 8
+    /// bytes: the update-stream position is not one).
+    pub fn holds_rows(&self) -> bool {
+        self.db
+            .iterator(rocksdb::IteratorMode::Start)
+            .take(16)
+            .any(|entry| entry.is_ok_and(|(key, _)| key.len() == 8))
+    }
+
     /// Looks up `ids` in one batched multi-get. Each answer is the row's
     /// bytes, or `None` for a missing, expired, unreadable or malformed row
     /// (`row_bytes` is the expected length).

@@ -198,7 +198,8 @@ impl GraphSnapshot {
             edges: neighbors.iter().map(|&n| (id, n)).collect(),
             undirected: !directed,
         };
-        self.check(&update)?;
+        // Nothing is published: no gaps are left behind.
+        self.check(&update, u64::MAX)?;
         let mut next = GraphSnapshot {
             base: self.base.clone(),
             delta: self.delta.clone(),
@@ -217,27 +218,52 @@ impl GraphSnapshot {
         }
     }
 
+    /// Ids below the id bound that are not nodes.
+    fn gaps(&self) -> u64 {
+        self.id_bound.saturating_sub(self.known)
+    }
+
     /// Refuses an update that names an id above the maximum or too far past
-    /// the id bound, naming the id; changes nothing.
-    fn check(&self, update: &GraphUpdate) -> anyhow::Result<()> {
-        let max_id = update
-            .edges
-            .iter()
-            .flat_map(|&(s, d)| [s, d])
-            .chain(update.nodes.iter().copied())
-            .max();
-        if let Some(max_id) = max_id {
-            ensure!(
-                max_id <= MAX_NODE_ID,
-                "node id {max_id} is too large: node ids must be at most {MAX_NODE_ID} (2^32 - 2)"
-            );
-            ensure!(
-                max_id < self.id_bound + MAX_ID_GROWTH,
-                "node id {max_id} lies {MAX_ID_GROWTH} or more ids past the graph's largest id \
-                 {}: node ids are dense; add the nodes in between first (or check the id)",
-                self.id_bound.saturating_sub(1)
-            );
+    /// the id bound, or that would leave `max_gaps` or more ids below the
+    /// bound that are not nodes, naming the id; changes nothing.
+    fn check(&self, update: &GraphUpdate, max_gaps: u64) -> anyhow::Result<()> {
+        let ids = || {
+            update
+                .edges
+                .iter()
+                .flat_map(|&(s, d)| [s, d])
+                .chain(update.nodes.iter().copied())
+        };
+        let Some(max_id) = ids().max() else {
+            return Ok(());
+        };
+        ensure!(
+            max_id <= MAX_NODE_ID,
+            "node id {max_id} is too large: node ids must be at most {MAX_NODE_ID} (2^32 - 2)"
+        );
+        let largest = self.id_bound.saturating_sub(1);
+        // `past` ids past the largest: refused from MAX_ID_GROWTH on.
+        ensure!(
+            max_id + 1 < self.id_bound + MAX_ID_GROWTH,
+            "node id {max_id} lies {MAX_ID_GROWTH} or more ids past the graph's largest id \
+             {largest}: node ids are dense; add the nodes in between first (or check the id)"
+        );
+        if max_id < self.id_bound {
+            return Ok(());
         }
+        // Past the end: the ids it skips stay gaps. Counted across updates,
+        // so that many steps each within the bound cannot grow the id space
+        // (and the next compaction's index) without end either.
+        let mut past: Vec<u64> = ids().filter(|&id| id >= self.id_bound).collect();
+        past.sort_unstable();
+        past.dedup();
+        let gaps = self.gaps() + (max_id + 1 - self.id_bound) - past.len() as u64;
+        ensure!(
+            gaps < max_gaps,
+            "node id {max_id} would leave {gaps} ids below the graph's end that are not nodes, \
+             {MAX_ID_GROWTH} more than the graph had when the sidecar started: node ids are \
+             dense; add the nodes in between first (or check the id)"
+        );
         Ok(())
     }
 
@@ -405,6 +431,10 @@ struct Shared {
     auto: Option<AutoCompact>,
     /// Compactions completed.
     compactions: AtomicU64,
+    /// Updates are refused once they would leave this many ids below the
+    /// id bound that are not nodes: the base index's gaps at start plus
+    /// [`MAX_ID_GROWTH`].
+    max_gaps: u64,
 }
 
 /// The served graph: the current snapshot, replaced atomically by updates.
@@ -422,13 +452,16 @@ impl LiveGraph {
     /// A graph that compacts by itself (in a background thread) once its
     /// delta passes `auto.after`.
     pub fn with_auto_compact(base: CsrIndex, auto: Option<AutoCompact>) -> Self {
+        let fresh = Self::fresh(Arc::new(base));
+        let max_gaps = fresh.gaps() + MAX_ID_GROWTH;
         Self {
             shared: Arc::new(Shared {
-                current: ArcSwap::from_pointee(Self::fresh(Arc::new(base))),
+                current: ArcSwap::from_pointee(fresh),
                 changes: Arc::new(Changes::new()),
                 writer: Mutex::new(WriterState::default()),
                 auto,
                 compactions: AtomicU64::new(0),
+                max_gaps,
             }),
         }
     }
@@ -536,7 +569,7 @@ impl LiveGraph {
         let outcomes: Vec<anyhow::Result<UpdateStats>> = updates
             .iter()
             .map(|update| {
-                next.check(update)?;
+                next.check(update, self.shared.max_gaps)?;
                 if let Some(recorded) = writer.compacting.as_mut() {
                     recorded.push(update.clone());
                 }

@@ -17,7 +17,7 @@ use rand::{Rng, SeedableRng};
 use rustc_hash::FxHashMap;
 
 use protocol::layout::MAX_HOPS;
-use protocol::payload::schema::{target_status, HOP2_CACHED};
+use protocol::payload::schema::{target_status, HOP2_CACHED, NO_ROW};
 use protocol::payload::TargetColumns;
 use protocol::request::SubgraphFanouts;
 
@@ -180,8 +180,12 @@ impl Sampler {
     /// time. A node is expanded once, at the hop that first reached it.
     /// Its draws come from a generator seeded by `seed` and its id alone, so
     /// they are those [`hop1_of`] makes at its fanout. Unknown targets get
-    /// a row, status `UNKNOWN_NODE` and no edges. Stops, with what
-    /// outgrew, once the nodes or edges pass `limits`.
+    /// a row, status `UNKNOWN_NODE` and no edges. The targets whose `fresh`
+    /// entry is true (the request flag `FRESH_SINCE`: their caller holds
+    /// their answer) get status `FRESH` and no row ([`NO_ROW`]), and are
+    /// left out of the sample: the subgraph is the one the other targets
+    /// get alone. Stops, with what outgrew, once the nodes or edges pass
+    /// `limits`.
     pub fn sample_subgraph(
         &mut self,
         graph: &impl NeighborSource,
@@ -189,6 +193,7 @@ impl Sampler {
         fanouts: SubgraphFanouts,
         seed: u64,
         limits: SubgraphLimits,
+        fresh: &[bool],
     ) -> Result<Sampled, SubgraphTooLarge> {
         let n = targets.len();
         let mut out = Sampled {
@@ -204,7 +209,12 @@ impl Sampler {
         };
         self.rows.clear();
         let rows = &mut self.rows;
-        for &target in targets {
+        for (t, &target) in targets.iter().enumerate() {
+            if fresh.get(t) == Some(&true) {
+                out.target_row.push(NO_ROW);
+                out.status.push(target_status::FRESH);
+                continue;
+            }
             out.target_row.push(row_in(rows, &mut out.nodes, target));
             out.status.push(match graph.degree(target) {
                 None => target_status::UNKNOWN_NODE,

@@ -238,6 +238,16 @@ impl BatchServer {
                 p.first_target = targets.len();
                 targets.extend_from_slice(&p.request.targets);
             }
+            let unchanged = match fresh {
+                None => Vec::new(),
+                Some(fresh) => {
+                    let unchanged = self.unchanged(ctx, &targets, fresh);
+                    m.fresh_checked.inc_by(targets.len() as u64);
+                    m.fresh_targets
+                        .inc_by(unchanged.iter().filter(|&&u| u).count() as u64);
+                    unchanged
+                }
+            };
             if let Some(subgraph) = subgraph {
                 match self.sampler.sample_subgraph(
                     ctx.graph,
@@ -245,6 +255,7 @@ impl BatchServer {
                     *subgraph,
                     SAMPLING_SEED,
                     subgraph_limits(ctx),
+                    &unchanged,
                 ) {
                     Ok(sampled) => samples.push(sampled),
                     Err(outgrew) => {
@@ -260,16 +271,6 @@ impl BatchServer {
                 samples.push(self.sampler.own_rows(ctx.graph, &targets));
                 continue;
             }
-            let unchanged = match fresh {
-                None => Vec::new(),
-                Some(fresh) => {
-                    let unchanged = self.unchanged(ctx, &targets, fresh);
-                    m.fresh_checked.inc_by(targets.len() as u64);
-                    m.fresh_targets
-                        .inc_by(unchanged.iter().filter(|&&u| u).count() as u64);
-                    unchanged
-                }
-            };
             let mut hubs = hub_h1.map(|ask| HubCheck::new(ctx, ask));
             let sampled = self.sampler.sample_unless(
                 ctx.graph,
@@ -361,8 +362,10 @@ impl BatchServer {
 
     /// Which targets' samples at the stored answers' fanouts hold no change
     /// since the stored answers' tick (docs/protocol.md, "Freshness"): the
-    /// same sample is drawn again, from the index alone, and its nodes'
-    /// marks are checked.
+    /// same sample is drawn again, from the index alone (in the subgraph
+    /// layout the target's own subgraph, the target alone in its request),
+    /// and its nodes' marks are checked: every node's row, and the
+    /// neighbour list of every node the sample expanded.
     fn unchanged(
         &mut self,
         ctx: &BatchContext<'_>,
@@ -374,6 +377,24 @@ impl BatchServer {
             .map(|&target| {
                 if !ctx.graph.is_known(target) {
                     return false;
+                }
+                if let Some(subgraph) = fresh.subgraph {
+                    // A subgraph too large for a response was never answered.
+                    let Ok(sample) = self.sampler.sample_subgraph(
+                        ctx.graph,
+                        &[target],
+                        subgraph,
+                        SAMPLING_SEED,
+                        subgraph_limits(ctx),
+                        &[],
+                    ) else {
+                        return false;
+                    };
+                    let last_hop = sample.sampled_nodes.last().copied().unwrap_or(0) as usize;
+                    let expanded = &sample.nodes[..sample.nodes.len() - last_hop];
+                    return ctx
+                        .changes
+                        .unchanged_since(fresh.tick, &sample.nodes, expanded);
                 }
                 let sample =
                     self.sampler
@@ -419,6 +440,7 @@ impl BatchServer {
                 subgraph,
                 SAMPLING_SEED,
                 subgraph_limits(ctx),
+                &[],
             ) {
                 Ok(sampled) => sampled,
                 Err(outgrew) => return respond_outgrew(ctx, pending, outgrew),

@@ -141,10 +141,11 @@ impl Knobs {
     }
 
     pub fn set_deadline_ms(&self, ms: f64) -> anyhow::Result<()> {
+        use crate::config::{MAX_DEADLINE_MS, MIN_DEADLINE_MS};
         ensure!(
-            ms.is_finite() && ms > 0.0 && ms <= crate::config::MAX_DEADLINE_MS,
-            "deadline {ms} ms is outside (0, {}] ms",
-            crate::config::MAX_DEADLINE_MS
+            (MIN_DEADLINE_MS..=MAX_DEADLINE_MS).contains(&ms),
+            "deadline {ms} ms is outside {MIN_DEADLINE_MS}..={MAX_DEADLINE_MS} ms (the \
+             configuration's deadline_ms range)"
         );
         self.deadline_ns
             .store((ms * 1e6).round() as u64, Ordering::Release);
@@ -438,7 +439,31 @@ fn load(
                 config.data_dir.display()
             );
             let path = config.data_dir.join(FeatureManifest::STORE_DIR);
+            let rebuild = || {
+                format!(
+                    "re-run `sidecar import <dataset> --data-dir {}` to rebuild it",
+                    config.data_dir.display()
+                )
+            };
+            // RocksDB would create an empty store in its place, and every
+            // answer would be a default row.
+            ensure!(
+                path.join("CURRENT").is_file(),
+                "the feature store {} is missing (features.json says {} rows were imported \
+                 into it): {}",
+                path.display(),
+                manifest.num_nodes,
+                rebuild()
+            );
             let (store, _) = RocksStore::open(&path, Role::StoreOfRecord)?;
+            ensure!(
+                manifest.num_nodes == 0 || store.holds_rows(),
+                "the feature store {} holds no rows, but features.json says {} were imported \
+                 into it: {}",
+                path.display(),
+                manifest.num_nodes,
+                rebuild()
+            );
             (Some(Arc::new(store)), None)
         }
         "redis" => {
@@ -558,6 +583,34 @@ fn load(
 /// Runs the sidecar until it is stopped (a signal sets `stop_signal`;
 /// `sidecarctl shutdown` sets the daemon's own flag). `log` is the
 /// installed logger, whose level the admin socket can change.
+/// Writes the graph updates the index does not hold yet (those of the admin
+/// socket, or of an update stream since the last compaction) into it, so
+/// that a clean stop never drops an acknowledged update (docs/admin.md).
+fn compact_before_stopping(core: &Core) -> anyhow::Result<()> {
+    while core.graph.compacting() {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let graph = core.graph.snapshot();
+    let pending = graph.generation() - graph.base().header().generation;
+    if pending == 0 {
+        return Ok(());
+    }
+    let started = Instant::now();
+    core.graph.compact(&core.index_path).with_context(|| {
+        format!(
+            "compacting {pending} graph update(s) into {} before stopping: they are lost; \
+             apply them again",
+            core.index_path.display()
+        )
+    })?;
+    tracing::info!(
+        updates = pending,
+        seconds = started.elapsed().as_secs_f64(),
+        "graph updates compacted into the index before stopping"
+    );
+    Ok(())
+}
+
 pub fn run(
     config: ServeConfig,
     log: Option<Arc<LogHandle>>,
@@ -802,6 +855,7 @@ pub fn run(
     daemon.set_phase(Phase::Stopping);
     server.shutdown();
     drop(admin);
+    compact_before_stopping(core)?;
     if let Some(store) = &core.store {
         store.flush()?;
     }
