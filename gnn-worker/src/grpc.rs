@@ -185,7 +185,8 @@ type ResponseStream = Pin<Box<dyn Stream<Item = Result<pb::PredictResponse, Stat
 /// request order).
 const STREAM_IN_FLIGHT: usize = 256;
 
-/// Bytes of a stream's requests read ahead of their answers, at most.
+/// Memory a stream's requests read ahead of their answers may hold, at
+/// most ([`held_bytes`] each).
 /// Reading a burst off the connection at once keeps HTTP/2's budget of
 /// buffered small DATA frames from running out (it closes the connection
 /// with ENHANCE_YOUR_CALM "too_many_data_frames" when a peer's unread
@@ -234,7 +235,7 @@ async fn drive_stream(
             message = incoming.message(), if reading && waiting_bytes < STREAM_READ_AHEAD_BYTES => {
                 match message {
                     Ok(Some(request)) => {
-                        let bytes = prost::Message::encoded_len(&request).max(1);
+                        let bytes = held_bytes(&request);
                         waiting_bytes += bytes;
                         waiting.push_back((request, bytes));
                     }
@@ -249,6 +250,13 @@ async fn drive_stream(
             }
         }
     }
+}
+
+/// What a request read ahead holds in memory, at most: the message and its
+/// decoded fields (a varint id of one byte on the wire is eight in memory),
+/// so that a flood of tiny requests is bounded as a burst of large ones.
+fn held_bytes(request: &pb::PredictRequest) -> usize {
+    std::mem::size_of::<pb::PredictRequest>() + 8 * prost::Message::encoded_len(request)
 }
 
 /// One stream request's answer: its predictions, or its error in band. A
