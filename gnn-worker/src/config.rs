@@ -93,6 +93,12 @@ pub struct WorkerConfig {
     /// The deadline of a client call that brings none, milliseconds: past
     /// it, a call still waiting for the batcher is dropped.
     pub call_timeout_ms: f64,
+    /// Seconds an HTTP connection may take to deliver a whole request head
+    /// after connecting or after its previous answer (half-sent requests
+    /// and idle keep-alive connections alike).
+    pub http_read_timeout_s: f64,
+    /// Connections each port holds at once.
+    pub max_connections: usize,
     /// How long to wait for the sidecar's segment at start, seconds; 0
     /// waits for ever (not ready meanwhile).
     pub attach_timeout_s: f64,
@@ -131,6 +137,8 @@ impl Default for WorkerConfig {
             intra_threads: 1,
             ring_timeout_ms: 500.0,
             call_timeout_ms: 30_000.0,
+            http_read_timeout_s: 10.0,
+            max_connections: 512,
             attach_timeout_s: 0.0,
             shutdown_delay_s: 0.0,
             log_format: LogFormat::Text,
@@ -241,6 +249,8 @@ impl Validate for WorkerConfig {
         between("intra_threads", self.intra_threads as f64, 1.0, 256.0)?;
         between("ring_timeout_ms", self.ring_timeout_ms, 1.0, 600_000.0)?;
         between("call_timeout_ms", self.call_timeout_ms, 1.0, 3_600_000.0)?;
+        between("http_read_timeout_s", self.http_read_timeout_s, 0.1, 3600.0)?;
+        between("max_connections", self.max_connections as f64, 1.0, 65536.0)?;
         between("attach_timeout_s", self.attach_timeout_s, 0.0, 86_400.0)?;
         between("shutdown_delay_s", self.shutdown_delay_s, 0.0, 3_600.0)?;
         daemon_kit::logging::parse_level(&self.log_level)
@@ -389,6 +399,15 @@ pub struct WorkerFlags {
     #[arg(long)]
     #[serde(skip_serializing_if = "Option::is_none")]
     pub call_timeout_ms: Option<f64>,
+    /// Seconds an HTTP connection has to send a whole request head after
+    /// connecting or after its previous answer [default: 10].
+    #[arg(long)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub http_read_timeout_s: Option<f64>,
+    /// Connections each port (gRPC, HTTP) holds at once [default: 512].
+    #[arg(long)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub max_connections: Option<usize>,
     /// Seconds to wait for the sidecar at start; 0 waits for ever [default: 0].
     #[arg(long)]
     #[serde(skip_serializing_if = "Option::is_none")]

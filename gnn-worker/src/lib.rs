@@ -23,6 +23,7 @@ pub mod batcher;
 pub mod config;
 pub mod grpc;
 pub mod http;
+pub mod http_server;
 pub mod ladder;
 pub mod metrics;
 pub mod model;

@@ -465,18 +465,13 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     tracing::info!(grpc = %grpc.local_addr()?, http = %http.local_addr()?, "listening");
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let mut grpc_stop = stop_rx.clone();
-    let mut http_stop = stop_rx;
-    // TCP_NODELAY on every connection: an HTTP/2 response is several
-    // small writes (headers, data, trailers), and Nagle's algorithm would
-    // hold the last one for the client's delayed ACK (40 ms).
-    let grpc_incoming = tokio_stream::StreamExt::map(
-        tokio_stream::wrappers::TcpListenerStream::new(grpc),
-        |conn| {
-            conn.and_then(|stream| {
-                stream.set_nodelay(true)?;
-                Ok(stream)
-            })
-        },
+    let http_stop = stop_rx;
+    // Both ports bound their connections (docs/serving.md, "Connections").
+    let grpc_incoming = gnn_worker::http_server::guarded_grpc_incoming(
+        grpc,
+        config.max_connections,
+        Duration::from_secs_f64(config.http_read_timeout_s),
+        service.metrics().clone(),
     );
     let grpc_server = tonic::transport::Server::builder()
         .layer(tower::util::MapResponseLayer::new(
@@ -486,17 +481,18 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         .serve_with_incoming_shutdown(grpc_incoming, async move {
             let _ = grpc_stop.wait_for(|s| *s).await;
         });
-    let http = axum::serve::ListenerExt::tap_io(http, |stream: &mut tokio::net::TcpStream| {
-        if let Err(e) = stream.set_nodelay(true) {
-            tracing::debug!(error = %e, "TCP_NODELAY not set");
-        }
-    });
-    let http_server = axum::serve(http, gnn_worker::http::router(service.clone()))
-        .with_graceful_shutdown(async move {
-            let _ = http_stop.wait_for(|s| *s).await;
-        });
+    let http_server = gnn_worker::http_server::serve(
+        http,
+        gnn_worker::http::router(service.clone()),
+        gnn_worker::http_server::HttpLimits {
+            read_timeout: Duration::from_secs_f64(config.http_read_timeout_s),
+            max_connections: config.max_connections,
+        },
+        service.metrics().clone(),
+        http_stop,
+    );
     let grpc_task = tokio::spawn(grpc_server);
-    let http_task = tokio::spawn(async move { http_server.await });
+    let http_task = tokio::spawn(http_server);
 
     let signalled = signals(Arc::new(args), log);
     tokio::pin!(signalled);

@@ -34,6 +34,13 @@ pub struct ErrorKind {
     pub kind: &'static str,
 }
 
+/// The labels of connections a port closed.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ClosedConnection {
+    pub port: &'static str,
+    pub why: &'static str,
+}
+
 /// The `why` label of calls dropped before the ring.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct DroppedWhy {
@@ -54,6 +61,8 @@ pub struct WorkerMetrics {
     /// Calls dropped before the ring: their caller had gone, or their
     /// deadline had passed.
     pub dropped: Family<DroppedWhy, Counter>,
+    /// Connections a port closed to stay within `max_connections`.
+    pub connections: Family<ClosedConnection, Counter>,
     /// Predictions answered, per source (`gnn`, `student`, `precomputed`).
     pub answers: Family<AnsweredByLabel, Counter>,
     /// Nodes of the precomputed set in use (0: none).
@@ -119,6 +128,22 @@ impl WorkerMetrics {
              (gone) or they had waited past call_timeout_ms or their own later deadline \
              (deadline)",
             dropped.clone(),
+        );
+        let connections = Family::<ClosedConnection, Counter>::default();
+        for (port, why) in [
+            ("http", "evicted"),
+            ("http", "refused"),
+            ("grpc", "refused"),
+        ] {
+            let _ = connections.get_or_create(&ClosedConnection { port, why });
+        }
+        r.register(
+            "gnn_worker_connections_closed",
+            "connections a port closed: on the HTTP port, at max_connections, the one waiting \
+             longest for a request (evicted) or a new one while every one is busy (refused); on \
+             the gRPC port a new one at max_connections (refused) or one that sent no HTTP/2 \
+             preface within http_read_timeout_s (timed_out)",
+            connections.clone(),
         );
         r.register(
             "gnn_worker_call_errors",
@@ -222,6 +247,7 @@ impl WorkerMetrics {
             registry: r,
             calls,
             dropped,
+            connections,
             call_errors,
             answers,
             precomputed_nodes,
@@ -241,6 +267,14 @@ impl WorkerMetrics {
             batch_targets,
             batch_calls,
         }
+    }
+
+    /// Counts a connection a port closed (`port`: http, grpc; `why`:
+    /// evicted, refused).
+    pub fn connections_closed(&self, port: &'static str, why: &'static str) {
+        self.connections
+            .get_or_create(&ClosedConnection { port, why })
+            .inc();
     }
 
     /// Counts a call dropped before the ring (`why`: gone, deadline).

@@ -597,38 +597,61 @@ fn not_ready_until_loaded_and_warm_and_not_live_when_it_does_not_answer() {
 }
 
 #[test]
-fn idle_connections_cannot_lock_operators_out_and_a_refusal_says_why() {
+fn silent_connections_cannot_lock_operators_out_and_an_eviction_says_why() {
     let sidecar = Sidecar::start();
     use std::io::{Read, Write};
-    // Connections that never say Hello, until the server refuses one: the
-    // refused connection carries the server's reason, then is closed.
-    let mut idle = Vec::new();
-    let refusal = loop {
-        assert!(idle.len() < 20, "the server never refused a connection");
-        let mut stream = std::os::unix::net::UnixStream::connect(&sidecar.socket).unwrap();
-        stream
-            .set_read_timeout(Some(Duration::from_millis(100)))
-            .unwrap();
-        let mut got = Vec::new();
-        match stream.read_to_end(&mut got) {
-            Ok(_) if !got.is_empty() => break String::from_utf8_lossy(&got).into_owned(),
-            _ => idle.push(stream),
-        }
-    };
-    assert!(refusal.contains("too many admin connections"), "{refusal}");
-    // While they hold the slots, sidecarctl shows that reason, never a
-    // broken pipe (it may also get in, if a slot came free meanwhile).
-    let out = sidecar.ctl(&["status"]);
-    if !out.status.success() {
-        let err = String::from_utf8_lossy(&out.stderr);
-        assert!(err.contains("too many admin connections"), "{err}");
-        assert!(!err.contains("Broken pipe"), "{err}");
+    // Twice as many connections as the cap, none of which says Hello: once
+    // the first ones are past the grace, each one past the cap closes the
+    // one that waited longest, with the reason.
+    use sidecar::admin::server::{HELLO_GRACE, MAX_CONNECTIONS};
+    let mut silent = Vec::new();
+    for _ in 0..MAX_CONNECTIONS {
+        silent.push(std::os::unix::net::UnixStream::connect(&sidecar.socket).unwrap());
     }
-    // Past the Hello timeout they are closed, and the operator gets in.
-    std::thread::sleep(sidecar::admin::server::HELLO_TIMEOUT + Duration::from_millis(500));
-    let status = sidecar.json(&["status"]);
-    assert_eq!(status["ready"], true, "{status}");
-    drop(idle);
+    std::thread::sleep(HELLO_GRACE + Duration::from_millis(50));
+    for _ in 0..MAX_CONNECTIONS {
+        silent.push(std::os::unix::net::UnixStream::connect(&sidecar.socket).unwrap());
+    }
+    let first = &mut silent[0];
+    first
+        .set_read_timeout(Some(Duration::from_secs(5)))
+        .unwrap();
+    let mut got = Vec::new();
+    let _ = first.read_to_end(&mut got);
+    let said = String::from_utf8_lossy(&got);
+    assert!(said.contains("closed to make room"), "{said}");
+    // While they hold every slot, operators and probes get in at once (the
+    // 50 clients of an outside test that reconnect as soon as they are cut
+    // off locked `sidecarctl live` out 20 times in 20).
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let hammer: Vec<_> = (0..8)
+        .map(|_| {
+            let (socket, stop) = (sidecar.socket.clone(), stop.clone());
+            std::thread::spawn(move || {
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    if let Ok(mut s) = std::os::unix::net::UnixStream::connect(&socket) {
+                        s.set_read_timeout(Some(Duration::from_millis(500)))
+                            .unwrap();
+                        let _ = s.read_to_end(&mut Vec::new());
+                    }
+                }
+            })
+        })
+        .collect();
+    for _ in 0..20 {
+        let out = sidecar.ctl(&["live"]);
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    assert_eq!(sidecar.json(&["status"])["ready"], true);
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    for h in hammer {
+        h.join().unwrap();
+    }
+    drop(silent);
 
     // A Hello that trickles in byte by byte is cut off as a whole.
     let mut slow = std::os::unix::net::UnixStream::connect(&sidecar.socket).unwrap();

@@ -1603,3 +1603,83 @@ fn waiting_calls_fail_when_the_sidecar_is_found_gone() {
     );
     assert!(stack.stop());
 }
+
+/// Idle and half-sent connections by the hundred cannot lock the worker's
+/// ports: on the HTTP port a new connection at `max_connections` closes
+/// the one waiting longest for a request, so probes and calls get in at
+/// once; on the gRPC port connections past the cap are closed at once and
+/// those that send no HTTP/2 preface within `http_read_timeout_s` are
+/// closed then, so a new client gets in; every connection held without a
+/// request is closed by the worker.
+#[test]
+fn idle_and_half_sent_connections_cannot_lock_the_ports() {
+    use gnn_worker::grpc::{pb, PredictorClient};
+    use std::io::{Read, Write};
+    let mut options = StackOptions::new("cora");
+    options.worker_args = ["--max-connections", "32", "--http-read-timeout-s", "1"]
+        .map(String::from)
+        .to_vec();
+    let stack = Stack::start(&options).expect("stack");
+    let grpc_addr = stack.grpc.trim_start_matches("http://").to_string();
+    let mut held = Vec::new();
+    for k in 0..100 {
+        let mut http = std::net::TcpStream::connect(&stack.http).unwrap();
+        let mut grpc = std::net::TcpStream::connect(&grpc_addr).unwrap();
+        if k % 2 == 0 {
+            // Half-sent: a request head, a preface, cut short.
+            http.write_all(b"POST /v1/predict HTTP/1.1\r\nHost: x\r\n")
+                .unwrap();
+            grpc.write_all(b"PRI * HTTP/2.0\r\n").unwrap();
+        }
+        held.push(http);
+        held.push(grpc);
+    }
+    // HTTP: a probe and a call, on new connections, at once.
+    assert_eq!(stack.http_get("/readyz").unwrap().0, 200);
+    assert_eq!(predict(&stack, &[1]).0, 200);
+    let metric = |name: &str| metric_value(&stack.http, name);
+    assert!(
+        metric("gnn_worker_connections_closed_total{port=\"http\",why=\"evicted\"}") >= 68.0,
+        "room was made by closing the connections waiting longest"
+    );
+    // gRPC: a new client gets in once the held ones are closed.
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let served = tests::eventually(std::time::Duration::from_secs(20), || {
+        runtime.block_on(async {
+            let Ok(mut client) = PredictorClient::connect(stack.grpc.clone()).await else {
+                return false;
+            };
+            client
+                .predict(pb::PredictRequest {
+                    node_ids: vec![2],
+                    request_id: 2,
+                    new_node: None,
+                })
+                .await
+                .is_ok()
+        })
+    });
+    assert!(served, "a new gRPC client got in");
+    drop(runtime);
+    assert!(metric("gnn_worker_connections_closed_total{port=\"grpc\",why=\"refused\"}") >= 68.0);
+    assert!(metric("gnn_worker_connections_closed_total{port=\"grpc\",why=\"timed_out\"}") >= 32.0);
+    // Every held connection is closed by the worker: reading ends.
+    for mut stream in held {
+        stream
+            .set_read_timeout(Some(std::time::Duration::from_secs(10)))
+            .unwrap();
+        let mut sink = Vec::new();
+        let read = stream.read_to_end(&mut sink);
+        assert!(
+            read.is_ok()
+                || read
+                    .as_ref()
+                    .is_err_and(|e| e.kind() == std::io::ErrorKind::ConnectionReset),
+            "a held connection stayed open: {read:?}"
+        );
+    }
+    assert!(stack.stop());
+}

@@ -10,17 +10,20 @@
 //! The socket file is created with mode 0600 and every connection's peer
 //! credentials are checked: only root or the sidecar's own uid may talk to
 //! it. Connections are served on their own threads, at most
-//! [`MAX_CONNECTIONS`] at a time (one more gets an error frame saying so);
-//! a connection must send its Hello within [`HELLO_TIMEOUT`], and each
-//! later frame whole within [`IDLE_TIMEOUT`] of the previous answer, or it
-//! is closed: idle or trickling connections cannot hold the slots for
-//! long. A malformed frame closes that connection only.
+//! [`MAX_CONNECTIONS`] at a time. At the cap, a new connection closes the
+//! one that has waited longest without saying Hello, if that is at least
+//! [`HELLO_GRACE`] (it gets an error frame saying why), so silent
+//! connections, however many and however fast they come back, cannot lock
+//! an operator or a probe out (`sidecarctl` tries again when it is turned
+//! away); otherwise the new one gets the error frame and closes. A connection must send its Hello within [`HELLO_TIMEOUT`], and
+//! each later frame whole within [`IDLE_TIMEOUT`] of the previous answer,
+//! or it is closed. A malformed frame closes that connection only.
 
 use std::io::BufReader;
 use std::os::unix::fs::PermissionsExt;
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -46,6 +49,10 @@ pub const IDLE_TIMEOUT: Duration = Duration::from_secs(30);
 /// A connection whose Hello has not fully arrived this long after it was
 /// accepted is closed.
 pub const HELLO_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// At the connection cap, a connection silent this long (no Hello yet) may
+/// be closed to make room for a new one.
+pub const HELLO_GRACE: Duration = Duration::from_millis(100);
 
 /// Reads from the connection, failing with `TimedOut` once `until` passes,
 /// however slowly the bytes trickle in.
@@ -129,13 +136,58 @@ impl Drop for AdminServer {
     }
 }
 
+/// One served connection, as the accept loop sees it.
+struct Slot {
+    id: u64,
+    accepted: Instant,
+    /// Set once its Hello was read.
+    hello: Arc<AtomicBool>,
+    /// A handle on its socket, to close it to make room.
+    stream: UnixStream,
+}
+
+/// Room for one more connection in `slots` (at most [`MAX_CONNECTIONS`]):
+/// at the cap, closes the connection that has waited longest without a
+/// Hello, telling it why; `false` when every connection has said Hello.
+fn make_room(slots: &mut Vec<Slot>) -> bool {
+    if slots.len() < MAX_CONNECTIONS {
+        return true;
+    }
+    // A connection gets HELLO_GRACE to say Hello before it can be closed
+    // for one: a client that says it at once is never pushed out by a
+    // stream of silent ones.
+    let silent = slots
+        .iter()
+        .enumerate()
+        .filter(|(_, s)| !s.hello.load(Ordering::Acquire) && s.accepted.elapsed() >= HELLO_GRACE)
+        .min_by_key(|(_, s)| s.accepted)
+        .map(|(i, _)| i);
+    let Some(i) = silent else {
+        return false;
+    };
+    let mut evicted = slots.swap_remove(i).stream;
+    let _ = evicted.set_write_timeout(Some(Duration::from_millis(100)));
+    let _ = write_frame(
+        &mut evicted,
+        &AdminResponse::Error {
+            message: format!(
+                "closed to make room: {MAX_CONNECTIONS} admin connections were open and this \
+                 one had said no Hello"
+            ),
+        },
+    );
+    let _ = evicted.shutdown(std::net::Shutdown::Both);
+    true
+}
+
 fn accept_loop(
     listener: &UnixListener,
     stop: &AtomicBool,
     daemon: Arc<Daemon>,
     runtime: tokio::runtime::Handle,
 ) {
-    let active = Arc::new(AtomicUsize::new(0));
+    let slots: Arc<std::sync::Mutex<Vec<Slot>>> = Arc::default();
+    let mut next_id = 0u64;
     let own_uid = nix::unistd::getuid().as_raw();
     for stream in listener.incoming() {
         if stop.load(Ordering::Acquire) {
@@ -156,27 +208,44 @@ fn accept_loop(
                 continue;
             }
         }
-        if active.fetch_add(1, Ordering::AcqRel) >= MAX_CONNECTIONS {
-            active.fetch_sub(1, Ordering::AcqRel);
-            let mut stream = stream;
-            let _ = write_frame(
-                &mut stream,
-                &AdminResponse::Error {
-                    message: format!(
-                        "too many admin connections (at most {MAX_CONNECTIONS}); retry shortly"
-                    ),
-                },
-            );
-            continue;
+        let hello = Arc::new(AtomicBool::new(false));
+        let id = next_id;
+        next_id += 1;
+        {
+            let mut slots = slots.lock().unwrap_or_else(|p| p.into_inner());
+            let handle = stream.try_clone();
+            if !make_room(&mut slots) || handle.is_err() {
+                drop(slots);
+                let mut stream = stream;
+                let _ = write_frame(
+                    &mut stream,
+                    &AdminResponse::Error {
+                        message: format!(
+                            "too many admin connections (at most {MAX_CONNECTIONS}); retry \
+                             shortly"
+                        ),
+                    },
+                );
+                continue;
+            }
+            slots.push(Slot {
+                id,
+                accepted: Instant::now(),
+                hello: hello.clone(),
+                stream: handle.expect("checked above"),
+            });
         }
-        let (daemon, runtime, active) = (daemon.clone(), runtime.clone(), active.clone());
+        let (daemon, runtime, slots) = (daemon.clone(), runtime.clone(), slots.clone());
         let spawned = std::thread::Builder::new()
             .name("admin-conn".into())
             .spawn(move || {
-                if let Err(e) = serve_connection(stream, &daemon, &runtime) {
+                if let Err(e) = serve_connection(stream, &daemon, &runtime, &hello) {
                     tracing::warn!(error = %e, "admin connection ended with an error");
                 }
-                active.fetch_sub(1, Ordering::AcqRel);
+                slots
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .retain(|s| s.id != id);
             });
         if spawned.is_err() {
             tracing::error!("could not spawn an admin connection thread");
@@ -188,6 +257,7 @@ fn serve_connection(
     stream: UnixStream,
     daemon: &Daemon,
     runtime: &tokio::runtime::Handle,
+    hello: &AtomicBool,
 ) -> Result<(), FrameError> {
     let mut writer = stream.try_clone()?;
     writer.set_write_timeout(Some(IDLE_TIMEOUT))?;
@@ -195,7 +265,9 @@ fn serve_connection(
         stream,
         until: Instant::now() + HELLO_TIMEOUT,
     });
-    match read_frame::<AdminRequest>(&mut reader)? {
+    let first = read_frame::<AdminRequest>(&mut reader)?;
+    hello.store(true, Ordering::Release);
+    match first {
         AdminRequest::Hello { version } if version == ADMIN_VERSION => write_frame(
             &mut writer,
             &AdminResponse::Hello {

@@ -315,6 +315,68 @@ fn request_of(command: Command) -> anyhow::Result<AdminRequest> {
 }
 
 /// Runs the command; `Ok(false)` when a probe did not pass.
+/// Connects and says Hello. A sidecar whose connections are all taken
+/// answers with an error frame ("too many admin connections", or "closed to
+/// make room" for a connection it dropped before reading its Hello): then
+/// the connection is tried again, with a short backoff, until `timeout`.
+fn connect(
+    socket: &std::path::Path,
+    timeout: Duration,
+) -> anyhow::Result<(UnixStream, BufReader<UnixStream>)> {
+    let until = std::time::Instant::now() + timeout;
+    let mut backoff = Duration::from_millis(5);
+    loop {
+        let stream = UnixStream::connect(socket).with_context(|| {
+            format!(
+                "connecting to {}: is the sidecar running with admin_socket {}?",
+                socket.display(),
+                socket.display()
+            )
+        })?;
+        stream.set_read_timeout(Some(timeout))?;
+        stream.set_write_timeout(Some(timeout))?;
+        let mut writer = stream.try_clone()?;
+        let mut reader = BufReader::new(stream);
+        let hello = write_frame(
+            &mut writer,
+            &AdminRequest::Hello {
+                version: ADMIN_VERSION,
+            },
+        );
+        // A refusal is written before the sidecar closes: read it even when
+        // the Hello met a broken pipe.
+        let answer = read_frame::<AdminResponse>(&mut reader);
+        let message = match (answer, hello) {
+            (Ok(AdminResponse::Hello { .. }), Ok(())) => return Ok((writer, reader)),
+            (Ok(AdminResponse::Error { message }), _) => message,
+            (Ok(other), _) => bail!("unexpected handshake answer {other:?}"),
+            (Err(FrameError::Io(io)), _)
+                if matches!(
+                    io.kind(),
+                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                ) =>
+            {
+                bail!(
+                    "the sidecar sent nothing for {} s (is it stopped or overloaded?)",
+                    timeout.as_secs_f64()
+                )
+            }
+            (Err(_), Err(e)) => return Err(e.into()),
+            (Err(FrameError::Closed), Ok(())) => {
+                bail!("the sidecar closed the connection")
+            }
+            (Err(e), Ok(())) => return Err(e.into()),
+        };
+        let busy = message.contains("too many admin connections")
+            || message.contains("closed to make room");
+        if !busy || std::time::Instant::now() + backoff >= until {
+            bail!("{message}");
+        }
+        std::thread::sleep(backoff);
+        backoff = (backoff * 2).min(Duration::from_millis(100));
+    }
+}
+
 fn run(cli: Cli) -> anyhow::Result<bool> {
     let request = request_of(cli.command)?;
     let timeout = Duration::try_from_secs_f64(cli.timeout_s)
@@ -327,31 +389,7 @@ fn run(cli: Cli) -> anyhow::Result<bool> {
                 MAX_TIMEOUT.as_secs()
             )
         })?;
-    let stream = UnixStream::connect(&cli.socket).with_context(|| {
-        format!(
-            "connecting to {}: is the sidecar running with admin_socket {}?",
-            cli.socket.display(),
-            cli.socket.display()
-        )
-    })?;
-    stream.set_read_timeout(Some(timeout))?;
-    stream.set_write_timeout(Some(timeout))?;
-    let mut writer = stream.try_clone()?;
-    let mut reader = BufReader::new(stream);
-    let hello = write_frame(
-        &mut writer,
-        &AdminRequest::Hello {
-            version: ADMIN_VERSION,
-        },
-    );
-    if let Err(e) = hello {
-        // A sidecar that refuses the connection (too many connections)
-        // writes why and closes: show that, not the broken pipe.
-        if let Ok(AdminResponse::Error { message }) = read_frame(&mut reader) {
-            bail!("{message}");
-        }
-        return Err(e.into());
-    }
+    let (mut writer, mut reader) = connect(&cli.socket, timeout)?;
     let timeout_s = cli.timeout_s;
     let read = |reader: &mut BufReader<UnixStream>| -> anyhow::Result<AdminResponse> {
         read_frame(reader).map_err(|e| match e {
@@ -369,11 +407,6 @@ fn run(cli: Cli) -> anyhow::Result<bool> {
             other => other.into(),
         })
     };
-    match read(&mut reader)? {
-        AdminResponse::Hello { .. } => {}
-        AdminResponse::Error { message } => bail!("{message}"),
-        other => bail!("unexpected handshake answer {other:?}"),
-    }
     write_frame(&mut writer, &request)?;
     loop {
         let response = read(&mut reader)?;
