@@ -3,7 +3,7 @@
 //! layout by the real stack: every test node's served output equals PyG's
 //! full-graph `model(x, edge_index)` with covering fanouts, and the served
 //! accuracy at sampled fanouts is PyG's NeighborLoader accuracy at the same
-//! fanouts. On the cora dataset the repository ships (no `../shared`).
+//! fanouts. On the cora dataset the repository ships (demo/data).
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
