@@ -3,31 +3,17 @@
 //! store) -> Arrow in place -> the model, on the shared datasets with a
 //! model trained by the tooling.
 
+mod support;
+
 use std::path::Path;
-use std::sync::OnceLock;
 
 use gnn_worker::grpc::{pb, PredictorClient};
 use gnn_worker::model::{bind_inputs, Device, InputSlices, Model};
 use protocol::client::{CallRequest, ClientOptions, RingClient};
+use support::{ort_env, runtime};
 use tests::stack::{
     dataset, read_f32, read_i32, run_ok, trained_model, workspace_bin, Stack, StackOptions,
 };
-
-fn runtime() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .expect("tokio runtime")
-}
-
-fn ort_env() -> &'static ort::environment::Environment {
-    static ENV: OnceLock<ort::environment::Environment> = OnceLock::new();
-    ENV.get_or_init(|| {
-        gnn_worker::onnxruntime::init(Some(&tests::stack::onnxruntime_lib()))
-            .expect("loading ONNX Runtime")
-    })
-}
 
 fn meta(name: &str) -> serde_json::Value {
     let text = std::fs::read_to_string(dataset(name).join("meta.json")).unwrap();
@@ -41,34 +27,7 @@ fn manifest(model: &Path) -> serde_json::Value {
 /// Predictions for `ids` through gRPC, `per_call` ids per call, four calls
 /// in flight at a time (so the worker batches them). In `ids` order.
 fn predict_all(stack: &Stack, ids: &[u64], per_call: usize) -> Vec<pb::Prediction> {
-    runtime().block_on(async {
-        let client = PredictorClient::connect(stack.grpc.clone()).await.unwrap();
-        let mut out = Vec::with_capacity(ids.len());
-        let chunks: Vec<Vec<u64>> = ids.chunks(per_call).map(<[u64]>::to_vec).collect();
-        for group in chunks.chunks(4) {
-            let tasks: Vec<_> = group
-                .iter()
-                .map(|chunk| {
-                    let mut client = client.clone();
-                    let chunk = chunk.clone();
-                    tokio::spawn(async move {
-                        client
-                            .predict(pb::PredictRequest {
-                                node_ids: chunk,
-                                request_id: 0,
-                                new_node: None,
-                            })
-                            .await
-                    })
-                })
-                .collect();
-            for task in tasks {
-                let response = task.await.unwrap().expect("predict").into_inner();
-                out.extend(response.predictions);
-            }
-        }
-        out
-    })
+    support::predict_calls(stack, ids, per_call, 4)
 }
 
 fn test_nodes(name: &str) -> Vec<u64> {

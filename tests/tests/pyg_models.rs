@@ -5,6 +5,8 @@
 //! accuracy at sampled fanouts is PyG's NeighborLoader accuracy at the same
 //! fanouts. On the cora dataset the repository ships (demo/data).
 
+mod support;
+
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
@@ -12,6 +14,7 @@ use gnn_worker::grpc::{pb, PredictorClient};
 use gnn_worker::model::{bind_subgraph_inputs, Device, Model};
 use protocol::client::{CallRequest, ClientOptions, RingClient};
 use protocol::request::SubgraphFanouts;
+use support::{ort_env, runtime};
 use tests::stack::{
     onnxruntime_lib, pyg_model_for, python, read_f32, read_i32, repo_root, run_ok, shipped_cora,
     workspace_bin, Stack, StackOptions,
@@ -20,21 +23,6 @@ use tests::stack::{
 /// cora's largest degree: fanouts of at least this take every neighbour.
 const COVERING: u32 = 168;
 const CLASSES: usize = 7;
-
-fn runtime() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .expect("tokio runtime")
-}
-
-fn ort_env() -> &'static ort::environment::Environment {
-    static ENV: std::sync::OnceLock<ort::environment::Environment> = std::sync::OnceLock::new();
-    ENV.get_or_init(|| {
-        gnn_worker::onnxruntime::init(Some(&onnxruntime_lib())).expect("loading ONNX Runtime")
-    })
-}
 
 fn json(path: &Path) -> serde_json::Value {
     serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap()
@@ -80,40 +68,7 @@ fn stack(model: &Path, fanouts: &str, max_batch: usize) -> Stack {
 /// Predictions for `ids` over gRPC, `per_call` ids a call, four calls in
 /// flight (one at a time when `per_call` is 1, so each is its own batch).
 fn predict(stack: &Stack, ids: &[u64], per_call: usize) -> Vec<pb::Prediction> {
-    let in_flight = if per_call == 1 { 1 } else { 4 };
-    runtime().block_on(async {
-        let client = PredictorClient::connect(stack.grpc.clone()).await.unwrap();
-        let mut out = Vec::with_capacity(ids.len());
-        let chunks: Vec<Vec<u64>> = ids.chunks(per_call).map(<[u64]>::to_vec).collect();
-        for group in chunks.chunks(in_flight) {
-            let tasks: Vec<_> = group
-                .iter()
-                .map(|chunk| {
-                    let mut client = client.clone();
-                    let chunk = chunk.clone();
-                    tokio::spawn(async move {
-                        client
-                            .predict(pb::PredictRequest {
-                                node_ids: chunk,
-                                request_id: 0,
-                                new_node: None,
-                            })
-                            .await
-                    })
-                })
-                .collect();
-            for task in tasks {
-                out.extend(
-                    task.await
-                        .unwrap()
-                        .expect("predict")
-                        .into_inner()
-                        .predictions,
-                );
-            }
-        }
-        out
-    })
+    support::predict_calls(stack, ids, per_call, if per_call == 1 { 1 } else { 4 })
 }
 
 /// The tooling's reference subgraph of a model directory: `x`,
