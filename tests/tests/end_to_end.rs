@@ -1351,13 +1351,7 @@ fn offline_distance(model: &Path) -> impl Fn(&pb::Prediction) -> f32 {
 #[test]
 fn a_tight_deadline_steps_down_the_ladder() {
     let (_, stack) = cora_with_student(&["--degrade-fanouts", "5,3"]);
-    let call = |timeout_ms: f64| -> serde_json::Value {
-        let body = format!(r#"{{"node_ids": [1358], "timeout_ms": {timeout_ms}}}"#);
-        let (code, text) =
-            tests::stack::http_request(&stack.http, "POST", "/v1/predict", Some(&body)).unwrap();
-        assert_eq!(code, 200, "{text}");
-        serde_json::from_str::<serde_json::Value>(&text).unwrap()["predictions"][0].clone()
-    };
+    let call = |timeout_ms: f64| support::predict_within(&stack, 1358, timeout_ms);
     let full = call(10_000.0);
     assert_eq!(full["answered_by"], "gnn");
     // One microsecond: the full GNN, measured now, does not fit; the reduced

@@ -583,13 +583,7 @@ fn int8_a_student_and_the_ladder_work_for_a_pyg_model() {
         "3".into(),
     ];
     let stack = Stack::start(&options).expect("stack");
-    let call = |timeout_ms: f64| -> serde_json::Value {
-        let body = format!(r#"{{"node_ids": [1358], "timeout_ms": {timeout_ms}}}"#);
-        let (code, text) =
-            tests::stack::http_request(&stack.http, "POST", "/v1/predict", Some(&body)).unwrap();
-        assert_eq!(code, 200, "{text}");
-        serde_json::from_str::<serde_json::Value>(&text).unwrap()["predictions"][0].clone()
-    };
+    let call = |timeout_ms: f64| support::predict_within(&stack, 1358, timeout_ms);
     let full = call(10_000.0);
     assert_eq!(full["answered_by"], "gnn");
     let reduced = call(0.001);

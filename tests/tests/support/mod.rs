@@ -58,3 +58,13 @@ pub fn predict_calls(
         out
     })
 }
+
+/// The HTTP prediction of `node` in a call with a deadline of `timeout_ms`
+/// (the ladder's input), which must be answered 200.
+pub fn predict_within(stack: &Stack, node: u64, timeout_ms: f64) -> serde_json::Value {
+    let body = format!(r#"{{"node_ids": [{node}], "timeout_ms": {timeout_ms}}}"#);
+    let (code, text) =
+        tests::stack::http_request(&stack.http, "POST", "/v1/predict", Some(&body)).unwrap();
+    assert_eq!(code, 200, "{text}");
+    serde_json::from_str::<serde_json::Value>(&text).unwrap()["predictions"][0].clone()
+}
