@@ -39,7 +39,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use protocol::client::CallError;
-use protocol::client::{CallRequest, ClientStatus, Response, RingClient};
+use protocol::client::{Accepted, CallRequest, ClientStatus, Response, RingClient};
 use protocol::layout::{status, FeatureSchema, MAX_HOPS};
 use protocol::payload::schema::{target_status, HOP2_CACHED, NO_ROW};
 use protocol::payload::ResponseTables;
@@ -219,6 +219,9 @@ struct Job {
     deadline: Instant,
     /// Its place among its lane's waiting calls, until a thread takes it.
     place: Place,
+    /// Counted on the sidecar until the call is answered: a drain waits for
+    /// it, and its ring requests are submitted while DRAINING.
+    accepted: Accepted,
     reply: oneshot::Sender<Result<Vec<Prediction>, PredictError>>,
 }
 
@@ -557,6 +560,11 @@ impl Predictor {
             ))
         };
         let place = lane.waiting.place().ok_or_else(overloaded)?;
+        // Accepted on the sidecar, or refused now if it began to drain.
+        let accepted = self
+            .client
+            .accept()
+            .map_err(|e| PredictError::Unavailable(e.to_string()))?;
         let (reply, answer) = oneshot::channel();
         let enqueued = Instant::now();
         lane.jobs
@@ -567,6 +575,7 @@ impl Predictor {
                 enqueued,
                 deadline: enqueued + left.unwrap_or_default().max(self.config.call_timeout),
                 place,
+                accepted,
                 reply,
             })
             .map_err(|e| match e {
@@ -629,11 +638,15 @@ fn student_stage(
                 .filter(|j| j.new_node.is_none())
                 .flat_map(|j| j.ids.iter().copied())
                 .collect();
-            let mut responses = ring_calls(ring, &known, RingCall::own_rows())?;
+            let own_rows = RingCall {
+                accepted: batch.first().map(|job| &job.accepted),
+                ..RingCall::own_rows()
+            };
+            let mut responses = ring_calls(ring, &known, own_rows)?;
             for job in batch.iter().filter(|j| j.new_node.is_some()) {
                 let call = RingCall {
                     new_node: job.new_node.as_ref(),
-                    ..RingCall::own_rows()
+                    ..own_rows
                 };
                 ring_call_split(ring, &job.ids, call, &mut responses)?;
             }
@@ -1056,6 +1069,7 @@ fn jobs_ring_calls(
     // A subgraph-layout model's GNN requests ask for its layout.
     let gnn = RingCall {
         subgraph: ring.config.subgraph,
+        accepted: jobs.first().map(|job| &job.accepted),
         ..RingCall::default()
     };
     let mut responses = ring_calls(
@@ -1104,6 +1118,9 @@ struct RingCall<'a> {
     /// The subgraph layout at these fanouts (a subgraph-layout model's
     /// GNN requests).
     subgraph: Option<SubgraphFanouts>,
+    /// One of the batch's calls, accepted on the sidecar: the requests are
+    /// submitted while it drains.
+    accepted: Option<&'a Accepted>,
 }
 
 impl RingCall<'_> {
@@ -1161,6 +1178,7 @@ fn ring_call_split(
         hub_h1: call.hub_h1,
         new_node: call.new_node,
         subgraph: call.subgraph,
+        accepted: call.accepted,
     };
     metrics.ring_requests.inc();
     let calling = Instant::now();

@@ -22,6 +22,7 @@
 pub mod batcher;
 pub mod config;
 pub mod grpc;
+pub mod grpc_connections;
 pub mod http;
 pub mod http_server;
 pub mod ladder;

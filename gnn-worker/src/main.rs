@@ -467,7 +467,7 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     let mut grpc_stop = stop_rx.clone();
     let http_stop = stop_rx;
     // Both ports bound their connections (docs/serving.md, "Connections").
-    let grpc_incoming = gnn_worker::http_server::guarded_grpc_incoming(
+    let grpc_incoming = gnn_worker::grpc_connections::guarded_incoming(
         grpc,
         config.max_connections,
         Duration::from_secs_f64(config.http_read_timeout_s),

@@ -133,7 +133,9 @@ impl WorkerMetrics {
         for (port, why) in [
             ("http", "evicted"),
             ("http", "refused"),
+            ("grpc", "evicted"),
             ("grpc", "refused"),
+            ("grpc", "timed_out"),
         ] {
             let _ = connections.get_or_create(&ClosedConnection { port, why });
         }
@@ -141,8 +143,9 @@ impl WorkerMetrics {
             "gnn_worker_connections_closed",
             "connections a port closed: on the HTTP port, at max_connections, the one waiting \
              longest for a request (evicted) or a new one while every one is busy (refused); on \
-             the gRPC port a new one at max_connections (refused) or one that sent no HTTP/2 \
-             preface within http_read_timeout_s (timed_out)",
+             the gRPC port, at max_connections, the one silent longest if silent for \
+             http_read_timeout_s (evicted) or else the new one (refused), and one that sent no \
+             HTTP/2 preface within http_read_timeout_s (timed_out)",
             connections.clone(),
         );
         r.register(
@@ -270,7 +273,7 @@ impl WorkerMetrics {
     }
 
     /// Counts a connection a port closed (`port`: http, grpc; `why`:
-    /// evicted, refused).
+    /// evicted, refused, timed_out).
     pub fn connections_closed(&self, port: &'static str, why: &'static str) {
         self.connections
             .get_or_create(&ClosedConnection { port, why })

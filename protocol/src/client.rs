@@ -72,6 +72,11 @@ pub struct CallRequest<'a> {
     /// The subgraph layout at these fanouts, one per hop (docs/protocol.md,
     /// "The subgraph layout"); `None`: the dense layout at `fanouts`.
     pub subgraph: Option<request::SubgraphFanouts>,
+    /// The call this request is part of, accepted while the sidecar was
+    /// READY ([`RingClient::accept`]): submitted even once it is DRAINING,
+    /// if the sidecar is the one it was accepted on. `None`: submitted only
+    /// while READY.
+    pub accepted: Option<&'a Accepted>,
 }
 
 impl<'a> CallRequest<'a> {
@@ -86,6 +91,7 @@ impl<'a> CallRequest<'a> {
             fresh: None,
             hub_h1: None,
             subgraph: None,
+            accepted: None,
         }
     }
 
@@ -313,6 +319,31 @@ impl Drop for Attachment {
         // unregistering gives them all up (the sidecar reclaims any left).
         liveness::unregister(self.segment.header(), self.id);
         self.segment.unlock_client_entry(self.id.index);
+    }
+}
+
+/// One call a client accepted while its sidecar was READY, counted in its
+/// registry entry's `accepted` until this is dropped: a drain waits for it,
+/// and its requests are submitted while DRAINING (docs/protocol.md,
+/// "Draining"). Hold it until the call has been answered.
+#[derive(Debug)]
+pub struct Accepted {
+    attachment: Arc<Attachment>,
+}
+
+impl Drop for Accepted {
+    fn drop(&mut self) {
+        let att = &self.attachment;
+        // A reaped entry may belong to another client by now: its count is
+        // not ours to lower.
+        if liveness::is_registered(att.segment.header(), att.id) {
+            let entry = &att.segment.header().clients[att.id.index as usize];
+            let _ = entry
+                .accepted
+                .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| {
+                    Some(n.saturating_sub(1))
+                });
+        }
     }
 }
 
@@ -570,6 +601,40 @@ impl RingClient {
         }
     }
 
+    /// Accepts one call on the current sidecar: counted in this client's
+    /// registry entry until the returned guard is dropped, so that a drain
+    /// begun after this returns waits for the call, and its requests
+    /// ([`CallRequest::accepted`]) are still submitted. Refused with
+    /// [`CallError::Draining`] once the sidecar is DRAINING, and when no
+    /// sidecar is attached or the current one is lost.
+    pub fn accept(&self) -> Result<Accepted, CallError> {
+        let Some(att) = self.current.load_full() else {
+            return Err(CallError::SidecarGone {
+                name: self.name.clone(),
+                reason: "not attached".into(),
+            });
+        };
+        if att.is_lost() {
+            return Err(self.gone(&att));
+        }
+        let header = att.segment.header();
+        let entry = &header.clients[att.id.index as usize];
+        // SYNC POINT: SeqCst, paired with the sidecar's SeqCst store of
+        // DRAINING before it reads the counts (liveness::accepted_count):
+        // either the load below sees DRAINING, or the drain sees this call.
+        entry.accepted.fetch_add(1, Ordering::SeqCst);
+        let accepted = Accepted {
+            attachment: att.clone(),
+        };
+        if header.preamble.server_state.load(Ordering::SeqCst) == server_state::DRAINING {
+            drop(accepted);
+            return Err(CallError::Draining {
+                name: self.name.clone(),
+            });
+        }
+        Ok(accepted)
+    }
+
     fn gone(&self, att: &Attachment) -> CallError {
         CallError::SidecarGone {
             name: self.name.clone(),
@@ -595,8 +660,15 @@ impl RingClient {
             check_new_node(request.targets, node, &geometry, segment.schema())?;
         }
         let header = segment.header();
-        // The client rule of DRAINING (docs/protocol.md): submit nothing new.
-        if header.preamble.server_state.load(Ordering::Acquire) == server_state::DRAINING {
+        // The client rule of DRAINING (docs/protocol.md): submit nothing
+        // new; a call accepted on this sidecar before it began to drain is
+        // not new.
+        let accepted_here = request
+            .accepted
+            .is_some_and(|accepted| Arc::ptr_eq(&accepted.attachment, att));
+        let draining =
+            || header.preamble.server_state.load(Ordering::Acquire) == server_state::DRAINING;
+        if !accepted_here && draining() {
             return Err(CallError::Draining {
                 name: self.name.clone(),
             });
@@ -648,7 +720,7 @@ impl RingClient {
         // The client rule of DRAINING, again: the sidecar may have begun
         // its drain while the request was written (docs/protocol.md, "Rules
         // a client follows").
-        if header.preamble.server_state.load(Ordering::Acquire) == server_state::DRAINING {
+        if !accepted_here && draining() {
             slot.cancel(claimed);
             return Err(CallError::Draining {
                 name: self.name.clone(),

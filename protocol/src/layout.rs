@@ -202,7 +202,11 @@ pub struct ClientEntry {
     pub heartbeat: AtomicU64,
     /// Client's process id in its own PID namespace; informational only.
     pub pid: AtomicU32,
-    pub _pad: [u8; 44],
+    /// Calls the client accepted while the segment was READY and has not
+    /// finished (docs/protocol.md, "Draining"): a drain waits for them, and
+    /// the client may still submit them while DRAINING. 0 at registration.
+    pub accepted: AtomicU32,
+    pub _pad: [u8; 40],
 }
 
 /// Per-slot synchronisation: the state word and the client's wake-up futex.

@@ -48,7 +48,9 @@ pub mod server;
 mod sigbus;
 
 #[cfg(not(loom))]
-pub use client::{CallError, CallRequest, ClientOptions, ClientStatus, Response, RingClient};
+pub use client::{
+    Accepted, CallError, CallRequest, ClientOptions, ClientStatus, Response, RingClient,
+};
 pub use layout::{FeatureSchema, Geometry, LAYOUT_VERSION};
 pub use payload::{PayloadShape, ResponseTables};
 #[cfg(not(loom))]

@@ -106,6 +106,8 @@ pub fn register_with(header: &Header, mut lock: impl FnMut(u16) -> bool) -> Opti
             }
             entry.heartbeat.fetch_add(1, Ordering::Release);
             entry.pid.store(std::process::id(), Ordering::Relaxed);
+            // A former holder's count is not this client's.
+            entry.accepted.store(0, Ordering::SeqCst);
             return Some(id);
         }
     }
@@ -142,6 +144,22 @@ pub fn registered_count(header: &Header) -> u32 {
         .iter()
         .filter(|entry| entry.state.load(Ordering::Acquire) & 0xff == client_state::ACTIVE)
         .count() as u32
+}
+
+/// The calls that registered (ACTIVE) clients accepted and have not
+/// finished: a drain is complete only when this and the ring's pending
+/// requests are both 0 (docs/protocol.md, "Draining"). Read it after
+/// storing DRAINING and before counting pending slots.
+pub fn accepted_count(header: &Header) -> u64 {
+    header
+        .clients
+        .iter()
+        .filter(|entry| entry.state.load(Ordering::Acquire) & 0xff == client_state::ACTIVE)
+        // SYNC POINT: pairs with the client's increment before it loads
+        // `server_state` (client.rs, `RingClient::accept`): both SeqCst, so
+        // either the client sees DRAINING or this sees its call.
+        .map(|entry| u64::from(entry.accepted.load(Ordering::SeqCst)))
+        .sum()
 }
 
 /// One client heartbeat.

@@ -81,6 +81,15 @@ pub struct RingMonitor {
 }
 
 impl RingMonitor {
+    /// What a drain still waits for: the calls registered clients accepted
+    /// and have not finished, plus the requests pending in the ring (a call
+    /// in the ring may count in both). The accepted counts are read first:
+    /// a client counts a call out only after its requests were answered.
+    pub fn unfinished(&self) -> u64 {
+        let accepted = crate::liveness::accepted_count(self.shared.segment.header());
+        accepted + u64::from(self.occupancy().pending())
+    }
+
     /// How many slots are in each state now (a racy snapshot, for metrics).
     pub fn occupancy(&self) -> SlotOccupancy {
         let mut occupancy = SlotOccupancy::default();
@@ -302,14 +311,14 @@ impl RingServer {
         notify(&header.free_seq, &header.free_waiters);
     }
 
-    /// A handle for reading the ring's state from other threads (metrics,
-    /// the admin socket) while this one serves.
     /// Whether the segment file was truncated by another process (see
     /// [`RingMonitor::damaged`]): drop this server and create a new one.
     pub fn damaged(&self) -> bool {
         self.shared.damaged.load(Ordering::Acquire)
     }
 
+    /// A handle for reading the ring's state from other threads (metrics,
+    /// the admin socket) while this one serves.
     pub fn monitor(&self) -> RingMonitor {
         RingMonitor {
             shared: self.shared.clone(),
@@ -328,14 +337,19 @@ impl RingServer {
     }
 
     /// Stops accepting new requests; in-flight ones can still be answered.
-    /// Clients see the state and stop submitting (docs/protocol.md).
+    /// Clients see the state, accept no new calls and submit only those
+    /// they had accepted (docs/protocol.md, "Draining").
     pub fn set_draining(&self) {
+        // SYNC POINT: SeqCst, paired with a client's increment of its
+        // `accepted` count before its SeqCst load of the state: either
+        // that client sees DRAINING, or [`RingMonitor::unfinished`] sees
+        // its call.
         self.shared
             .segment
             .header()
             .preamble
             .server_state
-            .store(server_state::DRAINING, Ordering::Release);
+            .store(server_state::DRAINING, Ordering::SeqCst);
     }
 
     /// Stops the sidecar side: STOPPED, wake every waiter, unlink.

@@ -98,8 +98,8 @@ pub enum AdminRequest {
         l1: bool,
         l2: bool,
     },
-    /// Stops taking new requests, answers what is submitted, reports when
-    /// the ring is empty (`Drained`). With `after_s` > 0 the sidecar first
+    /// Stops taking new requests, answers what is submitted and what the
+    /// workers had accepted, reports when both are done (`Drained`). With `after_s` > 0 the sidecar first
     /// reports not ready and keeps serving that long (so the pod's worker
     /// and the Service stop sending first).
     Drain {
@@ -186,8 +186,9 @@ pub enum AdminResponse {
     Drained {
         /// Requests answered since the drain began.
         answered: u64,
-        /// Requests still submitted when the drain ended (0 unless it timed
-        /// out).
+        /// Requests still submitted plus calls the workers had accepted and
+        /// not finished when the drain ended (0 unless it timed out; a call
+        /// in the ring may count twice).
         pending: u64,
         seconds: f64,
         /// False when the drain timed out with requests still pending.

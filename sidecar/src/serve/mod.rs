@@ -19,8 +19,10 @@
 //! runs on a small tokio runtime beside them.
 //!
 //! Draining (`sidecarctl drain`, and every stop): the segment goes
-//! DRAINING, so workers submit nothing new; what was submitted is answered;
-//! the drain ends when no request is pending (or after `drain_timeout_s`).
+//! DRAINING, so workers accept no new call; what was submitted, and what
+//! the workers had accepted (counted in their registry entries), is
+//! answered; the drain ends when neither is left (or after
+//! `drain_timeout_s`).
 //! A drained sidecar is not ready and stays up until it is stopped. A stop
 //! (SIGTERM, SIGINT, `sidecarctl shutdown`) drains, removes the segment,
 //! flushes the store and exits 0.
@@ -743,7 +745,8 @@ pub fn run(
         n
     };
     // The drain: the serving threads go on answering; this waits until no
-    // request is pending (or the drain timeout).
+    // request is pending and the workers have finished every call they
+    // accepted before it began (or the drain timeout).
     let drain = |server: &RingServer| {
         let began = Instant::now();
         let answered_before = daemon.metrics.requests.get();
@@ -751,10 +754,10 @@ pub fn run(
         daemon.set_phase(Phase::Draining);
         let timeout = config.drain_timeout();
         let ring = server.monitor();
-        while ring.occupancy().pending() > 0 && began.elapsed() < timeout && !server.damaged() {
+        while ring.unfinished() > 0 && began.elapsed() < timeout && !server.damaged() {
             std::thread::sleep(Duration::from_millis(2));
         }
-        let pending = u64::from(ring.occupancy().pending());
+        let pending = ring.unfinished();
         let outcome = DrainOutcome {
             answered: daemon.metrics.requests.get() - answered_before,
             pending,
