@@ -172,6 +172,49 @@ impl Costs {
     }
 }
 
+/// The rungs a worker has below the full GNN, and when its queue sends
+/// every call to the student.
+#[derive(Debug, Clone, Copy)]
+pub struct Rungs {
+    /// `degrade_fanouts` is set.
+    pub reduced: bool,
+    /// An MLP student is loaded.
+    pub student: bool,
+    /// With a student: calls waiting for the batcher from which a new call
+    /// goes to the student whatever its deadline (`degrade_queue_calls`).
+    pub degrade_queue_calls: usize,
+}
+
+impl Costs {
+    /// The rung that answers a call: with a student and `waiting` calls at
+    /// `degrade_queue_calls` or more, the student; a call without a
+    /// deadline (`left` `None`), the full GNN; otherwise [`Costs::choose`]
+    /// among the rungs there are (a new node has no reduced rung: its
+    /// edges come with it, whatever the fanouts).
+    pub fn rung_for(
+        &self,
+        rungs: Rungs,
+        left: Option<Duration>,
+        new_node: bool,
+        waiting: usize,
+    ) -> Rung {
+        if rungs.student && waiting >= rungs.degrade_queue_calls {
+            return Rung::Student;
+        }
+        let Some(left) = left else {
+            return Rung::Full;
+        };
+        let mut available = vec![Rung::Full];
+        if rungs.reduced && !new_node {
+            available.push(Rung::Reduced);
+        }
+        if rungs.student {
+            available.push(Rung::Student);
+        }
+        self.choose(left, waiting, &available)
+    }
+}
+
 /// Parses a gRPC `grpc-timeout` header value: up to 8 digits and a unit
 /// (`H`, `M`, `S`, `m`, `u`, `n`).
 pub fn parse_grpc_timeout(value: &str) -> Option<Duration> {
@@ -250,6 +293,50 @@ mod tests {
             Rung::Student,
             "one probe only"
         );
+    }
+
+    #[test]
+    fn the_rung_for_a_call_follows_the_queue_the_deadline_and_the_call() {
+        let ms = Duration::from_millis;
+        let costs = Costs::default();
+        costs.observe(Rung::Full, ms(8));
+        costs.observe(Rung::Reduced, ms(2));
+        costs.observe(Rung::Student, ms(1));
+        let all = Rungs {
+            reduced: true,
+            student: true,
+            degrade_queue_calls: 100,
+        };
+        // No deadline: the full GNN, however dear.
+        assert_eq!(costs.rung_for(all, None, false, 0), Rung::Full);
+        // A deadline: the richest rung whose estimate fits half of it.
+        assert_eq!(costs.rung_for(all, Some(ms(20)), false, 0), Rung::Full);
+        assert_eq!(costs.rung_for(all, Some(ms(6)), false, 0), Rung::Reduced);
+        // A new node has no reduced rung: the student.
+        assert_eq!(costs.rung_for(all, Some(ms(6)), true, 0), Rung::Student);
+        // A long queue sends every call to the student, deadline or not.
+        assert_eq!(costs.rung_for(all, None, false, 100), Rung::Student);
+        assert_eq!(
+            costs.rung_for(all, Some(ms(60_000)), false, 150),
+            Rung::Student
+        );
+        // Without a student the queue changes nothing but the estimates.
+        let gnn_only = Rungs {
+            student: false,
+            ..all
+        };
+        assert_eq!(costs.rung_for(gnn_only, None, false, 150), Rung::Full);
+        assert_eq!(
+            costs.rung_for(gnn_only, Some(ms(6)), false, 0),
+            Rung::Reduced
+        );
+        // Nothing fits and no reduced rung: the cheapest there is.
+        let full_only = Rungs {
+            reduced: false,
+            student: false,
+            degrade_queue_calls: 100,
+        };
+        assert_eq!(costs.rung_for(full_only, Some(ms(1)), false, 0), Rung::Full);
     }
 
     #[test]

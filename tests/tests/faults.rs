@@ -1830,8 +1830,9 @@ fn idle_and_half_sent_connections_cannot_lock_the_ports() {
     assert!(
         tests::eventually(std::time::Duration::from_secs(10), || grpc_closed(
             "timed_out"
-        ) + grpc_closed("evicted")
-            >= 32.0),
+        ) + grpc_closed(
+            "evicted"
+        ) >= 32.0),
         "every held gRPC connection without a preface was closed"
     );
     // Established HTTP/2 connections, as many as the cap, all idle: a new
@@ -1867,8 +1868,14 @@ fn idle_and_half_sent_connections_cannot_lock_the_ports() {
             .await
             .map_err(Box::<dyn std::error::Error>::from)
     });
-    assert!(newcomer.is_ok(), "a new client got past idle connections: {newcomer:?}");
-    assert!(grpc_closed("evicted") > evicted_before, "an idle connection made room");
+    assert!(
+        newcomer.is_ok(),
+        "a new client got past idle connections: {newcomer:?}"
+    );
+    assert!(
+        grpc_closed("evicted") > evicted_before,
+        "an idle connection made room"
+    );
     drop(idle);
     drop(runtime);
     // Every held connection is closed by the worker: reading ends.

@@ -1,0 +1,649 @@
+//! Dynamic batching that never waits for nothing: a call is dispatched at
+//! once when an executor is free; calls gather into one batch only while
+//! every executor is busy, until one frees up, `max_batch` targets are
+//! waiting, or `max_delay` has passed (an upper bound, not a fixed wait).
+//! A batch is submitted to the ring as one request per `max_targets` chunk,
+//! run through the model on the response buffers in place, and the
+//! predictions handed back to each caller.
+//!
+//! Three stages, so that ring round trips overlap model runs, a module each:
+//! - **gather** (`gather.rs`, one tokio task) forms batches by the batching
+//!   rule;
+//! - **ring** (`ring_stage.rs`, `ring_concurrency` threads) submits a
+//!   batch's chunks to the sidecar and waits for the responses: up to
+//!   `ring_concurrency` batches are on the ring at once (each response
+//!   holds its slot until its model run ends);
+//! - **model** (`model_stage.rs`, `executors` threads, each with its own
+//!   ONNX Runtime session) runs the model on each response in place and
+//!   answers the callers. The MLP student's lane has a gather task of its
+//!   own and one thread that does both of the other stages.
+//!
+//! This module holds the front ([`Predictor`]: the ladder's choice of rung,
+//! from [`crate::ladder`], the bounded queues, accepting a call on the
+//! sidecar) and what the stages share. The stages pass batches over
+//! multi-consumer channels (crossbeam).
+//!
+//! A batch never fails for its size: a ring request answered TOO_LARGE (its
+//! merged neighbourhoods do not fit the slot's response area) is split in
+//! halves and sent again, down to single targets; only a target whose own
+//! neighbourhood cannot fit gets an error naming the limit, and then only
+//! the call that asked for it (the batch's other calls are answered
+//! separately).
+//!
+//! "An executor is free" for the batching rule means fewer than
+//! `ring_concurrency` batches are between dispatch and answer (on the ring,
+//! waiting for a model executor, or in a model run): up to that many are in
+//! flight at once, and batches gather while the pipeline is full. A ring
+//! thread whose responses find the model stage full waits with them.
+//! Nothing runs on the async runtime's workers but the gathering. A model executor that panics answers its batch with an error
+//! and retires (its session may be inconsistent); the worker is not ready
+//! once no model executor is left.
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use protocol::client::{Accepted, ClientStatus, RingClient};
+use protocol::layout::{FeatureSchema, MAX_HOPS};
+use protocol::request::{NewNode, SubgraphFanouts};
+use tokio::sync::{mpsc, oneshot};
+
+use crate::config::WorkerConfig;
+use crate::ladder::{Costs, Rung, Rungs};
+use crate::metrics::WorkerMetrics;
+use crate::model::{AnsweredBy, Model, OutputKind};
+use crate::precomputed::Precomputed;
+use crate::queue::{Place, Waiting};
+
+mod gather;
+mod model_stage;
+mod ring_stage;
+
+use gather::{gather, Capacity, Rule, Targets};
+pub use model_stage::argmax;
+use model_stage::{model_stage, student_stage};
+use ring_stage::{ring_stage, Ring, RingDone};
+
+/// How calls are batched.
+#[derive(Debug, Clone)]
+pub struct BatchConfig {
+    /// Targets gathered into one batch before it is sent without waiting.
+    pub max_batch: usize,
+    /// Longest the first call of a batch waits for others.
+    pub max_delay: Duration,
+    /// Fanouts sent with every dense-layout ring request; `[0, 0]` leaves
+    /// them to the sidecar.
+    pub fanouts: [u32; MAX_HOPS],
+    /// A subgraph-layout model's fanouts, one per hop: its GNN requests ask
+    /// for the subgraph layout at these (`None`: a dense-layout model).
+    pub subgraph: Option<SubgraphFanouts>,
+    /// Deadline of one ring call (sampling + features).
+    pub ring_timeout: Duration,
+    /// The deadline of a call that brings none.
+    pub call_timeout: Duration,
+    /// Most targets one client call may ask for.
+    pub max_request_targets: usize,
+    /// Batches on the ring at once (ring threads).
+    pub ring_concurrency: usize,
+    /// With a student: calls waiting for the batcher from which a new call
+    /// is answered by the student instead (docs/serving.md, "The ladder").
+    pub degrade_queue_calls: usize,
+    /// The fanouts of the ladder's reduced GNN rung (dense layout); `None`:
+    /// no such rung.
+    pub degrade_fanouts: Option<[u32; MAX_HOPS]>,
+    /// The reduced rung of a subgraph-layout model.
+    pub degrade_subgraph: Option<SubgraphFanouts>,
+    /// With a precomputed set: whether its answers are served (otherwise
+    /// it only feeds the hub embeddings).
+    pub precomputed_answers: bool,
+    /// With a precomputed set: the smallest degree of the hop-1 nodes whose
+    /// stored layer-1 embedding stands in for their neighbourhood; 0: off.
+    pub hub_min_degree: u32,
+}
+
+impl BatchConfig {
+    /// The batching part of the worker's configuration.
+    pub fn from_config(config: &WorkerConfig) -> Self {
+        Self {
+            max_batch: config.max_batch.max(1),
+            max_delay: config.max_delay(),
+            fanouts: dense_fanouts(config.fanouts.as_ref()).unwrap_or([0; MAX_HOPS]),
+            subgraph: None,
+            ring_timeout: config.ring_timeout(),
+            call_timeout: config.call_timeout(),
+            max_request_targets: config.max_request_targets,
+            ring_concurrency: config.ring_concurrency.max(1),
+            degrade_queue_calls: config.degrade_queue_calls,
+            degrade_fanouts: dense_fanouts(config.degrade_fanouts.as_ref()),
+            degrade_subgraph: None,
+            precomputed_answers: config.precomputed_answers,
+            hub_min_degree: config.hub_min_degree,
+        }
+    }
+}
+
+/// Two configured fanouts as the dense layout's; `None` for another count
+/// (a subgraph-layout model's, set by the worker from its manifest).
+fn dense_fanouts(fanouts: Option<&daemon_kit::config::HopFanouts>) -> Option<[u32; MAX_HOPS]> {
+    match fanouts.map(|f| f.0.as_slice()) {
+        Some(&[f1, f2]) => Some([f1, f2]),
+        _ => None,
+    }
+}
+
+impl BatchConfig {
+    /// Whether the ladder has a reduced GNN rung.
+    fn has_reduced(&self) -> bool {
+        match self.subgraph {
+            Some(_) => self.degrade_subgraph.is_some(),
+            None => self.degrade_fanouts.is_some(),
+        }
+    }
+}
+
+impl Default for BatchConfig {
+    fn default() -> Self {
+        Self::from_config(&WorkerConfig::default())
+    }
+}
+
+/// One node's prediction.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Prediction {
+    pub node_id: u64,
+    /// Arg max of the logits; -1 from an embedding model.
+    pub label: i32,
+    /// Empty from an embedding model.
+    pub logits: Vec<f32>,
+    /// The node's embedding, from an embedding model (empty otherwise).
+    pub embedding: Vec<f32>,
+    pub known: bool,
+    pub fallback_rows: u32,
+    /// The model that computed it.
+    pub answered_by: AnsweredBy,
+}
+
+impl Prediction {
+    /// A known node's prediction from its output row: the label and logits
+    /// of a classifier, or an embedding model's vector (label -1).
+    pub fn of_row(node_id: u64, row: &[f32], embedding: bool) -> Self {
+        let (label, logits, embedding) = if embedding {
+            (-1, Vec::new(), row.to_vec())
+        } else {
+            (argmax(row) as i32, row.to_vec(), Vec::new())
+        };
+        Self {
+            node_id,
+            label,
+            logits,
+            embedding,
+            known: true,
+            fallback_rows: 0,
+            answered_by: AnsweredBy::Gnn,
+        }
+    }
+}
+
+/// Why a call got no predictions.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum PredictError {
+    #[error("{0}")]
+    InvalidArgument(String),
+    #[error("{0}")]
+    Unavailable(String),
+    #[error("{0}")]
+    Internal(String),
+    /// The worker or its sidecar is saturated: retry after a moment.
+    #[error("{0}")]
+    Overloaded(String),
+    /// The call's deadline passed before it reached the ring.
+    #[error("{0}")]
+    DeadlineExceeded(String),
+}
+
+impl PredictError {
+    /// The `kind` label of `gnn_worker_call_errors_total`.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            PredictError::InvalidArgument(_) => "invalid_argument",
+            PredictError::Unavailable(_) => "unavailable",
+            PredictError::Internal(_) => "internal",
+            PredictError::Overloaded(_) => "overloaded",
+            PredictError::DeadlineExceeded(_) => "deadline_exceeded",
+        }
+    }
+}
+
+pub use crate::queue::MAX_QUEUED_CALLS;
+
+struct Job {
+    ids: Vec<u64>,
+    /// A node the graph does not have; `ids` is its id alone.
+    new_node: Option<NewNode>,
+    /// `Full` or `Reduced` (the student's calls never queue).
+    rung: Rung,
+    enqueued: Instant,
+    /// When a call still waiting for a ring thread is dropped: after the
+    /// worker's `call_timeout_ms`, or its own deadline if that is later (a
+    /// deadline that nothing fits is the ladder's to answer on its
+    /// cheapest rung, and a gRPC call past it is ended by the server).
+    deadline: Instant,
+    /// Its place among its lane's waiting calls, until a thread takes it.
+    place: Place,
+    /// Counted on the sidecar until the call is answered: a drain waits for
+    /// it, and its ring requests are submitted while DRAINING.
+    accepted: Accepted,
+    reply: oneshot::Sender<Result<Vec<Prediction>, PredictError>>,
+}
+
+impl Targets for Job {
+    fn n_targets(&self) -> usize {
+        self.ids.len()
+    }
+}
+
+/// A queue of calls for the batcher: its channel and the count of the calls
+/// that wait in it (bounded: docs/serving.md, "Overload").
+#[derive(Clone)]
+struct Lane {
+    jobs: mpsc::Sender<Job>,
+    waiting: Arc<Waiting>,
+}
+
+/// The batching front of the worker. Cheap to clone.
+#[derive(Clone)]
+pub struct Predictor {
+    jobs: Lane,
+    config: Arc<BatchConfig>,
+    metrics: Arc<WorkerMetrics>,
+    client: Arc<RingClient>,
+    schema: FeatureSchema,
+    /// The MLP student's lane: its own queue, gathered into batches like
+    /// the GNN's and answered by one thread (docs/serving.md, "The ladder").
+    student: Option<Lane>,
+    /// Precomputed answers, when the worker has them.
+    precomputed: Option<Arc<Precomputed>>,
+    /// What the GNN's output rows are (and so the stored answers).
+    output: OutputKind,
+    /// What each rung of the ladder costs.
+    costs: Arc<Costs>,
+}
+
+impl std::fmt::Debug for Predictor {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Predictor")
+            .field("config", &self.config)
+            .finish()
+    }
+}
+
+/// Decrements the live-executor count when its thread ends, however it ends.
+struct Alive(Arc<WorkerMetrics>);
+
+impl Drop for Alive {
+    fn drop(&mut self) {
+        self.0.executors_alive.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+impl Predictor {
+    /// Starts the batching task (on the current tokio runtime) and one
+    /// executor thread per model session. `schema` is the segment header the
+    /// models were checked against: a sidecar that comes back with another
+    /// one makes the worker not ready.
+    pub fn start(
+        client: Arc<RingClient>,
+        models: Vec<Model>,
+        student: Option<Model>,
+        precomputed: Option<Arc<Precomputed>>,
+        schema: FeatureSchema,
+        config: BatchConfig,
+        metrics: Arc<WorkerMetrics>,
+    ) -> std::io::Result<Self> {
+        let config = Arc::new(config);
+        let output = models
+            .first()
+            .map_or(OutputKind::Classes, |m| m.manifest().output);
+        let (jobs_tx, jobs_rx) = mpsc::channel::<Job>(MAX_QUEUED_CALLS);
+        let (batch_tx, batch_rx) = crossbeam_channel::unbounded::<Vec<Job>>();
+        // The model stage takes at most one waiting batch per executor: a
+        // ring thread with responses for a full stage waits (and keeps its
+        // slots) instead of piling responses up.
+        let (ready_tx, ready_rx) = crossbeam_channel::bounded::<RingDone>(models.len());
+        let capacity = Arc::new(Capacity::new(config.ring_concurrency));
+        let costs = Arc::new(Costs::default());
+        let rule = Rule {
+            max_batch: config.max_batch,
+            max_delay: config.max_delay,
+        };
+        for i in 0..config.ring_concurrency {
+            let (client, config, metrics, rx, tx, capacity) = (
+                client.clone(),
+                config.clone(),
+                metrics.clone(),
+                batch_rx.clone(),
+                ready_tx.clone(),
+                capacity.clone(),
+            );
+            let (precomputed, costs) = (precomputed.clone(), costs.clone());
+            std::thread::Builder::new()
+                .name(format!("ring-{i}"))
+                .spawn(move || {
+                    let ring = Ring {
+                        client: &client,
+                        schema,
+                        config: &config,
+                        metrics: &metrics,
+                        precomputed: precomputed.as_deref(),
+                        costs: &costs,
+                    };
+                    ring_stage(&ring, &rx, &tx, &capacity)
+                })?;
+        }
+        drop(ready_tx);
+        for (i, model) in models.into_iter().enumerate() {
+            let (metrics, rx, capacity) = (metrics.clone(), ready_rx.clone(), capacity.clone());
+            let costs = costs.clone();
+            metrics.executors_alive.fetch_add(1, Ordering::AcqRel);
+            let alive = Alive(metrics.clone());
+            std::thread::Builder::new()
+                .name(format!("executor-{i}"))
+                .spawn(move || {
+                    let _alive = alive;
+                    model_stage(model, &metrics, &costs, &rx, &capacity)
+                })?;
+        }
+        tokio::spawn(gather(jobs_rx, batch_tx, rule, metrics.clone(), capacity));
+        let student_lane = match student {
+            None => None,
+            Some(student) => {
+                let (lane_tx, lane_rx) = mpsc::channel::<Job>(MAX_QUEUED_CALLS);
+                let (batch_tx, batch_rx) = crossbeam_channel::unbounded::<Vec<Job>>();
+                // One student batch in flight: the next gathers meanwhile.
+                let capacity = Arc::new(Capacity::new(1));
+                let (client, config2, metrics2, precomputed, costs, capacity2) = (
+                    client.clone(),
+                    config.clone(),
+                    metrics.clone(),
+                    precomputed.clone(),
+                    costs.clone(),
+                    capacity.clone(),
+                );
+                std::thread::Builder::new()
+                    .name("student".into())
+                    .spawn(move || {
+                        let ring = Ring {
+                            client: &client,
+                            schema,
+                            config: &config2,
+                            metrics: &metrics2,
+                            precomputed: precomputed.as_deref(),
+                            costs: &costs,
+                        };
+                        student_stage(&ring, student, &batch_rx, &capacity2)
+                    })?;
+                tokio::spawn(gather(lane_rx, batch_tx, rule, metrics.clone(), capacity));
+                Some(Lane {
+                    jobs: lane_tx,
+                    waiting: Arc::new(Waiting::default()),
+                })
+            }
+        };
+        Ok(Self {
+            jobs: Lane {
+                jobs: jobs_tx,
+                waiting: Arc::new(Waiting::default()),
+            },
+            config,
+            metrics,
+            client,
+            schema,
+            student: student_lane,
+            precomputed,
+            output,
+            costs,
+        })
+    }
+
+    pub fn metrics(&self) -> &WorkerMetrics {
+        &self.metrics
+    }
+
+    /// The ring client (for re-attaching while idle).
+    pub fn client(&self) -> &Arc<RingClient> {
+        &self.client
+    }
+
+    /// Ready: attached to a sidecar that is not draining, whose schema is
+    /// the one the model was checked against, with an executor alive.
+    pub fn readiness(&self) -> Result<(), String> {
+        match self.client.status() {
+            ClientStatus::Ready => {}
+            ClientStatus::Draining => {
+                return Err("the sidecar is draining: it takes no new requests".into())
+            }
+            ClientStatus::Lost(reason) => return Err(format!("the sidecar is gone: {reason}")),
+            ClientStatus::NotAttached => return Err("not attached to a sidecar".into()),
+        }
+        if self.client.schema() != Some(self.schema) {
+            return Err(
+                "the sidecar now serves another feature schema or graph version than \
+                        the model was checked against: restart the worker with a matching model"
+                    .into(),
+            );
+        }
+        if self.metrics.executors_alive.load(Ordering::Acquire) == 0 {
+            return Err(
+                "no executor is alive (each was retired after a panic; see the log): \
+                        restart the worker"
+                    .into(),
+            );
+        }
+        Ok(())
+    }
+
+    /// Predicts `ids` (batched with concurrent calls); `left`: the time
+    /// before the call's deadline, if it has one (the ladder's input).
+    pub async fn predict(
+        &self,
+        ids: Vec<u64>,
+        left: Option<Duration>,
+    ) -> Result<Vec<Prediction>, PredictError> {
+        if ids.is_empty() {
+            return Err(PredictError::InvalidArgument(
+                "a call with no node ids: send 1 or more node_ids (or a new_node)".into(),
+            ));
+        }
+        if ids.len() > self.config.max_request_targets {
+            return Err(PredictError::InvalidArgument(format!(
+                "{} node ids in one call; at most {} (split the call, or raise the worker's \
+                 max_request_targets, --max-request-targets)",
+                ids.len(),
+                self.config.max_request_targets
+            )));
+        }
+        self.enqueue(ids, None, left).await
+    }
+
+    /// Predicts a node the graph does not have, from its feature row and
+    /// its edges to known nodes, without adding it (docs/serving.md, "A new
+    /// node in one call"): the sidecar samples as if it had been added
+    /// (`NEW_NODE`), so the answer is the one the node gets once added with
+    /// the same edges.
+    pub async fn predict_new_node(
+        &self,
+        id: u64,
+        node: NewNode,
+        left: Option<Duration>,
+    ) -> Result<Vec<Prediction>, PredictError> {
+        let problem = self.client.geometry().and_then(|geometry| {
+            protocol::request::new_node_problem(&node, &geometry, &self.schema)
+        });
+        if let Some(problem) = problem {
+            return Err(PredictError::InvalidArgument(problem));
+        }
+        self.enqueue(vec![id], Some(node), left).await
+    }
+
+    /// Answers a checked call on the rung the ladder picks (docs/serving.md,
+    /// "The ladder"); when the sidecar is unavailable, from the precomputed
+    /// answers unchecked if they hold every node.
+    async fn enqueue(
+        &self,
+        ids: Vec<u64>,
+        new_node: Option<NewNode>,
+        left: Option<Duration>,
+    ) -> Result<Vec<Prediction>, PredictError> {
+        if let Err(why) = self.readiness() {
+            return self.unchecked(&ids).ok_or(PredictError::Unavailable(why));
+        }
+        // Kept for the fallback only when there are stored answers.
+        let fallback = self.precomputed.is_some().then(|| ids.clone());
+        let result = self.climb(ids, new_node, left).await;
+        match (result, fallback) {
+            (Err(PredictError::Unavailable(why)), Some(ids)) => {
+                self.unchecked(&ids).ok_or(PredictError::Unavailable(why))
+            }
+            (result, _) => result,
+        }
+    }
+
+    /// The ladder's choice, and the call on that rung.
+    async fn climb(
+        &self,
+        ids: Vec<u64>,
+        new_node: Option<NewNode>,
+        left: Option<Duration>,
+    ) -> Result<Vec<Prediction>, PredictError> {
+        let rungs = Rungs {
+            reduced: self.config.has_reduced(),
+            student: self.student.is_some(),
+            degrade_queue_calls: self.config.degrade_queue_calls,
+        };
+        let waiting = self.jobs.waiting.count();
+        let rung = self
+            .costs
+            .rung_for(rungs, left, new_node.is_some(), waiting);
+        let lane = match (rung, &self.student) {
+            (Rung::Student, Some(lane)) => lane,
+            _ => &self.jobs,
+        };
+        // A bounded count of waiting calls, never a wait for room: one more
+        // is an explicit overload error the caller can retry elsewhere.
+        let overloaded = || {
+            PredictError::Overloaded(format!(
+                "the worker is saturated ({MAX_QUEUED_CALLS} calls already wait for the \
+                 batcher); retry after a moment, or add replicas"
+            ))
+        };
+        let place = lane.waiting.place().ok_or_else(overloaded)?;
+        // Accepted on the sidecar, or refused now if it began to drain.
+        let accepted = self
+            .client
+            .accept()
+            .map_err(|e| PredictError::Unavailable(e.to_string()))?;
+        let (reply, answer) = oneshot::channel();
+        let enqueued = Instant::now();
+        lane.jobs
+            .try_send(Job {
+                ids,
+                new_node,
+                rung,
+                enqueued,
+                deadline: enqueued + left.unwrap_or_default().max(self.config.call_timeout),
+                place,
+                accepted,
+                reply,
+            })
+            .map_err(|e| match e {
+                mpsc::error::TrySendError::Full(_) => overloaded(),
+                mpsc::error::TrySendError::Closed(_) => {
+                    PredictError::Unavailable("the worker is shutting down".into())
+                }
+            })?;
+        answer.await.map_err(|_| {
+            PredictError::Unavailable(
+                "no executor took the call (all retired): restart the worker".into(),
+            )
+        })?
+    }
+
+    /// The precomputed answers of `ids`, unchecked (the sidecar cannot say
+    /// whether they stand), if the set in use holds every one.
+    fn unchecked(&self, ids: &[u64]) -> Option<Vec<Prediction>> {
+        let store = self.precomputed.as_ref()?.current()?;
+        if ids.is_empty() || !store.covers(ids) || !self.config.precomputed_answers {
+            return None;
+        }
+        let embedding = self.output == OutputKind::Embedding;
+        Some(
+            ids.iter()
+                .map(|&id| {
+                    let row = store.logits(id).expect("covered");
+                    let mut prediction = Prediction::of_row(id, row, embedding);
+                    prediction.answered_by = AnsweredBy::PrecomputedUnchecked;
+                    prediction
+                })
+                .collect(),
+        )
+    }
+}
+
+/// The description of a caught panic.
+fn panic_text(panic: &(dyn std::any::Any + Send)) -> String {
+    panic
+        .downcast_ref::<&str>()
+        .map(|s| s.to_string())
+        .or_else(|| panic.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "a panic".into())
+}
+
+/// Sends every caller of `batch` its share of `result`.
+/// `timed`: the ladder's costs and when the batch was dispatched, to
+/// measure each call's rung.
+fn answer(
+    batch: Vec<Job>,
+    ids: &[u64],
+    result: Result<Vec<Prediction>, PredictError>,
+    metrics: &WorkerMetrics,
+    timed: Option<(&Costs, Instant)>,
+) {
+    let result = result.and_then(|predictions| {
+        if predictions.len() == ids.len() {
+            Ok(predictions)
+        } else {
+            Err(PredictError::Internal(format!(
+                "{} predictions for {} targets: the sidecar's response does not match the \
+                 request",
+                predictions.len(),
+                ids.len()
+            )))
+        }
+    });
+    if result.is_err() {
+        metrics.batch_errors.inc();
+    }
+    let mut offset = 0;
+    for job in batch {
+        let n = job.ids.len();
+        let answer = match &result {
+            Ok(predictions) => {
+                let mut mine = predictions[offset..offset + n].to_vec();
+                if job.rung == Rung::Reduced {
+                    for p in &mut mine {
+                        if p.answered_by == AnsweredBy::Gnn {
+                            p.answered_by = AnsweredBy::GnnReduced;
+                        }
+                    }
+                }
+                if let Some((costs, dispatched)) = timed {
+                    costs.observe(job.rung, dispatched.elapsed());
+                }
+                Ok(mine)
+            }
+            Err(e) => Err(e.clone()),
+        };
+        offset += n;
+        let _ = job.reply.send(answer);
+    }
+}
