@@ -414,3 +414,150 @@ fn bad_numbers_on_command_lines_name_their_flag() {
         assert!(!stderr.contains("panicked"), "{bin} {args:?}: {stderr}");
     }
 }
+
+/// A value as the docs and the help write it: no quotes or backticks,
+/// lists as `a,b`, whole floats without `.0`.
+fn normalised(value: &str) -> String {
+    let v = value.trim().trim_matches('`').trim_matches('"');
+    if let Some(list) = v.strip_prefix('[').and_then(|v| v.strip_suffix(']')) {
+        return list
+            .split(',')
+            .map(|x| normalised(x))
+            .collect::<Vec<_>>()
+            .join(",");
+    }
+    match v.strip_suffix(".0") {
+        Some(whole) if whole.parse::<i64>().is_ok() => whole.to_string(),
+        _ => v.to_string(),
+    }
+}
+
+/// `--print-config`'s keys that come from the defaults, with their values.
+fn printed_defaults(bin: &str, required: &[&str]) -> Vec<(String, String)> {
+    let out = serve(bin, &[required, &["--print-config"]].concat(), &[]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter_map(|line| {
+            let (setting, source) = line.split_once("  # ")?;
+            let (key, value) = setting.split_once(" = ")?;
+            (source == "the default").then(|| (key.to_string(), normalised(value)))
+        })
+        .collect()
+}
+
+/// The rows of one table of docs/configuration.md: key and default cell.
+fn documented(section: &str) -> Vec<(String, String)> {
+    let doc = std::fs::read_to_string(tests::stack::repo_root().join("docs/configuration.md"))
+        .expect("docs/configuration.md");
+    let start = doc.find(section).expect("the section");
+    doc[start + section.len()..]
+        .lines()
+        .skip_while(|line| !line.starts_with('|'))
+        .take_while(|line| line.starts_with('|'))
+        .filter_map(|line| {
+            let cells: Vec<&str> = line.split('|').map(str::trim).collect();
+            let key = cells.get(1)?.strip_prefix('`')?.strip_suffix('`')?;
+            Some((key.to_string(), cells.get(3)?.to_string()))
+        })
+        .collect()
+}
+
+/// `serve --help`: each flag's `[default: ...]`, by key (`-` as `_`).
+fn help_defaults(bin: &str) -> Vec<(String, String)> {
+    let out = Command::new(workspace_bin(bin))
+        .args(["serve", "--help"])
+        .output()
+        .unwrap();
+    let help = String::from_utf8_lossy(&out.stdout).into_owned();
+    let mut found = Vec::new();
+    let mut flag: Option<String> = None;
+    for line in help.lines() {
+        let trimmed = line.trim_start();
+        if let Some(rest) = trimmed.strip_prefix("--") {
+            flag = rest.split([' ', '<']).next().map(|f| f.replace('-', "_"));
+        }
+        if let (Some(key), Some(at)) = (&flag, line.find("[default: ")) {
+            let value = &line[at + "[default: ".len()..];
+            let value = value.split(']').next().unwrap_or_default();
+            found.push((key.clone(), value.to_string()));
+        }
+    }
+    found
+}
+
+/// Defaults are written in the code once: docs/configuration.md's tables
+/// and every flag's `[default: ...]` in `serve --help` say what
+/// `--print-config` reports as the default, for every key of both daemons,
+/// and every key has its row and its flag.
+#[test]
+fn the_documented_defaults_are_the_declared_ones() {
+    for (bin, section, required) in [
+        ("sidecar", "## `sidecar serve`", ["--data-dir", "/d"]),
+        ("gnn-worker", "## `gnn-worker serve`", ["--model", "/m"]),
+    ] {
+        let printed = printed_defaults(bin, &required);
+        assert!(printed.len() > 20, "{bin}: {printed:?}");
+        let rows = documented(section);
+        let row = |key: &str| rows.iter().find(|(k, _)| k == key).map(|(_, d)| d.clone());
+        let help = help_defaults(bin);
+        assert!(help.len() >= 15, "{bin}: the help's defaults: {help:?}");
+        let help_text = String::from_utf8_lossy(
+            &Command::new(workspace_bin(bin))
+                .args(["serve", "--help"])
+                .output()
+                .unwrap()
+                .stdout,
+        )
+        .into_owned();
+        for (key, value) in &printed {
+            let doc = row(key).unwrap_or_else(|| panic!("{bin}: `{key}` has no row in {section}"));
+            if value.is_empty() {
+                // An empty list: no value, or another key's (`redis`).
+                let other = doc.trim_matches('`');
+                assert!(
+                    doc == "unset" || rows.iter().any(|(k, _)| k == other),
+                    "{bin}: `{key}` defaults to no value; the docs say {doc}"
+                );
+            } else {
+                assert_eq!(
+                    normalised(&doc),
+                    *value,
+                    "{bin}: `{key}`'s default in docs/configuration.md"
+                );
+            }
+            let flag = format!("--{}", key.replace('_', "-"));
+            assert!(
+                help_text.lines().any(|line| {
+                    let line = line.trim_start();
+                    line == flag || line.starts_with(&format!("{flag} "))
+                }),
+                "{bin}: `{key}` has no flag {flag}"
+            );
+            if let Some((_, said)) = help.iter().find(|(k, _)| k == key) {
+                // Up to a `;` (what follows is a remark); a default that is
+                // not a value ("the --redis URLs") has no literal to check.
+                let said = said.split(';').next().unwrap_or_default();
+                if !said.contains(' ') && !value.is_empty() {
+                    assert_eq!(
+                        normalised(said),
+                        *value,
+                        "{bin}: --help's default of `{key}`"
+                    );
+                }
+            }
+        }
+        // Every documented key is a key: defaulted, unset or required.
+        for (key, default) in &rows {
+            let known = printed.iter().any(|(k, _)| k == key);
+            assert!(
+                known || default == "unset" || default == "(required)" || default.contains('<'),
+                "{bin}: `{key}` is documented with default {default} but has none"
+            );
+        }
+    }
+}
