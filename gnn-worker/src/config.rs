@@ -205,7 +205,7 @@ impl Validate for WorkerConfig {
             "degrade_queue_calls",
             self.degrade_queue_calls as f64,
             0.0,
-            crate::batcher::MAX_QUEUED_CALLS as f64,
+            crate::queue::MAX_QUEUED_CALLS as f64,
         )?;
         between(
             "precomputed_check_s",

@@ -18,7 +18,7 @@ use protocol::layout::{MAX_FANOUT, MAX_HOPS, MAX_SLOTS};
 use protocol::segment::defaults;
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
-use crate::features::redis_tier::redact;
+use daemon_kit::redact::redact_url as redact;
 
 /// The sidecar's layering: `SIDECAR_*` variables, keys documented in
 /// docs/configuration.md.

@@ -19,6 +19,7 @@
 
 pub mod admin;
 pub mod config;
+pub mod daemon;
 pub mod data_dir;
 pub mod features;
 pub mod graph;

@@ -422,7 +422,7 @@ fn normalised(value: &str) -> String {
     if let Some(list) = v.strip_prefix('[').and_then(|v| v.strip_suffix(']')) {
         return list
             .split(',')
-            .map(|x| normalised(x))
+            .map(normalised)
             .collect::<Vec<_>>()
             .join(",");
     }

@@ -35,9 +35,9 @@ use crate::admin::wire::{
     read_frame, write_frame, AdminRequest, AdminResponse, Distribution, FrameError, RingOccupancy,
     StatsReport, StatusReport, TierRows, ADMIN_VERSION,
 };
+use crate::daemon::Daemon;
 use crate::features::contract::encode_row;
 use crate::features::rocks::Role;
-use crate::serve::Daemon;
 
 /// Most admin connections served at once.
 pub const MAX_CONNECTIONS: usize = 8;
@@ -593,7 +593,7 @@ fn warm(
 
 /// A sidecar that follows an update stream takes graph changes from it
 /// only: one made through its admin socket would reach this replica alone.
-fn refuse_while_following(core: &crate::serve::Core) -> anyhow::Result<()> {
+fn refuse_while_following(core: &crate::daemon::Core) -> anyhow::Result<()> {
     if let Some(updates) = &core.updates {
         bail!(
             "this sidecar follows the update stream {}: publish the change there (`sidecar \

@@ -11,8 +11,9 @@ use std::time::Duration;
 
 use futures_util::StreamExt;
 
-use crate::features::redis_tier::{redact, RedisConfig};
+use crate::features::redis_tier::RedisConfig;
 use crate::features::FeatureTiers;
+use daemon_kit::redact::redact_url as redact;
 
 /// Default channel name.
 pub const DEFAULT_CHANNEL: &str = "feat-invalidate";

@@ -9,7 +9,7 @@
 //! retries on its own. Deadlines are applied by the caller.
 //!
 //! URLs may carry a password (`redis://:secret@host:6379`); it is never
-//! logged: see [`redact`]. `rediss://` URLs use TLS (rustls): the server
+//! logged: see `daemon_kit::redact`. `rediss://` URLs use TLS (rustls): the server
 //! certificate is checked against `ca_file` (PEM) when given, otherwise
 //! against the system's trust store.
 
@@ -79,11 +79,9 @@ impl RedisConfig {
             Some(certs) => redis::Client::build_with_tls(url, certs),
             None => redis::Client::open(url),
         }
-        .with_context(|| format!("Redis {}: invalid URL", redact(url)))
+        .with_context(|| format!("Redis {}: invalid URL", daemon_kit::redact::redact_url(url)))
     }
 }
-
-pub use daemon_kit::redact::redact_url as redact;
 
 #[derive(Clone)]
 enum Connection {
@@ -115,7 +113,7 @@ impl RedisTier {
         let shown = config
             .urls
             .iter()
-            .map(|u| redact(u))
+            .map(|u| daemon_kit::redact::redact_url(u))
             .collect::<Vec<_>>()
             .join(",");
         let certs = config.certificates()?;

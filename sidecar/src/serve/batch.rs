@@ -17,12 +17,12 @@ use protocol::request::{FreshSince, HubH1, Request, SubgraphFanouts};
 use protocol::server::ServeTicket;
 use rustc_hash::FxHashMap;
 
+use crate::daemon::metrics::Metrics;
+use crate::daemon::Knobs;
 use crate::features::{FeatureTiers, RowSource};
 use crate::graph::changes::Changes;
 use crate::graph::live::GraphSnapshot;
 use crate::graph::sampler::{hop1_of, Sampled, Sampler, SubgraphLimits, SubgraphTooLarge};
-use crate::serve::metrics::Metrics;
-use crate::serve::Knobs;
 use protocol::payload::schema::tier;
 
 /// Most of a request's remaining time kept back from the feature fetch for

@@ -28,20 +28,20 @@
 //! flushes the store and exits 0.
 
 pub mod batch;
-pub mod metrics;
 
-use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
-use std::sync::{Arc, Condvar, Mutex, OnceLock};
+use std::path::Path;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, ensure, Context};
 use daemon_kit::logging::LogHandle;
-use protocol::layout::{dtype, FeatureSchema, MAX_HOPS};
+use protocol::layout::{dtype, FeatureSchema};
 use protocol::segment::SegmentConfig;
-use protocol::server::{RingMonitor, RingServer, ServerOptions};
+use protocol::server::{RingServer, ServerOptions};
 
 pub use crate::config::{DefaultRowKind, ServeConfig};
+use crate::daemon::{Core, Daemon, DrainOutcome, Phase};
 use crate::features::import::{self, FeatureManifest};
 use crate::features::invalidation::{self, InvalidationStats};
 use crate::features::redis_tier::{RedisConfig, RedisTier};
@@ -50,292 +50,6 @@ use crate::features::{DefaultRow, FeatureTiers, TierConfig};
 use crate::graph::live::{AutoCompact, LiveGraph};
 use crate::graph::{dataset, CsrIndex};
 use crate::updates::follower::{self, FollowerStats};
-use metrics::Metrics;
-
-/// Where the sidecar is in its life.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-#[repr(u8)]
-pub enum Phase {
-    Starting = 0,
-    Loading = 1,
-    WarmingUp = 2,
-    Ready = 3,
-    Draining = 4,
-    Stopping = 5,
-}
-
-impl Phase {
-    fn from_u8(v: u8) -> Self {
-        match v {
-            0 => Phase::Starting,
-            1 => Phase::Loading,
-            2 => Phase::WarmingUp,
-            3 => Phase::Ready,
-            4 => Phase::Draining,
-            _ => Phase::Stopping,
-        }
-    }
-
-    pub fn name(self) -> &'static str {
-        match self {
-            Phase::Starting => "starting",
-            Phase::Loading => "loading",
-            Phase::WarmingUp => "warming-up",
-            Phase::Ready => "ready",
-            Phase::Draining => "draining",
-            Phase::Stopping => "stopping",
-        }
-    }
-}
-
-/// The settings an operator changes while the sidecar runs.
-#[derive(Debug)]
-pub struct Knobs {
-    /// Hop 1 in the high half, hop 2 in the low half.
-    fanouts: AtomicU64,
-    deadline_ns: AtomicU64,
-    max_fanouts: [u32; MAX_HOPS],
-}
-
-impl Knobs {
-    fn new(config: &ServeConfig) -> Self {
-        let knobs = Self {
-            fanouts: AtomicU64::new(0),
-            deadline_ns: AtomicU64::new(config.deadline().as_nanos() as u64),
-            max_fanouts: config.max_fanouts.0,
-        };
-        knobs.store_fanouts(config.fanouts.0);
-        knobs
-    }
-
-    fn store_fanouts(&self, [f1, f2]: [u32; MAX_HOPS]) {
-        self.fanouts
-            .store((u64::from(f1) << 32) | u64::from(f2), Ordering::Release);
-    }
-
-    /// Fanouts of requests that leave them to the sidecar.
-    pub fn fanouts(&self) -> [u32; MAX_HOPS] {
-        let v = self.fanouts.load(Ordering::Acquire);
-        [(v >> 32) as u32, v as u32]
-    }
-
-    pub fn max_fanouts(&self) -> [u32; MAX_HOPS] {
-        self.max_fanouts
-    }
-
-    /// Sets the fanouts; each must be within 1..=its max.
-    pub fn set_fanouts(&self, fanouts: [u32; MAX_HOPS]) -> anyhow::Result<()> {
-        for (hop, (&fanout, &cap)) in fanouts.iter().zip(&self.max_fanouts).enumerate() {
-            ensure!(
-                (1..=cap).contains(&fanout),
-                "fanout {fanout} of hop {} is outside 1..={cap} (max_fanouts): choose a smaller \
-                 one, or restart the sidecar with a larger max_fanouts",
-                hop + 1,
-            );
-        }
-        self.store_fanouts(fanouts);
-        Ok(())
-    }
-
-    /// Longest a batch waits for feature rows from L2/L3.
-    pub fn deadline(&self) -> Duration {
-        Duration::from_nanos(self.deadline_ns.load(Ordering::Acquire))
-    }
-
-    pub fn set_deadline_ms(&self, ms: f64) -> anyhow::Result<()> {
-        use crate::config::{MAX_DEADLINE_MS, MIN_DEADLINE_MS};
-        ensure!(
-            (MIN_DEADLINE_MS..=MAX_DEADLINE_MS).contains(&ms),
-            "deadline {ms} ms is outside {MIN_DEADLINE_MS}..={MAX_DEADLINE_MS} ms (the \
-             configuration's deadline_ms range)"
-        );
-        self.deadline_ns
-            .store((ms * 1e6).round() as u64, Ordering::Release);
-        Ok(())
-    }
-}
-
-/// What the sidecar serves from, once loaded.
-#[derive(Debug)]
-pub struct Core {
-    pub graph: LiveGraph,
-    /// The graph index file (compaction rewrites it).
-    pub index_path: PathBuf,
-    pub tiers: FeatureTiers,
-    /// The embedded store (store of record, or L2 cache in front of Redis).
-    pub store: Option<Arc<RocksStore>>,
-    pub redis: Option<RedisTier>,
-    pub feature_dim: usize,
-    /// Times the L2 cache was found corrupt at start and rebuilt empty.
-    pub l2_rebuilds: u64,
-    pub invalidation: Arc<InvalidationStats>,
-    /// The update-stream follower's state, when one runs.
-    pub updates: Option<Arc<FollowerStats>>,
-    /// Held for the sidecar's life: no other process uses the data directory.
-    pub data_dir_lock: crate::data_dir::DataDirLock,
-}
-
-/// How a drain ended.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct DrainOutcome {
-    pub answered: u64,
-    pub pending: u64,
-    pub seconds: f64,
-    pub complete: bool,
-}
-
-#[derive(Debug, Default)]
-struct DrainState {
-    /// A drain was asked for with a delay: not ready, still serving.
-    announced: AtomicBool,
-    requested: AtomicBool,
-    outcome: Mutex<Option<DrainOutcome>>,
-    done: Condvar,
-}
-
-/// The state the serving loop, the admin socket and the metrics endpoint
-/// share.
-#[derive(Debug)]
-pub struct Daemon {
-    pub config: ServeConfig,
-    pub started: Instant,
-    phase: AtomicU8,
-    pub knobs: Knobs,
-    pub metrics: Metrics,
-    pub log: Option<Arc<LogHandle>>,
-    stop: AtomicBool,
-    drain: DrainState,
-    core: OnceLock<Core>,
-    ring: arc_swap::ArcSwapOption<RingMonitor>,
-    /// Milliseconds since `started` at the serving loop's last turn.
-    last_turn_ms: AtomicU64,
-}
-
-/// How long the serving loop may go without a turn before the sidecar is
-/// reported not live (on top of the feature deadline a batch may wait).
-pub const LOOP_STALL: Duration = Duration::from_secs(10);
-
-impl Daemon {
-    fn new(config: ServeConfig, log: Option<Arc<LogHandle>>) -> Arc<Self> {
-        Arc::new_cyclic(|weak| Self {
-            knobs: Knobs::new(&config),
-            metrics: Metrics::new(weak.clone()),
-            config,
-            started: Instant::now(),
-            phase: AtomicU8::new(Phase::Starting as u8),
-            log,
-            stop: AtomicBool::new(false),
-            drain: DrainState::default(),
-            core: OnceLock::new(),
-            ring: arc_swap::ArcSwapOption::empty(),
-            last_turn_ms: AtomicU64::new(0),
-        })
-    }
-
-    pub fn phase(&self) -> Phase {
-        Phase::from_u8(self.phase.load(Ordering::Acquire))
-    }
-
-    fn set_phase(&self, phase: Phase) {
-        self.phase.store(phase as u8, Ordering::Release);
-        tracing::info!(phase = phase.name(), "sidecar phase");
-    }
-
-    /// The graph and the tiers, once loaded.
-    pub fn core(&self) -> Option<&Core> {
-        self.core.get()
-    }
-
-    /// The loaded core, or the error an admin command reports before then.
-    pub fn loaded(&self) -> anyhow::Result<&Core> {
-        self.core.get().ok_or_else(|| {
-            anyhow::anyhow!(
-                "the sidecar is still {} (not ready yet): retry when `sidecarctl ready` succeeds",
-                self.phase().name()
-            )
-        })
-    }
-
-    /// The ring, once created.
-    pub fn ring(&self) -> Option<Arc<RingMonitor>> {
-        self.ring.load_full()
-    }
-
-    pub fn is_ready(&self) -> bool {
-        self.readiness().is_ok()
-    }
-
-    /// Ready: the ring exists, the warm-up is done, and it is not draining.
-    pub fn readiness(&self) -> Result<(), String> {
-        match self.phase() {
-            Phase::Ready if self.drain.announced.load(Ordering::Acquire) => {
-                Err("not ready: about to drain".into())
-            }
-            Phase::Ready => match self.core().and_then(|c| c.updates.as_ref()?.stale()) {
-                Some(why) => Err(format!("not ready: {why}")),
-                None => Ok(()),
-            },
-            Phase::Draining => Err("not ready: draining (takes no new requests)".into()),
-            Phase::Stopping => Err("not ready: stopping".into()),
-            phase => Err(format!("not ready: {}", phase.name())),
-        }
-    }
-
-    /// Live: the process answers and, once serving, the serving loop turns.
-    pub fn liveness(&self) -> Result<(), String> {
-        if !matches!(self.phase(), Phase::Ready | Phase::Draining) {
-            return Ok(());
-        }
-        let now_ms = self.started.elapsed().as_millis() as u64;
-        let last = self.last_turn_ms.load(Ordering::Acquire);
-        let stalled = Duration::from_millis(now_ms.saturating_sub(last));
-        if stalled > LOOP_STALL + self.knobs.deadline() {
-            return Err(format!(
-                "not live: the serving loop has not turned for {:.1} s",
-                stalled.as_secs_f64()
-            ));
-        }
-        Ok(())
-    }
-
-    /// Asks the sidecar to drain and stop.
-    pub fn request_stop(&self) {
-        self.stop.store(true, Ordering::Release);
-    }
-
-    /// Asks for a drain and waits for it to end (at most `wait` after the
-    /// drain began). With a non-zero `after`, first reports not ready and
-    /// keeps serving for that long.
-    pub fn drain_and_wait(&self, after: Duration, wait: Duration) -> anyhow::Result<DrainOutcome> {
-        ensure!(
-            self.ring.load().is_some(),
-            "the sidecar is still {}: there is no ring to drain yet",
-            self.phase().name()
-        );
-        if !after.is_zero() && !self.drain.requested.load(Ordering::Acquire) {
-            self.drain.announced.store(true, Ordering::Release);
-            tracing::info!(
-                seconds = after.as_secs_f64(),
-                "not ready; draining after a delay"
-            );
-            std::thread::sleep(after);
-        }
-        self.drain.requested.store(true, Ordering::Release);
-        let outcome = self.drain.outcome.lock().unwrap_or_else(|p| p.into_inner());
-        let (outcome, _) = self
-            .drain
-            .done
-            .wait_timeout_while(outcome, wait, |o| o.is_none())
-            .unwrap_or_else(|p| p.into_inner());
-        (*outcome)
-            .ok_or_else(|| anyhow::anyhow!("the drain did not end within {} s", wait.as_secs()))
-    }
-
-    fn finish_drain(&self, outcome: DrainOutcome) {
-        *self.drain.outcome.lock().unwrap_or_else(|p| p.into_inner()) = Some(outcome);
-        self.drain.done.notify_all();
-    }
-}
 
 /// Imports `dataset` (graph and features, into the embedded store) into
 /// `data_dir` unless it already holds an imported feature store.
@@ -631,7 +345,7 @@ pub fn run(
     let daemon = Daemon::new(config, log);
     let config = &daemon.config;
     let stopping = || {
-        daemon.stop.load(Ordering::Acquire)
+        daemon.stop_requested()
             || stop_signal
                 .as_ref()
                 .is_some_and(|s| s.load(Ordering::Acquire))
@@ -639,7 +353,11 @@ pub fn run(
 
     // The operator's surface first: probes answer "not ready" meanwhile.
     let _metrics = match config.metrics_addr {
-        Some(addr) => Some(metrics::serve(addr, daemon.clone(), runtime.handle())?),
+        Some(addr) => Some(crate::daemon::metrics::serve(
+            addr,
+            daemon.clone(),
+            runtime.handle(),
+        )?),
         None => None,
     };
     let admin = match &config.admin_socket {
@@ -666,7 +384,7 @@ pub fn run(
         "L1 hot set warmed"
     );
     let dim = core.feature_dim;
-    let _ = daemon.core.set(core);
+    daemon.install_core(core);
     if stopping() {
         tracing::info!("stopped before the ring was created");
         return Ok(());
@@ -686,7 +404,7 @@ pub fn run(
     let create_ring = || -> anyhow::Result<RingServer> {
         let server = RingServer::create(options.clone())
             .with_context(|| format!("creating the shared-memory ring {}", config.shm_name))?;
-        daemon.ring.store(Some(Arc::new(server.monitor())));
+        daemon.install_ring(server.monitor());
         Ok(server)
     };
     let mut server = create_ring()?;
@@ -709,10 +427,7 @@ pub fn run(
                       tickets: &mut Vec<protocol::ServeTicket>,
                       wait: Duration|
      -> usize {
-        daemon.last_turn_ms.store(
-            daemon.started.elapsed().as_millis() as u64,
-            Ordering::Release,
-        );
+        daemon.loop_turned();
         tickets.clear();
         let n = server.next_batch(tickets, wait);
         if n == 0 {
@@ -806,7 +521,7 @@ pub fn run(
                     stopped = false;
                     break;
                 }
-                if !*drained && daemon.drain.requested.load(Ordering::Acquire) {
+                if !*drained && daemon.drain_requested() {
                     drain(server);
                     *drained = true;
                 }

@@ -31,7 +31,7 @@ use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::metrics::MetricType;
 use prometheus_client::registry::Registry;
 
-use crate::serve::Daemon;
+use crate::daemon::Daemon;
 
 /// Bounds for rows per request (the neighbourhood fetched).
 pub const ROWS_BUCKETS: [f64; 12] = [
