@@ -281,6 +281,17 @@ impl Precomputed {
     ) {
         let mut tick = tokio::time::interval(period);
         let mut connection: Option<redis::aio::MultiplexedConnection> = None;
+        // Named in the log without its password; an outage is warned about
+        // once, and its end said.
+        let shown = daemon_kit::redact::redact_url(&redis_url);
+        let mut failing = false;
+        let failed = |failing: &mut bool, what: &str, e: &dyn std::fmt::Display| {
+            if std::mem::replace(failing, true) {
+                tracing::debug!(redis = %shown, error = %e, "{what}");
+            } else {
+                tracing::warn!(redis = %shown, error = %e, "{what}; serving inductively meanwhile");
+            }
+        };
         loop {
             tick.tick().await;
             let clock = self.sidecar_clock();
@@ -292,12 +303,16 @@ impl Precomputed {
                     Ok(client) => match client.get_multiplexed_async_connection().await {
                         Ok(c) => connection = Some(c),
                         Err(e) => {
-                            tracing::warn!(error = %e, "cannot reach the precomputed answers' Redis; serving inductively");
+                            failed(
+                                &mut failing,
+                                "cannot reach the precomputed answers' Redis",
+                                &e,
+                            );
                             continue;
                         }
                     },
                     Err(e) => {
-                        tracing::warn!(error = %e, "bad precomputed_redis URL");
+                        tracing::warn!(redis = %shown, error = %e, "bad precomputed_redis URL");
                         return;
                     }
                 }
@@ -312,11 +327,18 @@ impl Precomputed {
             let pointer = match pointer {
                 Ok(p) => p,
                 Err(e) => {
-                    tracing::warn!(error = %e, "reading the precomputed set's description failed");
+                    failed(
+                        &mut failing,
+                        "reading the precomputed set's description failed",
+                        &e,
+                    );
                     connection = None;
                     continue;
                 }
             };
+            if std::mem::replace(&mut failing, false) {
+                tracing::info!(redis = %shown, "the precomputed answers' Redis answers again");
+            }
             let current = self.current();
             let current_meta = current.as_ref().map(|s| &s.meta);
             let wanted: Option<SetMeta> = pointer.and_then(|p| serde_json::from_str(&p).ok());

@@ -213,3 +213,141 @@ fn the_segment_and_the_socket_are_owner_only_and_strangers_are_refused() {
     assert!(sidecarctl(&sidecar.socket, &["status"]).status.success());
     assert!(sidecar.daemon.stop(), "clean shutdown");
 }
+
+/// A worker with its precomputed answers' Redis behind `url`, logging at
+/// debug level into `log`; returns it and its HTTP address.
+fn worker(sidecar: &Sidecar, url: &str, log: &std::path::Path) -> (Daemon, String) {
+    let http = format!("127.0.0.1:{}", free_port());
+    let grpc = format!("127.0.0.1:{}", free_port());
+    let child = Command::new(workspace_bin("gnn-worker"))
+        .arg("serve")
+        .arg("--model")
+        .arg(tests::stack::trained_model("cora"))
+        .args([
+            "--shm-name",
+            &sidecar.shm_name,
+            "--http",
+            &http,
+            "--grpc",
+            &grpc,
+        ])
+        .args(["--precomputed-redis", url, "--precomputed-check-s", "0.1"])
+        .args(["--log-level", "debug"])
+        .arg("--onnxruntime-lib")
+        .arg(tests::stack::onnxruntime_lib())
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(log).unwrap())
+        .spawn()
+        .expect("starting gnn-worker serve");
+    (
+        Daemon {
+            child,
+            name: "gnn-worker",
+        },
+        http,
+    )
+}
+
+/// The worker's logs and both daemons' errors keep Redis passwords out
+/// too: a worker reading precomputed answers from a password-protected
+/// Redis, one given a wrong password, and start-up and configuration
+/// errors of both daemons with a password in the URL.
+#[test]
+fn no_secret_reaches_the_workers_logs_or_either_daemons_errors() {
+    const WRONG: &str = "wrong-Hunter3-do-not-log";
+    let redis = RedisServer::start_with_password(PASSWORD);
+    let sidecar = start(&redis);
+    let dir = tempfile::tempdir().unwrap();
+    let mut seen = String::new();
+    // A worker with the right password: ready, answers, stops.
+    let log = dir.path().join("worker.log");
+    let (daemon, http) = worker(&sidecar, &redis.url(), &log);
+    assert!(
+        eventually(Duration::from_secs(60), || {
+            http_request(&http, "GET", "/readyz", None).is_ok_and(|(code, _)| code == 200)
+        }),
+        "the worker became ready: {}",
+        std::fs::read_to_string(&log).unwrap_or_default()
+    );
+    let body = r#"{"node_ids": [1, 2, 3]}"#;
+    let (code, _) = http_request(&http, "POST", "/v1/predict", Some(body)).unwrap();
+    assert_eq!(code, 200);
+    assert!(daemon.stop(), "the worker stopped cleanly");
+    seen.push_str(&std::fs::read_to_string(&log).unwrap());
+    // A worker with a wrong password: its Redis errors are logged.
+    let wrong_url = format!("redis://:{WRONG}@127.0.0.1:{}", redis.port);
+    let log = dir.path().join("worker-wrong.log");
+    let (daemon, http) = worker(&sidecar, &wrong_url, &log);
+    // A call: the worker learns the sidecar's change clock, then looks for
+    // the set stored for it.
+    assert!(
+        eventually(Duration::from_secs(60), || {
+            http_request(&http, "POST", "/v1/predict", Some(body))
+                .is_ok_and(|(code, _)| code == 200)
+        }),
+        "the worker answers without its precomputed answers"
+    );
+    assert!(
+        eventually(Duration::from_secs(60), || {
+            std::fs::read_to_string(&log).is_ok_and(|text| text.contains("redis://:***@"))
+        }),
+        "the worker named the Redis it cannot use: {}",
+        std::fs::read_to_string(&log).unwrap_or_default()
+    );
+    drop(daemon);
+    seen.push_str(&std::fs::read_to_string(&log).unwrap());
+    // Start-up errors: the sidecar with a wrong password; an import into
+    // a Redis that refuses it.
+    for args in [
+        vec!["serve", "--data-dir", "/nonexistent", "--redis", &wrong_url],
+        vec![
+            "import",
+            "/nonexistent",
+            "--data-dir",
+            "/tmp/x",
+            "--redis",
+            &wrong_url,
+        ],
+    ] {
+        let out = Command::new(workspace_bin("sidecar"))
+            .args(&args)
+            .output()
+            .unwrap();
+        assert!(!out.status.success(), "sidecar {args:?} succeeded");
+        seen.push_str(&String::from_utf8_lossy(&out.stderr));
+    }
+    // Configuration errors naming a URL with a password.
+    let not_redis = format!("http://:{WRONG}@127.0.0.1:1");
+    for (bin, args) in [
+        (
+            "sidecar",
+            vec!["serve", "--data-dir", "/d", "--redis", &not_redis],
+        ),
+        (
+            "gnn-worker",
+            vec!["serve", "--model", "/m", "--precomputed-redis", &not_redis],
+        ),
+    ] {
+        let out = Command::new(workspace_bin(bin))
+            .args(&args)
+            .output()
+            .unwrap();
+        assert!(!out.status.success(), "{bin} {args:?} succeeded");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains(":***@"), "{bin} names the URL redacted: {err}");
+        seen.push_str(&err);
+    }
+    let Sidecar { daemon, log, .. } = sidecar;
+    assert!(daemon.stop(), "clean shutdown");
+    seen.push_str(&std::fs::read_to_string(&log).unwrap());
+    assert!(seen.len() > 1000, "the outputs were captured");
+    for secret in [PASSWORD, WRONG] {
+        assert!(
+            !seen.contains(secret),
+            "a Redis password leaked: {}",
+            seen.lines()
+                .find(|line| line.contains(secret))
+                .unwrap_or_default()
+        );
+    }
+}
