@@ -273,3 +273,18 @@ impl RedisTier {
         Ok(())
     }
 }
+
+impl crate::features::store::RemoteStore for RedisTier {
+    fn shown(&self) -> &str {
+        RedisTier::shown(self)
+    }
+
+    fn get_many<'a>(
+        &'a self,
+        ids: &'a [u64],
+    ) -> std::pin::Pin<
+        Box<dyn std::future::Future<Output = crate::features::store::RemoteRows> + Send + 'a>,
+    > {
+        Box::pin(async move { Ok(RedisTier::get_many(self, ids).await?) })
+    }
+}

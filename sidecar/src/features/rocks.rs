@@ -24,7 +24,7 @@
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::{SystemTime, UNIX_EPOCH};
 
 use anyhow::Context;
 use rocksdb::{
@@ -34,12 +34,7 @@ use rocksdb::{
 use crate::features::contract::{rocks_key, rocks_value, split_rocks_value};
 use crate::graph::StreamPosition;
 
-/// What an L2 store is for.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Role {
-    StoreOfRecord,
-    Cache { max_bytes: u64, ttl: Duration },
-}
+pub use crate::features::store::Role;
 
 /// What opening found.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -468,4 +463,34 @@ fn is_damage(e: &rocksdb::Error) -> bool {
         e.kind(),
         ErrorKind::Corruption | ErrorKind::IOError | ErrorKind::InvalidArgument
     )
+}
+
+impl crate::features::store::LocalStore for RocksStore {
+    fn role(&self) -> Role {
+        RocksStore::role(self)
+    }
+
+    fn path(&self) -> &Path {
+        RocksStore::path(self)
+    }
+
+    fn get_many(&self, ids: &[u64], row_bytes: usize) -> Vec<Option<Vec<u8>>> {
+        RocksStore::get_many(self, ids, row_bytes)
+    }
+
+    fn put_rows(&self, rows: &[(u64, Vec<u8>)]) -> anyhow::Result<()> {
+        self.put_many(rows.iter().map(|(id, bytes)| (*id, bytes.as_slice())))
+    }
+
+    fn delete_many(&self, ids: &[u64]) -> anyhow::Result<()> {
+        RocksStore::delete_many(self, ids)
+    }
+
+    fn clear(&self) -> anyhow::Result<()> {
+        RocksStore::clear(self)
+    }
+
+    fn disk_full(&self) -> bool {
+        RocksStore::disk_full(self)
+    }
 }

@@ -30,7 +30,8 @@ use tokio::sync::watch;
 use crate::features::contract::{decode_row, encode_row};
 use crate::features::l1::{L1Cache, Pinned};
 use crate::features::redis_tier::RedisTier;
-use crate::features::rocks::{RocksStore, Role};
+use crate::features::rocks::RocksStore;
+use crate::features::store::{LocalStore, RemoteStore, Role};
 
 /// The row served when no tier has one.
 #[derive(Debug, Clone)]
@@ -140,8 +141,8 @@ struct Inner {
     dim: usize,
     l1: L1Cache,
     pinned: ArcSwap<Pinned>,
-    l2: Option<Arc<RocksStore>>,
-    l3: Option<RedisTier>,
+    l2: Option<Arc<dyn LocalStore>>,
+    l3: Option<Arc<dyn RemoteStore>>,
     default_row: Arc<[f32]>,
     default_deadline: Duration,
     fetch_timeout: Duration,
@@ -200,7 +201,21 @@ impl RowSource {
 }
 
 impl FeatureTiers {
+    /// The tiers over the product's stores: RocksDB (L2) and Redis (L3).
     pub fn new(config: &TierConfig, l2: Option<Arc<RocksStore>>, l3: Option<RedisTier>) -> Self {
+        Self::with_stores(
+            config,
+            l2.map(|s| s as Arc<dyn LocalStore>),
+            l3.map(|s| Arc::new(s) as Arc<dyn RemoteStore>),
+        )
+    }
+
+    /// The tiers over any stores ([`crate::features::store`]).
+    pub fn with_stores(
+        config: &TierConfig,
+        l2: Option<Arc<dyn LocalStore>>,
+        l3: Option<Arc<dyn RemoteStore>>,
+    ) -> Self {
         let dim = config.feature_dim;
         let default_row: Arc<[f32]> = match &config.default_row {
             DefaultRow::Zeros => vec![0.0; dim].into(),
@@ -761,8 +776,7 @@ impl FlightGuard {
                 if inner.invalidations.load(Ordering::Acquire) != epoch {
                     return Ok(false);
                 }
-                l2.put_many(l2_rows.iter().map(|(id, bytes)| (*id, bytes.as_slice())))
-                    .map(|()| true)
+                l2.put_rows(&l2_rows).map(|()| true)
             })
             .await;
             match written {
@@ -797,5 +811,234 @@ impl Drop for FlightGuard {
             }
         }
         flights.open.remove(&self.flight_no);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    //! The fetch path over fake stores ([`crate::features::store`]): no
+    //! RocksDB, no Redis. The real stores are tested in
+    //! `sidecar/tests/feature_tiers.rs`.
+    use super::*;
+    use crate::features::contract::encode_row;
+    use std::collections::HashMap;
+    use std::path::Path;
+
+    const DIM: usize = 4;
+
+    fn row(id: u64) -> Vec<f32> {
+        (0..DIM).map(|j| id as f32 + j as f32 / 10.0).collect()
+    }
+
+    #[derive(Debug)]
+    struct FakeLocal {
+        role: Role,
+        rows: Mutex<HashMap<u64, Vec<u8>>>,
+    }
+
+    impl FakeLocal {
+        fn new(role: Role, ids: &[u64]) -> Arc<Self> {
+            let rows = ids.iter().map(|&id| (id, encode_row(&row(id)))).collect();
+            Arc::new(Self {
+                role,
+                rows: Mutex::new(rows),
+            })
+        }
+
+        fn has(&self, id: u64) -> bool {
+            self.rows.lock().unwrap().contains_key(&id)
+        }
+    }
+
+    impl LocalStore for FakeLocal {
+        fn role(&self) -> Role {
+            self.role
+        }
+        fn path(&self) -> &Path {
+            Path::new("fake")
+        }
+        fn get_many(&self, ids: &[u64], row_bytes: usize) -> Vec<Option<Vec<u8>>> {
+            let rows = self.rows.lock().unwrap();
+            ids.iter()
+                .map(|id| rows.get(id).filter(|r| r.len() == row_bytes).cloned())
+                .collect()
+        }
+        fn put_rows(&self, rows: &[(u64, Vec<u8>)]) -> anyhow::Result<()> {
+            self.rows.lock().unwrap().extend(rows.iter().cloned());
+            Ok(())
+        }
+        fn delete_many(&self, ids: &[u64]) -> anyhow::Result<()> {
+            let mut rows = self.rows.lock().unwrap();
+            for id in ids {
+                rows.remove(id);
+            }
+            Ok(())
+        }
+        fn clear(&self) -> anyhow::Result<()> {
+            self.rows.lock().unwrap().clear();
+            Ok(())
+        }
+        fn disk_full(&self) -> bool {
+            false
+        }
+    }
+
+    #[derive(Debug, Default)]
+    struct FakeRemote {
+        rows: HashMap<u64, Vec<u8>>,
+        round_trips: AtomicU64,
+        fail: bool,
+        delay: Duration,
+    }
+
+    impl FakeRemote {
+        fn new(ids: &[u64]) -> Self {
+            Self {
+                rows: ids.iter().map(|&id| (id, encode_row(&row(id)))).collect(),
+                ..Self::default()
+            }
+        }
+    }
+
+    impl RemoteStore for FakeRemote {
+        fn shown(&self) -> &str {
+            "fake://remote"
+        }
+        fn get_many<'a>(
+            &'a self,
+            ids: &'a [u64],
+        ) -> std::pin::Pin<
+            Box<dyn std::future::Future<Output = crate::features::store::RemoteRows> + Send + 'a>,
+        > {
+            Box::pin(async move {
+                self.round_trips.fetch_add(1, Ordering::Relaxed);
+                tokio::time::sleep(self.delay).await;
+                anyhow::ensure!(!self.fail, "the fake remote is down");
+                Ok(ids.iter().map(|id| self.rows.get(id).cloned()).collect())
+            })
+        }
+    }
+
+    /// Tiers without an L1 cache, so that every fetch reaches the stores.
+    fn tiers(l2: Option<Arc<FakeLocal>>, l3: Option<Arc<FakeRemote>>) -> FeatureTiers {
+        let config = TierConfig {
+            l1_bytes: 0,
+            ..TierConfig::new(DIM)
+        };
+        FeatureTiers::with_stores(
+            &config,
+            l2.map(|s| s as Arc<dyn LocalStore>),
+            l3.map(|s| s as Arc<dyn RemoteStore>),
+        )
+    }
+
+    async fn fetch(
+        tiers: &FeatureTiers,
+        ids: &[u64],
+        within: Duration,
+    ) -> (Vec<f32>, Vec<RowSource>) {
+        let mut features = vec![f32::NAN; ids.len() * DIM];
+        let mut sources = vec![RowSource::default(); ids.len()];
+        let deadline = Some(Instant::now() + within);
+        tiers
+            .fetch_into(ids, deadline, &mut features, &mut sources)
+            .await;
+        (features, sources)
+    }
+
+    const CACHE: Role = Role::Cache {
+        max_bytes: 1 << 20,
+        ttl: Duration::from_secs(60),
+    };
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn rows_from_the_remote_are_written_back_to_a_local_cache_and_served_from_it() {
+        let local = FakeLocal::new(CACHE, &[]);
+        let remote = Arc::new(FakeRemote::new(&[1, 2]));
+        let tiers = tiers(Some(local.clone()), Some(remote.clone()));
+        let (features, sources) = fetch(&tiers, &[1, 2], Duration::from_secs(5)).await;
+        assert!(sources.iter().all(|s| s.tier == tier::L3 && !s.fallback));
+        assert_eq!(&features[DIM..], &row(2)[..]);
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !(local.has(1) && local.has(2)) {
+            assert!(Instant::now() < deadline, "the rows were written back");
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        let (features, sources) = fetch(&tiers, &[2, 1], Duration::from_secs(5)).await;
+        assert!(sources.iter().all(|s| s.tier == tier::L2), "{sources:?}");
+        assert_eq!(&features[..DIM], &row(2)[..]);
+        assert_eq!(remote.round_trips.load(Ordering::Relaxed), 1);
+        assert_eq!(tiers.stats().l2_writes.load(Ordering::Relaxed), 2);
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_store_of_record_serves_what_it_has_and_missing_rows_are_flagged() {
+        let local = FakeLocal::new(Role::StoreOfRecord, &[1]);
+        let tiers = tiers(Some(local.clone()), None);
+        let (features, sources) = fetch(&tiers, &[1, 9], Duration::from_secs(5)).await;
+        assert_eq!(
+            sources[0],
+            RowSource {
+                tier: tier::L2,
+                fallback: false,
+                late: false
+            }
+        );
+        assert_eq!(sources[1], RowSource::DEFAULT);
+        assert_eq!(&features[..DIM], &row(1)[..]);
+        assert!(features[DIM..].iter().all(|&v| v == 0.0), "the zeros row");
+        assert_eq!(tiers.stats().fallback_missing.load(Ordering::Relaxed), 1);
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        assert!(!local.has(9), "nothing is written to a store of record");
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_failing_remote_costs_flagged_default_rows_never_an_error() {
+        let remote = Arc::new(FakeRemote {
+            fail: true,
+            ..FakeRemote::new(&[1, 2, 3])
+        });
+        let tiers = tiers(None, Some(remote));
+        let (_, sources) = fetch(&tiers, &[1, 2, 3], Duration::from_secs(5)).await;
+        assert!(
+            sources.iter().all(|s| *s == RowSource::DEFAULT),
+            "{sources:?}"
+        );
+        assert_eq!(
+            tiers.stats().fallback_unavailable.load(Ordering::Relaxed),
+            3
+        );
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_remote_slower_than_the_deadline_costs_late_rows() {
+        let remote = Arc::new(FakeRemote {
+            delay: Duration::from_millis(300),
+            ..FakeRemote::new(&[1, 2])
+        });
+        let tiers = tiers(None, Some(remote));
+        let (_, sources) = fetch(&tiers, &[1, 2], Duration::from_millis(10)).await;
+        let late = RowSource {
+            late: true,
+            ..RowSource::DEFAULT
+        };
+        assert!(sources.iter().all(|s| *s == late), "{sources:?}");
+        assert_eq!(tiers.stats().fallback_deadline.load(Ordering::Relaxed), 2);
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn an_invalidation_deletes_a_local_caches_rows() {
+        let local = FakeLocal::new(CACHE, &[1, 2]);
+        let tiers = tiers(Some(local.clone()), Some(Arc::new(FakeRemote::new(&[]))));
+        tiers.invalidate(&[1]).await;
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while local.has(1) {
+            assert!(
+                Instant::now() < deadline,
+                "row 1 was deleted from the cache"
+            );
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        assert!(local.has(2), "only the invalidated row goes");
     }
 }
