@@ -12,7 +12,9 @@
 //!   check);
 //! - [`row`]: a feature row given on a command line;
 //! - [`redact`]: a Redis URL's password kept out of logs, errors and
-//!   `--print-config`.
+//!   `--print-config`;
+//! - [`startup`]: both daemons' `serve` start-up: configuration,
+//!   `--print-config`, logging, signals.
 //!
 //! **Architecture invariant:** no ring, no I/O runtime, no RocksDB, Redis
 //! or ONNX Runtime: both daemons link it, and neither learns anything of the
@@ -25,3 +27,4 @@ pub mod logging;
 pub mod metrics;
 pub mod redact;
 pub mod row;
+pub mod startup;

@@ -438,6 +438,20 @@ pub struct WorkerFlags {
     pub log_level: Option<String>,
 }
 
+impl daemon_kit::startup::Settings for WorkerConfig {
+    fn redacted(&self) -> Self {
+        WorkerConfig::redacted(self)
+    }
+
+    fn log_format(&self) -> daemon_kit::logging::LogFormat {
+        self.log_format
+    }
+
+    fn log_level(&self) -> &str {
+        &self.log_level
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -125,19 +125,15 @@ fn main() -> ExitCode {
     if !matches!(cli.command, Command::Serve(_)) {
         daemon_kit::logging::init_for_command();
     }
-    let runtime = match tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-    {
-        Ok(runtime) => runtime,
-        Err(e) => {
-            eprintln!("gnn-worker: starting the runtime: {e}");
-            return ExitCode::FAILURE;
-        }
+    let new_runtime = || {
+        tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
     };
     let result = match cli.command {
-        Command::Serve(args) => runtime.block_on(serve(*args)),
+        // The start-up blocks the signals before any thread starts.
+        Command::Serve(args) => start_and_serve(*args, new_runtime),
         Command::Precompute {
             model,
             shm_name,
@@ -175,8 +171,15 @@ fn main() -> ExitCode {
             ids,
             json,
             new_node,
-        } => runtime.block_on(predict(addr, ids, json, new_node)),
+        } => new_runtime()
+            .context("starting the runtime")
+            .and_then(|runtime| runtime.block_on(predict(addr, ids, json, new_node))),
     };
+    exit(result)
+}
+
+/// The exit status of a command, its error (if any) on stderr.
+fn exit(result: anyhow::Result<()>) -> ExitCode {
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
@@ -189,31 +192,6 @@ fn main() -> ExitCode {
 /// Loads the layered configuration of `gnn-worker serve`.
 fn load_config(args: &ServeArgs) -> Result<Layered<WorkerConfig>, ConfigError> {
     Layered::load_for_command(SPEC, args.config.as_deref(), &args.flags)
-}
-
-/// Resolves when SIGTERM or SIGINT arrives; SIGHUP re-reads `log_level`.
-async fn signals(
-    args: Arc<ServeArgs>,
-    log: Arc<daemon_kit::logging::LogHandle>,
-) -> anyhow::Result<()> {
-    use tokio::signal::unix::{signal, SignalKind};
-    let mut term = signal(SignalKind::terminate()).context("installing the SIGTERM handler")?;
-    let mut hup = signal(SignalKind::hangup()).context("installing the SIGHUP handler")?;
-    loop {
-        tokio::select! {
-            _ = tokio::signal::ctrl_c() => break,
-            _ = term.recv() => break,
-            _ = hup.recv() => match load_config(&args) {
-                Ok(fresh) => match log.set_level(&fresh.value.log_level) {
-                    Ok(()) => tracing::info!(level = %fresh.value.log_level, "log level reloaded (SIGHUP)"),
-                    Err(e) => tracing::warn!(error = %e, "SIGHUP: log level not changed"),
-                },
-                Err(e) => tracing::warn!(error = %e, "SIGHUP: configuration not reloaded"),
-            },
-        }
-    }
-    tracing::info!("stopping");
-    Ok(())
 }
 
 /// Attaches to the sidecar's segment, retrying until `attach_timeout_s`
@@ -422,17 +400,33 @@ fn worker_fanouts(
     }
 }
 
-async fn serve(args: ServeArgs) -> anyhow::Result<()> {
-    let layered = load_config(&args).map_err(anyhow::Error::msg)?;
-    if args.print_config {
-        print!("{}", layered.to_toml(&layered.value.redacted()));
+/// `gnn-worker serve`'s start-up (daemon_kit::startup), on the main thread
+/// before the runtime starts; then the worker on the runtime until the
+/// first SIGTERM or SIGINT.
+fn start_and_serve(
+    args: ServeArgs,
+    runtime: impl FnOnce() -> std::io::Result<tokio::runtime::Runtime>,
+) -> anyhow::Result<()> {
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let print_config = args.print_config;
+    let Some(started) = daemon_kit::startup::start(
+        move || load_config(&args),
+        print_config,
+        move || {
+            let _ = stop_tx.send(true);
+        },
+    )?
+    else {
         return Ok(());
-    }
-    let config = layered.value.clone();
-    let log = Arc::new(
-        daemon_kit::logging::init(config.log_format, &config.log_level)
-            .map_err(anyhow::Error::msg)?,
-    );
+    };
+    let runtime = runtime().context("starting the runtime")?;
+    runtime.block_on(serve(started.config, stop_rx))
+}
+
+async fn serve(
+    config: WorkerConfig,
+    mut signalled: tokio::sync::watch::Receiver<bool>,
+) -> anyhow::Result<()> {
     #[cfg(feature = "failpoints")]
     let _failpoints = fail::FailScenario::setup();
     #[cfg(not(feature = "failpoints"))]
@@ -494,7 +488,10 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     let grpc_task = tokio::spawn(grpc_server);
     let http_task = tokio::spawn(http_server);
 
-    let signalled = signals(Arc::new(args), log);
+    let signalled = async move {
+        let _ = signalled.wait_for(|s| *s).await;
+        anyhow::Ok(())
+    };
     tokio::pin!(signalled);
     let outcome = tokio::select! {
         s = &mut signalled => s,

@@ -631,6 +631,20 @@ fn is_false(b: &bool) -> bool {
     !*b
 }
 
+impl daemon_kit::startup::Settings for ServeConfig {
+    fn redacted(&self) -> Self {
+        ServeConfig::redacted(self)
+    }
+
+    fn log_format(&self) -> daemon_kit::logging::LogFormat {
+        self.log_format
+    }
+
+    fn log_level(&self) -> &str {
+        &self.log_level
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -135,34 +135,6 @@ struct ServeArgs {
     flags: ServeFlags,
 }
 
-/// Blocks SIGTERM, SIGINT and SIGHUP in every thread and handles them on
-/// one waiting thread: the first two set the stop flag (the serving loop
-/// polls it); SIGHUP re-reads `log_level` from the configuration's layers.
-fn stop_on_signals(reload_level: impl Fn() + Send + 'static) -> anyhow::Result<Arc<AtomicBool>> {
-    use nix::sys::signal::{SigSet, Signal};
-    let mut set = SigSet::empty();
-    set.add(Signal::SIGTERM);
-    set.add(Signal::SIGINT);
-    set.add(Signal::SIGHUP);
-    set.thread_block()?;
-    let flag = Arc::new(AtomicBool::new(false));
-    let for_thread = flag.clone();
-    std::thread::Builder::new()
-        .name("signals".into())
-        .spawn(move || loop {
-            match set.wait() {
-                Ok(Signal::SIGHUP) => reload_level(),
-                Ok(signal) => {
-                    tracing::info!(%signal, "stopping");
-                    for_thread.store(true, Ordering::Release);
-                    return;
-                }
-                Err(_) => return,
-            }
-        })?;
-    Ok(flag)
-}
-
 fn main() -> ExitCode {
     let cli: Cli = daemon_kit::cli::parse();
     if !matches!(cli.command, Command::Serve(_)) {
@@ -183,24 +155,18 @@ fn load_config(args: &ServeArgs) -> Result<Layered<ServeConfig>, ConfigError> {
 }
 
 fn serve(args: ServeArgs) -> anyhow::Result<()> {
-    let layered = load_config(&args).map_err(anyhow::Error::msg)?;
-    if args.print_config {
-        print!("{}", layered.to_toml(&layered.value.redacted()));
+    let stop = Arc::new(AtomicBool::new(false));
+    let on_stop = {
+        let stop = stop.clone();
+        move || stop.store(true, Ordering::Release)
+    };
+    let print_config = args.print_config;
+    let Some(started) =
+        daemon_kit::startup::start(move || load_config(&args), print_config, on_stop)?
+    else {
         return Ok(());
-    }
-    let config = layered.value.clone();
-    let log = daemon_kit::logging::init(config.log_format, &config.log_level)
-        .map_err(anyhow::Error::msg)?;
-    let log = Arc::new(log);
-    let for_hup = log.clone();
-    let stop = stop_on_signals(move || match load_config(&args) {
-        Ok(fresh) => match for_hup.set_level(&fresh.value.log_level) {
-            Ok(()) => tracing::info!(level = %fresh.value.log_level, "log level reloaded (SIGHUP)"),
-            Err(e) => tracing::warn!(error = %e, "SIGHUP: log level not changed"),
-        },
-        Err(e) => tracing::warn!(error = %e, "SIGHUP: configuration not reloaded"),
-    })?;
-    serve::run(config, Some(log), Some(stop))
+    };
+    serve::run(started.config, Some(started.log), Some(stop))
 }
 
 fn run(cli: Cli) -> anyhow::Result<()> {
