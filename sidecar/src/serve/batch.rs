@@ -95,135 +95,11 @@ impl BatchServer {
         m.batches.inc();
         m.requests.inc_by(tickets.len() as u64);
         m.batch_requests.observe(tickets.len() as f64);
-        let now = Instant::now();
-        // The feature deadline: the sidecar's knob, or a request's own
-        // earlier deadline.
-        let cap = ctx.knobs.deadline();
-        let knob_fanouts = ctx.knobs.fanouts();
-        let mut deadline = None::<Instant>;
-        // Group by fanouts (and whether neighbours are wanted at all): one
-        // sampling pass per distinct pair.
-        let mut groups: Vec<(SampleKey, Vec<Pending>)> = Vec::new();
-        // Requests carrying a new node: each samples a graph of its own.
-        let mut new_nodes: Vec<(Pending, Instant)> = Vec::new();
-        for ticket in tickets {
-            let mut request = match ticket.request() {
-                Ok(request) => request,
-                Err(e) => {
-                    m.invalid_requests.inc();
-                    let request_id = ticket.request_id();
-                    ticket.respond_error(status::INVALID_REQUEST, request_id, &e.to_string());
-                    continue;
-                }
-            };
-            if request.remaining() == Some(std::time::Duration::ZERO) {
-                // Its client has given up or is about to: answering with rows
-                // would be work nobody reads.
-                m.expired_requests.inc();
-                ticket.respond_error(
-                    status::DEADLINE_EXCEEDED,
-                    request.request_id,
-                    "the request's deadline had passed when the sidecar took it: give it \
-                     more time (the worker's ring_timeout_ms) or add capacity",
-                );
-                continue;
-            }
-            for ((fanout, defaulted), knob) in request
-                .fanouts
-                .iter_mut()
-                .zip(request.defaulted)
-                .zip(knob_fanouts)
-            {
-                if defaulted {
-                    *fanout = knob;
-                }
-            }
-            if request.fanout3_defaulted {
-                // Hop 3 of a subgraph request follows hop 2's setting.
-                request.fanout3 = knob_fanouts[1];
-            }
-            if request.own_rows_only {
-                // The targets alone: the smallest hop arrays (every count 0).
-                request.fanouts = [1, 1];
-            }
-            // The padded hop arrays alone (4 bytes per entry of hop1_rows,
-            // hop2_count and hop2_rows) must fit the response area: checked
-            // before the sampler sets memory aside for them. (A subgraph's
-            // size is the sample's own: the sampler stops where it outgrows
-            // the response.)
-            let [f1, f2] = request.fanouts.map(u64::from);
-            let hop_bytes = request.targets.len() as u64 * f1 * (2 + f2) * 4;
-            if request.hops == 0 && hop_bytes > ctx.response_bytes {
-                m.too_large.inc();
-                ticket.respond_error(
-                    status::TOO_LARGE,
-                    request.request_id,
-                    &format!(
-                        "the hop arrays of {} targets at fanouts [{f1}, {f2}] take {hop_bytes} \
-                         bytes, more than the slot's {} byte response area: send fewer targets \
-                         per request, lower the fanouts, or raise the sidecar's response_mib \
-                         (--response-mib)",
-                        request.targets.len(),
-                        ctx.response_bytes
-                    ),
-                );
-                continue;
-            }
-            m.targets.inc_by(request.targets.len() as u64);
-            // The fetch stops early enough to write the answer before the
-            // request's own deadline: a tenth of the time left is kept back
-            // (at most RESPONSE_RESERVE).
-            let until = now
-                + request.remaining().map_or(cap, |left| {
-                    left.saturating_sub((left / 10).min(RESPONSE_RESERVE))
-                        .min(cap)
-                });
-            if request.new_node.is_some() {
-                m.new_node_requests.inc();
-                new_nodes.push((
-                    Pending {
-                        ticket,
-                        request,
-                        first_target: 0,
-                    },
-                    until,
-                ));
-                continue;
-            }
-            deadline = Some(deadline.map_or(until, |d: Instant| d.min(until)));
-            // An answer stamped by another clock (a sidecar since
-            // restarted) cannot be vouched for: every target is sampled.
-            let fresh = request
-                .fresh
-                .filter(|f| f.clock == ctx.changes.clock() && !request.own_rows_only);
-            let hub_h1 = request
-                .hub_h1
-                .filter(|h| h.since.clock == ctx.changes.clock() && !request.own_rows_only);
-            let subgraph = request.subgraph();
-            let key = (
-                request.fanouts,
-                request.own_rows_only,
-                fresh,
-                hub_h1,
-                subgraph,
-            );
-            let shared = subgraph
-                .is_none()
-                .then(|| groups.iter().position(|(k, _)| *k == key))
-                .flatten();
-            let group = match shared {
-                Some(i) => i,
-                None => {
-                    groups.push((key, Vec::new()));
-                    groups.len() - 1
-                }
-            };
-            groups[group].1.push(Pending {
-                ticket,
-                request,
-                first_target: 0,
-            });
-        }
+        let Admitted {
+            groups,
+            new_nodes,
+            deadline,
+        } = admit(ctx, tickets);
         for (pending, until) in new_nodes {
             self.serve_new_node(ctx, pending, until);
         }
@@ -231,75 +107,103 @@ impl BatchServer {
             return;
         }
         let sampling = Instant::now();
+        let (groups, samples) = self.sample_groups(ctx, groups);
+        m.stage("sample").observe(sampling.elapsed().as_secs_f64());
+        if !groups.is_empty() {
+            self.fetch_and_respond(ctx, groups, &samples, deadline);
+        }
+    }
+
+    /// One sampling pass per group; a group whose subgraph outgrew the
+    /// response is answered TOO_LARGE here and left out of what returns.
+    fn sample_groups(
+        &mut self,
+        ctx: &BatchContext<'_>,
+        mut groups: Vec<(SampleKey, Vec<Pending>)>,
+    ) -> (Vec<(SampleKey, Vec<Pending>)>, Vec<Sampled>) {
         let mut samples: Vec<Sampled> = Vec::with_capacity(groups.len());
-        for ((fanouts, own_rows_only, fresh, hub_h1, subgraph), pending) in &mut groups {
+        for (key, pending) in &mut groups {
             let mut targets = Vec::new();
             for p in pending.iter_mut() {
                 p.first_target = targets.len();
                 targets.extend_from_slice(&p.request.targets);
             }
-            let unchanged = match fresh {
-                None => Vec::new(),
-                Some(fresh) => {
-                    let unchanged = self.unchanged(ctx, &targets, fresh);
-                    m.fresh_checked.inc_by(targets.len() as u64);
-                    m.fresh_targets
-                        .inc_by(unchanged.iter().filter(|&&u| u).count() as u64);
-                    unchanged
-                }
-            };
-            if let Some(subgraph) = subgraph {
-                match self.sampler.sample_subgraph(
-                    ctx.graph,
-                    &targets,
-                    *subgraph,
-                    SAMPLING_SEED,
-                    subgraph_limits(ctx),
-                    &unchanged,
-                ) {
-                    Ok(sampled) => samples.push(sampled),
-                    Err(outgrew) => {
-                        for p in pending.drain(..) {
-                            respond_outgrew(ctx, p, outgrew);
-                        }
-                        samples.push(Sampled::default());
+            match self.sample_group(ctx, key, &targets) {
+                Ok(sampled) => samples.push(sampled),
+                Err(outgrew) => {
+                    for p in pending.drain(..) {
+                        respond_outgrew(ctx, p, outgrew);
                     }
+                    samples.push(Sampled::default());
                 }
-                continue;
             }
-            if *own_rows_only {
-                samples.push(self.sampler.own_rows(ctx.graph, &targets));
-                continue;
-            }
-            let mut hubs = hub_h1.map(|ask| HubCheck::new(ctx, ask));
-            let sampled = self.sampler.sample_unless(
-                ctx.graph,
-                &targets,
-                *fanouts,
-                SAMPLING_SEED,
-                &unchanged,
-                &mut |node, degree| hubs.as_mut().is_some_and(|h| h.cached(node, degree)),
-            );
-            if let Some(hubs) = hubs {
-                m.hub_slots.inc_by(hubs.slots);
-                m.hub_cached_slots.inc_by(hubs.cached_slots);
-            }
-            samples.push(sampled);
         }
-
-        m.stage("sample").observe(sampling.elapsed().as_secs_f64());
         // Subgraph requests refused as too large left their groups empty.
-        let (groups, samples): (Vec<_>, Vec<_>) = groups
+        groups
             .into_iter()
             .zip(samples)
             .filter(|((_, pending), _)| !pending.is_empty())
-            .unzip();
-        let mut groups = groups;
-        if groups.is_empty() {
-            return;
-        }
+            .unzip()
+    }
 
-        // A lone request: fetch straight into its slot.
+    /// The sample of one group's `targets`, as its key asks.
+    fn sample_group(
+        &mut self,
+        ctx: &BatchContext<'_>,
+        (fanouts, own_rows_only, fresh, hub_h1, subgraph): &SampleKey,
+        targets: &[u64],
+    ) -> Result<Sampled, SubgraphTooLarge> {
+        let m = ctx.metrics;
+        let unchanged = match fresh {
+            None => Vec::new(),
+            Some(fresh) => {
+                let unchanged = self.unchanged(ctx, targets, fresh);
+                m.fresh_checked.inc_by(targets.len() as u64);
+                m.fresh_targets
+                    .inc_by(unchanged.iter().filter(|&&u| u).count() as u64);
+                unchanged
+            }
+        };
+        if let Some(subgraph) = subgraph {
+            return self.sampler.sample_subgraph(
+                ctx.graph,
+                targets,
+                *subgraph,
+                SAMPLING_SEED,
+                subgraph_limits(ctx),
+                &unchanged,
+            );
+        }
+        if *own_rows_only {
+            return Ok(self.sampler.own_rows(ctx.graph, targets));
+        }
+        let mut hubs = hub_h1.map(|ask| HubCheck::new(ctx, ask));
+        let sampled = self.sampler.sample_unless(
+            ctx.graph,
+            targets,
+            *fanouts,
+            SAMPLING_SEED,
+            &unchanged,
+            &mut |node, degree| hubs.as_mut().is_some_and(|h| h.cached(node, degree)),
+        );
+        if let Some(hubs) = hubs {
+            m.hub_slots.inc_by(hubs.slots);
+            m.hub_cached_slots.inc_by(hubs.cached_slots);
+        }
+        Ok(sampled)
+    }
+
+    /// Fetches the sampled rows and answers every request: a lone request
+    /// straight into its slot, several with one fetch of the batch's
+    /// unique rows.
+    fn fetch_and_respond(
+        &mut self,
+        ctx: &BatchContext<'_>,
+        mut groups: Vec<(SampleKey, Vec<Pending>)>,
+        samples: &[Sampled],
+        deadline: Option<Instant>,
+    ) {
+        let m = ctx.metrics;
         if groups.len() == 1 && groups[0].1.len() == 1 {
             let pending = groups
                 .pop()
@@ -307,8 +211,7 @@ impl BatchServer {
                 .1
                 .pop()
                 .expect("one request");
-            let sampled = &samples[0];
-            self.respond(ctx, pending, sampled, None, |ids, features, sources| {
+            self.respond(ctx, pending, &samples[0], None, |ids, features, sources| {
                 m.rows_fetched.inc_by(ids.len() as u64);
                 let fetching = Instant::now();
                 ctx.runtime
@@ -317,8 +220,6 @@ impl BatchServer {
             });
             return;
         }
-
-        // Several requests: one fetch of the batch's unique rows.
         let mut unique: Vec<u64> = Vec::new();
         let mut index: FxHashMap<u64, u32> = FxHashMap::default();
         let group_rows: Vec<Vec<u32>> = samples
@@ -594,6 +495,160 @@ impl BatchServer {
             ctx.metrics.deadline_misses.inc();
         }
     }
+}
+
+/// A batch's requests once checked: the groups that share a sampling pass,
+/// the requests carrying a new node (each with its own fetch deadline),
+/// and the earliest fetch deadline of the groups' requests.
+struct Admitted {
+    groups: Vec<(SampleKey, Vec<Pending>)>,
+    new_nodes: Vec<(Pending, Instant)>,
+    deadline: Option<Instant>,
+}
+
+/// Decodes and checks every ticket (a refusal is answered here), resolves
+/// the fanouts a request leaves to the sidecar, and groups the requests
+/// that share a sampling pass.
+fn admit(ctx: &BatchContext<'_>, tickets: Vec<ServeTicket>) -> Admitted {
+    let now = Instant::now();
+    let mut admitted = Admitted {
+        groups: Vec::new(),
+        new_nodes: Vec::new(),
+        deadline: None,
+    };
+    for ticket in tickets {
+        let Some((ticket, request, until)) = admit_one(ctx, ticket, now) else {
+            continue;
+        };
+        let pending = Pending {
+            ticket,
+            request,
+            first_target: 0,
+        };
+        if pending.request.new_node.is_some() {
+            ctx.metrics.new_node_requests.inc();
+            admitted.new_nodes.push((pending, until));
+            continue;
+        }
+        admitted.deadline = Some(admitted.deadline.map_or(until, |d: Instant| d.min(until)));
+        let key = sample_key(ctx, &pending.request);
+        // A subgraph-layout request is a sampling pass of its own.
+        let shared = key
+            .4
+            .is_none()
+            .then(|| admitted.groups.iter().position(|(k, _)| *k == key))
+            .flatten();
+        match shared {
+            Some(i) => admitted.groups[i].1.push(pending),
+            None => admitted.groups.push((key, vec![pending])),
+        }
+    }
+    admitted
+}
+
+/// One ticket with its request, defaults filled in, and when its feature
+/// fetch must end; `None` when it was refused (answered here).
+fn admit_one(
+    ctx: &BatchContext<'_>,
+    ticket: ServeTicket,
+    now: Instant,
+) -> Option<(ServeTicket, Request, Instant)> {
+    let m = ctx.metrics;
+    let mut request = match ticket.request() {
+        Ok(request) => request,
+        Err(e) => {
+            m.invalid_requests.inc();
+            let request_id = ticket.request_id();
+            ticket.respond_error(status::INVALID_REQUEST, request_id, &e.to_string());
+            return None;
+        }
+    };
+    if request.remaining() == Some(std::time::Duration::ZERO) {
+        // Its client has given up or is about to: answering with rows
+        // would be work nobody reads.
+        m.expired_requests.inc();
+        ticket.respond_error(
+            status::DEADLINE_EXCEEDED,
+            request.request_id,
+            "the request's deadline had passed when the sidecar took it: give it \
+             more time (the worker's ring_timeout_ms) or add capacity",
+        );
+        return None;
+    }
+    let knob_fanouts = ctx.knobs.fanouts();
+    for ((fanout, defaulted), knob) in request
+        .fanouts
+        .iter_mut()
+        .zip(request.defaulted)
+        .zip(knob_fanouts)
+    {
+        if defaulted {
+            *fanout = knob;
+        }
+    }
+    if request.fanout3_defaulted {
+        // Hop 3 of a subgraph request follows hop 2's setting.
+        request.fanout3 = knob_fanouts[1];
+    }
+    if request.own_rows_only {
+        // The targets alone: the smallest hop arrays (every count 0).
+        request.fanouts = [1, 1];
+    }
+    // The padded hop arrays alone (4 bytes per entry of hop1_rows,
+    // hop2_count and hop2_rows) must fit the response area: checked
+    // before the sampler sets memory aside for them. (A subgraph's
+    // size is the sample's own: the sampler stops where it outgrows
+    // the response.)
+    let [f1, f2] = request.fanouts.map(u64::from);
+    let hop_bytes = request.targets.len() as u64 * f1 * (2 + f2) * 4;
+    if request.hops == 0 && hop_bytes > ctx.response_bytes {
+        m.too_large.inc();
+        ticket.respond_error(
+            status::TOO_LARGE,
+            request.request_id,
+            &format!(
+                "the hop arrays of {} targets at fanouts [{f1}, {f2}] take {hop_bytes} \
+                 bytes, more than the slot's {} byte response area: send fewer targets \
+                 per request, lower the fanouts, or raise the sidecar's response_mib \
+                 (--response-mib)",
+                request.targets.len(),
+                ctx.response_bytes
+            ),
+        );
+        return None;
+    }
+    m.targets.inc_by(request.targets.len() as u64);
+    // The feature deadline: the sidecar's knob, or the request's own
+    // earlier deadline. The fetch stops early enough to write the answer
+    // before the request's own deadline: a tenth of the time left is kept
+    // back (at most RESPONSE_RESERVE).
+    let cap = ctx.knobs.deadline();
+    let until = now
+        + request.remaining().map_or(cap, |left| {
+            left.saturating_sub((left / 10).min(RESPONSE_RESERVE))
+                .min(cap)
+        });
+    Some((ticket, request, until))
+}
+
+/// What sampling pass a request belongs to. An answer stamped by another
+/// clock (a sidecar since restarted) cannot be vouched for: every target
+/// is sampled.
+fn sample_key(ctx: &BatchContext<'_>, request: &Request) -> SampleKey {
+    let clock = ctx.changes.clock();
+    let fresh = request
+        .fresh
+        .filter(|f| f.clock == clock && !request.own_rows_only);
+    let hub_h1 = request
+        .hub_h1
+        .filter(|h| h.since.clock == clock && !request.own_rows_only);
+    (
+        request.fanouts,
+        request.own_rows_only,
+        fresh,
+        hub_h1,
+        request.subgraph(),
+    )
 }
 
 /// How large a subgraph may grow before it cannot be a response: the
