@@ -386,36 +386,12 @@ impl BatchServer {
         batch: Option<BatchRows<'_>>,
         fetch: impl FnOnce(&[u64], &mut [f32], &mut [RowSource]),
     ) {
-        let [f1, f2] = sampled.fanouts;
-        let (f1, f2) = (f1 as usize, f2 as usize);
         let n = pending.request.targets.len();
         let t0 = pending.first_target;
         let whole = t0 == 0 && n == sampled.n_targets();
         // A subgraph is its request's own sampling pass: written whole.
         debug_assert!(sampled.subgraph.is_none() || whole);
-        // Local rows: the group's rows this request references, in order of
-        // first reference (identity when the request is the whole group).
-        let mut local: Vec<u32> = Vec::new();
-        let mut cols = sampled
-            .subgraph
-            .is_none()
-            .then(|| SampleSlice::of(sampled, t0, n, f1, f2));
-        if let (false, Some(cols)) = (whole, cols.as_mut()) {
-            self.remap.clear();
-            self.remap.resize(sampled.nodes.len(), -1);
-            let remap = &mut self.remap;
-            let mut map = |row: &mut i32| {
-                let g = *row as usize;
-                if remap[g] < 0 {
-                    remap[g] = local.len() as i32;
-                    local.push(g as u32);
-                }
-                *row = remap[g];
-            };
-            cols.target_row.to_mut().iter_mut().for_each(&mut map);
-            cols.hop1_rows.to_mut().iter_mut().for_each(&mut map);
-            cols.hop2_rows.to_mut().iter_mut().for_each(&mut map);
-        }
+        let (cols, local) = self.local_columns(sampled, t0, n, whole);
         let n_nodes = if whole {
             sampled.nodes.len()
         } else {
@@ -437,11 +413,10 @@ impl BatchServer {
             );
             return;
         }
-        let dim = ctx.tiers.feature_dim();
         let shape = PayloadShape {
             n_targets: n as u32,
             n_nodes: n_nodes as u32,
-            feature_dim: dim as u32,
+            feature_dim: ctx.tiers.feature_dim() as u32,
             fanouts: sampled.fanouts,
             subgraph: sampled.subgraph.map(|fanouts| SubgraphShape {
                 fanouts,
@@ -473,16 +448,7 @@ impl BatchServer {
                     }
                     Some(batch) => {
                         let rows = |i: usize| if whole { i } else { local[i] as usize };
-                        let mut sources = Vec::with_capacity(n_nodes);
-                        for i in 0..n_nodes {
-                            let g = rows(i);
-                            let b = batch.rows[g] as usize;
-                            nodes.node_id[i] = sampled.nodes[g];
-                            nodes.features[i * batch.dim..(i + 1) * batch.dim].copy_from_slice(
-                                &batch.features[b * batch.dim..(b + 1) * batch.dim],
-                            );
-                            sources.push(batch.sources[b]);
-                        }
+                        let sources = copy_batch_rows(nodes, &batch, sampled, rows, n_nodes);
                         late = sources.iter().any(|s| s.late);
                         write_sources(nodes, &sources);
                     }
@@ -495,6 +461,66 @@ impl BatchServer {
             ctx.metrics.deadline_misses.inc();
         }
     }
+
+    /// The columns of the request's `n` targets from `t0` of its group's
+    /// sample, with rows renumbered to the request's own node table, and
+    /// that table's group rows in order of first reference (empty, and the
+    /// rows unchanged, when the request is the whole group). `None` for a
+    /// subgraph, written from the sample itself.
+    fn local_columns<'s>(
+        &mut self,
+        sampled: &'s Sampled,
+        t0: usize,
+        n: usize,
+        whole: bool,
+    ) -> (Option<SampleSlice<'s>>, Vec<u32>) {
+        let [f1, f2] = sampled.fanouts.map(|f| f as usize);
+        let mut local: Vec<u32> = Vec::new();
+        let mut cols = sampled
+            .subgraph
+            .is_none()
+            .then(|| SampleSlice::of(sampled, t0, n, f1, f2));
+        if let (false, Some(cols)) = (whole, cols.as_mut()) {
+            self.remap.clear();
+            self.remap.resize(sampled.nodes.len(), -1);
+            let remap = &mut self.remap;
+            let mut map = |row: &mut i32| {
+                let g = *row as usize;
+                if remap[g] < 0 {
+                    remap[g] = local.len() as i32;
+                    local.push(g as u32);
+                }
+                *row = remap[g];
+            };
+            cols.target_row.to_mut().iter_mut().for_each(&mut map);
+            cols.hop1_rows.to_mut().iter_mut().for_each(&mut map);
+            cols.hop2_rows.to_mut().iter_mut().for_each(&mut map);
+        }
+        (cols, local)
+    }
+}
+
+/// Copies a request's `n_nodes` rows from the batch's fetch buffer into
+/// its node table (`rows(i)`: the group row of its row `i`); returns their
+/// sources.
+fn copy_batch_rows(
+    nodes: &mut NodeColumns<'_>,
+    batch: &BatchRows<'_>,
+    sampled: &Sampled,
+    rows: impl Fn(usize) -> usize,
+    n_nodes: usize,
+) -> Vec<RowSource> {
+    let dim = batch.dim;
+    let mut sources = Vec::with_capacity(n_nodes);
+    for i in 0..n_nodes {
+        let g = rows(i);
+        let b = batch.rows[g] as usize;
+        nodes.node_id[i] = sampled.nodes[g];
+        nodes.features[i * dim..(i + 1) * dim]
+            .copy_from_slice(&batch.features[b * dim..(b + 1) * dim]);
+        sources.push(batch.sources[b]);
+    }
+    sources
 }
 
 /// A batch's requests once checked: the groups that share a sampling pass,
