@@ -1,4 +1,5 @@
-//! Secrets kept out of what a daemon prints: a Redis URL's password.
+//! Secrets kept out of what a daemon prints: a Redis URL's password (and
+//! the check of a Redis URL's scheme, whose refusal shows the URL).
 
 /// `url` with any password replaced by `***`, for logs, errors and
 /// `--print-config`.
@@ -17,6 +18,13 @@ pub fn redact_url(url: &str) -> String {
         }
         None => url.to_string(),
     }
+}
+
+/// Why `url` cannot be a Redis URL (the scheme is not `redis://` or
+/// `rediss://`), with the URL shown redacted; `None` when it can.
+pub fn redis_url_problem(url: &str) -> Option<String> {
+    (!(url.starts_with("redis://") || url.starts_with("rediss://")))
+        .then(|| format!("{} is not a redis:// or rediss:// URL", redact_url(url)))
 }
 
 #[cfg(test)]

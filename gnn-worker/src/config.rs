@@ -213,17 +213,16 @@ impl Validate for WorkerConfig {
             0.1,
             3_600.0,
         )?;
-        if let Some(url) = &self.precomputed_redis {
-            if !(url.starts_with("redis://") || url.starts_with("rediss://")) {
-                return Err(Invalid::new(
-                    "precomputed_redis",
-                    format!(
-                        "{} is not a redis:// or rediss:// URL",
-                        daemon_kit::redact::redact_url(url)
-                    ),
-                    "write it as redis://[:password@]host:port",
-                ));
-            }
+        if let Some(problem) = self
+            .precomputed_redis
+            .as_deref()
+            .and_then(daemon_kit::redact::redis_url_problem)
+        {
+            return Err(Invalid::new(
+                "precomputed_redis",
+                problem,
+                "write it as redis://[:password@]host:port",
+            ));
         }
         if self.hub_min_degree > 0 && self.precomputed_redis.is_none() {
             return Err(Invalid::new(

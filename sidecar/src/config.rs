@@ -295,14 +295,17 @@ impl Validate for ServeConfig {
                 "use \"600\" (one user) or \"660\" (containers sharing a group), as a string of octal digits",
             ));
         }
-        for url in &self.redis.0 {
-            if !(url.starts_with("redis://") || url.starts_with("rediss://")) {
-                return Err(Invalid::new(
-                    "redis",
-                    format!("{} is not a redis:// or rediss:// URL", redact(url)),
-                    "write it as redis://[:password@]host:port",
-                ));
-            }
+        if let Some(problem) = self
+            .redis
+            .0
+            .iter()
+            .find_map(|url| daemon_kit::redact::redis_url_problem(url))
+        {
+            return Err(Invalid::new(
+                "redis",
+                problem,
+                "write it as redis://[:password@]host:port",
+            ));
         }
         if self.redis.0.len() > 1 && !self.redis_cluster {
             return Err(Invalid::new(
