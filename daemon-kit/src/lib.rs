@@ -7,24 +7,29 @@
 //!   value came from (file:line, variable or flag) and the fix;
 //! - [`logging`]: tracing to stderr as text or JSON, with a level that can
 //!   be changed while running;
-//! - [`metrics`]: reading back the OpenMetrics text a daemon's registry
-//!   encodes (percentiles for `sidecarctl stats`, the documented-metric
-//!   check);
+//! - [`endpoint`]: `/metrics`, `/healthz` and `/readyz`, the same on both;
+//! - [`metrics`]: the registry's encoder, a histogram whose buckets can be
+//!   read back, and the [`metrics::Telemetry`] seam through which each
+//!   subsystem reports a snapshot of its own state;
+//! - [`readiness`]: readiness as latches every subsystem must release;
 //! - [`row`]: a feature row given on a command line;
 //! - [`redact`]: a Redis URL's password kept out of logs, errors and
 //!   `--print-config`;
 //! - [`startup`]: both daemons' `serve` start-up: configuration,
 //!   `--print-config`, logging, signals.
 //!
-//! **Architecture invariant:** no ring, no I/O runtime, no RocksDB, Redis
+//! **Architecture invariant:** no ring, no I/O runtime of its own (the
+//! endpoint runs on the daemon's), no RocksDB, Redis
 //! or ONNX Runtime: both daemons link it, and neither learns anything of the
 //! other through it.
 #![forbid(unsafe_code)]
 
 pub mod cli;
 pub mod config;
+pub mod endpoint;
 pub mod logging;
 pub mod metrics;
+pub mod readiness;
 pub mod redact;
 pub mod row;
 pub mod startup;

@@ -1,12 +1,23 @@
-//! Reading back what a daemon's `prometheus_client` registry encodes.
+//! Prometheus plumbing both daemons share: the encoder of a registry, a
+//! histogram whose buckets can be read back ([`Histogram`]), and the
+//! [`Telemetry`] seam through which a subsystem registers what it reports.
 //!
-//! The registry is the one place a daemon keeps its metrics; `/metrics`
-//! serves its OpenMetrics text. `sidecarctl stats` reports percentiles from
-//! the same histograms, so this module parses that text (only the text this
-//! crate's encoder writes) and estimates quantiles the way Prometheus'
-//! `histogram_quantile` does: linear interpolation inside the bucket that
-//! holds the rank.
+//! A subsystem keeps its own counters and exposes a typed snapshot of them;
+//! its [`Telemetry`] encodes that snapshot at scrape time into the
+//! sub-registry it was given. `/metrics` and the admin reports read the
+//! same snapshots: nothing encodes the registry to text to read it back.
 
+use std::fmt;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+use prometheus_client::collector::Collector;
+use prometheus_client::encoding::{
+    DescriptorEncoder, EncodeGaugeValue, EncodeMetric, MetricEncoder, NoLabelSet,
+};
+use prometheus_client::metrics::counter::ConstCounter;
+use prometheus_client::metrics::gauge::ConstGauge;
+use prometheus_client::metrics::{MetricType, TypedMetric};
 use prometheus_client::registry::Registry;
 
 /// The `Content-Type` of the OpenMetrics text format.
@@ -27,130 +38,118 @@ pub fn encode(registry: &Registry) -> String {
     out
 }
 
-/// A metric family: its name (as in `# TYPE`) and type.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Family {
-    pub name: String,
-    pub kind: String,
+/// A histogram with fixed bucket bounds, lock-free to observe, whose
+/// buckets can be read back ([`Histogram::snapshot`]) for the admin
+/// reports' percentiles. Clones share their counts.
+#[derive(Debug, Clone)]
+pub struct Histogram {
+    inner: Arc<HistogramInner>,
 }
 
-/// The families declared in an exposition (`# TYPE name kind` lines).
-/// Counters are declared without their `_total` suffix, as OpenMetrics
-/// writes them; [`Family::sample_name`] gives the name of their samples.
-pub fn families(text: &str) -> Vec<Family> {
-    text.lines()
-        .filter_map(|line| {
-            let mut parts = line.strip_prefix("# TYPE ")?.split_whitespace();
-            Some(Family {
-                name: parts.next()?.to_string(),
-                kind: parts.next()?.to_string(),
+#[derive(Debug)]
+struct HistogramInner {
+    /// Finite upper bounds, ascending; the +Inf bucket is implicit.
+    bounds: Box<[f64]>,
+    /// Observations per bucket (not cumulative), `bounds.len() + 1` of them.
+    counts: Box<[AtomicU64]>,
+    /// The sum of observations, as `f64` bits.
+    sum_bits: AtomicU64,
+}
+
+impl Histogram {
+    /// A histogram with these upper bounds (non-finite ones are dropped:
+    /// the +Inf bucket is always there).
+    pub fn new(bounds: impl IntoIterator<Item = f64>) -> Self {
+        let mut bounds: Vec<f64> = bounds.into_iter().filter(|b| b.is_finite()).collect();
+        bounds.sort_by(f64::total_cmp);
+        bounds.dedup();
+        let counts = (0..=bounds.len()).map(|_| AtomicU64::new(0)).collect();
+        Self {
+            inner: Arc::new(HistogramInner {
+                bounds: bounds.into(),
+                counts,
+                sum_bits: AtomicU64::new(0f64.to_bits()),
+            }),
+        }
+    }
+
+    /// Counts one observation.
+    pub fn observe(&self, v: f64) {
+        let inner = &*self.inner;
+        let bucket = inner.bounds.partition_point(|&b| b < v);
+        inner.counts[bucket].fetch_add(1, Ordering::Relaxed);
+        let _ = inner
+            .sum_bits
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |bits| {
+                Some((f64::from_bits(bits) + v).to_bits())
+            });
+    }
+
+    /// The buckets (cumulative), count and sum now. Taken while others
+    /// observe, the count is the buckets' total and the sum may hold an
+    /// observation or two more or less.
+    pub fn snapshot(&self) -> HistogramSnapshot {
+        let inner = &*self.inner;
+        let mut cumulative = 0;
+        let buckets = inner
+            .bounds
+            .iter()
+            .copied()
+            .chain(std::iter::once(f64::INFINITY))
+            .zip(inner.counts.iter())
+            .map(|(bound, count)| {
+                cumulative += count.load(Ordering::Relaxed);
+                (bound, cumulative)
             })
-        })
-        .collect()
-}
-
-impl Family {
-    /// The name a dashboard queries: `<name>_total` for a counter, the
-    /// family name otherwise.
-    pub fn sample_name(&self) -> String {
-        if self.kind == "counter" {
-            format!("{}_total", self.name)
-        } else {
-            self.name.clone()
+            .collect();
+        HistogramSnapshot {
+            buckets,
+            count: cumulative,
+            sum: f64::from_bits(inner.sum_bits.load(Ordering::Relaxed)),
         }
     }
 }
 
-/// One sample line: name, labels, value.
-#[derive(Debug, Clone, PartialEq)]
-pub struct Sample {
-    pub name: String,
-    pub labels: Vec<(String, String)>,
-    pub value: f64,
+impl TypedMetric for Histogram {
+    const TYPE: MetricType = MetricType::Histogram;
 }
 
-impl Sample {
-    pub fn label(&self, name: &str) -> Option<&str> {
-        self.labels
+impl EncodeMetric for Histogram {
+    fn encode(&self, mut encoder: MetricEncoder) -> fmt::Result {
+        let snapshot = self.snapshot();
+        // The encoder takes each bucket's own count and sums them itself.
+        let mut below = 0;
+        let buckets: Vec<(f64, u64)> = snapshot
+            .buckets
             .iter()
-            .find(|(k, _)| k == name)
-            .map(|(_, v)| v.as_str())
-    }
-}
-
-fn parse_labels(text: &str) -> Option<Vec<(String, String)>> {
-    let mut labels = Vec::new();
-    let mut rest = text;
-    while !rest.is_empty() {
-        let (key, after) = rest.split_once("=\"")?;
-        let mut value = String::new();
-        let mut chars = after.char_indices();
-        let end = loop {
-            let (i, c) = chars.next()?;
-            match c {
-                '\\' => {
-                    let (_, escaped) = chars.next()?;
-                    value.push(match escaped {
-                        'n' => '\n',
-                        other => other,
-                    });
-                }
-                '"' => break i,
-                other => value.push(other),
-            }
-        };
-        labels.push((key.trim_start_matches(',').to_string(), value));
-        rest = after[end + 1..].trim_start_matches(',');
-    }
-    Some(labels)
-}
-
-/// Every sample of an exposition.
-pub fn samples(text: &str) -> Vec<Sample> {
-    text.lines()
-        .filter(|line| !line.starts_with('#') && !line.is_empty())
-        .filter_map(|line| {
-            let (head, value) = line.rsplit_once(' ')?;
-            let value: f64 = match value {
-                "+Inf" => f64::INFINITY,
-                "-Inf" => f64::NEG_INFINITY,
-                v => v.parse().ok()?,
-            };
-            let (name, labels) = match head.split_once('{') {
-                Some((name, labels)) => (name, parse_labels(labels.strip_suffix('}')?)?),
-                None => (head, Vec::new()),
-            };
-            Some(Sample {
-                name: name.to_string(),
-                labels,
-                value,
+            .map(|&(bound, cumulative)| {
+                let own = cumulative - below;
+                below = cumulative;
+                (bound, own)
             })
-        })
-        .collect()
+            .collect();
+        encoder.encode_histogram::<NoLabelSet>(snapshot.sum, snapshot.count, &buckets, None)
+    }
+
+    fn metric_type(&self) -> MetricType {
+        Self::TYPE
+    }
 }
 
-/// One histogram series: its labels (without `le`), cumulative buckets,
-/// count and sum.
+/// A histogram read at one moment.
 #[derive(Debug, Clone, PartialEq)]
-pub struct Histogram {
-    pub labels: Vec<(String, String)>,
+pub struct HistogramSnapshot {
     /// (upper bound, cumulative count), ascending, ending with +Inf.
     pub buckets: Vec<(f64, u64)>,
     pub count: u64,
     pub sum: f64,
 }
 
-impl Histogram {
-    pub fn label(&self, name: &str) -> Option<&str> {
-        self.labels
-            .iter()
-            .find(|(k, _)| k == name)
-            .map(|(_, v)| v.as_str())
-    }
-
+impl HistogramSnapshot {
     /// The `q` quantile (0..=1) estimated from the buckets, or `None` with no
-    /// observations. A rank in the +Inf bucket answers the highest finite
-    /// bound, as `histogram_quantile` does.
+    /// observations: linear interpolation inside the bucket that holds the
+    /// rank, as Prometheus' `histogram_quantile` does. A rank in the +Inf
+    /// bucket answers the highest finite bound.
     pub fn quantile(&self, q: f64) -> Option<f64> {
         let total = self.buckets.last()?.1;
         if total == 0 {
@@ -183,128 +182,182 @@ impl Histogram {
     }
 }
 
-/// Every series of histogram `name` in an exposition.
-pub fn histograms(text: &str, name: &str) -> Vec<Histogram> {
-    let bucket_name = format!("{name}_bucket");
-    let count_name = format!("{name}_count");
-    let sum_name = format!("{name}_sum");
-    let mut out: Vec<Histogram> = Vec::new();
-    let series = |out: &mut Vec<Histogram>, labels: Vec<(String, String)>| -> usize {
-        match out.iter().position(|h| h.labels == labels) {
-            Some(i) => i,
-            None => {
-                out.push(Histogram {
-                    labels,
-                    buckets: Vec::new(),
-                    count: 0,
-                    sum: 0.0,
-                });
-                out.len() - 1
-            }
-        }
-    };
-    for sample in samples(text) {
-        if sample.name == bucket_name {
-            let le = sample.label("le").and_then(|le| match le {
-                "+Inf" => Some(f64::INFINITY),
-                v => v.parse().ok(),
-            });
-            let Some(le) = le else { continue };
-            let labels: Vec<_> = sample
-                .labels
-                .into_iter()
-                .filter(|(k, _)| k != "le")
-                .collect();
-            let i = series(&mut out, labels);
-            out[i].buckets.push((le, sample.value as u64));
-        } else if sample.name == count_name {
-            let i = series(&mut out, sample.labels);
-            out[i].count = sample.value as u64;
-        } else if sample.name == sum_name {
-            let i = series(&mut out, sample.labels);
-            out[i].sum = sample.value;
-        }
+/// What a subsystem reports at scrape time: it encodes a snapshot of its
+/// own state through [`Out`]. Registered with [`register`] into the
+/// sub-registry the daemon gives the subsystem, whose prefix the names
+/// written here get.
+pub trait Telemetry: fmt::Debug + Send + Sync + 'static {
+    fn encode(&self, out: &mut Out<'_>) -> fmt::Result;
+}
+
+impl<T: Telemetry> Telemetry for Arc<T> {
+    fn encode(&self, out: &mut Out<'_>) -> fmt::Result {
+        self.as_ref().encode(out)
     }
-    for h in &mut out {
-        h.buckets.sort_by(|a, b| a.0.total_cmp(&b.0));
+}
+
+/// Registers `telemetry` in `registry` (a sub-registry: its prefix is
+/// prepended to every name the telemetry writes).
+pub fn register(registry: &mut Registry, telemetry: impl Telemetry) {
+    registry.register_collector(Box::new(Collected(telemetry)));
+}
+
+#[derive(Debug)]
+struct Collected<T>(T);
+
+impl<T: Telemetry> Collector for Collected<T> {
+    fn encode(&self, encoder: DescriptorEncoder) -> fmt::Result {
+        self.0.encode(&mut Out(encoder))
     }
-    out
+}
+
+/// Writes a snapshot's values as metric families.
+pub struct Out<'a>(DescriptorEncoder<'a>);
+
+impl Out<'_> {
+    /// A counter (`<name>_total` in the exposition).
+    pub fn counter(&mut self, name: &str, help: &str, value: u64) -> fmt::Result {
+        let metric = ConstCounter::new(value);
+        metric.encode(
+            self.0
+                .encode_descriptor(name, help, None, metric.metric_type())?,
+        )
+    }
+
+    /// A gauge.
+    pub fn gauge(&mut self, name: &str, help: &str, value: impl EncodeGaugeValue) -> fmt::Result {
+        let metric = ConstGauge::new(value);
+        metric.encode(
+            self.0
+                .encode_descriptor(name, help, None, metric.metric_type())?,
+        )
+    }
+
+    /// A counter per value of one label.
+    pub fn counters(
+        &mut self,
+        name: &str,
+        help: &str,
+        label: &str,
+        values: &[(&str, u64)],
+    ) -> fmt::Result {
+        let mut family = self
+            .0
+            .encode_descriptor(name, help, None, MetricType::Counter)?;
+        for &(value_label, value) in values {
+            ConstCounter::new(value).encode(family.encode_family(&[(label, value_label)])?)?;
+        }
+        Ok(())
+    }
+
+    /// A gauge per value of one label.
+    pub fn gauges(
+        &mut self,
+        name: &str,
+        help: &str,
+        label: &str,
+        values: &[(&str, i64)],
+    ) -> fmt::Result {
+        let mut family = self
+            .0
+            .encode_descriptor(name, help, None, MetricType::Gauge)?;
+        for &(value_label, value) in values {
+            ConstGauge::new(value).encode(family.encode_family(&[(label, value_label)])?)?;
+        }
+        Ok(())
+    }
+
+    /// Any metric the subsystem keeps itself (a histogram).
+    pub fn metric(&mut self, name: &str, help: &str, metric: &impl EncodeMetric) -> fmt::Result {
+        metric.encode(
+            self.0
+                .encode_descriptor(name, help, None, metric.metric_type())?,
+        )
+    }
+}
+
+impl fmt::Debug for Out<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("Out")
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
     use prometheus_client::encoding::EncodeLabelSet;
-    use prometheus_client::metrics::counter::Counter;
-    use prometheus_client::metrics::family::Family as MetricFamily;
-    use prometheus_client::metrics::histogram::Histogram as PromHistogram;
+    use prometheus_client::metrics::family::Family;
 
     #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
     struct Stage {
         stage: &'static str,
     }
 
-    #[test]
-    fn histograms_read_back_from_the_registry_text_give_quantiles() {
-        let mut registry = Registry::default();
-        let stages = MetricFamily::<Stage, PromHistogram>::new_with_constructor(|| {
-            PromHistogram::new([1.0, 2.0, 4.0, 8.0])
-        });
-        registry.register("demo_stage_seconds", "time per stage", stages.clone());
-        let calls = Counter::<u64>::default();
-        registry.register("demo_calls", "calls", calls.clone());
-        calls.inc_by(3);
-        for v in [0.5, 1.5, 1.5, 3.0, 3.0, 3.0, 3.0, 6.0, 6.0, 100.0] {
-            stages.get_or_create(&Stage { stage: "sample" }).observe(v);
-        }
-        stages.get_or_create(&Stage { stage: "fetch" }).observe(0.5);
-        let text = encode(&registry);
-
-        let fams = families(&text);
-        assert!(fams.contains(&Family {
-            name: "demo_calls".into(),
-            kind: "counter".into()
-        }));
-        assert_eq!(
-            fams.iter()
-                .find(|f| f.name == "demo_calls")
-                .unwrap()
-                .sample_name(),
-            "demo_calls_total"
-        );
-        let hs = histograms(&text, "demo_stage_seconds");
-        assert_eq!(hs.len(), 2);
-        let sample = hs
-            .iter()
-            .find(|h| h.label("stage") == Some("sample"))
-            .unwrap();
-        assert_eq!(sample.count, 10);
-        assert_eq!(sample.buckets.last().unwrap().1, 10);
-        // Ranks: p50 = 5th of 10 -> bucket (2, 4] holding 4 (3rd..7th):
-        // 2 + 2 * (5 - 3) / 4 = 3.
-        assert_eq!(sample.quantile(0.5), Some(3.0));
-        // p99 lands in +Inf: the highest finite bound.
-        assert_eq!(sample.quantile(0.99), Some(8.0));
-        assert!((sample.mean().unwrap() - 12.75).abs() < 1e-9);
-        let fetch = hs
-            .iter()
-            .find(|h| h.label("stage") == Some("fetch"))
-            .unwrap();
-        assert_eq!(fetch.quantile(0.5), Some(0.5));
-        let none = Histogram {
-            labels: vec![],
-            buckets: vec![(1.0, 0), (f64::INFINITY, 0)],
-            count: 0,
-            sum: 0.0,
-        };
-        assert_eq!(none.quantile(0.5), None);
+    fn stages() -> Family<Stage, Histogram, fn() -> Histogram> {
+        Family::new_with_constructor(|| Histogram::new([1.0, 2.0, 4.0, 8.0]))
     }
 
     #[test]
-    fn label_values_with_escapes_parse() {
-        let s = samples("x_total{a=\"q\\\"uote\",b=\"c,d\"} 4\n");
-        assert_eq!(s[0].label("a"), Some("q\"uote"));
-        assert_eq!(s[0].label("b"), Some("c,d"));
-        assert_eq!(s[0].value, 4.0);
+    fn a_snapshot_gives_the_quantiles_histogram_quantile_would() {
+        let h = Histogram::new([8.0, 1.0, 4.0, 2.0, f64::INFINITY]);
+        for v in [0.5, 1.5, 1.5, 3.0, 3.0, 3.0, 3.0, 6.0, 6.0, 100.0] {
+            h.observe(v);
+        }
+        let s = h.snapshot();
+        assert_eq!(
+            s.buckets,
+            [(1.0, 1), (2.0, 3), (4.0, 7), (8.0, 9), (f64::INFINITY, 10)]
+        );
+        assert_eq!(s.count, 10);
+        // p50 = 5th of 10 -> bucket (2, 4] holding the 4th..7th:
+        // 2 + 2 * (5 - 3) / 4 = 3.
+        assert_eq!(s.quantile(0.5), Some(3.0));
+        // p99 lands in +Inf: the highest finite bound.
+        assert_eq!(s.quantile(0.99), Some(8.0));
+        assert!((s.mean().unwrap() - 12.75).abs() < 1e-9);
+        // An observation on a bound belongs to that bound's bucket (le).
+        let edge = Histogram::new([1.0, 2.0]);
+        edge.observe(1.0);
+        assert_eq!(edge.snapshot().buckets[0], (1.0, 1));
+        assert_eq!(Histogram::new([1.0]).snapshot().quantile(0.5), None);
+    }
+
+    #[test]
+    fn the_exposition_holds_cumulative_buckets_and_the_subsystems_prefix() {
+        #[derive(Debug)]
+        struct Ring {
+            slots: u64,
+        }
+        impl Telemetry for Ring {
+            fn encode(&self, out: &mut Out<'_>) -> fmt::Result {
+                out.counter("reaped", "workers reaped", 3)?;
+                out.gauges(
+                    "slots",
+                    "slots per state",
+                    "state",
+                    &[("free", self.slots as i64)],
+                )
+            }
+        }
+        let mut registry = Registry::with_prefix("demo");
+        let family = stages();
+        registry.register("stage_seconds", "time per stage", family.clone());
+        register(registry.sub_registry_with_prefix("ring"), Ring { slots: 7 });
+        for v in [0.5, 1.5, 3.0] {
+            family.get_or_create(&Stage { stage: "sample" }).observe(v);
+        }
+        let text = encode(&registry);
+        for line in [
+            "# TYPE demo_stage_seconds histogram",
+            "demo_stage_seconds_bucket{le=\"1.0\",stage=\"sample\"} 1",
+            "demo_stage_seconds_bucket{le=\"4.0\",stage=\"sample\"} 3",
+            "demo_stage_seconds_bucket{le=\"+Inf\",stage=\"sample\"} 3",
+            "demo_stage_seconds_count{stage=\"sample\"} 3",
+            "demo_stage_seconds_sum{stage=\"sample\"} 5.0",
+            "demo_ring_reaped_total 3",
+            "demo_ring_slots{state=\"free\"} 7",
+        ] {
+            assert!(text.lines().any(|l| l == line), "{line:?} not in\n{text}");
+        }
     }
 }

@@ -8,7 +8,7 @@
 use axum::extract::State;
 use axum::http::{header, StatusCode};
 use axum::response::IntoResponse;
-use axum::routing::{get, post};
+use axum::routing::post;
 use axum::{Json, Router};
 use serde::{Deserialize, Serialize};
 
@@ -61,10 +61,26 @@ pub struct PredictionJson {
 pub fn router(service: Service) -> Router {
     Router::new()
         .route("/v1/predict", post(predict))
-        .route("/healthz", get(|| async { "ok\n" }))
-        .route("/readyz", get(ready))
-        .route("/metrics", get(metrics))
+        .merge(daemon_kit::endpoint::routes(std::sync::Arc::new(
+            service.clone(),
+        )))
         .with_state(service)
+}
+
+/// `/metrics`, `/healthz` and `/readyz` (`daemon_kit::endpoint`): the
+/// worker is live while it answers.
+impl daemon_kit::endpoint::Probes for Service {
+    fn metrics(&self) -> String {
+        Service::metrics(self).encode()
+    }
+
+    fn readiness(&self) -> Result<(), String> {
+        Service::readiness(self).map_err(|reason| format!("not ready: {reason}"))
+    }
+
+    fn liveness(&self) -> Result<(), String> {
+        Ok(())
+    }
 }
 
 async fn predict(
@@ -136,23 +152,4 @@ fn error_response(e: PredictError) -> axum::response::Response {
             response
         }
     }
-}
-
-async fn ready(State(service): State<Service>) -> (StatusCode, String) {
-    match service.readiness() {
-        Ok(()) => (StatusCode::OK, "ready\n".into()),
-        Err(reason) => (
-            StatusCode::SERVICE_UNAVAILABLE,
-            format!("not ready: {reason}\n"),
-        ),
-    }
-}
-
-async fn metrics(
-    State(service): State<Service>,
-) -> ([(header::HeaderName, &'static str); 1], String) {
-    (
-        [(header::CONTENT_TYPE, daemon_kit::metrics::CONTENT_TYPE)],
-        service.metrics().encode(),
-    )
 }

@@ -4,8 +4,11 @@
 //!
 //! - [`graph`]: the CSR index (build, map, verify) and the sampler;
 //! - [`features`]: the feature tiers (L1 RAM, L2 RocksDB, L3 Redis);
-//! - [`serve`]: `sidecar serve`, the ring server wired to both, its metrics
-//!   and probes;
+//! - [`daemon`]: the state `serve` and `admin` share, below both: phase,
+//!   knobs, readiness latches, the control loop's events, the registry in
+//!   which every subsystem registers its own telemetry;
+//! - [`serve`]: `sidecar serve`: loading, the serving threads and the
+//!   control loop;
 //! - [`admin`]: the admin socket and its wire format (`sidecarctl`);
 //! - [`config`]: every setting of `sidecar serve`, its default and range;
 //! - [`data_dir`]: the lock that keeps one sidecar per data directory;

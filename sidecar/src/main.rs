@@ -3,8 +3,6 @@
 
 use std::path::PathBuf;
 use std::process::ExitCode;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
 
 use anyhow::Context;
 use clap::{Parser, Subcommand};
@@ -155,10 +153,10 @@ fn load_config(args: &ServeArgs) -> Result<Layered<ServeConfig>, ConfigError> {
 }
 
 fn serve(args: ServeArgs) -> anyhow::Result<()> {
-    let stop = Arc::new(AtomicBool::new(false));
+    let events = serve::Events::default();
     let on_stop = {
-        let stop = stop.clone();
-        move || stop.store(true, Ordering::Release)
+        let poster = events.poster();
+        move || poster.post(serve::Event::Stop)
     };
     let print_config = args.print_config;
     let Some(started) =
@@ -166,7 +164,7 @@ fn serve(args: ServeArgs) -> anyhow::Result<()> {
     else {
         return Ok(());
     };
-    serve::run(started.config, Some(started.log), Some(stop))
+    serve::run(started.config, Some(started.log), events)
 }
 
 fn run(cli: Cli) -> anyhow::Result<()> {

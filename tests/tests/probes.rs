@@ -278,7 +278,7 @@ fn documented() -> BTreeSet<String> {
 fn exported(addr: &str) -> BTreeSet<String> {
     let (code, body) = http_request(addr, "GET", "/metrics", None).unwrap();
     assert_eq!(code, 200);
-    daemon_kit::metrics::families(&body)
+    tests::openmetrics::families(&body)
         .iter()
         .map(|f| f.sample_name())
         .collect()

@@ -606,12 +606,10 @@ fn refuse_while_following(core: &crate::daemon::Core) -> anyhow::Result<()> {
 
 fn status(daemon: &Daemon) -> StatusReport {
     let core = daemon.core();
-    let graph = core.map(|c| c.graph.snapshot());
-    let updates = core.and_then(|c| c.updates.as_deref());
-    let (l1_rows, pinned_rows) = core.map_or((0, 0), |c| c.tiers.l1_rows());
-    let occupancy = daemon
-        .ring()
-        .map(|r| (r.slot_count(), r.occupancy(), r.registered_clients()));
+    let graph = core.map(|c| c.graph.counts());
+    let updates = core.and_then(|c| c.updates.as_ref()).map(|u| u.snapshot());
+    let tiers = core.map(|c| c.tiers.snapshot()).unwrap_or_default();
+    let ring = daemon.ring.snapshot().segment;
     StatusReport {
         server: format!("sidecar {}", env!("CARGO_PKG_VERSION")),
         shm_name: daemon.config.shm_name.clone(),
@@ -619,10 +617,10 @@ fn status(daemon: &Daemon) -> StatusReport {
         ready: daemon.is_ready(),
         uptime_s: daemon.started.elapsed().as_secs_f64(),
         feature_dim: core.map_or(0, |c| c.feature_dim as u32),
-        graph_version: graph.as_ref().map_or(0, |g| g.graph_version()),
-        n_nodes: graph.as_ref().map_or(0, |g| g.n_nodes()),
-        n_edges: graph.as_ref().map_or(0, |g| g.n_edges()),
-        graph_generation: graph.as_ref().map_or(0, |g| g.generation()),
+        graph_version: graph.map_or(0, |g| g.graph_version),
+        n_nodes: graph.map_or(0, |g| g.nodes),
+        n_edges: graph.map_or(0, |g| g.edges),
+        graph_generation: graph.map_or(0, |g| g.generation),
         store: match core {
             None => "not open yet".into(),
             Some(c) => match (&c.store, &c.redis) {
@@ -636,76 +634,56 @@ fn status(daemon: &Daemon) -> StatusReport {
         max_fanouts: daemon.knobs.max_fanouts(),
         deadline_ms: daemon.knobs.deadline().as_secs_f64() * 1e3,
         log_level: daemon.log.as_ref().map_or_else(String::new, |l| l.level()),
-        slots: occupancy.map_or(0, |(n, _, _)| n),
-        slots_used: occupancy.map_or(0, |(_, o, _)| o.used()),
-        clients: occupancy.map_or(0, |(_, _, c)| c),
-        l1_rows: l1_rows as u64,
-        l1_bytes: core.map_or(0, |c| c.tiers.l1_bytes()),
-        pinned_rows: pinned_rows as u64,
-        updates_stream: updates.map_or_else(String::new, |u| u.stream.clone()),
-        update_position: updates.map_or_else(
-            || {
-                graph
-                    .as_ref()
-                    .map_or_else(String::new, |g| g.position().to_string())
-            },
-            |u| u.position().to_string(),
-        ),
-        update_lag_s: updates.map_or(0.0, |u| u.lag_seconds()),
+        slots: ring.as_ref().map_or(0, |r| r.slots),
+        slots_used: ring.as_ref().map_or(0, |r| r.occupancy.used()),
+        clients: ring.as_ref().map_or(0, |r| r.clients),
+        l1_rows: tiers.l1_rows,
+        l1_bytes: tiers.l1_bytes,
+        pinned_rows: tiers.pinned_rows,
+        update_position: match (&updates, graph) {
+            (Some(u), _) => u.position.to_string(),
+            (None, Some(g)) => g.position.to_string(),
+            (None, None) => String::new(),
+        },
+        update_lag_s: updates.as_ref().map_or(0.0, |u| u.lag_seconds),
+        updates_stream: updates.map_or_else(String::new, |u| u.stream),
     }
 }
 
-fn distribution(name: &str, histogram: Option<&daemon_kit::metrics::Histogram>) -> Distribution {
+fn distribution(name: &str, histogram: &daemon_kit::metrics::Histogram) -> Distribution {
+    let h = histogram.snapshot();
     Distribution {
         name: name.to_string(),
-        count: histogram.map_or(0, |h| h.count),
-        mean: histogram.and_then(|h| h.mean()),
-        p50: histogram.and_then(|h| h.quantile(0.5)),
-        p90: histogram.and_then(|h| h.quantile(0.9)),
-        p99: histogram.and_then(|h| h.quantile(0.99)),
+        count: h.count,
+        mean: h.mean(),
+        p50: h.quantile(0.5),
+        p90: h.quantile(0.9),
+        p99: h.quantile(0.99),
     }
 }
 
-/// The stats report, read from the same registry `/metrics` serves.
+/// The stats report, from the serving path's histograms and the tiers' and
+/// the ring's snapshots (what `/metrics` encodes of them).
 fn stats(daemon: &Daemon) -> StatsReport {
-    use daemon_kit::metrics::{histograms, samples};
-    let text = daemon.metrics.encode();
-    let stage_histograms = histograms(&text, "sidecar_stage_seconds");
-    let stages = ["sample", "fetch", "batch"]
+    use crate::daemon::metrics::STAGES;
+    let m = &daemon.metrics;
+    let stages = STAGES
         .iter()
-        .map(|&stage| {
-            distribution(
-                stage,
-                stage_histograms
-                    .iter()
-                    .find(|h| h.label("stage") == Some(stage)),
-            )
-        })
+        .map(|&stage| distribution(stage, &m.stage(stage)))
         .collect();
-    let rows = histograms(&text, "sidecar_neighbor_fetch_count");
-    let all = samples(&text);
-    let value = |name: &str, label: Option<(&str, &str)>| -> u64 {
-        all.iter()
-            .find(|s| s.name == name && label.is_none_or(|(k, v)| s.label(k) == Some(v)))
-            .map_or(0, |s| s.value as u64)
-    };
-    let fallbacks: Vec<(String, u64)> = ["missing", "deadline", "unavailable"]
+    let t = daemon
+        .core()
+        .map(|c| c.tiers.snapshot())
+        .unwrap_or_default();
+    let fallbacks: Vec<(String, u64)> = t
+        .fallback_rows()
         .iter()
-        .map(|&cause| {
-            (
-                cause.to_string(),
-                value("sidecar_feature_fallbacks_total", Some(("cause", cause))),
-            )
-        })
+        .map(|&(cause, n)| (cause.to_string(), n))
         .collect();
-    let mut tier_rows: Vec<(String, u64)> = ["l1", "l2", "l3"]
+    let mut tier_rows: Vec<(String, u64)> = t
+        .tier_rows()
         .iter()
-        .map(|&tier| {
-            (
-                tier.to_string(),
-                value("sidecar_feature_rows_total", Some(("tier", tier))),
-            )
-        })
+        .map(|&(tier, n)| (tier.to_string(), n))
         .collect();
     tier_rows.push(("default".into(), fallbacks.iter().map(|(_, n)| n).sum()));
     let served: u64 = tier_rows.iter().map(|(_, n)| n).sum();
@@ -721,18 +699,18 @@ fn stats(daemon: &Daemon) -> StatsReport {
             rows,
         })
         .collect();
-    let ring = match daemon.ring() {
-        Some(ring) => {
-            let o = ring.occupancy();
+    let ring = match daemon.ring.snapshot().segment {
+        Some(r) => {
+            let o = r.occupancy;
             RingOccupancy {
-                slots: ring.slot_count(),
+                slots: r.slots,
                 free: o.free,
                 claimed: o.claimed,
                 submitted: o.submitted,
                 serving: o.serving,
                 published: o.published,
                 abandoned: o.abandoned,
-                clients: ring.registered_clients(),
+                clients: r.clients,
             }
         }
         None => RingOccupancy {
@@ -747,13 +725,13 @@ fn stats(daemon: &Daemon) -> StatsReport {
         },
     };
     StatsReport {
-        batches: daemon.metrics.batches.get(),
-        requests: daemon.metrics.requests.get(),
+        batches: m.batches.get(),
+        requests: m.requests.get(),
         stages,
-        neighbor_fetch_count: distribution("neighbor_fetch_count", rows.first()),
+        neighbor_fetch_count: distribution("neighbor_fetch_count", &m.neighbor_fetch_count),
         tiers,
         fallbacks,
-        deadline_misses: daemon.metrics.deadline_misses.get(),
+        deadline_misses: m.deadline_misses.get(),
         ring,
     }
 }

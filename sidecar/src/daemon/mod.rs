@@ -1,30 +1,42 @@
 //! The state the serving loop, the admin socket and the metrics endpoint
 //! share: the sidecar's [`Phase`], its run-time [`Knobs`], the loaded
-//! [`Core`] (graph, tiers, stores), the ring's monitor, the drain's state,
-//! and its [`metrics`]. Below both `serve` (which fills it in) and `admin`
-//! (which reads it and asks for drains and stops): neither imports the
-//! other for it.
+//! [`Core`] (graph, tiers, stores), the [`ring::Ring`], the drain's state,
+//! its readiness latches and its [`metrics`]. Below both `serve` (which
+//! fills it in) and `admin` (which reads it and asks for drains and stops):
+//! neither imports the other for it.
+//!
+//! Readiness is the latches' (`daemon_kit::readiness`), made here in the
+//! order a reader is told why the sidecar is not ready: its lifecycle
+//! (starting, draining, stopping), the update follower (replaying, or the
+//! stream trimmed past it), the graph, the feature store, the invalidation
+//! listener, the tiers' warm-up, the ring. Each subsystem releases its own
+//! as it comes up.
 
+pub mod events;
 pub mod metrics;
+pub mod ring;
 
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
-use std::sync::{Arc, Condvar, Mutex, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use anyhow::ensure;
 use daemon_kit::logging::LogHandle;
+use daemon_kit::readiness::{Latch, Readiness};
 use protocol::layout::MAX_HOPS;
 use protocol::server::RingMonitor;
 
 use crate::config::ServeConfig;
 use crate::features::invalidation::InvalidationStats;
 use crate::features::redis_tier::RedisTier;
-use crate::features::rocks::RocksStore;
+use crate::features::rocks::{RocksStore, StoreTelemetry};
 use crate::features::FeatureTiers;
 use crate::graph::live::LiveGraph;
 use crate::updates::follower::FollowerStats;
-use metrics::Metrics;
+use events::{Event, Poster};
+use metrics::{DaemonTelemetry, Metrics};
+use ring::Ring;
 
 /// Where the sidecar is in its life.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -140,8 +152,8 @@ pub struct Core {
     pub store: Option<Arc<RocksStore>>,
     pub redis: Option<RedisTier>,
     pub feature_dim: usize,
-    /// Times the L2 cache was found corrupt at start and rebuilt empty.
-    pub l2_rebuilds: u64,
+    /// The embedded store as `/metrics` and `status` report it.
+    pub store_telemetry: Arc<StoreTelemetry>,
     pub invalidation: Arc<InvalidationStats>,
     /// The update-stream follower's state, when one runs.
     pub updates: Option<Arc<FollowerStats>>,
@@ -160,11 +172,22 @@ pub struct DrainOutcome {
 
 #[derive(Debug, Default)]
 struct DrainState {
-    /// A drain was asked for with a delay: not ready, still serving.
-    announced: AtomicBool,
     requested: AtomicBool,
+    /// The outcome of the drain, once one ran.
     outcome: Mutex<Option<DrainOutcome>>,
-    done: Condvar,
+}
+
+/// The readiness latches the start-up hands to the subsystems, in the
+/// order their reasons are reported (the ring's is the ring's own).
+#[derive(Debug)]
+pub struct Latches {
+    /// The daemon's own: starting, about to drain, draining, stopping.
+    lifecycle: Latch,
+    pub updates: Latch,
+    pub graph: Latch,
+    pub store: Latch,
+    pub invalidation: Latch,
+    pub warm_up: Latch,
 }
 
 /// The state the serving loop, the admin socket and the metrics endpoint
@@ -176,11 +199,13 @@ pub struct Daemon {
     phase: AtomicU8,
     pub knobs: Knobs,
     pub metrics: Metrics,
+    pub readiness: Readiness,
+    pub latches: Latches,
     pub log: Option<Arc<LogHandle>>,
-    stop: AtomicBool,
+    events: Poster,
     drain: DrainState,
     core: OnceLock<Core>,
-    ring: arc_swap::ArcSwapOption<RingMonitor>,
+    pub ring: Arc<Ring>,
     /// Milliseconds since `started` at the serving loop's last turn.
     last_turn_ms: AtomicU64,
 }
@@ -190,28 +215,65 @@ pub struct Daemon {
 pub const LOOP_STALL: Duration = Duration::from_secs(10);
 
 impl Daemon {
-    pub(crate) fn new(config: ServeConfig, log: Option<Arc<LogHandle>>) -> Arc<Self> {
-        Arc::new_cyclic(|weak| Self {
+    pub(crate) fn new(
+        config: ServeConfig,
+        log: Option<Arc<LogHandle>>,
+        events: Poster,
+    ) -> Arc<Self> {
+        let readiness = Readiness::default();
+        let loading = Phase::Loading.name();
+        let latches = Latches {
+            lifecycle: readiness.latch("lifecycle", Phase::Starting.name()),
+            updates: readiness.latch("updates", loading),
+            graph: readiness.latch("graph", loading),
+            store: readiness.latch("store", loading),
+            invalidation: readiness.latch("invalidation", loading),
+            warm_up: readiness.latch("warm-up", Phase::WarmingUp.name()),
+        };
+        let ring = Arc::new(Ring::new(readiness.latch("ring", Phase::WarmingUp.name())));
+        let metrics = Metrics::new();
+        metrics.register(Some("ring"), ring.clone());
+        let daemon = Arc::new(Self {
             knobs: Knobs::new(&config),
-            metrics: Metrics::new(weak.clone()),
+            metrics,
+            readiness,
+            latches,
             config,
             started: Instant::now(),
             phase: AtomicU8::new(Phase::Starting as u8),
             log,
-            stop: AtomicBool::new(false),
+            events,
             drain: DrainState::default(),
             core: OnceLock::new(),
-            ring: arc_swap::ArcSwapOption::empty(),
+            ring,
             last_turn_ms: AtomicU64::new(0),
-        })
+        });
+        daemon
+            .metrics
+            .register(None, DaemonTelemetry(Arc::downgrade(&daemon)));
+        daemon
     }
 
     pub fn phase(&self) -> Phase {
         Phase::from_u8(self.phase.load(Ordering::Acquire))
     }
 
+    /// Moves to `phase`; the lifecycle latch follows it (held while
+    /// starting, draining and stopping).
     pub(crate) fn set_phase(&self, phase: Phase) {
         self.phase.store(phase as u8, Ordering::Release);
+        match phase {
+            Phase::Loading | Phase::WarmingUp | Phase::Ready => {}
+            Phase::Starting => self.latches.lifecycle.hold(phase.name()),
+            Phase::Draining => self
+                .latches
+                .lifecycle
+                .hold("draining (takes no new requests)"),
+            Phase::Stopping => self.latches.lifecycle.hold("stopping"),
+        }
+        if phase == Phase::Loading {
+            self.latches.lifecycle.release();
+        }
         tracing::info!(phase = phase.name(), "sidecar phase");
     }
 
@@ -230,29 +292,21 @@ impl Daemon {
         })
     }
 
-    /// The ring, once created.
+    /// The ring's monitor, once created.
     pub fn ring(&self) -> Option<Arc<RingMonitor>> {
-        self.ring.load_full()
+        self.ring.monitor()
     }
 
     pub fn is_ready(&self) -> bool {
         self.readiness().is_ok()
     }
 
-    /// Ready: the ring exists, the warm-up is done, and it is not draining.
+    /// Ready: every latch released (the stores open, the update stream
+    /// replayed, the warm-up done, the ring created, not draining).
     pub fn readiness(&self) -> Result<(), String> {
-        match self.phase() {
-            Phase::Ready if self.drain.announced.load(Ordering::Acquire) => {
-                Err("not ready: about to drain".into())
-            }
-            Phase::Ready => match self.core().and_then(|c| c.updates.as_ref()?.stale()) {
-                Some(why) => Err(format!("not ready: {why}")),
-                None => Ok(()),
-            },
-            Phase::Draining => Err("not ready: draining (takes no new requests)".into()),
-            Phase::Stopping => Err("not ready: stopping".into()),
-            phase => Err(format!("not ready: {}", phase.name())),
-        }
+        self.readiness
+            .check()
+            .map_err(|reason| format!("not ready: {reason}"))
     }
 
     /// Live: the process answers and, once serving, the serving loop turns.
@@ -274,7 +328,7 @@ impl Daemon {
 
     /// Asks the sidecar to drain and stop.
     pub fn request_stop(&self) {
-        self.stop.store(true, Ordering::Release);
+        self.events.post(Event::Stop);
     }
 
     /// Asks for a drain and waits for it to end (at most `wait` after the
@@ -282,12 +336,12 @@ impl Daemon {
     /// keeps serving for that long.
     pub fn drain_and_wait(&self, after: Duration, wait: Duration) -> anyhow::Result<DrainOutcome> {
         ensure!(
-            self.ring.load().is_some(),
+            self.ring.monitor().is_some(),
             "the sidecar is still {}: there is no ring to drain yet",
             self.phase().name()
         );
         if !after.is_zero() && !self.drain.requested.load(Ordering::Acquire) {
-            self.drain.announced.store(true, Ordering::Release);
+            self.latches.lifecycle.hold("about to drain");
             tracing::info!(
                 seconds = after.as_secs_f64(),
                 "not ready; draining after a delay"
@@ -295,24 +349,29 @@ impl Daemon {
             std::thread::sleep(after);
         }
         self.drain.requested.store(true, Ordering::Release);
-        let outcome = self.drain.outcome.lock().unwrap_or_else(|p| p.into_inner());
-        let (outcome, _) = self
-            .drain
-            .done
-            .wait_timeout_while(outcome, wait, |o| o.is_none())
-            .unwrap_or_else(|p| p.into_inner());
-        (*outcome)
+        let (reply, outcome) = crossbeam_channel::bounded(1);
+        self.events.post(Event::Drain(reply));
+        // A stop that began meanwhile drains too, and keeps the outcome.
+        outcome
+            .recv_timeout(wait)
+            .ok()
+            .or_else(|| self.drain_outcome())
             .ok_or_else(|| anyhow::anyhow!("the drain did not end within {} s", wait.as_secs()))
     }
 
-    /// Whether a stop was asked for (`sidecarctl shutdown`).
-    pub(crate) fn stop_requested(&self) -> bool {
-        self.stop.load(Ordering::Acquire)
+    /// How the drain ended, once one ran.
+    pub(crate) fn drain_outcome(&self) -> Option<DrainOutcome> {
+        *self.drain.outcome.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Whether a drain was asked for (`sidecarctl drain`).
-    pub(crate) fn drain_requested(&self) -> bool {
-        self.drain.requested.load(Ordering::Acquire)
+    /// Whether a stop was asked for (a signal, `sidecarctl shutdown`).
+    pub(crate) fn stop_requested(&self) -> bool {
+        self.events.stopping()
+    }
+
+    /// Posts an event to the control loop.
+    pub(crate) fn post(&self, event: Event) {
+        self.events.post(event);
     }
 
     /// The graph and tiers are loaded.
@@ -322,7 +381,7 @@ impl Daemon {
 
     /// The ring exists (a new one replaces a retired one).
     pub(crate) fn install_ring(&self, ring: RingMonitor) {
-        self.ring.store(Some(Arc::new(ring)));
+        self.ring.install(ring);
     }
 
     /// The serving loop turned (liveness).
@@ -333,6 +392,20 @@ impl Daemon {
 
     pub(crate) fn finish_drain(&self, outcome: DrainOutcome) {
         *self.drain.outcome.lock().unwrap_or_else(|p| p.into_inner()) = Some(outcome);
-        self.drain.done.notify_all();
+    }
+}
+
+/// `/metrics`, `/healthz` and `/readyz` (`daemon_kit::endpoint`).
+impl daemon_kit::endpoint::Probes for Daemon {
+    fn metrics(&self) -> String {
+        self.metrics.encode()
+    }
+
+    fn readiness(&self) -> Result<(), String> {
+        Daemon::readiness(self)
+    }
+
+    fn liveness(&self) -> Result<(), String> {
+        Daemon::liveness(self)
     }
 }

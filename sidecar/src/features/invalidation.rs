@@ -27,6 +27,55 @@ pub struct InvalidationStats {
     pub reconnects: AtomicU64,
 }
 
+/// The listener's counters at one moment.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct InvalidationSnapshot {
+    pub messages: u64,
+    pub ids: u64,
+    pub bad_tokens: u64,
+    pub reconnects: u64,
+}
+
+impl InvalidationStats {
+    pub fn snapshot(&self) -> InvalidationSnapshot {
+        let load = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        InvalidationSnapshot {
+            messages: load(&self.messages),
+            ids: load(&self.ids),
+            bad_tokens: load(&self.bad_tokens),
+            reconnects: load(&self.reconnects),
+        }
+    }
+}
+
+/// Registered under the `invalidation` prefix (zeros when no channel is
+/// configured).
+impl daemon_kit::metrics::Telemetry for InvalidationStats {
+    fn encode(&self, out: &mut daemon_kit::metrics::Out<'_>) -> std::fmt::Result {
+        let s = self.snapshot();
+        out.counter(
+            "messages",
+            "messages received on the invalidation channel",
+            s.messages,
+        )?;
+        out.counter(
+            "ids",
+            "node ids invalidated through the invalidation channel",
+            s.ids,
+        )?;
+        out.counter(
+            "bad_tokens",
+            "tokens of invalidation messages that are not node ids",
+            s.bad_tokens,
+        )?;
+        out.counter(
+            "reconnects",
+            "times the invalidation subscription was lost and made again",
+            s.reconnects,
+        )
+    }
+}
+
 /// Parses a message into node ids; returns (ids, unparsable tokens).
 pub fn parse_ids(message: &str) -> (Vec<u64>, usize) {
     let mut bad = 0;

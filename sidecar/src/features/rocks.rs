@@ -465,7 +465,115 @@ fn is_damage(e: &rocksdb::Error) -> bool {
     )
 }
 
+/// The embedded store at one moment.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct StoreSnapshot {
+    /// Whether a store is open (none with Redis and no L2 cache).
+    pub open: bool,
+    pub directory_lost: bool,
+    pub disk_full: bool,
+    pub write_errors: u64,
+    pub writes_refused: u64,
+    pub read_errors: u64,
+    pub disk_bytes: u64,
+    /// Memory RocksDB holds, per part ([`RocksStore::memory_bytes`]).
+    pub memory_bytes: [(&'static str, u64); 3],
+    /// Corrupt L2 caches moved aside and rebuilt empty at start.
+    pub rebuilds: u64,
+}
+
+/// The embedded store as the sidecar reports it: the store of record, the
+/// L2 cache, or none; registered at the sidecar's top level
+/// (`sidecar_store_*`, `sidecar_l2_*`).
+#[derive(Debug)]
+pub struct StoreTelemetry {
+    pub store: Option<std::sync::Arc<RocksStore>>,
+    pub rebuilds: u64,
+}
+
+impl StoreTelemetry {
+    /// Reading it checks that the store's directory is still there.
+    pub fn snapshot(&self) -> StoreSnapshot {
+        let Some(store) = &self.store else {
+            return StoreSnapshot {
+                rebuilds: self.rebuilds,
+                ..StoreSnapshot::default()
+            };
+        };
+        let load = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        store.directory_problem();
+        StoreSnapshot {
+            open: true,
+            directory_lost: store.alarmed(),
+            disk_full: store.disk_full(),
+            write_errors: load(&store.write_errors),
+            writes_refused: load(&store.writes_refused),
+            read_errors: load(&store.read_errors),
+            disk_bytes: store.disk_bytes(),
+            memory_bytes: store.memory_bytes(),
+            rebuilds: self.rebuilds,
+        }
+    }
+}
+
+impl daemon_kit::metrics::Telemetry for StoreTelemetry {
+    fn encode(&self, out: &mut daemon_kit::metrics::Out<'_>) -> std::fmt::Result {
+        let s = self.snapshot();
+        out.counter(
+            "l2_rebuilds",
+            "corrupt L2 caches moved aside and rebuilt empty at start",
+            s.rebuilds,
+        )?;
+        out.gauge(
+            "store_directory_lost",
+            "1 once the embedded store's directory was found deleted or replaced while open \
+             (writes are refused; restore it and restart)",
+            u64::from(s.directory_lost),
+        )?;
+        out.gauge(
+            "store_disk_full",
+            "1 once a write of the embedded store failed for want of space on its device \
+             (writes fail until space is freed and the sidecar restarted; reads go on)",
+            u64::from(s.disk_full),
+        )?;
+        out.counter(
+            "store_write_errors",
+            "writes to the embedded store that failed (full disk, I/O error), never acknowledged",
+            s.write_errors,
+        )?;
+        out.counter(
+            "store_writes_refused",
+            "writes to the embedded store refused because its directory was lost",
+            s.writes_refused,
+        )?;
+        out.counter(
+            "l2_read_errors",
+            "L2 reads that failed and were served as misses",
+            s.read_errors,
+        )?;
+        out.gauge(
+            "l2_disk_bytes",
+            "bytes of the L2 store's files on disk",
+            s.disk_bytes,
+        )?;
+        if s.open {
+            let parts = s.memory_bytes.map(|(part, bytes)| (part, bytes as i64));
+            out.gauges(
+                "l2_memory_bytes",
+                "memory the L2 store (RocksDB) holds, per part",
+                "part",
+                &parts,
+            )?;
+        }
+        Ok(())
+    }
+}
+
 impl crate::features::store::LocalStore for RocksStore {
+    fn malformed_rows(&self) -> u64 {
+        self.malformed.load(Ordering::Relaxed)
+    }
+
     fn role(&self) -> Role {
         RocksStore::role(self)
     }

@@ -44,6 +44,12 @@ pub trait LocalStore: Send + Sync + std::fmt::Debug {
     /// Deletes every row (`sidecarctl cache flush --l2`).
     fn clear(&self) -> anyhow::Result<()>;
 
+    /// Values it held of the wrong length (served as misses), since it
+    /// was opened.
+    fn malformed_rows(&self) -> u64 {
+        0
+    }
+
     /// Whether its disk is full (writes then fail, and are not logged
     /// again by the tiers: the store alarms once).
     fn disk_full(&self) -> bool;

@@ -18,11 +18,13 @@
 //! the request never fails for it.
 
 use std::collections::hash_map::Entry;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use arc_swap::ArcSwap;
+use daemon_kit::metrics::{Out, Telemetry};
+use daemon_kit::readiness::Latch;
 use protocol::payload::schema::tier;
 use rustc_hash::FxHashMap;
 use tokio::sync::watch;
@@ -39,6 +41,106 @@ pub enum DefaultRow {
     Zeros,
     /// The population mean, computed at import.
     Mean(Arc<[f32]>),
+}
+
+/// The tiers at one moment: what `/metrics` and `sidecarctl stats` and
+/// `status` report of them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct TierSnapshot {
+    /// Rows served from L1, L2 and L3 ([`TierSnapshot::TIERS`]).
+    pub rows: [u64; 3],
+    /// Default rows served, per cause ([`TierSnapshot::CAUSES`]).
+    pub fallbacks: [u64; 3],
+    /// Stored values of the wrong length, in L2 and in L3.
+    pub malformed: [u64; 2],
+    pub coalesced: u64,
+    pub redis_round_trips: u64,
+    pub l1_stale_refused: u64,
+    pub l2_writes: u64,
+    pub l1_bytes: u64,
+    pub l1_rows: u64,
+    pub pinned_rows: u64,
+    pub rows_in_flight: u64,
+}
+
+impl TierSnapshot {
+    pub const TIERS: [&'static str; 3] = ["l1", "l2", "l3"];
+    pub const CAUSES: [&'static str; 3] = ["missing", "deadline", "unavailable"];
+
+    fn labelled<const N: usize>(
+        names: [&'static str; N],
+        values: [u64; N],
+    ) -> [(&'static str, u64); N] {
+        std::array::from_fn(|i| (names[i], values[i]))
+    }
+
+    /// Rows per tier, labelled.
+    pub fn tier_rows(&self) -> [(&'static str, u64); 3] {
+        Self::labelled(Self::TIERS, self.rows)
+    }
+
+    /// Default rows per cause, labelled.
+    pub fn fallback_rows(&self) -> [(&'static str, u64); 3] {
+        Self::labelled(Self::CAUSES, self.fallbacks)
+    }
+}
+
+/// Registered at the sidecar's top level (`sidecar_feature_*`, `sidecar_l1_*`,
+/// ...): the tiers' names predate sub-registry prefixes.
+impl Telemetry for FeatureTiers {
+    fn encode(&self, out: &mut Out<'_>) -> std::fmt::Result {
+        let s = self.snapshot();
+        out.counters(
+            "feature_rows",
+            "feature rows served, per tier (a tier's hit ratio is its share)",
+            "tier",
+            &s.tier_rows(),
+        )?;
+        out.counters(
+            "feature_fallbacks",
+            "default rows served, per cause",
+            "cause",
+            &s.fallback_rows(),
+        )?;
+        out.counters(
+            "feature_malformed",
+            "stored values of the wrong length, served as misses, per tier",
+            "tier",
+            &[("l2", s.malformed[0]), ("l3", s.malformed[1])],
+        )?;
+        out.counter(
+            "feature_coalesced",
+            "rows that joined another request's fetch",
+            s.coalesced,
+        )?;
+        out.counter(
+            "redis_round_trips",
+            "Redis MGET round trips (one per batch of misses)",
+            s.redis_round_trips,
+        )?;
+        out.counter(
+            "l1_stale_refused",
+            "fetched rows not cached because an invalidation ran during their fetch",
+            s.l1_stale_refused,
+        )?;
+        out.counter(
+            "l2_writes",
+            "rows from Redis written back to the L2 cache",
+            s.l2_writes,
+        )?;
+        out.gauge("l1_bytes", "bytes held by the L1 cache", s.l1_bytes)?;
+        out.gauge("l1_rows", "rows held by the L1 cache", s.l1_rows)?;
+        out.gauge(
+            "l1_pinned_rows",
+            "rows of the pinned hot set",
+            s.pinned_rows,
+        )?;
+        out.gauge(
+            "rows_in_flight",
+            "rows being fetched from L2 or L3 now",
+            s.rows_in_flight,
+        )
+    }
 }
 
 /// Counters, per tier and per fallback cause.
@@ -88,6 +190,8 @@ pub struct TierConfig {
     pub fetch_timeout: Duration,
     /// The change clock invalidations mark (docs/protocol.md, "Freshness").
     pub changes: Option<Arc<crate::graph::Changes>>,
+    /// The tiers' readiness latch, released once the warm-up is done.
+    pub latch: Option<Latch>,
 }
 
 impl TierConfig {
@@ -101,6 +205,7 @@ impl TierConfig {
             default_row: DefaultRow::Zeros,
             fetch_timeout: Duration::from_secs(1),
             changes: None,
+            latch: None,
         }
     }
 }
@@ -150,7 +255,7 @@ struct Inner {
     /// Orders write-backs to an L2 cache with invalidations' deletes.
     l2_writes: Mutex<()>,
     stats: TierStats,
-    ready: AtomicBool,
+    latch: Option<Latch>,
     /// Bumped by every invalidation. A fetch that saw another value when it
     /// started does not write its rows to L1 or L2: they may predate the
     /// invalidation (it still hands them to its waiters).
@@ -237,7 +342,7 @@ impl FeatureTiers {
                 flights: Mutex::new(Flights::default()),
                 l2_writes: Mutex::new(()),
                 stats: TierStats::default(),
-                ready: AtomicBool::new(false),
+                latch: config.latch.clone(),
                 invalidations: AtomicU64::new(0),
                 changes: config.changes.clone(),
             }),
@@ -246,6 +351,33 @@ impl FeatureTiers {
 
     pub fn stats(&self) -> &TierStats {
         &self.inner.stats
+    }
+
+    /// The tiers' counters and occupancy now.
+    pub fn snapshot(&self) -> TierSnapshot {
+        let t = &self.inner.stats;
+        let load = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        let (l1_rows, pinned_rows) = self.l1_rows();
+        TierSnapshot {
+            rows: [load(&t.l1_hits), load(&t.l2_hits), load(&t.l3_hits)],
+            fallbacks: [
+                load(&t.fallback_missing),
+                load(&t.fallback_deadline),
+                load(&t.fallback_unavailable),
+            ],
+            malformed: [
+                self.inner.l2.as_ref().map_or(0, |s| s.malformed_rows()),
+                load(&t.malformed),
+            ],
+            coalesced: load(&t.coalesced),
+            redis_round_trips: load(&t.l3_round_trips),
+            l1_stale_refused: self.stale_refused(),
+            l2_writes: load(&t.l2_writes),
+            l1_bytes: self.l1_bytes(),
+            l1_rows: l1_rows as u64,
+            pinned_rows: pinned_rows as u64,
+            rows_in_flight: self.rows_in_flight() as u64,
+        }
     }
 
     /// Bytes held by the L1 cache (the pinned set excluded).
@@ -279,16 +411,14 @@ impl FeatureTiers {
             .len()
     }
 
-    /// True once [`FeatureTiers::warm_up`] has completed.
-    pub fn is_ready(&self) -> bool {
-        self.inner.ready.load(Ordering::Acquire)
-    }
-
     /// Loads `hot` (e.g. the top-degree nodes) through the tiers and pins
-    /// them in L1, then marks the tiers ready. Returns how many were pinned.
+    /// them in L1, then releases the tiers' readiness latch. Returns how
+    /// many were pinned.
     pub async fn warm_up(&self, hot: &[u64]) -> usize {
         let n = self.pin(hot, 1_000, |_, _| {}).await;
-        self.inner.ready.store(true, Ordering::Release);
+        if let Some(latch) = &self.inner.latch {
+            latch.release();
+        }
         tracing::info!(pinned = n, requested = hot.len(), "feature warm-up done");
         n
     }

@@ -763,3 +763,77 @@ mod tests {
         }
     }
 }
+
+/// The served graph and its change clock at one moment.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct GraphCounts {
+    pub graph_version: u64,
+    pub nodes: u64,
+    pub edges: u64,
+    pub generation: u64,
+    pub delta_entries: u64,
+    pub position: StreamPosition,
+    pub compactions: u64,
+    pub change_tick: u64,
+    pub feature_marks: u64,
+    pub edge_marks: u64,
+}
+
+impl LiveGraph {
+    pub fn counts(&self) -> GraphCounts {
+        let graph = self.snapshot();
+        let changes = self.changes();
+        let (feature_marks, edge_marks) = changes.marked();
+        GraphCounts {
+            graph_version: graph.graph_version(),
+            nodes: graph.n_nodes(),
+            edges: graph.n_edges(),
+            generation: graph.generation(),
+            delta_entries: graph.delta_entries(),
+            position: graph.position(),
+            compactions: self.compactions(),
+            change_tick: changes.tick(),
+            feature_marks: feature_marks as u64,
+            edge_marks: edge_marks as u64,
+        }
+    }
+}
+
+/// Registered at the sidecar's top level (`sidecar_graph_*`,
+/// `sidecar_change_*`).
+impl daemon_kit::metrics::Telemetry for LiveGraph {
+    fn encode(&self, out: &mut daemon_kit::metrics::Out<'_>) -> std::fmt::Result {
+        let c = self.counts();
+        out.gauge(
+            "change_tick",
+            "changes (graph updates, feature invalidations) applied since the sidecar started",
+            c.change_tick,
+        )?;
+        out.gauges(
+            "change_marks",
+            "nodes marked by the change clock (kept for the process's life), per kind",
+            "kind",
+            &[
+                ("features", c.feature_marks as i64),
+                ("edges", c.edge_marks as i64),
+            ],
+        )?;
+        out.gauge("graph_nodes", "nodes of the served graph", c.nodes)?;
+        out.gauge("graph_edges", "edges of the served graph", c.edges)?;
+        out.gauge(
+            "graph_generation",
+            "updates applied to the graph since its import (kept by compaction)",
+            c.generation,
+        )?;
+        out.gauge(
+            "graph_delta_entries",
+            "entries of the graph's in-memory delta (nodes with added edges, added nodes)",
+            c.delta_entries,
+        )?;
+        out.counter(
+            "graph_compactions",
+            "graph compactions completed (asked for or automatic)",
+            c.compactions,
+        )
+    }
+}

@@ -7,6 +7,8 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use anyhow::{bail, Context};
+use daemon_kit::metrics::{Out, Telemetry};
+use daemon_kit::readiness::Latch;
 use prometheus_client::metrics::histogram::Histogram;
 use redis::Value;
 
@@ -49,6 +51,22 @@ pub struct FollowerStats {
     is_stale: AtomicBool,
     /// Seconds from an entry's id time to its change being visible.
     pub apply_lag: Histogram,
+    /// Held until the stream is replayed to its end at start, and again
+    /// for good once the stream is found trimmed past this replica.
+    latch: Latch,
+}
+
+/// The follower at one moment.
+#[derive(Debug, Clone, PartialEq)]
+pub struct FollowerSnapshot {
+    pub stream: String,
+    pub position: StreamPosition,
+    pub lag_seconds: f64,
+    /// Entries applied per op ([`OPS`]).
+    pub applied: [u64; 4],
+    pub malformed: u64,
+    pub read_errors: u64,
+    pub stale: bool,
 }
 
 pub const OPS: [&str; 4] = ["add_node", "add_edges", "set_features", "invalidate"];
@@ -59,8 +77,10 @@ const LAG_BUCKETS: [f64; 14] = [
 ];
 
 impl FollowerStats {
-    pub fn new(stream: &str) -> Self {
+    /// `latch` is held until [`FollowerStats::caught_up_at_start`].
+    pub fn new(stream: &str, latch: Latch) -> Self {
         Self {
+            latch,
             stream: stream.to_string(),
             position_ms: AtomicU64::new(0),
             position_seq: AtomicU64::new(0),
@@ -110,8 +130,76 @@ impl FollowerStats {
     }
 
     fn set_stale(&self, why: String) {
+        self.latch.hold(why.clone());
         *self.stale.lock().unwrap_or_else(|p| p.into_inner()) = Some(why);
         self.is_stale.store(true, Ordering::Release);
+    }
+
+    /// The stream is replayed to its end: ready, unless it was found
+    /// trimmed past this replica meanwhile.
+    pub fn caught_up_at_start(&self) {
+        if !self.is_stale.load(Ordering::Acquire) {
+            self.latch.release();
+        }
+    }
+
+    pub fn snapshot(&self) -> FollowerSnapshot {
+        FollowerSnapshot {
+            stream: self.stream.clone(),
+            position: self.position(),
+            lag_seconds: self.lag_seconds(),
+            applied: self.applied.each_ref().map(|n| n.load(Ordering::Relaxed)),
+            malformed: self.malformed.load(Ordering::Relaxed),
+            read_errors: self.read_errors.load(Ordering::Relaxed),
+            stale: self.is_stale.load(Ordering::Acquire),
+        }
+    }
+}
+
+/// Registered at the sidecar's top level (`sidecar_update_*`,
+/// `sidecar_updates_*`), only when the sidecar follows a stream.
+impl Telemetry for FollowerStats {
+    fn encode(&self, out: &mut Out<'_>) -> std::fmt::Result {
+        let s = self.snapshot();
+        out.gauge(
+            "update_lag_seconds",
+            "now minus the time of the last applied update-stream entry while entries are \
+             pending; 0 when caught up",
+            s.lag_seconds,
+        )?;
+        out.gauge(
+            "update_position_ms",
+            "the millisecond part of the last applied update-stream entry's id",
+            s.position.ms,
+        )?;
+        let applied: [(&str, u64); 4] = std::array::from_fn(|i| (OPS[i], s.applied[i]));
+        out.counters(
+            "updates_applied",
+            "update-stream entries applied, per op",
+            "op",
+            &applied,
+        )?;
+        out.counter(
+            "updates_malformed",
+            "update-stream entries skipped whole as malformed",
+            s.malformed,
+        )?;
+        out.counter(
+            "updates_read_errors",
+            "failed reads of the update stream (retried)",
+            s.read_errors,
+        )?;
+        out.gauge(
+            "updates_stale",
+            "1 once the stream was trimmed past this replica's position (it reports not \
+             ready and refuses requests; re-seed it)",
+            u64::from(s.stale),
+        )?;
+        out.metric(
+            "update_apply_lag_seconds",
+            "per applied entry, from its id's time to its change being visible",
+            &self.apply_lag,
+        )
     }
 }
 
