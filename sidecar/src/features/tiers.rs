@@ -230,6 +230,18 @@ struct FlightRows {
 
 type FlightRx = watch::Receiver<Option<Arc<FlightRows>>>;
 
+/// How a request's misses are fetched: its own flight's rows (positions
+/// and ids in flight order), and the rows it joined other requests'
+/// flights for: (position, flight, index in that flight).
+struct Booking {
+    owned_pos: Vec<usize>,
+    owned_ids: Vec<u64>,
+    joined: Vec<(usize, u64, u32)>,
+    joined_flights: Vec<(u64, FlightRx)>,
+    /// This request's own flight, opened.
+    mine: Option<(u64, watch::Sender<Option<Arc<FlightRows>>>)>,
+}
+
 /// The fetches in progress. One flight per batch of misses; each row being
 /// fetched maps to its flight and its place in it, so a request missing the
 /// same row joins that flight instead of fetching the row again.
@@ -622,62 +634,22 @@ impl FeatureTiers {
         features: &mut [f32],
         sources: &mut [RowSource],
     ) {
-        let inner = &self.inner;
-        let stats = &inner.stats;
-        // Positions this request fetches, and their ids in flight order.
-        let mut owned_pos: Vec<usize> = Vec::with_capacity(missing.len());
-        let mut owned_ids: Vec<u64> = Vec::with_capacity(missing.len());
-        // Positions served by other requests' flights: (pos, flight, index).
-        let mut joined: Vec<(usize, u64, u32)> = Vec::new();
-        let mut joined_flights: Vec<(u64, FlightRx)> = Vec::new();
-        let mine = {
-            let mut flights = inner.flights.lock().unwrap_or_else(PoisonError::into_inner);
-            let flight_no = flights.next;
-            flights.next += 1;
-            for &pos in missing {
-                match flights.by_row.entry(ids[pos]) {
-                    Entry::Occupied(entry) => {
-                        let (no, idx) = *entry.get();
-                        joined.push((pos, no, idx));
-                    }
-                    Entry::Vacant(entry) => {
-                        entry.insert((flight_no, owned_ids.len() as u32));
-                        owned_pos.push(pos);
-                        owned_ids.push(ids[pos]);
-                    }
-                }
-            }
-            for &(_, no, _) in &joined {
-                if !joined_flights.iter().any(|(n, _)| *n == no) {
-                    let rx = flights
-                        .open
-                        .get(&no)
-                        .expect("a row's flight is open")
-                        .clone();
-                    joined_flights.push((no, rx));
-                }
-            }
-            (!owned_ids.is_empty()).then(|| {
-                let (tx, rx) = watch::channel(None);
-                flights.open.insert(flight_no, rx);
-                (flight_no, tx)
-            })
-        };
-        stats
+        let booking = self.book(ids, missing);
+        self.inner
+            .stats
             .coalesced
-            .fetch_add(joined.len() as u64, Ordering::Relaxed);
-
-        if let Some((flight_no, tx)) = mine {
+            .fetch_add(booking.joined.len() as u64, Ordering::Relaxed);
+        if let Some((flight_no, tx)) = booking.mine {
             let guard = FlightGuard {
                 tiers: self.clone(),
                 flight_no,
-                ids: owned_ids,
+                ids: booking.owned_ids,
             };
             let mut fly = Box::pin(self.clone().fly(guard, tx));
             tokio::select! {
                 biased;
                 rows = &mut fly => {
-                    for (idx, &pos) in owned_pos.iter().enumerate() {
+                    for (idx, &pos) in booking.owned_pos.iter().enumerate() {
                         self.land(&rows, idx, pos, features, sources);
                     }
                 }
@@ -685,34 +657,100 @@ impl FeatureTiers {
                     // Keep fetching for whoever shares these rows, and to
                     // warm the caches with a late answer.
                     tokio::spawn(fly);
-                    self.late(&owned_pos, features, sources);
+                    self.late(&booking.owned_pos, features, sources);
                 }
             }
         }
-        for (no, mut rx) in joined_flights {
-            let waited =
-                tokio::time::timeout_at(deadline.into(), rx.wait_for(Option::is_some)).await;
-            let rows = match waited {
-                Ok(Ok(rows)) => rows.clone(),
-                Ok(Err(_)) => None,
-                Err(_) => {
-                    let late: Vec<usize> = joined
-                        .iter()
-                        .filter(|(_, n, _)| *n == no)
-                        .map(|&(pos, ..)| pos)
-                        .collect();
-                    self.late(&late, features, sources);
-                    continue;
+        for (no, rx) in booking.joined_flights {
+            self.await_joined(no, rx, &booking.joined, deadline, features, sources)
+                .await;
+        }
+    }
+
+    /// Under the flights' lock: the rows of `missing` another request is
+    /// fetching are joined to its flight; the others make this request's
+    /// own flight (opened here, if there are any).
+    fn book(&self, ids: &[u64], missing: &[usize]) -> Booking {
+        let mut booking = Booking {
+            owned_pos: Vec::with_capacity(missing.len()),
+            owned_ids: Vec::with_capacity(missing.len()),
+            joined: Vec::new(),
+            joined_flights: Vec::new(),
+            mine: None,
+        };
+        let mut flights = self
+            .inner
+            .flights
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        let flight_no = flights.next;
+        flights.next += 1;
+        for &pos in missing {
+            match flights.by_row.entry(ids[pos]) {
+                Entry::Occupied(entry) => {
+                    let (no, idx) = *entry.get();
+                    booking.joined.push((pos, no, idx));
                 }
-            };
-            for &(pos, _, idx) in joined.iter().filter(|(_, n, _)| *n == no) {
-                match &rows {
-                    Some(rows) => self.land(rows, idx as usize, pos, features, sources),
-                    None => {
-                        // The flight was dropped unfinished.
-                        stats.fallback_unavailable.fetch_add(1, Ordering::Relaxed);
-                        self.default_into(pos, features, sources);
-                    }
+                Entry::Vacant(entry) => {
+                    entry.insert((flight_no, booking.owned_ids.len() as u32));
+                    booking.owned_pos.push(pos);
+                    booking.owned_ids.push(ids[pos]);
+                }
+            }
+        }
+        for &(_, no, _) in &booking.joined {
+            if !booking.joined_flights.iter().any(|(n, _)| *n == no) {
+                let rx = flights
+                    .open
+                    .get(&no)
+                    .expect("a row's flight is open")
+                    .clone();
+                booking.joined_flights.push((no, rx));
+            }
+        }
+        if !booking.owned_ids.is_empty() {
+            let (tx, rx) = watch::channel(None);
+            flights.open.insert(flight_no, rx);
+            booking.mine = Some((flight_no, tx));
+        }
+        booking
+    }
+
+    /// Waits (until `deadline`) for another request's flight `no` and
+    /// copies out the rows this request joined it for.
+    async fn await_joined(
+        &self,
+        no: u64,
+        mut rx: FlightRx,
+        joined: &[(usize, u64, u32)],
+        deadline: Instant,
+        features: &mut [f32],
+        sources: &mut [RowSource],
+    ) {
+        let waited = tokio::time::timeout_at(deadline.into(), rx.wait_for(Option::is_some)).await;
+        let rows = match waited {
+            Ok(Ok(rows)) => rows.clone(),
+            Ok(Err(_)) => None,
+            Err(_) => {
+                let late: Vec<usize> = joined
+                    .iter()
+                    .filter(|(_, n, _)| *n == no)
+                    .map(|&(pos, ..)| pos)
+                    .collect();
+                self.late(&late, features, sources);
+                return;
+            }
+        };
+        for &(pos, _, idx) in joined.iter().filter(|(_, n, _)| *n == no) {
+            match &rows {
+                Some(rows) => self.land(rows, idx as usize, pos, features, sources),
+                None => {
+                    // The flight was dropped unfinished.
+                    self.inner
+                        .stats
+                        .fallback_unavailable
+                        .fetch_add(1, Ordering::Relaxed);
+                    self.default_into(pos, features, sources);
                 }
             }
         }
