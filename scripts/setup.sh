@@ -10,7 +10,9 @@
 #   tests start their own servers), openssl (test TLS certificates), clang
 #   and libclang-dev (RocksDB's build), protobuf-compiler (the worker's
 #   gRPC types), podman and runc (the pod test runs the Kubernetes
-#   Deployment with `podman kube play`), and kubernetes-client when no
+#   Deployment with `podman kube play`), prometheus (promtool checks and
+#   unit-tests the alert rules; a real server scrapes both daemons in a
+#   test), and kubernetes-client when no
 #   kubectl is on the PATH (`kubectl kustomize` renders k8s/),
 #   python3-venv where the system Python lacks the venv module;
 # - a project-local Python venv in .venv with requirements.txt (numpy,
@@ -67,7 +69,7 @@ apt_install() {
     DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null
 }
 
-apt_install redis-server redis-tools clang libclang-dev openssl protobuf-compiler podman runc
+apt_install redis-server redis-tools clang libclang-dev openssl protobuf-compiler podman runc prometheus
 if ! command -v kubectl >/dev/null 2>&1; then
     apt_install kubernetes-client
 fi

@@ -18,6 +18,9 @@ pub mod pb {
     tonic::include_proto!("gnn.v1");
 }
 
+/// The encoded descriptors of `gnn.v1`, served by gRPC server reflection.
+pub const FILE_DESCRIPTOR_SET: &[u8] = tonic::include_file_descriptor_set!("gnn_descriptor");
+
 pub use pb::predictor_client::PredictorClient;
 pub use pb::predictor_server::PredictorServer;
 

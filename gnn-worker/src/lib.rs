@@ -7,7 +7,9 @@
 //! - [`onnxruntime`]: finding and loading the ONNX Runtime library;
 //! - [`batcher`]: dynamic batching and the executor threads;
 //! - [`service`]: the worker as the front ends see it (readiness, calls);
-//! - [`grpc`], [`http`]: the client APIs;
+//! - [`grpc`], [`http`]: the client APIs; [`health`]: `grpc.health.v1`
+//!   (readiness and liveness for native gRPC probes) beside gRPC server
+//!   reflection on the gRPC port;
 //! - [`config`]: every setting of `gnn-worker serve`, its default and range;
 //! - [`metrics`]: the worker's Prometheus registry.
 //!
@@ -23,6 +25,7 @@ pub mod batcher;
 pub mod config;
 pub mod grpc;
 pub mod grpc_connections;
+pub mod health;
 pub mod http;
 pub mod http_server;
 pub mod ladder;

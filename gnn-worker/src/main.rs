@@ -423,6 +423,29 @@ fn start_and_serve(
     runtime.block_on(serve(started.config, stop_rx))
 }
 
+/// gRPC server reflection (v1, and v1alpha for older grpcurl) over the
+/// worker's API and `grpc.health.v1`.
+fn reflection() -> anyhow::Result<(
+    tonic_reflection::server::v1::ServerReflectionServer<
+        impl tonic_reflection::server::v1::ServerReflection,
+    >,
+    tonic_reflection::server::v1alpha::ServerReflectionServer<
+        impl tonic_reflection::server::v1alpha::ServerReflection,
+    >,
+)> {
+    let builder = || {
+        tonic_reflection::server::Builder::configure()
+            .register_encoded_file_descriptor_set(gnn_worker::grpc::FILE_DESCRIPTOR_SET)
+            .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+    };
+    Ok((
+        builder().build_v1().context("building gRPC reflection")?,
+        builder()
+            .build_v1alpha()
+            .context("building gRPC reflection")?,
+    ))
+}
+
 async fn serve(
     config: WorkerConfig,
     mut signalled: tokio::sync::watch::Receiver<bool>,
@@ -467,11 +490,15 @@ async fn serve(
         Duration::from_secs_f64(config.http_read_timeout_s),
         service.metrics().clone(),
     );
+    let (reflection_v1, reflection_v1alpha) = reflection()?;
     let grpc_server = tonic::transport::Server::builder()
         .layer(tower::util::MapResponseLayer::new(
             gnn_worker::grpc::invalid_argument_for_undecodable,
         ))
         .add_service(PredictorServer::new(PredictService::new(service.clone())))
+        .add_service(gnn_worker::health::HealthService::server(service.clone()))
+        .add_service(reflection_v1)
+        .add_service(reflection_v1alpha)
         .serve_with_incoming_shutdown(grpc_incoming, async move {
             let _ = grpc_stop.wait_for(|s| *s).await;
         });

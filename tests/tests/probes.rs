@@ -3,7 +3,8 @@
 //! killed, attached again to its replacement, attached to a sidecar serving
 //! another graph version, and with every executor retired after a panic
 //! (the `gnn-worker-executor` failpoint). gRPC calls made while it is not
-//! ready are UNAVAILABLE. Also: every metric both daemons export is
+//! ready are UNAVAILABLE, and `grpc.health.v1` (Check and Watch) agrees
+//! with `/readyz` in each state, with the same reason. Also: every metric both daemons export is
 //! documented in docs/metrics.md, and every documented one is exported.
 
 use std::collections::BTreeSet;
@@ -18,6 +19,9 @@ use tests::stack::{
     workspace_bin, Stack, StackOptions,
 };
 use tests::{eventually, unique_name};
+use tonic_health::pb::health_check_response::ServingStatus;
+use tonic_health::pb::health_client::HealthClient;
+use tonic_health::pb::HealthCheckRequest;
 
 /// A child killed (SIGKILL) on drop.
 struct Proc(Child);
@@ -129,6 +133,85 @@ impl Worker {
     fn metric(&self, name: &str) -> f64 {
         metric_value(&self.http, name)
     }
+
+    fn runtime() -> tokio::runtime::Runtime {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap()
+    }
+
+    /// `grpc.health.v1` Check of `service`: the status and the
+    /// `x-not-ready-reason` metadata.
+    fn health(&self, service: &str) -> Result<(ServingStatus, String), tonic::Status> {
+        Self::runtime().block_on(async {
+            let channel = channel(&self.grpc)
+                .await
+                .map_err(|e| tonic::Status::unavailable(e.to_string()))?;
+            let mut client = HealthClient::new(channel);
+            let response = client
+                .check(HealthCheckRequest {
+                    service: service.into(),
+                })
+                .await?;
+            let reason = response
+                .metadata()
+                .get("x-not-ready-reason")
+                .map(|v| v.to_str().unwrap().to_string())
+                .unwrap_or_default();
+            let status = ServingStatus::try_from(response.into_inner().status).unwrap();
+            Ok((status, reason))
+        })
+    }
+
+    /// Both readiness names say `want`, as `/readyz` does at that moment.
+    fn assert_health(&self, want: ServingStatus) -> String {
+        let (code, body) = self.readyz();
+        assert_eq!(code == 200, want == ServingStatus::Serving, "{body}");
+        let (status, reason) = self.health("").unwrap();
+        assert_eq!(status, want, "{reason}");
+        assert_eq!(
+            self.health("gnn.v1.Predictor").unwrap().0,
+            want,
+            "the service's own name"
+        );
+        if want == ServingStatus::NotServing {
+            assert_eq!(format!("not ready: {reason}\n"), body, "the same reason");
+        }
+        reason
+    }
+
+    /// The services gRPC server reflection lists.
+    fn reflected_services(&self) -> Vec<String> {
+        use tonic_reflection::pb::v1::server_reflection_client::ServerReflectionClient;
+        use tonic_reflection::pb::v1::server_reflection_request::MessageRequest;
+        use tonic_reflection::pb::v1::server_reflection_response::MessageResponse;
+        use tonic_reflection::pb::v1::ServerReflectionRequest;
+        Self::runtime().block_on(async {
+            let mut client = ServerReflectionClient::new(channel(&self.grpc).await.unwrap());
+            let request = ServerReflectionRequest {
+                host: String::new(),
+                message_request: Some(MessageRequest::ListServices(String::new())),
+            };
+            let mut answers = client
+                .server_reflection_info(tokio_stream::iter([request]))
+                .await
+                .unwrap()
+                .into_inner();
+            match answers.message().await.unwrap().unwrap().message_response {
+                Some(MessageResponse::ListServicesResponse(list)) => {
+                    list.service.into_iter().map(|s| s.name).collect()
+                }
+                other => panic!("not a list of services: {other:?}"),
+            }
+        })
+    }
+}
+
+async fn channel(addr: &str) -> Result<tonic::transport::Channel, tonic::transport::Error> {
+    tonic::transport::Endpoint::from_shared(addr.to_string())?
+        .connect()
+        .await
 }
 
 fn unavailable(result: Result<Vec<pb::Prediction>, tonic::Status>) -> String {
@@ -171,18 +254,50 @@ fn the_workers_readiness_follows_the_sidecar() {
     let said = unavailable(worker.predict(&[1]));
     assert!(said.contains("waiting for the sidecar"), "{said}");
     assert_eq!(worker.metric("gnn_worker_ready"), 0.0);
+    // grpc.health.v1 tells the same: NOT_SERVING, with the same reason;
+    // the liveness name is SERVING; an unknown name is NOT_FOUND.
+    let reason = worker.assert_health(ServingStatus::NotServing);
+    assert!(reason.contains("waiting for the sidecar"), "{reason}");
+    assert_eq!(worker.health("liveness").unwrap().0, ServingStatus::Serving);
+    let unknown = worker.health("gnn.v1.Nothing").unwrap_err();
+    assert_eq!(unknown.code(), tonic::Code::NotFound, "{unknown}");
+    // Reflection lists the API and the health service (for grpcurl).
+    let services = worker.reflected_services();
+    for name in ["gnn.v1.Predictor", "grpc.health.v1.Health"] {
+        assert!(services.iter().any(|s| s == name), "{services:?}");
+    }
 
     // The sidecar comes: ready, serving.
     let mut sidecar_proc = sidecar(&data, &shm, &socket);
     worker.wait_ready(true, Duration::from_secs(60));
     assert_eq!(worker.predict(&[1, 2]).unwrap().len(), 2);
     assert_eq!(worker.metric("gnn_worker_ready"), 1.0);
+    worker.assert_health(ServingStatus::Serving);
 
-    // The sidecar drains: not ready, calls UNAVAILABLE naming the drain.
+    // The sidecar drains: not ready, calls UNAVAILABLE naming the drain; a
+    // health Watch opened while serving sees the change.
+    let runtime = Worker::runtime();
+    let mut watch = runtime.block_on(async {
+        let mut client = HealthClient::new(channel(&worker.grpc).await.unwrap());
+        let request = HealthCheckRequest {
+            service: String::new(),
+        };
+        client.watch(request).await.unwrap().into_inner()
+    });
+    let mut next_status = || {
+        let message = runtime.block_on(async {
+            tokio::time::timeout(Duration::from_secs(10), watch.message()).await
+        });
+        ServingStatus::try_from(message.unwrap().unwrap().unwrap().status).unwrap()
+    };
+    assert_eq!(next_status(), ServingStatus::Serving);
     sidecarctl(&socket, &["drain"]);
     let why = worker.wait_ready(false, Duration::from_secs(5));
     assert!(why.contains("draining"), "{why}");
     assert!(unavailable(worker.predict(&[1])).contains("draining"));
+    assert_eq!(next_status(), ServingStatus::NotServing);
+    let reason = worker.assert_health(ServingStatus::NotServing);
+    assert!(reason.contains("draining"), "{reason}");
 
     // Killed: the worker notices within its sidecar timeout.
     let _ = sidecar_proc.0.kill();
