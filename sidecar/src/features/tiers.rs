@@ -1043,6 +1043,10 @@ mod tests {
             Ok(())
         }
         fn clear(&self) -> anyhow::Result<()> {
+            anyhow::ensure!(
+                self.role != Role::StoreOfRecord,
+                "the store of record is never cleared"
+            );
             self.rows.lock().unwrap().clear();
             Ok(())
         }
@@ -1085,6 +1089,23 @@ mod tests {
                 Ok(ids.iter().map(|id| self.rows.get(id).cloned()).collect())
             })
         }
+    }
+
+    #[tokio::test]
+    async fn the_fakes_keep_the_stores_contract() {
+        use crate::features::store::conformance;
+        let cache = Role::Cache {
+            max_bytes: 1 << 20,
+            ttl: Duration::from_secs(60),
+        };
+        for role in [Role::StoreOfRecord, cache] {
+            conformance::local_store(FakeLocal::new(role, &[]).as_ref());
+        }
+        let remote = FakeRemote {
+            rows: conformance::remote_rows().into_iter().collect(),
+            ..FakeRemote::default()
+        };
+        conformance::remote_store(&remote).await;
     }
 
     /// Tiers without an L1 cache, so that every fetch reaches the stores.
