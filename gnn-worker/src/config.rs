@@ -60,6 +60,17 @@ pub struct WorkerConfig {
     pub grpc: SocketAddr,
     /// HTTP/JSON listen address (predict, healthz, readyz, metrics).
     pub http: SocketAddr,
+    /// A plaintext listener of /healthz, /readyz and /metrics alone, for
+    /// probes and scrapes when the front ends speak TLS; unset: none.
+    pub health_addr: Option<SocketAddr>,
+    /// The server certificate chain (PEM) of the gRPC and HTTP ports;
+    /// with tls_key, both speak TLS only. Unset: plaintext.
+    pub tls_cert: Option<PathBuf>,
+    /// tls_cert's private key (PEM).
+    pub tls_key: Option<PathBuf>,
+    /// With TLS: the CA (PEM) whose certificate every client must present
+    /// (mutual TLS); unset: no client certificate asked for.
+    pub tls_client_ca: Option<PathBuf>,
     /// cpu, or cuda (never falls back to the CPU silently).
     pub device: Device,
     /// libonnxruntime.so to load; unset: $ORT_DYLIB_PATH, then the system
@@ -125,6 +136,10 @@ impl Default for WorkerConfig {
             shm_name: "gnn-sidecar".into(),
             grpc: SocketAddr::from(([127, 0, 0, 1], 50051)),
             http: SocketAddr::from(([127, 0, 0, 1], 8080)),
+            health_addr: None,
+            tls_cert: None,
+            tls_key: None,
+            tls_client_ca: None,
             device: Device::Cpu,
             onnxruntime_lib: None,
             fanouts: None,
@@ -187,6 +202,7 @@ impl Validate for WorkerConfig {
                 "give HTTP and gRPC different ports",
             ));
         }
+        self.validate_tls()?;
         for (key, fanouts) in [
             ("fanouts", &self.fanouts),
             ("degrade_fanouts", &self.degrade_fanouts),
@@ -271,6 +287,45 @@ impl Validate for WorkerConfig {
 }
 
 impl WorkerConfig {
+    /// TLS is both files or neither, a client CA only with TLS, and the
+    /// health listener on a port of its own.
+    fn validate_tls(&self) -> Result<(), Invalid> {
+        match (&self.tls_cert, &self.tls_key) {
+            (Some(_), None) => {
+                return Err(Invalid::new(
+                    "tls_key",
+                    "is not set but tls_cert is",
+                    "set tls_key to the certificate's private key (PEM), or unset tls_cert",
+                ))
+            }
+            (None, Some(_)) => {
+                return Err(Invalid::new(
+                    "tls_cert",
+                    "is not set but tls_key is",
+                    "set tls_cert to the server's certificate chain (PEM), or unset tls_key",
+                ))
+            }
+            _ => {}
+        }
+        if self.tls_client_ca.is_some() && self.tls_cert.is_none() {
+            return Err(Invalid::new(
+                "tls_client_ca",
+                "is set but TLS is off (no tls_cert)",
+                "set tls_cert and tls_key too, or unset tls_client_ca",
+            ));
+        }
+        if let Some(addr) = self.health_addr {
+            if addr.port() != 0 && (addr == self.grpc || addr == self.http) {
+                return Err(Invalid::new(
+                    "health_addr",
+                    format!("{addr} is also the gRPC or HTTP address"),
+                    "give the health listener a port of its own",
+                ));
+            }
+        }
+        Ok(())
+    }
+
     /// The configuration as `--print-config` shows it: the Redis password
     /// of `precomputed_redis` replaced by `***`.
     pub fn redacted(&self) -> Self {
@@ -359,6 +414,25 @@ pub struct WorkerFlags {
     #[arg(long)]
     #[serde(skip_serializing_if = "Option::is_none")]
     pub http: Option<SocketAddr>,
+    /// Plaintext /healthz, /readyz and /metrics alone, for probes when the
+    /// front ends speak TLS [default: none].
+    #[arg(long)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub health_addr: Option<SocketAddr>,
+    /// Server certificate chain (PEM): the gRPC and HTTP ports speak TLS
+    /// [default: none, plaintext].
+    #[arg(long)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tls_cert: Option<PathBuf>,
+    /// The private key of --tls-cert (PEM) [default: none].
+    #[arg(long)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tls_key: Option<PathBuf>,
+    /// With TLS, the CA (PEM) whose certificate every client must present
+    /// [default: none, no client certificate].
+    #[arg(long)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tls_client_ca: Option<PathBuf>,
     /// cpu or cuda [default: cpu].
     #[arg(long, value_enum)]
     #[serde(skip_serializing_if = "Option::is_none")]

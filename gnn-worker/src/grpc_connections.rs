@@ -3,7 +3,8 @@
 //!
 //! - A new connection must send HTTP/2's 24-byte preface within
 //!   `preface_timeout` (`http_read_timeout_s`), or it is closed: a
-//!   half-sent connection holds nothing for long.
+//!   half-sent connection holds nothing for long. With TLS
+//!   (`crate::tls`), its handshake must end within that time instead.
 //! - At most `max` at once. At the cap, a new connection closes the one
 //!   silent longest (no byte either way), if it has been silent at least
 //!   `preface_timeout`: an idle HTTP/2 connection is a client's to keep
@@ -77,10 +78,13 @@ impl Registry {
 
 /// Accepts gRPC connections on `listener` within the limits above, until
 /// the server drops the stream.
+/// With `tls`, a connection must end its TLS handshake within
+/// `preface_timeout` instead of sending the plaintext preface.
 pub fn guarded_incoming(
     listener: tokio::net::TcpListener,
     max: usize,
     preface_timeout: Duration,
+    tls: Option<tokio_rustls::TlsAcceptor>,
     metrics: Arc<WorkerMetrics>,
 ) -> tokio_stream::wrappers::ReceiverStream<std::io::Result<Counted>> {
     let (tx, rx) = tokio::sync::mpsc::channel(64);
@@ -124,19 +128,41 @@ pub fn guarded_incoming(
                 .lock()
                 .unwrap_or_else(|p| p.into_inner())
                 .insert(id, state.clone());
-            let counted = Counted {
-                stream,
+            let registered = Registered {
                 id,
-                state,
                 registry: registry.clone(),
             };
-            let (tx, metrics) = (tx.clone(), metrics.clone());
+            let (tx, metrics, tls) = (tx.clone(), metrics.clone(), tls.clone());
             tokio::spawn(async move {
-                let sent = tokio::time::timeout(preface_timeout, preface(&counted.stream)).await;
-                if sent.is_ok_and(|sent| sent) {
-                    let _ = tx.send(Ok(counted)).await;
-                } else if !counted.state.evicted.load(Ordering::Acquire) {
-                    metrics.connections_closed("grpc", "timed_out");
+                let stream = match tls {
+                    None => {
+                        let sent = tokio::time::timeout(preface_timeout, preface(&stream)).await;
+                        sent.is_ok_and(|sent| sent).then_some(Conn::Plain(stream))
+                    }
+                    Some(tls) => {
+                        match tokio::time::timeout(preface_timeout, tls.accept(stream)).await {
+                            Ok(Ok(stream)) => Some(Conn::Tls(Box::new(stream))),
+                            Ok(Err(e)) => {
+                                tracing::debug!(error = %e, "gRPC TLS handshake failed");
+                                None
+                            }
+                            Err(_) => None,
+                        }
+                    }
+                };
+                match stream {
+                    Some(stream) => {
+                        let counted = Counted {
+                            stream,
+                            state,
+                            registered,
+                        };
+                        let _ = tx.send(Ok(counted)).await;
+                    }
+                    None if !state.evicted.load(Ordering::Acquire) => {
+                        metrics.connections_closed("grpc", "timed_out");
+                    }
+                    None => {}
                 }
             });
         }
@@ -163,27 +189,105 @@ async fn preface(stream: &tokio::net::TcpStream) -> bool {
 /// registry when it closes.
 #[derive(Debug)]
 pub struct Counted {
-    stream: tokio::net::TcpStream,
-    id: u64,
+    stream: Conn,
     state: Arc<ConnState>,
+    registered: Registered,
+}
+
+/// A connection's bytes: plaintext, or TLS over it.
+#[derive(Debug)]
+enum Conn {
+    Plain(tokio::net::TcpStream),
+    Tls(Box<tokio_rustls::server::TlsStream<tokio::net::TcpStream>>),
+}
+
+/// A connection's place in the registry, left when it is dropped (after
+/// its handshake failed, or when it closes).
+#[derive(Debug)]
+struct Registered {
+    id: u64,
     registry: Arc<Registry>,
 }
 
-impl Counted {
-    fn touched(&self) {
-        self.state
-            .last_io_ms
-            .store(self.registry.now_ms(), Ordering::Relaxed);
-    }
-}
-
-impl Drop for Counted {
+impl Drop for Registered {
     fn drop(&mut self) {
         self.registry
             .conns
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .remove(&self.id);
+    }
+}
+
+impl Counted {
+    fn touched(&self) {
+        self.state
+            .last_io_ms
+            .store(self.registered.registry.now_ms(), Ordering::Relaxed);
+    }
+}
+
+impl tokio::io::AsyncRead for Conn {
+    fn poll_read(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        match self.get_mut() {
+            Conn::Plain(s) => std::pin::Pin::new(s).poll_read(cx, buf),
+            Conn::Tls(s) => std::pin::Pin::new(s.as_mut()).poll_read(cx, buf),
+        }
+    }
+}
+
+impl tokio::io::AsyncWrite for Conn {
+    fn poll_write(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &[u8],
+    ) -> Poll<std::io::Result<usize>> {
+        match self.get_mut() {
+            Conn::Plain(s) => std::pin::Pin::new(s).poll_write(cx, buf),
+            Conn::Tls(s) => std::pin::Pin::new(s.as_mut()).poll_write(cx, buf),
+        }
+    }
+
+    fn poll_flush(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        match self.get_mut() {
+            Conn::Plain(s) => std::pin::Pin::new(s).poll_flush(cx),
+            Conn::Tls(s) => std::pin::Pin::new(s.as_mut()).poll_flush(cx),
+        }
+    }
+
+    fn poll_shutdown(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        match self.get_mut() {
+            Conn::Plain(s) => std::pin::Pin::new(s).poll_shutdown(cx),
+            Conn::Tls(s) => std::pin::Pin::new(s.as_mut()).poll_shutdown(cx),
+        }
+    }
+
+    fn poll_write_vectored(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        bufs: &[std::io::IoSlice<'_>],
+    ) -> Poll<std::io::Result<usize>> {
+        match self.get_mut() {
+            Conn::Plain(s) => std::pin::Pin::new(s).poll_write_vectored(cx, bufs),
+            Conn::Tls(s) => std::pin::Pin::new(s.as_mut()).poll_write_vectored(cx, bufs),
+        }
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        match self {
+            Conn::Plain(s) => s.is_write_vectored(),
+            Conn::Tls(s) => s.is_write_vectored(),
+        }
     }
 }
 
@@ -255,6 +359,9 @@ impl tonic::transport::server::Connected for Counted {
     type ConnectInfo = tonic::transport::server::TcpConnectInfo;
 
     fn connect_info(&self) -> Self::ConnectInfo {
-        self.stream.connect_info()
+        match &self.stream {
+            Conn::Plain(s) => s.connect_info(),
+            Conn::Tls(s) => s.get_ref().0.connect_info(),
+        }
     }
 }

@@ -12,6 +12,8 @@
 //!   probe or a client out, and the worker never runs out of descriptors
 //!   for them.
 //! - On stop, every connection finishes its request in flight and closes.
+//! - With TLS (`crate::tls`), the handshake too must end within
+//!   `read_timeout` of connecting.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -57,6 +59,7 @@ pub async fn serve(
     listener: tokio::net::TcpListener,
     router: axum::Router,
     limits: HttpLimits,
+    tls: Option<tokio_rustls::TlsAcceptor>,
     metrics: Arc<WorkerMetrics>,
     mut stop: tokio::sync::watch::Receiver<bool>,
 ) -> std::io::Result<()> {
@@ -84,13 +87,25 @@ pub async fn serve(
             continue;
         }
         let id = next_id.fetch_add(1, Ordering::Relaxed);
-        let (router, conns2, stop) = (router.clone(), conns.clone(), stop.clone());
+        let (router, conns2, stop, tls) =
+            (router.clone(), conns.clone(), stop.clone(), tls.clone());
         let (registered_tx, registered_rx) = tokio::sync::oneshot::channel::<Arc<Conn>>();
         let abort = tasks.spawn(async move {
             let Ok(conn) = registered_rx.await else {
                 return;
             };
-            serve_connection(stream, router, limits, conn, stop).await;
+            match tls {
+                None => serve_connection(stream, router, limits, conn, stop).await,
+                Some(tls) => {
+                    match tokio::time::timeout(limits.read_timeout, tls.accept(stream)).await {
+                        Ok(Ok(stream)) => {
+                            serve_connection(stream, router, limits, conn, stop).await;
+                        }
+                        Ok(Err(e)) => tracing::debug!(error = %e, "TLS handshake failed"),
+                        Err(_) => tracing::debug!("TLS handshake timed out"),
+                    }
+                }
+            }
             conns2.lock().unwrap_or_else(|p| p.into_inner()).remove(&id);
         });
         let conn = Arc::new(Conn {
@@ -142,7 +157,7 @@ async fn stopped(stop: &mut tokio::sync::watch::Receiver<bool>) {
 }
 
 async fn serve_connection(
-    stream: tokio::net::TcpStream,
+    stream: impl tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
     router: axum::Router,
     limits: HttpLimits,
     conn: Arc<Conn>,

@@ -9,7 +9,7 @@
 //! - [`service`]: the worker as the front ends see it (readiness, calls);
 //! - [`grpc`], [`http`]: the client APIs; [`health`]: `grpc.health.v1`
 //!   (readiness and liveness for native gRPC probes) beside gRPC server
-//!   reflection on the gRPC port;
+//!   reflection on the gRPC port; [`tls`]: TLS and mutual TLS on both;
 //! - [`config`]: every setting of `gnn-worker serve`, its default and range;
 //! - [`metrics`]: the worker's Prometheus registry.
 //!
@@ -36,3 +36,4 @@ pub mod onnxruntime;
 pub mod precomputed;
 pub mod queue;
 pub mod service;
+pub mod tls;

@@ -479,7 +479,23 @@ async fn serve(
                 config.http
             )
         })?;
-    tracing::info!(grpc = %grpc.local_addr()?, http = %http.local_addr()?, "listening");
+    tracing::info!(
+        grpc = %grpc.local_addr()?,
+        http = %http.local_addr()?,
+        tls = config.tls_cert.is_some(),
+        client_certificates = config.tls_client_ca.is_some(),
+        "listening"
+    );
+    // Plaintext probes and scrapes beside TLS front ends.
+    let _health = match config.health_addr {
+        Some(addr) => Some(daemon_kit::endpoint::serve(
+            addr,
+            "health_addr",
+            std::sync::Arc::new(service.clone()),
+            &tokio::runtime::Handle::current(),
+        )?),
+        None => None,
+    };
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let mut grpc_stop = stop_rx.clone();
     let http_stop = stop_rx;
@@ -488,6 +504,7 @@ async fn serve(
         grpc,
         config.max_connections,
         Duration::from_secs_f64(config.http_read_timeout_s),
+        gnn_worker::tls::acceptor(&config, gnn_worker::tls::Alpn::H2)?,
         service.metrics().clone(),
     );
     let (reflection_v1, reflection_v1alpha) = reflection()?;
@@ -509,6 +526,7 @@ async fn serve(
             read_timeout: Duration::from_secs_f64(config.http_read_timeout_s),
             max_connections: config.max_connections,
         },
+        gnn_worker::tls::acceptor(&config, gnn_worker::tls::Alpn::Http11)?,
         service.metrics().clone(),
         http_stop,
     );

@@ -60,7 +60,8 @@ pub struct RedisServer {
 }
 
 /// Runs openssl with `args` in `dir`, failing the test with its output.
-fn openssl(dir: &Path, args: &[&str]) {
+/// Runs `openssl` in `dir`, failing the test with its stderr.
+pub fn openssl(dir: &Path, args: &[&str]) {
     let output = Command::new("openssl")
         .args(args)
         .current_dir(dir)
