@@ -1,9 +1,8 @@
 //! A reader of the OpenMetrics text the daemons serve on `/metrics`, for
-//! the tests: the families a scrape declares, its samples, and a
-//! histogram's series with Prometheus' `histogram_quantile` estimate. Only
-//! the text `prometheus_client`'s encoder writes is read. The daemons
-//! themselves never parse their own exposition: `sidecarctl stats` reads
-//! the subsystems' snapshots.
+//! the tests: the families a scrape declares and its samples. Only the text
+//! `prometheus_client`'s encoder writes is read. The daemons themselves
+//! never parse their own exposition: `sidecarctl stats` reads the
+//! subsystems' snapshots (percentiles: `daemon_kit::metrics`).
 
 /// A metric family: its name (as in `# TYPE`) and type.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -107,130 +106,22 @@ pub fn samples(text: &str) -> Vec<Sample> {
         .collect()
 }
 
-/// One histogram series: its labels (without `le`), cumulative buckets,
-/// count and sum.
-#[derive(Debug, Clone, PartialEq)]
-pub struct Histogram {
-    pub labels: Vec<(String, String)>,
-    /// (upper bound, cumulative count), ascending, ending with +Inf.
-    pub buckets: Vec<(f64, u64)>,
-    pub count: u64,
-    pub sum: f64,
-}
-
-impl Histogram {
-    pub fn label(&self, name: &str) -> Option<&str> {
-        self.labels
-            .iter()
-            .find(|(k, _)| k == name)
-            .map(|(_, v)| v.as_str())
-    }
-
-    /// The `q` quantile (0..=1) estimated from the buckets, or `None` with no
-    /// observations. A rank in the +Inf bucket answers the highest finite
-    /// bound, as `histogram_quantile` does.
-    pub fn quantile(&self, q: f64) -> Option<f64> {
-        let total = self.buckets.last()?.1;
-        if total == 0 {
-            return None;
-        }
-        let rank = q.clamp(0.0, 1.0) * total as f64;
-        let mut lower_bound = 0.0;
-        let mut lower_count = 0u64;
-        for &(bound, count) in &self.buckets {
-            if count as f64 >= rank {
-                if bound.is_infinite() {
-                    return Some(lower_bound);
-                }
-                let in_bucket = (count - lower_count) as f64;
-                if in_bucket == 0.0 {
-                    return Some(bound);
-                }
-                let fraction = (rank - lower_count as f64) / in_bucket;
-                return Some(lower_bound + (bound - lower_bound) * fraction);
-            }
-            lower_bound = bound;
-            lower_count = count;
-        }
-        Some(lower_bound)
-    }
-
-    /// The mean observation.
-    pub fn mean(&self) -> Option<f64> {
-        (self.count > 0).then(|| self.sum / self.count as f64)
-    }
-}
-
-/// Every series of histogram `name` in an exposition.
-pub fn histograms(text: &str, name: &str) -> Vec<Histogram> {
-    let bucket_name = format!("{name}_bucket");
-    let count_name = format!("{name}_count");
-    let sum_name = format!("{name}_sum");
-    let mut out: Vec<Histogram> = Vec::new();
-    let series = |out: &mut Vec<Histogram>, labels: Vec<(String, String)>| -> usize {
-        match out.iter().position(|h| h.labels == labels) {
-            Some(i) => i,
-            None => {
-                out.push(Histogram {
-                    labels,
-                    buckets: Vec::new(),
-                    count: 0,
-                    sum: 0.0,
-                });
-                out.len() - 1
-            }
-        }
-    };
-    for sample in samples(text) {
-        if sample.name == bucket_name {
-            let le = sample.label("le").and_then(|le| match le {
-                "+Inf" => Some(f64::INFINITY),
-                v => v.parse().ok(),
-            });
-            let Some(le) = le else { continue };
-            let labels: Vec<_> = sample
-                .labels
-                .into_iter()
-                .filter(|(k, _)| k != "le")
-                .collect();
-            let i = series(&mut out, labels);
-            out[i].buckets.push((le, sample.value as u64));
-        } else if sample.name == count_name {
-            let i = series(&mut out, sample.labels);
-            out[i].count = sample.value as u64;
-        } else if sample.name == sum_name {
-            let i = series(&mut out, sample.labels);
-            out[i].sum = sample.value;
-        }
-    }
-    for h in &mut out {
-        h.buckets.sort_by(|a, b| a.0.total_cmp(&b.0));
-    }
-    out
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
 
     #[test]
-    fn families_samples_and_histograms_read_back() {
+    fn families_and_samples_read_back() {
         let text = "# HELP demo_calls calls.\n# TYPE demo_calls counter\ndemo_calls_total 3\n\
             # TYPE demo_seconds histogram\n\
-            demo_seconds_bucket{stage=\"a\",le=\"1.0\"} 1\n\
-            demo_seconds_bucket{stage=\"a\",le=\"2.0\"} 3\n\
-            demo_seconds_bucket{stage=\"a\",le=\"+Inf\"} 4\n\
-            demo_seconds_sum{stage=\"a\"} 9.0\ndemo_seconds_count{stage=\"a\"} 4\n# EOF\n";
+            demo_seconds_bucket{stage=\"a\",le=\"+Inf\"} 4\n# EOF\n";
         let fams = families(text);
         assert_eq!(fams[0].sample_name(), "demo_calls_total");
         assert_eq!(fams[1].sample_name(), "demo_seconds");
-        assert_eq!(samples(text)[0].value, 3.0);
-        let h = &histograms(text, "demo_seconds")[0];
-        assert_eq!(h.label("stage"), Some("a"));
-        assert_eq!(h.count, 4);
-        assert_eq!(h.quantile(0.5), Some(1.5));
-        assert_eq!(h.quantile(0.99), Some(2.0));
-        assert_eq!(h.mean(), Some(2.25));
+        let samples = samples(text);
+        assert_eq!(samples[0].value, 3.0);
+        assert_eq!(samples[1].label("le"), Some("+Inf"));
+        assert_eq!(samples[1].value, 4.0);
     }
 
     #[test]

@@ -220,7 +220,8 @@ impl Telemetry for DaemonTelemetry {
         };
         out.gauge(
             "ready",
-            "1 once the ring exists and the warm-up is done, 0 before and while draining",
+            "1 once every subsystem's readiness latch is released (stores open, stream replayed, \
+             warm-up done, ring created); 0 before, while draining or replacing the ring",
             i64::from(daemon.is_ready()),
         )?;
         out.gauge(
