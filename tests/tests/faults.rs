@@ -1028,6 +1028,11 @@ fn a_truncated_segment_kills_neither_process_and_a_new_one_is_served() {
         "the new segment has its full size: {new_len}"
     );
     assert_eq!(stack.http_get("/readyz").unwrap().0, 200);
+    // The ring's readiness latch, held while the segment was replaced, is
+    // released by the new one.
+    let (code, body) = tests::stack::http_request(&metrics, "GET", "/readyz", None).unwrap();
+    assert_eq!((code, body.trim()), (200, "ready"), "the sidecar's /readyz");
+    assert_eq!(metric_value(&metrics, "sidecar_ready"), 1.0);
     assert!(stack.stop(), "clean shutdown");
 }
 
