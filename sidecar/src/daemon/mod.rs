@@ -351,12 +351,24 @@ impl Daemon {
         self.drain.requested.store(true, Ordering::Release);
         let (reply, outcome) = crossbeam_channel::bounded(1);
         self.events.post(Event::Drain(reply));
-        // A stop that began meanwhile drains too, and keeps the outcome.
-        outcome
-            .recv_timeout(wait)
-            .ok()
-            .or_else(|| self.drain_outcome())
-            .ok_or_else(|| anyhow::anyhow!("the drain did not end within {} s", wait.as_secs()))
+        // The control loop answers; a stop that drains first (its loop then
+        // ends without reading this request) keeps its outcome, looked at
+        // every 50 ms.
+        let deadline = Instant::now() + wait;
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if let Ok(outcome) = outcome.recv_timeout(left.min(Duration::from_millis(50))) {
+                return Ok(outcome);
+            }
+            if let Some(outcome) = self.drain_outcome() {
+                return Ok(outcome);
+            }
+            ensure!(
+                !left.is_zero(),
+                "the drain did not end within {} s",
+                wait.as_secs()
+            );
+        }
     }
 
     /// How the drain ended, once one ran.
