@@ -262,17 +262,14 @@ impl Daemon {
     /// starting, draining and stopping).
     pub(crate) fn set_phase(&self, phase: Phase) {
         self.phase.store(phase as u8, Ordering::Release);
+        let lifecycle = &self.latches.lifecycle;
         match phase {
-            Phase::Loading | Phase::WarmingUp | Phase::Ready => {}
-            Phase::Starting => self.latches.lifecycle.hold(phase.name()),
-            Phase::Draining => self
-                .latches
-                .lifecycle
-                .hold("draining (takes no new requests)"),
-            Phase::Stopping => self.latches.lifecycle.hold("stopping"),
-        }
-        if phase == Phase::Loading {
-            self.latches.lifecycle.release();
+            // The operator's surface is up: the subsystems' latches speak.
+            Phase::Loading => lifecycle.release(),
+            Phase::WarmingUp | Phase::Ready => {}
+            Phase::Starting => lifecycle.hold(phase.name()),
+            Phase::Draining => lifecycle.hold("draining (takes no new requests)"),
+            Phase::Stopping => lifecycle.hold("stopping"),
         }
         tracing::info!(phase = phase.name(), "sidecar phase");
     }
