@@ -17,6 +17,10 @@ pub trait Probes: Send + Sync + 'static {
     fn metrics(&self) -> String;
     /// `Err` with the line `/readyz` answers ("not ready: ...").
     fn readiness(&self) -> Result<(), String>;
+    /// The line `/readyz` answers when ready.
+    fn ready_line(&self) -> String {
+        "ready".into()
+    }
     /// `Err` with the line `/healthz` answers ("not live: ...").
     fn liveness(&self) -> Result<(), String>;
 }
@@ -47,7 +51,7 @@ pub fn routes<S: Clone + Send + Sync + 'static>(probes: Arc<dyn Probes>) -> Rout
         )
         .route(
             "/readyz",
-            get(move || async move { answer(for_ready.readiness(), "ready") }),
+            get(move || async move { answer(for_ready.readiness(), &for_ready.ready_line()) }),
         )
 }
 

@@ -78,6 +78,14 @@ impl daemon_kit::endpoint::Probes for Service {
         Service::readiness(self).map_err(|reason| format!("not ready: {reason}"))
     }
 
+    /// `ready: model <name> sha256 <hex>`: which model answers.
+    fn ready_line(&self) -> String {
+        match self.model() {
+            Some((name, sha256)) => format!("ready: model {name} sha256 {sha256}"),
+            None => "ready".into(),
+        }
+    }
+
     fn liveness(&self) -> Result<(), String> {
         Ok(())
     }

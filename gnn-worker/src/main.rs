@@ -229,6 +229,7 @@ async fn attach(config: &WorkerConfig, service: &Service) -> anyhow::Result<Ring
 /// installs the predictor.
 async fn start(config: &WorkerConfig, service: &Service) -> anyhow::Result<()> {
     let manifest = Manifest::read(&config.model)?;
+    let (model_name, sha256) = gnn_worker::model::identity(&config.model)?;
     let env = gnn_worker::onnxruntime::init(config.onnxruntime_lib.as_deref())?;
     let mut models = Vec::with_capacity(config.executors);
     for _ in 0..config.executors {
@@ -249,8 +250,11 @@ async fn start(config: &WorkerConfig, service: &Service) -> anyhow::Result<()> {
         weights = manifest.quantization.as_ref().map_or("f32", |q| q.weights.as_str()),
         device = ?config.device,
         executors = config.executors,
+        name = %model_name,
+        sha256 = %sha256,
         "model loaded"
     );
+    service.set_model(model_name, sha256);
     let student = match &config.student {
         Some(dir) => {
             let student = Model::load_student(&env, dir, &manifest, config.intra_threads)?;

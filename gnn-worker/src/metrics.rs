@@ -28,6 +28,14 @@ pub struct AnsweredByLabel {
     pub by: &'static str,
 }
 
+/// The labels of `gnn_worker_model_info`: the model directory's name
+/// (symlinks resolved) and its model.onnx's sha256.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ModelLabel {
+    pub model: String,
+    pub sha256: String,
+}
+
 /// The `kind` label of failed calls.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ErrorKind {
@@ -67,6 +75,8 @@ pub struct WorkerMetrics {
     pub answers: Family<AnsweredByLabel, Counter>,
     /// Nodes of the precomputed set in use (0: none).
     pub precomputed_nodes: Gauge,
+    /// 1 for the model served (its name and sha256 as labels).
+    pub model_info: Family<ModelLabel, Gauge>,
     pub batches: Counter,
     /// Batches that waited for an executor (every one was busy when their
     /// first call came), and of those, the ones sent because `max_delay`
@@ -176,6 +186,12 @@ impl WorkerMetrics {
             "nodes of the precomputed set in use (0: none)",
             precomputed_nodes.clone(),
         );
+        let model_info = Family::<ModelLabel, Gauge>::default();
+        r.register(
+            "gnn_worker_model_info",
+            "1 for the model served, labelled with its directory's name and model.onnx's sha256",
+            model_info.clone(),
+        );
         let batches = counter(
             &mut r,
             "gnn_worker_batches",
@@ -254,6 +270,7 @@ impl WorkerMetrics {
             call_errors,
             answers,
             precomputed_nodes,
+            model_info,
             batches,
             batches_waited,
             batches_delayed,

@@ -176,6 +176,30 @@ pub enum ModelError {
     Run(String),
 }
 
+/// A model directory's identity: its name (symlinks resolved, so a
+/// `current` link names the version it points at) and the sha256 of its
+/// model.onnx, in hex.
+pub fn identity(dir: &std::path::Path) -> anyhow::Result<(String, String)> {
+    use sha2::Digest;
+    let resolved = std::fs::canonicalize(dir).unwrap_or_else(|_| dir.to_path_buf());
+    let name = resolved.file_name().map_or_else(
+        || resolved.display().to_string(),
+        |n| n.to_string_lossy().into_owned(),
+    );
+    let path = dir.join(Manifest::MODEL);
+    let mut file = std::fs::File::open(&path)
+        .map_err(|e| anyhow::anyhow!("reading {}: {e}", path.display()))?;
+    let mut hasher = sha2::Sha256::new();
+    std::io::copy(&mut file, &mut hasher)
+        .map_err(|e| anyhow::anyhow!("reading {}: {e}", path.display()))?;
+    let sha256 = hasher
+        .finalize()
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect();
+    Ok((name, sha256))
+}
+
 impl Manifest {
     pub const FILE: &'static str = "manifest.json";
     pub const MODEL: &'static str = "model.onnx";

@@ -36,6 +36,8 @@ struct Inner {
     /// Why there is no predictor yet.
     waiting: Mutex<String>,
     metrics: OnceLock<Arc<WorkerMetrics>>,
+    /// The model served: its directory's name and model.onnx's sha256.
+    model: OnceLock<(String, String)>,
 }
 
 impl Health for Inner {
@@ -58,6 +60,7 @@ impl Service {
             stopping: std::sync::atomic::AtomicBool::new(false),
             waiting: Mutex::new("starting".into()),
             metrics: OnceLock::new(),
+            model: OnceLock::new(),
         });
         let health: std::sync::Weak<dyn Health> = Arc::downgrade(&inner) as _;
         let _ = inner.metrics.set(Arc::new(WorkerMetrics::new(health)));
@@ -66,6 +69,26 @@ impl Service {
 
     pub fn metrics(&self) -> &Arc<WorkerMetrics> {
         self.inner.metrics.get().expect("set in new")
+    }
+
+    /// Records the model served (`/readyz`, `gnn_worker_model_info`).
+    pub fn set_model(&self, name: String, sha256: String) {
+        self.metrics()
+            .model_info
+            .get_or_create(&crate::metrics::ModelLabel {
+                model: name.clone(),
+                sha256: sha256.clone(),
+            })
+            .set(1);
+        let _ = self.inner.model.set((name, sha256));
+    }
+
+    /// The model served: its directory's name and model.onnx's sha256.
+    pub fn model(&self) -> Option<(&str, &str)> {
+        self.inner
+            .model
+            .get()
+            .map(|(name, sha)| (name.as_str(), sha.as_str()))
     }
 
     /// Records why the worker cannot serve yet (shown by `/readyz`).

@@ -267,9 +267,24 @@ fn the_workers_readiness_follows_the_sidecar() {
         assert!(services.iter().any(|s| s == name), "{services:?}");
     }
 
-    // The sidecar comes: ready, serving.
+    // The sidecar comes: ready, serving, naming the model it serves (its
+    // model.onnx's sha256 as sha256sum computes it).
     let mut sidecar_proc = sidecar(&data, &shm, &socket);
-    worker.wait_ready(true, Duration::from_secs(60));
+    let ready = worker.wait_ready(true, Duration::from_secs(60));
+    let model = std::fs::canonicalize(trained_model("cora")).unwrap();
+    let sum = Command::new("sha256sum")
+        .arg(model.join("model.onnx"))
+        .output()
+        .unwrap();
+    let sha256 = String::from_utf8(sum.stdout).unwrap()[..64].to_string();
+    let name = model.file_name().unwrap().to_string_lossy().into_owned();
+    assert_eq!(ready, format!("ready: model {name} sha256 {sha256}\n"));
+    assert_eq!(
+        worker.metric(&format!(
+            "gnn_worker_model_info{{model=\"{name}\",sha256=\"{sha256}\"}}"
+        )),
+        1.0
+    );
     assert_eq!(worker.predict(&[1, 2]).unwrap().len(), 2);
     assert_eq!(worker.metric("gnn_worker_ready"), 1.0);
     worker.assert_health(ServingStatus::Serving);

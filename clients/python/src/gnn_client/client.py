@@ -181,8 +181,9 @@ class Client:
             raise _error(e.code(), e.details() or "") from None
 
     def ready(self) -> tuple[bool, str]:
-        """(whether the worker is ready to serve, its reason when not), from
-        its `GET /readyz`; needs `http`."""
+        """(whether the worker is ready to serve, its `GET /readyz` line: the
+        model it serves when ready, `ready: model <name> sha256 <hex>`, the
+        reason when not); needs `http`."""
         if self.http is None:
             raise ValueError("readiness is served over HTTP: give Client(..., http='host:port')")
         try:
