@@ -11,7 +11,8 @@
 //!   while there is room, and gRPC clients reconnect by themselves. When
 //!   none has been silent that long, the new one is closed at once.
 //! - Every close is counted in `gnn_worker_connections_closed_total{port=
-//!   "grpc", why}`: `timed_out`, `evicted`, `refused`.
+//!   "grpc", why}`: `timed_out`, `evicted`, `refused`, `handshake_failed`
+//!   (TLS: no or a wrong client certificate, not TLS at all).
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -134,24 +135,28 @@ pub fn guarded_incoming(
             };
             let (tx, metrics, tls) = (tx.clone(), metrics.clone(), tls.clone());
             tokio::spawn(async move {
+                // The connection, or why it is closed before it serves.
                 let stream = match tls {
                     None => {
                         let sent = tokio::time::timeout(preface_timeout, preface(&stream)).await;
-                        sent.is_ok_and(|sent| sent).then_some(Conn::Plain(stream))
+                        match sent {
+                            Ok(true) => Ok(Conn::Plain(stream)),
+                            _ => Err("timed_out"),
+                        }
                     }
                     Some(tls) => {
                         match tokio::time::timeout(preface_timeout, tls.accept(stream)).await {
-                            Ok(Ok(stream)) => Some(Conn::Tls(Box::new(stream))),
+                            Ok(Ok(stream)) => Ok(Conn::Tls(Box::new(stream))),
                             Ok(Err(e)) => {
                                 tracing::debug!(error = %e, "gRPC TLS handshake failed");
-                                None
+                                Err("handshake_failed")
                             }
-                            Err(_) => None,
+                            Err(_) => Err("timed_out"),
                         }
                     }
                 };
                 match stream {
-                    Some(stream) => {
+                    Ok(stream) => {
                         let counted = Counted {
                             stream,
                             state,
@@ -159,10 +164,10 @@ pub fn guarded_incoming(
                         };
                         let _ = tx.send(Ok(counted)).await;
                     }
-                    None if !state.evicted.load(Ordering::Acquire) => {
-                        metrics.connections_closed("grpc", "timed_out");
+                    Err(why) if !state.evicted.load(Ordering::Acquire) => {
+                        metrics.connections_closed("grpc", why);
                     }
-                    None => {}
+                    Err(_) => {}
                 }
             });
         }

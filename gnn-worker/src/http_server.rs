@@ -89,6 +89,7 @@ pub async fn serve(
         let id = next_id.fetch_add(1, Ordering::Relaxed);
         let (router, conns2, stop, tls) =
             (router.clone(), conns.clone(), stop.clone(), tls.clone());
+        let metrics2 = metrics.clone();
         let (registered_tx, registered_rx) = tokio::sync::oneshot::channel::<Arc<Conn>>();
         let abort = tasks.spawn(async move {
             let Ok(conn) = registered_rx.await else {
@@ -101,8 +102,11 @@ pub async fn serve(
                         Ok(Ok(stream)) => {
                             serve_connection(stream, router, limits, conn, stop).await;
                         }
-                        Ok(Err(e)) => tracing::debug!(error = %e, "TLS handshake failed"),
-                        Err(_) => tracing::debug!("TLS handshake timed out"),
+                        Ok(Err(e)) => {
+                            tracing::debug!(error = %e, "TLS handshake failed");
+                            metrics2.connections_closed("http", "handshake_failed");
+                        }
+                        Err(_) => metrics2.connections_closed("http", "timed_out"),
                     }
                 }
             }

@@ -251,7 +251,8 @@ fn the_front_ends_speak_tls_and_ask_for_client_certificates_when_told() {
             .map_err(|e| e.to_string())
     });
     assert!(plain.is_err(), "a plaintext gRPC call was answered");
-    // The plaintext health listener: probes and scrapes.
+    // The plaintext health listener: probes and scrapes; each refused
+    // handshake counted on its port.
     let health = format!("127.0.0.1:{}", mtls.health);
     assert_eq!(
         http_request(&health, "GET", "/healthz", None).unwrap().0,
@@ -262,6 +263,19 @@ fn the_front_ends_speak_tls_and_ask_for_client_certificates_when_told() {
         code == 200 && metrics.contains("gnn_worker_calls_total"),
         "{metrics}"
     );
+    for port in ["grpc", "http"] {
+        let name = format!(
+            "gnn_worker_connections_closed_total{{port=\"{port}\",why=\"handshake_failed\"}}"
+        );
+        let refused = eventually(Duration::from_secs(5), || {
+            let (_, body) = http_request(&health, "GET", "/metrics", None).unwrap();
+            body.lines()
+                .find_map(|line| line.strip_prefix(name.as_str())?.strip_prefix(' '))
+                .and_then(|v| v.parse::<f64>().ok())
+                .is_some_and(|v| v >= 2.0)
+        });
+        assert!(refused, "{name} did not count the refused handshakes");
+    }
 
     // TLS without client certificates: a call without one is answered.
     let tls_only = worker(&shm, &certs, false);
