@@ -32,11 +32,13 @@ pub struct Started<T> {
 /// Loads the configuration with `load` (which the SIGHUP handler calls
 /// again); with `print_config`, prints it redacted and returns `None`;
 /// otherwise starts logging and the signal thread, which calls `on_stop`
-/// once at the first SIGTERM or SIGINT.
+/// once at the first SIGTERM or SIGINT, and `on_hup` after the log level
+/// at every SIGHUP.
 pub fn start<T, L>(
     load: L,
     print_config: bool,
     on_stop: impl FnOnce() + Send + 'static,
+    on_hup: impl Fn() + Send + 'static,
 ) -> anyhow::Result<Option<Started<T>>>
 where
     T: Settings + Clone + serde::Serialize + serde::de::DeserializeOwned + Default + Validate,
@@ -54,14 +56,18 @@ where
     );
     let for_hup = log.clone();
     watch_signals(
-        move || match load() {
-            Ok(fresh) => match for_hup.set_level(fresh.value.log_level()) {
-                Ok(()) => {
-                    tracing::info!(level = %fresh.value.log_level(), "log level reloaded (SIGHUP)")
-                }
-                Err(e) => tracing::warn!(error = %e, "SIGHUP: log level not changed"),
-            },
-            Err(e) => tracing::warn!(error = %e, "SIGHUP: configuration not reloaded"),
+        move || {
+            match load() {
+                Ok(fresh) => match for_hup.set_level(fresh.value.log_level()) {
+                    Ok(()) => tracing::info!(
+                        level = %fresh.value.log_level(),
+                        "log level reloaded (SIGHUP)"
+                    ),
+                    Err(e) => tracing::warn!(error = %e, "SIGHUP: log level not changed"),
+                },
+                Err(e) => tracing::warn!(error = %e, "SIGHUP: configuration not reloaded"),
+            }
+            on_hup();
         },
         on_stop,
     )?;

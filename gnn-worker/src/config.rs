@@ -31,6 +31,9 @@ pub const SPEC: Spec = Spec {
 pub struct WorkerConfig {
     /// Model directory: model.onnx and manifest.json.
     pub model: PathBuf,
+    /// How often the model directory is checked for a new model to roll
+    /// out without a restart, seconds; 0: only on SIGHUP.
+    pub model_watch_s: f64,
     /// An MLP student's directory (`sage.py distill`); unset: none. With
     /// one, calls that arrive while the batcher's queue is long are
     /// answered by it on their own rows.
@@ -126,6 +129,7 @@ impl Default for WorkerConfig {
     fn default() -> Self {
         Self {
             model: PathBuf::new(),
+            model_watch_s: 5.0,
             student: None,
             degrade_queue_calls: 1024,
             degrade_fanouts: None,
@@ -279,6 +283,15 @@ impl Validate for WorkerConfig {
         between("http_read_timeout_s", self.http_read_timeout_s, 0.1, 3600.0)?;
         between("max_connections", self.max_connections as f64, 1.0, 65536.0)?;
         between("attach_timeout_s", self.attach_timeout_s, 0.0, 86_400.0)?;
+        if self.model_watch_s != 0.0 {
+            between("model_watch_s", self.model_watch_s, 0.1, 3_600.0).map_err(|_| {
+                Invalid::new(
+                    "model_watch_s",
+                    format!("{} is neither 0 nor within 0.1..=3600", self.model_watch_s),
+                    "set model_watch_s between 0.1 and 3600, or 0 to roll out on SIGHUP only",
+                )
+            })?;
+        }
         between("shutdown_delay_s", self.shutdown_delay_s, 0.0, 3_600.0)?;
         daemon_kit::logging::parse_level(&self.log_level)
             .map_err(|e| Invalid::new("log_level", e, "set a level such as info"))?;
@@ -354,6 +367,11 @@ impl WorkerConfig {
         Duration::from_secs_f64(self.shutdown_delay_s)
     }
 
+    /// `None`: the model directory is not watched (SIGHUP only).
+    pub fn model_watch(&self) -> Option<Duration> {
+        (self.model_watch_s > 0.0).then(|| Duration::from_secs_f64(self.model_watch_s))
+    }
+
     /// `None`: wait for ever.
     pub fn attach_timeout(&self) -> Option<Duration> {
         (self.attach_timeout_s > 0.0).then(|| Duration::from_secs_f64(self.attach_timeout_s))
@@ -368,6 +386,11 @@ pub struct WorkerFlags {
     #[arg(long)]
     #[serde(skip_serializing_if = "Option::is_none")]
     pub model: Option<PathBuf>,
+    /// Seconds between checks of the model directory for a new model to
+    /// roll out; 0: on SIGHUP only [default: 5].
+    #[arg(long)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub model_watch_s: Option<f64>,
     /// An MLP student's directory (sage.py distill), answering on the
     /// targets' own rows when the batcher's queue is long [default: none].
     #[arg(long)]

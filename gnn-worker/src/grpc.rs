@@ -45,6 +45,7 @@ fn error_response(request_id: u64, status: &Status) -> pb::PredictResponse {
             code: status.code() as i32,
             message: status.message().to_string(),
         }),
+        ..Default::default()
     }
 }
 
@@ -158,7 +159,7 @@ async fn answer(
     request: pb::PredictRequest,
     left: Option<std::time::Duration>,
 ) -> Result<pb::PredictResponse, Status> {
-    let predictions = match request.new_node {
+    let answer = match request.new_node {
         None => service.predict(request.node_ids, left).await,
         Some(_) if !request.node_ids.is_empty() => Err(PredictError::InvalidArgument(
             "a PredictRequest sets node_ids or new_node, not both: send the known nodes in a \
@@ -176,9 +177,11 @@ async fn answer(
     }
     .map_err(to_status)?;
     Ok(pb::PredictResponse {
-        predictions: predictions.into_iter().map(to_pb).collect(),
+        predictions: answer.predictions.into_iter().map(to_pb).collect(),
         request_id: request.request_id,
         error: None,
+        model: answer.model.name.clone(),
+        model_sha256: answer.model.sha256.clone(),
     })
 }
 

@@ -81,7 +81,7 @@ impl daemon_kit::endpoint::Probes for Service {
     /// `ready: model <name> sha256 <hex>`: which model answers.
     fn ready_line(&self) -> String {
         match self.model() {
-            Some((name, sha256)) => format!("ready: model {name} sha256 {sha256}"),
+            Some(model) => format!("ready: model {} sha256 {}", model.name, model.sha256),
             None => "ready".into(),
         }
     }
@@ -120,8 +120,9 @@ async fn predict(
         }
     };
     match result {
-        Ok(predictions) => {
-            let predictions: Vec<PredictionJson> = predictions
+        Ok(answer) => {
+            let predictions: Vec<PredictionJson> = answer
+                .predictions
                 .into_iter()
                 .map(|p| PredictionJson {
                     node_id: p.node_id,
@@ -133,7 +134,11 @@ async fn predict(
                     answered_by: p.answered_by.as_str(),
                 })
                 .collect();
-            Ok(Json(serde_json::json!({ "predictions": predictions })))
+            Ok(Json(serde_json::json!({
+                "predictions": predictions,
+                "model": answer.model.name,
+                "model_sha256": answer.model.sha256,
+            })))
         }
         Err(e) => Err(error_response(e)),
     }

@@ -6,6 +6,8 @@
 //!   Runtime session and the zero-copy input binding;
 //! - [`onnxruntime`]: finding and loading the ONNX Runtime library;
 //! - [`batcher`]: dynamic batching and the executor threads;
+//! - [`rollout`]: loading the model, checking it against the sidecar, and
+//!   switching to a new one without a restart;
 //! - [`service`]: the worker as the front ends see it (readiness, calls);
 //! - [`grpc`], [`http`]: the client APIs; [`health`]: `grpc.health.v1`
 //!   (readiness and liveness for native gRPC probes) beside gRPC server
@@ -35,5 +37,6 @@ pub mod onnx_graph;
 pub mod onnxruntime;
 pub mod precomputed;
 pub mod queue;
+pub mod rollout;
 pub mod service;
 pub mod tls;

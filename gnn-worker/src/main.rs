@@ -8,7 +8,8 @@
 //!
 //! Every setting of `serve` is a flag, a `GNN_WORKER_*` variable and a key
 //! of the TOML file (docs/configuration.md). SIGTERM/SIGINT stop it;
-//! SIGHUP re-reads `log_level`.
+//! SIGHUP re-reads `log_level` and rolls out the model directory's model
+//! (docs/operations.md, "Rolling out a model").
 #![forbid(unsafe_code)]
 
 use std::path::PathBuf;
@@ -19,15 +20,11 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context};
 use clap::{Parser, Subcommand};
 use daemon_kit::config::{ConfigError, Layered};
-use gnn_worker::batcher::{BatchConfig, Predictor};
 use gnn_worker::config::{WorkerConfig, WorkerFlags, SPEC};
 use gnn_worker::grpc::{pb, PredictService, PredictorClient, PredictorServer};
-use gnn_worker::model::{Manifest, Model, ModelLayout};
-use gnn_worker::precomputed::Precomputed;
+use gnn_worker::rollout::Loader;
 use gnn_worker::service::Service;
 use protocol::client::{ClientOptions, RingClient};
-use protocol::layout::MAX_HOPS;
-use protocol::request::SubgraphFanouts;
 
 /// The GNN model worker.
 #[derive(Debug, Parser)]
@@ -226,182 +223,37 @@ async fn attach(config: &WorkerConfig, service: &Service) -> anyhow::Result<Ring
 }
 
 /// Loads the model, attaches, checks the model against the segment and
-/// installs the predictor.
-async fn start(config: &WorkerConfig, service: &Service) -> anyhow::Result<()> {
-    let manifest = Manifest::read(&config.model)?;
-    let (model_name, sha256) = gnn_worker::model::identity(&config.model)?;
-    let env = gnn_worker::onnxruntime::init(config.onnxruntime_lib.as_deref())?;
-    let mut models = Vec::with_capacity(config.executors);
-    for _ in 0..config.executors {
-        models.push(Model::load_with(
-            &env,
-            &config.model,
-            config.device,
-            config.intra_threads,
-            config.fast_scatter,
-        )?);
-    }
-    tracing::info!(
-        model = %config.model.display(),
-        architecture = %manifest.architecture,
-        layout = ?manifest.layout,
-        output = ?manifest.output,
-        scatters_rewritten = models.first().map_or(0, Model::scatters_rewritten),
-        weights = manifest.quantization.as_ref().map_or("f32", |q| q.weights.as_str()),
-        device = ?config.device,
-        executors = config.executors,
-        name = %model_name,
-        sha256 = %sha256,
-        "model loaded"
-    );
-    service.set_model(model_name, sha256);
-    let student = match &config.student {
-        Some(dir) => {
-            let student = Model::load_student(&env, dir, &manifest, config.intra_threads)?;
-            tracing::info!(
-                student = %dir.display(),
-                degrade_queue_calls = config.degrade_queue_calls,
-                "student loaded: it answers calls that arrive while this many wait"
-            );
-            Some(student)
-        }
-        None => None,
+/// installs the predictor; then watches for a new model
+/// (`gnn_worker::rollout`).
+async fn start(
+    config: &WorkerConfig,
+    service: &Service,
+    reloads: tokio::sync::watch::Receiver<u64>,
+) -> anyhow::Result<()> {
+    let loader = {
+        let config = config.clone();
+        Arc::new(tokio::task::spawn_blocking(move || Loader::new(config)).await??)
     };
+    let loaded = {
+        let loader = loader.clone();
+        tokio::task::spawn_blocking(move || loader.load()).await??
+    };
+    service.set_model(loaded.identity().clone());
+    let serving = gnn_worker::rollout::serving_key(&loaded);
     service.set_waiting(format!("no sidecar on /dev/shm/{} yet", config.shm_name));
-    let client = attach(config, service).await?;
-    let (Some(schema), Some(geometry)) = (client.schema(), client.geometry()) else {
-        bail!("the sidecar went away while attaching");
-    };
-    let fanouts = worker_fanouts(config, &manifest, &schema)?;
-    manifest.check_segment(&schema, &geometry, &fanouts)?;
-    if let Some(reduced) = &config.degrade_fanouts {
-        if manifest.layout == ModelLayout::Dense && reduced.0.len() != MAX_HOPS {
-            bail!(
-                "degrade_fanouts {reduced} has {} hops; the model {} reads the dense layout, \
-                 which has two: give two fanouts such as 5,3",
-                reduced.0.len(),
-                config.model.display()
-            );
-        }
-        for (hop, f) in reduced.0.iter().enumerate() {
-            let cap = geometry.max_fanouts[hop.min(MAX_HOPS - 1)];
-            if *f > cap {
-                bail!(
-                    "degrade_fanouts {reduced}: hop {} is {f}, above the sidecar's max fanout \
-                     {cap}; lower degrade_fanouts (it should be smaller than the worker's fanouts)",
-                    hop + 1
-                );
-            }
-        }
-    }
-    let mut batching = BatchConfig::from_config(config);
-    if manifest.layout == ModelLayout::Subgraph {
-        batching.subgraph = SubgraphFanouts::new(&fanouts);
-        batching.degrade_subgraph = config
-            .degrade_fanouts
-            .as_ref()
-            .and_then(|f| SubgraphFanouts::new(&f.0));
-        anyhow::ensure!(
-            config.hub_min_degree == 0,
-            "hub embeddings are a dense-layout feature (docs/strategies.md, \"PyTorch Geometric \
-             models\"); the model {} reads the subgraph layout: set hub_min_degree 0",
-            config.model.display()
-        );
-    }
-    if batching.ring_concurrency > geometry.slot_count as usize {
-        tracing::warn!(
-            ring_concurrency = batching.ring_concurrency,
-            slots = geometry.slot_count,
-            "ring_concurrency exceeds the ring's slots; using the slot count"
-        );
-        batching.ring_concurrency = geometry.slot_count as usize;
-    }
-    let precomputed = match &config.precomputed_redis {
-        None => None,
-        Some(url) => {
-            if manifest.layout == ModelLayout::Dense && manifest.outputs.len() < 2 {
-                tracing::warn!(
-                    "the model has no h1 output; precomputed answers need a model exported by \
-                     this release's sage.py (gnn-worker precompute refuses older ones)"
-                );
-            }
-            redis::Client::open(url.as_str()).map_err(|e| {
-                anyhow::anyhow!(
-                    "precomputed_redis {:?} is not a Redis URL ({e}): give one such as \
-                     redis://host:6379",
-                    daemon_kit::redact::redact_url(url)
-                )
-            })?;
-            anyhow::ensure!(
-                config.hub_min_degree == 0 || manifest.has_hub_input(),
-                "hub_min_degree is {} but the model {} takes no stored hub embeddings (its \
-                 inputs have no {:?}): re-export it with this release's sage.py, or set \
-                 hub_min_degree 0",
-                config.hub_min_degree,
-                config.model.display(),
-                gnn_worker::model::HUB_INPUT
-            );
-            let precomputed = Arc::new(Precomputed::default());
-            let model_id = gnn_worker::precomputed::model_id(&config.model)?;
-            let metrics = service.metrics().clone();
-            tokio::spawn(precomputed.clone().follow(
-                url.clone(),
-                model_id,
-                manifest.output_width(),
-                config.hub_min_degree > 0,
-                Duration::from_secs_f64(config.precomputed_check_s),
-                move |set| {
-                    metrics
-                        .precomputed_nodes
-                        .set(set.map_or(0, |s| s.len() as i64));
-                },
-            ));
-            Some(precomputed)
-        }
-    };
-    let predictor = Predictor::start(
-        Arc::new(client),
-        models,
-        student,
-        precomputed,
-        schema,
-        batching,
-        service.metrics().clone(),
-    )
-    .context("starting the executor threads")?;
+    let client = Arc::new(attach(config, service).await?);
+    let predictor = loader.install(loaded, client, service)?;
     service.set_predictor(predictor);
     service.spawn_reattacher(Duration::from_millis(200));
-    tracing::info!(
-        fanouts = ?config.fanouts.as_ref().map(|f| &f.0),
-        "worker serving (fanouts: the sidecar's unless set, a subgraph-layout model's manifest's)"
-    );
+    tokio::spawn(gnn_worker::rollout::watch(
+        loader,
+        service.clone(),
+        serving,
+        config.model_watch(),
+        reloads,
+    ));
+    tracing::info!("worker serving");
     Ok(())
-}
-
-/// The fanouts the worker asks for: a dense-layout model's are the
-/// configured two, or the sidecar's default; a subgraph-layout model's the
-/// configured ones, or its manifest's, one per hop of the model.
-fn worker_fanouts(
-    config: &WorkerConfig,
-    manifest: &Manifest,
-    schema: &protocol::FeatureSchema,
-) -> anyhow::Result<Vec<u32>> {
-    let configured = config.fanouts.as_ref().map(|f| f.0.clone());
-    match manifest.layout {
-        ModelLayout::Dense => match configured {
-            None => Ok(schema.default_fanouts.to_vec()),
-            Some(f) if f.len() == MAX_HOPS => Ok(f),
-            Some(f) => bail!(
-                "fanouts {f:?} has {} hops; the model {} reads the dense layout, which has two: \
-                 give two fanouts such as 20,10",
-                f.len(),
-                config.model.display()
-            ),
-        },
-        // Any number of hops the layout carries: a GCN, say, is exact with
-        // one hop more than its layers (docs/model.md).
-        ModelLayout::Subgraph => Ok(configured.unwrap_or_else(|| manifest.fanouts.clone())),
-    }
 }
 
 /// `gnn-worker serve`'s start-up (daemon_kit::startup), on the main thread
@@ -412,6 +264,8 @@ fn start_and_serve(
     runtime: impl FnOnce() -> std::io::Result<tokio::runtime::Runtime>,
 ) -> anyhow::Result<()> {
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    // SIGHUP also rolls out the model directory's model (docs/operations.md).
+    let (reload_tx, reload_rx) = tokio::sync::watch::channel(0u64);
     let print_config = args.print_config;
     let Some(started) = daemon_kit::startup::start(
         move || load_config(&args),
@@ -419,12 +273,13 @@ fn start_and_serve(
         move || {
             let _ = stop_tx.send(true);
         },
+        move || reload_tx.send_modify(|n| *n += 1),
     )?
     else {
         return Ok(());
     };
     let runtime = runtime().context("starting the runtime")?;
-    runtime.block_on(serve(started.config, stop_rx))
+    runtime.block_on(serve(started.config, stop_rx, reload_rx))
 }
 
 /// gRPC server reflection (v1, and v1alpha for older grpcurl) over the
@@ -453,6 +308,7 @@ fn reflection() -> anyhow::Result<(
 async fn serve(
     config: WorkerConfig,
     mut signalled: tokio::sync::watch::Receiver<bool>,
+    reloads: tokio::sync::watch::Receiver<u64>,
 ) -> anyhow::Result<()> {
     #[cfg(feature = "failpoints")]
     let _failpoints = fail::FailScenario::setup();
@@ -544,7 +400,7 @@ async fn serve(
     tokio::pin!(signalled);
     let outcome = tokio::select! {
         s = &mut signalled => s,
-        started = start(&config, &service) => match started {
+        started = start(&config, &service, reloads) => match started {
             Ok(()) => (&mut signalled).await,
             Err(e) => Err(e),
         },

@@ -36,6 +36,12 @@ pub struct ModelLabel {
     pub sha256: String,
 }
 
+/// The `outcome` label of model rollouts: `switched` or `refused`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct RolloutOutcome {
+    pub outcome: &'static str,
+}
+
 /// The `kind` label of failed calls.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ErrorKind {
@@ -77,6 +83,9 @@ pub struct WorkerMetrics {
     pub precomputed_nodes: Gauge,
     /// 1 for the model served (its name and sha256 as labels).
     pub model_info: Family<ModelLabel, Gauge>,
+    /// Model rollouts without a restart, by outcome (docs/operations.md,
+    /// "Rolling out a model").
+    pub model_rollouts: Family<RolloutOutcome, Counter>,
     pub batches: Counter,
     /// Batches that waited for an executor (every one was busy when their
     /// first call came), and of those, the ones sent because `max_delay`
@@ -192,6 +201,13 @@ impl WorkerMetrics {
             "1 for the model served, labelled with its directory's name and model.onnx's sha256",
             model_info.clone(),
         );
+        let model_rollouts = Family::<RolloutOutcome, Counter>::default();
+        r.register(
+            "gnn_worker_model_rollouts",
+            "model rollouts without a restart, by outcome (switched, refused: the old model \
+             kept)",
+            model_rollouts.clone(),
+        );
         let batches = counter(
             &mut r,
             "gnn_worker_batches",
@@ -271,6 +287,7 @@ impl WorkerMetrics {
             answers,
             precomputed_nodes,
             model_info,
+            model_rollouts,
             batches,
             batches_waited,
             batches_delayed,

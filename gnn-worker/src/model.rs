@@ -176,28 +176,45 @@ pub enum ModelError {
     Run(String),
 }
 
-/// A model directory's identity: its name (symlinks resolved, so a
+/// Which model answers: its directory's name (symlinks resolved, so a
 /// `current` link names the version it points at) and the sha256 of its
 /// model.onnx, in hex.
-pub fn identity(dir: &std::path::Path) -> anyhow::Result<(String, String)> {
-    use sha2::Digest;
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ModelIdentity {
+    pub name: String,
+    pub sha256: String,
+}
+
+impl std::fmt::Display for ModelIdentity {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{} (sha256 {})", self.name, self.sha256)
+    }
+}
+
+/// A model directory's identity ([`ModelIdentity`]).
+pub fn identity(dir: &std::path::Path) -> anyhow::Result<ModelIdentity> {
     let resolved = std::fs::canonicalize(dir).unwrap_or_else(|_| dir.to_path_buf());
     let name = resolved.file_name().map_or_else(
         || resolved.display().to_string(),
         |n| n.to_string_lossy().into_owned(),
     );
-    let path = dir.join(Manifest::MODEL);
-    let mut file = std::fs::File::open(&path)
+    let sha256 = sha256_hex(&dir.join(Manifest::MODEL))?;
+    Ok(ModelIdentity { name, sha256 })
+}
+
+/// The sha256 of a file's bytes, in hex.
+pub fn sha256_hex(path: &Path) -> anyhow::Result<String> {
+    use sha2::Digest;
+    let mut file = std::fs::File::open(path)
         .map_err(|e| anyhow::anyhow!("reading {}: {e}", path.display()))?;
     let mut hasher = sha2::Sha256::new();
     std::io::copy(&mut file, &mut hasher)
         .map_err(|e| anyhow::anyhow!("reading {}: {e}", path.display()))?;
-    let sha256 = hasher
+    Ok(hasher
         .finalize()
         .iter()
         .map(|b| format!("{b:02x}"))
-        .collect();
-    Ok((name, sha256))
+        .collect())
 }
 
 impl Manifest {

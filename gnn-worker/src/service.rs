@@ -5,14 +5,22 @@
 //! The front ends are bound before the sidecar is found, so the pod's
 //! probes get an answer (not ready, and why) from the start; calls made
 //! meanwhile are answered UNAVAILABLE.
+//!
+//! The predictor (a model's sessions and its batcher) can be replaced while
+//! serving (`crate::rollout`): a call takes the predictor current when it
+//! starts and is answered by it alone, so a switch never fails a call nor
+//! answers one with a mix of two models. The old predictor's threads end
+//! once its last call is answered.
 
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
+use arc_swap::ArcSwapOption;
 use protocol::request::NewNode;
 
 use crate::batcher::{PredictError, Prediction, Predictor};
 use crate::metrics::{Health, WorkerMetrics};
+use crate::model::ModelIdentity;
 
 /// What a client call asks for.
 enum Call {
@@ -20,6 +28,13 @@ enum Call {
     Known(Vec<u64>),
     /// A node the graph does not have: its id, row and edges.
     New(u64, NewNode),
+}
+
+/// A call's answer: its predictions and the model that computed every one.
+#[derive(Debug, Clone)]
+pub struct Answer {
+    pub predictions: Vec<Prediction>,
+    pub model: Arc<ModelIdentity>,
 }
 
 /// Shared by the front ends. Cheap to clone.
@@ -30,20 +45,24 @@ pub struct Service {
 
 #[derive(Debug)]
 struct Inner {
-    predictor: OnceLock<Predictor>,
+    predictor: ArcSwapOption<Predictor>,
     /// Set on SIGTERM: not ready from then on, still serving.
     stopping: std::sync::atomic::AtomicBool,
     /// Why there is no predictor yet.
     waiting: Mutex<String>,
     metrics: OnceLock<Arc<WorkerMetrics>>,
-    /// The model served: its directory's name and model.onnx's sha256.
-    model: OnceLock<(String, String)>,
+    /// The model served (or loaded, before the sidecar is found).
+    model: ArcSwapOption<ModelIdentity>,
 }
 
 impl Health for Inner {
     fn ready(&self) -> bool {
         !self.stopping.load(std::sync::atomic::Ordering::Acquire)
-            && self.predictor.get().is_some_and(|p| p.readiness().is_ok())
+            && self
+                .predictor
+                .load()
+                .as_ref()
+                .is_some_and(|p| p.readiness().is_ok())
     }
 }
 
@@ -56,11 +75,11 @@ impl Default for Service {
 impl Service {
     pub fn new() -> Self {
         let inner = Arc::new(Inner {
-            predictor: OnceLock::new(),
+            predictor: ArcSwapOption::empty(),
             stopping: std::sync::atomic::AtomicBool::new(false),
             waiting: Mutex::new("starting".into()),
             metrics: OnceLock::new(),
-            model: OnceLock::new(),
+            model: ArcSwapOption::empty(),
         });
         let health: std::sync::Weak<dyn Health> = Arc::downgrade(&inner) as _;
         let _ = inner.metrics.set(Arc::new(WorkerMetrics::new(health)));
@@ -71,24 +90,25 @@ impl Service {
         self.inner.metrics.get().expect("set in new")
     }
 
-    /// Records the model served (`/readyz`, `gnn_worker_model_info`).
-    pub fn set_model(&self, name: String, sha256: String) {
-        self.metrics()
-            .model_info
-            .get_or_create(&crate::metrics::ModelLabel {
-                model: name.clone(),
-                sha256: sha256.clone(),
-            })
-            .set(1);
-        let _ = self.inner.model.set((name, sha256));
+    /// Records the model served (`/readyz`, `gnn_worker_model_info`), in
+    /// place of the one before.
+    pub fn set_model(&self, model: Arc<ModelIdentity>) {
+        let label = |m: &ModelIdentity| crate::metrics::ModelLabel {
+            model: m.name.clone(),
+            sha256: m.sha256.clone(),
+        };
+        let metrics = self.metrics();
+        if let Some(before) = self.inner.model.swap(Some(model.clone())) {
+            if *before != *model {
+                metrics.model_info.remove(&label(&before));
+            }
+        }
+        metrics.model_info.get_or_create(&label(&model)).set(1);
     }
 
-    /// The model served: its directory's name and model.onnx's sha256.
-    pub fn model(&self) -> Option<(&str, &str)> {
-        self.inner
-            .model
-            .get()
-            .map(|(name, sha)| (name.as_str(), sha.as_str()))
+    /// The model served.
+    pub fn model(&self) -> Option<Arc<ModelIdentity>> {
+        self.inner.model.load_full()
     }
 
     /// Records why the worker cannot serve yet (shown by `/readyz`).
@@ -96,14 +116,19 @@ impl Service {
         *self.inner.waiting.lock().unwrap_or_else(|p| p.into_inner()) = why.into();
     }
 
-    /// Installs the predictor once the sidecar is attached and the model
-    /// checked; from then on readiness is the predictor's.
+    /// Installs a predictor (the first once the sidecar is attached and the
+    /// model checked, later ones by a rollout): calls that start from now
+    /// on are its; calls already running finish on the one before. From
+    /// then on readiness is the predictor's.
     pub fn set_predictor(&self, predictor: Predictor) {
-        let _ = self.inner.predictor.set(predictor);
+        let model = predictor.model().clone();
+        self.inner.predictor.store(Some(Arc::new(predictor)));
+        self.set_model(model);
     }
 
-    pub fn predictor(&self) -> Option<&Predictor> {
-        self.inner.predictor.get()
+    /// The predictor calls that start now go to.
+    pub fn predictor(&self) -> Option<Arc<Predictor>> {
+        self.inner.predictor.load_full()
     }
 
     /// Reports not ready from now on (the worker is stopping); calls are
@@ -123,7 +148,7 @@ impl Service {
         {
             return Err("stopping (SIGTERM received)".into());
         }
-        match self.inner.predictor.get() {
+        match self.inner.predictor.load().as_ref() {
             Some(predictor) => predictor.readiness(),
             None => Err(format!(
                 "waiting for the sidecar: {}",
@@ -139,7 +164,7 @@ impl Service {
         &self,
         ids: Vec<u64>,
         left: Option<Duration>,
-    ) -> Result<Vec<Prediction>, PredictError> {
+    ) -> Result<Answer, PredictError> {
         self.call(Call::Known(ids), left).await
     }
 
@@ -150,23 +175,25 @@ impl Service {
         id: u64,
         node: NewNode,
         left: Option<Duration>,
-    ) -> Result<Vec<Prediction>, PredictError> {
+    ) -> Result<Answer, PredictError> {
         self.call(Call::New(id, node), left).await
     }
 
-    async fn call(
-        &self,
-        call: Call,
-        left: Option<Duration>,
-    ) -> Result<Vec<Prediction>, PredictError> {
+    async fn call(&self, call: Call, left: Option<Duration>) -> Result<Answer, PredictError> {
         let metrics = self.metrics();
         metrics.calls.inc();
         let started = std::time::Instant::now();
-        let result = match self.inner.predictor.get() {
+        // The call is this predictor's to its end, whatever a rollout
+        // installs meanwhile.
+        let result = match self.inner.predictor.load_full() {
             Some(predictor) => match call {
                 Call::Known(ids) => predictor.predict(ids, left).await,
                 Call::New(id, node) => predictor.predict_new_node(id, node, left).await,
-            },
+            }
+            .map(|predictions| Answer {
+                predictions,
+                model: predictor.model().clone(),
+            }),
             None => Err(PredictError::Unavailable(
                 self.readiness().err().unwrap_or_default(),
             )),
@@ -176,8 +203,8 @@ impl Service {
             .observe(started.elapsed().as_secs_f64());
         match &result {
             Err(e) => metrics.call_failed(e.kind()),
-            Ok(predictions) => {
-                for p in predictions {
+            Ok(answer) => {
+                for p in &answer.predictions {
                     metrics
                         .answers
                         .get_or_create(&crate::metrics::AnsweredByLabel {

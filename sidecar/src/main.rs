@@ -160,7 +160,7 @@ fn serve(args: ServeArgs) -> anyhow::Result<()> {
     };
     let print_config = args.print_config;
     let Some(started) =
-        daemon_kit::startup::start(move || load_config(&args), print_config, on_stop)?
+        daemon_kit::startup::start(move || load_config(&args), print_config, on_stop, || {})?
     else {
         return Ok(());
     };

@@ -216,8 +216,13 @@ fn the_dev_pod_pair_runs_under_podman_and_survives_a_sidecar_kill() {
     // Names of this run (Kubernetes names: lowercase, digits, '-').
     let id = format!("p{}", std::process::id());
 
-    // 1. Render the base and both overlays; validate every object.
-    for kustomization in ["k8s/base", "k8s/overlays/prod", "k8s/overlays/dev"] {
+    // 1. Render the base and the overlays; validate every object.
+    for kustomization in [
+        "k8s/base",
+        "k8s/overlays/prod",
+        "k8s/overlays/dev",
+        "k8s/overlays/canary",
+    ] {
         let objects = render_and_validate(&validate, kustomization, work.path());
         println!("{kustomization}: {}", objects.join(", "));
         for kind in [

@@ -39,7 +39,7 @@
 //! and retires (its session may be inconsistent); the worker is not ready
 //! once no model executor is left.
 
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -51,7 +51,7 @@ use tokio::sync::{mpsc, oneshot};
 use crate::config::WorkerConfig;
 use crate::ladder::{Costs, Rung, Rungs};
 use crate::metrics::WorkerMetrics;
-use crate::model::{AnsweredBy, Model, OutputKind};
+use crate::model::{AnsweredBy, Model, ModelIdentity, OutputKind};
 use crate::precomputed::Precomputed;
 use crate::queue::{Place, Waiting};
 
@@ -250,7 +250,40 @@ struct Lane {
     waiting: Arc<Waiting>,
 }
 
-/// The batching front of the worker. Cheap to clone.
+/// One model's sessions: the executors' (one each), the student's, and
+/// which model they are.
+pub struct Sessions {
+    pub models: Vec<Model>,
+    pub student: Option<Model>,
+    pub identity: Arc<ModelIdentity>,
+}
+
+impl std::fmt::Debug for Sessions {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Sessions")
+            .field("models", &self.models.len())
+            .field("student", &self.student.is_some())
+            .field("identity", &self.identity)
+            .finish()
+    }
+}
+
+/// Tasks that serve one predictor alone (its precomputed set's follower),
+/// aborted when its last clone is dropped.
+#[derive(Default)]
+struct Owned(std::sync::Mutex<Vec<tokio::task::AbortHandle>>);
+
+impl Drop for Owned {
+    fn drop(&mut self) {
+        let tasks = self.0.get_mut().unwrap_or_else(|p| p.into_inner());
+        for task in tasks.drain(..) {
+            task.abort();
+        }
+    }
+}
+
+/// The batching front of one model. Cheap to clone; its threads end once
+/// every clone is dropped and the calls it took are answered.
 #[derive(Clone)]
 pub struct Predictor {
     jobs: Lane,
@@ -267,6 +300,11 @@ pub struct Predictor {
     output: OutputKind,
     /// What each rung of the ladder costs.
     costs: Arc<Costs>,
+    /// The model its executors run.
+    model: Arc<ModelIdentity>,
+    /// Its executors alive.
+    alive: Arc<AtomicUsize>,
+    owned: Arc<Owned>,
 }
 
 impl std::fmt::Debug for Predictor {
@@ -277,12 +315,22 @@ impl std::fmt::Debug for Predictor {
     }
 }
 
-/// Decrements the live-executor count when its thread ends, however it ends.
-struct Alive(Arc<WorkerMetrics>);
+/// Decrements the live-executor counts (the worker's, the predictor's)
+/// when its thread ends, however it ends.
+struct Alive(Arc<WorkerMetrics>, Arc<AtomicUsize>);
+
+impl Alive {
+    fn new(metrics: &Arc<WorkerMetrics>, mine: &Arc<AtomicUsize>) -> Self {
+        metrics.executors_alive.fetch_add(1, Ordering::AcqRel);
+        mine.fetch_add(1, Ordering::AcqRel);
+        Self(metrics.clone(), mine.clone())
+    }
+}
 
 impl Drop for Alive {
     fn drop(&mut self) {
         self.0.executors_alive.fetch_sub(1, Ordering::AcqRel);
+        self.1.fetch_sub(1, Ordering::AcqRel);
     }
 }
 
@@ -293,13 +341,18 @@ impl Predictor {
     /// one makes the worker not ready.
     pub fn start(
         client: Arc<RingClient>,
-        models: Vec<Model>,
-        student: Option<Model>,
+        sessions: Sessions,
         precomputed: Option<Arc<Precomputed>>,
         schema: FeatureSchema,
         config: BatchConfig,
         metrics: Arc<WorkerMetrics>,
     ) -> std::io::Result<Self> {
+        let Sessions {
+            models,
+            student,
+            identity,
+        } = sessions;
+        let alive = Arc::new(AtomicUsize::new(0));
         let config = Arc::new(config);
         let output = models
             .first()
@@ -344,8 +397,7 @@ impl Predictor {
         for (i, model) in models.into_iter().enumerate() {
             let (metrics, rx, capacity) = (metrics.clone(), ready_rx.clone(), capacity.clone());
             let costs = costs.clone();
-            metrics.executors_alive.fetch_add(1, Ordering::AcqRel);
-            let alive = Alive(metrics.clone());
+            let alive = Alive::new(&metrics, &alive);
             std::thread::Builder::new()
                 .name(format!("executor-{i}"))
                 .spawn(move || {
@@ -402,7 +454,24 @@ impl Predictor {
             precomputed,
             output,
             costs,
+            model: identity,
+            alive,
+            owned: Arc::default(),
         })
+    }
+
+    /// The model it serves.
+    pub fn model(&self) -> &Arc<ModelIdentity> {
+        &self.model
+    }
+
+    /// Ends `task` when this predictor's last clone is dropped.
+    pub fn own(&self, task: tokio::task::AbortHandle) {
+        self.owned
+            .0
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push(task);
     }
 
     pub fn metrics(&self) -> &WorkerMetrics {
@@ -428,11 +497,12 @@ impl Predictor {
         if self.client.schema() != Some(self.schema) {
             return Err(
                 "the sidecar now serves another feature schema or graph version than \
-                        the model was checked against: restart the worker with a matching model"
+                        the model was checked against: roll out a matching model \
+                        (docs/operations.md, \"Rolling out a model\")"
                     .into(),
             );
         }
-        if self.metrics.executors_alive.load(Ordering::Acquire) == 0 {
+        if self.alive.load(Ordering::Acquire) == 0 {
             return Err(
                 "no executor is alive (each was retired after a panic; see the log): \
                         restart the worker"

@@ -1,0 +1,299 @@
+//! A model rolled out without a restart (docs/operations.md, "Rolling out
+//! a model"): a `current` symlink swapped from model A (GraphSAGE) to
+//! model B (the same trained from another seed) under gRPC load is
+//! switched to without a failed call, every call answered by one model
+//! whole (each prediction's logits are its named model's, nearer them
+//! than the other model's), and
+//! /readyz, `gnn_worker_model_info` and the rollout counter say so; a
+//! directory whose manifest does not match the sidecar's graph, and one
+//! whose model.onnx is not a model, are refused and the model serving
+//! keeps serving; with the directory not watched, SIGHUP rolls out.
+
+use std::collections::HashMap;
+use std::os::unix::fs::symlink;
+use std::path::Path;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use gnn_worker::grpc::{pb, PredictorClient};
+use tests::eventually;
+use std::process::Command;
+use tests::stack::{
+    copy_dir, metric_value, python, repo_root, run_ok, shipped_cora, Stack, StackOptions,
+};
+
+/// The nodes the test calls for.
+const NODES: u64 = 40;
+
+/// Points `link` at `target` atomically (a new link renamed over it), as
+/// an operator's `ln -sfn` + `mv -T` does.
+fn swap_link(link: &Path, target: &str) {
+    let tmp = link.with_extension("tmp");
+    let _ = std::fs::remove_file(&tmp);
+    symlink(target, &tmp).unwrap();
+    std::fs::rename(&tmp, link).unwrap();
+}
+
+/// `models/{a, b}` (the tooling's cora model, and one trained from another
+/// seed) and `models/current` pointing at `a`.
+fn model_dirs(root: &Path) -> std::path::PathBuf {
+    let cora = shipped_cora();
+    let models = root.join("models");
+    copy_dir(&tests::stack::trained_model_for(&cora), &models.join("a"));
+    run_ok(
+        Command::new(python())
+            .arg(repo_root().join("gnn-worker/model/sage.py"))
+            .args(["train", "--seed", "7", "--epochs", "60", "--dataset"])
+            .arg(&cora)
+            .arg("--out")
+            .arg(models.join("b")),
+        "training model b",
+    );
+    let current = models.join("current");
+    symlink("a", &current).unwrap();
+    current
+}
+
+/// The sha256 /readyz names, once ready.
+fn ready_sha(stack: &Stack) -> Option<String> {
+    let (code, body) = stack.http_get("/readyz").ok()?;
+    (code == 200).then(|| body.split_whitespace().last().unwrap_or("").to_string())
+}
+
+/// Every node's logits from model `name`, one call per node.
+async fn reference(grpc: &str, name: &str) -> HashMap<u64, Vec<f32>> {
+    let mut client = PredictorClient::connect(grpc.to_string()).await.unwrap();
+    let mut out = HashMap::new();
+    for id in 0..NODES {
+        let response = client
+            .predict(pb::PredictRequest {
+                node_ids: vec![id],
+                ..Default::default()
+            })
+            .await
+            .unwrap()
+            .into_inner();
+        assert_eq!(response.model, name, "node {id} answered by another model");
+        out.insert(id, response.predictions[0].logits.clone());
+    }
+    out
+}
+
+fn close(a: &[f32], b: &[f32], tolerance: f32) -> bool {
+    a.len() == b.len() && distance(a, b) <= tolerance
+}
+
+/// The largest difference between two rows of logits.
+fn distance(a: &[f32], b: &[f32]) -> f32 {
+    a.iter()
+        .zip(b)
+        .map(|(x, y)| (x - y).abs())
+        .fold(0.0, f32::max)
+}
+
+/// How far an answer may be from its model's answer to the node alone
+/// (a batch's kernels may sum in another order).
+const TOLERANCE: f32 = 1e-3;
+
+/// Two models are told apart on a node where they differ by this much.
+const APART: f32 = 0.1;
+
+fn rollouts(stack: &Stack, outcome: &str) -> f64 {
+    let (_, body) = tests::stack::http_request(&stack.http, "GET", "/metrics", None).unwrap();
+    let name = format!("gnn_worker_model_rollouts_total{{outcome=\"{outcome}\"}}");
+    if body.contains(&name) {
+        metric_value(&stack.http, &name)
+    } else {
+        0.0
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_new_model_is_rolled_out_under_load_without_a_failed_or_mixed_call() {
+    let root = tempfile::tempdir().unwrap();
+    let current = model_dirs(root.path());
+    let models = current.parent().unwrap().to_path_buf();
+    let mut options = StackOptions::new("cora");
+    options.model = Some(current.clone());
+    options.worker_args = vec!["--model-watch-s".into(), "0.2".into()];
+    let stack = tokio::task::spawn_blocking(move || Stack::start(&options).unwrap())
+        .await
+        .unwrap();
+    let sha = |dir: &str| gnn_worker::model::sha256_hex(&models.join(dir).join("model.onnx")).unwrap();
+    let (sha_a, sha_b) = (sha("a"), sha("b"));
+    assert_ne!(sha_a, sha_b);
+    assert_eq!(ready_sha(&stack).as_deref(), Some(sha_a.as_str()));
+    let info_a = format!("gnn_worker_model_info{{model=\"a\",sha256=\"{sha_a}\"}}");
+    assert_eq!(metric_value(&stack.http, &info_a), 1.0);
+    let ref_a = reference(&stack.grpc, "a").await;
+
+    // Load: four clients calling for 1 to 3 nodes at a time, every answer
+    // recorded with the model that says it answered.
+    let stop = Arc::new(AtomicBool::new(false));
+    let mut clients = Vec::new();
+    for c in 0..4u64 {
+        let (grpc, stop) = (stack.grpc.clone(), stop.clone());
+        clients.push(tokio::spawn(async move {
+            let mut client = PredictorClient::connect(grpc).await.unwrap();
+            let (mut answers, mut errors) = (Vec::new(), Vec::new());
+            let mut i = c;
+            while !stop.load(Ordering::Acquire) {
+                i += 7;
+                let ids: Vec<u64> = (0..1 + i % 3).map(|k| (i + k * 11) % NODES).collect();
+                match client
+                    .predict(pb::PredictRequest {
+                        node_ids: ids.clone(),
+                        ..Default::default()
+                    })
+                    .await
+                {
+                    Ok(r) => answers.push((ids, r.into_inner())),
+                    Err(status) => errors.push(status.to_string()),
+                }
+            }
+            (answers, errors)
+        }));
+    }
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    swap_link(&current, "b");
+    let switched = {
+        let stack = &stack;
+        let sha_b = sha_b.clone();
+        tokio::task::block_in_place(|| {
+            eventually(Duration::from_secs(60), || {
+                ready_sha(stack).as_deref() == Some(sha_b.as_str())
+            })
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    stop.store(true, Ordering::Release);
+    let (mut answers, mut errors) = (Vec::new(), Vec::new());
+    for client in clients {
+        let (a, e) = client.await.unwrap();
+        answers.extend(a);
+        errors.extend(e);
+    }
+    assert!(switched, "/readyz never named model b");
+    assert!(errors.is_empty(), "calls failed during the rollout: {errors:?}");
+    let ref_b = reference(&stack.grpc, "b").await;
+    let apart: Vec<f32> = (0..NODES).map(|id| distance(&ref_a[&id], &ref_b[&id])).collect();
+    println!("a and b differ by {apart:?}");
+    let differ = apart.iter().filter(|d| **d >= APART).count();
+    assert!(
+        differ as u64 > NODES / 4,
+        "models a and b answer alike ({differ} of {NODES} nodes differ): the test cannot tell \
+         them apart"
+    );
+    let mut by_model: HashMap<String, usize> = HashMap::new();
+    for (ids, response) in &answers {
+        let (reference, other, sha) = match response.model.as_str() {
+            "a" => (&ref_a, &ref_b, &sha_a),
+            "b" => (&ref_b, &ref_a, &sha_b),
+            other => panic!("answered by {other:?}"),
+        };
+        assert_eq!(&response.model_sha256, sha);
+        assert_eq!(response.predictions.len(), ids.len());
+        for (id, p) in ids.iter().zip(&response.predictions) {
+            let (mine, theirs) = (
+                distance(&p.logits, &reference[id]),
+                distance(&p.logits, &other[id]),
+            );
+            assert!(
+                mine <= TOLERANCE && (distance(&reference[id], &other[id]) < APART || mine < theirs),
+                "node {id} in a call answered by model {}: logits {:?}, that model's {:?}, the \
+                 other's {:?}",
+                response.model,
+                p.logits,
+                reference[id],
+                other[id]
+            );
+        }
+        *by_model.entry(response.model.clone()).or_default() += 1;
+    }
+    println!("calls answered during the test, by model: {by_model:?}");
+    assert!(
+        by_model.get("a").is_some_and(|n| *n > 0) && by_model.get("b").is_some_and(|n| *n > 0),
+        "the load did not span the switch: {by_model:?}"
+    );
+    assert_eq!(rollouts(&stack, "switched"), 1.0);
+    let info_b = format!("gnn_worker_model_info{{model=\"b\",sha256=\"{sha_b}\"}}");
+    assert_eq!(metric_value(&stack.http, &info_b), 1.0);
+    let (_, metrics) = tests::stack::http_request(&stack.http, "GET", "/metrics", None).unwrap();
+    assert!(
+        !metrics.contains(&info_a),
+        "the old model is still in gnn_worker_model_info"
+    );
+
+    // Refused: a manifest for another feature width, then a model.onnx
+    // that is not a model. Model b keeps serving.
+    let wrong = models.join("wrong-dim");
+    copy_dir(&models.join("a"), &wrong);
+    let manifest_path = wrong.join("manifest.json");
+    let mut manifest: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&manifest_path).unwrap()).unwrap();
+    manifest["feature_dim"] = serde_json::json!(99);
+    std::fs::write(&manifest_path, manifest.to_string()).unwrap();
+    let broken = models.join("broken");
+    copy_dir(&models.join("a"), &broken);
+    std::fs::write(broken.join("model.onnx"), b"not an ONNX model").unwrap();
+    for (n, dir) in [(1.0, "wrong-dim"), (2.0, "broken")] {
+        swap_link(&current, dir);
+        let refused = tokio::task::block_in_place(|| {
+            eventually(Duration::from_secs(60), || rollouts(&stack, "refused") >= n)
+        });
+        assert!(refused, "the rollout of {dir} was not refused");
+        assert_eq!(ready_sha(&stack).as_deref(), Some(sha_b.as_str()));
+        let still = reference(&stack.grpc, "b").await;
+        assert!((0..NODES).all(|id| close(&still[&id], &ref_b[&id], TOLERANCE)));
+    }
+    assert_eq!(rollouts(&stack, "switched"), 1.0);
+
+    // Back to a: a rollback is a rollout.
+    swap_link(&current, "a");
+    let back = tokio::task::block_in_place(|| {
+        eventually(Duration::from_secs(60), || {
+            ready_sha(&stack).as_deref() == Some(sha_a.as_str())
+        })
+    });
+    assert!(back, "the rollback to a did not happen");
+    let again = reference(&stack.grpc, "a").await;
+    assert!((0..NODES).all(|id| close(&again[&id], &ref_a[&id], 1e-4)));
+    tokio::task::block_in_place(|| assert!(stack.stop(), "the stack did not stop cleanly"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_the_directory_unwatched_sighup_rolls_out() {
+    let root = tempfile::tempdir().unwrap();
+    let current = model_dirs(root.path());
+    let models = current.parent().unwrap().to_path_buf();
+    let mut options = StackOptions::new("cora");
+    options.model = Some(current.clone());
+    options.worker_args = vec!["--model-watch-s".into(), "0".into()];
+    let stack = tokio::task::spawn_blocking(move || Stack::start(&options).unwrap())
+        .await
+        .unwrap();
+    let sha_b = gnn_worker::model::sha256_hex(&models.join("b/model.onnx")).unwrap();
+    swap_link(&current, "b");
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_ne!(
+        ready_sha(&stack).as_deref(),
+        Some(sha_b.as_str()),
+        "model_watch_s 0 rolled out without a signal"
+    );
+    reference(&stack.grpc, "a").await;
+    let pid = stack.worker.as_ref().unwrap().child.id();
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(pid as i32),
+        nix::sys::signal::Signal::SIGHUP,
+    )
+    .unwrap();
+    let switched = tokio::task::block_in_place(|| {
+        eventually(Duration::from_secs(60), || {
+            ready_sha(&stack).as_deref() == Some(sha_b.as_str())
+        })
+    });
+    assert!(switched, "SIGHUP did not roll out model b");
+    reference(&stack.grpc, "b").await;
+    tokio::task::block_in_place(|| assert!(stack.stop(), "the stack did not stop cleanly"));
+}
