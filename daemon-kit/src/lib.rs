@@ -33,3 +33,4 @@ pub mod readiness;
 pub mod redact;
 pub mod row;
 pub mod startup;
+pub mod traces;

@@ -101,27 +101,58 @@ pub fn init_for_command() {
         .init();
 }
 
-/// Installs the process-wide subscriber. Fails if `level` does not parse or
-/// a subscriber is already installed.
-pub fn init(format: LogFormat, level: &str) -> Result<LogHandle, String> {
+/// Installs the process-wide subscriber: the log at `level`, and with
+/// `tracer`, the OpenTelemetry layer ([`crate::traces`]) taking the spans
+/// of the `traced` targets alone (their TRACE-level spans included, and
+/// no events). Fails if `level` does not parse or a subscriber is already
+/// installed.
+pub fn init(
+    format: LogFormat,
+    level: &str,
+    tracer: Option<opentelemetry_sdk::trace::SdkTracer>,
+    traced: &'static [&'static str],
+) -> Result<LogHandle, String> {
+    use tracing_subscriber::Layer;
     let filter = parse_level(level)?;
     let (filter, reload) = reload::Layer::new(filter);
-    let registry = tracing_subscriber::registry().with(filter);
-    let installed = match format {
-        LogFormat::Text => registry
-            .with(tracing_subscriber::fmt::layer().with_writer(std::io::stderr))
-            .try_init(),
-        LogFormat::Json => registry
-            .with(
-                tracing_subscriber::fmt::layer()
-                    .json()
-                    .flatten_event(true)
-                    .with_current_span(false)
-                    .with_writer(std::io::stderr),
-            )
-            .try_init(),
+    let log = match format {
+        LogFormat::Text => tracing_subscriber::fmt::layer()
+            .with_writer(std::io::stderr)
+            .with_filter(filter)
+            .boxed(),
+        LogFormat::Json => tracing_subscriber::fmt::layer()
+            .json()
+            .flatten_event(true)
+            .with_current_span(false)
+            .with_writer(std::io::stderr)
+            .with_filter(filter)
+            .boxed(),
     };
-    installed.map_err(|e| format!("cannot install the logger: {e}"))?;
+    let mut layers: Vec<Box<dyn Layer<Registry> + Send + Sync>> = vec![log];
+    if let Some(tracer) = tracer {
+        layers.push(
+            tracing_opentelemetry::layer()
+                .with_tracer(tracer)
+                .with_location(false)
+                .with_threads(false)
+                .with_tracked_inactivity(false)
+                .with_filter(tracing_subscriber::filter::filter_fn(move |meta| {
+                    meta.is_span()
+                        && traced.iter().any(|t| {
+                            meta.target() == *t
+                                || meta
+                                    .target()
+                                    .strip_prefix(t)
+                                    .is_some_and(|rest| rest.starts_with("::"))
+                        })
+                }))
+                .boxed(),
+        );
+    }
+    tracing_subscriber::registry()
+        .with(layers)
+        .try_init()
+        .map_err(|e| format!("cannot install the logger: {e}"))?;
     Ok(LogHandle {
         reload,
         current: Mutex::new(level.to_string()),

@@ -123,6 +123,12 @@ pub struct WorkerConfig {
     pub log_format: LogFormat,
     /// Log level (tracing directives); SIGHUP re-reads it.
     pub log_level: String,
+    /// OTLP/gRPC endpoint the calls' spans go to (a collector, Jaeger),
+    /// e.g. http://otel-collector:4317; unset: no traces.
+    pub otlp_endpoint: Option<String>,
+    /// With otlp_endpoint: the share of calls traced when the client sent
+    /// no sampled `traceparent` (0 to 1).
+    pub trace_sample_ratio: f64,
 }
 
 impl Default for WorkerConfig {
@@ -162,6 +168,8 @@ impl Default for WorkerConfig {
             shutdown_delay_s: 0.0,
             log_format: LogFormat::Text,
             log_level: "info".into(),
+            otlp_endpoint: None,
+            trace_sample_ratio: 0.01,
         }
     }
 }
@@ -295,6 +303,18 @@ impl Validate for WorkerConfig {
         between("shutdown_delay_s", self.shutdown_delay_s, 0.0, 3_600.0)?;
         daemon_kit::logging::parse_level(&self.log_level)
             .map_err(|e| Invalid::new("log_level", e, "set a level such as info"))?;
+        between("trace_sample_ratio", self.trace_sample_ratio, 0.0, 1.0)?;
+        if let Some(problem) = self
+            .otlp_endpoint
+            .as_deref()
+            .and_then(daemon_kit::traces::endpoint_problem)
+        {
+            return Err(Invalid::new(
+                "otlp_endpoint",
+                problem,
+                "give a URL such as http://otel-collector:4317, or leave it unset",
+            ));
+        }
         Ok(())
     }
 }
@@ -532,6 +552,16 @@ pub struct WorkerFlags {
     #[arg(long)]
     #[serde(skip_serializing_if = "Option::is_none")]
     pub log_level: Option<String>,
+    /// OTLP/gRPC endpoint for traces, e.g. http://otel-collector:4317
+    /// [default: none, no traces].
+    #[arg(long)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub otlp_endpoint: Option<String>,
+    /// Share of calls traced without a sampled traceparent, 0 to 1
+    /// [default: 0.01].
+    #[arg(long)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub trace_sample_ratio: Option<f64>,
 }
 
 impl daemon_kit::startup::Settings for WorkerConfig {
@@ -545,6 +575,18 @@ impl daemon_kit::startup::Settings for WorkerConfig {
 
     fn log_level(&self) -> &str {
         &self.log_level
+    }
+
+    fn traces(&self) -> daemon_kit::traces::TraceSettings {
+        daemon_kit::traces::TraceSettings {
+            endpoint: self.otlp_endpoint.clone(),
+            sample_ratio: self.trace_sample_ratio,
+            service: "gnn-worker",
+        }
+    }
+
+    fn traced_targets(&self) -> &'static [&'static str] {
+        &["gnn_worker"]
     }
 }
 

@@ -282,12 +282,21 @@ impl pb::predictor_server::Predictor for PredictService {
         &self,
         request: Request<pb::PredictRequest>,
     ) -> Result<Response<pb::PredictResponse>, Status> {
+        use tracing::Instrument;
         let left = request
             .metadata()
             .get("grpc-timeout")
             .and_then(|v| v.to_str().ok())
             .and_then(crate::ladder::parse_grpc_timeout);
+        let span = crate::service::call_span(
+            "gnn.v1.Predictor/Predict",
+            request
+                .metadata()
+                .get("traceparent")
+                .and_then(|v| v.to_str().ok()),
+        );
         answer(&self.service, request.into_inner(), left)
+            .instrument(span)
             .await
             .map(Response::new)
     }

@@ -93,7 +93,21 @@ impl daemon_kit::endpoint::Probes for Service {
 
 async fn predict(
     State(service): State<Service>,
+    headers: axum::http::HeaderMap,
     Json(body): Json<PredictBody>,
+) -> Result<Json<serde_json::Value>, axum::response::Response> {
+    use tracing::Instrument;
+    let span = crate::service::call_span(
+        "POST /v1/predict",
+        headers.get("traceparent").and_then(|v| v.to_str().ok()),
+    );
+    predict_body(service, body).instrument(span).await
+}
+
+/// `POST /v1/predict`, inside its call's span.
+async fn predict_body(
+    service: Service,
+    body: PredictBody,
 ) -> Result<Json<serde_json::Value>, axum::response::Response> {
     let left = match body.timeout_ms {
         Some(ms) if !(ms.is_finite() && ms > 0.0 && ms <= 3_600_000.0) => {

@@ -37,6 +37,21 @@ pub struct Answer {
     pub model: Arc<ModelIdentity>,
 }
 
+/// The span of one client call (traces, docs/operations.md "Traces"): a
+/// child of the client's `traceparent` when it sent one (the value of the
+/// header, or of the gRPC metadata of that name), a root otherwise. The
+/// call runs inside it (`tracing::Instrument`); with traces off it is
+/// disabled and costs nothing.
+pub fn call_span(rpc: &'static str, traceparent: Option<&str>) -> tracing::Span {
+    let span = tracing::trace_span!("predict", rpc);
+    if let Some((trace_id, parent, sampled)) =
+        traceparent.and_then(daemon_kit::traces::parse_traceparent)
+    {
+        daemon_kit::traces::remote_parent(&span, trace_id, parent, sampled);
+    }
+    span
+}
+
 /// Shared by the front ends. Cheap to clone.
 #[derive(Debug, Clone)]
 pub struct Service {

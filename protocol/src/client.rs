@@ -77,6 +77,9 @@ pub struct CallRequest<'a> {
     /// if the sidecar is the one it was accepted on. `None`: submitted only
     /// while READY.
     pub accepted: Option<&'a Accepted>,
+    /// The trace this request is part of (docs/protocol.md, "Trace
+    /// context"); `None`: untraced.
+    pub trace: Option<request::TraceContext>,
 }
 
 impl<'a> CallRequest<'a> {
@@ -92,6 +95,7 @@ impl<'a> CallRequest<'a> {
             hub_h1: None,
             subgraph: None,
             accepted: None,
+            trace: None,
         }
     }
 
@@ -187,7 +191,10 @@ fn request_header(
             .and_then(|f| f.subgraph)
             .map_or(0, |s| s.hops() as u32),
         fresh_fanout3: since.and_then(|f| f.subgraph).map_or(0, |s| s.padded()[2]),
-        _reserved: [0; 48],
+        trace_id: request.trace.map_or([0; 16], |t| t.trace_id),
+        trace_parent: request.trace.map_or([0; 8], |t| t.parent),
+        trace_flags: request.trace.map_or(0, |t| u32::from(t.sampled)),
+        _reserved: [0; 20],
     }
 }
 

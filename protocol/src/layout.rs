@@ -328,8 +328,15 @@ pub struct RequestHeader {
     /// With `fresh_hops` 3: the third hop's fanout of those answers; 0
     /// otherwise.
     pub fresh_fanout3: u32,
+    /// The W3C trace context of the call this request serves
+    /// (docs/protocol.md, "Trace context"): its trace id, the worker's span
+    /// the sidecar's spans nest under, and the trace flags (bit 0:
+    /// sampled). All zero: no trace.
+    pub trace_id: [u8; 16],
+    pub trace_parent: [u8; 8],
+    pub trace_flags: u32,
     /// Zero (a sidecar refuses other bytes).
-    pub _reserved: [u8; 48],
+    pub _reserved: [u8; 20],
 }
 
 /// Response status codes, in [`ResponseHeader::status`].
@@ -506,7 +513,10 @@ mod tests {
         assert_eq!(offset_of!(RequestHeader, fanout3), 68);
         assert_eq!(offset_of!(RequestHeader, fresh_hops), 72);
         assert_eq!(offset_of!(RequestHeader, fresh_fanout3), 76);
-        assert_eq!(offset_of!(RequestHeader, _reserved), 80);
+        assert_eq!(offset_of!(RequestHeader, trace_id), 80);
+        assert_eq!(offset_of!(RequestHeader, trace_parent), 96);
+        assert_eq!(offset_of!(RequestHeader, trace_flags), 104);
+        assert_eq!(offset_of!(RequestHeader, _reserved), 108);
         assert_eq!(offset_of!(RequestHeader, deadline_mono_ns), 8);
         assert_eq!(offset_of!(RequestHeader, n_targets), 16);
         assert_eq!(offset_of!(RequestHeader, fanouts), 20);

@@ -261,6 +261,31 @@ pub struct Request {
     /// fanout where the client left it at 0, see `fanout3_defaulted`).
     pub fanout3: u32,
     pub fanout3_defaulted: bool,
+    /// The trace the request is part of, when it carries one.
+    pub trace: Option<TraceContext>,
+}
+
+/// A request's W3C trace context (docs/protocol.md, "Trace context").
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TraceContext {
+    pub trace_id: [u8; 16],
+    /// The span the sidecar's spans nest under.
+    pub parent: [u8; 8],
+    /// Whether the trace is sampled (recorded and exported).
+    pub sampled: bool,
+}
+
+impl TraceContext {
+    /// The context of a request header: `None` unless both ids are
+    /// non-zero (W3C's all-zero ids mean none). Flag bits other than
+    /// bit 0 are ignored, as W3C asks of unknown flags.
+    fn of(header: &RequestHeader) -> Option<Self> {
+        (header.trace_id != [0; 16] && header.trace_parent != [0; 8]).then_some(Self {
+            trace_id: header.trace_id,
+            parent: header.trace_parent,
+            sampled: header.trace_flags & 1 == 1,
+        })
+    }
 }
 
 impl Request {
@@ -553,6 +578,7 @@ pub fn decode(
         hops: header.hops,
         fanout3: if header.hops == 3 { fanout3 } else { 0 },
         fanout3_defaulted: header.hops == 3 && header.fanout3 == 0,
+        trace: TraceContext::of(&header),
     })
 }
 
@@ -661,6 +687,30 @@ mod tests {
     use super::*;
 
     #[test]
+    fn a_trace_context_is_read_only_with_both_ids() {
+        let header = |trace_id: [u8; 16], trace_parent: [u8; 8], trace_flags: u32| {
+            RequestHeader {
+                trace_id,
+                trace_parent,
+                trace_flags,
+                ..bytemuck::Zeroable::zeroed()
+            }
+        };
+        assert_eq!(TraceContext::of(&header([0; 16], [0; 8], 0)), None);
+        assert_eq!(TraceContext::of(&header([1; 16], [0; 8], 1)), None);
+        assert_eq!(TraceContext::of(&header([0; 16], [2; 8], 1)), None);
+        assert_eq!(
+            TraceContext::of(&header([1; 16], [2; 8], 0xff)),
+            Some(TraceContext {
+                trace_id: [1; 16],
+                parent: [2; 8],
+                sampled: true
+            })
+        );
+        assert!(!TraceContext::of(&header([1; 16], [2; 8], 2)).unwrap().sampled);
+    }
+
+    #[test]
     fn remaining_time_follows_the_deadline() {
         let mut request = Request {
             request_id: 1,
@@ -675,6 +725,7 @@ mod tests {
             hops: 0,
             fanout3: 0,
             fanout3_defaulted: false,
+            trace: None,
         };
         assert_eq!(request.remaining_at(5_000), None, "no deadline");
         request.deadline_mono_ns = 8_000;

@@ -186,6 +186,9 @@ pub struct ServeConfig {
     /// Log level (tracing directives, e.g. info or sidecar=debug,warn);
     /// changeable at run time (`sidecarctl log-level set`).
     pub log_level: String,
+    /// OTLP/gRPC endpoint the spans of traced requests go to (a collector,
+    /// Jaeger), e.g. http://otel-collector:4317; unset: no traces.
+    pub otlp_endpoint: Option<String>,
     /// Graph delta entries (nodes with added edges, added nodes, added
     /// edges) past which the graph compacts by itself in the background;
     /// 0: only on `sidecarctl graph compact`.
@@ -230,6 +233,7 @@ impl Default for ServeConfig {
             metrics_addr: None,
             log_format: LogFormat::Text,
             log_level: "info".into(),
+            otlp_endpoint: None,
             compact_after: 1_000_000,
             updates_stream: None,
             updates_redis: RedisUrls::default(),
@@ -409,6 +413,17 @@ impl Validate for ServeConfig {
         }
         daemon_kit::logging::parse_level(&self.log_level)
             .map_err(|e| Invalid::new("log_level", e, "set a level such as info"))?;
+        if let Some(problem) = self
+            .otlp_endpoint
+            .as_deref()
+            .and_then(daemon_kit::traces::endpoint_problem)
+        {
+            return Err(Invalid::new(
+                "otlp_endpoint",
+                problem,
+                "give a URL such as http://otel-collector:4317, or leave it unset",
+            ));
+        }
         Ok(())
     }
 }
@@ -616,6 +631,11 @@ pub struct ServeFlags {
     #[arg(long)]
     #[serde(skip_serializing_if = "Option::is_none")]
     pub log_level: Option<String>,
+    /// OTLP/gRPC endpoint for traces, e.g. http://otel-collector:4317
+    /// [default: none, no traces].
+    #[arg(long)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub otlp_endpoint: Option<String>,
     /// Graph delta entries past which the graph compacts by itself; 0: never [default: 1000000].
     #[arg(long)]
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -645,6 +665,20 @@ impl daemon_kit::startup::Settings for ServeConfig {
 
     fn log_level(&self) -> &str {
         &self.log_level
+    }
+
+    fn traces(&self) -> daemon_kit::traces::TraceSettings {
+        daemon_kit::traces::TraceSettings {
+            endpoint: self.otlp_endpoint.clone(),
+            // The worker decides: the sidecar traces the requests whose
+            // trace context says sampled.
+            sample_ratio: 0.0,
+            service: "gnn-sidecar",
+        }
+    }
+
+    fn traced_targets(&self) -> &'static [&'static str] {
+        &["sidecar"]
     }
 }
 

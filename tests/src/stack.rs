@@ -315,6 +315,8 @@ pub struct StackOptions {
     pub worker_env: Vec<(String, String)>,
     /// Extra `sidecar serve` arguments.
     pub sidecar_args: Vec<String>,
+    /// Environment variables of `sidecar serve`.
+    pub sidecar_env: Vec<(String, String)>,
     /// A directory `sidecar import` already wrote: served as it is, with
     /// no import at start (several stacks over one large import).
     pub imported: Option<PathBuf>,
@@ -340,6 +342,7 @@ impl StackOptions {
             worker_args: Vec::new(),
             worker_env: Vec::new(),
             sidecar_args: Vec::new(),
+            sidecar_env: Vec::new(),
             imported: None,
             model: None,
             worker_fanouts: None,
@@ -402,6 +405,7 @@ pub struct Stack {
     pub dir: tempfile::TempDir,
     /// `sidecar`'s arguments, to start it again.
     sidecar_command: Vec<std::ffi::OsString>,
+    sidecar_env: Vec<(String, String)>,
 }
 
 impl Stack {
@@ -456,6 +460,7 @@ impl Stack {
         let sidecar = Daemon {
             child: Command::new(workspace_bin("sidecar"))
                 .args(&sidecar_command)
+                .envs(options.sidecar_env.iter().map(|(k, v)| (k, v)))
                 .spawn()
                 .context("starting sidecar serve")?,
             name: "sidecar",
@@ -495,6 +500,7 @@ impl Stack {
             model,
             dir,
             sidecar_command,
+            sidecar_env: options.sidecar_env.clone(),
         };
         // Ready = the worker's /readyz answers 200.
         let ready = eventually(Duration::from_secs(120), || {
@@ -517,6 +523,7 @@ impl Stack {
         self.sidecar = Some(Daemon {
             child: Command::new(workspace_bin("sidecar"))
                 .args(&self.sidecar_command)
+                .envs(self.sidecar_env.iter().map(|(k, v)| (k, v)))
                 .spawn()
                 .context("starting sidecar serve again")?,
             name: "sidecar",

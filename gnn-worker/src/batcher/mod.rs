@@ -234,6 +234,10 @@ struct Job {
     /// it, and its ring requests are submitted while DRAINING.
     accepted: Accepted,
     reply: oneshot::Sender<Result<Vec<Prediction>, PredictError>>,
+    /// The call's span (traces), and its `queue` span, closed when a ring
+    /// thread takes the call.
+    span: tracing::Span,
+    queue: tracing::Span,
 }
 
 impl Targets for Job {
@@ -614,6 +618,8 @@ impl Predictor {
             .map_err(|e| PredictError::Unavailable(e.to_string()))?;
         let (reply, answer) = oneshot::channel();
         let enqueued = Instant::now();
+        let span = tracing::Span::current();
+        let queue = daemon_kit::child_span!("queue");
         lane.jobs
             .try_send(Job {
                 ids,
@@ -624,6 +630,8 @@ impl Predictor {
                 place,
                 accepted,
                 reply,
+                span,
+                queue,
             })
             .map_err(|e| match e {
                 mpsc::error::TrySendError::Full(_) => overloaded(),

@@ -37,9 +37,12 @@ pub(super) fn model_stage(
             releases,
             store,
             taken,
+            span,
         } = done;
+        let _traced = span.enter();
         let ran = std::panic::catch_unwind(AssertUnwindSafe(|| {
             fail::fail_point!("gnn-worker-executor");
+            let _span = daemon_kit::child_span!("onnx", targets = ids.len()).entered();
             responses.and_then(|responses| {
                 run_model(&mut model, metrics, &ids, responses, store.as_deref())
             })

@@ -26,6 +26,8 @@ pub(super) fn take_live(batch: Vec<Job>, now: Instant, metrics: &WorkerMetrics) 
     let mut live = Vec::with_capacity(batch.len());
     for mut job in batch {
         job.place.release();
+        // Its wait in the queue ends here.
+        job.queue = tracing::Span::none();
         if job.reply.is_closed() {
             metrics.calls_dropped("gone");
         } else if job.deadline <= now {
@@ -57,6 +59,24 @@ pub(super) struct RingDone {
     pub(super) store: Option<Arc<PrecomputedSet>>,
     /// When the ring stage took the batch.
     pub(super) taken: Instant,
+    /// The batch's span (traces): a child of its first traced call's.
+    pub(super) span: tracing::Span,
+}
+
+/// The span of a batch: a child of its first traced call's span, so that
+/// the trace of a call shows the batch it went in (the batch's other calls
+/// have their own `predict` and `queue` spans); disabled when no call of it
+/// is traced.
+pub(super) fn batch_span(batch: &[Job]) -> tracing::Span {
+    match batch.iter().find(|job| !job.span.is_none()) {
+        Some(first) => tracing::trace_span!(
+            parent: &first.span,
+            "batch",
+            calls = batch.len(),
+            targets = batch.iter().map(|j| j.ids.len()).sum::<usize>()
+        ),
+        None => tracing::Span::none(),
+    }
 }
 
 /// What a ring call needs of the worker.
@@ -121,7 +141,9 @@ pub(super) fn ring_stage(
         batch.sort_by_cached_key(|job| job_kind(job, answers));
         let ids: Vec<u64> = batch.iter().flat_map(|j| j.ids.iter().copied()).collect();
         metrics.targets.inc_by(ids.len() as u64);
+        let span = batch_span(&batch);
         let call = |jobs: &[Job]| {
+            let _traced = span.enter();
             std::panic::catch_unwind(AssertUnwindSafe(|| {
                 jobs_ring_calls(ring, jobs, store.as_deref())
             }))
@@ -152,6 +174,7 @@ pub(super) fn ring_stage(
                     releases: i + 1 == n,
                     store: store.clone(),
                     taken,
+                    span: span.clone(),
                 });
             }
         } else {
@@ -162,6 +185,7 @@ pub(super) fn ring_stage(
                 releases: true,
                 store,
                 taken,
+                span,
             });
         }
         for done in parts {
@@ -330,7 +354,19 @@ pub(super) fn ring_call_split(
         metrics,
         ..
     } = *ring;
+    let span = daemon_kit::child_span!("ring", targets = targets.len());
+    let _traced = span.enter();
+    // The sidecar's spans nest under this one (docs/protocol.md, "Trace
+    // context"): sent when the trace is sampled.
+    let trace = daemon_kit::traces::context_of(&span)
+        .filter(|(_, _, sampled)| *sampled)
+        .map(|(trace_id, parent, sampled)| protocol::request::TraceContext {
+            trace_id,
+            parent,
+            sampled,
+        });
     let request = CallRequest {
+        trace,
         targets,
         fanouts: call.fanouts.unwrap_or(config.fanouts),
         timeout: Some(config.ring_timeout),

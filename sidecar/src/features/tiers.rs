@@ -588,11 +588,27 @@ impl FeatureTiers {
         features: &mut [f32],
         sources: &mut [RowSource],
     ) {
+        use tracing::Instrument;
+        let span = daemon_kit::child_span!("fetch", rows = ids.len());
+        self.fetch_rows(ids, deadline, features, sources)
+            .instrument(span)
+            .await
+    }
+
+    /// [`Self::fetch_into`], inside its span.
+    async fn fetch_rows(
+        &self,
+        ids: &[u64],
+        deadline: Option<Instant>,
+        features: &mut [f32],
+        sources: &mut [RowSource],
+    ) {
         let dim = self.inner.dim;
         assert_eq!(features.len(), ids.len() * dim);
         assert_eq!(sources.len(), ids.len());
         let mut missing: Vec<usize> = Vec::new();
         {
+            let _span = daemon_kit::child_span!("l1").entered();
             // Hot path: no lock, reference count or allocation per row.
             let pinned = self.inner.pinned.load();
             let pinned = (!pinned.is_empty()).then_some(&**pinned);
@@ -814,6 +830,7 @@ impl FeatureTiers {
         guard: FlightGuard,
         tx: watch::Sender<Option<Arc<FlightRows>>>,
     ) -> Arc<FlightRows> {
+        use tracing::Instrument;
         let inner = &self.inner;
         let dim = inner.dim;
         let epoch = inner.invalidations.load(Ordering::Acquire);
@@ -824,7 +841,11 @@ impl FeatureTiers {
         // L2.
         if let Some(l2) = inner.l2.clone() {
             let lookup = ids.clone();
-            match tokio::task::spawn_blocking(move || l2.get_many(&lookup, dim * 4)).await {
+            let span = daemon_kit::child_span!("l2", rows = lookup.len());
+            match tokio::task::spawn_blocking(move || l2.get_many(&lookup, dim * 4))
+                .instrument(span)
+                .await
+            {
                 Ok(values) => {
                     for (i, value) in values.into_iter().enumerate() {
                         let out = &mut rows[i * dim..(i + 1) * dim];
@@ -846,7 +867,11 @@ impl FeatureTiers {
         if let (Some(l3), false) = (&inner.l3, pending.is_empty()) {
             let wanted: Vec<u64> = pending.iter().map(|&i| ids[i]).collect();
             inner.stats.l3_round_trips.fetch_add(1, Ordering::Relaxed);
-            match tokio::time::timeout(inner.fetch_timeout, l3.get_many(&wanted)).await {
+            let span = daemon_kit::child_span!("redis.mget", keys = wanted.len());
+            match tokio::time::timeout(inner.fetch_timeout, l3.get_many(&wanted))
+                .instrument(span)
+                .await
+            {
                 Ok(Ok(values)) => {
                     let mut hits = 0;
                     for (&i, value) in pending.iter().zip(values) {

@@ -100,6 +100,10 @@ impl BatchServer {
             new_nodes,
             deadline,
         } = admit(ctx, tickets);
+        // Traced: the batch's spans nest under its first sampled request's
+        // worker span (docs/protocol.md, "Trace context").
+        let span = batch_span(&groups, &new_nodes);
+        let _traced = span.enter();
         for (pending, until) in new_nodes {
             self.serve_new_node(ctx, pending, until);
         }
@@ -107,7 +111,10 @@ impl BatchServer {
             return;
         }
         let sampling = Instant::now();
-        let (groups, samples) = self.sample_groups(ctx, groups);
+        let (groups, samples) = {
+            let _span = daemon_kit::child_span!("sample").entered();
+            self.sample_groups(ctx, groups)
+        };
         m.stage("sample").observe(sampling.elapsed().as_secs_f64());
         if !groups.is_empty() {
             self.fetch_and_respond(ctx, groups, &samples, deadline);
@@ -386,6 +393,11 @@ impl BatchServer {
         batch: Option<BatchRows<'_>>,
         fetch: impl FnOnce(&[u64], &mut [f32], &mut [RowSource]),
     ) {
+        let _span = daemon_kit::child_span!(
+            "write_response",
+            request_id = pending.request.request_id
+        )
+        .entered();
         let n = pending.request.targets.len();
         let t0 = pending.first_target;
         let whole = t0 == 0 && n == sampled.n_targets();
@@ -535,6 +547,33 @@ struct Admitted {
 /// Decodes and checks every ticket (a refusal is answered here), resolves
 /// the fanouts a request leaves to the sidecar, and groups the requests
 /// that share a sampling pass.
+/// The span of a batch with a sampled trace context among its requests: a
+/// child of the first one's worker span; a disabled span otherwise (no
+/// trace, or traces off).
+fn batch_span(
+    groups: &[(SampleKey, Vec<Pending>)],
+    new_nodes: &[(Pending, Instant)],
+) -> tracing::Span {
+    let requests = || {
+        groups
+            .iter()
+            .flat_map(|(_, p)| p)
+            .chain(new_nodes.iter().map(|(p, _)| p))
+    };
+    let Some(first) = requests().find(|p| p.request.trace.is_some_and(|t| t.sampled)) else {
+        return tracing::Span::none();
+    };
+    let trace = first.request.trace.expect("found");
+    let span = tracing::trace_span!(
+        "sidecar.request",
+        request_id = first.request.request_id,
+        targets = first.request.targets.len(),
+        batch_requests = requests().count()
+    );
+    daemon_kit::traces::remote_parent(&span, trace.trace_id, trace.parent, trace.sampled);
+    span
+}
+
 fn admit(ctx: &BatchContext<'_>, tickets: Vec<ServeTicket>) -> Admitted {
     let now = Instant::now();
     let mut admitted = Admitted {
