@@ -40,8 +40,8 @@ pub struct Answer {
 /// The span of one client call (traces, docs/operations.md "Traces"): a
 /// child of the client's `traceparent` when it sent one (the value of the
 /// header, or of the gRPC metadata of that name), a root otherwise. The
-/// call runs inside it (`tracing::Instrument`); with traces off it is
-/// disabled and costs nothing.
+/// call runs inside it (`tracing::Instrument`); with traces off, or the
+/// call not sampled, it is disabled and costs nothing.
 pub fn call_span(rpc: &'static str, traceparent: Option<&str>) -> tracing::Span {
     let span = tracing::trace_span!("predict", rpc);
     if let Some((trace_id, parent, sampled)) =
@@ -49,7 +49,12 @@ pub fn call_span(rpc: &'static str, traceparent: Option<&str>) -> tracing::Span 
     {
         daemon_kit::traces::remote_parent(&span, trace_id, parent, sampled);
     }
-    span
+    // An unsampled call makes no spans at all: its stages' spans are
+    // children of a disabled span, skipped at a branch each.
+    match daemon_kit::traces::context_of(&span) {
+        Some((_, _, true)) => span,
+        _ => tracing::Span::none(),
+    }
 }
 
 /// Shared by the front ends. Cheap to clone.

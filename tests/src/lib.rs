@@ -9,6 +9,7 @@
 //! real processes and a real segment.
 
 pub mod openmetrics;
+pub mod otlp;
 pub mod proxy;
 pub mod redis;
 pub mod stack;

@@ -10,75 +10,13 @@
 
 use std::collections::HashMap;
 use std::process::{Command, Stdio};
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use gnn_worker::grpc::{pb, PredictorClient};
-use opentelemetry_proto::tonic::collector::trace::v1::trace_service_server::{
-    TraceService, TraceServiceServer,
-};
-use opentelemetry_proto::tonic::collector::trace::v1::{
-    ExportTraceServiceRequest, ExportTraceServiceResponse,
-};
 use tests::eventually;
+use tests::otlp::{Received, Receiver};
 use tests::redis::RedisServer;
 use tests::stack::{dataset, workspace_bin, Stack, StackOptions};
-
-/// One span as the receiver got it.
-#[derive(Debug, Clone)]
-struct Received {
-    service: String,
-    name: String,
-    trace_id: Vec<u8>,
-    span_id: Vec<u8>,
-    parent: Vec<u8>,
-    start: u64,
-    end: u64,
-}
-
-#[derive(Default, Clone)]
-struct Receiver {
-    spans: Arc<Mutex<Vec<Received>>>,
-}
-
-#[tonic::async_trait]
-impl TraceService for Receiver {
-    async fn export(
-        &self,
-        request: tonic::Request<ExportTraceServiceRequest>,
-    ) -> Result<tonic::Response<ExportTraceServiceResponse>, tonic::Status> {
-        let mut spans = self.spans.lock().unwrap();
-        for resource in request.into_inner().resource_spans {
-            let service = resource
-                .resource
-                .iter()
-                .flat_map(|r| &r.attributes)
-                .find(|a| a.key == "service.name")
-                .and_then(|a| a.value.as_ref())
-                .and_then(|v| match &v.value {
-                    Some(opentelemetry_proto::tonic::common::v1::any_value::Value::StringValue(
-                        s,
-                    )) => Some(s.clone()),
-                    _ => None,
-                })
-                .unwrap_or_default();
-            for scope in resource.scope_spans {
-                for span in scope.spans {
-                    spans.push(Received {
-                        service: service.clone(),
-                        name: span.name,
-                        trace_id: span.trace_id,
-                        span_id: span.span_id,
-                        parent: span.parent_span_id,
-                        start: span.start_time_unix_nano,
-                        end: span.end_time_unix_nano,
-                    });
-                }
-            }
-        }
-        Ok(tonic::Response::new(ExportTraceServiceResponse::default()))
-    }
-}
 
 fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
@@ -87,26 +25,15 @@ fn hex(bytes: &[u8]) -> String {
 /// The spans of `trace` that the receiver holds.
 fn trace_spans(receiver: &Receiver, trace: &[u8]) -> Vec<Received> {
     receiver
-        .spans
-        .lock()
-        .unwrap()
-        .iter()
+        .spans()
+        .into_iter()
         .filter(|s| s.trace_id == trace)
-        .cloned()
         .collect()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_calls_spans_from_both_processes_share_its_trace_and_nest() {
-    // The receiver.
-    let receiver = Receiver::default();
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let endpoint = format!("http://{}", listener.local_addr().unwrap());
-    let server = tokio::spawn(
-        tonic::transport::Server::builder()
-            .add_service(TraceServiceServer::new(receiver.clone()))
-            .serve_with_incoming(tokio_stream::wrappers::TcpListenerStream::new(listener)),
-    );
+    let (receiver, endpoint, server) = Receiver::serve("127.0.0.1:0").await.unwrap();
 
     // Features in Redis, none cached: the call's fetch goes through every
     // tier.
@@ -289,9 +216,7 @@ async fn one_calls_spans_from_both_processes_share_its_trace_and_nest() {
 
     // The untraced call: no other trace was exported.
     let others: Vec<String> = receiver
-        .spans
-        .lock()
-        .unwrap()
+        .spans()
         .iter()
         .filter(|s| s.trace_id != trace_id && s.trace_id != http_trace)
         .map(|s| format!("{} {} {}", s.service, s.name, hex(&s.trace_id)))
