@@ -179,7 +179,8 @@ pub fn remote_parent(span: &tracing::Span, trace_id: [u8; 16], span_id: [u8; 8],
 /// parent span id and flags, all hex; `None` for anything else.
 pub fn parse_traceparent(value: &str) -> Option<([u8; 16], [u8; 8], bool)> {
     let mut parts = value.trim().split('-');
-    let (version, trace, span, flags) = (parts.next()?, parts.next()?, parts.next()?, parts.next()?);
+    let (version, trace, span, flags) =
+        (parts.next()?, parts.next()?, parts.next()?, parts.next()?);
     if version != "00" || parts.next().is_some() || trace.len() != 32 || span.len() != 16 {
         return None;
     }

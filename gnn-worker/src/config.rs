@@ -34,9 +34,10 @@ pub struct WorkerConfig {
     /// How often the model directory is checked for a new model to roll
     /// out without a restart, seconds; 0: only on SIGHUP.
     pub model_watch_s: f64,
-    /// An MLP student's directory (`sage.py distill`); unset: none. With
-    /// one, calls that arrive while the batcher's queue is long are
-    /// answered by it on their own rows.
+    /// An MLP student's directory (`sage.py distill`); unset: the model
+    /// directory's own `student/` if it has one, else none. With one, calls
+    /// that arrive while the batcher's queue is long are answered by it on
+    /// their own rows.
     pub student: Option<PathBuf>,
     /// With a student: calls waiting for the batcher from which a new call
     /// is answered by the student (0: every call).
@@ -412,7 +413,8 @@ pub struct WorkerFlags {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub model_watch_s: Option<f64>,
     /// An MLP student's directory (sage.py distill), answering on the
-    /// targets' own rows when the batcher's queue is long [default: none].
+    /// targets' own rows when the batcher's queue is long [default: the
+    /// model directory's student/ if it has one, else none].
     #[arg(long)]
     #[serde(skip_serializing_if = "Option::is_none")]
     pub student: Option<PathBuf>,

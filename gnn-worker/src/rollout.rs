@@ -22,7 +22,8 @@
 //! The directory is read through its path each time, so the usual way to
 //! roll out is a symlink swapped to a new version directory (`ln -sfn
 //! v2 current.tmp && mv -T current.tmp current`), or a volume the platform
-//! updates.
+//! updates. A model's student can live in the model directory
+//! (`student/`), so that the swap switches both at once.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -85,6 +86,10 @@ type FileStamp = (u64, SystemTime, u64);
 /// The files of a model directory that make the model.
 const MODEL_FILES: [&str; 2] = [Manifest::FILE, Manifest::MODEL];
 
+/// A model directory's own student, loaded with it when `student` is unset
+/// (so that one rollout switches both).
+pub const OWN_STUDENT: &str = "student";
+
 impl Stamp {
     fn of(dirs: &[&Path]) -> Self {
         use std::os::unix::fs::MetadataExt;
@@ -93,9 +98,13 @@ impl Stamp {
             let resolved = std::fs::canonicalize(dir).unwrap_or_else(|_| dir.to_path_buf());
             for file in MODEL_FILES {
                 let path = resolved.join(file);
-                let meta = std::fs::metadata(&path)
-                    .ok()
-                    .map(|m| (m.len(), m.modified().unwrap_or(SystemTime::UNIX_EPOCH), m.ino()));
+                let meta = std::fs::metadata(&path).ok().map(|m| {
+                    (
+                        m.len(),
+                        m.modified().unwrap_or(SystemTime::UNIX_EPOCH),
+                        m.ino(),
+                    )
+                });
                 files.push((path, meta));
             }
         }
@@ -115,13 +124,24 @@ impl Loader {
         &self.config
     }
 
-    /// The model directory's files now.
+    /// The model directory's files now (its student's included).
     pub fn stamp(&self) -> Stamp {
+        let own = self.config.model.join(OWN_STUDENT);
         let mut dirs = vec![self.config.model.as_path()];
-        if let Some(student) = &self.config.student {
-            dirs.push(student);
+        match &self.config.student {
+            Some(student) => dirs.push(student),
+            None => dirs.push(&own),
         }
         Stamp::of(&dirs)
+    }
+
+    /// The student to load with the model: the `student` directory, or
+    /// else the model directory's own `student/` when it has one.
+    fn student_dir(&self) -> Option<PathBuf> {
+        self.config.student.clone().or_else(|| {
+            let own = self.config.model.join(OWN_STUDENT);
+            own.join(Manifest::FILE).is_file().then_some(own)
+        })
     }
 
     /// Reads the `model` directory (and the `student` one) into sessions.
@@ -158,10 +178,9 @@ impl Loader {
             sha256 = %identity.sha256,
             "model loaded"
         );
-        let student = match &config.student {
+        let student = match &self.student_dir() {
             Some(dir) => {
-                let student =
-                    Model::load_student(&self.env, dir, &manifest, config.intra_threads)?;
+                let student = Model::load_student(&self.env, dir, &manifest, config.intra_threads)?;
                 for file in MODEL_FILES {
                     content.push(crate::model::sha256_hex(&dir.join(file))?);
                 }

@@ -688,13 +688,11 @@ mod tests {
 
     #[test]
     fn a_trace_context_is_read_only_with_both_ids() {
-        let header = |trace_id: [u8; 16], trace_parent: [u8; 8], trace_flags: u32| {
-            RequestHeader {
-                trace_id,
-                trace_parent,
-                trace_flags,
-                ..bytemuck::Zeroable::zeroed()
-            }
+        let header = |trace_id: [u8; 16], trace_parent: [u8; 8], trace_flags: u32| RequestHeader {
+            trace_id,
+            trace_parent,
+            trace_flags,
+            ..bytemuck::Zeroable::zeroed()
         };
         assert_eq!(TraceContext::of(&header([0; 16], [0; 8], 0)), None);
         assert_eq!(TraceContext::of(&header([1; 16], [0; 8], 1)), None);
@@ -707,7 +705,11 @@ mod tests {
                 sampled: true
             })
         );
-        assert!(!TraceContext::of(&header([1; 16], [2; 8], 2)).unwrap().sampled);
+        assert!(
+            !TraceContext::of(&header([1; 16], [2; 8], 2))
+                .unwrap()
+                .sampled
+        );
     }
 
     #[test]

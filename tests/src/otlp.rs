@@ -36,9 +36,7 @@ pub struct Receiver {
 impl Receiver {
     /// Serves OTLP/gRPC on `addr` (port 0: any) on the current tokio
     /// runtime; returns the receiver, its endpoint URL and the server task.
-    pub async fn serve(
-        addr: &str,
-    ) -> std::io::Result<(Self, String, tokio::task::JoinHandle<()>)> {
+    pub async fn serve(addr: &str) -> std::io::Result<(Self, String, tokio::task::JoinHandle<()>)> {
         let receiver = Self::default();
         let listener = tokio::net::TcpListener::bind(addr).await?;
         let endpoint = format!("http://{}", listener.local_addr()?);

@@ -7,7 +7,8 @@
 //! /readyz, `gnn_worker_model_info` and the rollout counter say so; a
 //! directory whose manifest does not match the sidecar's graph, and one
 //! whose model.onnx is not a model, are refused and the model serving
-//! keeps serving; with the directory not watched, SIGHUP rolls out.
+//! keeps serving; with the directory not watched, SIGHUP rolls out; a
+//! model directory's own `student/` is rolled out with its model.
 
 use std::collections::HashMap;
 use std::os::unix::fs::symlink;
@@ -17,8 +18,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use gnn_worker::grpc::{pb, PredictorClient};
-use tests::eventually;
 use std::process::Command;
+use tests::eventually;
 use tests::stack::{
     copy_dir, metric_value, python, repo_root, run_ok, shipped_cora, Stack, StackOptions,
 };
@@ -120,7 +121,8 @@ async fn a_new_model_is_rolled_out_under_load_without_a_failed_or_mixed_call() {
     let stack = tokio::task::spawn_blocking(move || Stack::start(&options).unwrap())
         .await
         .unwrap();
-    let sha = |dir: &str| gnn_worker::model::sha256_hex(&models.join(dir).join("model.onnx")).unwrap();
+    let sha =
+        |dir: &str| gnn_worker::model::sha256_hex(&models.join(dir).join("model.onnx")).unwrap();
     let (sha_a, sha_b) = (sha("a"), sha("b"));
     assert_ne!(sha_a, sha_b);
     assert_eq!(ready_sha(&stack).as_deref(), Some(sha_a.as_str()));
@@ -175,9 +177,14 @@ async fn a_new_model_is_rolled_out_under_load_without_a_failed_or_mixed_call() {
         errors.extend(e);
     }
     assert!(switched, "/readyz never named model b");
-    assert!(errors.is_empty(), "calls failed during the rollout: {errors:?}");
+    assert!(
+        errors.is_empty(),
+        "calls failed during the rollout: {errors:?}"
+    );
     let ref_b = reference(&stack.grpc, "b").await;
-    let apart: Vec<f32> = (0..NODES).map(|id| distance(&ref_a[&id], &ref_b[&id])).collect();
+    let apart: Vec<f32> = (0..NODES)
+        .map(|id| distance(&ref_a[&id], &ref_b[&id]))
+        .collect();
     println!("a and b differ by {apart:?}");
     let differ = apart.iter().filter(|d| **d >= APART).count();
     assert!(
@@ -200,7 +207,8 @@ async fn a_new_model_is_rolled_out_under_load_without_a_failed_or_mixed_call() {
                 distance(&p.logits, &other[id]),
             );
             assert!(
-                mine <= TOLERANCE && (distance(&reference[id], &other[id]) < APART || mine < theirs),
+                mine <= TOLERANCE
+                    && (distance(&reference[id], &other[id]) < APART || mine < theirs),
                 "node {id} in a call answered by model {}: logits {:?}, that model's {:?}, the \
                  other's {:?}",
                 response.model,
@@ -296,4 +304,72 @@ async fn with_the_directory_unwatched_sighup_rolls_out() {
     assert!(switched, "SIGHUP did not roll out model b");
     reference(&stack.grpc, "b").await;
     tokio::task::block_in_place(|| assert!(stack.stop(), "the stack did not stop cleanly"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_models_own_student_is_rolled_out_with_it() {
+    // a: the GNN alone; b: the same GNN with its student in b/student.
+    let root = tempfile::tempdir().unwrap();
+    let cora = shipped_cora();
+    let models = root.path().join("models");
+    copy_dir(&tests::stack::trained_model_for(&cora), &models.join("a"));
+    copy_dir(&tests::stack::trained_model_for(&cora), &models.join("b"));
+    copy_dir(
+        &tests::stack::derived_model_for(&cora, "distill"),
+        &models.join("b/student"),
+    );
+    let current = models.join("current");
+    symlink("a", &current).unwrap();
+    let mut options = StackOptions::new("cora");
+    options.model = Some(current.clone());
+    // Every call goes to the student when there is one.
+    options.worker_args = ["--model-watch-s", "0.2", "--degrade-queue-calls", "0"]
+        .map(String::from)
+        .to_vec();
+    let stack = tokio::task::spawn_blocking(move || Stack::start(&options).unwrap())
+        .await
+        .unwrap();
+    let before = ask(&stack.grpc).await;
+    assert_eq!(before.model, "a");
+    assert!(before.predictions.iter().all(|p| p.answered_by == "gnn"));
+    swap_link(&current, "b");
+    let after = answered_by_model(&stack.grpc, "b").await;
+    assert!(
+        after.predictions.iter().all(|p| p.answered_by == "student"),
+        "b's student does not answer: {after:?}"
+    );
+    // Back to a: its GNN answers again (a has no student).
+    swap_link(&current, "a");
+    let back = answered_by_model(&stack.grpc, "a").await;
+    assert!(back.predictions.iter().all(|p| p.answered_by == "gnn"));
+    tokio::task::block_in_place(|| assert!(stack.stop(), "the stack did not stop cleanly"));
+}
+
+/// One call for nodes 5 and 6.
+async fn ask(grpc: &str) -> pb::PredictResponse {
+    let mut client = PredictorClient::connect(grpc.to_string()).await.unwrap();
+    client
+        .predict(pb::PredictRequest {
+            node_ids: vec![5, 6],
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner()
+}
+
+/// The first answer by model `name`, within a minute.
+async fn answered_by_model(grpc: &str, name: &str) -> pb::PredictResponse {
+    let started = std::time::Instant::now();
+    loop {
+        let answer = ask(grpc).await;
+        if answer.model == name {
+            return answer;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(60),
+            "model {name} was not rolled out: {answer:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
 }

@@ -113,9 +113,11 @@ async fn one_calls_spans_from_both_processes_share_its_trace_and_nest() {
     let all_there = tokio::task::block_in_place(|| {
         eventually(Duration::from_secs(30), || {
             let spans = trace_spans(&receiver, &trace_id);
-            expected
-                .iter()
-                .all(|(service, name)| spans.iter().any(|s| s.service == *service && s.name == *name))
+            expected.iter().all(|(service, name)| {
+                spans
+                    .iter()
+                    .any(|s| s.service == *service && s.name == *name)
+            })
         })
     });
     let spans = trace_spans(&receiver, &trace_id);
@@ -126,7 +128,8 @@ async fn one_calls_spans_from_both_processes_share_its_trace_and_nest() {
     assert!(all_there, "spans of the traced call: {names:?}");
 
     // Nesting: each span's parent, by name.
-    let by_id: HashMap<&[u8], &Received> = spans.iter().map(|s| (s.span_id.as_slice(), s)).collect();
+    let by_id: HashMap<&[u8], &Received> =
+        spans.iter().map(|s| (s.span_id.as_slice(), s)).collect();
     let one = |service: &str, name: &str| -> &Received {
         let found: Vec<&Received> = spans
             .iter()
@@ -139,9 +142,10 @@ async fn one_calls_spans_from_both_processes_share_its_trace_and_nest() {
         if span.parent == client_span {
             return "client".into();
         }
-        by_id
-            .get(span.parent.as_slice())
-            .map_or_else(|| format!("unknown {}", hex(&span.parent)), |p| p.name.clone())
+        by_id.get(span.parent.as_slice()).map_or_else(
+            || format!("unknown {}", hex(&span.parent)),
+            |p| p.name.clone(),
+        )
     };
     for (service, name, parent) in [
         ("gnn-worker", "predict", "client"),

@@ -360,11 +360,13 @@ pub(super) fn ring_call_split(
     // context"): sent when the trace is sampled.
     let trace = daemon_kit::traces::context_of(&span)
         .filter(|(_, _, sampled)| *sampled)
-        .map(|(trace_id, parent, sampled)| protocol::request::TraceContext {
-            trace_id,
-            parent,
-            sampled,
-        });
+        .map(
+            |(trace_id, parent, sampled)| protocol::request::TraceContext {
+                trace_id,
+                parent,
+                sampled,
+            },
+        );
     let request = CallRequest {
         trace,
         targets,

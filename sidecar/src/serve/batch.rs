@@ -393,11 +393,9 @@ impl BatchServer {
         batch: Option<BatchRows<'_>>,
         fetch: impl FnOnce(&[u64], &mut [f32], &mut [RowSource]),
     ) {
-        let _span = daemon_kit::child_span!(
-            "write_response",
-            request_id = pending.request.request_id
-        )
-        .entered();
+        let _span =
+            daemon_kit::child_span!("write_response", request_id = pending.request.request_id)
+                .entered();
         let n = pending.request.targets.len();
         let t0 = pending.first_target;
         let whole = t0 == 0 && n == sampled.n_targets();
