@@ -8,7 +8,8 @@
 //! directory whose manifest does not match the sidecar's graph, and one
 //! whose model.onnx is not a model, are refused and the model serving
 //! keeps serving; with the directory not watched, SIGHUP rolls out; a
-//! model directory's own `student/` is rolled out with its model.
+//! model directory's own `student/` is rolled out with its model, and
+//! precomputed answers are served only by the model that computed them.
 
 use std::collections::HashMap;
 use std::os::unix::fs::symlink;
@@ -20,6 +21,7 @@ use std::time::Duration;
 use gnn_worker::grpc::{pb, PredictorClient};
 use std::process::Command;
 use tests::eventually;
+use tests::redis::RedisServer;
 use tests::stack::{
     copy_dir, metric_value, python, repo_root, run_ok, shipped_cora, Stack, StackOptions,
 };
@@ -372,4 +374,82 @@ async fn answered_by_model(grpc: &str, name: &str) -> pb::PredictResponse {
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
+}
+
+/// Runs `gnn-worker precompute` of `model` against the stack's sidecar.
+fn precompute(stack: &Stack, model: &Path, redis: &RedisServer) {
+    let (said, _) = run_ok(
+        Command::new(tests::stack::workspace_bin("gnn-worker"))
+            .args(["precompute", "--model"])
+            .arg(model)
+            .args(["--shm-name", &stack.shm_name, "--redis", &redis.url()])
+            .arg("--onnxruntime-lib")
+            .arg(tests::stack::onnxruntime_lib()),
+        "gnn-worker precompute",
+    );
+    assert!(said.contains("precomputed 2708 nodes"), "{said}");
+}
+
+/// The first answer by model `name` whose every prediction came from `by`,
+/// within a minute.
+async fn answered_by(grpc: &str, name: &str, by: &str) -> pb::PredictResponse {
+    let started = std::time::Instant::now();
+    loop {
+        let answer = ask(grpc).await;
+        if answer.model == name && answer.predictions.iter().all(|p| p.answered_by == by) {
+            return answer;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(60),
+            "no answer by model {name} from {by}: {answer:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn precomputed_answers_follow_the_model_that_computed_them() {
+    let root = tempfile::tempdir().unwrap();
+    let current = model_dirs(root.path());
+    let models = current.parent().unwrap().to_path_buf();
+    let redis = RedisServer::start();
+    let mut options = StackOptions::new("cora");
+    options.model = Some(current.clone());
+    options.worker_args = vec![
+        "--model-watch-s".into(),
+        "0.2".into(),
+        "--precomputed-redis".into(),
+        redis.url(),
+        "--precomputed-check-s".into(),
+        "0.2".into(),
+    ];
+    let stack = tokio::task::spawn_blocking(move || Stack::start(&options).unwrap())
+        .await
+        .unwrap();
+    tokio::task::block_in_place(|| precompute(&stack, &models.join("a"), &redis));
+    let a = answered_by(&stack.grpc, "a", "precomputed").await;
+
+    // Model b has no stored answers yet: its GNN answers, never a's set.
+    swap_link(&current, "b");
+    let b_gnn = answered_by_model(&stack.grpc, "b").await;
+    assert!(
+        b_gnn.predictions.iter().all(|p| p.answered_by == "gnn"),
+        "model b served answers it did not compute: {b_gnn:?}"
+    );
+    for (pa, pb) in a.predictions.iter().zip(&b_gnn.predictions) {
+        assert!(distance(&pa.logits, &pb.logits) >= APART, "{pa:?} {pb:?}");
+    }
+    // Once b's set is stored, b serves it: its own answers.
+    tokio::task::block_in_place(|| precompute(&stack, &models.join("b"), &redis));
+    let b_stored = answered_by(&stack.grpc, "b", "precomputed").await;
+    for (stored, computed) in b_stored.predictions.iter().zip(&b_gnn.predictions) {
+        assert!(
+            close(&stored.logits, &computed.logits, TOLERANCE),
+            "node {}: stored {:?}, computed {:?}",
+            stored.node_id,
+            stored.logits,
+            computed.logits
+        );
+    }
+    tokio::task::block_in_place(|| assert!(stack.stop(), "the stack did not stop cleanly"));
 }
