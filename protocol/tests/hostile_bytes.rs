@@ -472,8 +472,25 @@ fn the_subgraph_fields_are_read_and_bad_ones_are_refused() {
     new_node.resize(geometry.request_bytes as usize, 0);
     assert!(decode(&new_node).unwrap().new_node.is_some());
     let mut reserved = area(2, [1, 1, 0], 0);
-    reserved[100] = 1;
+    reserved[110] = 1;
     assert_eq!(decode(&reserved).unwrap_err(), RequestError::Reserved);
+    // Bytes 80..108 are the trace context (docs/protocol.md, "Trace
+    // context"): read when both ids are set, never refused.
+    let mut traced = area(2, [1, 1, 0], 0);
+    traced[80..96].copy_from_slice(&[0xab; 16]);
+    traced[96..104].copy_from_slice(&[0xcd; 8]);
+    traced[104] = 0xff;
+    let trace = decode(&traced).unwrap().trace.unwrap();
+    assert_eq!(
+        (trace.trace_id, trace.parent, trace.sampled),
+        ([0xab; 16], [0xcd; 8], true)
+    );
+    traced[96..104].copy_from_slice(&[0; 8]);
+    assert_eq!(
+        decode(&traced).unwrap().trace,
+        None,
+        "a zero span id is no context"
+    );
 }
 
 /// `FRESH_SINCE` in the subgraph layout: `fresh_hops` at 72 and
