@@ -88,6 +88,16 @@ pub struct Floors {
     pub sessions: usize,
     /// Mean rows per request (the sampled neighbourhood).
     pub mean_rows: f64,
+    /// The CPU one model run costs alone (one thread, `intra_threads` 1,
+    /// inputs materialised), mean microseconds: the floor of the product's
+    /// CPU per call.
+    pub onnx_cpu_us: f64,
+}
+
+/// CPU time this thread has used, seconds.
+fn thread_cpu_seconds() -> f64 {
+    nix::time::clock_gettime(nix::time::ClockId::CLOCK_THREAD_CPUTIME_ID)
+        .map_or(0.0, |t| t.tv_sec() as f64 + t.tv_nsec() as f64 / 1e9)
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -107,6 +117,7 @@ pub fn floors(
     let (mut gather_h, mut onnx_h) = (histogram(), histogram());
     let mut buffer = Vec::new();
     let mut rows = 0usize;
+    let mut onnx_cpu = 0.0;
     for k in 0..calls {
         let sampled = sample(
             index,
@@ -120,7 +131,9 @@ pub fn floors(
         features.gather(&sampled.nodes, &mut buffer);
         let _ = gather_h.record((t.elapsed().as_nanos() as u64).max(1));
         let t = Instant::now();
+        let cpu = thread_cpu_seconds();
         model.run_slices(&inputs(&sampled, &buffer, features.dim))?;
+        onnx_cpu += thread_cpu_seconds() - cpu;
         let _ = onnx_h.record((t.elapsed().as_micros() as u64).max(1));
     }
     // Throughput of the model alone: `sessions` threads over pre-built inputs.
@@ -166,6 +179,7 @@ pub fn floors(
         onnx_throughput: runs.load(std::sync::atomic::Ordering::Relaxed) as f64 / seconds,
         sessions,
         mean_rows: rows as f64 / calls.max(1) as f64,
+        onnx_cpu_us: onnx_cpu * 1e6 / calls.max(1) as f64,
     })
 }
 

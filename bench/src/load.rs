@@ -247,6 +247,41 @@ pub struct Step {
     /// estimate in a sweep; the saturation for the step at 70%).
     pub fraction: f64,
     pub summary: Summary,
+    /// CPU (user + system) the watched processes spent per call answered
+    /// over the step, microseconds; `None` when none is watched.
+    pub cpu_us_per_call: Option<f64>,
+}
+
+/// The processes whose CPU a step accounts for (the product's worker and
+/// sidecar): user + system time from `/proc/<pid>/stat`, every thread
+/// included, those that ended too.
+#[derive(Debug, Clone, Default)]
+pub struct CpuWatch {
+    pub pids: Vec<u32>,
+}
+
+impl CpuWatch {
+    /// The user + system CPU seconds the processes have spent so far;
+    /// `None` when there are none, or one cannot be read.
+    pub fn seconds(&self) -> Option<f64> {
+        if self.pids.is_empty() {
+            return None;
+        }
+        // SAFETY: sysconf has no preconditions.
+        let ticks = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as f64;
+        let mut total = 0.0;
+        for pid in &self.pids {
+            let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+            // Fields after the command name (which may hold spaces), from
+            // its closing parenthesis: state is field 3, utime 14, stime 15.
+            let rest = &stat[stat.rfind(')')? + 2..];
+            let fields: Vec<&str> = rest.split_whitespace().collect();
+            let utime: f64 = fields.get(11)?.parse().ok()?;
+            let stime: f64 = fields.get(12)?.parse().ok()?;
+            total += (utime + stime) / ticks;
+        }
+        Some(total)
+    }
 }
 
 /// Open-loop steps at `fractions` of `saturation`, each `step` long (longer,
@@ -256,11 +291,13 @@ pub async fn sweep(
     saturation: f64,
     fractions: &[f64],
     step: Duration,
+    cpu: &CpuWatch,
 ) -> Vec<Step> {
     let mut steps = Vec::new();
     for &fraction in fractions {
         let offered = (saturation * fraction).max(1.0);
         let long_enough = Duration::from_secs_f64(30.0 / offered).min(step * 4);
+        let cpu_before = cpu.seconds();
         let summary = open(
             caller.clone(),
             offered,
@@ -276,10 +313,17 @@ pub async fn sweep(
             errors = summary.errors,
             "sweep step"
         );
+        let cpu_us_per_call = match (cpu_before, cpu.seconds()) {
+            (Some(before), Some(after)) if summary.calls > 0 => {
+                Some((after - before) * 1e6 / summary.calls as f64)
+            }
+            _ => None,
+        };
         steps.push(Step {
             offered,
             fraction,
             summary,
+            cpu_us_per_call,
         });
     }
     steps

@@ -321,8 +321,22 @@ fn main() -> anyhow::Result<()> {
             let after = String::from_utf8_lossy(&health.get("/metrics").await?).into_owned();
             let breakdown = Breakdown::between(&before, &after, lone_http.mean_us);
             let mut measured = Vec::new();
+            // The product's CPU: its worker's and its sidecar's (the load
+            // generator is this process).
+            let product_cpu = load::CpuWatch {
+                pids: [&stack.worker, &stack.sidecar]
+                    .into_iter()
+                    .flatten()
+                    .map(|d| d.child.id())
+                    .collect(),
+            };
             for (name, caller) in &systems {
-                measured.push(measure(name, caller.clone(), &timing).await);
+                let cpu = if name.starts_with("product") {
+                    product_cpu.clone()
+                } else {
+                    load::CpuWatch::default()
+                };
+                measured.push(measure(name, caller.clone(), &timing, &cpu).await);
             }
             // (c) at equal p99: the product's HTTP front end at 5x the rate
             // the FastAPI service sustains within its p99 at 70% load.
@@ -337,7 +351,7 @@ fn main() -> anyhow::Result<()> {
                     .find(|(name, _)| *name == "product-http")
                     .map(|(_, caller)| caller.clone());
                 if let (Some(http), true) = (http, rate > 0.0) {
-                    let steps = load::sweep(http, rate, &[5.0], timing.step).await;
+                    let steps = load::sweep(http, rate, &[5.0], timing.step, &product_cpu).await;
                     if let Some(ours) = measured.iter_mut().find(|s| s.system == "product-http") {
                         ours.extra = steps;
                     }
@@ -420,7 +434,12 @@ fn main() -> anyhow::Result<()> {
 /// Lone calls; a closed-loop estimate of the most the system answers; an
 /// open-loop sweep around it, whose highest sustained rate is the
 /// saturation; and an open-loop step at 70% of that saturation.
-async fn measure(name: &str, caller: Arc<dyn Caller>, timing: &Timing) -> SystemResult {
+async fn measure(
+    name: &str,
+    caller: Arc<dyn Caller>,
+    timing: &Timing,
+    cpu: &load::CpuWatch,
+) -> SystemResult {
     let lone = load::lone(&*caller, timing.lone_calls, 10, timing.lone_budget).await;
     let closed = load::closed(caller.clone(), timing.closed_concurrency, timing.closed_for).await;
     let sweep = if closed.throughput > 0.0 {
@@ -429,6 +448,7 @@ async fn measure(name: &str, caller: Arc<dyn Caller>, timing: &Timing) -> System
             closed.throughput,
             &timing.fractions,
             timing.step,
+            cpu,
         )
         .await
     } else {
@@ -436,7 +456,7 @@ async fn measure(name: &str, caller: Arc<dyn Caller>, timing: &Timing) -> System
     };
     let saturation = report::saturation_of(&sweep);
     let at_70 = if saturation > 0.0 {
-        load::sweep(caller, saturation, &[0.7], timing.step)
+        load::sweep(caller, saturation, &[0.7], timing.step, cpu)
             .await
             .pop()
     } else {
@@ -449,12 +469,14 @@ async fn measure(name: &str, caller: Arc<dyn Caller>, timing: &Timing) -> System
             .chain(&at_70)
             .map(|s| s.summary.errors)
             .sum::<u64>();
+    let cpu_us_per_call = report::cpu_at_saturation(&sweep, saturation);
     say(&format!(
-        "  {name:<13} lone p50 {:>9.0} us p99 {:>9.0} us | saturation {:>8.0} calls/s | at 70%: \
-         p50 {:>8.0} us p99 {:>8.0} us | errors {errors}",
+        "  {name:<13} lone p50 {:>9.0} us p99 {:>9.0} us | saturation {:>8.0} calls/s{} | at \
+         70%: p50 {:>8.0} us p99 {:>8.0} us | errors {errors}",
         lone.p50_us,
         lone.p99_us,
         saturation,
+        cpu_us_per_call.map_or(String::new(), |c| format!(", CPU {c:.0} us a call")),
         at_70.as_ref().map_or(0.0, |s| s.summary.p50_us),
         at_70.as_ref().map_or(0.0, |s| s.summary.p99_us),
     ));
@@ -466,6 +488,7 @@ async fn measure(name: &str, caller: Arc<dyn Caller>, timing: &Timing) -> System
         saturation,
         at_70,
         extra: Vec::new(),
+        cpu_us_per_call,
     }
 }
 

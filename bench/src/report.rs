@@ -63,6 +63,9 @@ pub struct SystemResult {
     /// HTTP front end at 5x the rate the FastAPI service sustains within
     /// its p99 at 70% load).
     pub extra: Vec<Step>,
+    /// The product's CPU (worker + sidecar, user + system) per call at
+    /// saturation, microseconds; `None` for the other systems.
+    pub cpu_us_per_call: Option<f64>,
 }
 
 /// Whether the system kept up with an open-loop step: no errors, and the
@@ -75,6 +78,23 @@ pub fn sustained(step: &Step) -> bool {
 
 /// The saturation of a sweep: the highest sustained offered rate; when no
 /// step was sustained, the most calls per second any step achieved.
+/// The CPU per call the watched processes spent at the sweep step that set
+/// `saturation` (the highest sustained one), microseconds.
+pub fn cpu_at_saturation(sweep: &[Step], saturation: f64) -> Option<f64> {
+    sweep
+        .iter()
+        .filter(|s| sustained(s) && s.offered == saturation)
+        .find_map(|s| s.cpu_us_per_call)
+        .or_else(|| {
+            // No step kept up: the busiest one.
+            sweep
+                .iter()
+                .filter(|s| s.cpu_us_per_call.is_some())
+                .max_by(|a, b| a.summary.throughput.total_cmp(&b.summary.throughput))
+                .and_then(|s| s.cpu_us_per_call)
+        })
+}
+
 pub fn saturation_of(sweep: &[Step]) -> f64 {
     let best = sweep
         .iter()
@@ -306,6 +326,24 @@ impl Report {
                     met: ratio >= 0.8,
                     detail,
                 });
+                // 2b. CPU per prediction at saturation against the model
+                // alone (one thread, the inputs materialised).
+                if let Some(cpu) = product.cpu_us_per_call {
+                    let ratio = cpu / f.onnx_cpu_us.max(1e-9);
+                    goals.push(Goal {
+                        goal: "CPU per call at saturation <= 1.5x the ONNX floor's".into(),
+                        scenario: name.clone(),
+                        system: product.system.clone(),
+                        measured: ratio,
+                        target: "<= 1.5".into(),
+                        met: ratio <= 1.5,
+                        detail: format!(
+                            "{cpu:.0} us of CPU a call (worker + sidecar, user + system, at \
+                             {saturation:.0} calls/s); ONNX alone {:.0} us a run",
+                            f.onnx_cpu_us
+                        ),
+                    });
+                }
                 // 3. Tail at 70% of saturation.
                 if let Some(step) = &product.at_70 {
                     let s = &step.summary;
@@ -544,11 +582,14 @@ pub fn markdown(r: &Report) -> String {
         );
         let _ = writeln!(
             md,
-            "Floors: gather p50 {}, ONNX p50 {} (p99 {}), ONNX alone {:.0} requests/s ({} \
-             sessions); HTTP round trip with no work p50 {}.\n",
+            "Floors: gather p50 {}, ONNX p50 {} (p99 {}; CPU {} a run, one thread), ONNX alone \
+             {:.0} requests/s ({} sessions); HTTP round trip with no work p50 {}. CPU per call \
+             is the product's worker and sidecar together (user + system, /proc) over the \
+             sweep step that set its saturation.\n",
             us(f.gather.p50_us),
             us(f.onnx.p50_us),
             us(f.onnx.p99_us),
+            us(f.onnx_cpu_us),
             f.onnx_throughput,
             f.sessions,
             us(s.http_round_trip.p50_us)
@@ -565,17 +606,23 @@ pub fn markdown(r: &Report) -> String {
             us(b.ring_wait_us),
             us(b.onnx_run_us)
         );
-        let _ = writeln!(md, "| system | lone p50 | lone p99 | saturation (calls/s) | 70%: offered | 70%: p50 | 70%: p99 | errors |");
-        let _ = writeln!(md, "|---|---:|---:|---:|---:|---:|---:|---:|");
+        let _ = writeln!(md, "| system | lone p50 | lone p99 | saturation (calls/s) | CPU per call at saturation | 70%: offered | 70%: p50 | 70%: p99 | errors |");
+        let _ = writeln!(md, "|---|---:|---:|---:|---:|---:|---:|---:|---:|");
         for sys in &s.systems {
             let step = sys.at_70.as_ref();
             let _ = writeln!(
                 md,
-                "| {} | {} | {} | {:.0} | {} | {} | {} | {} |",
+                "| {} | {} | {} | {:.0} | {} | {} | {} | {} | {} |",
                 sys.system,
                 us(sys.lone.p50_us),
                 us(sys.lone.p99_us),
                 sys.saturation,
+                sys.cpu_us_per_call.map_or("-".into(), |c| format!(
+                    "{} ({:.2}x the ONNX floor's {})",
+                    us(c),
+                    c / f.onnx_cpu_us.max(1e-9),
+                    us(f.onnx_cpu_us)
+                )),
                 step.map_or("-".into(), |x| format!("{:.0}", x.offered)),
                 step.map_or("-".into(), |x| us(x.summary.p50_us)),
                 step.map_or("-".into(), |x| us(x.summary.p99_us)),
