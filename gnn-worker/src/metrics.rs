@@ -202,6 +202,11 @@ impl WorkerMetrics {
             model_info.clone(),
         );
         let model_rollouts = Family::<RolloutOutcome, Counter>::default();
+        // Both outcomes exported from the start (at 0), so a rate or an
+        // alert over them has a series before the first rollout.
+        for outcome in ["switched", "refused"] {
+            let _ = model_rollouts.get_or_create(&RolloutOutcome { outcome });
+        }
         r.register(
             "gnn_worker_model_rollouts",
             "model rollouts without a restart, by outcome (switched, refused: the old model \

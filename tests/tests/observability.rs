@@ -149,6 +149,8 @@ fn every_query_of_the_dashboard_and_the_rules_uses_documented_names_and_parses()
         "sidecar_update_lag_seconds",
         "gnn_worker_answers_total",
         "gnn_worker_call_errors_total",
+        "gnn_worker_model_info",
+        "gnn_worker_model_rollouts_total",
     ] {
         assert!(used.contains(name), "no panel shows {name}");
     }

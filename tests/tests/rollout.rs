@@ -103,13 +103,10 @@ const TOLERANCE: f32 = 1e-3;
 const APART: f32 = 0.1;
 
 fn rollouts(stack: &Stack, outcome: &str) -> f64 {
-    let (_, body) = tests::stack::http_request(&stack.http, "GET", "/metrics", None).unwrap();
-    let name = format!("gnn_worker_model_rollouts_total{{outcome=\"{outcome}\"}}");
-    if body.contains(&name) {
-        metric_value(&stack.http, &name)
-    } else {
-        0.0
-    }
+    metric_value(
+        &stack.http,
+        &format!("gnn_worker_model_rollouts_total{{outcome=\"{outcome}\"}}"),
+    )
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -130,6 +127,8 @@ async fn a_new_model_is_rolled_out_under_load_without_a_failed_or_mixed_call() {
     assert_eq!(ready_sha(&stack).as_deref(), Some(sha_a.as_str()));
     let info_a = format!("gnn_worker_model_info{{model=\"a\",sha256=\"{sha_a}\"}}");
     assert_eq!(metric_value(&stack.http, &info_a), 1.0);
+    assert_eq!(rollouts(&stack, "switched"), 0.0);
+    assert_eq!(rollouts(&stack, "refused"), 0.0);
     let ref_a = reference(&stack.grpc, "a").await;
 
     // Load: four clients calling for 1 to 3 nodes at a time, every answer
