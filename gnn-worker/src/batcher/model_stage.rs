@@ -39,14 +39,17 @@ pub(super) fn model_stage(
             taken,
             span,
         } = done;
-        let _traced = span.enter();
         let ran = std::panic::catch_unwind(AssertUnwindSafe(|| {
+            let _traced = span.enter();
             fail::fail_point!("gnn-worker-executor");
             let _span = daemon_kit::child_span!("onnx", targets = ids.len()).entered();
             responses.and_then(|responses| {
                 run_model(&mut model, metrics, &ids, responses, store.as_deref())
             })
         }));
+        // The batch's span ends before its callers are answered (and their
+        // call spans end).
+        drop(span);
         let (result, retire) = match ran {
             Ok(result) => (result, false),
             Err(panic) => {
