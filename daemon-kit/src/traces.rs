@@ -123,16 +123,23 @@ pub fn start(settings: &TraceSettings) -> anyhow::Result<Option<(Traces, SdkTrac
     )))
 }
 
-/// What is wrong with an `otlp_endpoint`, if anything: it must be an
-/// http:// or https:// URL with a host.
-pub fn endpoint_problem(endpoint: &str) -> Option<String> {
+/// Checks the `otlp_endpoint` key of either daemon: unset, or an http://
+/// or https:// URL with a host.
+pub fn check_endpoint(endpoint: Option<&str>) -> Result<(), crate::config::Invalid> {
+    let Some(endpoint) = endpoint else {
+        return Ok(());
+    };
     let rest = endpoint
         .strip_prefix("http://")
         .or_else(|| endpoint.strip_prefix("https://"));
     match rest {
-        Some(rest) if !rest.is_empty() && !rest.starts_with('/') => None,
-        _ => Some(format!(
-            "{endpoint:?} is not an OTLP/gRPC URL (http:// or https://, a host and a port)"
+        Some(rest) if !rest.is_empty() && !rest.starts_with('/') => Ok(()),
+        _ => Err(crate::config::Invalid::new(
+            "otlp_endpoint",
+            format!(
+                "{endpoint:?} is not an OTLP/gRPC URL (http:// or https://, a host and a port)"
+            ),
+            "give a URL such as http://otel-collector:4317, or leave it unset",
         )),
     }
 }

@@ -305,17 +305,7 @@ impl Validate for WorkerConfig {
         daemon_kit::logging::parse_level(&self.log_level)
             .map_err(|e| Invalid::new("log_level", e, "set a level such as info"))?;
         between("trace_sample_ratio", self.trace_sample_ratio, 0.0, 1.0)?;
-        if let Some(problem) = self
-            .otlp_endpoint
-            .as_deref()
-            .and_then(daemon_kit::traces::endpoint_problem)
-        {
-            return Err(Invalid::new(
-                "otlp_endpoint",
-                problem,
-                "give a URL such as http://otel-collector:4317, or leave it unset",
-            ));
-        }
+        daemon_kit::traces::check_endpoint(self.otlp_endpoint.as_deref())?;
         Ok(())
     }
 }
