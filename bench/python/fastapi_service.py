@@ -44,6 +44,11 @@ SESSION = ort.InferenceSession(os.path.join(MODEL_DIR, "model.onnx"),
                                providers=["CPUExecutionProvider"])
 RNG = np.random.default_rng()
 ZERO = bytes(4 * DIM)
+# A model exported with stored hub embeddings takes `hop1_h1`; with none
+# stored, [1, 1, hidden] zeros (no hop-1 slot is a cached hub), as the
+# worker feeds it.
+NO_HUBS = {i.name: np.zeros((1, 1, i.shape[2]), np.float32)
+           for i in SESSION.get_inputs() if i.name == "hop1_h1"}
 
 app = FastAPI()
 
@@ -101,6 +106,7 @@ def predict(body: Body):
     values = CLIENT.mget([PREFIX + str(v) for v in nodes])
     raw = b"".join(v if v is not None and len(v) == 4 * DIM else ZERO for v in values)
     inputs["features"] = np.frombuffer(raw, dtype="<f4").reshape(len(nodes), DIM)
+    inputs.update(NO_HUBS)
     logits = SESSION.run(["logits"], inputs)[0]
     return {"predictions": [
         {"node_id": int(v), "label": int(row.argmax()), "logits": row.tolist()}
