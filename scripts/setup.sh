@@ -8,7 +8,7 @@
 #   cargo-fuzz (pinned) for scripts/fuzz.sh;
 # - Debian packages (only if missing): redis-server and redis-tools (the
 #   tests start their own servers), openssl (test TLS certificates), curl
-#   (the TLS test's HTTPS client), clang
+#   (the TLS test's HTTPS client), wrk (scripts/bench-traces.sh's load), clang
 #   and libclang-dev (RocksDB's build), protobuf-compiler (the worker's
 #   gRPC types), podman and runc (the pod test runs the Kubernetes
 #   Deployment with `podman kube play`), prometheus (promtool checks and
@@ -70,7 +70,7 @@ apt_install() {
     DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null
 }
 
-apt_install redis-server redis-tools clang libclang-dev openssl curl protobuf-compiler podman runc prometheus
+apt_install redis-server redis-tools clang libclang-dev openssl curl wrk protobuf-compiler podman runc prometheus
 if ! command -v kubectl >/dev/null 2>&1; then
     apt_install kubernetes-client
 fi
