@@ -101,6 +101,9 @@ pub struct WorkerConfig {
     /// gather into batches only while this many are in flight. At most the
     /// segment's slot count.
     pub ring_concurrency: usize,
+    /// Whether a call that finds the worker idle runs to completion on the
+    /// runtime thread that took it (docs/serving.md).
+    pub run_to_completion: bool,
     /// ONNX Runtime intra-op threads per session.
     pub intra_threads: usize,
     /// Deadline of one ring call, milliseconds.
@@ -160,6 +163,7 @@ impl Default for WorkerConfig {
             max_request_targets: 4096,
             executors: 2,
             ring_concurrency: 2,
+            run_to_completion: true,
             intra_threads: 1,
             ring_timeout_ms: 500.0,
             call_timeout_ms: 30_000.0,
@@ -507,6 +511,12 @@ pub struct WorkerFlags {
     #[arg(long)]
     #[serde(skip_serializing_if = "Option::is_none")]
     pub ring_concurrency: Option<usize>,
+    /// Run a call that finds the worker idle to completion on the thread
+    /// that took it (false: every call through the pipeline's threads)
+    /// [default: true].
+    #[arg(long)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub run_to_completion: Option<bool>,
     /// ONNX Runtime intra-op threads per session [default: 1].
     #[arg(long)]
     #[serde(skip_serializing_if = "Option::is_none")]

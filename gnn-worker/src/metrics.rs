@@ -91,6 +91,7 @@ pub struct WorkerMetrics {
     /// first call came), and of those, the ones sent because `max_delay`
     /// passed.
     pub batches_waited: Counter,
+    pub batches_run_to_completion: Counter,
     pub batches_delayed: Counter,
     pub ring_requests: Counter,
     /// Ring requests answered TOO_LARGE and split in two.
@@ -224,6 +225,12 @@ impl WorkerMetrics {
             "batches whose first call found every executor busy: they gathered calls until \
              one freed up, the batch was full or max_delay passed",
         );
+        let batches_run_to_completion = counter(
+            &mut r,
+            "gnn_worker_batches_run_to_completion",
+            "batches of one call that found the pipeline with room and a session idle: its \
+             ring round trip and model run happened on the thread that took the call",
+        );
         let batches_delayed = counter(
             &mut r,
             "gnn_worker_batches_delayed",
@@ -295,6 +302,7 @@ impl WorkerMetrics {
             model_rollouts,
             batches,
             batches_waited,
+            batches_run_to_completion,
             batches_delayed,
             ring_requests,
             ring_splits,

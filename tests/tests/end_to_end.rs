@@ -1617,6 +1617,91 @@ fn concurrent_ring_requests_are_served_as_batches_with_correct_rows() {
     assert!(stack.stop());
 }
 
+/// A call that finds the worker idle runs to completion on the thread that
+/// took it (docs/serving.md, "`gnn-worker serve`"): twenty calls one after
+/// another each do, counted in `gnn_worker_batches_run_to_completion_total`.
+/// Calls that arrive together go through the pipeline instead (at most one
+/// runs to completion at a time on the worker's two runtime threads), and
+/// either way a node gets the same answer.
+#[test]
+fn a_call_that_finds_the_worker_idle_runs_to_completion_and_is_answered_alike() {
+    let stack = Stack::start(&StackOptions::new("cora")).expect("stack");
+    let metric = |name: &str| tests::stack::metric_value(&stack.http, name);
+    let ids: Vec<u64> = (0..20u64).map(|k| k * 131 % 2708).collect();
+    let lone: Vec<Vec<f32>> = runtime().block_on(async {
+        let mut client = PredictorClient::connect(stack.grpc.clone()).await.unwrap();
+        let mut logits = Vec::new();
+        for (k, &id) in ids.iter().enumerate() {
+            let answer = client
+                .predict(pb::PredictRequest {
+                    node_ids: vec![id],
+                    request_id: k as u64,
+                    new_node: None,
+                })
+                .await
+                .expect("predict");
+            logits.push(answer.get_ref().predictions[0].logits.clone());
+        }
+        logits
+    });
+    assert_eq!(metric("gnn_worker_batches_total"), ids.len() as f64);
+    assert_eq!(
+        metric("gnn_worker_batches_run_to_completion_total"),
+        ids.len() as f64,
+        "a lone call did not run to completion"
+    );
+    // Sixteen callers at once, each asking for every node in turn.
+    let together: Vec<Vec<Vec<f32>>> = runtime().block_on(async {
+        let mut callers = Vec::new();
+        for c in 0..16usize {
+            let (grpc, ids) = (stack.grpc.clone(), ids.clone());
+            callers.push(tokio::spawn(async move {
+                let mut client = PredictorClient::connect(grpc).await.unwrap();
+                let mut logits = vec![Vec::new(); ids.len()];
+                for k in 0..ids.len() {
+                    let i = (k + c) % ids.len();
+                    let answer = client
+                        .predict(pb::PredictRequest {
+                            node_ids: vec![ids[i]],
+                            request_id: (c * 100 + k) as u64,
+                            new_node: None,
+                        })
+                        .await
+                        .expect("predict");
+                    logits[i] = answer.get_ref().predictions[0].logits.clone();
+                }
+                logits
+            }));
+        }
+        let mut all = Vec::new();
+        for caller in callers {
+            all.push(caller.await.unwrap());
+        }
+        all
+    });
+    let batches = metric("gnn_worker_batches_total") - ids.len() as f64;
+    let inline = metric("gnn_worker_batches_run_to_completion_total") - ids.len() as f64;
+    assert!(
+        batches > inline,
+        "no call of 16 concurrent callers went through the pipeline ({batches} batches, \
+         {inline} run to completion)"
+    );
+    for answers in &together {
+        for (i, logits) in answers.iter().enumerate() {
+            assert_eq!(logits.len(), lone[i].len());
+            for (a, b) in logits.iter().zip(&lone[i]) {
+                assert!(
+                    (a - b).abs() <= 1e-4 * (1.0 + b.abs()),
+                    "node {}: {logits:?} together, {:?} alone",
+                    ids[i],
+                    lone[i]
+                );
+            }
+        }
+    }
+    assert!(stack.stop(), "clean shutdown");
+}
+
 /// A lone call is dispatched at once: `--max-delay-ms` bounds how long calls
 /// may gather while every executor is busy, it is no fixed wait. With the
 /// longest delay the worker accepts (1 s), twenty calls one after another

@@ -1355,7 +1355,11 @@ fn the_waiting_call_bound_refuses_the_next_call_at_once() {
     let mut options = StackOptions::new("cora");
     options.max_batch = 1;
     options.executors = 1;
-    options.worker_args = ["--ring-concurrency", "1"].map(String::from).to_vec();
+    // The pipeline's bound: every call through its threads (a call run to
+    // completion would hold one more).
+    options.worker_args = ["--ring-concurrency", "1", "--run-to-completion", "false"]
+        .map(String::from)
+        .to_vec();
     options
         .worker_args
         .extend(["--call-timeout-ms".into(), "600000".into()]);
@@ -1458,9 +1462,17 @@ fn calls_nobody_waits_for_are_dropped_before_the_ring() {
     let mut options = StackOptions::new("cora");
     options.max_batch = 1;
     options.executors = 1;
-    options.worker_args = ["--ring-concurrency", "1", "--call-timeout-ms", "1000"]
-        .map(String::from)
-        .to_vec();
+    // The pipeline's rule: every call through its threads.
+    options.worker_args = [
+        "--ring-concurrency",
+        "1",
+        "--call-timeout-ms",
+        "1000",
+        "--run-to-completion",
+        "false",
+    ]
+    .map(String::from)
+    .to_vec();
     options.worker_env = vec![(
         "FAILPOINTS".into(),
         "gnn-worker-executor=sleep(3000)".into(),

@@ -37,6 +37,16 @@ impl Capacity {
         self.free.fetch_sub(1, Ordering::AcqRel);
     }
 
+    /// Claims room for one batch if there is some now (the
+    /// run-to-completion path, which never pushes the count below zero).
+    pub(super) fn try_claim(&self) -> bool {
+        self.free
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |free| {
+                (free > 0).then(|| free - 1)
+            })
+            .is_ok()
+    }
+
     /// A batch left the pipeline.
     pub(super) fn release(&self) {
         self.free.fetch_add(1, Ordering::AcqRel);

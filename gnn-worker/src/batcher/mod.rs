@@ -13,10 +13,18 @@
 //!   batch's chunks to the sidecar and waits for the responses: up to
 //!   `ring_concurrency` batches are on the ring at once (each response
 //!   holds its slot until its model run ends);
-//! - **model** (`model_stage.rs`, `executors` threads, each with its own
-//!   ONNX Runtime session) runs the model on each response in place and
-//!   answers the callers. The MLP student's lane has a gather task of its
-//!   own and one thread that does both of the other stages.
+//! - **model** (`model_stage.rs`, `executors` threads) runs the model on
+//!   each response in place and answers the callers. The MLP student's
+//!   lane has a gather task of its own and one thread that does both of the
+//!   other stages.
+//!
+//! The ONNX Runtime sessions (`sessions.rs`, one per executor) are shared:
+//! whoever runs a batch takes the idle one used most recently. A call that
+//! finds the worker idle (no call waiting, room in the pipeline, a session
+//! idle) runs to completion on the runtime thread that took it
+//! (`Predictor::run_to_completion`): the same ring call and model run, no
+//! hand-off between threads. At most one call at a time does (one runtime
+//! thread always stays free), and the batching rule is unchanged.
 //!
 //! This module holds the front ([`Predictor`]: the ladder's choice of rung,
 //! from [`crate::ladder`], the bounded queues, accepting a call on the
@@ -35,9 +43,10 @@
 //! waiting for a model executor, or in a model run): up to that many are in
 //! flight at once, and batches gather while the pipeline is full. A ring
 //! thread whose responses find the model stage full waits with them.
-//! Nothing runs on the async runtime's workers but the gathering. A model executor that panics answers its batch with an error
-//! and retires (its session may be inconsistent); the worker is not ready
-//! once no model executor is left.
+//! Nothing runs on the async runtime's workers but the gathering and the
+//! run-to-completion path. A run that panics answers its batch with an
+//! error and retires its session (its state may be inconsistent), and an
+//! executor with it; the worker is not ready once no session is left.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -58,11 +67,12 @@ use crate::queue::{Place, Waiting};
 mod gather;
 mod model_stage;
 mod ring_stage;
+mod sessions;
 
 use gather::{gather, Capacity, Rule, Targets};
 pub use model_stage::argmax;
-use model_stage::{model_stage, student_stage};
-use ring_stage::{ring_stage, Ring, RingDone};
+use model_stage::{model_stage, run_part, student_stage, Ran};
+use ring_stage::{ring_batch, ring_stage, Ring, RingDone};
 
 /// How calls are batched.
 #[derive(Debug, Clone)]
@@ -85,6 +95,9 @@ pub struct BatchConfig {
     pub max_request_targets: usize,
     /// Batches on the ring at once (ring threads).
     pub ring_concurrency: usize,
+    /// Whether a call that finds the worker idle runs to completion on the
+    /// thread that took it.
+    pub run_to_completion: bool,
     /// With a student: calls waiting for the batcher from which a new call
     /// is answered by the student instead (docs/serving.md, "The ladder").
     pub degrade_queue_calls: usize,
@@ -113,6 +126,7 @@ impl BatchConfig {
             call_timeout: config.call_timeout(),
             max_request_targets: config.max_request_targets,
             ring_concurrency: config.ring_concurrency.max(1),
+            run_to_completion: config.run_to_completion,
             degrade_queue_calls: config.degrade_queue_calls,
             degrade_fanouts: dense_fanouts(config.degrade_fanouts.as_ref()),
             degrade_subgraph: None,
@@ -306,9 +320,26 @@ pub struct Predictor {
     costs: Arc<Costs>,
     /// The model its executors run.
     model: Arc<ModelIdentity>,
-    /// Its executors alive.
+    /// Its sessions alive.
     alive: Arc<AtomicUsize>,
     owned: Arc<Owned>,
+    /// Room in the GNN lane's pipeline (the batching rule's), which the
+    /// run-to-completion path claims too.
+    capacity: Arc<Capacity>,
+    /// The GNN's sessions, shared by the executors and the
+    /// run-to-completion path.
+    sessions: Arc<sessions::Sessions>,
+    /// Calls running to completion now.
+    running_to_completion: Arc<AtomicUsize>,
+}
+
+/// Decrements a count when dropped.
+struct Decrement<'a>(&'a AtomicUsize);
+
+impl Drop for Decrement<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::AcqRel);
+    }
 }
 
 impl std::fmt::Debug for Predictor {
@@ -316,25 +347,6 @@ impl std::fmt::Debug for Predictor {
         f.debug_struct("Predictor")
             .field("config", &self.config)
             .finish()
-    }
-}
-
-/// Decrements the live-executor counts (the worker's, the predictor's)
-/// when its thread ends, however it ends.
-struct Alive(Arc<WorkerMetrics>, Arc<AtomicUsize>);
-
-impl Alive {
-    fn new(metrics: &Arc<WorkerMetrics>, mine: &Arc<AtomicUsize>) -> Self {
-        metrics.executors_alive.fetch_add(1, Ordering::AcqRel);
-        mine.fetch_add(1, Ordering::AcqRel);
-        Self(metrics.clone(), mine.clone())
-    }
-}
-
-impl Drop for Alive {
-    fn drop(&mut self) {
-        self.0.executors_alive.fetch_sub(1, Ordering::AcqRel);
-        self.1.fetch_sub(1, Ordering::AcqRel);
     }
 }
 
@@ -398,18 +410,22 @@ impl Predictor {
                 })?;
         }
         drop(ready_tx);
-        for (i, model) in models.into_iter().enumerate() {
+        let executors = models.len();
+        let sessions = Arc::new(sessions::Sessions::new(models, &metrics, &alive));
+        for i in 0..executors {
             let (metrics, rx, capacity) = (metrics.clone(), ready_rx.clone(), capacity.clone());
-            let costs = costs.clone();
-            let alive = Alive::new(&metrics, &alive);
+            let (costs, sessions) = (costs.clone(), sessions.clone());
             std::thread::Builder::new()
                 .name(format!("executor-{i}"))
-                .spawn(move || {
-                    let _alive = alive;
-                    model_stage(model, &metrics, &costs, &rx, &capacity)
-                })?;
+                .spawn(move || model_stage(&sessions, &metrics, &costs, &rx, &capacity))?;
         }
-        tokio::spawn(gather(jobs_rx, batch_tx, rule, metrics.clone(), capacity));
+        tokio::spawn(gather(
+            jobs_rx,
+            batch_tx,
+            rule,
+            metrics.clone(),
+            capacity.clone(),
+        ));
         let student_lane = match student {
             None => None,
             Some(student) => {
@@ -461,6 +477,9 @@ impl Predictor {
             model: identity,
             alive,
             owned: Arc::default(),
+            capacity,
+            sessions,
+            running_to_completion: Arc::default(),
         })
     }
 
@@ -620,30 +639,109 @@ impl Predictor {
         let enqueued = Instant::now();
         let span = tracing::Span::current();
         let queue = daemon_kit::child_span!("queue");
-        lane.jobs
-            .try_send(Job {
-                ids,
-                new_node,
-                rung,
-                enqueued,
-                deadline: enqueued + left.unwrap_or_default().max(self.config.call_timeout),
-                place,
-                accepted,
-                reply,
-                span,
-                queue,
-            })
-            .map_err(|e| match e {
+        let job = Job {
+            ids,
+            new_node,
+            rung,
+            enqueued,
+            deadline: enqueued + left.unwrap_or_default().max(self.config.call_timeout),
+            place,
+            accepted,
+            reply,
+            span,
+            queue,
+        };
+        let job = if rung == Rung::Student || waiting > 0 || !self.config.run_to_completion {
+            Some(job)
+        } else {
+            self.run_to_completion(job)
+        };
+        if let Some(job) = job {
+            lane.jobs.try_send(job).map_err(|e| match e {
                 mpsc::error::TrySendError::Full(_) => overloaded(),
                 mpsc::error::TrySendError::Closed(_) => {
                     PredictError::Unavailable("the worker is shutting down".into())
                 }
             })?;
+        }
         answer.await.map_err(|_| {
             PredictError::Unavailable(
                 "no executor took the call (all retired): restart the worker".into(),
             )
         })?
+    }
+
+    /// Runs `job` to completion on this thread when the GNN's pipeline has
+    /// room and a session is idle (docs/serving.md, "`gnn-worker serve`"):
+    /// its ring round trip and model run happen here, with no hand-off to
+    /// the gather task, a ring thread or an executor, and it is answered
+    /// before this returns. Called only when no other call waits for the
+    /// batcher, so that it never overtakes one. Otherwise returns the job
+    /// for the pipeline: also when the sidecar is not ready, and when
+    /// as many calls run to completion as leave one runtime thread free
+    /// (this blocks the runtime thread it runs on: at most until
+    /// `ring_timeout_ms` if the sidecar stalls, while the others serve).
+    fn run_to_completion(&self, job: Job) -> Option<Job> {
+        let threads =
+            tokio::runtime::Handle::try_current().map_or(0, |h| match h.runtime_flavor() {
+                tokio::runtime::RuntimeFlavor::MultiThread => h.metrics().num_workers(),
+                _ => 0,
+            });
+        let running =
+            self.running_to_completion
+                .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
+                    (n + 1 < threads).then_some(n + 1)
+                });
+        if running.is_err() {
+            return Some(job);
+        }
+        let _running = Decrement(&self.running_to_completion);
+        if !matches!(self.client.status(), ClientStatus::Ready) || !self.capacity.try_claim() {
+            return Some(job);
+        }
+        let Some(session) = self.sessions.try_take() else {
+            self.capacity.release();
+            return Some(job);
+        };
+        self.metrics.batches.inc();
+        self.metrics.batches_run_to_completion.inc();
+        self.metrics.batch_targets.observe(job.ids.len() as f64);
+        self.metrics.batch_calls.observe(1.0);
+        {
+            let ring = Ring {
+                client: &self.client,
+                schema: self.schema,
+                config: &self.config,
+                metrics: &self.metrics,
+                precomputed: self.precomputed.as_deref(),
+                costs: &self.costs,
+            };
+            let parts = ring_batch(&ring, vec![job]);
+            if parts.is_empty() {
+                self.capacity.release();
+            }
+            let mut session = Some(session);
+            for done in parts {
+                let releases = done.releases;
+                let ran = run_part(
+                    &self.sessions,
+                    session.take(),
+                    done,
+                    &self.metrics,
+                    &self.costs,
+                );
+                if releases {
+                    self.capacity.release();
+                }
+                if let Ran::Kept(kept) = ran {
+                    session = Some(kept);
+                }
+            }
+            if let Some(session) = session {
+                self.sessions.put(session);
+            }
+        }
+        None
     }
 
     /// The precomputed answers of `ids`, unchecked (the sidecar cannot say

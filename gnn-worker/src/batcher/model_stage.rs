@@ -10,6 +10,7 @@ use protocol::payload::schema::{target_status, HOP2_CACHED, NO_ROW};
 use protocol::payload::ResponseTables;
 
 use super::ring_stage::{ring_call_split, ring_calls, take_live, Ring, RingCall, RingDone};
+use super::sessions::{Session, Sessions};
 use super::{answer, panic_text, Capacity, Job, PredictError, Prediction};
 use crate::ladder::Costs;
 use crate::metrics::WorkerMetrics;
@@ -17,61 +18,108 @@ use crate::model::{AnsweredBy, Model, OutputKind};
 use crate::precomputed::PrecomputedSet;
 use crossbeam_channel::Receiver;
 
-/// A model executor: runs the model on each batch's responses in place and
-/// answers its callers.
+/// A model executor: takes each batch's responses, runs the model on them
+/// in place with an idle session and answers its callers. It retires when
+/// a run panics.
 pub(super) fn model_stage(
-    mut model: Model,
+    sessions: &Sessions,
     metrics: &WorkerMetrics,
     costs: &Costs,
     ready: &Receiver<RingDone>,
     capacity: &Capacity,
 ) {
-    loop {
-        let Ok(done) = ready.recv() else {
-            return;
-        };
-        let RingDone {
-            batch,
-            ids,
-            responses,
-            releases,
-            store,
-            taken,
-            span,
-        } = done;
-        let ran = std::panic::catch_unwind(AssertUnwindSafe(|| {
-            let _traced = span.enter();
-            fail::fail_point!("gnn-worker-executor");
-            let _span = daemon_kit::child_span!("onnx", targets = ids.len()).entered();
-            responses.and_then(|responses| {
-                run_model(&mut model, metrics, &ids, responses, store.as_deref())
-            })
-        }));
-        // The batch's span ends before its callers are answered (and their
-        // call spans end).
-        drop(span);
-        let (result, retire) = match ran {
-            Ok(result) => (result, false),
-            Err(panic) => {
-                let what = panic_text(&*panic);
-                tracing::error!(panic = %what, "an executor panicked; its batch gets an error and it retires");
-                metrics.executor_panics.inc();
-                (
-                    Err(PredictError::Internal(format!(
-                        "the executor running this call failed ({what}); retry"
-                    ))),
-                    true,
-                )
-            }
-        };
-        answer(batch, &ids, result, metrics, Some((costs, taken)));
+    while let Ok(done) = ready.recv() {
+        let releases = done.releases;
+        let retired = run_part(sessions, None, done, metrics, costs);
         if releases {
             capacity.release();
         }
-        if retire {
-            return;
+        match retired {
+            Ran::Retired => return,
+            Ran::Kept(session) => sessions.put(session),
+            Ran::NoSession => {}
         }
     }
+}
+
+/// What became of the session of a run.
+// Kept once per run and moved straight on: boxing it would allocate per run.
+#[allow(clippy::large_enum_variant)]
+pub(super) enum Ran {
+    /// It ran and is whole: give it back or run the next part with it.
+    Kept(Session),
+    /// Its run panicked: it was retired.
+    Retired,
+    /// No session was left to run it (the callers were told).
+    NoSession,
+}
+
+/// Runs one part of a batch with `session` (or an idle one, waiting for
+/// it) and answers its callers; a session whose run panics is retired.
+pub(super) fn run_part(
+    sessions: &Sessions,
+    session: Option<Session>,
+    done: RingDone,
+    metrics: &WorkerMetrics,
+    costs: &Costs,
+) -> Ran {
+    let RingDone {
+        batch,
+        ids,
+        responses,
+        store,
+        taken,
+        span,
+        ..
+    } = done;
+    let Some(mut session) = session.or_else(|| sessions.take()) else {
+        answer(
+            batch,
+            &ids,
+            Err(PredictError::Unavailable(
+                "no executor is alive (each was retired after a panic; see the log): restart \
+                 the worker"
+                    .into(),
+            )),
+            metrics,
+            None,
+        );
+        return Ran::NoSession;
+    };
+    let ran = std::panic::catch_unwind(AssertUnwindSafe(|| {
+        let _traced = span.enter();
+        fail::fail_point!("gnn-worker-executor");
+        let _span = daemon_kit::child_span!("onnx", targets = ids.len()).entered();
+        responses.and_then(|responses| {
+            run_model(
+                &mut session.model,
+                metrics,
+                &ids,
+                responses,
+                store.as_deref(),
+            )
+        })
+    }));
+    // The batch's span ends before its callers are answered (and their
+    // call spans end).
+    drop(span);
+    let (result, kept) = match ran {
+        Ok(result) => (result, Ran::Kept(session)),
+        Err(panic) => {
+            let what = panic_text(&*panic);
+            tracing::error!(panic = %what, "an executor panicked; its batch gets an error and it retires");
+            metrics.executor_panics.inc();
+            sessions.retire(session);
+            (
+                Err(PredictError::Internal(format!(
+                    "the executor running this call failed ({what}); retry"
+                ))),
+                Ran::Retired,
+            )
+        }
+    };
+    answer(batch, &ids, result, metrics, Some((costs, taken)));
+    kept
 }
 
 /// The student's thread: takes the student lane's batches, asks for their

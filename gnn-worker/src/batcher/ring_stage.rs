@@ -110,83 +110,11 @@ pub(super) fn ring_stage(
         let Ok(batch) = batches.recv() else {
             return;
         };
-        let taken = Instant::now();
-        let batch = take_live(batch, taken, metrics);
-        if batch.is_empty() {
-            // Every call of it was dropped: nothing goes to the ring.
+        let parts = ring_batch(ring, batch);
+        if parts.is_empty() {
+            // Nothing of it goes to the model stage.
             capacity.release();
             continue;
-        }
-        if let ClientStatus::Lost(reason) = ring.client.status() {
-            // The sidecar is gone: its calls fail now rather than wait
-            // `ring_timeout` for a new one (the worker is not ready).
-            let ids: Vec<u64> = batch.iter().flat_map(|j| j.ids.iter().copied()).collect();
-            let gone = PredictError::Unavailable(format!("the sidecar is gone: {reason}"));
-            answer(batch, &ids, Err(gone), metrics, None);
-            capacity.release();
-            continue;
-        }
-        for job in &batch {
-            let wait = taken.duration_since(job.enqueued);
-            metrics.queue_wait_seconds.observe(wait.as_secs_f64());
-            ring.costs.observe_queue_wait(wait);
-        }
-        // The calls whose every node has a precomputed answer go to the ring
-        // together (asking which answers still stand), then the other known
-        // nodes, then each new node in a request of its own: the responses
-        // come in the order of `ids`.
-        let store = ring.precomputed.and_then(Precomputed::current);
-        let mut batch = batch;
-        let answers = store.as_deref().filter(|_| ring.config.precomputed_answers);
-        batch.sort_by_cached_key(|job| job_kind(job, answers));
-        let ids: Vec<u64> = batch.iter().flat_map(|j| j.ids.iter().copied()).collect();
-        metrics.targets.inc_by(ids.len() as u64);
-        let span = batch_span(&batch);
-        let call = |jobs: &[Job]| {
-            let _traced = span.enter();
-            std::panic::catch_unwind(AssertUnwindSafe(|| {
-                jobs_ring_calls(ring, jobs, store.as_deref())
-            }))
-            .unwrap_or_else(|panic| {
-                let what = panic_text(&*panic);
-                tracing::error!(panic = %what, "a ring call panicked; its batch gets an error");
-                Err(PredictError::Internal(format!(
-                    "the ring call failed ({what}); retry"
-                )))
-            })
-        };
-        let responses = call(&batch);
-        let mut parts = Vec::new();
-        if batch.len() > 1 && is_too_large_alone(&responses) {
-            // One call's target cannot fit: answer every call on its own,
-            // so that only that call gets the error.
-            drop(responses);
-            let n = batch.len();
-            for (i, job) in batch.into_iter().enumerate() {
-                let ids = job.ids.clone();
-                let job = [job];
-                let responses = call(&job);
-                let [job] = job;
-                parts.push(RingDone {
-                    batch: vec![job],
-                    ids,
-                    responses,
-                    releases: i + 1 == n,
-                    store: store.clone(),
-                    taken,
-                    span: span.clone(),
-                });
-            }
-        } else {
-            parts.push(RingDone {
-                batch,
-                ids,
-                responses,
-                releases: true,
-                store,
-                taken,
-                span,
-            });
         }
         for done in parts {
             if let Err(crossbeam_channel::SendError(done)) = ready.send(done) {
@@ -206,6 +134,90 @@ pub(super) fn ring_stage(
             }
         }
     }
+}
+
+/// Makes the ring calls of a batch taken now: its live calls' responses
+/// (one part, or one per call when one call's target cannot fit), or no
+/// part when every call was dropped or answered already (the sidecar is
+/// gone).
+pub(super) fn ring_batch(ring: &Ring<'_>, batch: Vec<Job>) -> Vec<RingDone> {
+    let metrics = ring.metrics;
+    let taken = Instant::now();
+    let batch = take_live(batch, taken, metrics);
+    if batch.is_empty() {
+        return Vec::new();
+    }
+    if let ClientStatus::Lost(reason) = ring.client.status() {
+        // The sidecar is gone: its calls fail now rather than wait
+        // `ring_timeout` for a new one (the worker is not ready).
+        let ids: Vec<u64> = batch.iter().flat_map(|j| j.ids.iter().copied()).collect();
+        let gone = PredictError::Unavailable(format!("the sidecar is gone: {reason}"));
+        answer(batch, &ids, Err(gone), metrics, None);
+        return Vec::new();
+    }
+    for job in &batch {
+        let wait = taken.duration_since(job.enqueued);
+        metrics.queue_wait_seconds.observe(wait.as_secs_f64());
+        ring.costs.observe_queue_wait(wait);
+    }
+    // The calls whose every node has a precomputed answer go to the ring
+    // together (asking which answers still stand), then the other known
+    // nodes, then each new node in a request of its own: the responses
+    // come in the order of `ids`.
+    let store = ring.precomputed.and_then(Precomputed::current);
+    let mut batch = batch;
+    let answers = store.as_deref().filter(|_| ring.config.precomputed_answers);
+    batch.sort_by_cached_key(|job| job_kind(job, answers));
+    let ids: Vec<u64> = batch.iter().flat_map(|j| j.ids.iter().copied()).collect();
+    metrics.targets.inc_by(ids.len() as u64);
+    let span = batch_span(&batch);
+    let call = |jobs: &[Job]| {
+        let _traced = span.enter();
+        std::panic::catch_unwind(AssertUnwindSafe(|| {
+            jobs_ring_calls(ring, jobs, store.as_deref())
+        }))
+        .unwrap_or_else(|panic| {
+            let what = panic_text(&*panic);
+            tracing::error!(panic = %what, "a ring call panicked; its batch gets an error");
+            Err(PredictError::Internal(format!(
+                "the ring call failed ({what}); retry"
+            )))
+        })
+    };
+    let responses = call(&batch);
+    let mut parts = Vec::new();
+    if batch.len() > 1 && is_too_large_alone(&responses) {
+        // One call's target cannot fit: answer every call on its own, so
+        // that only that call gets the error.
+        drop(responses);
+        let n = batch.len();
+        for (i, job) in batch.into_iter().enumerate() {
+            let ids = job.ids.clone();
+            let job = [job];
+            let responses = call(&job);
+            let [job] = job;
+            parts.push(RingDone {
+                batch: vec![job],
+                ids,
+                responses,
+                releases: i + 1 == n,
+                store: store.clone(),
+                taken,
+                span: span.clone(),
+            });
+        }
+    } else {
+        parts.push(RingDone {
+            batch,
+            ids,
+            responses,
+            releases: true,
+            store,
+            taken,
+            span,
+        });
+    }
+    parts
 }
 
 pub(super) static REQUEST_ID: AtomicU64 = AtomicU64::new(1);
