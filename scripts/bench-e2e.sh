@@ -8,6 +8,8 @@
 #   scripts/bench-e2e.sh            # the full run (16 scenarios, 1M-node graph)
 #   scripts/bench-e2e.sh --quick    # 4 scenarios, 100k-node graph, short steps
 #   scripts/bench-e2e.sh --only cora/   # the scenarios whose name contains cora/
+#   scripts/bench-e2e.sh --only cora/embedded/warm/f20x10/t1,rmat-1m/redis/warm/f20x10/t8
+#                                   # several, separated by commas
 #
 # Installs what is missing first (scripts/setup.sh, then .venv-bench with
 # bench/requirements.txt: FastAPI, uvicorn, redis-py, onnxruntime, Feast,

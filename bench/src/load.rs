@@ -250,6 +250,8 @@ pub struct Step {
     /// CPU (user + system) the watched processes spent per call answered
     /// over the step, microseconds; `None` when none is watched.
     pub cpu_us_per_call: Option<f64>,
+    /// The same per watched process (the product: worker, sidecar).
+    pub cpu_us_per_call_each: Option<Vec<f64>>,
 }
 
 /// The processes whose CPU a step accounts for (the product's worker and
@@ -264,12 +266,17 @@ impl CpuWatch {
     /// The user + system CPU seconds the processes have spent so far;
     /// `None` when there are none, or one cannot be read.
     pub fn seconds(&self) -> Option<f64> {
+        self.seconds_each().map(|each| each.iter().sum())
+    }
+
+    /// The same per process, in the order of `pids`.
+    pub fn seconds_each(&self) -> Option<Vec<f64>> {
         if self.pids.is_empty() {
             return None;
         }
         // SAFETY: sysconf has no preconditions.
         let ticks = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as f64;
-        let mut total = 0.0;
+        let mut each = Vec::with_capacity(self.pids.len());
         for pid in &self.pids {
             let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
             // Fields after the command name (which may hold spaces), from
@@ -278,9 +285,9 @@ impl CpuWatch {
             let fields: Vec<&str> = rest.split_whitespace().collect();
             let utime: f64 = fields.get(11)?.parse().ok()?;
             let stime: f64 = fields.get(12)?.parse().ok()?;
-            total += (utime + stime) / ticks;
+            each.push((utime + stime) / ticks);
         }
-        Some(total)
+        Some(each)
     }
 }
 
@@ -297,7 +304,7 @@ pub async fn sweep(
     for &fraction in fractions {
         let offered = (saturation * fraction).max(1.0);
         let long_enough = Duration::from_secs_f64(30.0 / offered).min(step * 4);
-        let cpu_before = cpu.seconds();
+        let cpu_before = cpu.seconds_each();
         let summary = open(
             caller.clone(),
             offered,
@@ -313,17 +320,23 @@ pub async fn sweep(
             errors = summary.errors,
             "sweep step"
         );
-        let cpu_us_per_call = match (cpu_before, cpu.seconds()) {
-            (Some(before), Some(after)) if summary.calls > 0 => {
-                Some((after - before) * 1e6 / summary.calls as f64)
-            }
+        let cpu_us_per_call_each = match (cpu_before, cpu.seconds_each()) {
+            (Some(before), Some(after)) if summary.calls > 0 => Some(
+                after
+                    .iter()
+                    .zip(&before)
+                    .map(|(a, b)| (a - b) * 1e6 / summary.calls as f64)
+                    .collect::<Vec<f64>>(),
+            ),
             _ => None,
         };
+        let cpu_us_per_call = cpu_us_per_call_each.as_ref().map(|each| each.iter().sum());
         steps.push(Step {
             offered,
             fraction,
             summary,
             cpu_us_per_call,
+            cpu_us_per_call_each,
         });
     }
     steps

@@ -24,6 +24,8 @@ use gnn_worker::grpc::PredictorClient;
 use sidecar::graph::CsrIndex;
 use tests::redis::RedisServer;
 use tests::stack::{self, Daemon, Stack, StackOptions};
+use tonic_health::pb::health_client::HealthClient;
+use tonic_health::pb::HealthCheckRequest;
 
 #[derive(Debug, Parser)]
 #[command(
@@ -47,9 +49,19 @@ struct Args {
     /// kept (the graph is generated again only when missing).
     #[arg(long, default_value = "target/bench-e2e")]
     work_dir: PathBuf,
-    /// Only the scenarios whose name contains this (e.g. `cora/`).
-    #[arg(long)]
-    only: Option<String>,
+    /// Only the scenarios whose name contains one of these (e.g. `cora/`;
+    /// several separated by commas).
+    #[arg(long, value_delimiter = ',')]
+    only: Option<Vec<String>>,
+}
+
+impl Args {
+    /// Whether `--only` selects the scenario named `name`.
+    fn selects(&self, name: &str) -> bool {
+        self.only
+            .as_ref()
+            .is_none_or(|only| only.iter().any(|o| name.contains(o.as_str())))
+    }
 }
 
 /// How long each measurement runs.
@@ -174,20 +186,20 @@ fn main() -> anyhow::Result<()> {
         .worker_threads(2)
         .enable_all()
         .build()?;
+    let lone_runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
     let ort_env = gnn_worker::onnxruntime::init(Some(&stack::onnxruntime_lib()))?;
 
     let scenarios: Vec<Scenario> = scenario::scenarios(args.quick, synthetic)
         .into_iter()
-        .filter(|s| {
-            args.only
-                .as_ref()
-                .is_none_or(|o| s.name.contains(o.as_str()))
-        })
+        .filter(|s| args.selects(&s.name))
         .collect();
     ensure!(!scenarios.is_empty(), "no scenario matches --only");
 
     let mut results = Vec::new();
-    let mut product: Option<(String, Stack)> = None;
+    // The product's stack and its sidecar's metrics address.
+    let mut product: Option<(String, Stack, String)> = None;
     let mut fastapi: Option<(String, Daemon, String)> = None;
     for (i, scenario) in scenarios.iter().enumerate() {
         say(&format!(
@@ -229,13 +241,14 @@ fn main() -> anyhow::Result<()> {
         // (a) the product: one stack per configuration, kept while the
         // next scenario needs the same one.
         let key = scenario.product_key();
-        if product.as_ref().is_none_or(|(k, _)| *k != key) {
-            if let Some((_, old)) = product.take() {
+        if product.as_ref().is_none_or(|(k, _, _)| *k != key) {
+            if let Some((_, old, _)) = product.take() {
                 old.stop();
             }
-            product = Some((key.clone(), start_product(d, scenario, &redis_url)?));
+            let (stack, metrics) = start_product(d, scenario, &redis_url)?;
+            product = Some((key.clone(), stack, metrics));
         }
-        let stack = &product.as_ref().expect("started").1;
+        let (_, stack, sidecar_metrics) = product.as_ref().expect("started");
 
         // (c) FastAPI: one service per dataset and fanouts.
         let fast_key = format!("{}/{:?}", d.name, scenario.fanouts);
@@ -252,52 +265,26 @@ fn main() -> anyhow::Result<()> {
         }
         let naive_addr = d.naive.as_ref().expect("started").1.clone();
 
-        let result = runtime.block_on(async {
-            let grpc = PredictorClient::connect(stack.grpc.clone())
-                .await
-                .context("connecting to the worker's gRPC")?;
-            let redis_conn = redis::Client::open(redis_url.as_str())?
-                .get_multiplexed_async_connection()
-                .await?;
-            let systems: Vec<(&str, Arc<dyn Caller>)> = vec![
-                (
-                    "product-grpc",
-                    Arc::new(ProductGrpc {
-                        client: grpc,
-                        requests: requests.clone(),
-                    }),
-                ),
-                (
-                    "product-http",
-                    Arc::new(ProductHttp {
-                        http: HttpClient::new(&stack.http),
-                        requests: requests.clone(),
-                    }),
-                ),
-                (
-                    "fastapi",
-                    Arc::new(FastApi {
-                        http: HttpClient::new(&fast_addr),
-                        requests: requests.clone(),
-                    }),
-                ),
-                (
-                    "naive-json",
-                    Arc::new(Naive {
-                        index: d.index.clone(),
-                        fanouts: scenario.fanouts,
-                        redis: redis_conn,
-                        prefix: d.prefix.clone(),
-                        feature_dim: d.feature_dim,
-                        http: HttpClient::new(&naive_addr),
-                        requests: requests.clone(),
-                        samplers: Mutex::new(Vec::new()),
-                    }),
-                ),
-            ];
-            let health = HttpClient::new(&stack.http);
-            // The transport alone: an HTTP round trip to the worker that
-            // does no work (GET /healthz), the floor under any HTTP call.
+        let systems = |label: &'static str| {
+            callers(
+                stack,
+                &requests,
+                d,
+                scenario.fanouts,
+                &redis_url,
+                &fast_addr,
+                &naive_addr,
+                label,
+            )
+        };
+        // Lone calls, one at a time, from a client on one thread (a
+        // current-thread runtime): a client's own hand-offs between
+        // threads are not the server's, and would add to every door.
+        let lone = lone_runtime.block_on(async {
+            let systems = systems("lone").await?;
+            // The transport alone: a round trip to the worker that does no
+            // work, the floor under any call through each door (HTTP GET
+            // /healthz; gRPC grpc.health.v1 Check).
             let round_trip = load::lone(
                 &HealthCheck(HttpClient::new(&stack.http)),
                 timing.lone_calls,
@@ -305,9 +292,30 @@ fn main() -> anyhow::Result<()> {
                 timing.lone_budget,
             )
             .await;
-            // Where a lone call's time goes: the worker's histograms around
-            // a run of lone HTTP calls.
-            let before = String::from_utf8_lossy(&health.get("/metrics").await?).into_owned();
+            let health = tonic::transport::Endpoint::from_shared(stack.grpc.clone())?
+                .tcp_nodelay(true)
+                .connect()
+                .await
+                .context("connecting to the worker's gRPC")?;
+            let grpc_round_trip = load::lone(
+                &GrpcHealthCheck(HealthClient::new(health)),
+                timing.lone_calls,
+                20,
+                timing.lone_budget,
+            )
+            .await;
+            // Where a lone call's time goes: the worker's and the
+            // sidecar's histograms around a run of lone HTTP calls.
+            let scrape = || async {
+                let worker = HttpClient::new(&stack.http).get("/metrics").await?;
+                let sidecar = HttpClient::new(sidecar_metrics).get("/metrics").await?;
+                anyhow::Ok(format!(
+                    "{}\n{}",
+                    String::from_utf8_lossy(&worker),
+                    String::from_utf8_lossy(&sidecar)
+                ))
+            };
+            let before = scrape().await?;
             let lone_http = load::lone(
                 &ProductHttp {
                     http: HttpClient::new(&stack.http),
@@ -318,8 +326,22 @@ fn main() -> anyhow::Result<()> {
                 timing.lone_budget,
             )
             .await;
-            let after = String::from_utf8_lossy(&health.get("/metrics").await?).into_owned();
+            let after = scrape().await?;
             let breakdown = Breakdown::between(&before, &after, lone_http.mean_us);
+            let mut lone = Vec::new();
+            for (name, caller) in &systems {
+                lone.push(load::lone(&**caller, timing.lone_calls, 10, timing.lone_budget).await);
+                say(&format!(
+                    "  {name:<13} lone p50 {:>9.0} us p99 {:>9.0} us",
+                    lone.last().map_or(0.0, |l| l.p50_us),
+                    lone.last().map_or(0.0, |l| l.p99_us)
+                ));
+            }
+            anyhow::Ok((round_trip, grpc_round_trip, breakdown, lone))
+        })?;
+        let (round_trip, grpc_round_trip, breakdown, lone) = lone;
+        let result = runtime.block_on(async {
+            let systems = systems("load").await?;
             let mut measured = Vec::new();
             // The product's CPU: its worker's and its sidecar's (the load
             // generator is this process).
@@ -330,13 +352,13 @@ fn main() -> anyhow::Result<()> {
                     .map(|d| d.child.id())
                     .collect(),
             };
-            for (name, caller) in &systems {
+            for ((name, caller), lone) in systems.iter().zip(lone) {
                 let cpu = if name.starts_with("product") {
                     product_cpu.clone()
                 } else {
                     load::CpuWatch::default()
                 };
-                measured.push(measure(name, caller.clone(), &timing, &cpu).await);
+                measured.push(measure(name, caller.clone(), lone, &timing, &cpu).await);
             }
             // (c) at equal p99: the product's HTTP front end at 5x the rate
             // the FastAPI service sustains within its p99 at 70% load.
@@ -362,13 +384,14 @@ fn main() -> anyhow::Result<()> {
                 requests: requests.len(),
                 floors,
                 http_round_trip: round_trip,
+                grpc_round_trip,
                 breakdown,
                 systems: measured,
             })
         })?;
         results.push(result);
     }
-    if let Some((_, stack)) = product.take() {
+    if let Some((_, stack, _)) = product.take() {
         stack.stop();
     }
     drop(fastapi);
@@ -377,11 +400,10 @@ fn main() -> anyhow::Result<()> {
     // on the rows of each Redis dataset's [20, 10] one-target requests.
     let mut fetches = Vec::new();
     for d in &datasets {
-        if args.only.as_ref().is_some_and(|o| {
-            !scenarios
-                .iter()
-                .any(|s| s.dataset == d.name && s.name.contains(o.as_str()))
-        }) {
+        if !scenarios
+            .iter()
+            .any(|s| s.dataset == d.name && args.selects(&s.name))
+        {
             continue;
         }
         say(&format!("feature fetch: {}", d.name));
@@ -434,13 +456,14 @@ fn main() -> anyhow::Result<()> {
 /// Lone calls; a closed-loop estimate of the most the system answers; an
 /// open-loop sweep around it, whose highest sustained rate is the
 /// saturation; and an open-loop step at 70% of that saturation.
+/// A system under load; `lone`: its lone calls, measured before.
 async fn measure(
     name: &str,
     caller: Arc<dyn Caller>,
+    lone: load::Summary,
     timing: &Timing,
     cpu: &load::CpuWatch,
 ) -> SystemResult {
-    let lone = load::lone(&*caller, timing.lone_calls, 10, timing.lone_budget).await;
     let closed = load::closed(caller.clone(), timing.closed_concurrency, timing.closed_for).await;
     let sweep = if closed.throughput > 0.0 {
         load::sweep(
@@ -470,6 +493,8 @@ async fn measure(
             .map(|s| s.summary.errors)
             .sum::<u64>();
     let cpu_us_per_call = report::cpu_at_saturation(&sweep, saturation);
+    let cpu_us_per_call_each =
+        report::step_at_saturation(&sweep, saturation).and_then(|s| s.cpu_us_per_call_each.clone());
     say(&format!(
         "  {name:<13} lone p50 {:>9.0} us p99 {:>9.0} us | saturation {:>8.0} calls/s{} | at \
          70%: p50 {:>8.0} us p99 {:>8.0} us | errors {errors}",
@@ -489,10 +514,89 @@ async fn measure(
         at_70,
         extra: Vec::new(),
         cpu_us_per_call,
+        cpu_us_per_call_each,
     }
 }
 
+/// The systems of a scenario, their clients made on the runtime that
+/// runs this (`label` names it in an error).
+#[allow(clippy::too_many_arguments)]
+async fn callers(
+    stack: &Stack,
+    requests: &Requests,
+    d: &Dataset,
+    fanouts: [u32; 2],
+    redis_url: &str,
+    fast_addr: &str,
+    naive_addr: &str,
+    label: &str,
+) -> anyhow::Result<Vec<(&'static str, Arc<dyn Caller>)>> {
+    let grpc = PredictorClient::connect(stack.grpc.clone())
+        .await
+        .with_context(|| format!("connecting to the worker's gRPC ({label} calls)"))?;
+    let redis_conn = redis::Client::open(redis_url)?
+        .get_multiplexed_async_connection()
+        .await?;
+    Ok(vec![
+        (
+            "product-grpc",
+            Arc::new(ProductGrpc {
+                client: grpc,
+                requests: requests.clone(),
+            }),
+        ),
+        (
+            "product-http",
+            Arc::new(ProductHttp {
+                http: HttpClient::new(&stack.http),
+                requests: requests.clone(),
+            }),
+        ),
+        (
+            "fastapi",
+            Arc::new(FastApi {
+                http: HttpClient::new(fast_addr),
+                requests: requests.clone(),
+            }),
+        ),
+        (
+            "naive-json",
+            Arc::new(Naive {
+                index: d.index.clone(),
+                fanouts,
+                redis: redis_conn,
+                prefix: d.prefix.clone(),
+                feature_dim: d.feature_dim,
+                http: HttpClient::new(naive_addr),
+                requests: requests.clone(),
+                samplers: Mutex::new(Vec::new()),
+            }),
+        ),
+    ])
+}
+
+/// GET /healthz: an HTTP round trip doing no work.
 struct HealthCheck(HttpClient);
+
+/// `grpc.health.v1.Health/Check`: a gRPC round trip doing no work.
+struct GrpcHealthCheck(HealthClient<tonic::transport::Channel>);
+
+impl Caller for GrpcHealthCheck {
+    fn call(
+        &self,
+        _: usize,
+    ) -> std::pin::Pin<Box<dyn std::future::Future<Output = anyhow::Result<()>> + Send + '_>> {
+        Box::pin(async move {
+            self.0
+                .clone()
+                .check(HealthCheckRequest {
+                    service: String::new(),
+                })
+                .await?;
+            Ok(())
+        })
+    }
+}
 
 impl Caller for HealthCheck {
     fn call(
@@ -668,8 +772,19 @@ fn prepare(
 }
 
 /// Sidecar + worker for the scenario's store, cache and fanouts.
-fn start_product(d: &Dataset, scenario: &Scenario, redis_url: &str) -> anyhow::Result<Stack> {
-    let mut sidecar_args: Vec<String> = vec!["--log-level".into(), "warn".into()];
+/// The product's stack, and its sidecar's metrics address.
+fn start_product(
+    d: &Dataset,
+    scenario: &Scenario,
+    redis_url: &str,
+) -> anyhow::Result<(Stack, String)> {
+    let metrics = format!("127.0.0.1:{}", stack::free_port());
+    let mut sidecar_args: Vec<String> = vec![
+        "--log-level".into(),
+        "warn".into(),
+        "--metrics-addr".into(),
+        metrics.clone(),
+    ];
     let imported = match scenario.store {
         Store::Embedded => d
             .embedded
@@ -730,7 +845,7 @@ fn start_product(d: &Dataset, scenario: &Scenario, redis_url: &str) -> anyhow::R
         scenario.product_key(),
         t.elapsed().as_secs_f64()
     ));
-    Ok(stack)
+    Ok((stack, metrics))
 }
 
 /// The FastAPI service under uvicorn with two worker processes (one per
