@@ -197,11 +197,9 @@ async fn attach(config: &WorkerConfig, service: &Service) -> anyhow::Result<Ring
     let started = Instant::now();
     loop {
         let name = config.shm_name.clone();
-        match tokio::task::spawn_blocking(move || {
-            RingClient::attach(&name, ClientOptions::default())
-        })
-        .await?
-        {
+        let mut options = ClientOptions::default();
+        options.wait.spin_for = Duration::from_micros(config.ring_spin_us);
+        match tokio::task::spawn_blocking(move || RingClient::attach(&name, options)).await? {
             Ok(client) => return Ok(client),
             Err(e) => {
                 if config

@@ -161,6 +161,7 @@ fn ring_options(config: &ServeConfig, schema: FeatureSchema) -> ServerOptions {
     segment.response_bytes = config.response_bytes();
     let mut options = ServerOptions::new(segment);
     options.segment.client_timeout = config.client_timeout();
+    options.wait.spin_for = Duration::from_micros(config.ring_spin_us);
     options
 }
 
