@@ -133,6 +133,50 @@ pub async fn lone(caller: &dyn Caller, calls: usize, warmup: usize, budget: Dura
     Summary::of(&h, errors, started.elapsed().as_secs_f64(), first_error)
 }
 
+/// Lone calls to several callers in turn, call by call (`calls` rounds
+/// after `warmup`, until `budget`), so that the machine's state at any
+/// moment falls on each alike: one summary per caller, in order.
+pub async fn interleaved(
+    callers: &[&dyn Caller],
+    calls: usize,
+    warmup: usize,
+    budget: Duration,
+) -> Vec<Summary> {
+    for k in 0..warmup {
+        for caller in callers {
+            let _ = caller.call(k).await;
+        }
+    }
+    let mut histograms: Vec<_> = callers.iter().map(|_| histogram()).collect();
+    let mut errors = vec![0u64; callers.len()];
+    let mut first_errors: Vec<Option<String>> = vec![None; callers.len()];
+    let started = Instant::now();
+    for k in 0..calls {
+        if k >= 20 && started.elapsed() > budget {
+            break;
+        }
+        for (i, caller) in callers.iter().enumerate() {
+            let t = Instant::now();
+            match caller.call(warmup + k).await {
+                Ok(()) => {
+                    let _ = histograms[i].record((t.elapsed().as_micros() as u64).max(1));
+                }
+                Err(e) => {
+                    errors[i] += 1;
+                    first_errors[i].get_or_insert_with(|| format!("{e:#}"));
+                }
+            }
+        }
+    }
+    let seconds = started.elapsed().as_secs_f64();
+    histograms
+        .iter()
+        .zip(errors)
+        .zip(first_errors)
+        .map(|((h, errors), first)| Summary::of(h, errors, seconds, first))
+        .collect()
+}
+
 /// `concurrency` callers in closed loop for `duration`: a quick estimate of
 /// the most a system can answer per second.
 pub async fn closed(caller: Arc<dyn Caller>, concurrency: usize, duration: Duration) -> Summary {

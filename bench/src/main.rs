@@ -284,28 +284,16 @@ fn main() -> anyhow::Result<()> {
             let systems = systems("lone").await?;
             // The transport alone: a round trip to the worker that does no
             // work, the floor under any call through each door (HTTP GET
-            // /healthz; gRPC grpc.health.v1 Check).
-            let round_trip = load::lone(
-                &HealthCheck(HttpClient::new(&stack.http)),
-                timing.lone_calls,
-                20,
-                timing.lone_budget,
-            )
-            .await;
+            // /healthz; gRPC grpc.health.v1 Check), interleaved call by
+            // call with the product's lone calls through both doors, so
+            // that the floors and the calls see the machine alike. Where a
+            // lone call's time goes: the worker's and the sidecar's
+            // histograms around that run (means over both doors' calls).
             let health = tonic::transport::Endpoint::from_shared(stack.grpc.clone())?
                 .tcp_nodelay(true)
                 .connect()
                 .await
                 .context("connecting to the worker's gRPC")?;
-            let grpc_round_trip = load::lone(
-                &GrpcHealthCheck(HealthClient::new(health)),
-                timing.lone_calls,
-                20,
-                timing.lone_budget,
-            )
-            .await;
-            // Where a lone call's time goes: the worker's and the
-            // sidecar's histograms around a run of lone HTTP calls.
             let scrape = || async {
                 let worker = HttpClient::new(&stack.http).get("/metrics").await?;
                 let sidecar = HttpClient::new(sidecar_metrics).get("/metrics").await?;
@@ -315,22 +303,39 @@ fn main() -> anyhow::Result<()> {
                     String::from_utf8_lossy(&sidecar)
                 ))
             };
+            let product = |name: &str| {
+                systems
+                    .iter()
+                    .find(|(n, _)| *n == name)
+                    .map(|(_, caller)| caller.clone())
+                    .context("the product's system")
+            };
+            let (http, grpc) = (product("product-http")?, product("product-grpc")?);
             let before = scrape().await?;
-            let lone_http = load::lone(
-                &ProductHttp {
-                    http: HttpClient::new(&stack.http),
-                    requests: requests.clone(),
-                },
+            let measured = load::interleaved(
+                &[
+                    &HealthCheck(HttpClient::new(&stack.http)),
+                    &GrpcHealthCheck(HealthClient::new(health)),
+                    &*http,
+                    &*grpc,
+                ],
                 timing.lone_calls,
-                0,
+                20,
                 timing.lone_budget,
             )
             .await;
             let after = scrape().await?;
+            let [round_trip, grpc_round_trip, lone_http, lone_grpc] =
+                <[load::Summary; 4]>::try_from(measured)
+                    .map_err(|_| anyhow::anyhow!("four summaries"))?;
             let breakdown = Breakdown::between(&before, &after, lone_http.mean_us);
             let mut lone = Vec::new();
             for (name, caller) in &systems {
-                lone.push(load::lone(&**caller, timing.lone_calls, 10, timing.lone_budget).await);
+                lone.push(match *name {
+                    "product-http" => lone_http.clone(),
+                    "product-grpc" => lone_grpc.clone(),
+                    _ => load::lone(&**caller, timing.lone_calls, 10, timing.lone_budget).await,
+                });
                 say(&format!(
                     "  {name:<13} lone p50 {:>9.0} us p99 {:>9.0} us",
                     lone.last().map_or(0.0, |l| l.p50_us),
