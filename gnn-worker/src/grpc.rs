@@ -310,7 +310,11 @@ impl pb::predictor_server::Predictor for PredictService {
         let incoming = request.into_inner();
         let service = self.service.clone();
         let (tx, rx) = tokio::sync::mpsc::channel(STREAM_IN_FLIGHT);
-        tokio::spawn(drive_stream(service, incoming, tx));
+        // The driver reads the stream while its calls run: they go through
+        // the pipeline, never run to completion on its thread.
+        tokio::spawn(crate::batcher::through_the_pipeline(drive_stream(
+            service, incoming, tx,
+        )));
         Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
     }
 }

@@ -74,6 +74,23 @@ pub use model_stage::argmax;
 use model_stage::{model_stage, run_part, student_stage, Ran};
 use ring_stage::{ring_batch, ring_stage, Ring, RingDone};
 
+tokio::task_local! {
+    /// Set on a task that reads further calls while its calls run (a gRPC
+    /// stream's driver, which answers many calls of one stream at once):
+    /// none of its calls runs to completion, which would hold the task and
+    /// stop it reading its stream meanwhile.
+    static PIPELINED: ();
+}
+
+/// Runs `future` with every call it makes sent through the pipeline's
+/// threads, never run to completion on its task's thread (see
+/// `PIPELINED`).
+pub fn through_the_pipeline<F: std::future::Future>(
+    future: F,
+) -> impl std::future::Future<Output = F::Output> {
+    PIPELINED.scope((), future)
+}
+
 /// How calls are batched.
 #[derive(Debug, Clone)]
 pub struct BatchConfig {
@@ -677,11 +694,16 @@ impl Predictor {
     /// the gather task, a ring thread or an executor, and it is answered
     /// before this returns. Called only when no other call waits for the
     /// batcher, so that it never overtakes one. Otherwise returns the job
-    /// for the pipeline: also when the sidecar is not ready, and when
+    /// for the pipeline: also when the sidecar is not ready, for a task
+    /// that reads further calls meanwhile ([`through_the_pipeline`]), and
+    /// when
     /// as many calls run to completion as leave one runtime thread free
     /// (this blocks the runtime thread it runs on: at most until
     /// `ring_timeout_ms` if the sidecar stalls, while the others serve).
     fn run_to_completion(&self, job: Job) -> Option<Job> {
+        if PIPELINED.try_with(|_| ()).is_ok() {
+            return Some(job);
+        }
         let threads =
             tokio::runtime::Handle::try_current().map_or(0, |h| match h.runtime_flavor() {
                 tokio::runtime::RuntimeFlavor::MultiThread => h.metrics().num_workers(),
