@@ -17,19 +17,8 @@ cd "$(dirname "$0")/.."
 scripts/setup.sh
 export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-$PWD/target}
 cargo build --release --workspace --all-targets
-bin=$CARGO_TARGET_DIR/release
+. scripts/lib/cora-stack.sh
 seconds=${SECONDS_EACH:-8}
-work=$(mktemp -d)
-trap 'kill $(jobs -p) 2>/dev/null || true; rm -rf "$work"' EXIT
-ort=$(.venv/bin/python -c 'import onnxruntime, os; print(os.path.join(os.path.dirname(onnxruntime.__file__), "capi", "libonnxruntime.so.1.31.1"))')
-mkdir -p "$work/cora" && tar -xzf demo/data/cora.tar.gz -C "$work/cora" --strip-components=1
-"$bin/sidecar" import "$work/cora" --data-dir "$work/data" > /dev/null 2>&1
-.venv/bin/python gnn-worker/model/sage.py train --dataset "$work/cora" --out "$work/model" > /dev/null 2>&1
-cat > "$work/post.lua" <<'LUA'
-wrk.method = "POST"
-wrk.body   = '{"node_ids": [1]}'
-wrk.headers["Content-Type"] = "application/json"
-LUA
 ticks=$(getconf CLK_TCK)
 cpu() { awk '{print $14 + $15}' "/proc/$1/stat"; }
 mean() { # metric name, scrape before, scrape after: the mean in us

@@ -114,6 +114,13 @@ fn latency() -> Histogram {
 }
 
 impl WorkerMetrics {
+    /// A batch of `calls` calls and `targets` targets was formed.
+    pub fn batch_formed(&self, targets: usize, calls: usize) {
+        self.batches.inc();
+        self.batch_targets.observe(targets as f64);
+        self.batch_calls.observe(calls as f64);
+    }
+
     /// The registry, reading readiness from `health` at scrape time.
     pub fn new(health: Weak<dyn Health>) -> Self {
         let mut r = Registry::default();

@@ -142,27 +142,9 @@ impl Mapped {
         // other process can truncate or write it while it is mapped.
         let map = unsafe { memmap2::MmapMut::map_mut(&file) }?;
         let mut mapped = Self { map, offsets, lens };
-        mapped.write(inputs);
+        let bytes = Mapped::with_layout(&mapped, inputs);
+        mapped.map.copy_from_slice(&bytes);
         Ok(mapped)
-    }
-
-    /// Writes `inputs` over the mapping's buffers.
-    fn write(&mut self, inputs: &Inputs) {
-        let f32s = [&inputs.features[..]];
-        let i32s = [
-            &inputs.target_row[..],
-            &inputs.hop1_count[..],
-            &inputs.hop1_rows[..],
-            &inputs.hop2_count[..],
-            &inputs.hop2_rows[..],
-        ];
-        let mut put = |i: usize, bytes: Vec<u8>| {
-            self.map[self.offsets[i]..self.offsets[i] + bytes.len()].copy_from_slice(&bytes);
-        };
-        put(0, f32s[0].iter().flat_map(|v| v.to_le_bytes()).collect());
-        for (i, values) in i32s.iter().enumerate() {
-            put(i + 1, values.iter().flat_map(|v| v.to_le_bytes()).collect());
-        }
     }
 
     fn f32s(&self, i: usize) -> &[f32] {

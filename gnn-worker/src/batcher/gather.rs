@@ -135,9 +135,7 @@ pub(super) async fn gather<J: Targets>(
             }
         }
         capacity.claim();
-        metrics.batches.inc();
-        metrics.batch_targets.observe(n as f64);
-        metrics.batch_calls.observe(batch.len() as f64);
+        metrics.batch_formed(n, batch.len());
         if batches.send(batch).is_err() {
             return;
         }

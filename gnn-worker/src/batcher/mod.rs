@@ -725,10 +725,8 @@ impl Predictor {
             self.capacity.release();
             return Some(job);
         };
-        self.metrics.batches.inc();
+        self.metrics.batch_formed(job.ids.len(), 1);
         self.metrics.batches_run_to_completion.inc();
-        self.metrics.batch_targets.observe(job.ids.len() as f64);
-        self.metrics.batch_calls.observe(1.0);
         {
             let ring = Ring {
                 client: &self.client,
