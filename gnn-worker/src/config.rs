@@ -204,18 +204,15 @@ impl Validate for WorkerConfig {
                 "pass --model, set GNN_WORKER_MODEL, or model in the config file",
             ));
         }
-        if self.shm_name.is_empty()
-            || !self
-                .shm_name
-                .bytes()
-                .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_' || b == b'.')
-        {
-            return Err(Invalid::new(
+        // The sidecar's rule, from the crate both link: a name one side
+        // takes, the other takes too.
+        protocol::segment::shm_path(&self.shm_name).map_err(|e| {
+            Invalid::new(
                 "shm_name",
-                format!("{:?} is not a segment name", self.shm_name),
-                "use letters, digits, '-', '_' and '.', as the sidecar's shm_name",
-            ));
-        }
+                e,
+                "use the sidecar's shm_name, a plain name such as gnn-sidecar",
+            )
+        })?;
         if self.grpc == self.http && self.http.port() != 0 {
             return Err(Invalid::new(
                 "http",

@@ -303,24 +303,33 @@ impl Validate for ServeConfig {
                 "use \"600\" (one user) or \"660\" (containers sharing a group), as a string of octal digits",
             ));
         }
-        if let Some(problem) = self
-            .redis
-            .0
-            .iter()
-            .find_map(|url| daemon_kit::redact::redis_url_problem(url))
-        {
-            return Err(Invalid::new(
-                "redis",
-                problem,
-                "write it as redis://[:password@]host:port",
-            ));
+        for (key, urls) in [
+            ("redis", &self.redis),
+            ("updates_redis", &self.updates_redis),
+        ] {
+            if let Some(problem) = urls
+                .0
+                .iter()
+                .find_map(|url| daemon_kit::redact::redis_url_problem(url))
+            {
+                return Err(Invalid::new(
+                    key,
+                    problem,
+                    "write it as redis://[:password@]host:port",
+                ));
+            }
         }
-        if self.redis.0.len() > 1 && !self.redis_cluster {
-            return Err(Invalid::new(
-                "redis",
-                format!("{} URLs given for a single Redis", self.redis.0.len()),
-                "give one URL, or set redis_cluster = true for the nodes of a cluster",
-            ));
+        for (key, urls) in [
+            ("redis", &self.redis),
+            ("updates_redis", &self.updates_redis),
+        ] {
+            if urls.0.len() > 1 && !self.redis_cluster {
+                return Err(Invalid::new(
+                    key,
+                    format!("{} URLs given for a single Redis", urls.0.len()),
+                    "give one URL, or set redis_cluster = true for the nodes of a cluster",
+                ));
+            }
         }
         if self.invalidation_channel.is_some() && self.redis.0.is_empty() {
             return Err(Invalid::new(

@@ -292,6 +292,69 @@ fn the_worker_refuses_a_bad_value_from_each_source_and_prints_its_configuration(
     );
 }
 
+/// The reader's findings (issue 30, item 5): a value the docs refuse is
+/// refused, by name, and a rule both daemons state is checked alike.
+#[test]
+fn what_configuration_md_refuses_is_refused_by_both_daemons_alike() {
+    // A reduced rung of zero fanouts would be the sidecar's full fanouts.
+    let e = refusal(&serve(
+        "gnn-worker",
+        &["--model", "/m", "--degrade-fanouts", "0,0"],
+        &[],
+    ));
+    assert!(
+        e.contains("`degrade_fanouts` from flag --degrade-fanouts") && e.contains("zero fanout"),
+        "{e}"
+    );
+    // updates_redis takes what redis takes: a Redis URL, one unless a
+    // cluster.
+    let e = refusal(&serve(
+        "sidecar",
+        &[
+            "--data-dir",
+            "/d",
+            "--updates-stream",
+            "gnn:updates",
+            "--updates-redis",
+            "http://cache:6379",
+        ],
+        &[],
+    ));
+    assert!(
+        e.contains("`updates_redis` from flag --updates-redis") && e.contains("redis://"),
+        "{e}"
+    );
+    let e = refusal(&serve(
+        "sidecar",
+        &["--data-dir", "/d", "--updates-stream", "s"],
+        &[("SIDECAR_UPDATES_REDIS", "redis://a:1,redis://b:1")],
+    ));
+    assert!(e.contains("`updates_redis`") && e.contains("2 URLs"), "{e}");
+    // One segment-name rule: every name the sidecar refuses, the worker
+    // refuses with the same reason.
+    let long = "a".repeat(250);
+    for name in [".hidden", long.as_str(), "a/b", "", "gnn ring"] {
+        let sidecar = refusal(&serve(
+            "sidecar",
+            &["--data-dir", "/d", "--shm-name", name],
+            &[],
+        ));
+        let worker = refusal(&serve(
+            "gnn-worker",
+            &["--model", "/m", "--shm-name", name],
+            &[],
+        ));
+        let reason = |e: &str| e.split(": ").nth(1).unwrap_or_default().to_string();
+        assert!(sidecar.contains("`shm_name`"), "{sidecar}");
+        assert!(worker.contains("`shm_name`"), "{worker}");
+        assert_eq!(
+            reason(&sidecar),
+            reason(&worker),
+            "{name:?}: {sidecar} / {worker}"
+        );
+    }
+}
+
 #[test]
 fn logs_are_json_lines_when_asked() {
     let out = serve(
