@@ -349,6 +349,11 @@ impl Loader {
 /// The fanouts the worker asks for: a dense-layout model's are the
 /// configured two, or the sidecar's default; a subgraph-layout model's the
 /// configured ones, or its manifest's, one per hop of the model.
+///
+/// A dense model leaves them to the sidecar so that `sidecarctl fanouts
+/// set` steers it at run time; where its manifest says it was trained at
+/// others, that is logged, since its answers then differ from the
+/// offline model's (docs/model.md, "The manifest").
 fn worker_fanouts(
     config: &WorkerConfig,
     manifest: &Manifest,
@@ -357,7 +362,20 @@ fn worker_fanouts(
     let configured = config.fanouts.as_ref().map(|f| f.0.clone());
     match manifest.layout {
         ModelLayout::Dense => match configured {
-            None => Ok(schema.default_fanouts.to_vec()),
+            None => {
+                let sidecar = schema.default_fanouts.to_vec();
+                if manifest.fanouts != sidecar {
+                    tracing::warn!(
+                        model = %config.model.display(),
+                        trained = ?manifest.fanouts,
+                        sidecar = ?sidecar,
+                        "the dense model was trained at other fanouts than the sidecar's, \
+                         which it is served at: set the worker's fanouts to the trained ones, \
+                         or the sidecar's"
+                    );
+                }
+                Ok(sidecar)
+            }
             Some(f) if f.len() == MAX_HOPS => Ok(f),
             Some(f) => bail!(
                 "fanouts {f:?} has {} hops; the model {} reads the dense layout, which has two: \
