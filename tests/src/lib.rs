@@ -8,6 +8,7 @@
 //! feature tiers are not involved: this exercises the protocol alone, through
 //! real processes and a real segment.
 
+pub mod docs;
 pub mod openmetrics;
 pub mod otlp;
 pub mod proxy;

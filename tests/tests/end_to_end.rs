@@ -124,6 +124,22 @@ fn sampled_fanouts_stay_within_1_5_points_of_offline() {
         (served - offline).abs() <= 0.015,
         "served accuracy {served} vs offline {offline} at fanouts [20,10]"
     );
+    // The sampling is deterministic per target, so README's figures (the
+    // demo's: the same model, the same fanouts) are exactly these.
+    let readme = std::fs::read_to_string(tests::stack::repo_root().join("README.md")).unwrap();
+    let row = readme
+        .lines()
+        .find(|l| l.starts_with("| served test accuracy, fanouts [20,10] |"))
+        .expect("README.md's table of the demo's results");
+    let shown = format!(
+        "| {:.1}% (offline model {:.1}%;",
+        served * 100.0,
+        offline * 100.0
+    );
+    assert!(
+        row.contains(&shown),
+        "README.md says `{row}`; the served and offline accuracies are `{shown}`"
+    );
     assert!(stack.stop());
 }
 
