@@ -413,3 +413,105 @@ fn updates_md_gives_the_follower_s_xread_as_it_is() {
         assert_eq!(value, block_ms, "docs/updates.md's XREAD BLOCK");
     }
 }
+
+/// `<bin> <subcommands...> --help` texts along the path the words take,
+/// cached.
+fn help_along(
+    bin: &str,
+    words: &[&str],
+    cache: &mut std::collections::HashMap<Vec<String>, String>,
+) -> String {
+    let mut path: Vec<String> = Vec::new();
+    let mut all = String::new();
+    let mut words = words.iter();
+    loop {
+        let key: Vec<String> = std::iter::once(bin.to_string())
+            .chain(path.iter().cloned())
+            .collect();
+        let help = cache
+            .entry(key)
+            .or_insert_with(|| {
+                let out = Command::new(workspace_bin(bin))
+                    .args(&path)
+                    .arg("--help")
+                    .output()
+                    .unwrap();
+                String::from_utf8_lossy(&out.stdout).into_owned()
+            })
+            .clone();
+        all.push_str(&help);
+        let commands: BTreeSet<String> = help
+            .split("Commands:")
+            .nth(1)
+            .map(|c| {
+                c.split("Options:")
+                    .next()
+                    .unwrap()
+                    .lines()
+                    .filter_map(|l| l.split_whitespace().next())
+                    .map(str::to_string)
+                    .collect()
+            })
+            .unwrap_or_default();
+        match words.find(|w| commands.contains(**w)) {
+            Some(next) => path.push(next.to_string()),
+            None => return all,
+        }
+    }
+}
+
+#[test]
+fn every_command_a_doc_writes_uses_flags_the_command_has() {
+    // In prose (`sidecarctl graph add-node ID --features-file F`) and in
+    // blocks alike: a flag a command does not have is a copy that fails.
+    let mut cache = std::collections::HashMap::new();
+    let mut wrong = Vec::new();
+    let mut checked = 0;
+    for doc in documents() {
+        let text = read(&doc.to_string_lossy());
+        let mut commands: Vec<String> = spans(&text);
+        for fence in tests::docs::fences(&doc) {
+            if fence.lang == "sh" || fence.lang == "console" {
+                let joined = fence.body.replace("\\\n", " ");
+                commands.extend(joined.lines().map(|l| {
+                    l.trim_start_matches("$ ")
+                        .trim_start_matches("> ")
+                        .to_string()
+                }));
+            }
+        }
+        for command in commands {
+            let command = command.split(" #").next().unwrap_or_default();
+            // Each command of a line (`a && b`, `a | b`).
+            for part in command.split(['|', ';', '&', '(', ')']) {
+                let words: Vec<&str> = part.split_whitespace().collect();
+                let Some(bin) = words.first() else { continue };
+                if !["sidecar", "sidecarctl", "gnn-worker"].contains(bin) {
+                    continue;
+                }
+                let help = help_along(bin, &words[1..], &mut cache);
+                for flag in words[1..]
+                    .iter()
+                    .flat_map(|w| w.split(['[', ']', '=']))
+                    .filter(|w| w.starts_with("--") && w.len() > 2)
+                    .map(|w| w.trim_end_matches([',', '.', ')', '`', '"']))
+                {
+                    checked += 1;
+                    let known = help.match_indices(flag).any(|(at, _)| {
+                        let next = help[at + flag.len()..].chars().next();
+                        !next.is_some_and(|c| c.is_ascii_alphanumeric() || c == '-')
+                    });
+                    if !known {
+                        wrong.push(format!("{}: `{}`: {flag}", doc.display(), part.trim()));
+                    }
+                }
+            }
+        }
+    }
+    assert!(checked > 50, "only {checked} flags found");
+    assert!(
+        wrong.is_empty(),
+        "flags the docs give commands that do not have them:\n{}",
+        wrong.join("\n")
+    );
+}
