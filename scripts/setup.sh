@@ -15,7 +15,9 @@
 #   unit-tests the alert rules; a real server scrapes both daemons in a
 #   test), and kubernetes-client when no
 #   kubectl is on the PATH (`kubectl kustomize` renders k8s/),
-#   python3-venv where the system Python lacks the venv module;
+#   python3-venv where the system Python lacks the venv module, iproute2
+#   and util-linux (`ip`, `unshare`: the sandbox the docs' examples run in,
+#   docs/examples.md);
 # - a project-local Python venv in .venv with requirements.txt (numpy,
 #   pyarrow, onnx, onnxruntime: the model tooling, the Python side of the
 #   tests, and the ONNX Runtime library the worker loads; torch and
@@ -70,7 +72,7 @@ apt_install() {
     DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null
 }
 
-apt_install redis-server redis-tools clang libclang-dev openssl curl wrk protobuf-compiler podman runc prometheus
+apt_install redis-server redis-tools clang libclang-dev openssl curl wrk protobuf-compiler podman runc prometheus iproute2 util-linux
 if ! command -v kubectl >/dev/null 2>&1; then
     apt_install kubernetes-client
 fi

@@ -6,11 +6,16 @@ use std::path::{Path, PathBuf};
 
 use crate::stack::repo_root;
 
-/// The documents whose examples run in CI: README.md, ARCHITECTURE.md and
-/// every `docs/*.md`, relative to the repository root, sorted.
+/// The documents whose examples run in CI: README.md, ARCHITECTURE.md,
+/// the Python client's README and every `docs/*.md`, relative to the
+/// repository root, sorted.
 pub fn documents() -> Vec<PathBuf> {
     let root = repo_root();
-    let mut docs = vec![PathBuf::from("README.md"), PathBuf::from("ARCHITECTURE.md")];
+    let mut docs = vec![
+        PathBuf::from("README.md"),
+        PathBuf::from("ARCHITECTURE.md"),
+        PathBuf::from("clients/python/README.md"),
+    ];
     let mut more: Vec<PathBuf> = std::fs::read_dir(root.join("docs"))
         .expect("docs/")
         .flatten()
