@@ -515,3 +515,23 @@ fn every_command_a_doc_writes_uses_flags_the_command_has() {
         wrong.join("\n")
     );
 }
+
+#[test]
+fn the_ladder_s_rule_is_stated_as_the_worker_applies_it() {
+    // gnn-worker/src/ladder.rs: a rung's estimate must fit half the time
+    // left (its unit tests check the choice); both docs that state the rule
+    // say so.
+    let code = read("gnn-worker/src/ladder.rs");
+    assert!(code.contains("An estimate must fit half the time left."));
+    for doc in ["docs/serving.md", "docs/strategies.md"] {
+        let text = read(doc).replace('\n', " ");
+        assert!(
+            text.contains("estimate fits half"),
+            "{doc} does not say that a rung's estimate must fit half the time left"
+        );
+        assert!(
+            !text.contains("estimate fits the time left"),
+            "{doc} says a rung's estimate must fit the time left; it must fit half of it"
+        );
+    }
+}

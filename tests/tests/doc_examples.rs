@@ -660,16 +660,20 @@ fn every_example_of_the_docs_runs_and_shows_what_the_doc_shows() {
             });
         }
     });
+    // Written to stderr itself, past the test harness's capture: the
+    // examples not run here are listed on every run, passing or not.
     let n_run: usize = plan.steps.iter().map(|(_, s)| s.len()).sum();
-    eprintln!(
-        "{} examples: {} steps run, {} not run here:",
+    let mut summary = format!(
+        "doc examples: {} examples, {} run ({} steps), {} not run here:\n",
         plan.examples,
+        plan.examples - plan.not_run.len(),
         n_run,
         plan.not_run.len()
     );
     for (name, reason) in &plan.not_run {
-        eprintln!("  {name}: {reason}");
+        summary.push_str(&format!("  {name}: {reason}\n"));
     }
+    let _ = std::io::Write::write_all(&mut std::io::stderr().lock(), summary.as_bytes());
     let failures = failures.into_inner().unwrap();
     assert!(
         failures.is_empty(),
