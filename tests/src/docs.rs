@@ -97,3 +97,12 @@ pub fn fences(doc: &Path) -> Vec<Fence> {
     }
     found
 }
+
+/// Whether a `--help` text names `flag` as a word (`--batch` is not
+/// `--batch-size`).
+pub fn help_names_flag(help: &str, flag: &str) -> bool {
+    help.match_indices(flag).any(|(at, _)| {
+        let next = help[at + flag.len()..].chars().next();
+        !next.is_some_and(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_')
+    })
+}

@@ -497,11 +497,7 @@ fn every_command_a_doc_writes_uses_flags_the_command_has() {
                     .map(|w| w.trim_end_matches([',', '.', ')', '`', '"']))
                 {
                     checked += 1;
-                    let known = help.match_indices(flag).any(|(at, _)| {
-                        let next = help[at + flag.len()..].chars().next();
-                        !next.is_some_and(|c| c.is_ascii_alphanumeric() || c == '-')
-                    });
-                    if !known {
+                    if !tests::docs::help_names_flag(&help, flag) {
                         wrong.push(format!("{}: `{}`: {flag}", doc.display(), part.trim()));
                     }
                 }

@@ -15,7 +15,7 @@ use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
-use tests::docs::{documents, fences, Fence};
+use tests::docs::{documents, fences, help_names_flag, Fence};
 use tests::stack::{copy_dir, onnxruntime_lib, python, repo_root, run_ok, workspace_bin};
 
 /// The first line of a block that does not run here, before its reason.
@@ -562,8 +562,10 @@ fn run_document(doc: &Path, steps: &[Step], base: &Path, prepared: &Prepared) ->
                 }
             }
             Check::Names(flags) => {
-                let missing: Vec<&String> =
-                    flags.iter().filter(|f| !names_flag(&output, f)).collect();
+                let missing: Vec<&String> = flags
+                    .iter()
+                    .filter(|f| !help_names_flag(&output, f))
+                    .collect();
                 if !missing.is_empty() {
                     failures.push(format!(
                         "{}: `{}` does not know {missing:?}",
@@ -574,15 +576,6 @@ fn run_document(doc: &Path, steps: &[Step], base: &Path, prepared: &Prepared) ->
         }
     }
     failures
-}
-
-/// Whether a `--help` text names `flag` (as a word: `--batch` is not
-/// `--batch-size`).
-fn names_flag(help: &str, flag: &str) -> bool {
-    help.match_indices(flag).any(|(at, _)| {
-        let next = help[at + flag.len()..].chars().next();
-        !next.is_some_and(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_')
-    })
 }
 
 #[test]
@@ -600,8 +593,8 @@ fn the_output_matching_reads_shown_output_as_a_reader_does() {
         &lines("node 1 label ... by ..."),
         "node 1 label 3 by gnn"
     ));
-    assert!(names_flag("  --batch <N>\n", "--batch"));
-    assert!(!names_flag("  --batch-size <N>\n", "--batch"));
+    assert!(help_names_flag("  --batch <N>\n", "--batch"));
+    assert!(!help_names_flag("  --batch-size <N>\n", "--batch"));
 }
 
 #[test]
