@@ -417,7 +417,7 @@ fn driver(steps: &[Step], dir: &Path, prepared: &Prepared) -> String {
         s,
         r#"set -u
 OUT={out}
-ip link set lo up || exit 90
+PATH="$PATH:/usr/sbin:/sbin" ip link set lo up || exit 90
 for d in /dev/shm /tmp /run /var/lib; do mount -t tmpfs tmpfs "$d" || exit 91; done
 mount --bind {hosts} /etc/hosts || exit 92
 mkdir -p /run/gnn
