@@ -94,10 +94,12 @@ fn plan() -> Plan {
     plan
 }
 
+/// An example block read: its steps, or the reason it is not run here.
+type Example = Result<Vec<Step>, String>;
+
 /// `None`: not an example (a `text`, `toml` or `rust` block). `Some(Err)`:
 /// not run here, with the reason. `Err`: written wrong.
-#[allow(clippy::type_complexity)]
-fn steps_of(fence: &Fence) -> Result<Option<Result<Vec<Step>, String>>, String> {
+fn steps_of(fence: &Fence) -> Result<Option<Example>, String> {
     let interpreter = match fence.lang.as_str() {
         "sh" | "console" => "sh",
         "python" => "python",
