@@ -230,7 +230,17 @@ impl Manifest {
             reason,
         };
         let text = std::fs::read_to_string(&path).map_err(|e| error(e.to_string()))?;
-        let manifest: Manifest = serde_json::from_str(&text).map_err(|e| error(e.to_string()))?;
+        let value: serde_json::Value =
+            serde_json::from_str(&text).map_err(|e| error(e.to_string()))?;
+        if value.get("node_types").is_some() || value.get("edge_types").is_some() {
+            return Err(error(
+                "a model of a typed graph (node_types, edge_types: pyg_hetero.py wrote it): \
+                 this release serves models of one-type graphs only (docs/model.md, \
+                 \"Bring your own heterogeneous model\")"
+                    .into(),
+            ));
+        }
+        let manifest: Manifest = serde_json::from_value(value).map_err(|e| error(e.to_string()))?;
         if manifest.format_version != 1 {
             return Err(error(format!(
                 "format_version {} is not 1: export the model with this release's tooling",

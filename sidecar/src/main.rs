@@ -179,6 +179,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             redis_prefix,
             redis_ca,
         } => {
+            dataset::refuse_typed(&input)?;
             // Refused while a sidecar serves (or imports into) this directory.
             std::fs::create_dir_all(&data_dir)
                 .with_context(|| format!("creating the data directory {}", data_dir.display()))?;

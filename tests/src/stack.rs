@@ -28,7 +28,7 @@ pub fn repo_root() -> PathBuf {
 }
 
 /// A dataset the repository ships (`demo/data/<name>.tar.gz`: cora,
-/// citeseer, cora_ml), extracted once per test process into a temporary
+/// citeseer, cora_ml, openflights), extracted once per test process into a temporary
 /// directory: the tests need nothing beside the checkout.
 pub fn dataset(name: &str) -> PathBuf {
     static DIRS: Mutex<Option<HashMap<String, PathBuf>>> = Mutex::new(None);
@@ -40,7 +40,7 @@ pub fn dataset(name: &str) -> PathBuf {
     let archive = repo_root().join(format!("demo/data/{name}.tar.gz"));
     assert!(
         archive.is_file(),
-        "{} is missing: the repository ships cora, citeseer and cora_ml in demo/data",
+        "{} is missing: the repository ships cora, citeseer, cora_ml and openflights in demo/data",
         archive.display()
     );
     let out = process_dir(&format!("shipped-{name}"));
