@@ -2,7 +2,8 @@
 //! 1. index build rate (input edges/s) on a seeded R-MAT graph of 1M nodes
 //!    and 50M edges plus a super node of 999 999 distinct neighbours;
 //! 2. sampling throughput (targets/s) at fanouts [20, 10], batches of 64
-//!    uniformly random targets, one thread;
+//!    uniformly random targets, one thread, in the dense layout and in the
+//!    subgraph layout (the typed sampler's one-type case);
 //! 3. per-target sampling latency of the super node against ordinary nodes
 //!    (degree 20 to 60), interleaved, p50 and p99.
 //!
@@ -18,6 +19,7 @@ use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 use sidecar::graph::dataset::{import_graph, INDEX_FILE};
 use sidecar::graph::generate::{generate, GenerateOptions};
+use sidecar::graph::sampler::SubgraphLimits;
 use sidecar::graph::{CsrIndex, Sampler};
 
 fn main() -> anyhow::Result<()> {
@@ -71,6 +73,22 @@ fn main() -> anyhow::Result<()> {
     }
     let secs = started.elapsed().as_secs_f64();
     let throughput = (batches * 64) as f64 / secs;
+    let mut rng = SmallRng::seed_from_u64(2);
+    let fanouts = protocol::request::SubgraphFanouts::new(&[20, 10]).expect("two hops");
+    let limits = SubgraphLimits {
+        max_nodes: usize::MAX,
+        max_edges: usize::MAX,
+    };
+    let mut subgraph_rows = 0usize;
+    let started = Instant::now();
+    for b in 0..batches {
+        for t in targets.iter_mut() {
+            *t = rng.random_range(0..u64::from(index.n_nodes()));
+        }
+        let sample = sampler.sample_subgraph(&index, &targets, fanouts, b, limits, &[]);
+        subgraph_rows += sample.expect("no limits").nodes.len();
+    }
+    let subgraph_throughput = (batches * 64) as f64 / started.elapsed().as_secs_f64();
 
     // 3. Super node vs ordinary nodes, interleaved.
     let ordinary: Vec<u64> = (1..index.n_nodes())
@@ -108,6 +126,11 @@ fn main() -> anyhow::Result<()> {
         "sampling [20, 10], batches of 64 random targets: {:.0} targets/s ({:.1} unique rows per batch)",
         throughput,
         rows as f64 / batches as f64
+    );
+    println!(
+        "sampling [20, 10] in the subgraph layout, the same batches: {:.0} targets/s ({:.1} unique rows per batch)",
+        subgraph_throughput,
+        subgraph_rows as f64 / batches as f64
     );
     println!(
         "{:<40} {:>10} {:>10}",

@@ -10,7 +10,7 @@ use daemon_kit::config::{ConfigError, Layered};
 use sidecar::config::{ServeConfig, ServeFlags, SPEC};
 use sidecar::features::import;
 use sidecar::features::redis_tier::RedisConfig;
-use sidecar::graph::{dataset, generate};
+use sidecar::graph::{dataset, generate, typed};
 use sidecar::serve;
 
 /// The feature-prefetching sidecar for GNN serving.
@@ -179,11 +179,40 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             redis_prefix,
             redis_ca,
         } => {
-            dataset::refuse_typed(&input)?;
+            let typed = typed::is_typed_dataset(&input);
+            if typed && (undirected || !redis.is_empty()) {
+                anyhow::bail!(
+                    "{} is a typed dataset: leave out --undirected (a relation's reverse is an \
+                     edge type of its own) and --redis (this release imports a typed graph's \
+                     index, not its features)",
+                    input.display()
+                );
+            }
             // Refused while a sidecar serves (or imports into) this directory.
             std::fs::create_dir_all(&data_dir)
                 .with_context(|| format!("creating the data directory {}", data_dir.display()))?;
             let _lock = sidecar::data_dir::DataDirLock::acquire(&data_dir)?;
+            if typed {
+                let done = typed::import_typed(&input, &data_dir, graph_version)?;
+                for (edge_type, stats) in done.schema.edge_types.iter().zip(&done.edge_types) {
+                    println!(
+                        "edge type {}: {} edges ({} duplicates and {} self loops dropped)",
+                        edge_type.key(),
+                        stats.n_edges,
+                        stats.duplicates_dropped,
+                        stats.self_loops_dropped
+                    );
+                }
+                println!(
+                    "typed graph index {}: {} node types, {} edge types in {:.2} s; the \
+                     features of a typed dataset are not imported by this release",
+                    data_dir.join(typed::TYPED_DIR).display(),
+                    done.schema.node_types.len(),
+                    done.schema.edge_types.len(),
+                    done.seconds
+                );
+                return Ok(());
+            }
             let stats = dataset::import_graph(&input, &data_dir, undirected, graph_version)?;
             println!(
                 "graph index {}: {} nodes, {} edges ({} duplicates and {} self loops dropped) \

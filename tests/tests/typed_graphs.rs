@@ -1,6 +1,6 @@
-//! Typed (heterogeneous) graphs, the first part: the shipped OpenFlights
-//! dataset in the typed layout (docs/graph-index.md, "Typed datasets") and
-//! the PyG tooling for heterogeneous models (`gnn-worker/model/pyg_hetero.py`,
+//! Typed (heterogeneous) graphs: the shipped OpenFlights dataset in the
+//! typed layout (docs/graph-index.md, "Typed datasets"; its index and
+//! sampler are sidecar/tests/typed_index.rs) and the PyG tooling for heterogeneous models (`gnn-worker/model/pyg_hetero.py`,
 //! docs/model.md, "Bring your own heterogeneous model"). Every model the
 //! tooling writes is run here by the ONNX Runtime the worker links, fed by
 //! the documented input names from the dataset's own files, and must give
@@ -188,29 +188,6 @@ fn the_typed_layout_holds_what_its_meta_says() {
             "unlabelled exactly when in no split"
         );
     }
-}
-
-#[test]
-fn sidecar_import_refuses_a_typed_dataset_by_name_and_writes_nothing() {
-    let data_dir = process_dir("typed-import").join("data");
-    let output = Command::new(workspace_bin("sidecar"))
-        .arg("import")
-        .arg(openflights())
-        .arg("--data-dir")
-        .arg(&data_dir)
-        .output()
-        .expect("running sidecar import");
-    let stderr = String::from_utf8_lossy(&output.stderr);
-    assert!(!output.status.success());
-    assert!(
-        stderr.contains("is a typed dataset (4 node types, 9 edge types)")
-            && stderr.contains("pyg_hetero.py"),
-        "{stderr}"
-    );
-    assert!(
-        !data_dir.exists(),
-        "the refused import created its data directory"
-    );
 }
 
 /// A model trained and exported by `pyg_hetero.py train` on OpenFlights.

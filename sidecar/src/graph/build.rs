@@ -24,7 +24,7 @@ use memmap2::MmapMut;
 use xxhash_rust::xxh3::xxh3_64;
 
 use crate::graph::format::{
-    CsrHeader, StreamPosition, FLAG_KNOWN_BITMAP, FLAG_UNDIRECTED, HEADER_BYTES,
+    CsrHeader, StreamPosition, FLAG_KNOWN_BITMAP, FLAG_TYPED, FLAG_UNDIRECTED, HEADER_BYTES,
 };
 
 /// Edges read per chunk (8 MB of u32 pairs).
@@ -108,6 +108,20 @@ pub struct BuildOptions {
     pub position: StreamPosition,
     pub consumed: u64,
     pub generation: u64,
+    /// One edge type of a typed graph: rows are the destinations (the edge
+    /// file's `n_nodes`, which must be given, is the destination type's
+    /// count), indices the sources (format's `FLAG_TYPED`).
+    pub typed: Option<TypedEdges>,
+}
+
+/// The source side of a typed edge type's build.
+#[derive(Debug, Clone, Copy)]
+pub struct TypedEdges {
+    /// The source type's node count: every source id is below it.
+    pub n_src: u64,
+    /// Source and destination are one type: self loops are dropped, as the
+    /// one-type index drops them.
+    pub same_type: bool,
 }
 
 /// What a build produced.
@@ -172,6 +186,11 @@ pub fn text_to_binary(text: &Path, out: &Path) -> anyhow::Result<u64> {
 /// Builds the CSR index at `out` from `edges`.
 pub fn build(edges: &EdgeFile, out: &Path, options: &BuildOptions) -> anyhow::Result<BuildStats> {
     let started = Instant::now();
+    ensure!(
+        options.typed.is_none() || edges.n_nodes.is_some() && !options.undirected,
+        "an edge type of a typed graph is built with its destination type's count, and not \
+         undirected (its reverse is an edge type of its own)"
+    );
     // Pass 1: degrees.
     let declared = edges.n_nodes.unwrap_or(0);
     ensure!(
@@ -186,8 +205,23 @@ pub fn build(edges: &EdgeFile, out: &Path, options: &BuildOptions) -> anyhow::Re
     let mut input_edges = 0u64;
     let mut too_large: Option<u32> = None;
     let mut unallocatable: Option<u32> = None;
+    let mut source_too_large: Option<u32> = None;
     edges.for_each_chunk("counting degrees", |pairs| {
         input_edges += pairs.len() as u64;
+        if let Some(typed) = options.typed {
+            // Rows are destinations, below the declared count; sources are
+            // ids of their own type.
+            for &[src, dst] in pairs {
+                if u64::from(src) >= typed.n_src {
+                    source_too_large.get_or_insert(src);
+                } else if let Some(degree) = degrees.get_mut(dst as usize) {
+                    *degree += 1;
+                } else {
+                    too_large.get_or_insert(dst);
+                }
+            }
+            return;
+        }
         for &[src, dst] in pairs {
             let high = src.max(dst) as usize;
             if high >= degrees.len() {
@@ -211,6 +245,19 @@ pub fn build(edges: &EdgeFile, out: &Path, options: &BuildOptions) -> anyhow::Re
             }
         }
     })?;
+    if let (Some(id), Some(typed)) = (source_too_large, options.typed) {
+        bail!(
+            "edge source {id} is not below the source type's num_nodes {}; fix meta.json or the \
+             edges",
+            typed.n_src
+        );
+    }
+    if let (Some(id), Some(_)) = (too_large, options.typed) {
+        bail!(
+            "edge destination {id} is not below the destination type's num_nodes {declared}; fix \
+             meta.json or the edges"
+        );
+    }
     if let Some(id) = too_large {
         match edges.n_nodes {
             Some(n) => bail!(
@@ -307,6 +354,10 @@ pub fn build(edges: &EdgeFile, out: &Path, options: &BuildOptions) -> anyhow::Re
                     _ => changed = true,
                 }
             };
+            if options.typed.is_some() {
+                place(dst, src);
+                continue;
+            }
             place(src, dst);
             if options.undirected {
                 place(dst, src);
@@ -325,6 +376,7 @@ pub fn build(edges: &EdgeFile, out: &Path, options: &BuildOptions) -> anyhow::Re
     );
 
     // Sort, dedup, drop self loops, compact rows towards the front.
+    let drop_loops = options.typed.is_none_or(|typed| typed.same_type);
     let mut write = 0usize;
     let mut self_loops = 0u64;
     let mut read_start = 0usize;
@@ -337,7 +389,7 @@ pub fn build(edges: &EdgeFile, out: &Path, options: &BuildOptions) -> anyhow::Re
         for i in 0..row.len() {
             // Reads index i, writes index kept <= i: in place.
             let v = row[i];
-            if v as usize == node {
+            if drop_loops && v as usize == node {
                 self_loops += 1;
                 continue;
             }
@@ -366,6 +418,9 @@ pub fn build(edges: &EdgeFile, out: &Path, options: &BuildOptions) -> anyhow::Re
     } else {
         0
     };
+    if options.typed.is_some() {
+        flags |= FLAG_TYPED;
+    }
     if let Some(known) = &options.known {
         flags |= FLAG_KNOWN_BITMAP;
         let start = CsrHeader::known_offset(n_nodes, n_edges) as usize;
@@ -385,6 +440,7 @@ pub fn build(edges: &EdgeFile, out: &Path, options: &BuildOptions) -> anyhow::Re
         position: options.position,
         generation: options.generation,
         consumed: options.consumed,
+        n_src: options.typed.map_or(0, |typed| typed.n_src),
     };
     map[..HEADER_BYTES].copy_from_slice(&header.encode());
     map.flush()?;

@@ -27,38 +27,6 @@ impl DatasetMeta {
     }
 }
 
-/// What tells a typed dataset (docs/graph-index.md, "Typed datasets") from
-/// a one-type one: its `meta.json` lists node types and edge types.
-#[derive(Debug, Clone, Deserialize)]
-struct TypedSummary {
-    node_types: Vec<serde_json::Value>,
-    edge_types: Vec<serde_json::Value>,
-}
-
-impl TypedSummary {
-    /// The typed layout's lists, if `dir`'s meta.json has them.
-    fn read(dir: &Path) -> Option<Self> {
-        let text = std::fs::read_to_string(dir.join("meta.json")).ok()?;
-        serde_json::from_str(&text).ok()
-    }
-}
-
-/// Refuses a typed dataset, which this release does not import, by name and
-/// before anything is written.
-pub fn refuse_typed(input: &Path) -> anyhow::Result<()> {
-    if let Some(typed) = TypedSummary::read(input) {
-        bail!(
-            "{} is a typed dataset ({} node types, {} edge types): this release imports \
-             one-type datasets only; train and check models on it with \
-             gnn-worker/model/pyg_hetero.py (docs/graph-index.md, \"Typed datasets\")",
-            input.display(),
-            typed.node_types.len(),
-            typed.edge_types.len()
-        );
-    }
-    Ok(())
-}
-
 /// File name of the graph index inside a data directory.
 pub const INDEX_FILE: &str = "graph.csr";
 
@@ -81,7 +49,13 @@ pub fn import_graph(
     };
     if input.is_dir() {
         let edges_path = input.join("edges.u32");
-        refuse_typed(input)?;
+        if crate::graph::typed::is_typed_dataset(input) {
+            bail!(
+                "{} is a typed dataset (meta.json lists node_types and edge_types): \
+                 graph::typed::import_typed imports it, not as a one-type graph",
+                input.display()
+            );
+        }
         if !edges_path.is_file() {
             bail!(
                 "{} is a directory without edges.u32: give a dataset directory \

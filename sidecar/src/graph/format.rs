@@ -4,7 +4,8 @@
 //! offset  size        field
 //! 0       8           magic "GNNCSR\0\0"
 //! 8       4           version (1)
-//! 12      4           flags (bit 0: built with --undirected, informational; bit 1: known-node bitmap)
+//! 12      4           flags (bit 0: built with --undirected, informational; bit 1: known-node bitmap;
+//!                     bit 2: one edge type of a typed graph)
 //! 16      8           n_nodes
 //! 24      8           n_edges
 //! 32      8           graph_version
@@ -17,10 +18,11 @@
 //! 88      8           update position, sequence part
 //! 96      8           generation: updates applied to the graph since its import
 //! 104     8           stream entries consumed up to the update position
-//! 112     8           reserved (zero)
+//! 112     8           n_src: with flag bit 2, the source type's node count; otherwise zero
 //! 120     8           header_checksum: xxh3-64 of bytes [0, 120)
 //! 128     8 (n+1)     indptr: u64, indptr[0] = 0, non-decreasing, indptr[n] = n_edges
-//! ...     4 n_edges   indices: u32 neighbour ids < n_nodes, each row sorted, unique, no self loop
+//! ...     4 n_edges   indices: u32 neighbour ids < n_nodes (< n_src with flag bit 2), each row
+//!                     sorted, unique, no self loop (with flag bit 2: none checked)
 //! ...     8 ceil(n/64) with flag bit 1 only, at known_offset (indices end rounded up
 //!                     to 8): bit i of word i/64 set when node i is known
 //! ```
@@ -33,6 +35,15 @@
 //! bitmap, so the ids in between stay unknown. The update position is the
 //! last entry of the update stream (docs/updates.md) whose changes the file
 //! holds; the generation counts updates applied since the import.
+//!
+//! With flag bit 2 the file is one edge type `(src, relation, dst)` of a
+//! typed graph (docs/graph-index.md, "Typed datasets"): row `v` lists the
+//! sources of destination node `v` (PyG's direction: a message goes from a
+//! source to `v`, and sampling for `v` draws among them), `n_nodes` is the
+//! destination type's count and `n_src` the source type's. A same-type
+//! relation's self loops are dropped by the builder as the one-type index
+//! drops them; between two types an equal id is no loop, so the reader
+//! does not check for one. Such a file has no known-node bitmap.
 
 use std::ops::Range;
 
@@ -44,6 +55,9 @@ pub const HEADER_BYTES: usize = 128;
 pub const FLAG_UNDIRECTED: u32 = 1;
 /// The file carries a bitmap of known nodes (some ids below n_nodes are not).
 pub const FLAG_KNOWN_BITMAP: u32 = 2;
+/// The file is one edge type of a typed graph: rows are destination nodes,
+/// indices source ids below `n_src`.
+pub const FLAG_TYPED: u32 = 4;
 
 /// A position in the update stream: a Redis Stream entry id `ms-seq`.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -88,6 +102,9 @@ pub struct CsrHeader {
     /// with Redis's count of entries ever added, tells whether any entry
     /// after `position` was deleted.
     pub consumed: u64,
+    /// With [`FLAG_TYPED`]: the source type's node count (indices are below
+    /// it); 0 otherwise.
+    pub n_src: u64,
 }
 
 /// Why a CSR file was refused.
@@ -146,6 +163,21 @@ impl CsrHeader {
         self.flags & FLAG_KNOWN_BITMAP != 0
     }
 
+    /// One edge type of a typed graph ([`FLAG_TYPED`]).
+    pub fn is_typed(&self) -> bool {
+        self.flags & FLAG_TYPED != 0
+    }
+
+    /// The bound of the indices: `n_src` for an edge type of a typed
+    /// graph, `n_nodes` otherwise.
+    pub fn source_count(&self) -> u64 {
+        if self.is_typed() {
+            self.n_src
+        } else {
+            self.n_nodes
+        }
+    }
+
     fn own_file_bytes(&self) -> u64 {
         Self::file_bytes(self.n_nodes, self.n_edges, self.has_known_bitmap())
     }
@@ -173,6 +205,7 @@ impl CsrHeader {
         out[88..96].copy_from_slice(&self.position.seq.to_le_bytes());
         out[96..104].copy_from_slice(&self.generation.to_le_bytes());
         out[104..112].copy_from_slice(&self.consumed.to_le_bytes());
+        out[112..120].copy_from_slice(&self.n_src.to_le_bytes());
         let header_checksum = xxh3_64(&out[..120]);
         out[120..128].copy_from_slice(&header_checksum.to_le_bytes());
         out
@@ -225,9 +258,20 @@ impl CsrHeader {
             },
             generation: u64_at(96),
             consumed: u64_at(104),
+            n_src: u64_at(112),
         };
-        if header.flags & !(FLAG_UNDIRECTED | FLAG_KNOWN_BITMAP) != 0 {
+        if header.flags & !(FLAG_UNDIRECTED | FLAG_KNOWN_BITMAP | FLAG_TYPED) != 0 {
             return Err(corrupt(format!("unknown flags {:#x}", header.flags)));
+        }
+        if header.is_typed() && header.has_known_bitmap()
+            || !header.is_typed() && header.n_src != 0
+            || header.n_src > u64::from(u32::MAX)
+        {
+            return Err(corrupt(format!(
+                "flags {:#x} with n_src {}: an edge type of a typed graph has a source count \
+                 below 2^32 and no known-node bitmap; another file has no source count",
+                header.flags, header.n_src
+            )));
         }
         if header.n_nodes > u64::from(u32::MAX) || header.n_edges > u64::MAX / 8 {
             return Err(corrupt(format!(

@@ -75,9 +75,16 @@ impl CsrIndex {
             return Err(corrupt("indptr decreases".into()));
         }
         let n = self.header.n_nodes as u32;
+        let bound = self.header.source_count();
+        // Between two types an equal id is no loop (module doc of format).
+        let loops_checked = !self.header.is_typed();
         for node in 0..n {
             let row = self.neighbors(node);
-            if row.iter().any(|&v| v >= n || v == node) || row.windows(2).any(|w| w[0] >= w[1]) {
+            if row
+                .iter()
+                .any(|&v| u64::from(v) >= bound || loops_checked && v == node)
+                || row.windows(2).any(|w| w[0] >= w[1])
+            {
                 return Err(corrupt(format!(
                     "row of node {node} has an id out of range, a self loop, or is not sorted and unique"
                 )));

@@ -725,6 +725,7 @@ fn write_compacted(snapshot: &GraphSnapshot, index_path: &Path) -> anyhow::Resul
                 position: snapshot.position,
                 consumed: snapshot.consumed,
                 generation: snapshot.generation,
+                typed: None,
             },
         )
     });

@@ -9,7 +9,8 @@
 //! - [`live`]: the served graph, base + added nodes and edges, switched
 //!   atomically, and its compaction;
 //! - [`generate`]: seeded R-MAT graphs with planted super nodes;
-//! - [`changes`]: the change clock that tells stored answers fresh or stale.
+//! - [`changes`]: the change clock that tells stored answers fresh or stale;
+//! - [`typed`]: typed graphs, one index per edge type, and their import.
 
 pub mod build;
 pub mod changes;
@@ -20,10 +21,14 @@ pub mod generate;
 pub mod index;
 pub mod live;
 pub mod sampler;
+pub mod typed;
 
 pub use build::{BuildOptions, BuildStats};
 pub use changes::Changes;
 pub use format::{CsrHeader, FormatError, StreamPosition};
 pub use index::CsrIndex;
 pub use live::{GraphSnapshot, GraphUpdate, LiveGraph, UpdateStats};
-pub use sampler::{NeighborSource, Sampled, Sampler};
+pub use sampler::{
+    NeighborSource, Sampled, Sampler, TypedFanouts, TypedNeighborSource, TypedSampled,
+};
+pub use typed::{TypedGraph, TypedSchema};

@@ -123,7 +123,110 @@ impl Sampled {
 #[derive(Debug, Default)]
 pub struct Sampler {
     rows: FxHashMap<u64, i32>,
+    /// Per node type: each sampled node's row, in the typed sampler.
+    typed_rows: Vec<FxHashMap<u64, i32>>,
     picked: Vec<u32>,
+}
+
+/// Read access to a typed graph: for each edge type `(src, relation, dst)`
+/// (by index), each `dst` node's sources by index, as the typed index keeps
+/// them (docs/graph-index.md, "Typed datasets").
+pub trait TypedNeighborSource {
+    fn n_node_types(&self) -> usize;
+    /// Each edge type's (source type, destination type).
+    fn edge_types(&self) -> &[(usize, usize)];
+    /// Whether `node` is a node of `node_type`.
+    fn is_node(&self, node_type: usize, node: u64) -> bool;
+    /// How many sources `node` has; `None` when it is not a node of the
+    /// edge type's `dst` type.
+    fn degree(&self, edge_type: usize, node: u64) -> Option<u32>;
+    /// Its `i`-th source (`i < degree`).
+    fn neighbor(&self, edge_type: usize, node: u64, i: u32) -> u64;
+}
+
+/// A one-type graph as a typed one: one node type, one edge type whose
+/// sources of a node are its neighbours.
+struct OneType<'a, G>(&'a G);
+
+impl<G: NeighborSource> TypedNeighborSource for OneType<'_, G> {
+    fn n_node_types(&self) -> usize {
+        1
+    }
+
+    fn edge_types(&self) -> &[(usize, usize)] {
+        &[(0, 0)]
+    }
+
+    fn is_node(&self, _: usize, node: u64) -> bool {
+        self.0.degree(node).is_some()
+    }
+
+    fn degree(&self, _: usize, node: u64) -> Option<u32> {
+        self.0.degree(node)
+    }
+
+    fn neighbor(&self, _: usize, node: u64, i: u32) -> u64 {
+        self.0.neighbor(node, i)
+    }
+}
+
+/// Mixed into the batch seed per edge type (times its index: edge type 0,
+/// the one-type case, keeps the batch seed).
+const EDGE_TYPE_SALT: u64 = 0xd6e8_feb8_6659_fd93;
+
+/// Fanouts of a typed sample: for each edge type, one per hop (1 to
+/// [`protocol::layout::MAX_SUBGRAPH_HOPS`]), 0 for "not at this hop".
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TypedFanouts {
+    hops: usize,
+    /// Edge type `e`, hop `h` at `e * hops + h`.
+    fanouts: Vec<u32>,
+}
+
+impl TypedFanouts {
+    /// `None` unless `hops` is 1 to the most hops a subgraph has and
+    /// `fanouts` holds `hops` values per edge type.
+    pub fn new(hops: usize, fanouts: Vec<u32>) -> Option<Self> {
+        let valid = (1..=protocol::layout::MAX_SUBGRAPH_HOPS).contains(&hops)
+            && fanouts.len().is_multiple_of(hops);
+        valid.then_some(Self { hops, fanouts })
+    }
+
+    pub fn hops(&self) -> usize {
+        self.hops
+    }
+
+    pub fn n_edge_types(&self) -> usize {
+        self.fanouts.len() / self.hops
+    }
+
+    /// Edge type `edge_type`'s fanout at `hop`.
+    pub fn get(&self, edge_type: usize, hop: usize) -> u32 {
+        self.fanouts[edge_type * self.hops + hop]
+    }
+}
+
+/// One typed sample (see [`Sampler::sample_typed`]).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct TypedSampled {
+    /// Per node type: its unique node ids, in row order.
+    pub nodes: Vec<Vec<u64>>,
+    /// Per target: `OK`, `UNKNOWN_NODE` or `FRESH`.
+    pub status: Vec<u8>,
+    /// Per target: its row in the target type ([`NO_ROW`] when fresh).
+    pub target_row: Vec<i32>,
+    /// Per edge type: each edge's source row (in the source type).
+    pub edge_src: Vec<Vec<i64>>,
+    /// Per edge type: each edge's destination row (in the destination type).
+    pub edge_dst: Vec<Vec<i64>>,
+    /// Per node type: the nodes first reached at each hop (hop 0: the
+    /// unique targets), hops + 1 counts (PyG's `num_sampled_nodes_dict`).
+    pub sampled_nodes: Vec<Vec<i64>>,
+    /// Per edge type: the edges sampled at each hop (PyG's
+    /// `num_sampled_edges_dict`).
+    pub sampled_edges: Vec<Vec<i64>>,
+    /// Random draws and set probes spent.
+    pub work: u64,
 }
 
 impl Sampler {
@@ -195,64 +298,157 @@ impl Sampler {
         limits: SubgraphLimits,
         fresh: &[bool],
     ) -> Result<Sampled, SubgraphTooLarge> {
-        let n = targets.len();
-        let mut out = Sampled {
+        // The one-type case of the typed sampler: one node type, one edge
+        // type whose sources of a node are its neighbours.
+        let typed_fanouts = TypedFanouts::new(fanouts.hops(), fanouts.as_slice().to_vec())
+            .expect("one fanout per hop of one edge type");
+        let mut typed = self.sample_typed(
+            &OneType(graph),
+            0,
+            targets,
+            &typed_fanouts,
+            seed,
+            limits,
+            fresh,
+        )?;
+        let take = |v: &mut Vec<Vec<i64>>| std::mem::take(&mut v[0]);
+        Ok(Sampled {
             fanouts: [
                 fanouts.as_slice()[0],
                 fanouts.as_slice().get(1).copied().unwrap_or(0),
             ],
-            nodes: Vec::with_capacity(n * 16),
-            status: Vec::with_capacity(n),
-            target_row: Vec::with_capacity(n),
+            nodes: std::mem::take(&mut typed.nodes[0]),
+            status: typed.status,
+            target_row: typed.target_row,
+            work: typed.work,
             subgraph: Some(fanouts),
+            edge_src: take(&mut typed.edge_src),
+            edge_dst: take(&mut typed.edge_dst),
+            sampled_nodes: take(&mut typed.sampled_nodes),
+            sampled_edges: take(&mut typed.sampled_edges),
             ..Sampled::default()
+        })
+    }
+
+    /// Samples a typed subgraph as PyG's `NeighborLoader` samples a
+    /// `HeteroData` for seeds of one node type (`target_type`): per node
+    /// type its unique nodes (the targets first in theirs, then each hop's
+    /// newly reached nodes), per edge type its edges in local ids. Each
+    /// hop, every edge type `(src, relation, dst)` in the graph's order
+    /// draws, for each `dst` node the hop before reached (in row order), up
+    /// to its fanout at that hop of the node's sources, uniformly without
+    /// replacement ([`pick`], O(fanout)); a fanout of 0 draws nothing. A
+    /// node's draws for an edge type come from a generator seeded by
+    /// `seed`, the edge type and the node's id alone (edge type 0: the
+    /// one-type sampler's seed). Targets as in
+    /// [`Sampler::sample_subgraph`] (unknown: a row and no edges; fresh: no
+    /// row). Stops, with what outgrew, once the nodes of all types or the
+    /// edges of all types pass `limits`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn sample_typed(
+        &mut self,
+        graph: &impl TypedNeighborSource,
+        target_type: usize,
+        targets: &[u64],
+        fanouts: &TypedFanouts,
+        seed: u64,
+        limits: SubgraphLimits,
+        fresh: &[bool],
+    ) -> Result<TypedSampled, SubgraphTooLarge> {
+        let ends = graph.edge_types();
+        let n_types = graph.n_node_types();
+        assert_eq!(
+            fanouts.n_edge_types(),
+            ends.len(),
+            "one fanout list per edge type"
+        );
+        let mut out = TypedSampled {
+            nodes: vec![Vec::new(); n_types],
+            status: Vec::with_capacity(targets.len()),
+            target_row: Vec::with_capacity(targets.len()),
+            edge_src: vec![Vec::new(); ends.len()],
+            edge_dst: vec![Vec::new(); ends.len()],
+            sampled_nodes: vec![Vec::with_capacity(fanouts.hops() + 1); n_types],
+            sampled_edges: vec![Vec::with_capacity(fanouts.hops()); ends.len()],
+            work: 0,
         };
-        self.rows.clear();
-        let rows = &mut self.rows;
+        out.nodes[target_type].reserve(targets.len() * 16);
+        self.typed_rows.resize_with(n_types, FxHashMap::default);
+        for rows in &mut self.typed_rows {
+            rows.clear();
+        }
+        let rows = &mut self.typed_rows;
         for (t, &target) in targets.iter().enumerate() {
             if fresh.get(t) == Some(&true) {
                 out.target_row.push(NO_ROW);
                 out.status.push(target_status::FRESH);
                 continue;
             }
-            out.target_row.push(row_in(rows, &mut out.nodes, target));
-            out.status.push(match graph.degree(target) {
-                None => target_status::UNKNOWN_NODE,
-                Some(_) => target_status::OK,
+            out.target_row.push(row_in(
+                &mut rows[target_type],
+                &mut out.nodes[target_type],
+                target,
+            ));
+            out.status.push(if graph.is_node(target_type, target) {
+                target_status::OK
+            } else {
+                target_status::UNKNOWN_NODE
             });
         }
-        out.sampled_nodes.push(out.nodes.len() as i64);
-        let mut begin = 0;
-        for &fanout in fanouts.as_slice() {
-            let end = out.nodes.len();
-            let edges_before = out.edge_src.len();
-            for local in begin..end {
-                let node = out.nodes[local];
-                let Some(degree) = graph.degree(node) else {
-                    continue;
-                };
-                let mut rng = SmallRng::seed_from_u64(target_seed(seed, node));
-                out.work += pick(&mut rng, degree, fanout, &mut self.picked);
-                for &i in &self.picked {
-                    let row = row_in(rows, &mut out.nodes, graph.neighbor(node, i));
-                    out.edge_src.push(i64::from(row));
-                    out.edge_dst.push(local as i64);
-                }
-                if out.nodes.len() > limits.max_nodes {
-                    return Err(SubgraphTooLarge::Nodes {
-                        max_nodes: limits.max_nodes,
-                    });
-                }
-                if out.edge_src.len() > limits.max_edges {
-                    return Err(SubgraphTooLarge::Edges {
-                        max_edges: limits.max_edges,
-                    });
-                }
+        let mut n_nodes: usize = 0;
+        let mut n_edges: usize = 0;
+        let mut frontier = Vec::with_capacity(n_types);
+        for (t, nodes) in out.nodes.iter().enumerate() {
+            out.sampled_nodes[t].push(nodes.len() as i64);
+            frontier.push(0..nodes.len());
+            n_nodes += nodes.len();
+        }
+        let mut before = vec![0usize; n_types];
+        for hop in 0..fanouts.hops() {
+            for (t, nodes) in out.nodes.iter().enumerate() {
+                before[t] = nodes.len();
             }
-            out.sampled_nodes.push((out.nodes.len() - end) as i64);
-            out.sampled_edges
-                .push((out.edge_src.len() - edges_before) as i64);
-            begin = end;
+            for (e, &(src, dst)) in ends.iter().enumerate() {
+                let fanout = fanouts.get(e, hop);
+                let edges_before = out.edge_src[e].len();
+                let salted = seed ^ (e as u64).wrapping_mul(EDGE_TYPE_SALT);
+                for local in frontier[dst].clone() {
+                    if fanout == 0 {
+                        break;
+                    }
+                    let node = out.nodes[dst][local];
+                    let Some(degree) = graph.degree(e, node) else {
+                        continue;
+                    };
+                    let mut rng = SmallRng::seed_from_u64(target_seed(salted, node));
+                    out.work += pick(&mut rng, degree, fanout, &mut self.picked);
+                    let (rows, nodes) = (&mut rows[src], &mut out.nodes[src]);
+                    let (sources, destinations) = (&mut out.edge_src[e], &mut out.edge_dst[e]);
+                    let added_before = nodes.len();
+                    for &i in &self.picked {
+                        let row = row_in(rows, nodes, graph.neighbor(e, node, i));
+                        sources.push(i64::from(row));
+                        destinations.push(local as i64);
+                    }
+                    n_nodes += nodes.len() - added_before;
+                    n_edges += self.picked.len();
+                    if n_nodes > limits.max_nodes {
+                        return Err(SubgraphTooLarge::Nodes {
+                            max_nodes: limits.max_nodes,
+                        });
+                    }
+                    if n_edges > limits.max_edges {
+                        return Err(SubgraphTooLarge::Edges {
+                            max_edges: limits.max_edges,
+                        });
+                    }
+                }
+                out.sampled_edges[e].push((out.edge_src[e].len() - edges_before) as i64);
+            }
+            for (t, nodes) in out.nodes.iter().enumerate() {
+                out.sampled_nodes[t].push((nodes.len() - before[t]) as i64);
+                frontier[t] = before[t]..nodes.len();
+            }
         }
         Ok(out)
     }

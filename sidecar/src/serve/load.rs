@@ -154,6 +154,15 @@ struct OpenGraph {
 fn open_graph(daemon: &Daemon) -> anyhow::Result<OpenGraph> {
     let config = &daemon.config;
     let index_path = config.data_dir.join(dataset::INDEX_FILE);
+    let typed = config.data_dir.join(crate::graph::typed::TYPED_DIR);
+    if !index_path.exists() && typed.is_dir() {
+        anyhow::bail!(
+            "{} holds a typed graph ({}): this release imports typed graphs but serves one-type \
+             graphs only (docs/graph-index.md, \"Typed index\")",
+            config.data_dir.display(),
+            typed.display()
+        );
+    }
     let index = CsrIndex::open(&index_path).with_context(|| {
         format!(
             "opening the graph index {}: run `sidecar import <dataset> --data-dir {}` first",

@@ -1,0 +1,411 @@
+//! Typed (heterogeneous) graphs: node types, each its own id space, and
+//! edge types `(src, relation, dst)`, one CSR file per edge type whose row
+//! `v` lists the sources of destination node `v` (the format's typed flag;
+//! docs/graph-index.md, "Typed datasets" and "Typed index").
+//!
+//! In a data directory the typed index is the folder `typed-graph/`:
+//! `schema.json` (the types, their counts and widths, the graph version)
+//! and `<src>__<relation>__<dst>.csr` per edge type. `sidecar import` of a
+//! typed dataset writes the folder under a temporary name and renames it
+//! into place, so a reader never sees half of one.
+
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+use anyhow::{bail, ensure, Context};
+use serde::{Deserialize, Serialize};
+
+use crate::graph::build::{self, BuildOptions, BuildStats, EdgeFile, TypedEdges};
+use crate::graph::sampler::TypedNeighborSource;
+use crate::graph::CsrIndex;
+
+/// The typed index's folder inside a data directory.
+pub const TYPED_DIR: &str = "typed-graph";
+/// The schema's file inside [`TYPED_DIR`].
+pub const SCHEMA_FILE: &str = "schema.json";
+
+/// A node type: its name, node count and feature width (0: no features;
+/// a model takes its nodes' ids).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NodeType {
+    pub name: String,
+    pub num_nodes: u64,
+    #[serde(default)]
+    pub feature_dim: u32,
+    /// `"f32"` with features, absent without.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dtype: Option<String>,
+}
+
+/// An edge type, by the names of its node types.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct EdgeType {
+    pub src: String,
+    pub relation: String,
+    pub dst: String,
+}
+
+impl EdgeType {
+    /// `src__relation__dst`: its file's stem and its part of a model's
+    /// input name.
+    pub fn key(&self) -> String {
+        format!("{}__{}__{}", self.src, self.relation, self.dst)
+    }
+}
+
+/// The types of a typed graph, in the graph's order.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TypedSchema {
+    pub node_types: Vec<NodeType>,
+    pub edge_types: Vec<EdgeType>,
+    pub graph_version: u64,
+}
+
+/// Whether `name` can name a type or a relation: letters, digits and single
+/// underscores, starting with a letter.
+pub fn valid_name(name: &str) -> bool {
+    name.chars().next().is_some_and(|c| c.is_ascii_alphabetic())
+        && name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')
+        && !name.contains("__")
+}
+
+impl TypedSchema {
+    /// Checks names, uniqueness, that every edge type's ends are node
+    /// types, and that counts fit the index's u32 ids. The error names the
+    /// type and the fix.
+    pub fn validate(&self) -> Result<(), String> {
+        if self.node_types.is_empty() || self.edge_types.is_empty() {
+            return Err("a typed graph needs at least one node type and one edge type".into());
+        }
+        for (i, t) in self.node_types.iter().enumerate() {
+            if !valid_name(&t.name) {
+                return Err(format!(
+                    "node type {:?}: use letters, digits and single underscores, starting with a \
+                     letter ('__' separates the parts of a model's input names)",
+                    t.name
+                ));
+            }
+            if self.node_types[..i].iter().any(|o| o.name == t.name) {
+                return Err(format!("node type {:?} is listed twice", t.name));
+            }
+            if t.num_nodes >= u64::from(u32::MAX) {
+                return Err(format!(
+                    "node type {}: {} nodes; ids must be below 2^32 - 1",
+                    t.name, t.num_nodes
+                ));
+            }
+            match (t.feature_dim, t.dtype.as_deref()) {
+                (0, None) | (1.., Some("f32")) => {}
+                (dim, dtype) => {
+                    return Err(format!(
+                        "node type {}: feature_dim {dim} with dtype {dtype:?}; a type with \
+                         features has dtype \"f32\", one without has none",
+                        t.name
+                    ))
+                }
+            }
+        }
+        for (i, e) in self.edge_types.iter().enumerate() {
+            if !valid_name(&e.relation) {
+                return Err(format!(
+                    "relation {:?} of ({}, {}): use letters, digits and single underscores, \
+                     starting with a letter",
+                    e.relation, e.src, e.dst
+                ));
+            }
+            for end in [&e.src, &e.dst] {
+                if self.node_type(end).is_none() {
+                    return Err(format!(
+                        "edge type {}: {end:?} is not one of the node types ({})",
+                        e.key(),
+                        self.node_type_names()
+                    ));
+                }
+            }
+            if self.edge_types[..i].contains(e) {
+                return Err(format!("edge type {} is listed twice", e.key()));
+            }
+        }
+        Ok(())
+    }
+
+    /// The index of the node type named `name`.
+    pub fn node_type(&self, name: &str) -> Option<usize> {
+        self.node_types.iter().position(|t| t.name == name)
+    }
+
+    /// The index of the edge type `src__relation__dst` (or of the one edge
+    /// type with relation `key`, where only one has it).
+    pub fn edge_type(&self, key: &str) -> Option<usize> {
+        let by_key = self.edge_types.iter().position(|e| e.key() == key);
+        let mut by_relation = self
+            .edge_types
+            .iter()
+            .enumerate()
+            .filter(|(_, e)| e.relation == key);
+        by_key.or_else(|| match (by_relation.next(), by_relation.next()) {
+            (Some((i, _)), None) => Some(i),
+            _ => None,
+        })
+    }
+
+    fn node_type_names(&self) -> String {
+        let names: Vec<&str> = self.node_types.iter().map(|t| t.name.as_str()).collect();
+        names.join(", ")
+    }
+
+    /// Each edge type's (source type, destination type) indices. Call on a
+    /// validated schema.
+    pub fn ends(&self) -> Vec<(usize, usize)> {
+        self.edge_types
+            .iter()
+            .map(|e| {
+                (
+                    self.node_type(&e.src).expect("validated"),
+                    self.node_type(&e.dst).expect("validated"),
+                )
+            })
+            .collect()
+    }
+}
+
+/// A typed dataset's `meta.json`: the fields the import reads.
+#[derive(Debug, Clone, Deserialize)]
+struct DatasetMeta {
+    node_types: Vec<DatasetNodeType>,
+    edge_types: Vec<DatasetEdgeType>,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+struct DatasetNodeType {
+    name: String,
+    num_nodes: u64,
+    #[serde(default)]
+    feature_dim: u32,
+    dtype: Option<String>,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+struct DatasetEdgeType {
+    src: String,
+    relation: String,
+    dst: String,
+    num_edges: u64,
+    /// The edge file, relative to the dataset directory.
+    edges: PathBuf,
+}
+
+/// Whether `dir` holds a typed dataset: its meta.json lists node types and
+/// edge types.
+pub fn is_typed_dataset(dir: &Path) -> bool {
+    #[derive(Deserialize)]
+    struct Lists {
+        #[allow(dead_code)]
+        node_types: Vec<serde_json::Value>,
+        #[allow(dead_code)]
+        edge_types: Vec<serde_json::Value>,
+    }
+    std::fs::read_to_string(dir.join("meta.json"))
+        .ok()
+        .is_some_and(|text| serde_json::from_str::<Lists>(&text).is_ok())
+}
+
+/// What a typed import built.
+#[derive(Debug, Clone)]
+pub struct TypedImport {
+    pub schema: TypedSchema,
+    /// Per edge type, in the schema's order.
+    pub edge_types: Vec<BuildStats>,
+    pub seconds: f64,
+}
+
+/// Builds `<data_dir>/typed-graph/` from the typed dataset `input`: one CSR
+/// per edge type (rows the destinations), each edge count checked against
+/// meta.json, and `schema.json`. Written as `typed-graph.tmp` and renamed
+/// into place; an earlier typed index is replaced.
+pub fn import_typed(
+    input: &Path,
+    data_dir: &Path,
+    graph_version: u64,
+) -> anyhow::Result<TypedImport> {
+    let started = Instant::now();
+    let meta_path = input.join("meta.json");
+    let text = std::fs::read_to_string(&meta_path)
+        .with_context(|| format!("reading {}", meta_path.display()))?;
+    let meta: DatasetMeta = serde_json::from_str(&text).with_context(|| {
+        format!(
+            "{}: a typed dataset's node_types and edge_types (docs/graph-index.md, \"Typed \
+             datasets\")",
+            meta_path.display()
+        )
+    })?;
+    let schema = TypedSchema {
+        node_types: meta
+            .node_types
+            .iter()
+            .map(|t| NodeType {
+                name: t.name.clone(),
+                num_nodes: t.num_nodes,
+                feature_dim: t.feature_dim,
+                dtype: if t.feature_dim > 0 {
+                    Some(t.dtype.clone().unwrap_or_else(|| "f32".into()))
+                } else {
+                    t.dtype.clone()
+                },
+            })
+            .collect(),
+        edge_types: meta
+            .edge_types
+            .iter()
+            .map(|e| EdgeType {
+                src: e.src.clone(),
+                relation: e.relation.clone(),
+                dst: e.dst.clone(),
+            })
+            .collect(),
+        graph_version,
+    };
+    if let Err(reason) = schema.validate() {
+        bail!("{}: {reason}", meta_path.display());
+    }
+    let ends = schema.ends();
+    let tmp = data_dir.join(format!("{TYPED_DIR}.tmp"));
+    if tmp.exists() {
+        std::fs::remove_dir_all(&tmp)
+            .with_context(|| format!("removing the leftover {}", tmp.display()))?;
+    }
+    std::fs::create_dir_all(&tmp).with_context(|| format!("creating {}", tmp.display()))?;
+    let mut stats = Vec::with_capacity(ends.len());
+    for (e, (entry, &(src, dst))) in meta.edge_types.iter().zip(&ends).enumerate() {
+        let key = schema.edge_types[e].key();
+        let edges = EdgeFile {
+            path: input.join(&entry.edges),
+            n_nodes: Some(schema.node_types[dst].num_nodes),
+        };
+        let options = BuildOptions {
+            graph_version,
+            typed: Some(TypedEdges {
+                n_src: schema.node_types[src].num_nodes,
+                same_type: src == dst,
+            }),
+            ..BuildOptions::default()
+        };
+        let built = build::build(&edges, &tmp.join(format!("{key}.csr")), &options)
+            .with_context(|| format!("edge type {key} ({})", edges.path.display()))?;
+        ensure!(
+            built.input_edges == entry.num_edges,
+            "edge type {key}: meta.json says {} edges, {} holds {}",
+            entry.num_edges,
+            edges.path.display(),
+            built.input_edges
+        );
+        stats.push(built);
+    }
+    let schema_path = tmp.join(SCHEMA_FILE);
+    std::fs::write(&schema_path, serde_json::to_string_pretty(&schema)? + "\n")
+        .with_context(|| format!("writing {}", schema_path.display()))?;
+    std::fs::File::open(&tmp)?.sync_all()?;
+    let dir = data_dir.join(TYPED_DIR);
+    if dir.exists() {
+        std::fs::remove_dir_all(&dir)
+            .with_context(|| format!("replacing the earlier {}", dir.display()))?;
+    }
+    std::fs::rename(&tmp, &dir)
+        .with_context(|| format!("renaming {} to {}", tmp.display(), dir.display()))?;
+    Ok(TypedImport {
+        schema,
+        edge_types: stats,
+        seconds: started.elapsed().as_secs_f64(),
+    })
+}
+
+/// A typed index, mapped and verified: the schema and one CSR per edge
+/// type, each checked against the schema's counts and graph version.
+#[derive(Debug)]
+pub struct TypedGraph {
+    schema: TypedSchema,
+    ends: Vec<(usize, usize)>,
+    indexes: Vec<CsrIndex>,
+}
+
+impl TypedGraph {
+    /// Opens `<data_dir>/typed-graph/`.
+    pub fn open(data_dir: &Path) -> anyhow::Result<Self> {
+        let dir = data_dir.join(TYPED_DIR);
+        let schema_path = dir.join(SCHEMA_FILE);
+        let text = std::fs::read_to_string(&schema_path).with_context(|| {
+            format!(
+                "reading {}: import a typed dataset into {} first",
+                schema_path.display(),
+                data_dir.display()
+            )
+        })?;
+        let schema: TypedSchema = serde_json::from_str(&text)
+            .with_context(|| format!("{}: not a typed schema", schema_path.display()))?;
+        if let Err(reason) = schema.validate() {
+            bail!("{}: {reason}", schema_path.display());
+        }
+        let ends = schema.ends();
+        let mut indexes = Vec::with_capacity(ends.len());
+        for (edge_type, &(src, dst)) in schema.edge_types.iter().zip(&ends) {
+            let path = dir.join(format!("{}.csr", edge_type.key()));
+            let index = CsrIndex::open(&path)?;
+            let header = index.header();
+            ensure!(
+                header.is_typed()
+                    && header.n_nodes == schema.node_types[dst].num_nodes
+                    && header.n_src == schema.node_types[src].num_nodes
+                    && header.graph_version == schema.graph_version,
+                "{}: {} destinations, {} sources, graph version {} (typed: {}); the schema says \
+                 {}, {} and {}: re-run sidecar import",
+                path.display(),
+                header.n_nodes,
+                header.n_src,
+                header.graph_version,
+                header.is_typed(),
+                schema.node_types[dst].num_nodes,
+                schema.node_types[src].num_nodes,
+                schema.graph_version
+            );
+            indexes.push(index);
+        }
+        Ok(Self {
+            schema,
+            ends,
+            indexes,
+        })
+    }
+
+    pub fn schema(&self) -> &TypedSchema {
+        &self.schema
+    }
+
+    /// Edge type `edge_type`'s index (rows: destinations).
+    pub fn csr(&self, edge_type: usize) -> &CsrIndex {
+        &self.indexes[edge_type]
+    }
+}
+
+impl TypedNeighborSource for TypedGraph {
+    fn n_node_types(&self) -> usize {
+        self.schema.node_types.len()
+    }
+
+    fn edge_types(&self) -> &[(usize, usize)] {
+        &self.ends
+    }
+
+    fn is_node(&self, node_type: usize, node: u64) -> bool {
+        node < self.schema.node_types[node_type].num_nodes
+    }
+
+    fn degree(&self, edge_type: usize, node: u64) -> Option<u32> {
+        let (_, dst) = self.ends[edge_type];
+        self.is_node(dst, node)
+            .then(|| self.indexes[edge_type].degree(node as u32))
+    }
+
+    fn neighbor(&self, edge_type: usize, node: u64, i: u32) -> u64 {
+        u64::from(self.indexes[edge_type].neighbors(node as u32)[i as usize])
+    }
+}

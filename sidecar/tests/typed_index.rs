@@ -1,0 +1,399 @@
+//! The typed index (one CSR per edge type, rows the destinations) built by
+//! `sidecar import` from the shipped OpenFlights dataset, and the typed
+//! sampler: with covering fanouts it lays out exactly the subgraph that
+//! the PyG tooling's `sample_typed` (NeighborLoader's semantics on a
+//! HeteroData) lays out; at small fanouts it keeps the caps, draws only
+//! real edges, and draws the same for a node whatever its batch.
+
+use std::collections::{BTreeMap, HashSet};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use protocol::payload::schema::target_status;
+use sidecar::graph::sampler::SubgraphLimits;
+use sidecar::graph::typed::TYPED_DIR;
+use sidecar::graph::{Sampler, TypedFanouts, TypedGraph, TypedNeighborSource, TypedSampled};
+use tests::stack::{dataset, python, repo_root, workspace_bin};
+
+const NO_LIMITS: SubgraphLimits = SubgraphLimits {
+    max_nodes: usize::MAX,
+    max_edges: usize::MAX,
+};
+
+fn meta(dir: &Path) -> serde_json::Value {
+    serde_json::from_str(&std::fs::read_to_string(dir.join("meta.json")).unwrap()).unwrap()
+}
+
+fn import(dataset_dir: &Path) -> (tempfile::TempDir, std::process::Output) {
+    let data = tempfile::tempdir().unwrap();
+    let output = Command::new(workspace_bin("sidecar"))
+        .arg("import")
+        .arg(dataset_dir)
+        .arg("--data-dir")
+        .arg(data.path())
+        .output()
+        .expect("running sidecar import");
+    (data, output)
+}
+
+/// OpenFlights imported once per test process.
+fn openflights_graph() -> &'static (tempfile::TempDir, PathBuf) {
+    static GRAPH: std::sync::OnceLock<(tempfile::TempDir, PathBuf)> = std::sync::OnceLock::new();
+    GRAPH.get_or_init(|| {
+        let (data, output) = import(&dataset("openflights"));
+        assert!(
+            output.status.success(),
+            "{}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+        let stdout = String::from_utf8_lossy(&output.stdout);
+        assert!(stdout.contains("4 node types, 9 edge types"), "{stdout}");
+        assert!(
+            stdout.contains("edge type airport__route__airport: 36588 edges"),
+            "{stdout}"
+        );
+        let path = data.path().to_path_buf();
+        (data, path)
+    })
+}
+
+fn pairs(path: &Path) -> Vec<(u32, u32)> {
+    std::fs::read(path)
+        .unwrap()
+        .chunks_exact(8)
+        .map(|c| {
+            (
+                u32::from_le_bytes(c[..4].try_into().unwrap()),
+                u32::from_le_bytes(c[4..].try_into().unwrap()),
+            )
+        })
+        .collect()
+}
+
+#[test]
+fn each_edge_type_s_index_lists_every_destination_s_sources() {
+    let source = dataset("openflights");
+    let graph = TypedGraph::open(&openflights_graph().1).unwrap();
+    let meta = meta(&source);
+    let schema = graph.schema();
+    assert_eq!(schema.node_types.len(), 4);
+    assert_eq!(schema.edge_types.len(), 9);
+    for (t, entry) in meta["node_types"].as_array().unwrap().iter().enumerate() {
+        assert_eq!(schema.node_types[t].name, entry["name"].as_str().unwrap());
+        assert_eq!(
+            schema.node_types[t].num_nodes,
+            entry["num_nodes"].as_u64().unwrap()
+        );
+        assert_eq!(
+            u64::from(schema.node_types[t].feature_dim),
+            entry["feature_dim"].as_u64().unwrap()
+        );
+    }
+    for (e, entry) in meta["edge_types"].as_array().unwrap().iter().enumerate() {
+        assert_eq!(
+            schema.edge_types[e].key(),
+            format!(
+                "{}__{}__{}",
+                entry["src"].as_str().unwrap(),
+                entry["relation"].as_str().unwrap(),
+                entry["dst"].as_str().unwrap()
+            )
+        );
+        let (_, dst) = graph.edge_types()[e];
+        let mut want: BTreeMap<u32, Vec<u32>> = BTreeMap::new();
+        for (s, d) in pairs(&source.join(entry["edges"].as_str().unwrap())) {
+            want.entry(d).or_default().push(s);
+        }
+        let index = graph.csr(e);
+        assert_eq!(index.n_edges(), entry["num_edges"].as_u64().unwrap());
+        for v in 0..schema.node_types[dst].num_nodes as u32 {
+            let mut sources = want.remove(&v).unwrap_or_default();
+            sources.sort_unstable();
+            assert_eq!(
+                index.neighbors(v),
+                &sources[..],
+                "{} row {v}",
+                schema.edge_types[e].key()
+            );
+        }
+    }
+}
+
+/// The subgraph of `targets` (airports) as `pyg_hetero.sample_typed` lays
+/// it out with every neighbour taken: per node type its global ids, per
+/// edge type its edge_index, the per-hop counts.
+fn python_sample(targets: &[u64], hops: usize) -> serde_json::Value {
+    let script = format!(
+        r#"
+import json, sys
+sys.path.insert(0, {model_dir:?})
+from pyg_hetero import TypedDataset, sample_typed
+ds = TypedDataset({dataset:?}, labels=False)
+n_id, edge_index, nodes, edges = sample_typed(
+    ds, "airport", {targets:?}, {{et: [10**6] * {hops} for et in ds.edge_types}}, None)
+print(json.dumps({{
+    "n_id": {{t: v.tolist() for t, v in n_id.items()}},
+    "edge_index": {{"__".join(et): v.tolist() for et, v in edge_index.items()}},
+    "nodes": nodes,
+    "edges": {{"__".join(et): v for et, v in edges.items()}},
+}}))
+"#,
+        model_dir = repo_root().join("gnn-worker/model").display().to_string(),
+        dataset = dataset("openflights").display().to_string(),
+    );
+    let output = Command::new(python())
+        .arg("-c")
+        .arg(script)
+        .output()
+        .expect("running python");
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    serde_json::from_slice(&output.stdout).unwrap()
+}
+
+fn covering(graph: &TypedGraph, hops: usize) -> TypedFanouts {
+    TypedFanouts::new(hops, vec![1_000_000; hops * graph.edge_types().len()]).unwrap()
+}
+
+#[test]
+fn with_covering_fanouts_the_typed_sample_is_pyg_tooling_s_subgraph() {
+    let graph = TypedGraph::open(&openflights_graph().1).unwrap();
+    let schema = graph.schema();
+    let airport = schema.node_type("airport").unwrap();
+    let mut sampler = Sampler::default();
+    // A small airport, the largest hub (Atlanta, row 3482), a batch with a
+    // repeat, the last airport; two hops and one.
+    for (targets, hops) in [
+        (vec![1u64], 2),
+        (vec![3482], 1),
+        (vec![5, 3482, 5, 900, 7000], 2),
+        (vec![7697, 0], 2),
+    ] {
+        let got = sampler
+            .sample_typed(
+                &graph,
+                airport,
+                &targets,
+                &covering(&graph, hops),
+                3,
+                NO_LIMITS,
+                &[],
+            )
+            .unwrap();
+        let want = python_sample(&targets, hops);
+        for (t, node_type) in schema.node_types.iter().enumerate() {
+            let ids: Vec<u64> =
+                serde_json::from_value(want["n_id"][&node_type.name].clone()).unwrap();
+            assert_eq!(got.nodes[t], ids, "{targets:?}: {} rows", node_type.name);
+            let counts: Vec<i64> =
+                serde_json::from_value(want["nodes"][&node_type.name].clone()).unwrap();
+            assert_eq!(got.sampled_nodes[t], counts, "{}", node_type.name);
+        }
+        for (e, edge_type) in schema.edge_types.iter().enumerate() {
+            let key = edge_type.key();
+            let index: Vec<Vec<i64>> =
+                serde_json::from_value(want["edge_index"][&key].clone()).unwrap();
+            assert_eq!(got.edge_src[e], index[0], "{targets:?}: {key} sources");
+            assert_eq!(got.edge_dst[e], index[1], "{targets:?}: {key} destinations");
+            let counts: Vec<i64> = serde_json::from_value(want["edges"][&key].clone()).unwrap();
+            assert_eq!(got.sampled_edges[e], counts, "{key}");
+        }
+        assert!(got.status.iter().all(|&s| s == target_status::OK));
+    }
+}
+
+/// Every edge of `sample` is an edge of its type, each (edge type,
+/// destination) drew at most its fanout of distinct sources, rows are
+/// unique per type.
+fn assert_real_and_capped(graph: &TypedGraph, sample: &TypedSampled, fanout: u32) {
+    for (e, &(src, dst)) in graph.edge_types().iter().enumerate() {
+        let mut per_destination: BTreeMap<i64, HashSet<u64>> = BTreeMap::new();
+        for (&s, &d) in sample.edge_src[e].iter().zip(&sample.edge_dst[e]) {
+            let source = sample.nodes[src][s as usize];
+            let destination = sample.nodes[dst][d as usize];
+            assert!(
+                graph
+                    .csr(e)
+                    .neighbors(destination as u32)
+                    .contains(&(source as u32)),
+                "{}: {source} -> {destination} is not an edge",
+                graph.schema().edge_types[e].key()
+            );
+            assert!(
+                per_destination.entry(d).or_default().insert(source),
+                "a source drawn twice"
+            );
+        }
+        assert!(per_destination.values().all(|s| s.len() <= fanout as usize));
+    }
+    for nodes in &sample.nodes {
+        let unique: HashSet<_> = nodes.iter().collect();
+        assert_eq!(unique.len(), nodes.len(), "a node in two rows of its type");
+    }
+}
+
+#[test]
+fn sampled_fanouts_keep_their_caps_draw_real_edges_and_depend_on_the_node_alone() {
+    let graph = TypedGraph::open(&openflights_graph().1).unwrap();
+    let airport = graph.schema().node_type("airport").unwrap();
+    let n_edge_types = graph.edge_types().len();
+    let fanouts = TypedFanouts::new(1, vec![3; n_edge_types]).unwrap();
+    let mut sampler = Sampler::default();
+    let batch = [3482u64, 1, 2000, 3000];
+    let together = sampler
+        .sample_typed(&graph, airport, &batch, &fanouts, 11, NO_LIMITS, &[])
+        .unwrap();
+    assert_real_and_capped(&graph, &together, 3);
+    // One hop: each target's draws are its own, whatever its batch.
+    for (t, &target) in batch.iter().enumerate() {
+        let alone = sampler
+            .sample_typed(&graph, airport, &[target], &fanouts, 11, NO_LIMITS, &[])
+            .unwrap();
+        for (e, &(src, _)) in graph.edge_types().iter().enumerate() {
+            let of = |s: &TypedSampled, row: i64| -> Vec<u64> {
+                s.edge_src[e]
+                    .iter()
+                    .zip(&s.edge_dst[e])
+                    .filter(|(_, &d)| d == row)
+                    .map(|(&r, _)| s.nodes[src][r as usize])
+                    .collect()
+            };
+            assert_eq!(of(&together, t as i64), of(&alone, 0), "target {target}");
+        }
+    }
+    // Two hops, another seed: still capped and real, and repeatable.
+    let fanouts = TypedFanouts::new(2, vec![4; 2 * n_edge_types]).unwrap();
+    let first = sampler
+        .sample_typed(&graph, airport, &batch, &fanouts, 12, NO_LIMITS, &[])
+        .unwrap();
+    assert_real_and_capped(&graph, &first, 4);
+    let again = sampler
+        .sample_typed(&graph, airport, &batch, &fanouts, 12, NO_LIMITS, &[])
+        .unwrap();
+    assert_eq!(first, again);
+    // A fanout of 0 leaves its edge type out at that hop.
+    let mut only_routes = vec![0; n_edge_types];
+    only_routes[graph.schema().edge_type("route").unwrap()] = 5;
+    let routes = sampler
+        .sample_typed(
+            &graph,
+            airport,
+            &batch,
+            &TypedFanouts::new(1, only_routes).unwrap(),
+            12,
+            NO_LIMITS,
+            &[],
+        )
+        .unwrap();
+    for (e, edges) in routes.edge_src.iter().enumerate() {
+        let key = graph.schema().edge_types[e].key();
+        assert_eq!(edges.is_empty(), key != "airport__route__airport", "{key}");
+    }
+}
+
+#[test]
+fn an_unknown_target_gets_a_row_and_no_edges_and_limits_stop_a_large_subgraph() {
+    let graph = TypedGraph::open(&openflights_graph().1).unwrap();
+    let airport = graph.schema().node_type("airport").unwrap();
+    let mut sampler = Sampler::default();
+    let sample = sampler
+        .sample_typed(
+            &graph,
+            airport,
+            &[7698, 1],
+            &covering(&graph, 2),
+            1,
+            NO_LIMITS,
+            &[],
+        )
+        .unwrap();
+    assert_eq!(
+        sample.status,
+        [target_status::UNKNOWN_NODE, target_status::OK]
+    );
+    assert_eq!(sample.target_row, [0, 1]);
+    assert!(sample.edge_dst[graph.schema().edge_type("route").unwrap()]
+        .iter()
+        .all(|&d| d != 0));
+    let limits = SubgraphLimits {
+        max_nodes: 100,
+        max_edges: usize::MAX,
+    };
+    let refused = sampler.sample_typed(
+        &graph,
+        airport,
+        &[3482],
+        &covering(&graph, 2),
+        1,
+        limits,
+        &[],
+    );
+    assert!(
+        refused.is_err(),
+        "a hub's covering 2-hop subgraph has more than 100 nodes"
+    );
+}
+
+#[test]
+fn an_import_whose_edges_leave_their_types_is_refused_by_edge_type_and_id() {
+    let source = dataset("openflights");
+    let copy = tempfile::tempdir().unwrap();
+    for entry in ["edges", "nodes"] {
+        let status = Command::new("cp")
+            .arg("-r")
+            .arg(source.join(entry))
+            .arg(copy.path())
+            .status()
+            .unwrap();
+        assert!(status.success());
+    }
+    let mut meta = meta(&source);
+    // Fewer airlines than the edges name.
+    meta["node_types"][1]["num_nodes"] = 100.into();
+    std::fs::write(copy.path().join("meta.json"), meta.to_string()).unwrap();
+    let (data, output) = import(copy.path());
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(!output.status.success());
+    assert!(
+        stderr.contains("edge type airline__serves__airport")
+            && stderr.contains("is not below the source type's num_nodes 100"),
+        "{stderr}"
+    );
+    assert!(
+        !data.path().join(TYPED_DIR).exists(),
+        "nothing is put in place"
+    );
+    // A bad name is refused before anything is built.
+    let mut meta = self::meta(&source);
+    meta["edge_types"][0]["relation"] = "flies__to".into();
+    std::fs::write(copy.path().join("meta.json"), meta.to_string()).unwrap();
+    let (_, output) = import(copy.path());
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        stderr.contains("relation \"flies__to\" of (airport, airport)"),
+        "{stderr}"
+    );
+}
+
+#[test]
+fn a_typed_data_directory_is_not_served_and_says_why() {
+    let data = &openflights_graph().1;
+    let output = Command::new(workspace_bin("sidecar"))
+        .arg("serve")
+        .arg("--data-dir")
+        .arg(data)
+        .args(["--shm-name", "typed-index-not-served", "--admin-socket"])
+        .arg(data.join("admin.sock"))
+        .args(["--metrics-addr", "127.0.0.1:0"])
+        .output()
+        .expect("running sidecar serve");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(!output.status.success());
+    assert!(
+        stderr.contains("holds a typed graph") && stderr.contains("serves one-type graphs only"),
+        "{stderr}"
+    );
+}
