@@ -180,14 +180,25 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             redis_ca,
         } => {
             let typed = typed::is_typed_dataset(&input);
-            if typed && (undirected || !redis.is_empty()) {
+            if typed && undirected {
                 anyhow::bail!(
                     "{} is a typed dataset: leave out --undirected (a relation's reverse is an \
-                     edge type of its own) and --redis (this release imports a typed graph's \
-                     index, not its features)",
+                     edge type of its own)",
                     input.display()
                 );
             }
+            let typed_features = if typed {
+                typed::feature_files(&input)?
+            } else {
+                Vec::new()
+            };
+            let redis_config = (!redis.is_empty()).then(|| RedisConfig {
+                urls: redis,
+                cluster: redis_cluster,
+                prefix: redis_prefix,
+                ca_file: redis_ca,
+                ..RedisConfig::single("")
+            });
             // Refused while a sidecar serves (or imports into) this directory.
             std::fs::create_dir_all(&data_dir)
                 .with_context(|| format!("creating the data directory {}", data_dir.display()))?;
@@ -204,13 +215,42 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                     );
                 }
                 println!(
-                    "typed graph index {}: {} node types, {} edge types in {:.2} s; the \
-                     features of a typed dataset are not imported by this release",
+                    "typed graph index {}: {} node types, {} edge types in {:.2} s",
                     data_dir.join(typed::TYPED_DIR).display(),
                     done.schema.node_types.len(),
                     done.schema.edge_types.len(),
                     done.seconds
                 );
+                for features in &typed_features {
+                    let dir = typed::feature_dir(&data_dir, &features.node_type);
+                    std::fs::create_dir_all(&dir)
+                        .with_context(|| format!("creating {}", dir.display()))?;
+                    let (n, dim) = (features.num_nodes, features.feature_dim);
+                    let done = match &redis_config {
+                        None => import::import_to_rocksdb(&features.file, n, dim, &dir)?,
+                        Some(config) => {
+                            let config = RedisConfig {
+                                prefix: typed::redis_prefix(&config.prefix, &features.node_type),
+                                ..config.clone()
+                            };
+                            tokio::runtime::Runtime::new()?.block_on(import::import_to_redis(
+                                &features.file,
+                                n,
+                                dim,
+                                &dir,
+                                &config,
+                            ))?
+                        }
+                    };
+                    println!(
+                        "features of {}: {} rows of {} f32 into {} in {:.2} s",
+                        features.node_type,
+                        done.rows,
+                        done.feature_dim,
+                        done.destination,
+                        done.seconds
+                    );
+                }
                 return Ok(());
             }
             let stats = dataset::import_graph(&input, &data_dir, undirected, graph_version)?;
@@ -234,23 +274,11 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             let dim = meta.feature_dim.ok_or_else(|| {
                 anyhow::anyhow!("{}/meta.json has no feature_dim", input.display())
             })?;
-            let done = if redis.is_empty() {
-                import::import_to_rocksdb(&features, meta.num_nodes, dim, &data_dir)?
-            } else {
-                let config = RedisConfig {
-                    urls: redis,
-                    cluster: redis_cluster,
-                    prefix: redis_prefix,
-                    ca_file: redis_ca,
-                    ..RedisConfig::single("")
-                };
-                tokio::runtime::Runtime::new()?.block_on(import::import_to_redis(
-                    &features,
-                    meta.num_nodes,
-                    dim,
-                    &data_dir,
-                    &config,
-                ))?
+            let done = match &redis_config {
+                None => import::import_to_rocksdb(&features, meta.num_nodes, dim, &data_dir)?,
+                Some(config) => tokio::runtime::Runtime::new()?.block_on(
+                    import::import_to_redis(&features, meta.num_nodes, dim, &data_dir, config),
+                )?,
             };
             println!(
                 "features: {} rows of {} f32 into {} in {:.2} s",

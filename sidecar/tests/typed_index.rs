@@ -10,9 +10,13 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use protocol::payload::schema::target_status;
+use sidecar::features::import::FeatureManifest;
+use sidecar::features::rocks::RocksStore;
+use sidecar::features::store::Role;
 use sidecar::graph::sampler::SubgraphLimits;
-use sidecar::graph::typed::TYPED_DIR;
+use sidecar::graph::typed::{feature_dir, TYPED_DIR};
 use sidecar::graph::{Sampler, TypedFanouts, TypedGraph, TypedNeighborSource, TypedSampled};
+use tests::redis::RedisServer;
 use tests::stack::{dataset, python, repo_root, workspace_bin};
 
 const NO_LIMITS: SubgraphLimits = SubgraphLimits {
@@ -396,4 +400,120 @@ fn a_typed_data_directory_is_not_served_and_says_why() {
         stderr.contains("holds a typed graph") && stderr.contains("serves one-type graphs only"),
         "{stderr}"
     );
+}
+
+/// Row `id` of a dataset's f32 feature file of width `dim`.
+fn dataset_row(file: &Path, dim: usize, id: usize) -> Vec<f32> {
+    tests::stack::read_f32(file)[id * dim..(id + 1) * dim].to_vec()
+}
+
+fn decode(bytes: &[u8]) -> Vec<f32> {
+    bytes
+        .chunks_exact(4)
+        .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
+        .collect()
+}
+
+#[test]
+fn each_node_type_with_features_gets_its_own_store_of_its_width() {
+    let source = dataset("openflights");
+    let data = &openflights_graph().1;
+    for (name, dim, n) in [("airport", 11usize, 7698u64), ("airline", 3, 6162)] {
+        let dir = feature_dir(data, name);
+        let manifest = FeatureManifest::read(&dir).unwrap();
+        assert_eq!(manifest.feature_dim as usize, dim, "{name}");
+        assert_eq!(manifest.num_nodes, n, "{name}");
+        assert_eq!(manifest.store, "rocksdb");
+        let file = source.join(format!("nodes/{name}.f32"));
+        let all = tests::stack::read_f32(&file);
+        let mean = manifest.read_mean(&dir).unwrap();
+        for (column, value) in mean.iter().enumerate() {
+            let sum: f64 = all
+                .iter()
+                .skip(column)
+                .step_by(dim)
+                .map(|&v| f64::from(v))
+                .sum();
+            assert!(
+                (sum / n as f64 - f64::from(*value)).abs() < 1e-5,
+                "{name} mean"
+            );
+        }
+        let (store, _) =
+            RocksStore::open(&dir.join(FeatureManifest::STORE_DIR), Role::StoreOfRecord).unwrap();
+        let ids = [0, 1, 17, n - 1];
+        for (&id, row) in ids.iter().zip(store.get_many(&ids, dim * 4)) {
+            let row = row.unwrap_or_else(|| panic!("{name} {id}: no row"));
+            assert_eq!(
+                decode(&row),
+                dataset_row(&file, dim, id as usize),
+                "{name} {id}"
+            );
+        }
+        assert_eq!(
+            store.get_many(&[n], dim * 4),
+            [None],
+            "{name}: a row past the count"
+        );
+    }
+    for featureless in ["country", "plane"] {
+        assert!(!feature_dir(data, featureless).exists(), "{featureless}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn into_redis_each_type_s_rows_are_keyed_by_type_and_id() {
+    let server = RedisServer::start();
+    let source = dataset("openflights");
+    let data = tempfile::tempdir().unwrap();
+    let output = Command::new(workspace_bin("sidecar"))
+        .arg("import")
+        .arg(&source)
+        .arg("--data-dir")
+        .arg(data.path())
+        .args(["--redis", &server.url()])
+        .output()
+        .expect("running sidecar import");
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        stdout.contains("features of airport: 7698 rows of 11 f32 into Redis"),
+        "{stdout}"
+    );
+    let client = redis::Client::open(server.url()).unwrap();
+    let mut connection = client.get_multiplexed_async_connection().await.unwrap();
+    for (name, dim, id) in [
+        ("airport", 11usize, 17usize),
+        ("airline", 3, 5),
+        ("airport", 11, 7697),
+    ] {
+        let value: Vec<u8> = redis::cmd("GET")
+            .arg(format!("feat:{name}:{id}"))
+            .query_async(&mut connection)
+            .await
+            .unwrap();
+        let file = source.join(format!("nodes/{name}.f32"));
+        assert_eq!(
+            decode(&value),
+            dataset_row(&file, dim, id),
+            "feat:{name}:{id}"
+        );
+    }
+    let keys: u64 = redis::cmd("DBSIZE")
+        .query_async(&mut connection)
+        .await
+        .unwrap();
+    assert_eq!(
+        keys,
+        7698 + 6162,
+        "one key per row of a type with features, no other"
+    );
+    let manifest = FeatureManifest::read(&feature_dir(data.path(), "airline")).unwrap();
+    assert_eq!(manifest.store, "redis");
+    assert_eq!(manifest.redis_prefix.as_deref(), Some("feat:airline:"));
+    assert!(TypedGraph::open(data.path()).is_ok());
 }

@@ -7,7 +7,10 @@
 //! `schema.json` (the types, their counts and widths, the graph version)
 //! and `<src>__<relation>__<dst>.csr` per edge type. `sidecar import` of a
 //! typed dataset writes the folder under a temporary name and renames it
-//! into place, so a reader never sees half of one.
+//! into place, so a reader never sees half of one. Each node type with
+//! features has a feature store of its own, in the one-type layout, in
+//! `typed-features/<type>/` (`features.json`, the mean row, and the
+//! embedded `features.db` or Redis keys `<prefix><type>:<id>`).
 
 use std::path::{Path, PathBuf};
 use std::time::Instant;
@@ -23,6 +26,19 @@ use crate::graph::CsrIndex;
 pub const TYPED_DIR: &str = "typed-graph";
 /// The schema's file inside [`TYPED_DIR`].
 pub const SCHEMA_FILE: &str = "schema.json";
+/// The folder of the per-type feature stores inside a data directory.
+pub const TYPED_FEATURES_DIR: &str = "typed-features";
+
+/// The folder of `node_type`'s feature store inside `data_dir`.
+pub fn feature_dir(data_dir: &Path, node_type: &str) -> PathBuf {
+    data_dir.join(TYPED_FEATURES_DIR).join(node_type)
+}
+
+/// The Redis key prefix of a node type's rows: `<prefix><type>:`, so a
+/// row's key is `<prefix><type>:<id>` (`feat:airport:17`).
+pub fn redis_prefix(prefix: &str, node_type: &str) -> String {
+    format!("{prefix}{node_type}:")
+}
 
 /// A node type: its name, node count and feature width (0: no features;
 /// a model takes its nodes' ids).
@@ -183,6 +199,57 @@ struct DatasetNodeType {
     #[serde(default)]
     feature_dim: u32,
     dtype: Option<String>,
+    /// The feature file, relative to the dataset directory.
+    features: Option<PathBuf>,
+}
+
+/// A node type's feature rows in a typed dataset.
+#[derive(Debug, Clone)]
+pub struct TypedFeatures {
+    pub node_type: String,
+    pub num_nodes: u64,
+    pub feature_dim: u32,
+    /// The `num_nodes x feature_dim` f32 file.
+    pub file: PathBuf,
+}
+
+/// The feature files of `input`'s node types that have features, in the
+/// schema's order. A type with a width but no file, or a file but width
+/// 0, is refused by name.
+pub fn feature_files(input: &Path) -> anyhow::Result<Vec<TypedFeatures>> {
+    let meta = read_meta(input)?;
+    let mut files = Vec::new();
+    for t in meta.node_types {
+        match (&t.features, t.feature_dim) {
+            (None, 0) => {}
+            (Some(file), 1..) => files.push(TypedFeatures {
+                node_type: t.name,
+                num_nodes: t.num_nodes,
+                feature_dim: t.feature_dim,
+                file: input.join(file),
+            }),
+            (file, dim) => bail!(
+                "{}/meta.json: node type {} has feature_dim {dim} and features {file:?}: a type \
+                 with features names its file and its width, one without has neither",
+                input.display(),
+                t.name
+            ),
+        }
+    }
+    Ok(files)
+}
+
+fn read_meta(input: &Path) -> anyhow::Result<DatasetMeta> {
+    let meta_path = input.join("meta.json");
+    let text = std::fs::read_to_string(&meta_path)
+        .with_context(|| format!("reading {}", meta_path.display()))?;
+    serde_json::from_str(&text).with_context(|| {
+        format!(
+            "{}: a typed dataset's node_types and edge_types (docs/graph-index.md, \"Typed \
+             datasets\")",
+            meta_path.display()
+        )
+    })
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -230,15 +297,7 @@ pub fn import_typed(
 ) -> anyhow::Result<TypedImport> {
     let started = Instant::now();
     let meta_path = input.join("meta.json");
-    let text = std::fs::read_to_string(&meta_path)
-        .with_context(|| format!("reading {}", meta_path.display()))?;
-    let meta: DatasetMeta = serde_json::from_str(&text).with_context(|| {
-        format!(
-            "{}: a typed dataset's node_types and edge_types (docs/graph-index.md, \"Typed \
-             datasets\")",
-            meta_path.display()
-        )
-    })?;
+    let meta = read_meta(input)?;
     let schema = TypedSchema {
         node_types: meta
             .node_types
