@@ -115,6 +115,18 @@ enum Command {
         /// tooling to train on; needs --feature-dim.
         #[arg(long, default_value_t = 0)]
         classes: u32,
+        /// Write a typed dataset instead: --nodes users and this many
+        /// items, --edges user-item interactions and their reverse type
+        /// (docs/graph-index.md).
+        #[arg(long)]
+        items: Option<u64>,
+        /// Typed: user-user follows drawn (0: no follows edge type).
+        #[arg(long, default_value_t = 0)]
+        follows: u64,
+        /// Typed: features per item (0: items have none; --feature-dim is
+        /// the users').
+        #[arg(long, default_value_t = 0)]
+        item_feature_dim: u32,
     },
 }
 
@@ -339,7 +351,39 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             super_degree,
             feature_dim,
             classes,
+            items,
+            follows,
+            item_feature_dim,
         } => {
+            if let Some(items) = items {
+                anyhow::ensure!(
+                    super_nodes == 0 && super_degree == 0,
+                    "--super-nodes and --super-degree are for one-type graphs: leave them out \
+                     with --items"
+                );
+                let options = generate::TypedGenerateOptions {
+                    users: nodes,
+                    items,
+                    interactions: edges,
+                    follows,
+                    seed,
+                    user_feature_dim: feature_dim,
+                    item_feature_dim,
+                    classes,
+                };
+                let done = generate::generate_typed(&options, &out)?;
+                println!(
+                    "typed dataset {}: {nodes} users, {items} items, {} edges in {:.2} s",
+                    out.display(),
+                    done.edges_written,
+                    done.seconds
+                );
+                return Ok(());
+            }
+            anyhow::ensure!(
+                follows == 0 && item_feature_dim == 0,
+                "--follows and --item-feature-dim are for a typed graph: give --items too"
+            );
             let options = generate::GenerateOptions {
                 nodes,
                 edges,

@@ -15,6 +15,12 @@
 //! can learn it and the classes are about equally common) and `split.u8` (seeded: 60% train, 20% validation, 20% test), so the
 //! model tooling can train on it.
 //! Edges are unsorted and may repeat; the importer sorts and deduplicates.
+//!
+//! [`generate_typed`] writes a typed dataset instead (docs/graph-index.md,
+//! "Typed datasets"): users and items, user-item interactions placed by
+//! R-MAT over both id spaces (power-law degrees on both sides) with their
+//! reverse type, and optionally user-user follows, each edge type sorted
+//! and without repeats.
 
 use std::fs::File;
 use std::io::{BufWriter, Write};
@@ -88,13 +94,26 @@ fn gcd(mut a: u64, mut b: u64) -> u64 {
 /// `classes` > 0, each row's label to `<out>/labels.i32` and a seeded split
 /// to `<out>/split.u8` (0 train, 1 validation, 2 test).
 fn write_features(out: &Path, n: u64, dim: u32, classes: u32, seed: u64) -> anyhow::Result<()> {
+    write_features_to(&out.join("features.f32"), out, n, dim, classes, seed)
+}
+
+/// [`write_features`] with the features at `features` (labels and split
+/// still in `out`).
+fn write_features_to(
+    features: &Path,
+    out: &Path,
+    n: u64,
+    dim: u32,
+    classes: u32,
+    seed: u64,
+) -> anyhow::Result<()> {
     let mut rng = SmallRng::seed_from_u64(seed ^ 0x5eed_f00d);
     let mut split_rng = SmallRng::seed_from_u64(seed ^ 0x5b11_7000);
     // Class k's direction: `dim` seeded values in [-1, 1).
     let projections: Vec<f32> = (0..classes as usize * dim as usize)
         .map(|_| split_rng.random::<f32>() * 2.0 - 1.0)
         .collect();
-    let mut writer = BufWriter::with_capacity(1 << 20, File::create(out.join("features.f32"))?);
+    let mut writer = BufWriter::with_capacity(1 << 20, File::create(features)?);
     let mut labelled = if classes > 0 {
         Some((
             BufWriter::new(File::create(out.join("labels.i32"))?),
@@ -224,6 +243,171 @@ pub fn generate(options: &GenerateOptions, out: &Path) -> anyhow::Result<Generat
                           projections of the node's features less 0.5"
             .into();
         meta["split"] = "split.u8: 0 train, 1 validation, 2 test; seeded, about 60/20/20".into();
+    }
+    std::fs::write(out.join("meta.json"), serde_json::to_string_pretty(&meta)?)?;
+    Ok(Generated {
+        edges_written: written,
+        seconds: started.elapsed().as_secs_f64(),
+    })
+}
+
+/// A typed graph to generate: users and items.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TypedGenerateOptions {
+    pub users: u64,
+    pub items: u64,
+    /// User-item interactions drawn (repeats are dropped).
+    pub interactions: u64,
+    /// User-user follows drawn (repeats and self loops are dropped); 0: no
+    /// follows edge type.
+    pub follows: u64,
+    pub seed: u64,
+    /// Features per user and per item (0: the type has none).
+    pub user_feature_dim: u32,
+    pub item_feature_dim: u32,
+    /// Classes of the users' labels (needs user features); 0: none.
+    pub classes: u32,
+}
+
+/// R-MAT pairs over `n_src x n_dst` (ids past a side wrap modulo it),
+/// without `src == dst` when `no_loops`, sorted and unique, as u64 keys
+/// `src * n_dst + dst`.
+fn rmat_keys(rng: &mut SmallRng, count: u64, n_src: u64, n_dst: u64, no_loops: bool) -> Vec<u64> {
+    let scale = 64 - (n_src.max(n_dst) - 1).leading_zeros();
+    let mut keys = Vec::with_capacity(count as usize);
+    for i in 0..count {
+        let (src, dst) = rmat_edge(rng, scale);
+        let (src, dst) = (src % n_src, dst % n_dst);
+        if !(no_loops && src == dst) {
+            keys.push(src * n_dst + dst);
+        }
+        if (i + 1).is_multiple_of(50_000_000) {
+            tracing::info!(edges = i + 1, "generating R-MAT edges");
+        }
+    }
+    keys.sort_unstable();
+    keys.dedup();
+    keys
+}
+
+/// Writes keys `src * n_dst + dst` as u32 LE (src, dst) pairs, or each
+/// pair reversed (still sorted: the keys are re-sorted by dst first).
+fn write_pairs(path: &Path, keys: &[u64], n_dst: u64, reversed: bool) -> anyhow::Result<()> {
+    let mut pairs: Vec<(u32, u32)> = keys
+        .iter()
+        .map(|&k| ((k / n_dst) as u32, (k % n_dst) as u32))
+        .map(|(s, d)| if reversed { (d, s) } else { (s, d) })
+        .collect();
+    if reversed {
+        pairs.sort_unstable();
+    }
+    let mut writer = BufWriter::with_capacity(1 << 20, File::create(path)?);
+    for (s, d) in pairs {
+        writer.write_all(&s.to_le_bytes())?;
+        writer.write_all(&d.to_le_bytes())?;
+    }
+    writer.flush()?;
+    Ok(())
+}
+
+/// Writes a typed dataset of users and items into `out`: `meta.json`,
+/// `edges/user__interacts__item.u32` and its reverse
+/// `item__rev_interacts__user`, with `follows` > 0
+/// `edges/user__follows__user.u32`, `nodes/<type>.f32` for a type with
+/// features, and with `classes` the users' `labels.i32` and `split.u8`.
+/// Memory: 8 bytes per edge of the largest edge type while it is sorted.
+pub fn generate_typed(options: &TypedGenerateOptions, out: &Path) -> anyhow::Result<Generated> {
+    let started = Instant::now();
+    let (users, items) = (options.users, options.items);
+    for (flag, n) in [("--nodes", users), ("--items", items)] {
+        ensure!(
+            (2..=u64::from(u32::MAX)).contains(&n),
+            "{flag} {n} must be between 2 and 2^32 - 1"
+        );
+    }
+    ensure!(
+        options.classes == 0 || options.user_feature_dim > 0,
+        "--classes {} needs --feature-dim: the users' labels are drawn from their features",
+        options.classes
+    );
+    std::fs::create_dir_all(out.join("edges"))
+        .with_context(|| format!("creating {}", out.display()))?;
+    std::fs::create_dir_all(out.join("nodes"))?;
+    let mut rng = SmallRng::seed_from_u64(options.seed);
+    let interactions = rmat_keys(&mut rng, options.interactions, users, items, false);
+    write_pairs(
+        &out.join("edges/user__interacts__item.u32"),
+        &interactions,
+        items,
+        false,
+    )?;
+    write_pairs(
+        &out.join("edges/item__rev_interacts__user.u32"),
+        &interactions,
+        items,
+        true,
+    )?;
+    let n_interactions = interactions.len() as u64;
+    drop(interactions);
+    let mut edge_types = vec![
+        serde_json::json!({"src": "user", "relation": "interacts", "dst": "item",
+            "num_edges": n_interactions, "edges": "edges/user__interacts__item.u32"}),
+        serde_json::json!({"src": "item", "relation": "rev_interacts", "dst": "user",
+            "num_edges": n_interactions, "edges": "edges/item__rev_interacts__user.u32"}),
+    ];
+    let mut written = 2 * n_interactions;
+    if options.follows > 0 {
+        let follows = rmat_keys(&mut rng, options.follows, users, users, true);
+        write_pairs(
+            &out.join("edges/user__follows__user.u32"),
+            &follows,
+            users,
+            false,
+        )?;
+        edge_types.push(
+            serde_json::json!({"src": "user", "relation": "follows", "dst": "user",
+            "num_edges": follows.len(), "edges": "edges/user__follows__user.u32"}),
+        );
+        written += follows.len() as u64;
+    }
+    let mut node_types = Vec::new();
+    for (name, n, dim, classes, salt) in [
+        (
+            "user",
+            users,
+            options.user_feature_dim,
+            options.classes,
+            1u64,
+        ),
+        ("item", items, options.item_feature_dim, 0, 2),
+    ] {
+        let mut entry = serde_json::json!({"name": name, "num_nodes": n, "feature_dim": dim});
+        if dim > 0 {
+            let file = format!("nodes/{name}.f32");
+            write_features_to(&out.join(&file), out, n, dim, classes, options.seed ^ salt)?;
+            entry["dtype"] = "f32".into();
+            entry["features"] = file.into();
+        }
+        node_types.push(entry);
+    }
+    let mut meta = serde_json::json!({
+        "name": format!("users-items-u{users}-i{items}-e{}-s{}", options.interactions, options.seed),
+        "node_types": node_types,
+        "edge_types": edge_types,
+        "generator": {
+            "kind": "R-MAT (a, b, c, d) = (0.57, 0.19, 0.19, 0.05) over each edge type's two id spaces",
+            "seed": options.seed,
+            "interactions_drawn": options.interactions,
+            "follows_drawn": options.follows,
+        },
+        "format": "docs/graph-index.md, \"Typed datasets\": each edge file u32 LE (src, dst) pairs, unique, sorted",
+    });
+    if options.classes > 0 {
+        meta["labels"] = serde_json::json!({
+            "node_type": "user", "labels": "labels.i32", "split": "split.u8",
+            "num_classes": options.classes,
+            "definition": "the largest of num_classes seeded random projections of the user's features less 0.5",
+        });
     }
     std::fs::write(out.join("meta.json"), serde_json::to_string_pretty(&meta)?)?;
     Ok(Generated {
