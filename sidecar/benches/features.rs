@@ -18,7 +18,7 @@
 //! Goals (printed, not asserted): cold p50 <= 1.3x bare MGET and >= 50x
 //! faster than naive GETs; warm p50 <= 2x the in-memory floor.
 //!
-//! Run: `cargo bench -p sidecar --bench features` (`-- --quick`).
+//! Run: `cargo bench --workspace --bench features` (`-- --quick`).
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
