@@ -578,24 +578,18 @@ def train(net, ds, *, epochs, lr, weight_decay, seed):
     train_idx = torch.from_numpy(np.flatnonzero(ds.split == 0))
     val_idx = torch.from_numpy(np.flatnonzero(ds.split == 1))
     opt = torch.optim.Adam(net.parameters(), lr=lr, weight_decay=weight_decay)
-    best = (-1.0, 0, None)
-    for epoch in range(1, epochs + 1):
-        net.train()
+
+    def train_epoch():
         opt.zero_grad()
         loss = F.cross_entropy(net(xt, et)[train_idx], y[train_idx])
         loss.backward()
         opt.step()
-        net.eval()
-        with torch.no_grad():
-            pred = net(xt, et).argmax(1)
-        val = float((pred[val_idx] == y[val_idx]).float().mean())
-        if val > best[0]:
-            best = (val, epoch, {k: v.detach().clone() for k, v in net.state_dict().items()})
-        if epoch % 20 == 0 or epoch == epochs:
-            progress(f"epoch {epoch}/{epochs}: val {val:.3f} (best {best[0]:.3f} at {best[1]})")
-    net.load_state_dict(best[2])
-    net.eval()
-    return best[0], best[1]
+
+    def val_accuracy():
+        pred = net(xt, et).argmax(1)
+        return float((pred[val_idx] == y[val_idx]).float().mean())
+
+    return pyg_model.keep_best(net, epochs, train_epoch, val_accuracy)
 
 
 def neighbor_loader_accuracy(model, ds, fanouts, runs, seed):
@@ -612,24 +606,6 @@ def neighbor_loader_accuracy(model, ds, fanouts, runs, seed):
             correct += int(out[0].argmax() == ds.y[t])
         accs.append(correct / len(idx))
     return float(np.mean(accs)), accs
-
-
-class Encoder:
-    """A trained classifier with a head, exported as its embedding."""
-
-    @staticmethod
-    def of(net):
-        torch = torch_modules()[0]
-
-        class Wrapped(torch.nn.Module):
-            def __init__(self):
-                super().__init__()
-                self.net = net
-
-            def forward(self, x_dict, edge_index_dict):
-                return self.net.encode(x_dict, edge_index_dict)
-
-        return Wrapped().eval()
 
 
 def cmd_train(args):
@@ -657,7 +633,7 @@ def cmd_train(args):
         mean, runs = neighbor_loader_accuracy(net, ds, fanouts, args.loader_runs, args.seed)
         extra["neighbor_loader"] = {"fanouts": {edge_key(et): v for et, v in fanouts.items()},
                                     "batch_size": 1, "runs": runs, "mean_test_accuracy": mean}
-    manifest = export(Encoder.of(net) if embedding else net, dataset=ds, out=args.out,
+    manifest = export(pyg_model.Encoder.of(net) if embedding else net, dataset=ds, out=args.out,
                       fanouts=fanouts, output=args.output, graph_version=args.graph_version,
                       architecture=f"pyg-{args.arch}-sage-{args.layers}layer", seed=args.seed,
                       extra=extra)

@@ -219,8 +219,8 @@ class Encoder:
                 super().__init__()
                 self.net = net
 
-            def forward(self, x, edge_index):
-                return self.net.encode(x, edge_index)
+            def forward(self, *inputs):  # (x, edge_index), or a typed model's dicts
+                return self.net.encode(*inputs)
 
         return Wrapped().eval()
 
@@ -240,28 +240,44 @@ def train(net, x, edge_index, y, split, *, epochs, lr, weight_decay, mode, fanou
     train_idx = np.flatnonzero(split == 0)
     val_idx = torch.from_numpy(np.flatnonzero(split == 1))
     opt = torch.optim.Adam(net.parameters(), lr=lr, weight_decay=weight_decay)
-    best = (-1.0, 0, None)
-    for epoch in range(1, epochs + 1):
-        net.train()
+
+    def train_epoch():
         if mode == "full":
             opt.zero_grad()
             loss = F.cross_entropy(net(xt, et)[train_idx], yt[train_idx])
             loss.backward()
             opt.step()
-        else:
-            order = rng.permutation(train_idx)
-            for start in range(0, len(order), batch):
-                seeds = order[start:start + batch]
-                n_id, sub, _, _ = sample_subgraph(indptr, indices, seeds, fanouts, rng)
-                opt.zero_grad()
-                out = net(xt[torch.from_numpy(n_id)], torch.from_numpy(sub))
-                loss = F.cross_entropy(out[:len(seeds)], yt[torch.from_numpy(seeds)])
-                loss.backward()
-                opt.step()
+            return
+        order = rng.permutation(train_idx)
+        for start in range(0, len(order), batch):
+            seeds = order[start:start + batch]
+            n_id, sub, _, _ = sample_subgraph(indptr, indices, seeds, fanouts, rng)
+            opt.zero_grad()
+            out = net(xt[torch.from_numpy(n_id)], torch.from_numpy(sub))
+            loss = F.cross_entropy(out[:len(seeds)], yt[torch.from_numpy(seeds)])
+            loss.backward()
+            opt.step()
+
+    def val_accuracy():
+        pred = net(xt, et).argmax(1)
+        return float((pred[val_idx] == yt[val_idx]).float().mean())
+
+    return keep_best(net, epochs, train_epoch, val_accuracy)
+
+
+def keep_best(net, epochs, train_epoch, val_accuracy):
+    """Runs `train_epoch()` (in training mode) `epochs` times, measures
+    `val_accuracy()` (in eval mode, without gradients) after each, and
+    leaves `net` in eval mode with the weights of the best epoch. Returns
+    (best val accuracy, its epoch)."""
+    torch = torch_modules()[0]
+    best = (-1.0, 0, None)
+    for epoch in range(1, epochs + 1):
+        net.train()
+        train_epoch()
         net.eval()
         with torch.no_grad():
-            pred = net(xt, et).argmax(1)
-        val = float((pred[val_idx] == yt[val_idx]).float().mean())
+            val = val_accuracy()
         if val > best[0]:
             best = (val, epoch, {k: v.detach().clone() for k, v in net.state_dict().items()})
         if epoch % 20 == 0 or epoch == epochs:

@@ -17,7 +17,7 @@ use sidecar::graph::sampler::SubgraphLimits;
 use sidecar::graph::typed::{feature_dir, TYPED_DIR};
 use sidecar::graph::{Sampler, TypedFanouts, TypedGraph, TypedNeighborSource, TypedSampled};
 use tests::redis::RedisServer;
-use tests::stack::{dataset, python, repo_root, workspace_bin};
+use tests::stack::{dataset, python, read_u32_pairs, repo_root, run_ok, workspace_bin};
 
 const NO_LIMITS: SubgraphLimits = SubgraphLimits {
     max_nodes: usize::MAX,
@@ -44,13 +44,15 @@ fn import(dataset_dir: &Path) -> (tempfile::TempDir, std::process::Output) {
 fn openflights_graph() -> &'static (tempfile::TempDir, PathBuf) {
     static GRAPH: std::sync::OnceLock<(tempfile::TempDir, PathBuf)> = std::sync::OnceLock::new();
     GRAPH.get_or_init(|| {
-        let (data, output) = import(&dataset("openflights"));
-        assert!(
-            output.status.success(),
-            "{}",
-            String::from_utf8_lossy(&output.stderr)
+        let data = tempfile::tempdir().unwrap();
+        let (stdout, _) = run_ok(
+            Command::new(workspace_bin("sidecar"))
+                .arg("import")
+                .arg(dataset("openflights"))
+                .arg("--data-dir")
+                .arg(data.path()),
+            "sidecar import of openflights",
         );
-        let stdout = String::from_utf8_lossy(&output.stdout);
         assert!(stdout.contains("4 node types, 9 edge types"), "{stdout}");
         assert!(
             stdout.contains("edge type airport__route__airport: 36588 edges"),
@@ -59,19 +61,6 @@ fn openflights_graph() -> &'static (tempfile::TempDir, PathBuf) {
         let path = data.path().to_path_buf();
         (data, path)
     })
-}
-
-fn pairs(path: &Path) -> Vec<(u32, u32)> {
-    std::fs::read(path)
-        .unwrap()
-        .chunks_exact(8)
-        .map(|c| {
-            (
-                u32::from_le_bytes(c[..4].try_into().unwrap()),
-                u32::from_le_bytes(c[4..].try_into().unwrap()),
-            )
-        })
-        .collect()
 }
 
 #[test]
@@ -105,7 +94,7 @@ fn each_edge_type_s_index_lists_every_destination_s_sources() {
         );
         let (_, dst) = graph.edge_types()[e];
         let mut want: BTreeMap<u32, Vec<u32>> = BTreeMap::new();
-        for (s, d) in pairs(&source.join(entry["edges"].as_str().unwrap())) {
+        for (s, d) in read_u32_pairs(&source.join(entry["edges"].as_str().unwrap())) {
             want.entry(d).or_default().push(s);
         }
         let index = graph.csr(e);
@@ -145,17 +134,11 @@ print(json.dumps({{
         model_dir = repo_root().join("gnn-worker/model").display().to_string(),
         dataset = dataset("openflights").display().to_string(),
     );
-    let output = Command::new(python())
-        .arg("-c")
-        .arg(script)
-        .output()
-        .expect("running python");
-    assert!(
-        output.status.success(),
-        "{}",
-        String::from_utf8_lossy(&output.stderr)
+    let (stdout, _) = run_ok(
+        Command::new(python()).arg("-c").arg(script),
+        "pyg_hetero.sample_typed",
     );
-    serde_json::from_slice(&output.stdout).unwrap()
+    serde_json::from_str(&stdout).unwrap()
 }
 
 fn covering(graph: &TypedGraph, hops: usize) -> TypedFanouts {
@@ -346,13 +329,7 @@ fn an_import_whose_edges_leave_their_types_is_refused_by_edge_type_and_id() {
     let source = dataset("openflights");
     let copy = tempfile::tempdir().unwrap();
     for entry in ["edges", "nodes"] {
-        let status = Command::new("cp")
-            .arg("-r")
-            .arg(source.join(entry))
-            .arg(copy.path())
-            .status()
-            .unwrap();
-        assert!(status.success());
+        tests::stack::copy_dir(&source.join(entry), &copy.path().join(entry));
     }
     let mut meta = meta(&source);
     // Fewer airlines than the edges name.
@@ -466,20 +443,15 @@ async fn into_redis_each_type_s_rows_are_keyed_by_type_and_id() {
     let server = RedisServer::start();
     let source = dataset("openflights");
     let data = tempfile::tempdir().unwrap();
-    let output = Command::new(workspace_bin("sidecar"))
-        .arg("import")
-        .arg(&source)
-        .arg("--data-dir")
-        .arg(data.path())
-        .args(["--redis", &server.url()])
-        .output()
-        .expect("running sidecar import");
-    assert!(
-        output.status.success(),
-        "{}",
-        String::from_utf8_lossy(&output.stderr)
+    let (stdout, _) = run_ok(
+        Command::new(workspace_bin("sidecar"))
+            .arg("import")
+            .arg(&source)
+            .arg("--data-dir")
+            .arg(data.path())
+            .args(["--redis", &server.url()]),
+        "sidecar import into Redis",
     );
-    let stdout = String::from_utf8_lossy(&output.stdout);
     assert!(
         stdout.contains("features of airport: 7698 rows of 11 f32 into Redis"),
         "{stdout}"
@@ -577,7 +549,7 @@ fn a_generated_typed_graph_is_seeded_imports_and_trains() {
         ]
     );
     // Power-law degrees: the busiest item has many times the mean.
-    let interactions = pairs(&a.join("edges/user__interacts__item.u32"));
+    let interactions = read_u32_pairs(&a.join("edges/user__interacts__item.u32"));
     let mut degree = vec![0u32; 1000];
     for &(_, item) in &interactions {
         degree[item as usize] += 1;
@@ -586,11 +558,7 @@ fn a_generated_typed_graph_is_seeded_imports_and_trains() {
     assert!(f64::from(*degree.iter().max().unwrap()) > 10.0 * mean);
 
     let (data, output) = import(&a);
-    assert!(
-        output.status.success(),
-        "{}",
-        String::from_utf8_lossy(&output.stderr)
-    );
+    assert!(output.status.success(), "{output:?}");
     let graph = TypedGraph::open(data.path()).unwrap();
     assert_eq!(
         graph.csr(0).n_edges() as usize,
@@ -599,18 +567,14 @@ fn a_generated_typed_graph_is_seeded_imports_and_trains() {
     );
     // The PyG tooling reads it (unique, sorted pairs checked) and trains.
     let model = tempfile::tempdir().unwrap();
-    let output = Command::new(python())
-        .arg(repo_root().join("gnn-worker/model/pyg_hetero.py"))
-        .args(["train", "--dataset"])
-        .arg(&a)
-        .arg("--out")
-        .arg(model.path())
-        .args(["--epochs", "3", "--loader-runs", "0", "--hidden", "16"])
-        .output()
-        .expect("running pyg_hetero.py");
-    assert!(
-        output.status.success(),
-        "{}",
-        String::from_utf8_lossy(&output.stderr)
+    run_ok(
+        Command::new(python())
+            .arg(repo_root().join("gnn-worker/model/pyg_hetero.py"))
+            .args(["train", "--dataset"])
+            .arg(&a)
+            .arg("--out")
+            .arg(model.path())
+            .args(["--epochs", "3", "--loader-runs", "0", "--hidden", "16"]),
+        "pyg_hetero.py train on a generated graph",
     );
 }

@@ -751,6 +751,12 @@ pub fn read_i32(path: &Path) -> Vec<i32> {
     read_le4(path, i32::from_le_bytes)
 }
 
+/// Reads an edge file: little-endian u32 `(src, dst)` pairs.
+pub fn read_u32_pairs(path: &Path) -> Vec<(u32, u32)> {
+    let ids = read_le4(path, u32::from_le_bytes);
+    ids.chunks_exact(2).map(|p| (p[0], p[1])).collect()
+}
+
 /// Runs `command` to its end and returns its stdout and stderr; panics
 /// naming `what`, with both, when it fails.
 pub fn run_ok(command: &mut Command, what: &str) -> (String, String) {

@@ -18,7 +18,9 @@ use std::process::Command;
 use ort::session::SessionInputValue;
 use ort::value::Tensor;
 use support::ort_env;
-use tests::stack::{dataset, process_dir, python, read_f32, repo_root, workspace_bin};
+use tests::stack::{
+    dataset, process_dir, python, read_f32, read_u32_pairs, repo_root, run_ok, workspace_bin,
+};
 
 fn json(path: &Path) -> serde_json::Value {
     serde_json::from_str(&std::fs::read_to_string(path).unwrap())
@@ -56,30 +58,17 @@ fn node_counts(meta: &serde_json::Value) -> BTreeMap<String, u64> {
         .collect()
 }
 
-fn pairs(path: &Path) -> Vec<(u32, u32)> {
-    std::fs::read(path)
-        .unwrap()
-        .chunks_exact(8)
-        .map(|c| {
-            (
-                u32::from_le_bytes(c[..4].try_into().unwrap()),
-                u32::from_le_bytes(c[4..].try_into().unwrap()),
-            )
-        })
-        .collect()
-}
-
 #[test]
 fn the_shipped_openflights_is_what_the_converter_writes_from_the_raw_files() {
     let shipped = openflights();
     let out = process_dir("openflights-converted");
-    let status = Command::new(python())
-        .arg(repo_root().join("scripts/datasets/openflights.py"))
-        .arg(shipped.join("raw"))
-        .arg(&out)
-        .status()
-        .expect("running the converter");
-    assert!(status.success(), "scripts/datasets/openflights.py failed");
+    run_ok(
+        Command::new(python())
+            .arg(repo_root().join("scripts/datasets/openflights.py"))
+            .arg(shipped.join("raw"))
+            .arg(&out),
+        "scripts/datasets/openflights.py",
+    );
     // meta.json holds the sha256 of the raw files the converter read and
     // of every file it wrote: identical metas and identical files.
     let meta = json(&shipped.join("meta.json"));
@@ -144,7 +133,7 @@ fn the_typed_layout_holds_what_its_meta_says() {
     }
     let mut by_type = BTreeMap::new();
     for (src, relation, dst, file) in edge_types(&meta) {
-        let edges = pairs(&dir.join(&file));
+        let edges = read_u32_pairs(&dir.join(&file));
         assert!(!edges.is_empty(), "{file}");
         assert!(
             edges.windows(2).all(|w| w[0] < w[1]),
@@ -193,19 +182,15 @@ fn the_typed_layout_holds_what_its_meta_says() {
 /// A model trained and exported by `pyg_hetero.py train` on OpenFlights.
 fn trained(args: &[&str]) -> PathBuf {
     let out = process_dir("hetero-model");
-    let output = Command::new(python())
-        .arg(repo_root().join("gnn-worker/model/pyg_hetero.py"))
-        .args(["train", "--dataset"])
-        .arg(openflights())
-        .arg("--out")
-        .arg(&out)
-        .args(args)
-        .output()
-        .expect("running pyg_hetero.py");
-    assert!(
-        output.status.success(),
-        "pyg_hetero.py train {args:?} failed: {}",
-        String::from_utf8_lossy(&output.stderr)
+    run_ok(
+        Command::new(python())
+            .arg(repo_root().join("gnn-worker/model/pyg_hetero.py"))
+            .args(["train", "--dataset"])
+            .arg(openflights())
+            .arg("--out")
+            .arg(&out)
+            .args(args),
+        &format!("pyg_hetero.py train {args:?}"),
     );
     out
 }
@@ -237,7 +222,7 @@ fn full_graph_inputs(dir: &Path) -> BTreeMap<String, SessionInputValue<'static>>
         inputs.insert(format!("{prefix}__{name}"), value);
     }
     for (src, relation, dst, file) in edge_types(&meta) {
-        let edges = pairs(&dir.join(file));
+        let edges = read_u32_pairs(&dir.join(file));
         let mut index: Vec<i64> = edges.iter().map(|&(s, _)| i64::from(s)).collect();
         index.extend(edges.iter().map(|&(_, d)| i64::from(d)));
         let value = Tensor::from_array(([2, edges.len()], index)).unwrap();
