@@ -466,3 +466,86 @@ class Net(torch.nn.Module):
     assert_eq!(manifest["architecture"], "flights:Net");
     assert_eq!(manifest["inputs"].as_array().unwrap().len(), 6);
 }
+
+#[test]
+fn an_attention_model_that_onnxruntime_cannot_run_on_empty_types_is_exported_with_the_cases_named()
+{
+    let dir = process_dir("hetero-gat");
+    std::fs::write(
+        dir.join("flights_gat.py"),
+        r#"
+import torch
+from torch_geometric.nn import GATConv, to_hetero
+
+NODE_TYPES = ["airport", "airline", "country", "plane"]
+EDGE_TYPES = [("airport", "route", "airport"), ("airline", "serves", "airport"),
+              ("airport", "rev_serves", "airline"), ("airport", "located_in", "country"),
+              ("country", "rev_located_in", "airport"), ("airline", "based_in", "country"),
+              ("country", "rev_based_in", "airline"), ("airline", "flies", "plane"),
+              ("plane", "rev_flies", "airline")]
+
+
+class GNN(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv1 = GATConv((-1, -1), 16, add_self_loops=False)
+        self.conv2 = GATConv((-1, -1), 10, add_self_loops=False)
+
+    def forward(self, x, edge_index):
+        return self.conv2(self.conv1(x, edge_index).relu(), edge_index)
+
+
+class Net(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.country = torch.nn.Embedding(261, 8)
+        self.plane = torch.nn.Embedding(246, 8)
+        self.gnn = to_hetero(GNN(), (NODE_TYPES, EDGE_TYPES), aggr="sum")
+
+    def forward(self, x_dict, edge_index_dict):
+        x_dict = dict(x_dict, country=self.country(x_dict["country"]),
+                      plane=self.plane(x_dict["plane"]))
+        return self.gnn(x_dict, edge_index_dict)["airport"]
+"#,
+    )
+    .unwrap();
+    let out = dir.join("model");
+    let (_, stderr) = run_ok(
+        Command::new(python())
+            .current_dir(&dir)
+            .arg(repo_root().join("gnn-worker/model/pyg_hetero.py"))
+            .args(["export", "--module", "flights_gat:Net", "--fanouts", "5,3"])
+            .arg("--dataset")
+            .arg(openflights())
+            .arg("--out")
+            .arg(&out),
+        "pyg_hetero.py export of a to_hetero GAT",
+    );
+    assert!(
+        stderr.contains("onnxruntime cannot run this model on the"),
+        "{stderr}"
+    );
+    // Where every input has rows and edges it is exact.
+    let (worst, width) = full_graph_difference(&out);
+    assert!(worst <= 1e-5, "ONNX Runtime differs from PyG by {worst}");
+    assert_eq!(width, 10);
+    let manifest = json(&out.join("manifest.json"));
+    let cannot_run = manifest["check"]["cannot_run"].as_array().unwrap();
+    assert!(!cannot_run.is_empty());
+    for case in cannot_run {
+        assert!(
+            !case["empty_inputs"].as_array().unwrap().is_empty(),
+            "{case}: only a case with an empty input is recorded"
+        );
+        assert!(
+            case["error"].as_str().unwrap().contains("ONNXRuntimeError"),
+            "{case}"
+        );
+    }
+    assert!(
+        manifest["check"]["cases"]["full-graph"]["max_rel_diff"]
+            .as_f64()
+            .unwrap()
+            <= 1e-5
+    );
+}
