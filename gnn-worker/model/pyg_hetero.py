@@ -201,14 +201,7 @@ def sample_typed(ds, target_type, targets, fanouts, rng=None):
             indptr, indices = ds.lists[et]
             begin, end = frontier[d]
             for local in range(begin, end) if fanout else ():
-                v = n_id[d][local]
-                lo, hi = indptr[v], indptr[v + 1]
-                degree = hi - lo
-                if rng is None or degree <= fanout:
-                    picked = indices[lo:hi]
-                else:
-                    picked = indices[lo + rng.choice(degree, fanout, replace=False)]
-                for u in picked:
+                for u in pyg_model.pick_neighbours(indptr, indices, n_id[d][local], fanout, rng):
                     src[et].append(add(s, int(u)))
                     dst[et].append(local)
             num_edges[et].append(len(src[et]) - count)

@@ -120,14 +120,7 @@ def sample_subgraph(indptr, indices, targets, fanouts, rng=None):
         end = len(n_id)
         before = len(src)
         for local in range(begin, end):
-            v = n_id[local]
-            lo, hi = indptr[v], indptr[v + 1]
-            degree = hi - lo
-            if rng is None or degree <= fanout:
-                picked = indices[lo:hi]
-            else:
-                picked = indices[lo + rng.choice(degree, fanout, replace=False)]
-            for u in picked:
+            for u in pick_neighbours(indptr, indices, n_id[local], fanout, rng):
                 u = int(u)
                 if u not in row:
                     row[u] = len(n_id)
@@ -139,6 +132,17 @@ def sample_subgraph(indptr, indices, targets, fanouts, rng=None):
         begin = end
     edge_index = np.array([src, dst], dtype=np.int64).reshape(2, -1)
     return np.array(n_id, dtype=np.int64), edge_index, num_nodes, num_edges
+
+
+def pick_neighbours(indptr, indices, v, fanout, rng):
+    """Up to `fanout` of node `v`'s listed neighbours (`indices[indptr[v]:
+    indptr[v + 1]]`), uniformly without replacement; all of them with `rng`
+    None or when there are at most `fanout`."""
+    lo, hi = indptr[v], indptr[v + 1]
+    degree = hi - lo
+    if rng is None or degree <= fanout:
+        return indices[lo:hi]
+    return indices[lo + rng.choice(degree, fanout, replace=False)]
 
 
 def torch_modules():
