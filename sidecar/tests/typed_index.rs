@@ -578,3 +578,66 @@ fn a_generated_typed_graph_is_seeded_imports_and_trains() {
         "pyg_hetero.py train on a generated graph",
     );
 }
+
+/// Rewrites both checksums of a CSR file's bytes after an edit, so that
+/// only the structure check can catch the edit.
+fn reseal(bytes: &mut [u8]) {
+    use xxhash_rust::xxh3::xxh3_64;
+    let body = xxh3_64(&bytes[128..]);
+    bytes[64..72].copy_from_slice(&body.to_le_bytes());
+    let header = xxh3_64(&bytes[..120]);
+    bytes[120..128].copy_from_slice(&header.to_le_bytes());
+}
+
+#[test]
+fn a_typed_index_whose_sources_leave_their_type_is_refused_even_with_valid_checksums() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = openflights_graph()
+        .1
+        .join(TYPED_DIR)
+        .join("airline__serves__airport.csr");
+    let original = std::fs::read(&path).unwrap();
+    let header = sidecar::graph::CsrHeader::decode(&original, original.len() as u64, "x").unwrap();
+    assert!(header.is_typed());
+    assert_eq!((header.n_nodes, header.n_src), (7698, 6162));
+    let broken = dir.path().join("broken.csr");
+    let refused = |bytes: &[u8]| {
+        std::fs::write(&broken, bytes).unwrap();
+        sidecar::graph::CsrIndex::open(&broken)
+            .err()
+            .map(|e| e.to_string())
+            .unwrap_or_default()
+    };
+    // An airline id past the airlines (the first source of the first row
+    // that has one).
+    let mut bytes = original.clone();
+    let first = header.indices_range().start;
+    bytes[first..first + 4].copy_from_slice(&6162u32.to_le_bytes());
+    reseal(&mut bytes);
+    assert!(
+        refused(&bytes).contains("an id out of range"),
+        "{}",
+        refused(&bytes)
+    );
+    // A source count below the ids the rows hold.
+    let mut bytes = original.clone();
+    bytes[112..120].copy_from_slice(&100u64.to_le_bytes());
+    reseal(&mut bytes);
+    assert!(
+        refused(&bytes).contains("an id out of range"),
+        "{}",
+        refused(&bytes)
+    );
+    // A source count on a file without the typed flag.
+    let mut bytes = original.clone();
+    bytes[12..16].copy_from_slice(&0u32.to_le_bytes());
+    reseal(&mut bytes);
+    assert!(
+        refused(&bytes).contains("another file has no source count"),
+        "{}",
+        refused(&bytes)
+    );
+    // The file as written opens.
+    std::fs::write(&broken, &original).unwrap();
+    assert!(sidecar::graph::CsrIndex::open(&broken).is_ok());
+}
