@@ -369,13 +369,7 @@ def parse_fanouts(ds, default, overrides):
     names one edge type). Every edge type has the same number of hops, 1
     to 3; a fanout is 0 (the type is not sampled at that hop) or more."""
     def numbers(text, what):
-        try:
-            values = [int(v) for v in str(text).split(",")]
-        except ValueError:
-            sys.exit(f"{what} {text!r}: give numbers such as 10,5")
-        if not 1 <= len(values) <= 3 or min(values) < 0:
-            sys.exit(f"{what} {text!r}: one fanout of 0 or more per hop, 1 to 3 hops")
-        return values
+        return pyg_model.parse_fanouts(text, least=0, what=what)
 
     if isinstance(default, dict):
         fanouts = {}

@@ -670,13 +670,15 @@ def cmd_train(args):
                       "seconds": round(time.time() - started, 1)}))
 
 
-def parse_fanouts(text):
+def parse_fanouts(text, least=1, what="fanouts"):
+    """"20,10": one fanout per hop, 1 to 3 hops, each at least `least`;
+    exits naming `what` otherwise."""
     try:
         fanouts = [int(f) for f in str(text).split(",")]
     except ValueError:
-        sys.exit(f"fanouts {text!r}: give numbers such as 20,10")
-    if not 1 <= len(fanouts) <= 3 or min(fanouts) < 1:
-        sys.exit(f"fanouts {text!r}: one fanout of at least 1 per hop, 1 to 3 hops")
+        sys.exit(f"{what} {text!r}: give numbers such as 20,10")
+    if not 1 <= len(fanouts) <= 3 or min(fanouts) < least:
+        sys.exit(f"{what} {text!r}: one fanout of {least} or more per hop, 1 to 3 hops")
     return fanouts
 
 

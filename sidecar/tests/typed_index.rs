@@ -608,35 +608,41 @@ fn a_typed_index_whose_sources_leave_their_type_is_refused_even_with_valid_check
             .map(|e| e.to_string())
             .unwrap_or_default()
     };
-    // An airline id past the airlines (the first source of the first row
-    // that has one).
-    let mut bytes = original.clone();
+    // Each edit with both checksums made valid again: only the structure
+    // check can catch it.
+    let edited = |offset: usize, value: &[u8]| {
+        let mut bytes = original.clone();
+        bytes[offset..offset + value.len()].copy_from_slice(value);
+        reseal(&mut bytes);
+        refused(&bytes)
+    };
     let first = header.indices_range().start;
-    bytes[first..first + 4].copy_from_slice(&6162u32.to_le_bytes());
-    reseal(&mut bytes);
-    assert!(
-        refused(&bytes).contains("an id out of range"),
-        "{}",
-        refused(&bytes)
-    );
-    // A source count below the ids the rows hold.
-    let mut bytes = original.clone();
-    bytes[112..120].copy_from_slice(&100u64.to_le_bytes());
-    reseal(&mut bytes);
-    assert!(
-        refused(&bytes).contains("an id out of range"),
-        "{}",
-        refused(&bytes)
-    );
-    // A source count on a file without the typed flag.
-    let mut bytes = original.clone();
-    bytes[12..16].copy_from_slice(&0u32.to_le_bytes());
-    reseal(&mut bytes);
-    assert!(
-        refused(&bytes).contains("another file has no source count"),
-        "{}",
-        refused(&bytes)
-    );
+    for (what, offset, value, error) in [
+        // An airline id past the airlines (the first row's first source).
+        (
+            "a source id of 6162",
+            first,
+            6162u32.to_le_bytes().to_vec(),
+            "an id out of range",
+        ),
+        // A source count below the ids the rows hold.
+        (
+            "n_src 100",
+            112,
+            100u64.to_le_bytes().to_vec(),
+            "an id out of range",
+        ),
+        // A source count on a file without the typed flag.
+        (
+            "flags 0",
+            12,
+            0u32.to_le_bytes().to_vec(),
+            "another file has no source count",
+        ),
+    ] {
+        let message = edited(offset, &value);
+        assert!(message.contains(error), "{what}: {message}");
+    }
     // The file as written opens.
     std::fs::write(&broken, &original).unwrap();
     assert!(sidecar::graph::CsrIndex::open(&broken).is_ok());
