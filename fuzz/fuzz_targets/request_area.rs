@@ -1,5 +1,8 @@
-//! A slot's request area, as the sidecar decodes it (docs/protocol.md 3.3).
+//! A slot's request area, as the sidecar decodes it (docs/protocol.md 3.3),
+//! for a one-type graph and for a typed one.
 #![no_main]
+
+mod common;
 
 use libfuzzer_sys::fuzz_target;
 use protocol::layout::{dtype, FeatureSchema, Geometry};
@@ -23,7 +26,28 @@ fuzz_target!(|bytes: &[u8]| {
         graph_version: 1,
         default_fanouts: [10, 5],
     };
-    if let Ok(request) = protocol::request::decode(bytes, &geometry, &schema) {
+    let typed = common::typed_graph();
+    if let Ok(request) = protocol::request::decode(bytes, &geometry, &schema, Some(&typed)) {
+        let ask = request.typed.as_ref().expect("a typed graph takes typed requests only");
+        assert!((ask.target_type as usize) < typed.node_types.len());
+        assert!((1..=3).contains(&ask.hops));
+        assert_eq!(ask.fanouts.len(), typed.edge_types.len() * ask.hops as usize);
+        for (i, &fanout) in ask.fanouts.iter().enumerate() {
+            let hop = i % ask.hops as usize;
+            assert!(fanout <= geometry.max_fanouts[hop.min(1)]);
+        }
+        assert!(request.targets.len() <= geometry.max_targets as usize);
+    }
+    let occupied = protocol::request::occupied_bytes(bytes, &geometry, &schema, Some(&typed));
+    assert!(occupied <= geometry.request_bytes as usize);
+    if let Some(head) = bytes.get(..occupied) {
+        assert_eq!(
+            protocol::request::decode(head, &geometry, &schema, Some(&typed)).is_ok(),
+            protocol::request::decode(bytes, &geometry, &schema, Some(&typed)).is_ok()
+        );
+    }
+    if let Ok(request) = protocol::request::decode(bytes, &geometry, &schema, None) {
+        assert!(request.typed.is_none());
         assert!(request.targets.len() <= geometry.max_targets as usize);
         for (fanout, cap) in request.fanouts.iter().zip(geometry.max_fanouts) {
             assert!(*fanout >= 1 && *fanout <= cap, "fanout {fanout} cap {cap}");
@@ -38,13 +62,13 @@ fuzz_target!(|bytes: &[u8]| {
             );
         }
     }
-    let occupied = protocol::request::occupied_bytes(bytes, &geometry, &schema);
+    let occupied = protocol::request::occupied_bytes(bytes, &geometry, &schema, None);
     assert!(occupied <= geometry.request_bytes as usize);
     if let Some(head) = bytes.get(..occupied) {
         // What the sidecar copies out decodes as the whole area does.
         assert_eq!(
-            protocol::request::decode(head, &geometry, &schema).is_ok(),
-            protocol::request::decode(bytes, &geometry, &schema).is_ok()
+            protocol::request::decode(head, &geometry, &schema, None).is_ok(),
+            protocol::request::decode(bytes, &geometry, &schema, None).is_ok()
         );
     }
 });

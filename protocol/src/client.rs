@@ -80,6 +80,10 @@ pub struct CallRequest<'a> {
     /// The trace this request is part of (docs/protocol.md, "Trace
     /// context"); `None`: untraced.
     pub trace: Option<request::TraceContext>,
+    /// A typed graph's request (`TYPED`): the targets' node type, the hops
+    /// and a fanout per edge type and hop; `subgraph` and `fanouts` are not
+    /// used. Decode the answer with [`Response::typed_tables`].
+    pub typed: Option<&'a request::TypedAsk>,
 }
 
 impl<'a> CallRequest<'a> {
@@ -96,6 +100,7 @@ impl<'a> CallRequest<'a> {
             subgraph: None,
             accepted: None,
             trace: None,
+            typed: None,
         }
     }
 
@@ -143,6 +148,10 @@ pub enum CallError {
     TooManyTargets { n_targets: usize, max_targets: u32 },
     #[error("{0}")]
     NewNode(String),
+    /// A typed request the graph cannot serve, or a request of the other
+    /// kind (docs/protocol.md, "Typed requests").
+    #[error("{0}")]
+    Typed(String),
     #[error(
         "all {0} client entries of the segment are in use: too many worker processes attached"
     )]
@@ -167,9 +176,10 @@ fn request_header(
         "FRESH_SINCE and HUB_H1 share the request's point of the change clock"
     );
     let since = request.fresh.or(request.hub_h1.map(|h| h.since));
-    let (hops, fanouts, fanout3) = match request.subgraph {
-        None => (0, request.fanouts, 0),
-        Some(subgraph) => {
+    let (hops, fanouts, fanout3) = match (request.typed, request.subgraph) {
+        (Some(typed), _) => (typed.hops, [0; MAX_HOPS], 0),
+        (None, None) => (0, request.fanouts, 0),
+        (None, Some(subgraph)) => {
             let [f1, f2, f3] = subgraph.padded();
             (subgraph.hops() as u32, [f1, f2], f3)
         }
@@ -194,16 +204,20 @@ fn request_header(
         trace_id: request.trace.map_or([0; 16], |t| t.trace_id),
         trace_parent: request.trace.map_or([0; 8], |t| t.parent),
         trace_flags: request.trace.map_or(0, |t| u32::from(t.sampled)),
-        _reserved: [0; 20],
+        target_type: request.typed.map_or(0, |t| t.target_type),
+        _reserved: [0; 16],
     }
 }
 
 /// The flag bits of a call.
 fn request_flags(request: &CallRequest<'_>) -> u32 {
     use crate::layout::request_flags::{
-        FRESH_SINCE, HUB_H1, NEW_NODE, NEW_NODE_DIRECTED, OWN_ROWS_ONLY,
+        FRESH_SINCE, HUB_H1, NEW_NODE, NEW_NODE_DIRECTED, OWN_ROWS_ONLY, TYPED,
     };
     let mut flags = 0;
+    if request.typed.is_some() {
+        flags |= TYPED;
+    }
     if request.fresh.is_some() {
         flags |= FRESH_SINCE;
     }
@@ -584,6 +598,15 @@ impl RingClient {
         self.current.load().as_ref().map(|a| *a.segment.schema())
     }
 
+    /// The typed graph schema of the current segment (`None`: not attached,
+    /// or a one-type graph).
+    pub fn graph_schema(&self) -> Option<crate::graph_schema::GraphSchema> {
+        self.current
+            .load()
+            .as_ref()
+            .and_then(|a| a.segment.graph_schema().cloned())
+    }
+
     /// Submits one request and waits for its response. Retries on a new
     /// sidecar if the current one is lost, until the deadline.
     pub fn call(&self, request: &CallRequest<'_>) -> Result<Response, CallError> {
@@ -666,6 +689,27 @@ impl RingClient {
         if let Some(node) = request.new_node {
             check_new_node(request.targets, node, &geometry, segment.schema())?;
         }
+        match (request.typed, segment.graph_schema()) {
+            (Some(typed), Some(graph)) => {
+                if let Some(problem) = request::typed_problem(typed, &geometry, graph) {
+                    return Err(CallError::Typed(problem));
+                }
+            }
+            (Some(_), None) => {
+                return Err(CallError::Typed(
+                    "a typed request to a sidecar that serves a one-type graph: send the \
+                     one-type request"
+                        .into(),
+                ))
+            }
+            (None, Some(graph)) => {
+                return Err(CallError::Typed(format!(
+                    "the sidecar serves a typed graph ({}): send a typed request",
+                    graph.describe()
+                )))
+            }
+            (None, None) => {}
+        }
         let header = segment.header();
         // The client rule of DRAINING (docs/protocol.md): submit nothing
         // new; a call accepted on this sidecar before it began to drain is
@@ -722,6 +766,7 @@ impl RingClient {
                 &request_header(request, deadline_ns),
                 request.targets,
                 request.new_node,
+                request.typed,
             ),
         );
         // The client rule of DRAINING, again: the sidecar may have begun
@@ -869,6 +914,41 @@ impl Response {
             },
             &self.lease.attachment.schemas,
         )
+    }
+
+    /// Decodes a typed graph's response (to a request whose targets are of
+    /// node type `target_type`) without copying, like [`Response::tables`].
+    pub fn typed_tables(&self, target_type: usize) -> Result<payload::TypedTables, DecodeError> {
+        let (ptr, len) = self.lease.area_ptr();
+        let owner: Arc<dyn arrow_buffer::alloc::Allocation> = self.lease.clone();
+        // SAFETY: as in `tables`: a PUBLISHED slot this lease holds, not
+        // written until the lease, kept by `owner`, is dropped.
+        let buffer = unsafe { Buffer::from_custom_allocation(ptr, len, owner) };
+        let segment = &self.lease.attachment.segment;
+        let Some(graph) = segment.graph_schema() else {
+            return Err(DecodeError::Malformed(
+                "a typed response from a one-type graph's segment".into(),
+            ));
+        };
+        let geometry = segment.geometry();
+        payload::decode_typed(
+            &buffer,
+            &DecodeLimits {
+                feature_dim: 0,
+                max_nodes: geometry.max_nodes,
+                max_targets: geometry.max_targets,
+                max_fanouts: geometry.max_fanouts,
+            },
+            graph,
+            target_type,
+            &self.lease.attachment.schemas,
+        )
+    }
+
+    /// The graph schema of the segment this response came from (`None`
+    /// for a one-type graph).
+    pub fn graph_schema(&self) -> Option<&crate::graph_schema::GraphSchema> {
+        self.lease.attachment.segment.graph_schema()
     }
 
     /// The address range of the mapping this response lives in.

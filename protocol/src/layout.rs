@@ -246,7 +246,12 @@ pub struct Header {
     pub free_seq: AtomicU32,
     /// Number of clients parked on `free_seq`.
     pub free_waiters: AtomicU32,
-    pub _pad1: [u8; 72],
+    /// A typed graph's schema ([`crate::graph_schema`]): its offset in the
+    /// segment (after the slot control array, before the first slot) and
+    /// its length; both 0 for a one-type graph.
+    pub graph_schema_offset: u64,
+    pub graph_schema_bytes: u64,
+    pub _pad1: [u8; 56],
     /// One bit per slot: set by the client after it submits the slot, taken
     /// (swapped to 0) by the sidecar.
     pub submit_bits: [AtomicU64; SUBMIT_WORDS],
@@ -282,7 +287,12 @@ pub mod request_flags {
     /// layer-1 embeddings".
     pub const HUB_H1: u32 = 1 << 4;
     /// Every defined bit; a sidecar refuses others.
-    pub const KNOWN: u32 = OWN_ROWS_ONLY | NEW_NODE | NEW_NODE_DIRECTED | FRESH_SINCE | HUB_H1;
+    /// A request to a typed graph (docs/protocol.md, "Typed requests"):
+    /// `target_type` names the targets' node type and a fanout per edge
+    /// type and hop follows the target ids.
+    pub const TYPED: u32 = 1 << 5;
+    pub const KNOWN: u32 =
+        OWN_ROWS_ONLY | NEW_NODE | NEW_NODE_DIRECTED | FRESH_SINCE | HUB_H1 | TYPED;
 }
 
 /// The fixed part of a request, at the start of a slot's data region; the
@@ -335,8 +345,11 @@ pub struct RequestHeader {
     pub trace_id: [u8; 16],
     pub trace_parent: [u8; 8],
     pub trace_flags: u32,
+    /// With `TYPED`: the targets' node type (its index in the segment's
+    /// graph schema); 0 otherwise.
+    pub target_type: u32,
     /// Zero (a sidecar refuses other bytes).
-    pub _reserved: [u8; 20],
+    pub _reserved: [u8; 16],
 }
 
 /// Response status codes, in [`ResponseHeader::status`].
@@ -496,6 +509,8 @@ mod tests {
         assert_eq!(offset_of!(Header, server_parked), 812);
         assert_eq!(offset_of!(Header, free_seq), 816);
         assert_eq!(offset_of!(Header, free_waiters), 820);
+        assert_eq!(offset_of!(Header, graph_schema_offset), 824);
+        assert_eq!(offset_of!(Header, graph_schema_bytes), 832);
         assert_eq!(offset_of!(Header, submit_bits), 896);
         assert_eq!(offset_of!(Header, clients), 1024);
         assert_eq!(size_of::<Header>(), 1024 + 64 * MAX_CLIENTS);
@@ -516,7 +531,8 @@ mod tests {
         assert_eq!(offset_of!(RequestHeader, trace_id), 80);
         assert_eq!(offset_of!(RequestHeader, trace_parent), 96);
         assert_eq!(offset_of!(RequestHeader, trace_flags), 104);
-        assert_eq!(offset_of!(RequestHeader, _reserved), 108);
+        assert_eq!(offset_of!(RequestHeader, target_type), 108);
+        assert_eq!(offset_of!(RequestHeader, _reserved), 112);
         assert_eq!(offset_of!(RequestHeader, deadline_mono_ns), 8);
         assert_eq!(offset_of!(RequestHeader, n_targets), 16);
         assert_eq!(offset_of!(RequestHeader, fanouts), 20);

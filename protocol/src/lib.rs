@@ -11,6 +11,8 @@
 //!   doorbell; `wait`/`futex`: spin, then park;
 //! - [`liveness`]: heartbeats and the client registry;
 //! - [`request`] and [`payload`]: what a slot carries each way;
+//! - [`graph_schema`]: a typed graph's node and edge types, as the segment
+//!   carries them;
 //! - [`server`] and [`client`]: the sidecar's and the worker's handles.
 //!
 //! **Architecture invariant:** no tokio, RocksDB, Redis or ONNX Runtime here,
@@ -28,6 +30,7 @@
 #![deny(unsafe_code)]
 
 mod futex;
+pub mod graph_schema;
 pub mod layout;
 pub mod payload;
 pub mod request;

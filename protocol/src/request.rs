@@ -4,6 +4,7 @@
 
 use std::mem::size_of;
 
+use crate::graph_schema::GraphSchema;
 use crate::layout::{
     align_up, request_flags, FeatureSchema, Geometry, RequestHeader, MAX_HOPS, MAX_SUBGRAPH_HOPS,
     SLOT_ALIGN,
@@ -102,6 +103,85 @@ pub struct NewNode {
     /// The edges go from the new node only (`NEW_NODE_DIRECTED`); otherwise
     /// both ways.
     pub directed: bool,
+}
+
+/// A typed graph's request (`TYPED`, docs/protocol.md, "Typed requests"):
+/// the targets' node type, the hops of the subgraph, and per edge type (in
+/// the graph schema's order) and hop a fanout, edge type `e`'s hop `h` at
+/// `fanouts[e * hops + h]`; 0: that edge type is not sampled at that hop.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TypedAsk {
+    pub target_type: u32,
+    pub hops: u32,
+    pub fanouts: Vec<u32>,
+}
+
+impl TypedAsk {
+    /// Edge type `edge_type`'s fanout at `hop` (0-based).
+    pub fn fanout(&self, edge_type: usize, hop: usize) -> u32 {
+        self.fanouts[edge_type * self.hops as usize + hop]
+    }
+}
+
+/// Where a typed request's fanouts start: right after the target ids.
+pub fn typed_fanouts_offset(n_targets: u32) -> u64 {
+    TARGETS_OFFSET as u64 + 8 * u64::from(n_targets)
+}
+
+/// Bytes of request area a typed graph's segment needs: `max_targets` ids
+/// and [`MAX_SUBGRAPH_HOPS`] fanouts per edge type after them, whole pages.
+pub fn request_bytes_for_typed(max_targets: u32, n_edge_types: usize) -> Option<u64> {
+    let fanouts = (n_edge_types as u64)
+        .checked_mul(MAX_SUBGRAPH_HOPS as u64)?
+        .checked_mul(4)?;
+    align_up(
+        typed_fanouts_offset(max_targets).checked_add(fanouts)?,
+        SLOT_ALIGN as u64,
+    )
+}
+
+/// What a sidecar would refuse in a typed request that its caller can see
+/// before asking: a node type or a count of fanouts the graph does not
+/// have, hops outside 1 to 3, a fanout above its hop's cap.
+pub fn typed_problem(ask: &TypedAsk, geometry: &Geometry, graph: &GraphSchema) -> Option<String> {
+    let hops = ask.hops as usize;
+    if !(1..=MAX_SUBGRAPH_HOPS).contains(&hops) {
+        return Some(format!(
+            "a typed request has {hops} hops; it samples 1 to {MAX_SUBGRAPH_HOPS}"
+        ));
+    }
+    if ask.target_type as usize >= graph.node_types.len() {
+        return Some(format!(
+            "target type {} is not a node type of this graph ({} types: {})",
+            ask.target_type,
+            graph.node_types.len(),
+            graph.describe()
+        ));
+    }
+    let n_edge_types = graph.edge_types.len();
+    if ask.fanouts.len() != n_edge_types * hops {
+        return Some(format!(
+            "a typed request has {} fanouts; this graph has {n_edge_types} edge types, so \
+             {hops} hops need {}",
+            ask.fanouts.len(),
+            n_edge_types * hops
+        ));
+    }
+    for e in 0..n_edge_types {
+        for hop in 0..hops {
+            let cap = geometry.max_fanouts[hop.min(MAX_HOPS - 1)];
+            let fanout = ask.fanout(e, hop);
+            if fanout > cap {
+                return Some(format!(
+                    "fanout {fanout} of edge type {} at hop {} exceeds the cap {cap}: ask for \
+                     at most {cap}, or raise the sidecar's max_fanouts (--max-fanouts)",
+                    graph.edge_key(e),
+                    hop + 1
+                ));
+            }
+        }
+    }
+    None
 }
 
 /// A `FRESH_SINCE` request's point of the change clock: targets whose
@@ -205,8 +285,13 @@ pub(crate) fn encoded(
     header: &RequestHeader,
     targets: &[u64],
     new_node: Option<&NewNode>,
+    typed: Option<&TypedAsk>,
 ) -> Vec<u8> {
-    let mut len = TARGETS_OFFSET + targets.len() * 8;
+    // Copied in eight bytes at a time: a typed request's u32 fanouts are
+    // padded to a whole word.
+    let mut len = TARGETS_OFFSET
+        + targets.len() * 8
+        + typed.map_or(0, |t| (t.fanouts.len() * 4).next_multiple_of(8));
     let offsets = new_node.map(|node| {
         let (row_at, edges_at) =
             new_node_offsets(node.features.len() as u32).expect("a row the segment holds");
@@ -218,6 +303,13 @@ pub(crate) fn encoded(
     let ids = &mut area[TARGETS_OFFSET..TARGETS_OFFSET + targets.len() * 8];
     for (chunk, id) in ids.chunks_exact_mut(8).zip(targets) {
         chunk.copy_from_slice(&id.to_le_bytes());
+    }
+    if let Some(typed) = typed {
+        let at = typed_fanouts_offset(targets.len() as u32) as usize;
+        let fanouts = &mut area[at..at + typed.fanouts.len() * 4];
+        for (chunk, fanout) in fanouts.chunks_exact_mut(4).zip(&typed.fanouts) {
+            chunk.copy_from_slice(&fanout.to_le_bytes());
+        }
     }
     if let (Some(node), Some((row_at, edges_at))) = (new_node, offsets) {
         let row = &mut area[row_at..row_at + node.features.len() * 4];
@@ -263,6 +355,9 @@ pub struct Request {
     pub fanout3_defaulted: bool,
     /// The trace the request is part of, when it carries one.
     pub trace: Option<TraceContext>,
+    /// `TYPED`: a typed graph's request (`hops` is its hops; `fanouts`
+    /// and `fanout3` are not used).
+    pub typed: Option<TypedAsk>,
 }
 
 /// A request's W3C trace context (docs/protocol.md, "Trace context").
@@ -410,14 +505,42 @@ pub enum RequestError {
          leave it unset"
     )]
     NotForSubgraph { flag: &'static str },
-    #[error("request bytes 80..128 are reserved and must be zero")]
+    #[error("request bytes 112..128 are reserved and must be zero")]
     Reserved,
+    #[error(
+        "this sidecar serves a typed graph ({graph}): send TYPED requests (flag 0x20) naming \
+         the target type and a fanout per edge type"
+    )]
+    UntypedForTypedGraph { graph: String },
+    #[error(
+        "request flag TYPED (0x20) is for a typed graph; this sidecar serves a one-type graph: \
+         leave it unset"
+    )]
+    TypedForOneTypeGraph,
+    #[error("request target_type is {target_type} without the TYPED flag (0x20): leave it 0")]
+    TargetTypeWithoutTyped { target_type: u32 },
+    #[error(
+        "request flag {flag} is not defined for a typed request (TYPED, 0x20): leave it unset"
+    )]
+    NotForTyped { flag: &'static str },
+    #[error(
+        "a typed request carries its fanouts after the target ids: leave fanouts and fanout3 \
+         (bytes 20..28 and 68..72) 0"
+    )]
+    TypedFanoutFields,
+    #[error("{0}")]
+    Typed(String),
 }
 
 /// How many bytes of the request area a request whose header is `head`
 /// occupies (header, targets, new node), capped at `request_bytes`: what
 /// the sidecar copies out before decoding. Trusts nothing in `head`.
-pub fn occupied_bytes(head: &[u8], geometry: &Geometry, schema: &FeatureSchema) -> usize {
+pub fn occupied_bytes(
+    head: &[u8],
+    geometry: &Geometry,
+    schema: &FeatureSchema,
+    graph: Option<&GraphSchema>,
+) -> usize {
     let cap = geometry.request_bytes;
     let Some(head) = head.get(..TARGETS_OFFSET) else {
         return TARGETS_OFFSET;
@@ -430,6 +553,10 @@ pub fn occupied_bytes(head: &[u8], geometry: &Geometry, schema: &FeatureSchema) 
             end = end.max(edges_at.saturating_add(u64::from(header.new_node_edges) * 8));
         }
     }
+    if let (Some(graph), true) = (graph, header.flags & request_flags::TYPED != 0) {
+        let hops = u64::from(header.hops.min(MAX_SUBGRAPH_HOPS as u32));
+        end += graph.edge_types.len() as u64 * hops * 4;
+    }
     end.min(cap) as usize
 }
 
@@ -439,6 +566,7 @@ pub fn decode(
     area: &[u8],
     geometry: &Geometry,
     schema: &FeatureSchema,
+    graph: Option<&GraphSchema>,
 ) -> Result<Request, RequestError> {
     // The area is request_bytes long, validated at attach/create to hold
     // the header and max_targets ids; check anyway rather than index blindly.
@@ -456,6 +584,24 @@ pub fn decode(
     }
     if header._reserved.iter().any(|&b| b != 0) {
         return Err(RequestError::Reserved);
+    }
+    let typed_flag = header.flags & request_flags::TYPED != 0;
+    match graph {
+        Some(graph) if !typed_flag => {
+            return Err(RequestError::UntypedForTypedGraph {
+                graph: graph.describe(),
+            })
+        }
+        None if typed_flag => return Err(RequestError::TypedForOneTypeGraph),
+        _ => {}
+    }
+    if !typed_flag && header.target_type != 0 {
+        return Err(RequestError::TargetTypeWithoutTyped {
+            target_type: header.target_type,
+        });
+    }
+    if let (Some(graph), true) = (graph, typed_flag) {
+        return decode_typed(area, &header, geometry, graph);
     }
     if header.hops as usize > MAX_SUBGRAPH_HOPS {
         return Err(RequestError::SubgraphHops { hops: header.hops });
@@ -579,6 +725,95 @@ pub fn decode(
         fanout3: if header.hops == 3 { fanout3 } else { 0 },
         fanout3_defaulted: header.hops == 3 && header.fanout3 == 0,
         trace: TraceContext::of(&header),
+        typed: None,
+    })
+}
+
+/// The rest of a `TYPED` request to a typed graph: no other flag, the
+/// target type, the hops and the fanouts after the target ids.
+fn decode_typed(
+    area: &[u8],
+    header: &RequestHeader,
+    geometry: &Geometry,
+    graph: &GraphSchema,
+) -> Result<Request, RequestError> {
+    let others = [
+        (request_flags::OWN_ROWS_ONLY, "OWN_ROWS_ONLY (0x1)"),
+        (request_flags::NEW_NODE, "NEW_NODE (0x2)"),
+        (request_flags::NEW_NODE_DIRECTED, "NEW_NODE_DIRECTED (0x4)"),
+        (request_flags::FRESH_SINCE, "FRESH_SINCE (0x8)"),
+        (request_flags::HUB_H1, "HUB_H1 (0x10)"),
+    ];
+    if let Some((_, flag)) = others.iter().find(|(bit, _)| header.flags & bit != 0) {
+        return Err(RequestError::NotForTyped { flag });
+    }
+    if header.new_node_edges != 0
+        || header.hub_min_degree != 0
+        || header.fresh_clock != 0
+        || header.fresh_tick != 0
+        || header.fresh_fanouts != [0; 2]
+        || header.fresh_hops != 0
+        || header.fresh_fanout3 != 0
+    {
+        return Err(RequestError::NotForTyped {
+            flag: "NEW_NODE, FRESH_SINCE or HUB_H1 fields (bytes 32..80)",
+        });
+    }
+    if header.fanouts != [0; MAX_HOPS] || header.fanout3 != 0 {
+        return Err(RequestError::TypedFanoutFields);
+    }
+    if header.n_targets > geometry.max_targets {
+        return Err(RequestError::TooManyTargets {
+            n_targets: header.n_targets,
+            max_targets: geometry.max_targets,
+        });
+    }
+    let hops = header.hops as usize;
+    if !(1..=MAX_SUBGRAPH_HOPS).contains(&hops) {
+        return Err(RequestError::Typed(format!(
+            "a typed request has {hops} hops; it samples 1 to {MAX_SUBGRAPH_HOPS}"
+        )));
+    }
+    let ids_end = typed_fanouts_offset(header.n_targets) as usize;
+    let fanouts_end = ids_end + graph.edge_types.len() * hops * 4;
+    let (Some(ids), Some(fanouts)) = (
+        area.get(TARGETS_OFFSET..ids_end),
+        area.get(ids_end..fanouts_end),
+    ) else {
+        return Err(RequestError::Typed(format!(
+            "a typed request of {} targets and {hops} hops over {} edge types does not fit the \
+             {} byte request area",
+            header.n_targets,
+            graph.edge_types.len(),
+            geometry.request_bytes
+        )));
+    };
+    let ask = TypedAsk {
+        target_type: header.target_type,
+        hops: header.hops,
+        fanouts: fanouts
+            .chunks_exact(4)
+            .map(|c| u32::from_le_bytes(c.try_into().expect("chunks of 4")))
+            .collect(),
+    };
+    if let Some(problem) = typed_problem(&ask, geometry, graph) {
+        return Err(RequestError::Typed(problem));
+    }
+    Ok(Request {
+        request_id: header.request_id,
+        deadline_mono_ns: header.deadline_mono_ns,
+        fanouts: [0; MAX_HOPS],
+        defaulted: [false; MAX_HOPS],
+        own_rows_only: false,
+        targets: read_u64s(ids),
+        new_node: None,
+        fresh: None,
+        hub_h1: None,
+        hops: header.hops,
+        fanout3: 0,
+        fanout3_defaulted: false,
+        trace: TraceContext::of(header),
+        typed: Some(ask),
     })
 }
 
@@ -728,6 +963,7 @@ mod tests {
             fanout3: 0,
             fanout3_defaulted: false,
             trace: None,
+            typed: None,
         };
         assert_eq!(request.remaining_at(5_000), None, "no deadline");
         request.deadline_mono_ns = 8_000;

@@ -30,12 +30,13 @@ use nix::fcntl::OFlag;
 use nix::sys::mman::{shm_open, shm_unlink};
 use nix::sys::stat::{fchmod, Mode};
 
+use crate::graph_schema::{GraphSchema, MAX_EDGE_TYPES, MAX_NODE_TYPES};
 use crate::layout::{
     self, align_up, dtype, server_state, FeatureSchema, Geometry, Header, Preamble, SlotControl,
     TypeDesc, BUFFER_ALIGN, LAYOUT_VERSION, MAGIC, MAX_FANOUT, MAX_HOPS, MAX_SLOTS, MAX_TYPES,
     SLOT_ALIGN,
 };
-use crate::request::{request_bytes_for, request_bytes_with_new_node};
+use crate::request::{self, request_bytes_for, request_bytes_with_new_node};
 use crate::sync::Ordering;
 
 /// Bytes of the preamble the sidecar keeps locked for its life.
@@ -58,6 +59,9 @@ pub struct SegmentConfig {
     /// besides its feature row.
     pub max_new_node_edges: u32,
     pub schema: FeatureSchema,
+    /// A typed graph's node and edge types (then `schema.feature_dim` is
+    /// 0); `None` for a one-type graph.
+    pub graph: Option<GraphSchema>,
     pub heartbeat_interval: Duration,
     /// A client whose heartbeat stands still this long (and that holds no
     /// lock on its entry) is dead: its slots are reclaimed. Written into the
@@ -101,6 +105,7 @@ impl SegmentConfig {
             response_bytes: defaults::RESPONSE_BYTES,
             max_new_node_edges: defaults::MAX_NEW_NODE_EDGES,
             schema,
+            graph: None,
             heartbeat_interval: defaults::HEARTBEAT_INTERVAL,
             client_timeout: defaults::CLIENT_TIMEOUT,
             stale_after: defaults::STALE_AFTER,
@@ -215,6 +220,13 @@ fn page_size() -> u64 {
 
 /// Computes the geometry for a configuration; checks every size for overflow.
 pub fn plan_geometry(cfg: &SegmentConfig) -> Result<(Geometry, u64), String> {
+    plan_layout(cfg).map(|(geometry, total, _)| (geometry, total))
+}
+
+/// [`plan_geometry`], and where a typed graph's schema goes: after the
+/// slot control array, before the first slot (offset, bytes; 0 and 0
+/// without one).
+fn plan_layout(cfg: &SegmentConfig) -> Result<(Geometry, u64, (u64, u64)), String> {
     if cfg.slot_count == 0 || cfg.slot_count as usize > MAX_SLOTS {
         return Err(format!(
             "slot count {} must be between 1 and {MAX_SLOTS}",
@@ -251,8 +263,15 @@ pub fn plan_geometry(cfg: &SegmentConfig) -> Result<(Geometry, u64), String> {
             dtype::F32
         ));
     }
-    if cfg.schema.feature_dim == 0 {
-        return Err("feature dim must be at least 1".into());
+    match (&cfg.graph, cfg.schema.feature_dim) {
+        (None, 0) => return Err("feature dim must be at least 1".into()),
+        (Some(graph), 0) => graph.validate()?,
+        (Some(_), _) => {
+            return Err(
+                "a typed graph's segment has feature dim 0 (each node type has its own)".into(),
+            )
+        }
+        (None, _) => {}
     }
     let min_response = size_of::<layout::ResponseHeader>() as u64 + 4096;
     if cfg.response_bytes < min_response {
@@ -266,13 +285,27 @@ pub fn plan_geometry(cfg: &SegmentConfig) -> Result<(Geometry, u64), String> {
     let control_end = control_offset
         .checked_add(u64::from(cfg.slot_count) * size_of::<SlotControl>() as u64)
         .ok_or("overflow")?;
-    let data_offset = align_up(control_end, SLOT_ALIGN as u64).ok_or("overflow")?;
-    let request_bytes = request_bytes_with_new_node(
+    let graph_schema = match &cfg.graph {
+        None => (0, 0),
+        Some(graph) => (
+            align_up(control_end, 64).ok_or("overflow")?,
+            graph.encoded_len() as u64,
+        ),
+    };
+    let data_offset =
+        align_up(control_end + graph_schema.1, SLOT_ALIGN as u64).ok_or("overflow")?;
+    let mut request_bytes = request_bytes_with_new_node(
         cfg.max_targets,
         cfg.schema.feature_dim,
         cfg.max_new_node_edges,
     )
     .ok_or("max targets or new-node edges too large")?;
+    if let Some(graph) = &cfg.graph {
+        request_bytes = request_bytes.max(
+            request::request_bytes_for_typed(cfg.max_targets, graph.edge_types.len())
+                .ok_or("max targets too large")?,
+        );
+    }
     let response_bytes = align_up(cfg.response_bytes, BUFFER_ALIGN as u64).ok_or("overflow")?;
     let stride = align_up(
         request_bytes
@@ -300,7 +333,7 @@ pub fn plan_geometry(cfg: &SegmentConfig) -> Result<(Geometry, u64), String> {
         request_bytes,
         response_bytes: stride - request_bytes,
     };
-    Ok((geometry, total))
+    Ok((geometry, total, graph_schema))
 }
 
 /// A mapped segment: validated, with a local copy of its geometry and schema.
@@ -313,6 +346,8 @@ pub struct Segment {
     map: MmapRaw,
     geometry: Geometry,
     schema: FeatureSchema,
+    /// A typed graph's types, validated (a local copy).
+    graph: Option<GraphSchema>,
     epoch: u64,
     /// (device, inode) of the file, for a safe unlink.
     identity: (u64, u64),
@@ -335,7 +370,8 @@ impl Segment {
     /// `stale_after` (a crashed sidecar's) is retired and replaced.
     pub fn create(cfg: &SegmentConfig) -> Result<Segment, CreateError> {
         let path = shm_path(&cfg.name).map_err(CreateError::InvalidConfig)?;
-        let (geometry, total) = plan_geometry(cfg).map_err(CreateError::InvalidConfig)?;
+        let (geometry, total, graph_schema) =
+            plan_layout(cfg).map_err(CreateError::InvalidConfig)?;
         let os = |op: &'static str| {
             let name = cfg.name.clone();
             move |e: Errno| CreateError::Os {
@@ -400,6 +436,7 @@ impl Segment {
                 map,
                 geometry,
                 schema: cfg.schema,
+                graph: cfg.graph.clone(),
                 epoch,
                 identity: (meta.dev(), meta.ino()),
                 created: true,
@@ -419,7 +456,7 @@ impl Segment {
                      its heartbeat alone"
                 );
             }
-            segment.initialize(total);
+            segment.initialize(total, graph_schema);
             return Ok(segment);
         }
         Err(CreateError::Contended {
@@ -429,7 +466,7 @@ impl Segment {
 
     /// Writes the header of a freshly created, zero-filled segment and
     /// publishes it with `server_state = READY`.
-    fn initialize(&self, total: u64) {
+    fn initialize(&self, total: u64, (schema_offset, schema_bytes): (u64, u64)) {
         let base = self.map.as_mut_ptr();
         let types = layout::shared_types();
         let mut table = [TypeDesc {
@@ -463,6 +500,23 @@ impl Segment {
             (&raw mut (*h).types).write(table);
             (&raw mut (*h).geometry).write(self.geometry);
             (&raw mut (*h).schema).write(self.schema);
+            (&raw mut (*h).graph_schema_offset).write(schema_offset);
+            (&raw mut (*h).graph_schema_bytes).write(schema_bytes);
+        }
+        if let Some(graph) = &self.graph {
+            let bytes = graph.encode();
+            debug_assert_eq!(bytes.len() as u64, schema_bytes);
+            // SAFETY: plan_layout placed `schema_bytes` bytes at
+            // `schema_offset`, after the slot control array and before the
+            // first slot, inside the `total` bytes mapped; nobody reads them
+            // before READY is published below.
+            unsafe {
+                std::ptr::copy_nonoverlapping(
+                    bytes.as_ptr(),
+                    base.add(schema_offset as usize),
+                    bytes.len(),
+                );
+            }
         }
         let header = self.header();
         header
@@ -533,12 +587,14 @@ impl Segment {
         let bus = crate::sigbus::protect(map.as_ptr(), map.len());
         let snapshot = HeaderSnapshot::read(&map);
         snapshot.validate(name, len)?;
+        let graph = snapshot.graph_schema(&map, name)?;
         Ok(Segment {
             name: name.to_string(),
             bus,
             map,
             geometry: snapshot.geometry,
             schema: snapshot.schema,
+            graph,
             epoch: snapshot.epoch,
             identity: (meta.dev(), meta.ino()),
             created: false,
@@ -554,6 +610,11 @@ impl Segment {
 
     pub fn epoch(&self) -> u64 {
         self.epoch
+    }
+
+    /// A typed graph's node and edge types; `None` for a one-type graph.
+    pub fn graph_schema(&self) -> Option<&GraphSchema> {
+        self.graph.as_ref()
     }
 
     /// The validated geometry (a local copy).
@@ -865,6 +926,8 @@ struct HeaderSnapshot {
     types: [TypeDesc; MAX_TYPES],
     geometry: Geometry,
     schema: FeatureSchema,
+    graph_schema_offset: u64,
+    graph_schema_bytes: u64,
 }
 
 /// Copies a `T` from `base + offset` without forming a reference.
@@ -912,6 +975,8 @@ impl HeaderSnapshot {
                 types: read_raw(base, offset_of!(Header, types)),
                 geometry: read_raw(base, offset_of!(Header, geometry)),
                 schema: read_raw(base, offset_of!(Header, schema)),
+                graph_schema_offset: read_raw(base, offset_of!(Header, graph_schema_offset)),
+                graph_schema_bytes: read_raw(base, offset_of!(Header, graph_schema_bytes)),
             }
         }
     }
@@ -1011,8 +1076,58 @@ impl HeaderSnapshot {
             return Err(invalid("client_timeout_ms", "is 0".into()));
         }
         validate_geometry(&self.geometry, file_len).map_err(|r| invalid("geometry", r))?;
-        validate_schema(&self.schema, &self.geometry).map_err(|r| invalid("feature schema", r))?;
+        validate_schema(&self.schema, &self.geometry, self.graph_schema_bytes != 0)
+            .map_err(|r| invalid("feature schema", r))?;
         Ok(())
+    }
+
+    /// A typed graph's schema: where the header says, between the slot
+    /// control array and the first slot, copied out and decoded. Call on a
+    /// validated snapshot.
+    fn graph_schema(&self, map: &MmapRaw, name: &str) -> Result<Option<GraphSchema>, AttachError> {
+        let invalid = |reason: String| AttachError::Invalid {
+            name: name.to_string(),
+            field: "graph schema",
+            reason,
+        };
+        let (offset, bytes) = (self.graph_schema_offset, self.graph_schema_bytes);
+        if bytes == 0 {
+            return if offset == 0 {
+                Ok(None)
+            } else {
+                Err(invalid(format!("offset {offset} with 0 bytes")))
+            };
+        }
+        let g = &self.geometry;
+        let control_end =
+            g.slot_control_offset + u64::from(g.slot_count) * size_of::<SlotControl>() as u64;
+        let max_bytes = (16 + 48 * (MAX_NODE_TYPES + MAX_EDGE_TYPES)) as u64;
+        if offset < control_end
+            || bytes > max_bytes
+            || offset
+                .checked_add(bytes)
+                .is_none_or(|end| end > g.slot_data_offset)
+        {
+            return Err(invalid(format!(
+                "{bytes} bytes at {offset} are not between the slot control array (ends at \
+                 {control_end}) and the first slot ({}), or more than {max_bytes}",
+                g.slot_data_offset
+            )));
+        }
+        let mut copy = vec![0u8; bytes as usize];
+        // SAFETY: `offset + bytes <= slot_data_offset <= segment_bytes ==
+        // map.len()` (validated geometry), so the range is inside the
+        // mapping; the sidecar wrote it before publishing READY (read with
+        // Acquire in the snapshot) and never writes it again; a byte copy
+        // forms no reference into the peer's memory.
+        unsafe {
+            std::ptr::copy_nonoverlapping(
+                map.as_ptr().add(offset as usize),
+                copy.as_mut_ptr(),
+                copy.len(),
+            );
+        }
+        GraphSchema::decode(&copy).map(Some).map_err(invalid)
     }
 }
 
@@ -1095,7 +1210,7 @@ fn validate_geometry(g: &Geometry, file_len: u64) -> Result<(), String> {
     Ok(())
 }
 
-fn validate_schema(s: &FeatureSchema, g: &Geometry) -> Result<(), String> {
+fn validate_schema(s: &FeatureSchema, g: &Geometry, typed: bool) -> Result<(), String> {
     if s.dtype != dtype::F32 {
         return Err(format!(
             "feature dtype code {} is unknown (f32 = {})",
@@ -1103,8 +1218,13 @@ fn validate_schema(s: &FeatureSchema, g: &Geometry) -> Result<(), String> {
             dtype::F32
         ));
     }
-    if s.feature_dim == 0 {
-        return Err("feature dim is 0".into());
+    if (s.feature_dim == 0) != typed {
+        return Err(format!(
+            "feature dim is {} with {} graph schema (a typed graph's segment has 0 and a \
+             schema, a one-type graph's neither)",
+            s.feature_dim,
+            if typed { "a" } else { "no" }
+        ));
     }
     for hop in 0..MAX_HOPS {
         if s.default_fanouts[hop] == 0 || s.default_fanouts[hop] > g.max_fanouts[hop] {

@@ -589,14 +589,24 @@ impl ServeTicket {
         segment.read_request(slot_idx, 0, &mut area);
         // The header says how much follows (targets, a new node), bounded by
         // the area; `decode` checks it all on the copy.
-        let len = request::occupied_bytes(&area, segment.geometry(), segment.schema());
+        let len = request::occupied_bytes(
+            &area,
+            segment.geometry(),
+            segment.schema(),
+            segment.graph_schema(),
+        );
         area.resize(len.next_multiple_of(8), 0);
         segment.read_request(
             slot_idx,
             request::TARGETS_OFFSET,
             &mut area[request::TARGETS_OFFSET..],
         );
-        request::decode(&area, segment.geometry(), segment.schema())
+        request::decode(
+            &area,
+            segment.geometry(),
+            segment.schema(),
+            segment.graph_schema(),
+        )
     }
 
     /// Writes an OK response in place: `fill` gets mutable views of the final
@@ -619,6 +629,38 @@ impl ServeTicket {
                     let (mut nodes, mut targets) = writer.columns();
                     fill(&mut nodes, &mut targets);
                 }
+                let server_ns = self.taken_at.elapsed().as_nanos() as u64;
+                writer.finish(request_id, meta, server_ns);
+                self.publish();
+                Ok(())
+            }
+            Err(error) => {
+                self.respond_error(status::TOO_LARGE, request_id, &error.to_string());
+                Err(error)
+            }
+        }
+    }
+
+    /// Writes an OK typed response in place (the segment's graph schema
+    /// gives its tables): `fill` gets mutable views of the final Arrow
+    /// buffers. If the response does not fit, answers `TOO_LARGE` and
+    /// returns the error.
+    pub fn respond_typed(
+        mut self,
+        request_id: u64,
+        meta: impl Into<payload::ResponseMeta>,
+        shape: payload::TypedShape,
+        fill: impl FnOnce(&mut payload::TypedColumns<'_>),
+    ) -> Result<(), WriteError> {
+        let segment = &self.shared.segment;
+        let graph = segment
+            .graph_schema()
+            .expect("a typed response is written to a typed graph's segment");
+        // SAFETY: as in `respond`.
+        let area = unsafe { segment.response_area(self.slot_idx as usize) };
+        match payload::TypedResponseWriter::new(area, graph, shape, &self.shared.schemas) {
+            Ok(mut writer) => {
+                fill(&mut writer.columns());
                 let server_ns = self.taken_at.elapsed().as_nanos() as u64;
                 writer.finish(request_id, meta, server_ns);
                 self.publish();

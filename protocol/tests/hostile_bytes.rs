@@ -92,7 +92,7 @@ proptest! {
     ) {
         let segment_bytes = valid_segment_bytes();
         let geometry: Geometry = bytemuck_geometry(segment_bytes);
-        if let Ok(req) = request::decode(&bytes, &geometry, &schema()) {
+        if let Ok(req) = request::decode(&bytes, &geometry, &schema(), None) {
             prop_assert!(req.targets.len() <= geometry.max_targets as usize);
             prop_assert!(req.fanouts.iter().zip(geometry.max_fanouts).all(|(f, cap)| *f >= 1 && *f <= cap));
         }
@@ -235,16 +235,19 @@ fn the_own_rows_flag_is_read_and_other_bits_are_refused() {
     let with_flags = |flags: u32| {
         let mut area = area.clone();
         area[28..32].copy_from_slice(&flags.to_le_bytes());
-        request::decode(&area, &geometry, &schema())
+        request::decode(&area, &geometry, &schema(), None)
     };
     let plain = with_flags(0).unwrap();
     assert!(!plain.own_rows_only);
     let own = with_flags(protocol::layout::request_flags::OWN_ROWS_ONLY).unwrap();
     assert!(own.own_rows_only);
     assert_eq!((own.request_id, own.targets.as_slice()), (7, &[42u64][..]));
-    let err = with_flags(32).unwrap_err();
-    assert_eq!(err, request::RequestError::UnknownFlags { flags: 32 });
-    assert!(err.to_string().contains("0x20"), "{err}");
+    let err = with_flags(64).unwrap_err();
+    assert_eq!(err, request::RequestError::UnknownFlags { flags: 64 });
+    assert!(err.to_string().contains("0x40"), "{err}");
+    // TYPED (0x20) is for a typed graph's segment.
+    let err = with_flags(protocol::layout::request_flags::TYPED).unwrap_err();
+    assert_eq!(err, request::RequestError::TypedForOneTypeGraph);
 }
 
 /// `FRESH_SINCE`: the clock, tick and fanouts at 40..64 are read with the
@@ -265,7 +268,7 @@ fn the_fresh_since_fields_are_read_with_their_flag_only() {
         area[128..136].copy_from_slice(&3u64.to_le_bytes());
         area
     };
-    let decode = |bytes: &[u8]| request::decode(bytes, &geometry, &schema());
+    let decode = |bytes: &[u8]| request::decode(bytes, &geometry, &schema(), None);
     let caps = geometry.max_fanouts;
     let got = decode(&area(FRESH_SINCE, 0xabc, 17, caps)).unwrap();
     assert_eq!(got.fresh, Some(request::FreshSince::dense(0xabc, 17, caps)));
@@ -301,7 +304,7 @@ fn the_hub_fields_are_read_with_their_flag_only() {
         area[128..136].copy_from_slice(&3u64.to_le_bytes());
         area
     };
-    let decode = |bytes: &[u8]| request::decode(bytes, &geometry, &schema());
+    let decode = |bytes: &[u8]| request::decode(bytes, &geometry, &schema(), None);
     let since = request::FreshSince::dense(0xabc, 9, caps);
     let hub = decode(&area(HUB_H1, 20, 9)).unwrap();
     assert_eq!(
@@ -356,7 +359,7 @@ fn a_new_node_is_read_after_its_id_and_bad_ones_are_refused() {
         }
         area
     };
-    let decode = |bytes: &[u8]| request::decode(bytes, &geometry, &schema());
+    let decode = |bytes: &[u8]| request::decode(bytes, &geometry, &schema(), None);
     let row = [1.0, -2.5, 0.0, 3.25];
     let got = decode(&area(NEW_NODE | NEW_NODE_DIRECTED, 1, 3, row, &[4, 7, 11])).unwrap();
     assert_eq!(got.targets, vec![5000]);
@@ -375,7 +378,7 @@ fn a_new_node_is_read_after_its_id_and_bad_ones_are_refused() {
     // What the sidecar copies out of the slot covers exactly this much.
     let bytes = area(NEW_NODE, 1, 3, row, &[4, 7, 11]);
     assert_eq!(
-        request::occupied_bytes(&bytes, &geometry, &schema()),
+        request::occupied_bytes(&bytes, &geometry, &schema(), None),
         152 + 24
     );
 
@@ -432,7 +435,7 @@ fn the_subgraph_fields_are_read_and_bad_ones_are_refused() {
         area[128..136].copy_from_slice(&3u64.to_le_bytes());
         area
     };
-    let decode = |bytes: &[u8]| request::decode(bytes, &geometry, &schema());
+    let decode = |bytes: &[u8]| request::decode(bytes, &geometry, &schema(), None);
     let dense = decode(&area(0, [2, 1, 0], 0)).unwrap();
     assert_eq!(dense.subgraph(), None);
     let three = decode(&area(3, [2, 1, 1], 0)).unwrap();
@@ -472,8 +475,15 @@ fn the_subgraph_fields_are_read_and_bad_ones_are_refused() {
     new_node.resize(geometry.request_bytes as usize, 0);
     assert!(decode(&new_node).unwrap().new_node.is_some());
     let mut reserved = area(2, [1, 1, 0], 0);
-    reserved[110] = 1;
+    reserved[120] = 1;
     assert_eq!(decode(&reserved).unwrap_err(), RequestError::Reserved);
+    // Bytes 108..112 are a typed request's target type.
+    let mut target_type = area(2, [1, 1, 0], 0);
+    target_type[108] = 1;
+    assert_eq!(
+        decode(&target_type).unwrap_err(),
+        RequestError::TargetTypeWithoutTyped { target_type: 1 }
+    );
     // Bytes 80..108 are the trace context (docs/protocol.md, "Trace
     // context"): read when both ids are set, never refused.
     let mut traced = area(2, [1, 1, 0], 0);
@@ -519,7 +529,7 @@ fn a_subgraph_fresh_since_names_its_hops() {
         area[128..136].copy_from_slice(&3u64.to_le_bytes());
         area
     };
-    let decode = |bytes: &[u8]| request::decode(bytes, &geometry, &schema());
+    let decode = |bytes: &[u8]| request::decode(bytes, &geometry, &schema(), None);
     for (fresh_hops, fresh) in [(1, [3, 0, 0]), (2, [3, 2, 0]), (3, [3, 2, 1])] {
         let got = decode(&area(2, FRESH_SINCE, fresh_hops, fresh)).unwrap();
         let subgraph = SubgraphFanouts::new(&fresh[..fresh_hops as usize]).unwrap();

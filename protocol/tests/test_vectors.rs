@@ -10,9 +10,12 @@
 use std::mem::offset_of;
 
 use arrow_buffer::MutableBuffer;
+use protocol::graph_schema::{EdgeTypeDesc, GraphSchema, NodeTypeDesc};
 use protocol::layout::{dtype, FeatureSchema, Header, Preamble};
 use protocol::payload::schema::{target_status, tier};
-use protocol::payload::{PayloadShape, ResponseWriter, SchemaCache, SubgraphShape};
+use protocol::payload::{
+    PayloadShape, ResponseWriter, SchemaCache, SubgraphShape, TypedResponseWriter, TypedShape,
+};
 use protocol::request::SubgraphFanouts;
 use protocol::{Segment, SegmentConfig};
 
@@ -134,6 +137,68 @@ fn subgraph_response_vector() -> Vec<u8> {
     bytes[..end].to_vec()
 }
 
+/// The appendix's typed graph: users (2 features) and items (no
+/// features); (user, buys, item) and (item, rev_buys, user).
+fn typed_graph() -> GraphSchema {
+    GraphSchema {
+        node_types: vec![
+            NodeTypeDesc {
+                name: "user".into(),
+                feature_dim: 2,
+            },
+            NodeTypeDesc {
+                name: "item".into(),
+                feature_dim: 0,
+            },
+        ],
+        edge_types: vec![
+            EdgeTypeDesc {
+                src: 0,
+                relation: "buys".into(),
+                dst: 1,
+            },
+            EdgeTypeDesc {
+                src: 1,
+                relation: "rev_buys".into(),
+                dst: 0,
+            },
+        ],
+    }
+}
+
+/// A typed answer (`hops` 1) to request 0x1122334455667788 for user 5:
+/// item 30 bought by user 5 (rev_buys: 30 -> 5); user rows 5 ([1, 2],
+/// tier L1); item rows 30; graph version 7, server_ns 1000.
+fn typed_response_vector() -> Vec<u8> {
+    let mut area = MutableBuffer::from_len_zeroed(8192);
+    let shape = TypedShape {
+        hops: 1,
+        n_targets: 1,
+        node_rows: vec![1, 1],
+        edges: vec![0, 1],
+    };
+    let cache = SchemaCache::default();
+    let mut writer =
+        TypedResponseWriter::new(area.as_slice_mut(), &typed_graph(), shape, &cache).unwrap();
+    {
+        let mut cols = writer.columns();
+        cols.target_id[0] = 5;
+        cols.status[0] = target_status::OK;
+        cols.target_row[0] = 0;
+        cols.nodes[0].node_id[0] = 5;
+        cols.nodes[0].features.copy_from_slice(&[1.0, 2.0]);
+        cols.nodes[0].tier[0] = tier::L1;
+        cols.nodes[1].node_id[0] = 30;
+        cols.edge_index[1].copy_from_slice(&[0, 0]);
+        cols.sampled_nodes[0].copy_from_slice(&[1, 0]);
+        cols.sampled_nodes[1].copy_from_slice(&[0, 1]);
+        cols.sampled_edges[0].copy_from_slice(&[0]);
+        cols.sampled_edges[1].copy_from_slice(&[1]);
+    }
+    let end = writer.finish(0x1122_3344_5566_7788, 7, 1000);
+    area.as_slice()[..end].to_vec()
+}
+
 /// `offset: hex bytes` lines, 32 bytes each.
 fn to_hex_lines(bytes: &[u8]) -> String {
     let mut out = String::new();
@@ -214,5 +279,33 @@ fn the_documented_subgraph_response_vector_is_what_the_sidecar_writes() {
         to_hex_lines(&documented),
         to_hex_lines(&ours),
         "docs/protocol.md appendix A (subgraph response) differs from the implementation"
+    );
+}
+
+#[test]
+fn the_documented_graph_schema_vector_is_what_the_sidecar_writes() {
+    let ours = typed_graph().encode();
+    if std::env::var_os("GNN_PRINT_VECTORS").is_some() {
+        println!("graph schema vector:\n{}", to_hex_lines(&ours));
+    }
+    let documented = vector_in_doc(&doc(), "<!-- vector: graph-schema -->");
+    assert_eq!(
+        to_hex_lines(&documented),
+        to_hex_lines(&ours),
+        "docs/protocol.md appendix A (graph schema) differs from the implementation"
+    );
+}
+
+#[test]
+fn the_documented_typed_response_vector_is_what_the_sidecar_writes() {
+    let ours = typed_response_vector();
+    if std::env::var_os("GNN_PRINT_VECTORS").is_some() {
+        println!("typed response vector:\n{}", to_hex_lines(&ours));
+    }
+    let documented = vector_in_doc(&doc(), "<!-- vector: typed-response -->");
+    assert_eq!(
+        to_hex_lines(&documented),
+        to_hex_lines(&ours),
+        "docs/protocol.md appendix A (typed response) differs from the implementation"
     );
 }

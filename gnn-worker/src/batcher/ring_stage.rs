@@ -391,6 +391,7 @@ pub(super) fn ring_call_split(
         new_node: call.new_node,
         subgraph: call.subgraph,
         accepted: call.accepted,
+        typed: None,
     };
     metrics.ring_requests.inc();
     let calling = Instant::now();

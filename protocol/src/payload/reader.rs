@@ -204,7 +204,7 @@ pub fn decode(
     Ok(tables)
 }
 
-fn decode_table(
+pub(crate) fn decode_table(
     area: &Buffer,
     table: &'static str,
     offset: u64,

@@ -56,6 +56,14 @@ pub mod edge_columns {
     pub const HOP_COUNTS: &str = "hop_counts";
 }
 
+/// The counts table of a typed response (docs/protocol.md, section 4.4).
+pub mod counts_columns {
+    /// List<Int64>: one row per node type (its `num_sampled_nodes`, `hops +
+    /// 1` values), then one per edge type (its `num_sampled_edges`, `hops`
+    /// values), in the graph schema's order.
+    pub const COUNTS: &str = "counts";
+}
+
 /// Codes of the node table's `tier` column.
 pub mod tier {
     /// In-process cache.
@@ -167,4 +175,33 @@ pub fn edge_schema() -> SchemaRef {
         Field::new(edge_columns::EDGE_INDEX, var_list(DataType::Int64), false),
         Field::new(edge_columns::HOP_COUNTS, var_list(DataType::Int64), false),
     ])
+}
+
+/// A typed response's node table of a type without features: the node
+/// ids alone (PyG's `n_id` of that type).
+pub fn id_schema() -> SchemaRef {
+    with_version(vec![Field::new(
+        node_columns::NODE_ID,
+        DataType::UInt64,
+        false,
+    )])
+}
+
+/// A typed response's edge table of one edge type: `edge_index` alone (two
+/// rows, as in [`edge_schema`]).
+pub fn typed_edge_schema() -> SchemaRef {
+    with_version(vec![Field::new(
+        edge_columns::EDGE_INDEX,
+        var_list(DataType::Int64),
+        false,
+    )])
+}
+
+/// A typed response's counts table (see [`counts_columns`]).
+pub fn counts_schema() -> SchemaRef {
+    with_version(vec![Field::new(
+        counts_columns::COUNTS,
+        var_list(DataType::Int64),
+        false,
+    )])
 }

@@ -10,7 +10,10 @@ use arrow_schema::SchemaRef;
 
 use crate::layout::{status, ResponseHeader, MAX_HOPS, MESSAGE_BYTES};
 use crate::payload::ipc::{self, BodyPlan, ColumnKind, END_OF_STREAM};
-use crate::payload::schema::{edge_schema, node_schema, subgraph_target_schema, target_schema};
+use crate::payload::schema::{
+    counts_schema, edge_schema, id_schema, node_schema, subgraph_target_schema, target_schema,
+    typed_edge_schema,
+};
 use crate::request::SubgraphFanouts;
 
 /// Size of one response.
@@ -73,7 +76,7 @@ pub(crate) const NODE_COLUMNS: [ColumnKind; 4] = [
     ColumnKind::Bool,
 ];
 
-fn node_kinds(dim: u32) -> [ColumnKind; 4] {
+pub(crate) fn node_kinds(dim: u32) -> [ColumnKind; 4] {
     let mut kinds = NODE_COLUMNS;
     kinds[1] = ColumnKind::List {
         width: 4,
@@ -83,7 +86,7 @@ fn node_kinds(dim: u32) -> [ColumnKind; 4] {
 }
 
 /// The subgraph layout's target table: id, status, row.
-const SUBGRAPH_TARGET_COLUMNS: [ColumnKind; 3] = [
+pub(crate) const SUBGRAPH_TARGET_COLUMNS: [ColumnKind; 3] = [
     ColumnKind::Fixed { width: 8 },
     ColumnKind::Fixed { width: 1 },
     ColumnKind::Fixed { width: 4 },
@@ -143,6 +146,9 @@ pub struct SchemaCache {
     targets: Mutex<HashMap<[u32; MAX_HOPS], Arc<CachedSchema>>>,
     subgraph_targets: OnceLock<Arc<CachedSchema>>,
     edges: OnceLock<Arc<CachedSchema>>,
+    ids: OnceLock<Arc<CachedSchema>>,
+    typed_edges: OnceLock<Arc<CachedSchema>>,
+    counts: OnceLock<Arc<CachedSchema>>,
 }
 
 impl SchemaCache {
@@ -175,25 +181,51 @@ impl SchemaCache {
             .get_or_init(|| CachedSchema::new(edge_schema()))
             .clone()
     }
+
+    /// A typed response's node table of a type with `dim` features (0: the
+    /// ids alone).
+    pub fn typed_node(&self, dim: u32) -> Arc<CachedSchema> {
+        match dim {
+            0 => self
+                .ids
+                .get_or_init(|| CachedSchema::new(id_schema()))
+                .clone(),
+            dim => self.node(dim),
+        }
+    }
+
+    /// A typed response's edge table schema.
+    pub fn typed_edges(&self) -> Arc<CachedSchema> {
+        self.typed_edges
+            .get_or_init(|| CachedSchema::new(typed_edge_schema()))
+            .clone()
+    }
+
+    /// A typed response's counts table schema.
+    pub fn counts(&self) -> Arc<CachedSchema> {
+        self.counts
+            .get_or_init(|| CachedSchema::new(counts_schema()))
+            .clone()
+    }
 }
 
 /// One table's place in the response area.
 #[derive(Debug, Clone)]
-struct TablePlacement {
+pub(crate) struct TablePlacement {
     /// The whole IPC stream.
-    stream: Range<usize>,
+    pub(crate) stream: Range<usize>,
     /// Absolute offset of the body.
-    body: usize,
-    plan: BodyPlan,
+    pub(crate) body: usize,
+    pub(crate) plan: BodyPlan,
 }
 
 impl TablePlacement {
-    fn column(&self, idx: usize) -> Range<usize> {
+    pub(crate) fn column(&self, idx: usize) -> Range<usize> {
         let r = &self.plan.values[idx];
         self.body + r.start..self.body + r.end
     }
 
-    fn offsets(&self, idx: usize) -> Option<Range<usize>> {
+    pub(crate) fn offsets(&self, idx: usize) -> Option<Range<usize>> {
         let r = self.plan.offsets[idx].as_ref()?;
         Some(self.body + r.start..self.body + r.end)
     }
@@ -262,7 +294,7 @@ pub struct ResponseWriter<'a> {
 
 /// Writes a table's messages and end-of-stream marker at `start`; returns its
 /// placement. The caller checked that everything fits.
-fn place_table(
+pub(crate) fn place_table(
     area: &mut [u8],
     start: usize,
     schema_message: &[u8],
@@ -286,7 +318,11 @@ fn place_table(
 }
 
 /// Bytes a table stream takes: messages + body + end marker, rounded to 64.
-fn stream_len(schema_message: usize, batch_message: usize, plan: &BodyPlan) -> Option<usize> {
+pub(crate) fn stream_len(
+    schema_message: usize,
+    batch_message: usize,
+    plan: &BodyPlan,
+) -> Option<usize> {
     schema_message
         .checked_add(batch_message)?
         .checked_add(plan.body_len)?
@@ -562,7 +598,7 @@ pub fn write_error(area: &mut [u8], status_code: u32, request_id: u64, message: 
 }
 
 /// Splits `area` into the given sorted, disjoint ranges.
-fn carve<'s>(mut area: &'s mut [u8], ranges: &[Range<usize>]) -> Vec<&'s mut [u8]> {
+pub(crate) fn carve<'s>(mut area: &'s mut [u8], ranges: &[Range<usize>]) -> Vec<&'s mut [u8]> {
     let mut out = Vec::with_capacity(ranges.len());
     let mut consumed = 0;
     for range in ranges {

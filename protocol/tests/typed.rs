@@ -1,0 +1,426 @@
+//! A typed graph over the ring (docs/protocol.md, sections 2.7, "Typed
+//! requests" and 4.4): the schema a segment carries, a typed request's
+//! fields, a typed response written and read in place, and hostile bytes in
+//! each refused by name, never a panic.
+#![cfg(not(loom))]
+
+use arrow_buffer::{Buffer, MutableBuffer};
+use proptest::prelude::*;
+use protocol::graph_schema::{EdgeTypeDesc, GraphSchema, NodeTypeDesc};
+use protocol::layout::{dtype, request_flags, FeatureSchema, Geometry};
+use protocol::payload::schema::{target_status, tier};
+use protocol::payload::{
+    decode_typed, DecodeError, DecodeLimits, SchemaCache, TypedResponseWriter, TypedShape,
+};
+use protocol::request::{self, RequestError, TypedAsk};
+use protocol::{Segment, SegmentConfig};
+
+/// Users (2 features) and items (ids): (user, buys, item), (item,
+/// rev_buys, user), (user, follows, user).
+fn graph() -> GraphSchema {
+    let edge = |src, relation: &str, dst| EdgeTypeDesc {
+        src,
+        relation: relation.into(),
+        dst,
+    };
+    GraphSchema {
+        node_types: vec![
+            NodeTypeDesc {
+                name: "user".into(),
+                feature_dim: 2,
+            },
+            NodeTypeDesc {
+                name: "item".into(),
+                feature_dim: 0,
+            },
+        ],
+        edge_types: vec![
+            edge(0, "buys", 1),
+            edge(1, "rev_buys", 0),
+            edge(0, "follows", 0),
+        ],
+    }
+}
+
+fn typed_config(name: &str) -> SegmentConfig {
+    let schema = FeatureSchema {
+        feature_dim: 0,
+        dtype: dtype::F32,
+        graph_version: 3,
+        default_fanouts: [3, 2],
+    };
+    let mut cfg = SegmentConfig::new(name, schema);
+    cfg.graph = Some(graph());
+    cfg.slot_count = 2;
+    cfg.max_targets = 4;
+    cfg.response_bytes = 16 * 1024;
+    cfg
+}
+
+#[test]
+fn a_typed_segment_carries_its_schema_and_a_damaged_one_is_refused() {
+    let name = format!("gnn-typed-{}", std::process::id());
+    let segment = Segment::create(&typed_config(&name)).unwrap();
+    let attached = Segment::attach(&name).unwrap();
+    assert_eq!(attached.graph_schema(), Some(&graph()));
+    assert_eq!(attached.schema().feature_dim, 0);
+    let mut bytes = std::fs::read(format!("/dev/shm/{name}")).unwrap();
+    drop(attached);
+    segment.unlink().unwrap();
+    let word = |bytes: &[u8], at: usize| u64::from_le_bytes(bytes[at..at + 8].try_into().unwrap());
+    let (offset, len) = (word(&bytes, 824) as usize, word(&bytes, 832) as usize);
+    assert_eq!(bytes[offset..offset + len], graph().encode());
+    let attach = |bytes: &[u8], tag: &str| {
+        let name = format!("gnn-typed-{}-{tag}", std::process::id());
+        std::fs::write(format!("/dev/shm/{name}"), bytes).unwrap();
+        let result = Segment::attach(&name);
+        std::fs::remove_file(format!("/dev/shm/{name}")).unwrap();
+        result
+    };
+    // A relation that names a node type the graph lacks.
+    bytes[offset + 16 + 48 * 2] = 9;
+    let error = attach(&bytes, "type").unwrap_err().to_string();
+    assert!(
+        error.contains("graph schema") && error.contains("names node type 9"),
+        "{error}"
+    );
+    // A schema that runs into the first slot.
+    bytes[offset + 16 + 48 * 2] = 0;
+    bytes[832..840].copy_from_slice(&(1u64 << 20).to_le_bytes());
+    let error = attach(&bytes, "long").unwrap_err().to_string();
+    assert!(error.contains("graph schema"), "{error}");
+    // A typed segment without its schema, and a one-type one with a schema.
+    bytes[824..840].fill(0);
+    let error = attach(&bytes, "none").unwrap_err().to_string();
+    assert!(
+        error.contains("feature dim is 0 with no graph schema"),
+        "{error}"
+    );
+    // Creating: a typed graph's segment has feature_dim 0.
+    let mut cfg = typed_config("gnn-typed-never");
+    cfg.schema.feature_dim = 2;
+    let error = Segment::create(&cfg).unwrap_err().to_string();
+    assert!(error.contains("feature dim 0"), "{error}");
+}
+
+fn geometry() -> Geometry {
+    Geometry {
+        slot_count: 2,
+        max_targets: 4,
+        max_fanouts: [5, 3],
+        max_nodes: 100,
+        _pad: 0,
+        slot_control_offset: 5120,
+        slot_data_offset: 8192,
+        slot_stride: 1 << 16,
+        request_bytes: 4096,
+        response_bytes: (1 << 16) - 4096,
+    }
+}
+
+fn feature_schema() -> FeatureSchema {
+    FeatureSchema {
+        feature_dim: 0,
+        dtype: dtype::F32,
+        graph_version: 3,
+        default_fanouts: [3, 2],
+    }
+}
+
+/// A typed request area: request 7, targets, hops, target type, fanouts.
+fn typed_area(targets: &[u64], hops: u32, target_type: u32, fanouts: &[u32]) -> Vec<u8> {
+    let mut area = vec![0u8; 4096];
+    area[0..8].copy_from_slice(&7u64.to_le_bytes());
+    area[16..20].copy_from_slice(&(targets.len() as u32).to_le_bytes());
+    area[28..32].copy_from_slice(&request_flags::TYPED.to_le_bytes());
+    area[64..68].copy_from_slice(&hops.to_le_bytes());
+    area[108..112].copy_from_slice(&target_type.to_le_bytes());
+    let mut at = 128;
+    for id in targets {
+        area[at..at + 8].copy_from_slice(&id.to_le_bytes());
+        at += 8;
+    }
+    for fanout in fanouts {
+        area[at..at + 4].copy_from_slice(&fanout.to_le_bytes());
+        at += 4;
+    }
+    area
+}
+
+#[test]
+fn a_typed_request_is_read_with_its_fanouts_and_bad_ones_are_refused() {
+    let (geometry, schema, graph) = (geometry(), feature_schema(), graph());
+    let decode = |area: &[u8]| request::decode(area, &geometry, &schema, Some(&graph));
+    // Two hops: buys [2, 0], rev_buys [1, 1], follows [5, 3].
+    let fanouts = [2, 0, 1, 1, 5, 3];
+    let request = decode(&typed_area(&[4, 9], 2, 0, &fanouts)).unwrap();
+    assert_eq!(request.targets, [4, 9]);
+    assert_eq!(
+        request.typed,
+        Some(TypedAsk {
+            target_type: 0,
+            hops: 2,
+            fanouts: fanouts.to_vec()
+        })
+    );
+    assert_eq!(request.typed.as_ref().unwrap().fanout(2, 1), 3);
+    // What the sidecar copies out is exactly the header, ids and fanouts.
+    let area = typed_area(&[4, 9], 2, 0, &fanouts);
+    let occupied = request::occupied_bytes(&area, &geometry, &schema, Some(&graph));
+    assert_eq!(occupied, 128 + 16 + 24);
+    assert!(decode(&area[..occupied]).is_ok());
+
+    let problem = |area: Vec<u8>| decode(&area).unwrap_err().to_string();
+    let cases = [
+        (typed_area(&[4], 0, 0, &[]), "0 hops; it samples 1 to 3"),
+        (
+            typed_area(&[4], 4, 0, &[1; 12]),
+            "4 hops; it samples 1 to 3",
+        ),
+        (
+            typed_area(&[4], 1, 2, &[1, 1, 1]),
+            "target type 2 is not a node type of this graph (2 types: user (2 f32), item (ids)",
+        ),
+        (
+            typed_area(&[4], 1, 1, &[1, 1, 6]),
+            "fanout 6 of edge type user__follows__user at hop 1 exceeds the cap 5",
+        ),
+        (
+            typed_area(&[4], 2, 1, &[1, 1, 1, 1, 1, 4]),
+            "fanout 4 of edge type user__follows__user at hop 2 exceeds the cap 3",
+        ),
+        (
+            typed_area(&[1, 2, 3, 4, 5], 1, 0, &[1, 1, 1]),
+            "5 targets; the segment allows at most 4",
+        ),
+    ];
+    for (area, expected) in cases {
+        let error = problem(area);
+        assert!(error.contains(expected), "{error:?} lacks {expected:?}");
+    }
+    let mut fanout_fields = typed_area(&[4], 1, 0, &[1, 1, 1]);
+    fanout_fields[20] = 1;
+    assert_eq!(
+        decode(&fanout_fields).unwrap_err(),
+        RequestError::TypedFanoutFields
+    );
+    for (flag, name) in [
+        (request_flags::OWN_ROWS_ONLY, "OWN_ROWS_ONLY"),
+        (request_flags::NEW_NODE, "NEW_NODE"),
+        (request_flags::FRESH_SINCE, "FRESH_SINCE"),
+    ] {
+        let mut area = typed_area(&[4], 1, 0, &[1, 1, 1]);
+        area[28..32].copy_from_slice(&(request_flags::TYPED | flag).to_le_bytes());
+        let error = decode(&area).unwrap_err().to_string();
+        assert!(error.contains(name) && error.contains("not defined for a typed request"));
+    }
+    // A one-type request to a typed graph names the graph.
+    let mut untyped = typed_area(&[4], 1, 0, &[]);
+    untyped[28..32].fill(0);
+    let error = decode(&untyped).unwrap_err().to_string();
+    assert!(
+        error.contains("serves a typed graph (user (2 f32), item (ids); user__buys__item"),
+        "{error}"
+    );
+    // Fanouts past the end of the area.
+    let short = typed_area(&[4, 9], 2, 0, &fanouts);
+    let error = decode(&short[..150]).unwrap_err().to_string();
+    assert!(error.contains("does not fit"), "{error}");
+}
+
+/// A typed response to targets [7, 8] (users) over two hops: user rows 7,
+/// 8, 3; item rows 40, 41; edges of each type with their counts.
+fn typed_response() -> MutableBuffer {
+    let mut area = MutableBuffer::from_len_zeroed(16 * 1024);
+    let shape = TypedShape {
+        hops: 2,
+        n_targets: 2,
+        node_rows: vec![3, 2],
+        edges: vec![2, 1, 1],
+    };
+    let mut writer = TypedResponseWriter::new(
+        area.as_slice_mut(),
+        &graph(),
+        shape,
+        &SchemaCache::default(),
+    )
+    .unwrap();
+    {
+        let mut cols = writer.columns();
+        cols.target_id.copy_from_slice(&[7, 8]);
+        cols.status
+            .copy_from_slice(&[target_status::OK, target_status::OK]);
+        cols.target_row.copy_from_slice(&[0, 1]);
+        cols.nodes[0].node_id.copy_from_slice(&[7, 8, 3]);
+        cols.nodes[0]
+            .features
+            .copy_from_slice(&[1., 2., 3., 4., 5., 6.]);
+        cols.nodes[0]
+            .tier
+            .copy_from_slice(&[tier::L1, tier::L2, tier::DEFAULT]);
+        cols.nodes[0].set_fallback(2, true);
+        cols.nodes[1].node_id.copy_from_slice(&[40, 41]);
+        // (user, buys, item): users 7 and 8 bought items 40 and 41.
+        cols.edge_index[0].copy_from_slice(&[0, 1, 0, 1]);
+        // (item, rev_buys, user): item 40 to user 7.
+        cols.edge_index[1].copy_from_slice(&[0, 0]);
+        // (user, follows, user): user 3 follows user 8.
+        cols.edge_index[2].copy_from_slice(&[2, 1]);
+        cols.sampled_nodes[0].copy_from_slice(&[2, 1, 0]);
+        cols.sampled_nodes[1].copy_from_slice(&[0, 2, 0]);
+        cols.sampled_edges[0].copy_from_slice(&[0, 2]);
+        cols.sampled_edges[1].copy_from_slice(&[1, 0]);
+        cols.sampled_edges[2].copy_from_slice(&[1, 0]);
+    }
+    writer.finish(0x55, 3, 1000);
+    area
+}
+
+fn limits() -> DecodeLimits {
+    DecodeLimits {
+        feature_dim: 0,
+        max_nodes: 100,
+        max_targets: 4,
+        max_fanouts: [5, 3],
+    }
+}
+
+#[test]
+fn a_typed_response_is_read_in_place_as_it_was_written() {
+    let area: Buffer = typed_response().into();
+    let tables = decode_typed(&area, &limits(), &graph(), 0, &SchemaCache::default()).unwrap();
+    assert_eq!(tables.header.request_id, 0x55);
+    assert_eq!(tables.header.n_nodes, 5);
+    assert_eq!(tables.hops(), 2);
+    assert_eq!(tables.target_ids(), [7, 8]);
+    assert_eq!(tables.target_rows(), [0, 1]);
+    assert_eq!(tables.node_ids(0), [7, 8, 3]);
+    assert_eq!(tables.features(0), [1., 2., 3., 4., 5., 6.]);
+    assert_eq!(tables.tiers(0), [tier::L1, tier::L2, tier::DEFAULT]);
+    assert!(!tables.fallback(0, 0) && tables.fallback(0, 2));
+    assert_eq!(tables.node_ids(1), [40, 41]);
+    assert!(tables.features(1).is_empty() && !tables.fallback(1, 0));
+    assert_eq!(tables.edge_index(0), [0, 1, 0, 1]);
+    assert_eq!(tables.edge_index(2), [2, 1]);
+    assert_eq!(tables.sampled_nodes(1), [0, 2, 0]);
+    assert_eq!(tables.sampled_edges(1), [1, 0]);
+    // In place: the features and the edges are inside the area.
+    let range = area.as_ptr() as usize..area.as_ptr() as usize + area.len();
+    assert!(range.contains(&(tables.features(0).as_ptr() as usize)));
+    assert!(range.contains(&(tables.edge_index(0).as_ptr() as usize)));
+    // Read for another target type, the hop-0 users are refused.
+    let error = decode_typed(&area, &limits(), &graph(), 1, &SchemaCache::default()).unwrap_err();
+    assert!(
+        error.to_string().contains("node type user has hop-0 nodes"),
+        "{error}"
+    );
+}
+
+#[test]
+fn a_typed_response_that_does_not_fit_leaves_the_area_untouched() {
+    let mut area = MutableBuffer::from_len_zeroed(4096);
+    let shape = TypedShape {
+        hops: 1,
+        n_targets: 1,
+        node_rows: vec![1000, 0],
+        edges: vec![0, 0, 0],
+    };
+    let error = TypedResponseWriter::new(
+        area.as_slice_mut(),
+        &graph(),
+        shape,
+        &SchemaCache::default(),
+    )
+    .unwrap_err();
+    assert!(error.to_string().contains("does not fit"), "{error}");
+    assert!(area.as_slice().iter().all(|&b| b == 0));
+}
+
+/// Offsets of the i64 values of `edge_index` of edge type `e` in the area.
+fn edge_values_at(area: &Buffer, e: usize) -> usize {
+    let tables = decode_typed(area, &limits(), &graph(), 0, &SchemaCache::default()).unwrap();
+    tables.edge_index(e).as_ptr() as usize - area.as_ptr() as usize
+}
+
+#[test]
+fn hostile_typed_responses_are_refused_by_what_is_wrong() {
+    let good: Buffer = typed_response().into();
+    let at = edge_values_at(&good, 0);
+    let damaged = |at: usize, value: i64| {
+        let mut bytes = MutableBuffer::from_len_zeroed(good.len());
+        bytes.as_slice_mut().copy_from_slice(good.as_slice());
+        bytes.as_slice_mut()[at..at + 8].copy_from_slice(&value.to_le_bytes());
+        let area: Buffer = bytes.into();
+        match decode_typed(&area, &limits(), &graph(), 0, &SchemaCache::default()) {
+            Err(DecodeError::Malformed(m)) => m,
+            other => panic!("accepted or another error: {other:?}"),
+        }
+    };
+    // An item row past the item table (buys' destinations are items).
+    let error = damaged(at + 16, 2);
+    assert!(
+        error.contains("edge type user__buys__item: a row is outside"),
+        "{error}"
+    );
+    // A user row below zero.
+    let error = damaged(at, -1);
+    assert!(error.contains("user__buys__item"), "{error}");
+    // A directory entry pointing into the header.
+    let error = damaged(384, 8);
+    assert!(error.contains("node type user"), "{error}");
+    // The hop counts (counts table) no longer add up.
+    let counts = {
+        let tables = decode_typed(&good, &limits(), &graph(), 0, &SchemaCache::default()).unwrap();
+        tables.sampled_nodes(0).as_ptr() as usize - good.as_ptr() as usize
+    };
+    let error = damaged(counts, 3);
+    assert!(
+        error.contains("node type user: counts [3, 1, 0]"),
+        "{error}"
+    );
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(512))]
+
+    /// Any byte of a valid typed response changed: an error or a response
+    /// whose every index is inside its tables, never a panic.
+    #[test]
+    fn a_changed_byte_is_refused_or_consistent(at in 0usize..4096, value: u8) {
+        let mut bytes = typed_response();
+        bytes.as_slice_mut()[at] = value;
+        let area: Buffer = bytes.into();
+        let graph = graph();
+        if let Ok(tables) = decode_typed(&area, &limits(), &graph, 0, &SchemaCache::default()) {
+            for (e, edge_type) in graph.edge_types.iter().enumerate() {
+                let index = tables.edge_index(e);
+                let (src, dst) = index.split_at(index.len() / 2);
+                let n_src = tables.n_rows(edge_type.src as usize) as i64;
+                let n_dst = tables.n_rows(edge_type.dst as usize) as i64;
+                prop_assert!(src.iter().all(|&r| (0..n_src).contains(&r)));
+                prop_assert!(dst.iter().all(|&r| (0..n_dst).contains(&r)));
+            }
+            prop_assert_eq!(tables.features(0).len(), tables.n_rows(0) * 2);
+        }
+    }
+
+    /// Any bytes as a typed request: refused, or within every limit.
+    #[test]
+    fn any_typed_request_bytes_are_refused_or_within_limits(
+        bytes in proptest::collection::vec(any::<u8>(), 0..300),
+        hops in 0u32..5,
+    ) {
+        let mut area = bytes;
+        if area.len() >= 68 {
+            area[28..32].copy_from_slice(&request_flags::TYPED.to_le_bytes());
+            area[64..68].copy_from_slice(&hops.to_le_bytes());
+        }
+        let graph = graph();
+        if let Ok(request) = request::decode(&area, &geometry(), &feature_schema(), Some(&graph)) {
+            let ask = request.typed.unwrap();
+            prop_assert!((1..=3).contains(&ask.hops));
+            prop_assert_eq!(ask.fanouts.len(), 3 * ask.hops as usize);
+            prop_assert!((ask.target_type as usize) < 2);
+        }
+    }
+}
