@@ -419,6 +419,14 @@ impl Manifest {
                 self.dtype, schema.dtype
             )));
         }
+        if schema.feature_dim == 0 {
+            return Err(ModelError::Mismatch(format!(
+                "the sidecar serves a typed graph (feature_dim 0 in segment header, its node \
+                 and edge types in the graph schema); this model reads one-type rows of \
+                 {} features: serve it beside a sidecar of a one-type graph",
+                self.feature_dim
+            )));
+        }
         if self.feature_dim != schema.feature_dim {
             return Err(ModelError::Mismatch(format!(
                 "feature_dim {} in model manifest, {} in segment header: re-export the model \

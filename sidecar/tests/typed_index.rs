@@ -360,7 +360,9 @@ fn an_import_whose_edges_leave_their_types_is_refused_by_edge_type_and_id() {
 }
 
 #[test]
-fn a_typed_data_directory_is_not_served_and_says_why() {
+fn a_typed_data_directory_refuses_what_it_does_not_serve_yet_by_name() {
+    // Serving it is tests/tests/typed_serving.rs; an update stream is for
+    // one-type graphs in this release.
     let data = &openflights_graph().1;
     let output = Command::new(workspace_bin("sidecar"))
         .arg("serve")
@@ -369,12 +371,21 @@ fn a_typed_data_directory_is_not_served_and_says_why() {
         .args(["--shm-name", "typed-index-not-served", "--admin-socket"])
         .arg(data.join("admin.sock"))
         .args(["--metrics-addr", "127.0.0.1:0"])
+        .args([
+            "--updates-stream",
+            "graph-updates",
+            "--redis",
+            "redis://127.0.0.1:1",
+        ])
         .output()
         .expect("running sidecar serve");
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert!(!output.status.success());
     assert!(
-        stderr.contains("holds a typed graph") && stderr.contains("serves one-type graphs only"),
+        stderr.contains(
+            "holds a typed graph; updates_stream (--updates-stream) is for one-type \
+                         graphs in this release: leave it unset"
+        ),
         "{stderr}"
     );
 }

@@ -346,6 +346,15 @@ fn handle(
     runtime: &tokio::runtime::Handle,
     progress: &mut dyn FnMut(u64, u64),
 ) -> anyhow::Result<AdminResponse> {
+    if let Some(command) = one_type_command(&request) {
+        if let Some(typed) = daemon.core().and_then(|c| c.typed.as_ref()) {
+            bail!(
+                "this sidecar serves a typed graph ({}); `{command}` is for one-type graphs in \
+                 this release (docs/graph-index.md, \"Serving a typed graph\")",
+                typed.ring.describe()
+            );
+        }
+    }
     Ok(match request {
         AdminRequest::Hello { .. } => bail!("handshake already done"),
         AdminRequest::Status => AdminResponse::Status(status(daemon)),
@@ -593,6 +602,21 @@ fn warm(
 
 /// A sidecar that follows an update stream takes graph changes from it
 /// only: one made through its admin socket would reach this replica alone.
+/// The `sidecarctl` command of a request that reads or changes the one-type
+/// graph or its tiers (refused by a sidecar serving a typed graph).
+fn one_type_command(request: &AdminRequest) -> Option<&'static str> {
+    Some(match request {
+        AdminRequest::WarmTop { .. } | AdminRequest::WarmIds { .. } => "warm",
+        AdminRequest::Invalidate { .. } => "invalidate",
+        AdminRequest::AddNodes { .. } => "graph add-node",
+        AdminRequest::AddEdges { .. } => "graph add-edges",
+        AdminRequest::GraphChecksum => "graph checksum",
+        AdminRequest::Compact => "graph compact",
+        AdminRequest::FlushCache { .. } => "flush-cache",
+        _ => return None,
+    })
+}
+
 fn refuse_while_following(core: &crate::daemon::Core) -> anyhow::Result<()> {
     if let Some(updates) = &core.updates {
         bail!(
@@ -606,7 +630,19 @@ fn refuse_while_following(core: &crate::daemon::Core) -> anyhow::Result<()> {
 
 fn status(daemon: &Daemon) -> StatusReport {
     let core = daemon.core();
-    let graph = core.map(|c| c.graph.counts());
+    let typed = core.and_then(|c| c.typed.as_ref());
+    let graph = core.map(|c| {
+        let mut counts = c.graph.counts();
+        if let Some(typed) = typed {
+            // A typed graph's totals over its types.
+            let schema = typed.graph.schema();
+            counts.nodes = schema.node_types.iter().map(|t| t.num_nodes).sum();
+            counts.edges = (0..schema.edge_types.len())
+                .map(|e| typed.graph.csr(e).n_edges())
+                .sum();
+        }
+        counts
+    });
     let updates = core.and_then(|c| c.updates.as_ref()).map(|u| u.snapshot());
     let tiers = core.map(|c| c.tiers.snapshot()).unwrap_or_default();
     let ring = daemon.ring.snapshot().segment;
@@ -623,6 +659,14 @@ fn status(daemon: &Daemon) -> StatusReport {
         graph_generation: graph.map_or(0, |g| g.generation),
         store: match core {
             None => "not open yet".into(),
+            Some(c) if c.typed.is_some() => {
+                let typed = c.typed.as_ref().expect("checked");
+                format!(
+                    "typed graph: {} node types, {} edge types",
+                    typed.ring.node_types.len(),
+                    typed.ring.edge_types.len()
+                )
+            }
             Some(c) => match (&c.store, &c.redis) {
                 (_, Some(_)) if c.store.is_some() => "redis+l2".into(),
                 (_, Some(_)) => "redis".into(),

@@ -186,6 +186,22 @@ impl Metrics {
         daemon_kit::metrics::register(sub, telemetry);
     }
 
+    /// Registers one of several telemetries of a kind (a typed graph's
+    /// tiers, one per node type) at the top level, each series labelled
+    /// `label="value"`.
+    pub fn register_labelled(&self, label: &str, value: &str, telemetry: impl Telemetry) {
+        let mut registry = self
+            .registry
+            .write()
+            .unwrap_or_else(PoisonError::into_inner);
+        let labels = [(
+            std::borrow::Cow::Owned(label.to_string()),
+            std::borrow::Cow::Owned(value.to_string()),
+        )];
+        let sub = registry.sub_registry_with_labels(labels.into_iter());
+        daemon_kit::metrics::register(sub, telemetry);
+    }
+
     /// A stage's histogram.
     pub fn stage(&self, stage: &'static str) -> Histogram {
         self.stage_seconds

@@ -159,6 +159,9 @@ pub struct Core {
     pub updates: Option<Arc<FollowerStats>>,
     /// Held for the sidecar's life: no other process uses the data directory.
     pub data_dir_lock: crate::data_dir::DataDirLock,
+    /// A typed graph, when the data directory holds one: the ring serves
+    /// it alone, and `graph` and `tiers` above are empty.
+    pub typed: Option<Arc<crate::serve::typed::TypedServing>>,
 }
 
 /// How a drain ended.

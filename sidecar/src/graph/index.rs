@@ -57,6 +57,39 @@ impl CsrIndex {
         Ok(index)
     }
 
+    /// A graph without nodes, in memory: the one-type graph of a sidecar
+    /// that serves a typed graph (whose edge types have indexes of their
+    /// own), so that every one-type request finds no node.
+    pub fn empty(graph_version: u64) -> Self {
+        let len = CsrHeader::file_bytes(0, 0, false) as usize;
+        let mut bytes = vec![0u8; len];
+        // indptr = [0]: the zeros already there.
+        let header = CsrHeader {
+            flags: 0,
+            n_nodes: 0,
+            n_edges: 0,
+            graph_version,
+            body_checksum: xxh3_64(&bytes[CsrHeader::indptr_offset()..]),
+            position: crate::graph::format::StreamPosition::START,
+            generation: 0,
+            consumed: 0,
+            n_src: 0,
+        };
+        bytes[..CsrHeader::indptr_offset()].copy_from_slice(&header.encode());
+        let mut map = memmap2::MmapMut::map_anon(len).expect("mapping a few anonymous bytes");
+        map.copy_from_slice(&bytes);
+        let map = map
+            .make_read_only()
+            .expect("protecting an anonymous mapping");
+        let index = Self {
+            map,
+            header,
+            known: 0,
+        };
+        index.verify("(empty)").expect("an empty index is valid");
+        index
+    }
+
     fn verify(&self, path: &str) -> Result<(), FormatError> {
         let corrupt = |what: String| FormatError::Corrupt {
             path: path.to_string(),

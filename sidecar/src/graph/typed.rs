@@ -77,13 +77,10 @@ pub struct TypedSchema {
     pub graph_version: u64,
 }
 
-/// Whether `name` can name a type or a relation: letters, digits and single
-/// underscores, starting with a letter.
-pub fn valid_name(name: &str) -> bool {
-    name.chars().next().is_some_and(|c| c.is_ascii_alphabetic())
-        && name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')
-        && !name.contains("__")
-}
+/// Whether `name` can name a type or a relation: 1 to 32 letters, digits
+/// and single underscores, starting with a letter (the ring's rule,
+/// docs/protocol.md, section 2.7).
+pub use protocol::graph_schema::valid_name;
 
 impl TypedSchema {
     /// Checks names, uniqueness, that every edge type's ends are node
@@ -96,8 +93,8 @@ impl TypedSchema {
         for (i, t) in self.node_types.iter().enumerate() {
             if !valid_name(&t.name) {
                 return Err(format!(
-                    "node type {:?}: use letters, digits and single underscores, starting with a \
-                     letter ('__' separates the parts of a model's input names)",
+                    "node type {:?}: use 1 to 32 letters, digits and single underscores, starting \
+                     with a letter ('__' separates the parts of a model's input names)",
                     t.name
                 ));
             }
@@ -124,8 +121,8 @@ impl TypedSchema {
         for (i, e) in self.edge_types.iter().enumerate() {
             if !valid_name(&e.relation) {
                 return Err(format!(
-                    "relation {:?} of ({}, {}): use letters, digits and single underscores, \
-                     starting with a letter",
+                    "relation {:?} of ({}, {}): use 1 to 32 letters, digits and single \
+                     underscores, starting with a letter",
                     e.relation, e.src, e.dst
                 ));
             }
@@ -168,6 +165,32 @@ impl TypedSchema {
     fn node_type_names(&self) -> String {
         let names: Vec<&str> = self.node_types.iter().map(|t| t.name.as_str()).collect();
         names.join(", ")
+    }
+
+    /// The types as the ring carries them (docs/protocol.md, section 2.7).
+    /// Call on a validated schema.
+    pub fn to_ring(&self) -> protocol::graph_schema::GraphSchema {
+        use protocol::graph_schema::{EdgeTypeDesc, GraphSchema, NodeTypeDesc};
+        GraphSchema {
+            node_types: self
+                .node_types
+                .iter()
+                .map(|t| NodeTypeDesc {
+                    name: t.name.clone(),
+                    feature_dim: t.feature_dim,
+                })
+                .collect(),
+            edge_types: self
+                .edge_types
+                .iter()
+                .zip(self.ends())
+                .map(|(e, (src, dst))| EdgeTypeDesc {
+                    src: src as u32,
+                    relation: e.relation.clone(),
+                    dst: dst as u32,
+                })
+                .collect(),
+        }
     }
 
     /// Each edge type's (source type, destination type) indices. Call on a

@@ -25,6 +25,8 @@ use crate::graph::live::GraphSnapshot;
 use crate::graph::sampler::{hop1_of, Sampled, Sampler, SubgraphLimits, SubgraphTooLarge};
 use protocol::payload::schema::tier;
 
+mod typed;
+
 /// Most of a request's remaining time kept back from the feature fetch for
 /// writing its response (docs/serving.md, "Deadlines").
 pub const RESPONSE_RESERVE: std::time::Duration = std::time::Duration::from_millis(5);
@@ -49,6 +51,8 @@ pub struct BatchContext<'a> {
     pub changes: &'a Changes,
     pub change_tick: u64,
     pub tiers: &'a FeatureTiers,
+    /// The typed graph the ring serves instead, if any.
+    pub typed: Option<&'a crate::serve::typed::TypedServing>,
     pub runtime: &'a tokio::runtime::Handle,
     /// The fanouts for requests that leave them to the sidecar, and the
     /// feature-fetch deadline.
@@ -98,6 +102,7 @@ impl BatchServer {
         let Admitted {
             groups,
             new_nodes,
+            typed,
             deadline,
         } = admit(ctx, tickets);
         // Traced: the batch's spans nest under its first sampled request's
@@ -106,6 +111,9 @@ impl BatchServer {
         let _traced = span.enter();
         for (pending, until) in new_nodes {
             self.serve_new_node(ctx, pending, until);
+        }
+        for (pending, until) in typed {
+            self.serve_typed(ctx, pending, until);
         }
         if groups.is_empty() {
             return;
@@ -539,6 +547,8 @@ fn copy_batch_rows(
 struct Admitted {
     groups: Vec<(SampleKey, Vec<Pending>)>,
     new_nodes: Vec<(Pending, Instant)>,
+    /// Typed graph requests, each its own sampling pass and fetch.
+    typed: Vec<(Pending, Instant)>,
     deadline: Option<Instant>,
 }
 
@@ -577,6 +587,7 @@ fn admit(ctx: &BatchContext<'_>, tickets: Vec<ServeTicket>) -> Admitted {
     let mut admitted = Admitted {
         groups: Vec::new(),
         new_nodes: Vec::new(),
+        typed: Vec::new(),
         deadline: None,
     };
     for ticket in tickets {
@@ -591,6 +602,10 @@ fn admit(ctx: &BatchContext<'_>, tickets: Vec<ServeTicket>) -> Admitted {
         if pending.request.new_node.is_some() {
             ctx.metrics.new_node_requests.inc();
             admitted.new_nodes.push((pending, until));
+            continue;
+        }
+        if pending.request.typed.is_some() {
+            admitted.typed.push((pending, until));
             continue;
         }
         admitted.deadline = Some(admitted.deadline.map_or(until, |d: Instant| d.min(until)));

@@ -262,6 +262,7 @@ impl<'a> ServeThread<'a> {
             changes,
             change_tick,
             tiers: &core.tiers,
+            typed: core.typed.as_deref(),
             runtime: self.runtime,
             knobs: &daemon.knobs,
             max_nodes: daemon.config.max_nodes,

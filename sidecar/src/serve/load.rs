@@ -20,6 +20,7 @@ use crate::features::rocks::{Opened, RocksStore, Role, StoreTelemetry};
 use crate::features::{DefaultRow, FeatureTiers, TierConfig};
 use crate::graph::live::{AutoCompact, LiveGraph};
 use crate::graph::{dataset, CsrIndex};
+use crate::serve::typed;
 use crate::updates::follower::{self, FollowerStats};
 
 /// What the loading gives the start-up: the core, the nodes to warm, and
@@ -33,6 +34,10 @@ pub(super) struct Loaded {
 /// Loads everything the sidecar serves from, in the readiness order.
 pub(super) fn load(daemon: &Daemon, runtime: &tokio::runtime::Runtime) -> anyhow::Result<Loaded> {
     let config = &daemon.config;
+    if typed::is_typed_data_dir(config) {
+        let data_dir_lock = DataDirLock::acquire(&config.data_dir)?;
+        return load_typed(daemon, runtime, data_dir_lock);
+    }
     let data_dir_lock = lock_and_seed(config)?;
     let graph = open_graph(daemon)?;
     let manifest = FeatureManifest::read(&config.data_dir)?;
@@ -79,10 +84,55 @@ pub(super) fn load(daemon: &Daemon, runtime: &tokio::runtime::Runtime) -> anyhow
         invalidation,
         updates,
         data_dir_lock,
+        typed: None,
     };
     Ok(Loaded {
         core,
         hot: graph.hot,
+        schema,
+    })
+}
+
+/// A typed data directory: its graph and per-type tiers; the one-type
+/// graph and tiers of the core are empty (nothing one-type is served, and
+/// the admin commands that change them are refused).
+fn load_typed(
+    daemon: &Daemon,
+    runtime: &tokio::runtime::Runtime,
+    data_dir_lock: DataDirLock,
+) -> anyhow::Result<Loaded> {
+    let config = &daemon.config;
+    let typed = typed::load(daemon, runtime)?;
+    let graph_version = typed.graph_version();
+    let invalidation = Arc::new(InvalidationStats::default());
+    daemon
+        .metrics
+        .register(Some("invalidation"), invalidation.clone());
+    let schema = FeatureSchema {
+        feature_dim: 0,
+        dtype: dtype::F32,
+        graph_version,
+        default_fanouts: config.fanouts.0,
+    };
+    let core = Core {
+        graph: LiveGraph::new(CsrIndex::empty(graph_version)),
+        index_path: config.data_dir.join(crate::graph::typed::TYPED_DIR),
+        tiers: FeatureTiers::new(&TierConfig::new(1), None, None),
+        store: None,
+        redis: None,
+        feature_dim: 0,
+        store_telemetry: Arc::new(StoreTelemetry {
+            store: None,
+            rebuilds: 0,
+        }),
+        invalidation,
+        updates: None,
+        data_dir_lock,
+        typed: Some(typed),
+    };
+    Ok(Loaded {
+        core,
+        hot: Vec::new(),
         schema,
     })
 }

@@ -35,6 +35,7 @@
 pub mod batch;
 mod control;
 mod load;
+pub mod typed;
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -85,7 +86,8 @@ pub fn run(config: ServeConfig, log: Option<Arc<LogHandle>>, events: Events) -> 
     let core = daemon.loaded()?;
 
     // The ring: created last, so attaching workers find a ready sidecar.
-    let options = ring_options(&daemon.config, loaded.schema);
+    let graph_schema = core.typed.as_ref().map(|t| t.ring.clone());
+    let options = ring_options(&daemon.config, loaded.schema, graph_schema);
     let control =
         control::Control::new(&daemon, core, runtime.handle(), events.receiver(), options);
     let server = control.create_ring()?;
@@ -150,8 +152,13 @@ fn warm_up(daemon: &Daemon, runtime: &tokio::runtime::Runtime, core: &Core, hot:
 }
 
 /// The segment's geometry and the ring server's options.
-fn ring_options(config: &ServeConfig, schema: FeatureSchema) -> ServerOptions {
+fn ring_options(
+    config: &ServeConfig,
+    schema: FeatureSchema,
+    graph: Option<protocol::graph_schema::GraphSchema>,
+) -> ServerOptions {
     let mut segment = SegmentConfig::new(config.shm_name.clone(), schema);
+    segment.graph = graph;
     segment.mode = config.shm_mode.0;
     segment.slot_count = config.slots;
     segment.max_targets = config.max_targets;

@@ -1,0 +1,135 @@
+//! Serving a typed graph's request (docs/protocol.md, "Typed requests"):
+//! one sampling pass per request over every edge type at its fanouts, one
+//! fetch per node type with features through that type's tiers (all types
+//! at once), and the typed response written in place.
+
+use std::time::Instant;
+
+use protocol::payload::{TypedColumns, TypedShape};
+
+use super::{respond_outgrew, subgraph_limits, BatchContext, BatchServer, Pending, SAMPLING_SEED};
+use crate::features::RowSource;
+use crate::graph::sampler::{TypedFanouts, TypedSampled};
+
+impl BatchServer {
+    /// Samples, fetches and answers one typed request.
+    pub(super) fn serve_typed(&mut self, ctx: &BatchContext<'_>, pending: Pending, until: Instant) {
+        let m = ctx.metrics;
+        let typed = ctx
+            .typed
+            .expect("a typed request is decoded only against a typed graph's segment");
+        let request = &pending.request;
+        let ask = request.typed.as_ref().expect("a typed request");
+        let fanouts = TypedFanouts::new(ask.hops as usize, ask.fanouts.clone())
+            .expect("hops and fanouts checked when the request was decoded");
+        let sampling = Instant::now();
+        let sampled = match self.sampler.sample_typed(
+            &typed.graph,
+            ask.target_type as usize,
+            &request.targets,
+            &fanouts,
+            SAMPLING_SEED,
+            subgraph_limits(ctx),
+            &[],
+        ) {
+            Ok(sampled) => sampled,
+            Err(outgrew) => return respond_outgrew(ctx, pending, outgrew),
+        };
+        m.stage("sample").observe(sampling.elapsed().as_secs_f64());
+        let n_nodes: usize = sampled.nodes.iter().map(Vec::len).sum();
+        m.neighbor_fetch_count.observe(n_nodes as f64);
+        let shape = TypedShape {
+            hops: ask.hops,
+            n_targets: request.targets.len() as u32,
+            node_rows: sampled.nodes.iter().map(|n| n.len() as u32).collect(),
+            edges: sampled.edge_src.iter().map(|e| e.len() as u32).collect(),
+        };
+        let meta = protocol::payload::ResponseMeta {
+            graph_version: typed.graph_version(),
+            change_clock: ctx.changes.clock(),
+            change_tick: ctx.change_tick,
+            id_bound: typed.id_bound(ask.target_type as usize),
+        };
+        let request_id = request.request_id;
+        let targets = request.targets.clone();
+        let mut late = false;
+        let written = pending
+            .ticket
+            .respond_typed(request_id, meta, shape, |cols| {
+                write_sample(cols, &targets, &sampled);
+                late = fetch_rows(ctx, typed, &sampled, cols, until);
+            });
+        if written.is_err() {
+            m.too_large.inc();
+        }
+        if late {
+            m.deadline_misses.inc();
+        }
+    }
+}
+
+/// The target table, the node ids, the edges and the counts.
+fn write_sample(cols: &mut TypedColumns<'_>, targets: &[u64], sampled: &TypedSampled) {
+    cols.target_id.copy_from_slice(targets);
+    cols.status.copy_from_slice(&sampled.status);
+    cols.target_row.copy_from_slice(&sampled.target_row);
+    for (nodes, ids) in cols.nodes.iter_mut().zip(&sampled.nodes) {
+        nodes.node_id.copy_from_slice(ids);
+    }
+    for (e, index) in cols.edge_index.iter_mut().enumerate() {
+        let (src, dst) = index.split_at_mut(sampled.edge_src[e].len());
+        src.copy_from_slice(&sampled.edge_src[e]);
+        dst.copy_from_slice(&sampled.edge_dst[e]);
+    }
+    for (counts, sampled) in cols.sampled_nodes.iter_mut().zip(&sampled.sampled_nodes) {
+        counts.copy_from_slice(sampled);
+    }
+    for (counts, sampled) in cols.sampled_edges.iter_mut().zip(&sampled.sampled_edges) {
+        counts.copy_from_slice(sampled);
+    }
+}
+
+/// Fetches every node type's rows straight into its node table, the types
+/// concurrently (one Redis round trip for all of them), and writes each
+/// row's tier and fallback flag. Returns whether a row missed the deadline.
+fn fetch_rows(
+    ctx: &BatchContext<'_>,
+    typed: &crate::serve::typed::TypedServing,
+    sampled: &TypedSampled,
+    cols: &mut TypedColumns<'_>,
+    until: Instant,
+) -> bool {
+    let m = ctx.metrics;
+    let fetching = Instant::now();
+    let mut sources: Vec<Vec<RowSource>> = sampled
+        .nodes
+        .iter()
+        .map(|ids| vec![RowSource::default(); ids.len()])
+        .collect();
+    let fetches = cols
+        .nodes
+        .iter_mut()
+        .zip(&mut sources)
+        .zip(&sampled.nodes)
+        .zip(&typed.tiers)
+        .filter_map(|(((nodes, sources), ids), tiers)| {
+            let tiers = tiers.as_ref()?;
+            m.rows_fetched.inc_by(ids.len() as u64);
+            Some(tiers.fetch_into(ids, Some(until), nodes.features, sources))
+        });
+    ctx.runtime
+        .block_on(futures_util::future::join_all(fetches));
+    m.stage("fetch").observe(fetching.elapsed().as_secs_f64());
+    let mut late = false;
+    for ((nodes, sources), tiers) in cols.nodes.iter_mut().zip(&sources).zip(&typed.tiers) {
+        if tiers.is_none() {
+            continue;
+        }
+        for (row, source) in sources.iter().enumerate() {
+            nodes.tier[row] = source.tier;
+            nodes.set_fallback(row, source.fallback);
+            late |= source.late;
+        }
+    }
+    late
+}

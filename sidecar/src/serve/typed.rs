@@ -1,0 +1,194 @@
+//! Loading a typed graph to serve (docs/graph-index.md, "Serving a typed
+//! graph"): the typed index, and for each node type with features its own
+//! feature store and tiers, in `typed-features/<type>/` (RocksDB, or Redis
+//! under `<prefix><type>:`, with an L2 cache per type in
+//! `<l2_dir>/<type>`).
+//!
+//! A typed graph is served as it was imported: graph updates, the update
+//! stream, the invalidation channel and the warm-up are for one-type
+//! graphs in this release, and a configuration that asks for them is
+//! refused at start, by name.
+
+use std::sync::Arc;
+
+use anyhow::{bail, ensure, Context};
+use protocol::graph_schema::GraphSchema;
+
+use crate::config::{DefaultRowKind, ServeConfig};
+use crate::daemon::Daemon;
+use crate::features::import::FeatureManifest;
+use crate::features::redis_tier::{RedisConfig, RedisTier};
+use crate::features::rocks::{RocksStore, Role, StoreTelemetry};
+use crate::features::{DefaultRow, FeatureTiers, TierConfig};
+use crate::graph::typed::{self, TypedGraph};
+
+/// A typed graph and its per-type tiers, as the ring serves them.
+#[derive(Debug)]
+pub struct TypedServing {
+    pub graph: TypedGraph,
+    /// The types as the segment carries them.
+    pub ring: GraphSchema,
+    /// Per node type: its tiers; `None` for a type without features.
+    pub tiers: Vec<Option<FeatureTiers>>,
+}
+
+impl TypedServing {
+    pub fn graph_version(&self) -> u64 {
+        self.graph.schema().graph_version
+    }
+
+    /// Node type `t`'s id bound: its node count.
+    pub fn id_bound(&self, t: usize) -> u64 {
+        self.graph.schema().node_types[t].num_nodes
+    }
+}
+
+/// Whether `config.data_dir` holds a typed graph and no one-type index.
+pub fn is_typed_data_dir(config: &ServeConfig) -> bool {
+    !config
+        .data_dir
+        .join(crate::graph::dataset::INDEX_FILE)
+        .exists()
+        && config.data_dir.join(typed::TYPED_DIR).is_dir()
+}
+
+/// Opens the typed index and each type's store and tiers; refuses what a
+/// typed graph does not serve yet.
+pub fn load(
+    daemon: &Daemon,
+    runtime: &tokio::runtime::Runtime,
+) -> anyhow::Result<Arc<TypedServing>> {
+    let config = &daemon.config;
+    let refused = [
+        (
+            config.updates_stream.is_some(),
+            "updates_stream (--updates-stream)",
+        ),
+        (
+            config.invalidation_channel.is_some(),
+            "invalidation_channel (--invalidation-channel)",
+        ),
+        (config.seed_dataset.is_some(), "seed_dataset"),
+    ];
+    if let Some((_, what)) = refused.iter().find(|(set, _)| *set) {
+        bail!(
+            "{} holds a typed graph; {what} is for one-type graphs in this release: leave it \
+             unset (docs/graph-index.md, \"Serving a typed graph\")",
+            config.data_dir.display()
+        );
+    }
+    let graph = TypedGraph::open(&config.data_dir)?;
+    daemon.latches.graph.release();
+    let mut tiers = Vec::with_capacity(graph.schema().node_types.len());
+    for t in &graph.schema().node_types {
+        if t.feature_dim == 0 {
+            tiers.push(None);
+            continue;
+        }
+        let dir = typed::feature_dir(&config.data_dir, &t.name);
+        let manifest = FeatureManifest::read(&dir).with_context(|| {
+            format!(
+                "node type {} has {} features: import its rows (sidecar import)",
+                t.name, t.feature_dim
+            )
+        })?;
+        ensure!(
+            manifest.feature_dim == t.feature_dim && manifest.dtype == "f32",
+            "{}: {} {} values per row; the typed index says {} f32 for node type {}: re-run \
+             sidecar import",
+            dir.join(FeatureManifest::FILE).display(),
+            manifest.feature_dim,
+            manifest.dtype,
+            t.feature_dim,
+            t.name
+        );
+        let (store, redis) = match manifest.store.as_str() {
+            "rocksdb" => {
+                ensure!(
+                    config.redis.0.is_empty(),
+                    "the features of node type {} are in the embedded store; drop redis, or \
+                     re-import them with --redis",
+                    t.name
+                );
+                let path = dir.join(FeatureManifest::STORE_DIR);
+                ensure!(
+                    path.join("CURRENT").is_file(),
+                    "the feature store {} of node type {} is missing: re-run sidecar import",
+                    path.display(),
+                    t.name
+                );
+                let (store, _) = RocksStore::open(&path, Role::StoreOfRecord)?;
+                (Some(Arc::new(store)), None)
+            }
+            "redis" => {
+                ensure!(
+                    !config.redis.0.is_empty(),
+                    "the features of node type {} were imported into Redis: set redis (--redis \
+                     <url>)",
+                    t.name
+                );
+                let redis_config = RedisConfig {
+                    urls: config.redis.0.clone(),
+                    cluster: config.redis_cluster,
+                    prefix: manifest
+                        .redis_prefix
+                        .clone()
+                        .unwrap_or_else(|| typed::redis_prefix("feat:", &t.name)),
+                    ca_file: config.redis_ca.clone(),
+                    ..RedisConfig::single("")
+                };
+                let tier = runtime.block_on(RedisTier::connect(&redis_config))?;
+                let l2 = match config.l2_cache() {
+                    None => None,
+                    Some(l2) => {
+                        let path = l2.path.join(&t.name);
+                        let role = Role::Cache {
+                            max_bytes: l2.max_bytes,
+                            ttl: l2.ttl,
+                        };
+                        let (store, _) = RocksStore::open(&path, role).with_context(|| {
+                            format!("opening node type {}'s L2 cache {}", t.name, path.display())
+                        })?;
+                        Some(Arc::new(store))
+                    }
+                };
+                (l2, Some(tier))
+            }
+            other => bail!(
+                "{}: unknown store {other:?}",
+                dir.join(FeatureManifest::FILE).display()
+            ),
+        };
+        let mut tier_config = TierConfig::new(t.feature_dim as usize);
+        tier_config.l1_bytes = config.l1_bytes();
+        tier_config.default_deadline = config.deadline();
+        tier_config.default_row = match config.default_row {
+            DefaultRowKind::Zeros => DefaultRow::Zeros,
+            DefaultRowKind::Mean => DefaultRow::Mean(manifest.read_mean(&dir)?.into()),
+        };
+        daemon.metrics.register_labelled(
+            "node_type",
+            &t.name,
+            Arc::new(StoreTelemetry {
+                store: store.clone(),
+                rebuilds: 0,
+            }),
+        );
+        let node_tiers = FeatureTiers::new(&tier_config, store, redis);
+        daemon
+            .metrics
+            .register_labelled("node_type", &t.name, node_tiers.clone());
+        tiers.push(Some(node_tiers));
+    }
+    daemon.latches.store.release();
+    daemon.latches.invalidation.release();
+    daemon.latches.updates.release();
+    daemon.latches.warm_up.release();
+    let ring = graph.schema().to_ring();
+    tracing::info!(
+        data_dir = %config.data_dir.display(),
+        types = %ring.describe(),
+        "typed graph loaded"
+    );
+    Ok(Arc::new(TypedServing { graph, ring, tiers }))
+}

@@ -1,0 +1,506 @@
+//! A sidecar serving a typed graph over the ring (docs/protocol.md, "Typed
+//! requests" and section 4.4): the shipped OpenFlights imported, a real
+//! `sidecar serve`, the Rust client and pyarrow reading the typed response
+//! in place, checked against the PyG tooling's `sample_typed` and the
+//! dataset's own feature files; RocksDB and a real redis-server behind the
+//! types' tiers; what a typed sidecar refuses.
+
+use std::path::PathBuf;
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use protocol::graph_schema::GraphSchema;
+use protocol::payload::schema::{target_status, tier};
+use protocol::payload::TypedTables;
+use protocol::request::TypedAsk;
+use protocol::{CallError, CallRequest, ClientOptions, RingClient};
+use tests::redis::RedisServer;
+use tests::stack::{dataset, python, read_f32, repo_root, run_ok, workspace_bin, Daemon};
+use tests::{eventually, unique_name};
+
+/// A typed sidecar on a fresh import of OpenFlights.
+struct TypedSidecar {
+    sidecar: Option<Daemon>,
+    shm_name: String,
+    admin_socket: PathBuf,
+    metrics: String,
+    _dir: tempfile::TempDir,
+}
+
+impl TypedSidecar {
+    fn start(import_args: &[&str], serve_args: &[&str]) -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        let data = dir.path().join("data");
+        run_ok(
+            Command::new(workspace_bin("sidecar"))
+                .arg("import")
+                .arg(dataset("openflights"))
+                .arg("--data-dir")
+                .arg(&data)
+                .args(import_args),
+            "sidecar import of openflights",
+        );
+        let shm_name = unique_name("typed");
+        let admin_socket = dir.path().join("admin.sock");
+        let metrics = format!("127.0.0.1:{}", tests::stack::free_port());
+        let child = Command::new(workspace_bin("sidecar"))
+            .arg("serve")
+            .arg("--data-dir")
+            .arg(&data)
+            .args(["--shm-name", &shm_name, "--admin-socket"])
+            .arg(&admin_socket)
+            .args(["--metrics-addr", &metrics])
+            // Covering fanouts: the most sources of one node is 1,512 (the
+            // airports located in the United States).
+            .args(["--max-fanouts", "2048,2048", "--response-mib", "32"])
+            .args([
+                "--max-nodes",
+                "100000",
+                "--max-targets",
+                "16",
+                "--slots",
+                "8",
+            ])
+            .args(serve_args)
+            .stdout(Stdio::null())
+            .spawn()
+            .expect("starting sidecar serve");
+        let sidecar = Daemon {
+            child,
+            name: "sidecar",
+        };
+        let mut sidecar = sidecar;
+        let ready = eventually(Duration::from_secs(60), || {
+            std::path::Path::new("/dev/shm").join(&shm_name).exists()
+                || matches!(sidecar.child.try_wait(), Ok(Some(_)))
+        });
+        assert!(
+            ready && matches!(sidecar.child.try_wait(), Ok(None)),
+            "the typed sidecar made no segment (see its log above)"
+        );
+        Self {
+            sidecar: Some(sidecar),
+            shm_name,
+            admin_socket,
+            metrics,
+            _dir: dir,
+        }
+    }
+
+    fn client(&self) -> RingClient {
+        RingClient::attach(&self.shm_name, ClientOptions::default()).expect("attaching")
+    }
+
+    fn sidecarctl(&self, args: &[&str]) -> std::process::Output {
+        Command::new(workspace_bin("sidecarctl"))
+            .arg("--socket")
+            .arg(&self.admin_socket)
+            .args(args)
+            .output()
+            .expect("running sidecarctl")
+    }
+}
+
+impl Drop for TypedSidecar {
+    fn drop(&mut self) {
+        if let Some(sidecar) = self.sidecar.take() {
+            assert!(sidecar.stop(), "the typed sidecar did not stop cleanly");
+        }
+    }
+}
+
+/// What `pyg_hetero.sample_typed` samples for `targets` (airports) at
+/// `fanout` for every edge type and hop.
+fn python_sample(targets: &[u64], hops: usize, fanout: u32) -> serde_json::Value {
+    let script = format!(
+        r#"
+import json, sys
+sys.path.insert(0, {model_dir:?})
+from pyg_hetero import TypedDataset, sample_typed
+ds = TypedDataset({dataset:?}, labels=False)
+n_id, edge_index, nodes, edges = sample_typed(
+    ds, "airport", {targets:?}, {{et: [{fanout}] * {hops} for et in ds.edge_types}}, None)
+print(json.dumps({{
+    "n_id": {{t: v.tolist() for t, v in n_id.items()}},
+    "edge_index": {{"__".join(et): v.tolist() for et, v in edge_index.items()}},
+    "nodes": nodes,
+    "edges": {{"__".join(et): v for et, v in edges.items()}},
+}}))
+"#,
+        model_dir = repo_root().join("gnn-worker/model").display().to_string(),
+        dataset = dataset("openflights").display().to_string(),
+    );
+    let (stdout, _) = run_ok(
+        Command::new(python()).arg("-c").arg(script),
+        "pyg_hetero.sample_typed",
+    );
+    serde_json::from_str(&stdout).unwrap()
+}
+
+fn ask(schema: &GraphSchema, hops: u32, fanout: u32) -> TypedAsk {
+    TypedAsk {
+        target_type: schema.node_type("airport").unwrap() as u32,
+        hops,
+        fanouts: vec![fanout; schema.edge_types.len() * hops as usize],
+    }
+}
+
+fn call(client: &RingClient, targets: &[u64], ask: &TypedAsk) -> protocol::Response {
+    let mut request = CallRequest::new(targets);
+    request.typed = Some(ask);
+    request.timeout = Some(Duration::from_secs(10));
+    client.call(&request).expect("a typed call")
+}
+
+/// The dataset's feature rows of node type `name` (width `dim`), by id.
+fn rows(name: &str, dim: usize) -> impl Fn(u64) -> Vec<f32> {
+    let all = read_f32(&dataset("openflights").join(format!("nodes/{name}.f32")));
+    move |id| all[id as usize * dim..(id as usize + 1) * dim].to_vec()
+}
+
+/// The response holds PyG tooling's subgraph exactly: every type's node
+/// ids in order, every edge type's edge_index, every count; each row of a
+/// type with features is the dataset's row of that node.
+fn assert_is_python_sample(tables: &TypedTables, schema: &GraphSchema, want: &serde_json::Value) {
+    for (t, node_type) in schema.node_types.iter().enumerate() {
+        let ids: Vec<u64> = serde_json::from_value(want["n_id"][&node_type.name].clone()).unwrap();
+        assert_eq!(tables.node_ids(t), ids, "{} ids", node_type.name);
+        let counts: Vec<i64> =
+            serde_json::from_value(want["nodes"][&node_type.name].clone()).unwrap();
+        assert_eq!(tables.sampled_nodes(t), counts, "{} counts", node_type.name);
+        let dim = node_type.feature_dim as usize;
+        if dim == 0 {
+            assert!(tables.features(t).is_empty() && tables.tiers(t).is_empty());
+            continue;
+        }
+        let row_of = rows(&node_type.name, dim);
+        for (row, &id) in ids.iter().enumerate() {
+            assert_eq!(
+                &tables.features(t)[row * dim..(row + 1) * dim],
+                row_of(id),
+                "{} row {row} (node {id})",
+                node_type.name
+            );
+            assert!(!tables.fallback(t, row));
+        }
+    }
+    for e in 0..schema.edge_types.len() {
+        let key = schema.edge_key(e);
+        let index: Vec<Vec<i64>> =
+            serde_json::from_value(want["edge_index"][&key].clone()).unwrap();
+        let flat: Vec<i64> = index.concat();
+        assert_eq!(tables.edge_index(e), flat, "{key}");
+        let counts: Vec<i64> = serde_json::from_value(want["edges"][&key].clone()).unwrap();
+        assert_eq!(tables.sampled_edges(e), counts, "{key} counts");
+    }
+}
+
+#[test]
+fn a_typed_call_answers_pyg_tooling_s_subgraph_with_each_type_s_rows() {
+    let sidecar = TypedSidecar::start(&[], &[]);
+    let client = sidecar.client();
+    let schema = client.graph_schema().expect("a typed segment");
+    assert_eq!(
+        schema.describe(),
+        "airport (11 f32), airline (3 f32), country (ids), plane (ids); \
+         airport__route__airport, airline__serves__airport, airport__rev_serves__airline, \
+         airport__located_in__country, country__rev_located_in__airport, \
+         airline__based_in__country, country__rev_based_in__airline, airline__flies__plane, \
+         plane__rev_flies__airline"
+    );
+    assert_eq!(client.schema().unwrap().feature_dim, 0);
+    // Covering fanouts (every source at every hop): a small airport, the
+    // largest hub with one hop, a batch with a repeat.
+    for (targets, hops) in [
+        (vec![1u64], 2u32),
+        (vec![3482], 1),
+        (vec![5, 3482, 5, 900, 7000], 2),
+    ] {
+        let response = call(&client, &targets, &ask(&schema, hops, 2048));
+        let tables = response.typed_tables(0).expect("a valid typed response");
+        assert_eq!(tables.hops(), hops as usize);
+        assert_eq!(tables.target_ids(), targets);
+        assert!(tables
+            .target_status()
+            .iter()
+            .all(|&s| s == target_status::OK));
+        // A repeated target points at its one row; targets first.
+        let rows: Vec<i32> = tables.target_rows().to_vec();
+        assert_eq!(rows[0], 0);
+        if targets.len() == 5 {
+            assert_eq!(rows, [0, 1, 0, 2, 3]);
+        }
+        assert_is_python_sample(
+            &tables,
+            &schema,
+            &python_sample(&targets, hops as usize, 100_000),
+        );
+    }
+    // Small fanouts: the sidecar's own seeded draws, the same on every
+    // call, each destination within its fanout (real edges:
+    // sidecar/tests/typed_index.rs).
+    let small = ask(&schema, 2, 3);
+    let first = call(&client, &[3482, 17], &small);
+    let second = call(&client, &[3482, 17], &small);
+    let (a, b) = (
+        first.typed_tables(0).unwrap(),
+        second.typed_tables(0).unwrap(),
+    );
+    for e in 0..schema.edge_types.len() {
+        assert_eq!(
+            a.edge_index(e),
+            b.edge_index(e),
+            "the same call, the same draws"
+        );
+        let dst = &a.edge_index(e)[a.edge_index(e).len() / 2..];
+        for row in dst {
+            assert!(
+                dst.iter().filter(|&&r| r == *row).count() <= 3,
+                "fanout 3 holds"
+            );
+        }
+    }
+}
+
+#[test]
+fn an_unknown_target_gets_a_default_row_and_no_edges() {
+    let sidecar = TypedSidecar::start(&[], &[]);
+    let client = sidecar.client();
+    let schema = client.graph_schema().unwrap();
+    let response = call(&client, &[7698, 1], &ask(&schema, 1, 5));
+    let tables = response.typed_tables(0).unwrap();
+    assert_eq!(
+        tables.target_status(),
+        [target_status::UNKNOWN_NODE, target_status::OK]
+    );
+    assert_eq!(tables.node_ids(0)[0], 7698);
+    assert!(
+        tables.fallback(0, 0),
+        "the unknown airport's row is a default"
+    );
+    assert_eq!(tables.tiers(0)[0], tier::DEFAULT);
+    // The default row: the airports' mean row (default_row "mean").
+    let all = read_f32(&dataset("openflights").join("nodes/airport.f32"));
+    let n = all.len() / 11;
+    for (j, &got) in tables.features(0)[..11].iter().enumerate() {
+        let mean = (0..n).map(|i| f64::from(all[i * 11 + j])).sum::<f64>() / n as f64;
+        assert!(
+            (f64::from(got) - mean).abs() < 1e-5,
+            "column {j}: {got} vs {mean}"
+        );
+    }
+    for e in 0..schema.edge_types.len() {
+        let index = tables.edge_index(e);
+        let dst = &index[index.len() / 2..];
+        if schema.edge_types[e].dst == 0 {
+            assert!(
+                !dst.contains(&0),
+                "{}: no edge into the unknown target",
+                schema.edge_key(e)
+            );
+        }
+    }
+}
+
+#[test]
+fn a_typed_sidecar_refuses_one_type_calls_and_commands_by_name() {
+    let sidecar = TypedSidecar::start(&[], &[]);
+    let client = sidecar.client();
+    let schema = client.graph_schema().unwrap();
+    // A one-type call, refused before a slot is claimed.
+    let error = client.call(&CallRequest::new(&[1])).unwrap_err();
+    assert!(
+        matches!(&error, CallError::Typed(m) if m.contains("serves a typed graph (airport (11 f32)")),
+        "{error}"
+    );
+    // Fanouts of the wrong count, a type the graph lacks, a fanout past the cap.
+    let mut wrong = ask(&schema, 2, 3);
+    wrong.fanouts.pop();
+    let mut request = CallRequest::new(&[1]);
+    request.typed = Some(&wrong);
+    let error = client.call(&request).unwrap_err().to_string();
+    assert!(
+        error.contains("17 fanouts; this graph has 9 edge types, so 2 hops need 18"),
+        "{error}"
+    );
+    let mut unknown_type = ask(&schema, 1, 3);
+    unknown_type.target_type = 4;
+    request.typed = Some(&unknown_type);
+    let error = client.call(&request).unwrap_err().to_string();
+    assert!(
+        error.contains("target type 4 is not a node type of this graph"),
+        "{error}"
+    );
+    let above = ask(&schema, 1, 5000);
+    request.typed = Some(&above);
+    let error = client.call(&request).unwrap_err().to_string();
+    assert!(
+        error.contains(
+            "fanout 5000 of edge type airport__route__airport at hop 1 exceeds the cap 2048"
+        ),
+        "{error}"
+    );
+    // The operator's commands of a one-type graph.
+    for args in [
+        vec!["invalidate", "1"],
+        vec!["graph", "add-node", "9000", "--features", "1,2"],
+        vec!["graph", "compact"],
+    ] {
+        let out = sidecar.sidecarctl(&args);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{args:?} was accepted");
+        assert!(
+            stderr.contains("serves a typed graph") && stderr.contains("is for one-type graphs"),
+            "{args:?}: {stderr}"
+        );
+    }
+    let status = sidecar.sidecarctl(&["--json", "status"]);
+    assert!(status.status.success());
+    let status: serde_json::Value = serde_json::from_slice(&status.stdout).unwrap();
+    assert_eq!(status["store"], "typed graph: 4 node types, 9 edge types");
+    assert_eq!(status["n_nodes"], 7698 + 6162 + 261 + 246);
+    assert_eq!(status["ready"], true);
+}
+
+#[test]
+fn a_typed_graph_s_rows_come_from_redis_per_type_then_l1() {
+    let redis = RedisServer::start();
+    let url = redis.url();
+    let sidecar = TypedSidecar::start(&["--redis", &url], &["--redis", &url, "--no-l2"]);
+    let client = sidecar.client();
+    let schema = client.graph_schema().unwrap();
+    let targets = [5u64, 900];
+    let want = python_sample(&targets, 2, 100_000);
+    let first = call(&client, &targets, &ask(&schema, 2, 2048));
+    let tables = first.typed_tables(0).unwrap();
+    assert_is_python_sample(&tables, &schema, &want);
+    assert!(
+        tables.tiers(0).iter().all(|&t| t == tier::L3),
+        "airports from Redis"
+    );
+    assert!(
+        tables.tiers(1).iter().all(|&t| t == tier::L3),
+        "airlines from Redis"
+    );
+    drop(tables);
+    drop(first);
+    let again = call(&client, &targets, &ask(&schema, 2, 2048));
+    let tables = again.typed_tables(0).unwrap();
+    assert_is_python_sample(&tables, &schema, &want);
+    assert!(
+        tables.tiers(0).iter().all(|&t| t == tier::L1),
+        "then from L1"
+    );
+    // Each type's tiers count their own rows, labelled by type.
+    let (code, body) =
+        tests::stack::http_request(&sidecar.metrics, "GET", "/metrics", None).unwrap();
+    assert_eq!(code, 200);
+    let rows = |node_type: &str, tier: &str| -> f64 {
+        body.lines()
+            .find(|l| {
+                l.starts_with("sidecar_feature_rows_total{")
+                    && l.contains(&format!("node_type=\"{node_type}\""))
+                    && l.contains(&format!("tier=\"{tier}\""))
+            })
+            .and_then(|l| l.rsplit(' ').next()?.parse().ok())
+            .unwrap_or_else(|| panic!("no rows of {node_type} from {tier} in:\n{body}"))
+    };
+    let airports = tables.n_rows(0) as f64;
+    assert_eq!(rows("airport", "l3"), airports);
+    assert_eq!(rows("airport", "l1"), airports);
+    assert_eq!(rows("airline", "l3"), tables.n_rows(1) as f64);
+    assert!(
+        !body.contains("sidecar_graph_nodes"),
+        "no one-type graph metrics"
+    );
+}
+
+/// What tests/python/read_typed_segment.py, written from docs/protocol.md
+/// alone, reads of slot `slot` of segment `name` with pyarrow.
+fn read_typed_segment(name: &str, slot: usize) -> serde_json::Value {
+    let script = repo_root().join("tests/python/read_typed_segment.py");
+    let (stdout, _) = run_ok(
+        Command::new(python())
+            .arg(&script)
+            .arg(name)
+            .arg(slot.to_string()),
+        "read_typed_segment.py",
+    );
+    serde_json::from_str(&stdout).unwrap()
+}
+
+#[test]
+fn pyarrow_reads_a_typed_response_in_place_as_the_client_does() {
+    let sidecar = TypedSidecar::start(&[], &[]);
+    let client = sidecar.client();
+    let schema = client.graph_schema().unwrap();
+    let targets = [5u64, 3482, 7698];
+    let response = call(&client, &targets, &ask(&schema, 2, 7));
+    let tables = response.typed_tables(0).unwrap();
+    let out = read_typed_segment(&sidecar.shm_name, response.slot_index());
+    assert_eq!(out["buffers_outside"], 0, "pyarrow copied a buffer: {out}");
+    assert_eq!(out["buffers_misaligned"], 0);
+    assert_eq!(
+        out["node_types"],
+        serde_json::json!(["airport", "airline", "country", "plane"])
+    );
+    assert_eq!(out["target_ids"], serde_json::json!(targets));
+    for (t, node_type) in schema.node_types.iter().enumerate() {
+        let name = &node_type.name;
+        assert_eq!(
+            out["n_id"][name],
+            serde_json::json!(tables.node_ids(t)),
+            "{name}"
+        );
+        assert_eq!(
+            out["num_sampled_nodes"][name],
+            serde_json::json!(tables.sampled_nodes(t))
+        );
+        if node_type.feature_dim > 0 {
+            let x: Vec<f32> = serde_json::from_value(out["x"][name].clone()).unwrap();
+            assert_eq!(x, tables.features(t), "{name}");
+            let fallback: Vec<bool> = (0..tables.n_rows(t))
+                .map(|r| tables.fallback(t, r))
+                .collect();
+            assert_eq!(out["fallback"][name], serde_json::json!(fallback));
+        } else {
+            assert!(out["x"][name].is_null(), "{name} has no features");
+        }
+    }
+    for e in 0..schema.edge_types.len() {
+        let key = schema.edge_key(e);
+        let index = tables.edge_index(e);
+        let (src, dst) = index.split_at(index.len() / 2);
+        assert_eq!(
+            out["edge_index"][&key],
+            serde_json::json!([src, dst]),
+            "{key}"
+        );
+        assert_eq!(
+            out["num_sampled_edges"][&key],
+            serde_json::json!(tables.sampled_edges(e))
+        );
+    }
+}
+
+#[test]
+fn a_worker_of_a_one_type_model_refuses_a_typed_sidecar_by_name() {
+    let sidecar = TypedSidecar::start(&[], &[]);
+    let output = Command::new(workspace_bin("gnn-worker"))
+        .arg("serve")
+        .arg("--model")
+        .arg(tests::stack::trained_model("cora"))
+        .args(["--shm-name", &sidecar.shm_name])
+        .args(["--grpc", "127.0.0.1:0", "--http", "127.0.0.1:0"])
+        .arg("--onnxruntime-lib")
+        .arg(tests::stack::onnxruntime_lib())
+        .output()
+        .expect("running gnn-worker serve");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(!output.status.success(), "{stderr}");
+    assert!(
+        stderr.contains("the sidecar serves a typed graph")
+            && stderr.contains("serve it beside a sidecar of a one-type graph"),
+        "{stderr}"
+    );
+}
