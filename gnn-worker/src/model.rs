@@ -145,6 +145,102 @@ pub struct Manifest {
     /// Present on a model `sage.py quantize` wrote (INT8 weights).
     #[serde(default)]
     pub quantization: Option<Quantization>,
+    /// A model of a typed graph (`pyg_hetero.py` wrote it): its types,
+    /// target type and fanouts per edge type.
+    #[serde(skip)]
+    pub typed: Option<TypedManifest>,
+}
+
+/// What a typed graph's model declares (docs/model.md, "Serving a
+/// heterogeneous model"): `manifest.json`'s `node_types`, `edge_types`,
+/// `target_type` and `fanouts` (one list per edge type key).
+#[derive(Debug, Clone, Deserialize)]
+pub struct TypedManifest {
+    pub node_types: Vec<TypedNodeType>,
+    pub edge_types: Vec<TypedEdgeType>,
+    pub target_type: String,
+    pub fanouts: std::collections::BTreeMap<String, Vec<u32>>,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+pub struct TypedNodeType {
+    pub name: String,
+    /// 0 (absent): no features; the model takes the type's node ids.
+    #[serde(default)]
+    pub feature_dim: u32,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+pub struct TypedEdgeType {
+    pub src: String,
+    pub relation: String,
+    pub dst: String,
+}
+
+impl TypedEdgeType {
+    /// `src__relation__dst`.
+    pub fn key(&self) -> String {
+        format!("{}__{}__{}", self.src, self.relation, self.dst)
+    }
+}
+
+/// A typed model's input names: `x__<type>`, `n_id__<type>`,
+/// `edge_index__<src>__<relation>__<dst>` (docs/model.md).
+pub mod typed_inputs {
+    pub const X: &str = "x__";
+    pub const N_ID: &str = "n_id__";
+    pub const EDGE_INDEX: &str = "edge_index__";
+}
+
+impl TypedManifest {
+    /// The hops of its fanouts (every edge type's list has as many).
+    pub fn hops(&self) -> usize {
+        self.fanouts.values().map(Vec::len).max().unwrap_or(0)
+    }
+
+    fn check(&self, inputs: &[String]) -> Result<(), String> {
+        let hops = self.hops();
+        if !(1..=MAX_SUBGRAPH_HOPS).contains(&hops)
+            || self.fanouts.values().any(|f| f.len() != hops)
+        {
+            return Err(format!(
+                "fanouts {:?}: every edge type has one fanout per hop, 1 to \
+                 {MAX_SUBGRAPH_HOPS} hops, the same hops for all",
+                self.fanouts
+            ));
+        }
+        if !self.node_types.iter().any(|t| t.name == self.target_type) {
+            return Err(format!(
+                "target_type {:?} is not one of its node_types",
+                self.target_type
+            ));
+        }
+        for key in self.fanouts.keys() {
+            if !self.edge_types.iter().any(|e| &e.key() == key) {
+                return Err(format!("fanouts name {key:?}, not one of its edge_types"));
+            }
+        }
+        for input in inputs {
+            let known = if let Some(t) = input.strip_prefix(typed_inputs::X) {
+                self.node_types
+                    .iter()
+                    .any(|n| n.name == t && n.feature_dim > 0)
+            } else if let Some(t) = input.strip_prefix(typed_inputs::N_ID) {
+                self.node_types.iter().any(|n| n.name == t)
+            } else if let Some(k) = input.strip_prefix(typed_inputs::EDGE_INDEX) {
+                self.edge_types.iter().any(|e| e.key() == k)
+            } else {
+                false
+            };
+            if !known {
+                return Err(format!(
+                    "input {input:?} is none of x__<type with features>, n_id__<type>, \
+                     edge_index__<src>__<relation>__<dst> of its node_types and edge_types"
+                ));
+            }
+        }
+        Ok(())
+    }
 }
 
 /// How a model was quantized (docs/model.md, "INT8").
@@ -233,12 +329,7 @@ impl Manifest {
         let value: serde_json::Value =
             serde_json::from_str(&text).map_err(|e| error(e.to_string()))?;
         if value.get("node_types").is_some() || value.get("edge_types").is_some() {
-            return Err(error(
-                "a model of a typed graph (node_types, edge_types: pyg_hetero.py wrote it): \
-                 this release serves models of one-type graphs only (docs/model.md, \
-                 \"Bring your own heterogeneous model\")"
-                    .into(),
-            ));
+            return Self::parse_typed(value).map_err(error);
         }
         let manifest: Manifest = serde_json::from_value(value).map_err(|e| error(e.to_string()))?;
         if manifest.format_version != 1 {
@@ -275,6 +366,44 @@ impl Manifest {
             }
         }
         Ok(manifest)
+    }
+
+    /// A typed graph's model: the common fields (no one-type feature width
+    /// or fanouts), its types, and the subgraph layout's checks of output
+    /// and opset.
+    fn parse_typed(mut value: serde_json::Value) -> Result<Self, String> {
+        let typed: TypedManifest =
+            serde_json::from_value(value.clone()).map_err(|e| e.to_string())?;
+        for (key, fill) in [
+            ("feature_dim", serde_json::json!(0)),
+            ("dtype", serde_json::json!("f32")),
+            ("fanouts", serde_json::json!([])),
+        ] {
+            value[key] = fill;
+        }
+        let mut manifest: Manifest = serde_json::from_value(value).map_err(|e| e.to_string())?;
+        if manifest.format_version != 1 || manifest.layout != ModelLayout::Subgraph {
+            return Err(format!(
+                "format_version {} and layout {:?}: a typed graph's model has 1 and \
+                 \"subgraph\" (export it with pyg_hetero.py)",
+                manifest.format_version, manifest.layout
+            ));
+        }
+        typed.check(&manifest.inputs)?;
+        manifest.fanouts = vec![1; typed.hops()];
+        manifest.inputs_checked_as_typed()?;
+        manifest.typed = Some(typed);
+        Ok(manifest)
+    }
+
+    /// The subgraph layout's output, opset and output width checks, for a
+    /// typed model (whose inputs are its own).
+    fn inputs_checked_as_typed(&self) -> Result<(), String> {
+        let one_type = Manifest {
+            inputs: SUBGRAPH_INPUTS.iter().map(|s| s.to_string()).collect(),
+            ..self.clone()
+        };
+        one_type.check_subgraph()
     }
 
     /// What a subgraph-layout manifest must say: PyG's two inputs, one
@@ -405,6 +534,103 @@ impl Manifest {
             && self.inputs.last().map(String::as_str) == Some(HUB_INPUT)
     }
 
+    /// A typed model against the sidecar's typed graph: every type and
+    /// edge type whose input the model declares, with its width, and the
+    /// target type, must be the graph's; the graph version must match;
+    /// every fanout within its hop's cap. Returns the request the worker
+    /// sends: the target type and a fanout per graph edge type and hop (0
+    /// for an edge type the model does not sample).
+    pub fn check_typed_segment(
+        &self,
+        schema: &FeatureSchema,
+        geometry: &Geometry,
+        graph: Option<&protocol::graph_schema::GraphSchema>,
+    ) -> Result<protocol::request::TypedAsk, ModelError> {
+        let mismatch = ModelError::Mismatch;
+        let typed = self.typed.as_ref().expect("a typed model");
+        let Some(graph) = graph else {
+            return Err(mismatch(
+                "the model is of a typed graph (pyg_hetero.py wrote it); the sidecar serves a \
+                 one-type graph: serve it beside a sidecar of its typed graph"
+                    .into(),
+            ));
+        };
+        if self.graph_version != schema.graph_version {
+            return Err(mismatch(format!(
+                "graph_version {} in model manifest, {} in segment header: serve the model \
+                 trained on this graph, or re-import the graph with --graph-version {}",
+                self.graph_version, schema.graph_version, self.graph_version
+            )));
+        }
+        let node_type = |name: &str| {
+            graph.node_type(name).ok_or_else(|| {
+                mismatch(format!(
+                    "the model needs node type {name:?}; the sidecar's graph has {}: serve \
+                     the model with the graph it was trained on",
+                    graph.describe()
+                ))
+            })
+        };
+        let target_type = node_type(&typed.target_type)?;
+        for input in &self.inputs {
+            if let Some(name) = input.strip_prefix(typed_inputs::X) {
+                let t = node_type(name)?;
+                let want = typed
+                    .node_types
+                    .iter()
+                    .find(|n| n.name == name)
+                    .map_or(0, |n| n.feature_dim);
+                let have = graph.node_types[t].feature_dim;
+                if want != have {
+                    return Err(mismatch(format!(
+                        "input {input:?} takes {want} features of node type {name}; the \
+                         sidecar's graph has {have}: re-export the model or re-import the \
+                         data"
+                    )));
+                }
+            } else if let Some(name) = input.strip_prefix(typed_inputs::N_ID) {
+                node_type(name)?;
+            } else if let Some(key) = input.strip_prefix(typed_inputs::EDGE_INDEX) {
+                if graph.edge_type(key).is_none() {
+                    return Err(mismatch(format!(
+                        "input {input:?} needs edge type {key}; the sidecar's graph has {}: \
+                         serve the model with the graph it was trained on",
+                        graph.describe()
+                    )));
+                }
+            }
+        }
+        let hops = typed.hops();
+        let mut fanouts = vec![0u32; graph.edge_types.len() * hops];
+        for (key, per_hop) in &typed.fanouts {
+            let Some(e) = graph.edge_type(key) else {
+                // An edge type the model samples but the graph lacks; the
+                // model does not read it (else its input was refused).
+                return Err(mismatch(format!(
+                    "the model samples edge type {key}; the sidecar's graph has {}: serve \
+                     the model with the graph it was trained on",
+                    graph.describe()
+                )));
+            };
+            for (hop, &fanout) in per_hop.iter().enumerate() {
+                let cap = geometry.max_fanouts[hop.min(MAX_HOPS - 1)];
+                if fanout > cap {
+                    return Err(mismatch(format!(
+                        "fanout {fanout} of edge type {key} at hop {} exceeds the sidecar's \
+                         max_fanouts {cap}: raise the sidecar's --max-fanouts",
+                        hop + 1
+                    )));
+                }
+                fanouts[e * hops + hop] = fanout;
+            }
+        }
+        Ok(protocol::request::TypedAsk {
+            target_type: target_type as u32,
+            hops: hops as u32,
+            fanouts,
+        })
+    }
+
     /// Refuses a model trained for other data than the sidecar serves,
     /// naming the field and the fix.
     pub fn check_segment(
@@ -483,6 +709,63 @@ struct LoadOptions {
     device: Device,
     intra_threads: usize,
     fast_scatter: bool,
+}
+
+/// A typed model's session takes exactly the manifest's inputs, each of its
+/// kind (`x__<type>` f32 [n, D], `n_id__<type>` int64 [n],
+/// `edge_index__<key>` int64 [2, e]), and gives one output.
+fn check_typed_session(
+    session: &Session,
+    manifest: &Manifest,
+    typed: &TypedManifest,
+) -> Result<(), String> {
+    let names: Vec<&str> = session.inputs().iter().map(|i| i.name()).collect();
+    if names != manifest.inputs {
+        return Err(format!(
+            "model.onnx takes inputs {names:?}, its manifest lists {:?}: export the model and \
+             its manifest together (pyg_hetero.py)",
+            manifest.inputs
+        ));
+    }
+    for input in session.inputs() {
+        let name = input.name();
+        let ValueType::Tensor { ty, shape, .. } = input.dtype() else {
+            return Err(format!("input {name:?} is not a tensor"));
+        };
+        let dims: &[i64] = shape;
+        let ok = if let Some(t) = name.strip_prefix(typed_inputs::X) {
+            let dim = typed
+                .node_types
+                .iter()
+                .find(|n| n.name == t)
+                .map_or(0, |n| i64::from(n.feature_dim));
+            *ty == TensorElementType::Float32
+                && dims.len() == 2
+                && (dims[1] == dim || dims[1] == -1)
+        } else if name.starts_with(typed_inputs::N_ID) {
+            *ty == TensorElementType::Int64 && dims.len() == 1
+        } else {
+            *ty == TensorElementType::Int64 && dims.len() == 2 && (dims[0] == 2 || dims[0] == -1)
+        };
+        if !ok {
+            return Err(format!(
+                "input {name:?} is {ty:?} {dims:?}; a typed model takes x__<type> f32 [n, D], \
+                 n_id__<type> int64 [n] and edge_index__<key> int64 [2, e]"
+            ));
+        }
+    }
+    if session.outputs().len() != 1 || session.outputs()[0].name() != manifest.outputs[0] {
+        return Err(format!(
+            "model.onnx has outputs {:?}; its manifest names {:?}",
+            session
+                .outputs()
+                .iter()
+                .map(|o| o.name().to_string())
+                .collect::<Vec<_>>(),
+            manifest.outputs
+        ));
+    }
+    Ok(())
 }
 
 /// A subgraph-layout session must take exactly `x` (f32, [n, D]) and
@@ -673,7 +956,11 @@ impl Model {
             let session = builder
                 .commit_from_memory(&bytes)
                 .map_err(|e| load(e.to_string()))?;
-            check_subgraph_session(&session, &manifest).map_err(ModelError::Mismatch)?;
+            match &manifest.typed {
+                None => check_subgraph_session(&session, &manifest),
+                Some(typed) => check_typed_session(&session, &manifest, typed),
+            }
+            .map_err(ModelError::Mismatch)?;
             return Ok(Self {
                 session,
                 manifest,
@@ -846,6 +1133,88 @@ impl Model {
             )));
         }
         Ok(values.to_vec())
+    }
+
+    /// Runs a typed model on a typed response: each input it declares
+    /// borrows its table in place (`x__<type>` the type's features,
+    /// `n_id__<type>` its node ids, `edge_index__<key>` the edge type's
+    /// values); returns each target's output row (`n_targets x width`).
+    /// `graph` is the segment's schema.
+    pub fn run_typed(
+        &mut self,
+        tables: &protocol::payload::TypedTables,
+        graph: &protocol::graph_schema::GraphSchema,
+        target_type: usize,
+    ) -> Result<Vec<f32>, ModelError> {
+        use ort::session::SessionInputValue;
+        let run = |e: ort::Error| ModelError::Run(e.to_string());
+        let width = self.manifest.output_width() as usize;
+        let mut bound: Vec<(String, SessionInputValue<'_>)> = Vec::new();
+        let mut empty: Vec<&str> = Vec::new();
+        for input in &self.manifest.inputs {
+            let value: SessionInputValue<'_> =
+                if let Some(name) = input.strip_prefix(typed_inputs::X) {
+                    let t = graph.node_type(name).expect("checked at start");
+                    let dim = graph.node_types[t].feature_dim as usize;
+                    let rows = tables.n_rows(t);
+                    if rows == 0 {
+                        empty.push(input);
+                    }
+                    TensorRef::from_array_view(([rows, dim], tables.features(t)))
+                        .map_err(run)?
+                        .into()
+                } else if let Some(name) = input.strip_prefix(typed_inputs::N_ID) {
+                    let t = graph.node_type(name).expect("checked at start");
+                    let ids: &[i64] = bytemuck::cast_slice(tables.node_ids(t));
+                    if ids.is_empty() {
+                        empty.push(input);
+                    }
+                    TensorRef::from_array_view(([ids.len()], ids))
+                        .map_err(run)?
+                        .into()
+                } else {
+                    let key = &input[typed_inputs::EDGE_INDEX.len()..];
+                    let e = graph.edge_type(key).expect("checked at start");
+                    let index = tables.edge_index(e);
+                    if index.is_empty() {
+                        empty.push(input);
+                    }
+                    TensorRef::from_array_view(([2, index.len() / 2], index))
+                        .map_err(run)?
+                        .into()
+                };
+            bound.push((input.clone(), value));
+        }
+        let outputs = self.session.run(bound).map_err(|e| {
+            let hint = if empty.is_empty() {
+                String::new()
+            } else {
+                format!(
+                    " (this subgraph has no rows in {}: some exported attention models cannot \
+                     run on an empty type or edge type, as the manifest's check.cannot_run \
+                     records)",
+                    empty.join(", ")
+                )
+            };
+            ModelError::Run(format!("{e}{hint}"))
+        })?;
+        let n = tables.n_rows(target_type);
+        let (shape, values) = outputs[self.manifest.outputs[0].as_str()]
+            .try_extract_tensor::<f32>()
+            .map_err(|e| ModelError::Run(e.to_string()))?;
+        if shape.len() != 2 || shape[0] as usize != n || shape[1] as usize != width {
+            return Err(ModelError::Run(format!(
+                "output shape {shape:?}, expected [{n}, {width}] (a row per node of the target \
+                 type)"
+            )));
+        }
+        let mut rows = vec![0f32; tables.n_targets() * width];
+        for (t, &row) in tables.target_rows().iter().enumerate() {
+            let row = row as usize;
+            rows[t * width..(t + 1) * width]
+                .copy_from_slice(&values[row * width..(row + 1) * width]);
+        }
+        Ok(rows)
     }
 
     /// Whether the model exports the targets' layer-1 embedding (`h1`).

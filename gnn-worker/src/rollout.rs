@@ -226,6 +226,9 @@ impl Loader {
         let (Some(schema), Some(geometry)) = (client.schema(), client.geometry()) else {
             bail!("no sidecar is attached: a model is checked against its graph before it serves");
         };
+        if manifest.typed.is_some() {
+            return self.install_typed(client, sessions, schema, geometry, &manifest, service);
+        }
         let fanouts = worker_fanouts(config, &manifest, &schema)?;
         manifest.check_segment(&schema, &geometry, &fanouts)?;
         if let Some(reduced) = &config.degrade_fanouts {
@@ -294,6 +297,59 @@ impl Loader {
              model's the sidecar's, a subgraph-layout model's its manifest's)"
         );
         Ok(predictor)
+    }
+
+    /// A typed graph's model: checked against the sidecar's typed graph;
+    /// served by the GNN alone (the serving strategies of one-type graphs,
+    /// a student, degraded fanouts, precomputed answers and hub embeddings,
+    /// are refused by name).
+    fn install_typed(
+        &self,
+        client: Arc<RingClient>,
+        sessions: Sessions,
+        schema: protocol::FeatureSchema,
+        geometry: protocol::Geometry,
+        manifest: &Manifest,
+        service: &Service,
+    ) -> anyhow::Result<Predictor> {
+        let config = &self.config;
+        let refused = [
+            (config.fanouts.is_some(), "fanouts (--fanouts)"),
+            (config.degrade_fanouts.is_some(), "degrade_fanouts"),
+            (config.precomputed_redis.is_some(), "precomputed_redis"),
+            (config.hub_min_degree > 0, "hub_min_degree"),
+            (sessions.student.is_some(), "a student"),
+        ];
+        if let Some((_, what)) = refused.iter().find(|(set, _)| *set) {
+            bail!(
+                "the model {} is of a typed graph: {what} is for models of one-type graphs in \
+                 this release (a typed model samples at its manifest's fanouts per edge type; \
+                 docs/model.md, \"Serving a heterogeneous model\")",
+                config.model.display()
+            );
+        }
+        let ask =
+            manifest.check_typed_segment(&schema, &geometry, client.graph_schema().as_ref())?;
+        let mut batching = BatchConfig::from_config(config);
+        if batching.ring_concurrency > geometry.slot_count as usize {
+            batching.ring_concurrency = geometry.slot_count as usize;
+        }
+        tracing::info!(
+            target_type = ask.target_type,
+            hops = ask.hops,
+            fanouts = ?ask.fanouts,
+            "typed model checked against the sidecar's typed graph"
+        );
+        batching.typed = Some(Arc::new(ask));
+        Predictor::start(
+            client,
+            sessions,
+            None,
+            schema,
+            batching,
+            service.metrics().clone(),
+        )
+        .context("starting the executor threads")
     }
 
     /// The precomputed answers of the model in `config.model` and the task

@@ -18,9 +18,7 @@ use std::process::Command;
 use ort::session::SessionInputValue;
 use ort::value::Tensor;
 use support::ort_env;
-use tests::stack::{
-    dataset, process_dir, python, read_f32, read_u32_pairs, repo_root, run_ok, workspace_bin,
-};
+use tests::stack::{dataset, process_dir, python, read_f32, read_u32_pairs, repo_root, run_ok};
 
 fn json(path: &Path) -> serde_json::Value {
     serde_json::from_str(&std::fs::read_to_string(path).unwrap())
@@ -325,22 +323,8 @@ fn a_to_hetero_model_gives_pyg_s_full_graph_outputs_in_the_worker_s_onnx_runtime
         manifest["exporter"]["dropped_inputs"],
         serde_json::json!(["edge_index__airline__flies__plane"])
     );
-    // The worker does not serve typed graphs yet: it says so, by name.
-    let output = Command::new(workspace_bin("gnn-worker"))
-        .arg("serve")
-        .arg("--model")
-        .arg(&model)
-        .args(["--shm-name", "typed-graphs-none"])
-        .env("ORT_DYLIB_PATH", tests::stack::onnxruntime_lib())
-        .output()
-        .expect("running gnn-worker");
-    let stderr = String::from_utf8_lossy(&output.stderr);
-    assert!(!output.status.success());
-    assert!(
-        stderr.contains("a model of a typed graph (node_types, edge_types")
-            && stderr.contains("serves models of one-type graphs only"),
-        "{stderr}"
-    );
+    // Served by the worker beside a sidecar of the typed graph:
+    // tests/tests/typed_serving.rs.
 }
 
 #[test]
@@ -471,42 +455,9 @@ class Net(torch.nn.Module):
 fn an_attention_model_that_onnxruntime_cannot_run_on_empty_types_is_exported_with_the_cases_named()
 {
     let dir = process_dir("hetero-gat");
-    std::fs::write(
+    std::fs::copy(
+        repo_root().join("tests/python/flights_gat.py"),
         dir.join("flights_gat.py"),
-        r#"
-import torch
-from torch_geometric.nn import GATConv, to_hetero
-
-NODE_TYPES = ["airport", "airline", "country", "plane"]
-EDGE_TYPES = [("airport", "route", "airport"), ("airline", "serves", "airport"),
-              ("airport", "rev_serves", "airline"), ("airport", "located_in", "country"),
-              ("country", "rev_located_in", "airport"), ("airline", "based_in", "country"),
-              ("country", "rev_based_in", "airline"), ("airline", "flies", "plane"),
-              ("plane", "rev_flies", "airline")]
-
-
-class GNN(torch.nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.conv1 = GATConv((-1, -1), 16, add_self_loops=False)
-        self.conv2 = GATConv((-1, -1), 10, add_self_loops=False)
-
-    def forward(self, x, edge_index):
-        return self.conv2(self.conv1(x, edge_index).relu(), edge_index)
-
-
-class Net(torch.nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.country = torch.nn.Embedding(261, 8)
-        self.plane = torch.nn.Embedding(246, 8)
-        self.gnn = to_hetero(GNN(), (NODE_TYPES, EDGE_TYPES), aggr="sum")
-
-    def forward(self, x_dict, edge_index_dict):
-        x_dict = dict(x_dict, country=self.country(x_dict["country"]),
-                      plane=self.plane(x_dict["plane"]))
-        return self.gnn(x_dict, edge_index_dict)["airport"]
-"#,
     )
     .unwrap();
     let out = dir.join("model");

@@ -28,17 +28,26 @@ struct TypedSidecar {
 }
 
 impl TypedSidecar {
+    /// On OpenFlights.
     fn start(import_args: &[&str], serve_args: &[&str]) -> Self {
+        Self::start_on(&dataset("openflights"), import_args, serve_args)
+    }
+
+    fn start_on(
+        typed_dataset: &std::path::Path,
+        import_args: &[&str],
+        serve_args: &[&str],
+    ) -> Self {
         let dir = tempfile::tempdir().unwrap();
         let data = dir.path().join("data");
         run_ok(
             Command::new(workspace_bin("sidecar"))
                 .arg("import")
-                .arg(dataset("openflights"))
+                .arg(typed_dataset)
                 .arg("--data-dir")
                 .arg(&data)
                 .args(import_args),
-            "sidecar import of openflights",
+            "sidecar import of a typed dataset",
         );
         let shm_name = unique_name("typed");
         let admin_socket = dir.path().join("admin.sock");
@@ -503,4 +512,342 @@ fn a_worker_of_a_one_type_model_refuses_a_typed_sidecar_by_name() {
             && stderr.contains("serve it beside a sidecar of a one-type graph"),
         "{stderr}"
     );
+}
+
+/// A `to_hetero` GraphSAGE trained and exported by `pyg_hetero.py train`
+/// on OpenFlights at its default fanouts ([10, 5] on every edge type),
+/// with three runs of NeighborLoader-style inference in its manifest.
+fn trained_to_hetero() -> PathBuf {
+    let out = tests::stack::process_dir("typed-serving-model");
+    run_ok(
+        Command::new(python())
+            .arg(repo_root().join("gnn-worker/model/pyg_hetero.py"))
+            .args(["train", "--dataset"])
+            .arg(dataset("openflights"))
+            .arg("--out")
+            .arg(&out)
+            .args([
+                "--arch",
+                "to_hetero",
+                "--epochs",
+                "60",
+                "--loader-runs",
+                "3",
+            ]),
+        "pyg_hetero.py train",
+    );
+    out
+}
+
+/// A worker serving `model` beside `sidecar`; its HTTP address.
+fn start_worker(sidecar: &TypedSidecar, model: &std::path::Path) -> (Daemon, String) {
+    let http = format!("127.0.0.1:{}", tests::stack::free_port());
+    let grpc = format!("127.0.0.1:{}", tests::stack::free_port());
+    let child = Command::new(workspace_bin("gnn-worker"))
+        .arg("serve")
+        .arg("--model")
+        .arg(model)
+        .args([
+            "--shm-name",
+            &sidecar.shm_name,
+            "--grpc",
+            &grpc,
+            "--http",
+            &http,
+        ])
+        .arg("--onnxruntime-lib")
+        .arg(tests::stack::onnxruntime_lib())
+        .stdout(Stdio::null())
+        .spawn()
+        .expect("starting gnn-worker serve");
+    let mut worker = Daemon {
+        child,
+        name: "gnn-worker",
+    };
+    let ready = eventually(Duration::from_secs(60), || {
+        tests::stack::http_request(&http, "GET", "/readyz", None).is_ok_and(|(c, _)| c == 200)
+            || matches!(worker.child.try_wait(), Ok(Some(_)))
+    });
+    assert!(
+        ready && matches!(worker.child.try_wait(), Ok(None)),
+        "the worker did not become ready (see its log above)"
+    );
+    (worker, http)
+}
+
+/// The worker's predictions for `ids`, 16 a call.
+fn predict(http: &str, ids: &[u64]) -> Vec<serde_json::Value> {
+    let mut out = Vec::with_capacity(ids.len());
+    for chunk in ids.chunks(16) {
+        let body = serde_json::json!({ "node_ids": chunk }).to_string();
+        let (code, text) =
+            tests::stack::http_request(http, "POST", "/v1/predict", Some(&body)).unwrap();
+        assert_eq!(code, 200, "{text}");
+        let answer: serde_json::Value = serde_json::from_str(&text).unwrap();
+        out.extend(answer["predictions"].as_array().unwrap().iter().cloned());
+    }
+    out
+}
+
+#[test]
+fn a_pyg_to_hetero_model_is_served_with_pyg_s_answers() {
+    let model = trained_to_hetero();
+    let manifest: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(model.join("manifest.json")).unwrap())
+            .unwrap();
+    let sidecar = TypedSidecar::start(&[], &[]);
+    let labels = tests::stack::read_i32(&dataset("openflights").join("labels.i32"));
+    let split: Vec<u8> = std::fs::read(dataset("openflights").join("split.u8")).unwrap();
+    let test: Vec<u64> = (0..split.len() as u64)
+        .filter(|&i| split[i as usize] == 2)
+        .collect();
+
+    // Sampled at the model's fanouts ([10, 5]): served accuracy within 1.5
+    // points of PyG's NeighborLoader-style inference at the same fanouts.
+    let (worker, http) = start_worker(&sidecar, &model);
+    let answers = predict(&http, &test);
+    let correct = answers
+        .iter()
+        .zip(&test)
+        .filter(|(a, &id)| a["label"].as_i64() == Some(i64::from(labels[id as usize])))
+        .count();
+    let served = correct as f64 / test.len() as f64;
+    let loader = manifest["neighbor_loader"]["mean_test_accuracy"]
+        .as_f64()
+        .unwrap();
+    assert!(
+        (served - loader).abs() <= 0.015,
+        "served accuracy {served:.4}, NeighborLoader's {loader:.4}"
+    );
+    assert!(answers
+        .iter()
+        .all(|a| a["known"] == true && a["answered_by"] == "gnn"));
+    // An airport the graph does not have is answered, flagged unknown.
+    let unknown = predict(&http, &[7698]);
+    assert_eq!(unknown[0]["known"], false);
+    assert!(unknown[0]["fallback_rows"].as_u64().unwrap() >= 1);
+    assert!(worker.stop(), "the worker stops cleanly");
+
+    // Covering fanouts (every source at every hop): the same model, asked
+    // at 2048 on every edge type, gives PyG's full-graph outputs.
+    let covering = tests::stack::process_dir("typed-serving-covering");
+    tests::stack::copy_dir(&model, &covering);
+    let mut wide = manifest.clone();
+    for fanouts in wide["fanouts"].as_object_mut().unwrap().values_mut() {
+        *fanouts = serde_json::json!([2048, 2048]);
+    }
+    std::fs::write(covering.join("manifest.json"), wide.to_string()).unwrap();
+    let (worker, http) = start_worker(&sidecar, &covering);
+    let full = read_f32(&model.join("reference/outputs.f32"));
+    let width = full.len() / split.len();
+    // Every test airport of the first 400 ids, the largest hub (3482)
+    // among them, in calls of 16.
+    let mut ids: Vec<u64> = test.iter().copied().filter(|&i| i < 400).collect();
+    ids.push(3482);
+    let answers = predict(&http, &ids);
+    let mut worst = 0f32;
+    for (answer, &id) in answers.iter().zip(&ids) {
+        let logits: Vec<f32> = serde_json::from_value(answer["logits"].clone()).unwrap();
+        let want = &full[id as usize * width..(id as usize + 1) * width];
+        let scale = want.iter().fold(1f32, |m, v| m.max(v.abs()));
+        for (got, want) in logits.iter().zip(want) {
+            worst = worst.max((got - want).abs() / scale);
+        }
+        assert_eq!(answer["fallback_rows"], 0);
+    }
+    assert!(
+        worst <= 1e-5,
+        "served outputs differ from PyG's full graph by {worst:e}"
+    );
+    eprintln!(
+        "typed serving: sampled accuracy {served:.4} vs NeighborLoader {loader:.4} on {} test \
+         airports; covering fanouts: {} airports within {worst:.2e} of PyG's full graph",
+        test.len(),
+        ids.len()
+    );
+    assert!(worker.stop());
+}
+
+/// A worker of `model` beside `sidecar` that exits at start: its stderr.
+fn refused_worker(sidecar: &TypedSidecar, model: &std::path::Path) -> String {
+    let output = Command::new(workspace_bin("gnn-worker"))
+        .arg("serve")
+        .arg("--model")
+        .arg(model)
+        .args(["--shm-name", &sidecar.shm_name])
+        .args(["--grpc", "127.0.0.1:0", "--http", "127.0.0.1:0"])
+        .arg("--onnxruntime-lib")
+        .arg(tests::stack::onnxruntime_lib())
+        .output()
+        .expect("running gnn-worker serve");
+    assert!(!output.status.success(), "the worker started");
+    String::from_utf8_lossy(&output.stderr).into_owned()
+}
+
+#[test]
+fn a_typed_model_that_needs_what_the_graph_lacks_is_refused_by_name() {
+    let model = trained_one_layer();
+    // A graph of users and items: no airports.
+    let generated = tests::stack::process_dir("typed-serving-users-items");
+    run_ok(
+        Command::new(workspace_bin("sidecar"))
+            .arg("generate")
+            .arg("--out")
+            .arg(&generated)
+            .args(["--nodes", "2000", "--items", "300", "--edges", "20000"])
+            .args([
+                "--feature-dim",
+                "11",
+                "--item-feature-dim",
+                "3",
+                "--seed",
+                "1",
+            ]),
+        "sidecar generate --items",
+    );
+    let sidecar = TypedSidecar::start_on(&generated, &[], &[]);
+    let stderr = refused_worker(&sidecar, &model);
+    assert!(
+        stderr.contains("the model needs node type \"airport\"; the sidecar's graph has user"),
+        "{stderr}"
+    );
+    drop(sidecar);
+    // OpenFlights, but the model asks for more features of airports.
+    let sidecar = TypedSidecar::start(&[], &[]);
+    let wider = tests::stack::process_dir("typed-serving-wider");
+    tests::stack::copy_dir(&model, &wider);
+    let mut manifest: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(model.join("manifest.json")).unwrap())
+            .unwrap();
+    manifest["node_types"][0]["feature_dim"] = serde_json::json!(12);
+    std::fs::write(wider.join("manifest.json"), manifest.to_string()).unwrap();
+    let stderr = refused_worker(&sidecar, &wider);
+    assert!(
+        stderr.contains("\"x__airport\"") && stderr.contains("12"),
+        "{stderr}"
+    );
+    // Settings of one-type models.
+    let output = Command::new(workspace_bin("gnn-worker"))
+        .arg("serve")
+        .arg("--model")
+        .arg(&model)
+        .args(["--shm-name", &sidecar.shm_name, "--fanouts", "5,5"])
+        .args(["--grpc", "127.0.0.1:0", "--http", "127.0.0.1:0"])
+        .arg("--onnxruntime-lib")
+        .arg(tests::stack::onnxruntime_lib())
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        !output.status.success()
+            && stderr.contains(
+                "is of a typed graph: fanouts (--fanouts) is for models of \
+                                one-type graphs"
+            ),
+        "{stderr}"
+    );
+}
+
+/// A one-layer `to_hetero` model: the TorchScript exporter drops every
+/// edge type that does not lead into an airport.
+fn trained_one_layer() -> PathBuf {
+    static MODEL: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+    MODEL.get_or_init(train_one_layer).clone()
+}
+
+fn train_one_layer() -> PathBuf {
+    let out = tests::stack::process_dir("typed-serving-one-layer");
+    run_ok(
+        Command::new(python())
+            .arg(repo_root().join("gnn-worker/model/pyg_hetero.py"))
+            .args(["train", "--dataset"])
+            .arg(dataset("openflights"))
+            .arg("--out")
+            .arg(&out)
+            .args(["--arch", "to_hetero", "--layers", "1", "--epochs", "20"])
+            .args(["--loader-runs", "0", "--fanouts", "2048"]),
+        "pyg_hetero.py train --layers 1",
+    );
+    out
+}
+
+#[test]
+fn a_model_whose_export_dropped_edge_types_is_fed_exactly_its_inputs() {
+    let model = trained_one_layer();
+    let manifest: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(model.join("manifest.json")).unwrap())
+            .unwrap();
+    let dropped = manifest["exporter"]["dropped_inputs"].as_array().unwrap();
+    assert!(
+        dropped
+            .iter()
+            .any(|d| d == "edge_index__airline__flies__plane"),
+        "{dropped:?}"
+    );
+    let sidecar = TypedSidecar::start(&[], &[]);
+    let (worker, http) = start_worker(&sidecar, &model);
+    let full = read_f32(&model.join("reference/outputs.f32"));
+    let width = full.len() / 7698;
+    let ids: Vec<u64> = vec![0, 1, 17, 3482, 5000, 7697];
+    let mut worst = 0f32;
+    for (answer, &id) in predict(&http, &ids).iter().zip(&ids) {
+        let logits: Vec<f32> = serde_json::from_value(answer["logits"].clone()).unwrap();
+        let want = &full[id as usize * width..(id as usize + 1) * width];
+        let scale = want.iter().fold(1f32, |m, v| m.max(v.abs()));
+        for (got, want) in logits.iter().zip(want) {
+            worst = worst.max((got - want).abs() / scale);
+        }
+    }
+    assert!(worst <= 1e-5, "{worst:e} from PyG's full graph");
+    assert!(worker.stop());
+}
+
+#[test]
+fn a_subgraph_the_model_cannot_run_is_answered_with_an_error_and_the_worker_serves_on() {
+    // A to_hetero GAT that onnxruntime cannot run where a node type has no
+    // rows (its manifest's check.cannot_run says so).
+    let dir = tests::stack::process_dir("typed-serving-gat");
+    std::fs::copy(
+        repo_root().join("tests/python/flights_gat.py"),
+        dir.join("flights_gat.py"),
+    )
+    .unwrap();
+    let model = dir.join("model");
+    run_ok(
+        Command::new(python())
+            .current_dir(&dir)
+            .arg(repo_root().join("gnn-worker/model/pyg_hetero.py"))
+            .args(["export", "--module", "flights_gat:Net", "--fanouts", "5,3"])
+            .arg("--dataset")
+            .arg(dataset("openflights"))
+            .arg("--out")
+            .arg(&model),
+        "pyg_hetero.py export of a to_hetero GAT",
+    );
+    // An airport that no airline serves: its subgraph has no airlines and
+    // no planes.
+    let served: std::collections::HashSet<u32> = tests::stack::read_u32_pairs(
+        &dataset("openflights").join("edges/airline__serves__airport.u32"),
+    )
+    .into_iter()
+    .map(|(_, airport)| airport)
+    .collect();
+    let lonely = (0..7698u64)
+        .find(|id| !served.contains(&(*id as u32)))
+        .expect("an airport without airlines");
+    let sidecar = TypedSidecar::start(&[], &[]);
+    let (worker, http) = start_worker(&sidecar, &model);
+    let body = serde_json::json!({ "node_ids": [lonely] }).to_string();
+    let (code, text) =
+        tests::stack::http_request(&http, "POST", "/v1/predict", Some(&body)).unwrap();
+    assert_ne!(code, 200, "{text}");
+    assert!(
+        text.contains("this subgraph has no rows in") && text.contains("x__airline"),
+        "{code}: {text}"
+    );
+    // The worker is alive and answers a subgraph the model can run.
+    let answers = predict(&http, &[3482]);
+    assert_eq!(answers[0]["known"], true);
+    assert_eq!(answers[0]["logits"].as_array().unwrap().len(), 10);
+    assert!(worker.stop());
 }

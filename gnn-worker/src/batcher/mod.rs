@@ -104,6 +104,9 @@ pub struct BatchConfig {
     /// A subgraph-layout model's fanouts, one per hop: its GNN requests ask
     /// for the subgraph layout at these (`None`: a dense-layout model).
     pub subgraph: Option<SubgraphFanouts>,
+    /// A typed graph's model: its requests are this typed request (target
+    /// type, fanouts per edge type and hop).
+    pub typed: Option<std::sync::Arc<protocol::request::TypedAsk>>,
     /// Deadline of one ring call (sampling + features).
     pub ring_timeout: Duration,
     /// The deadline of a call that brings none.
@@ -139,6 +142,7 @@ impl BatchConfig {
             max_delay: config.max_delay(),
             fanouts: dense_fanouts(config.fanouts.as_ref()).unwrap_or([0; MAX_HOPS]),
             subgraph: None,
+            typed: None,
             ring_timeout: config.ring_timeout(),
             call_timeout: config.call_timeout(),
             max_request_targets: config.max_request_targets,

@@ -211,6 +211,9 @@ pub(super) fn run_one(
     store: Option<&PrecomputedSet>,
     out: &mut Vec<Prediction>,
 ) -> Result<(), PredictError> {
+    if model.manifest().typed.is_some() {
+        return run_one_typed(model, metrics, ids, offset, response, out);
+    }
     let tables = response
         .tables()
         .map_err(|e| PredictError::Internal(format!("decoding the sidecar's response: {e}")))?;
@@ -267,6 +270,66 @@ pub(super) fn run_one(
         prediction.known = status[i] != target_status::UNKNOWN_NODE;
         prediction.fallback_rows = fallbacks.of(&tables, i);
         prediction.answered_by = answered_by;
+        out.push(prediction);
+    }
+    Ok(())
+}
+
+/// Runs a typed graph's model on one typed response, appending its
+/// predictions to `out`. A prediction's `fallback_rows` counts the default
+/// rows of the whole response (every type), which its request's targets
+/// share.
+fn run_one_typed(
+    model: &mut Model,
+    metrics: &WorkerMetrics,
+    ids: &[u64],
+    offset: &mut usize,
+    response: &Response,
+    out: &mut Vec<Prediction>,
+) -> Result<(), PredictError> {
+    let malformed =
+        |what: String| PredictError::Internal(format!("the sidecar's response: {what}"));
+    let graph = response
+        .graph_schema()
+        .ok_or_else(|| malformed("a one-type segment under a typed model".into()))?;
+    let typed = model.manifest().typed.as_ref().expect("a typed model");
+    let target_type = graph
+        .node_type(&typed.target_type)
+        .ok_or_else(|| malformed(format!("no node type {}", typed.target_type)))?;
+    let tables = response
+        .typed_tables(target_type)
+        .map_err(|e| PredictError::Internal(format!("decoding the sidecar's response: {e}")))?;
+    let start = (*offset).min(ids.len());
+    let asked = &ids[start..(*offset + tables.target_ids().len()).min(ids.len())];
+    if tables.target_ids() != asked || asked.is_empty() {
+        return Err(malformed(format!(
+            "{} targets that are not the ones asked",
+            tables.target_ids().len()
+        )));
+    }
+    *offset += asked.len();
+    let running = Instant::now();
+    let rows = model
+        .run_typed(&tables, graph, target_type)
+        .map_err(|e| PredictError::Internal(e.to_string()))?;
+    metrics
+        .onnx_run_seconds
+        .observe(running.elapsed().as_secs_f64());
+    let width = model.manifest().output_width() as usize;
+    let embedding = model.manifest().output == OutputKind::Embedding;
+    let fallback_rows: u32 = (0..graph.node_types.len())
+        .map(|t| {
+            (0..tables.n_rows(t))
+                .filter(|&r| tables.fallback(t, r))
+                .count() as u32
+        })
+        .sum();
+    for (i, &node_id) in tables.target_ids().iter().enumerate() {
+        let mut prediction =
+            Prediction::of_row(node_id, &rows[i * width..(i + 1) * width], embedding);
+        prediction.known = tables.target_status()[i] != target_status::UNKNOWN_NODE;
+        prediction.fallback_rows = fallback_rows;
+        prediction.answered_by = model.answered_by();
         out.push(prediction);
     }
     Ok(())

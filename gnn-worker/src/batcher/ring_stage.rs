@@ -267,6 +267,7 @@ pub(super) fn jobs_ring_calls(
     // A subgraph-layout model's GNN requests ask for its layout.
     let gnn = RingCall {
         subgraph: ring.config.subgraph,
+        typed: ring.config.typed.as_deref(),
         accepted: jobs.first().map(|job| &job.accepted),
         ..RingCall::default()
     };
@@ -319,6 +320,8 @@ pub(super) struct RingCall<'a> {
     /// One of the batch's calls, accepted on the sidecar: the requests are
     /// submitted while it drains.
     pub(super) accepted: Option<&'a Accepted>,
+    /// A typed graph's request (a typed model's calls).
+    pub(super) typed: Option<&'a protocol::request::TypedAsk>,
 }
 
 impl RingCall<'_> {
@@ -391,7 +394,7 @@ pub(super) fn ring_call_split(
         new_node: call.new_node,
         subgraph: call.subgraph,
         accepted: call.accepted,
-        typed: None,
+        typed: call.typed,
     };
     metrics.ring_requests.inc();
     let calling = Instant::now();
