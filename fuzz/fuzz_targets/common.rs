@@ -19,23 +19,8 @@ pub fn scratch() -> &'static PathBuf {
 /// items without; bought), for the decoders of typed requests and
 /// responses.
 pub fn typed_graph() -> protocol::graph_schema::GraphSchema {
-    use protocol::graph_schema::{EdgeTypeDesc, GraphSchema, NodeTypeDesc};
-    let edge = |src, relation: &str, dst| EdgeTypeDesc {
-        src,
-        relation: relation.into(),
-        dst,
-    };
-    GraphSchema {
-        node_types: vec![
-            NodeTypeDesc {
-                name: "user".into(),
-                feature_dim: 2,
-            },
-            NodeTypeDesc {
-                name: "item".into(),
-                feature_dim: 0,
-            },
-        ],
-        edge_types: vec![edge(0, "buys", 1), edge(1, "rev_buys", 0)],
-    }
+    protocol::graph_schema::GraphSchema::of(
+        &[("user", 2), ("item", 0)],
+        &[(0, "buys", 1), (1, "rev_buys", 0)],
+    )
 }

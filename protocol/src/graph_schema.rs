@@ -103,6 +103,29 @@ impl GraphSchema {
         Ok(())
     }
 
+    /// A schema from `(name, feature_dim)` per node type and `(src,
+    /// relation, dst)` per edge type (indices of node types). Not
+    /// validated.
+    pub fn of(node_types: &[(&str, u32)], edge_types: &[(u32, &str, u32)]) -> Self {
+        GraphSchema {
+            node_types: node_types
+                .iter()
+                .map(|&(name, feature_dim)| NodeTypeDesc {
+                    name: name.into(),
+                    feature_dim,
+                })
+                .collect(),
+            edge_types: edge_types
+                .iter()
+                .map(|&(src, relation, dst)| EdgeTypeDesc {
+                    src,
+                    relation: relation.into(),
+                    dst,
+                })
+                .collect(),
+        }
+    }
+
     /// Edge type `edge_type`'s key, `src__relation__dst` (a model's input
     /// `edge_index__<key>`).
     pub fn edge_key(&self, edge_type: usize) -> String {
@@ -264,30 +287,10 @@ mod tests {
     use super::*;
 
     fn flights() -> GraphSchema {
-        GraphSchema {
-            node_types: vec![
-                NodeTypeDesc {
-                    name: "airport".into(),
-                    feature_dim: 11,
-                },
-                NodeTypeDesc {
-                    name: "plane".into(),
-                    feature_dim: 0,
-                },
-            ],
-            edge_types: vec![
-                EdgeTypeDesc {
-                    src: 0,
-                    relation: "route".into(),
-                    dst: 0,
-                },
-                EdgeTypeDesc {
-                    src: 1,
-                    relation: "used_at".into(),
-                    dst: 0,
-                },
-            ],
-        }
+        GraphSchema::of(
+            &[("airport", 11), ("plane", 0)],
+            &[(0, "route", 0), (1, "used_at", 0)],
+        )
     }
 
     #[test]

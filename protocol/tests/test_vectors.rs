@@ -10,7 +10,7 @@
 use std::mem::offset_of;
 
 use arrow_buffer::MutableBuffer;
-use protocol::graph_schema::{EdgeTypeDesc, GraphSchema, NodeTypeDesc};
+use protocol::graph_schema::GraphSchema;
 use protocol::layout::{dtype, FeatureSchema, Header, Preamble};
 use protocol::payload::schema::{target_status, tier};
 use protocol::payload::{
@@ -140,30 +140,10 @@ fn subgraph_response_vector() -> Vec<u8> {
 /// The appendix's typed graph: users (2 features) and items (no
 /// features); (user, buys, item) and (item, rev_buys, user).
 fn typed_graph() -> GraphSchema {
-    GraphSchema {
-        node_types: vec![
-            NodeTypeDesc {
-                name: "user".into(),
-                feature_dim: 2,
-            },
-            NodeTypeDesc {
-                name: "item".into(),
-                feature_dim: 0,
-            },
-        ],
-        edge_types: vec![
-            EdgeTypeDesc {
-                src: 0,
-                relation: "buys".into(),
-                dst: 1,
-            },
-            EdgeTypeDesc {
-                src: 1,
-                relation: "rev_buys".into(),
-                dst: 0,
-            },
-        ],
-    }
+    GraphSchema::of(
+        &[("user", 2), ("item", 0)],
+        &[(0, "buys", 1), (1, "rev_buys", 0)],
+    )
 }
 
 /// A typed answer (`hops` 1) to request 0x1122334455667788 for user 5:

@@ -6,7 +6,7 @@
 
 use arrow_buffer::{Buffer, MutableBuffer};
 use proptest::prelude::*;
-use protocol::graph_schema::{EdgeTypeDesc, GraphSchema, NodeTypeDesc};
+use protocol::graph_schema::GraphSchema;
 use protocol::layout::{dtype, request_flags, FeatureSchema, Geometry};
 use protocol::payload::schema::{target_status, tier};
 use protocol::payload::{
@@ -18,28 +18,10 @@ use protocol::{Segment, SegmentConfig};
 /// Users (2 features) and items (ids): (user, buys, item), (item,
 /// rev_buys, user), (user, follows, user).
 fn graph() -> GraphSchema {
-    let edge = |src, relation: &str, dst| EdgeTypeDesc {
-        src,
-        relation: relation.into(),
-        dst,
-    };
-    GraphSchema {
-        node_types: vec![
-            NodeTypeDesc {
-                name: "user".into(),
-                feature_dim: 2,
-            },
-            NodeTypeDesc {
-                name: "item".into(),
-                feature_dim: 0,
-            },
-        ],
-        edge_types: vec![
-            edge(0, "buys", 1),
-            edge(1, "rev_buys", 0),
-            edge(0, "follows", 0),
-        ],
-    }
+    GraphSchema::of(
+        &[("user", 2), ("item", 0)],
+        &[(0, "buys", 1), (1, "rev_buys", 0), (0, "follows", 0)],
+    )
 }
 
 fn typed_config(name: &str) -> SegmentConfig {

@@ -116,29 +116,7 @@ fn each_edge_type_s_index_lists_every_destination_s_sources() {
 /// it out with every neighbour taken: per node type its global ids, per
 /// edge type its edge_index, the per-hop counts.
 fn python_sample(targets: &[u64], hops: usize) -> serde_json::Value {
-    let script = format!(
-        r#"
-import json, sys
-sys.path.insert(0, {model_dir:?})
-from pyg_hetero import TypedDataset, sample_typed
-ds = TypedDataset({dataset:?}, labels=False)
-n_id, edge_index, nodes, edges = sample_typed(
-    ds, "airport", {targets:?}, {{et: [10**6] * {hops} for et in ds.edge_types}}, None)
-print(json.dumps({{
-    "n_id": {{t: v.tolist() for t, v in n_id.items()}},
-    "edge_index": {{"__".join(et): v.tolist() for et, v in edge_index.items()}},
-    "nodes": nodes,
-    "edges": {{"__".join(et): v for et, v in edges.items()}},
-}}))
-"#,
-        model_dir = repo_root().join("gnn-worker/model").display().to_string(),
-        dataset = dataset("openflights").display().to_string(),
-    );
-    let (stdout, _) = run_ok(
-        Command::new(python()).arg("-c").arg(script),
-        "pyg_hetero.sample_typed",
-    );
-    serde_json::from_str(&stdout).unwrap()
+    tests::stack::openflights_python_sample(targets, hops, 1_000_000)
 }
 
 fn covering(graph: &TypedGraph, hops: usize) -> TypedFanouts {

@@ -751,6 +751,36 @@ pub fn read_i32(path: &Path) -> Vec<i32> {
     read_le4(path, i32::from_le_bytes)
 }
 
+/// What the PyG tooling's `pyg_hetero.sample_typed` samples on the shipped
+/// OpenFlights for `targets` (airports), at `fanout` for every edge type
+/// and each of `hops` hops: per node type its ids (`n_id`) and counts
+/// (`nodes`), per edge type key its `edge_index` and counts (`edges`).
+pub fn openflights_python_sample(targets: &[u64], hops: usize, fanout: u32) -> serde_json::Value {
+    let script = format!(
+        r#"
+import json, sys
+sys.path.insert(0, {model_dir:?})
+from pyg_hetero import TypedDataset, sample_typed
+ds = TypedDataset({dataset:?}, labels=False)
+n_id, edge_index, nodes, edges = sample_typed(
+    ds, "airport", {targets:?}, {{et: [{fanout}] * {hops} for et in ds.edge_types}}, None)
+print(json.dumps({{
+    "n_id": {{t: v.tolist() for t, v in n_id.items()}},
+    "edge_index": {{"__".join(et): v.tolist() for et, v in edge_index.items()}},
+    "nodes": nodes,
+    "edges": {{"__".join(et): v for et, v in edges.items()}},
+}}))
+"#,
+        model_dir = repo_root().join("gnn-worker/model").display().to_string(),
+        dataset = dataset("openflights").display().to_string(),
+    );
+    let (stdout, _) = run_ok(
+        Command::new(python()).arg("-c").arg(script),
+        "pyg_hetero.sample_typed",
+    );
+    serde_json::from_str(&stdout).expect("sample_typed prints JSON")
+}
+
 /// Reads an edge file: little-endian u32 `(src, dst)` pairs.
 pub fn read_u32_pairs(path: &Path) -> Vec<(u32, u32)> {
     let ids = read_le4(path, u32::from_le_bytes);

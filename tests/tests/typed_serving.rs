@@ -121,29 +121,7 @@ impl Drop for TypedSidecar {
 /// What `pyg_hetero.sample_typed` samples for `targets` (airports) at
 /// `fanout` for every edge type and hop.
 fn python_sample(targets: &[u64], hops: usize, fanout: u32) -> serde_json::Value {
-    let script = format!(
-        r#"
-import json, sys
-sys.path.insert(0, {model_dir:?})
-from pyg_hetero import TypedDataset, sample_typed
-ds = TypedDataset({dataset:?}, labels=False)
-n_id, edge_index, nodes, edges = sample_typed(
-    ds, "airport", {targets:?}, {{et: [{fanout}] * {hops} for et in ds.edge_types}}, None)
-print(json.dumps({{
-    "n_id": {{t: v.tolist() for t, v in n_id.items()}},
-    "edge_index": {{"__".join(et): v.tolist() for et, v in edge_index.items()}},
-    "nodes": nodes,
-    "edges": {{"__".join(et): v for et, v in edges.items()}},
-}}))
-"#,
-        model_dir = repo_root().join("gnn-worker/model").display().to_string(),
-        dataset = dataset("openflights").display().to_string(),
-    );
-    let (stdout, _) = run_ok(
-        Command::new(python()).arg("-c").arg(script),
-        "pyg_hetero.sample_typed",
-    );
-    serde_json::from_str(&stdout).unwrap()
+    tests::stack::openflights_python_sample(targets, hops, fanout)
 }
 
 fn ask(schema: &GraphSchema, hops: u32, fanout: u32) -> TypedAsk {
@@ -575,6 +553,25 @@ fn start_worker(sidecar: &TypedSidecar, model: &std::path::Path) -> (Daemon, Str
     (worker, http)
 }
 
+/// The largest difference of the answers' logits for `ids` from PyG's
+/// full-graph outputs (`reference/outputs.f32` of `model`), relative to
+/// each row's magnitude (at least 1).
+fn worst_difference(answers: &[serde_json::Value], ids: &[u64], model: &std::path::Path) -> f32 {
+    let full = read_f32(&model.join("reference/outputs.f32"));
+    let width = full.len() / 7698;
+    let mut worst = 0f32;
+    for (answer, &id) in answers.iter().zip(ids) {
+        let logits: Vec<f32> = serde_json::from_value(answer["logits"].clone()).unwrap();
+        assert_eq!(logits.len(), width);
+        let want = &full[id as usize * width..(id as usize + 1) * width];
+        let scale = want.iter().fold(1f32, |m, v| m.max(v.abs()));
+        for (got, want) in logits.iter().zip(want) {
+            worst = worst.max((got - want).abs() / scale);
+        }
+    }
+    worst
+}
+
 /// The worker's predictions for `ids`, 16 a call.
 fn predict(http: &str, ids: &[u64]) -> Vec<serde_json::Value> {
     let mut out = Vec::with_capacity(ids.len());
@@ -638,23 +635,13 @@ fn a_pyg_to_hetero_model_is_served_with_pyg_s_answers() {
     }
     std::fs::write(covering.join("manifest.json"), wide.to_string()).unwrap();
     let (worker, http) = start_worker(&sidecar, &covering);
-    let full = read_f32(&model.join("reference/outputs.f32"));
-    let width = full.len() / split.len();
     // Every test airport of the first 400 ids, the largest hub (3482)
     // among them, in calls of 16.
     let mut ids: Vec<u64> = test.iter().copied().filter(|&i| i < 400).collect();
     ids.push(3482);
     let answers = predict(&http, &ids);
-    let mut worst = 0f32;
-    for (answer, &id) in answers.iter().zip(&ids) {
-        let logits: Vec<f32> = serde_json::from_value(answer["logits"].clone()).unwrap();
-        let want = &full[id as usize * width..(id as usize + 1) * width];
-        let scale = want.iter().fold(1f32, |m, v| m.max(v.abs()));
-        for (got, want) in logits.iter().zip(want) {
-            worst = worst.max((got - want).abs() / scale);
-        }
-        assert_eq!(answer["fallback_rows"], 0);
-    }
+    let worst = worst_difference(&answers, &ids, &model);
+    assert!(answers.iter().all(|a| a["fallback_rows"] == 0));
     assert!(
         worst <= 1e-5,
         "served outputs differ from PyG's full graph by {worst:e}"
@@ -786,18 +773,8 @@ fn a_model_whose_export_dropped_edge_types_is_fed_exactly_its_inputs() {
     );
     let sidecar = TypedSidecar::start(&[], &[]);
     let (worker, http) = start_worker(&sidecar, &model);
-    let full = read_f32(&model.join("reference/outputs.f32"));
-    let width = full.len() / 7698;
     let ids: Vec<u64> = vec![0, 1, 17, 3482, 5000, 7697];
-    let mut worst = 0f32;
-    for (answer, &id) in predict(&http, &ids).iter().zip(&ids) {
-        let logits: Vec<f32> = serde_json::from_value(answer["logits"].clone()).unwrap();
-        let want = &full[id as usize * width..(id as usize + 1) * width];
-        let scale = want.iter().fold(1f32, |m, v| m.max(v.abs()));
-        for (got, want) in logits.iter().zip(want) {
-            worst = worst.max((got - want).abs() / scale);
-        }
-    }
+    let worst = worst_difference(&predict(&http, &ids), &ids, &model);
     assert!(worst <= 1e-5, "{worst:e} from PyG's full graph");
     assert!(worker.stop());
 }

@@ -62,6 +62,25 @@ pub fn read_header(area: &[u8]) -> Result<ResponseHeader, DecodeError> {
     Ok(bytemuck::pod_read_unaligned(bytes))
 }
 
+/// The header of an OK response in a 64-byte aligned `area`; a non-OK
+/// status is the error, with its message.
+pub(crate) fn read_ok_header(area: &Buffer) -> Result<ResponseHeader, DecodeError> {
+    if !(area.as_ptr() as usize).is_multiple_of(64) {
+        return Err(DecodeError::Malformed(
+            "response area is not 64-byte aligned".into(),
+        ));
+    }
+    let header = read_header(area.as_slice())?;
+    if header.status != status::OK {
+        return Err(DecodeError::Status {
+            status: header.status,
+            status_name: status_name(header.status),
+            message: header_message(&header),
+        });
+    }
+    Ok(header)
+}
+
 /// The human-readable message of a response header (lossy UTF-8).
 pub fn header_message(header: &ResponseHeader) -> String {
     let len = (header.message_len as usize).min(MESSAGE_BYTES);
@@ -96,19 +115,7 @@ pub fn decode(
     limits: &DecodeLimits,
     schemas: &SchemaCache,
 ) -> Result<ResponseTables, DecodeError> {
-    if !(area.as_ptr() as usize).is_multiple_of(64) {
-        return Err(DecodeError::Malformed(
-            "response area is not 64-byte aligned".into(),
-        ));
-    }
-    let header = read_header(area.as_slice())?;
-    if header.status != status::OK {
-        return Err(DecodeError::Status {
-            status: header.status,
-            status_name: status_name(header.status),
-            message: header_message(&header),
-        });
-    }
+    let header = read_ok_header(area)?;
     let malformed = |m: String| DecodeError::Malformed(m);
     if header.n_targets > limits.max_targets {
         return Err(malformed(format!(

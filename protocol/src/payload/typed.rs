@@ -14,10 +14,10 @@ use arrow_buffer::Buffer;
 use crate::graph_schema::GraphSchema;
 use crate::layout::{status, ResponseHeader, MAX_HOPS, MAX_SUBGRAPH_HOPS, MESSAGE_BYTES};
 use crate::payload::ipc::{self, ColumnKind};
-use crate::payload::reader::{decode_table, header_message, read_header, status_name};
+use crate::payload::reader::{decode_table, read_ok_header};
 use crate::payload::schema::{target_status, tier};
 use crate::payload::writer::{
-    carve, node_kinds, place_table, stream_len, ResponseMeta, SchemaCache, TablePlacement,
+    carve, node_kinds, place_table, set_bit, stream_len, ResponseMeta, SchemaCache, TablePlacement,
     WriteError, SUBGRAPH_TARGET_COLUMNS,
 };
 use crate::payload::{DecodeError, DecodeLimits};
@@ -51,12 +51,7 @@ pub struct TypedNodeColumns<'a> {
 impl TypedNodeColumns<'_> {
     /// Sets the fallback flag of `row` (a type with features).
     pub fn set_fallback(&mut self, row: usize, fallback: bool) {
-        let mask = 1u8 << (row % 8);
-        if fallback {
-            self.fallback[row / 8] |= mask;
-        } else {
-            self.fallback[row / 8] &= !mask;
-        }
+        set_bit(self.fallback, row, fallback);
     }
 }
 
@@ -348,17 +343,7 @@ pub fn decode_typed(
     schemas: &SchemaCache,
 ) -> Result<TypedTables, DecodeError> {
     let malformed = |m: String| DecodeError::Malformed(m);
-    if !(area.as_ptr() as usize).is_multiple_of(64) {
-        return Err(malformed("response area is not 64-byte aligned".into()));
-    }
-    let header = read_header(area.as_slice())?;
-    if header.status != status::OK {
-        return Err(DecodeError::Status {
-            status: header.status,
-            status_name: status_name(header.status),
-            message: header_message(&header),
-        });
-    }
+    let header = read_ok_header(area)?;
     if target_type >= graph.node_types.len() {
         return Err(malformed(format!(
             "target type {target_type}; the graph has {} node types",

@@ -245,12 +245,17 @@ pub struct NodeColumns<'a> {
 impl NodeColumns<'_> {
     /// Sets the fallback flag of `row`.
     pub fn set_fallback(&mut self, row: usize, fallback: bool) {
-        let mask = 1u8 << (row % 8);
-        if fallback {
-            self.fallback[row / 8] |= mask;
-        } else {
-            self.fallback[row / 8] &= !mask;
-        }
+        set_bit(self.fallback, row, fallback);
+    }
+}
+
+/// Sets or clears bit `row` of an Arrow (LSB first) bitmap.
+pub(crate) fn set_bit(bitmap: &mut [u8], row: usize, value: bool) {
+    let mask = 1u8 << (row % 8);
+    if value {
+        bitmap[row / 8] |= mask;
+    } else {
+        bitmap[row / 8] &= !mask;
     }
 }
 
