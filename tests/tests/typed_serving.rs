@@ -623,6 +623,12 @@ fn a_pyg_to_hetero_model_is_served_with_pyg_s_answers() {
     let unknown = predict(&http, &[7698]);
     assert_eq!(unknown[0]["known"], false);
     assert!(unknown[0]["fallback_rows"].as_u64().unwrap() >= 1);
+    // A new node in one call is for one-type models: refused by name.
+    let body = serde_json::json!({ "new_node": { "id": 9000, "features": vec![0.0f32; 11] } });
+    let (code, text) =
+        tests::stack::http_request(&http, "POST", "/v1/predict", Some(&body.to_string())).unwrap();
+    assert_eq!(code, 400, "{text}");
+    assert!(text.contains("this model's graph is typed"), "{text}");
     assert!(worker.stop(), "the worker stops cleanly");
 
     // Covering fanouts (every source at every hop): the same model, asked

@@ -590,6 +590,14 @@ impl Predictor {
         node: NewNode,
         left: Option<Duration>,
     ) -> Result<Vec<Prediction>, PredictError> {
+        if self.schema.feature_dim == 0 {
+            // A typed graph's segment (docs/protocol.md, section 2.7).
+            return Err(PredictError::InvalidArgument(
+                "a new node in one call is for models of one-type graphs; this model's graph \
+                 is typed (docs/serving.md, \"A heterogeneous PyTorch Geometric model\")"
+                    .into(),
+            ));
+        }
         let problem = self.client.geometry().and_then(|geometry| {
             protocol::request::new_node_problem(&node, &geometry, &self.schema)
         });

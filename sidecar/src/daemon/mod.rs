@@ -15,6 +15,7 @@
 pub mod events;
 pub mod metrics;
 pub mod ring;
+mod typed;
 
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
@@ -37,6 +38,7 @@ use crate::updates::follower::FollowerStats;
 use events::{Event, Poster};
 use metrics::{DaemonTelemetry, Metrics};
 use ring::Ring;
+pub use typed::TypedServing;
 
 /// Where the sidecar is in its life.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -161,7 +163,7 @@ pub struct Core {
     pub data_dir_lock: crate::data_dir::DataDirLock,
     /// A typed graph, when the data directory holds one: the ring serves
     /// it alone, and `graph` and `tiers` above are empty.
-    pub typed: Option<Arc<crate::serve::typed::TypedServing>>,
+    pub typed: Option<Arc<TypedServing>>,
 }
 
 /// How a drain ended.

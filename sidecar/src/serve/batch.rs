@@ -52,7 +52,7 @@ pub struct BatchContext<'a> {
     pub change_tick: u64,
     pub tiers: &'a FeatureTiers,
     /// The typed graph the ring serves instead, if any.
-    pub typed: Option<&'a crate::serve::typed::TypedServing>,
+    pub typed: Option<&'a crate::daemon::TypedServing>,
     pub runtime: &'a tokio::runtime::Handle,
     /// The fanouts for requests that leave them to the sidecar, and the
     /// feature-fetch deadline.

@@ -12,36 +12,14 @@
 use std::sync::Arc;
 
 use anyhow::{bail, ensure, Context};
-use protocol::graph_schema::GraphSchema;
 
 use crate::config::{DefaultRowKind, ServeConfig};
-use crate::daemon::Daemon;
+use crate::daemon::{Daemon, TypedServing};
 use crate::features::import::FeatureManifest;
 use crate::features::redis_tier::{RedisConfig, RedisTier};
 use crate::features::rocks::{RocksStore, Role, StoreTelemetry};
 use crate::features::{DefaultRow, FeatureTiers, TierConfig};
 use crate::graph::typed::{self, TypedGraph};
-
-/// A typed graph and its per-type tiers, as the ring serves them.
-#[derive(Debug)]
-pub struct TypedServing {
-    pub graph: TypedGraph,
-    /// The types as the segment carries them.
-    pub ring: GraphSchema,
-    /// Per node type: its tiers; `None` for a type without features.
-    pub tiers: Vec<Option<FeatureTiers>>,
-}
-
-impl TypedServing {
-    pub fn graph_version(&self) -> u64 {
-        self.graph.schema().graph_version
-    }
-
-    /// Node type `t`'s id bound: its node count.
-    pub fn id_bound(&self, t: usize) -> u64 {
-        self.graph.schema().node_types[t].num_nodes
-    }
-}
 
 /// Whether `config.data_dir` holds a typed graph and no one-type index.
 pub fn is_typed_data_dir(config: &ServeConfig) -> bool {

@@ -94,7 +94,7 @@ fn write_sample(cols: &mut TypedColumns<'_>, targets: &[u64], sampled: &TypedSam
 /// row's tier and fallback flag. Returns whether a row missed the deadline.
 fn fetch_rows(
     ctx: &BatchContext<'_>,
-    typed: &crate::serve::typed::TypedServing,
+    typed: &crate::daemon::TypedServing,
     sampled: &TypedSampled,
     cols: &mut TypedColumns<'_>,
     until: Instant,
