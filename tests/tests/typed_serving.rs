@@ -353,7 +353,11 @@ fn a_typed_sidecar_refuses_one_type_calls_and_commands_by_name() {
 fn a_typed_graph_s_rows_come_from_redis_per_type_then_l1() {
     let redis = RedisServer::start();
     let url = redis.url();
-    let sidecar = TypedSidecar::start(&["--redis", &url], &["--redis", &url, "--no-l2"]);
+    // A deadline no loaded CI machine misses: every row comes from Redis.
+    let sidecar = TypedSidecar::start(
+        &["--redis", &url],
+        &["--redis", &url, "--no-l2", "--deadline-ms", "5000"],
+    );
     let client = sidecar.client();
     let schema = client.graph_schema().unwrap();
     let targets = [5u64, 900];
@@ -371,13 +375,20 @@ fn a_typed_graph_s_rows_come_from_redis_per_type_then_l1() {
     );
     drop(tables);
     drop(first);
-    let again = call(&client, &targets, &ask(&schema, 2, 2048));
+    // The rows a fetch brought are put in L1 as it lands, off the request's
+    // path: a later call finds them there.
+    let mut again = call(&client, &targets, &ask(&schema, 2, 2048));
+    let in_l1 = |response: &protocol::Response| {
+        let tables = response.typed_tables(0).unwrap();
+        tables.tiers(0).iter().all(|&t| t == tier::L1)
+    };
+    let filled = eventually(Duration::from_secs(10), || {
+        again = call(&client, &targets, &ask(&schema, 2, 2048));
+        in_l1(&again)
+    });
+    assert!(filled, "then from L1");
     let tables = again.typed_tables(0).unwrap();
     assert_is_python_sample(&tables, &schema, &want);
-    assert!(
-        tables.tiers(0).iter().all(|&t| t == tier::L1),
-        "then from L1"
-    );
     // Each type's tiers count their own rows, labelled by type.
     let (code, body) =
         tests::stack::http_request(&sidecar.metrics, "GET", "/metrics", None).unwrap();
@@ -392,10 +403,17 @@ fn a_typed_graph_s_rows_come_from_redis_per_type_then_l1() {
             .and_then(|l| l.rsplit(' ').next()?.parse().ok())
             .unwrap_or_else(|| panic!("no rows of {node_type} from {tier} in:\n{body}"))
     };
+    // At least one call's rows from each tier (a call made before the
+    // first fetch had landed in L1 read Redis again).
     let airports = tables.n_rows(0) as f64;
-    assert_eq!(rows("airport", "l3"), airports);
-    assert_eq!(rows("airport", "l1"), airports);
-    assert_eq!(rows("airline", "l3"), tables.n_rows(1) as f64);
+    assert!(rows("airport", "l3") >= airports);
+    assert!(rows("airport", "l1") >= airports);
+    assert!(rows("airline", "l3") >= tables.n_rows(1) as f64);
+    assert_eq!(
+        (rows("airport", "l3") + rows("airport", "l1")) % airports,
+        0.0,
+        "every call counts each airport row once"
+    );
     assert!(
         !body.contains("sidecar_graph_nodes"),
         "no one-type graph metrics"
