@@ -510,11 +510,10 @@ fn a_worker_of_a_one_type_model_refuses_a_typed_sidecar_by_name() {
     );
 }
 
-/// A `to_hetero` GraphSAGE trained and exported by `pyg_hetero.py train`
-/// on OpenFlights at its default fanouts ([10, 5] on every edge type),
-/// with three runs of NeighborLoader-style inference in its manifest.
-fn trained_to_hetero() -> PathBuf {
-    let out = tests::stack::process_dir("typed-serving-model");
+/// A model trained and exported by `pyg_hetero.py train` on OpenFlights
+/// with `args`.
+fn train_hetero(tag: &str, args: &[&str]) -> PathBuf {
+    let out = tests::stack::process_dir(tag);
     run_ok(
         Command::new(python())
             .arg(repo_root().join("gnn-worker/model/pyg_hetero.py"))
@@ -522,17 +521,25 @@ fn trained_to_hetero() -> PathBuf {
             .arg(dataset("openflights"))
             .arg("--out")
             .arg(&out)
-            .args([
-                "--arch",
-                "to_hetero",
-                "--epochs",
-                "60",
-                "--loader-runs",
-                "3",
-            ]),
-        "pyg_hetero.py train",
+            .args(args),
+        &format!("pyg_hetero.py train {args:?}"),
     );
     out
+}
+
+/// A `to_hetero` GraphSAGE at its default fanouts ([10, 5] on every edge
+/// type), with three runs of NeighborLoader-style inference in its
+/// manifest.
+fn trained_to_hetero() -> PathBuf {
+    let args = [
+        "--arch",
+        "to_hetero",
+        "--epochs",
+        "60",
+        "--loader-runs",
+        "3",
+    ];
+    train_hetero("typed-serving-model", &args)
 }
 
 /// A worker serving `model` beside `sidecar`; its HTTP address.
@@ -767,19 +774,19 @@ fn trained_one_layer() -> PathBuf {
 }
 
 fn train_one_layer() -> PathBuf {
-    let out = tests::stack::process_dir("typed-serving-one-layer");
-    run_ok(
-        Command::new(python())
-            .arg(repo_root().join("gnn-worker/model/pyg_hetero.py"))
-            .args(["train", "--dataset"])
-            .arg(dataset("openflights"))
-            .arg("--out")
-            .arg(&out)
-            .args(["--arch", "to_hetero", "--layers", "1", "--epochs", "20"])
-            .args(["--loader-runs", "0", "--fanouts", "2048"]),
-        "pyg_hetero.py train --layers 1",
-    );
-    out
+    let args = [
+        "--arch",
+        "to_hetero",
+        "--layers",
+        "1",
+        "--epochs",
+        "20",
+        "--loader-runs",
+        "0",
+        "--fanouts",
+        "2048",
+    ];
+    train_hetero("typed-serving-one-layer", &args)
 }
 
 #[test]

@@ -46,16 +46,13 @@ pub(super) fn load(daemon: &Daemon, runtime: &tokio::runtime::Runtime) -> anyhow
         "features.json declares dtype {:?}; only f32 is served",
         manifest.dtype
     );
-    let redis_config = RedisConfig {
-        urls: config.redis.0.clone(),
-        cluster: config.redis_cluster,
-        prefix: manifest
+    let redis_config = redis_config(
+        config,
+        manifest
             .redis_prefix
             .clone()
             .unwrap_or_else(|| crate::features::contract::DEFAULT_PREFIX.into()),
-        ca_file: config.redis_ca.clone(),
-        ..RedisConfig::single("")
-    };
+    );
     let stores = open_stores(daemon, runtime, &manifest, &redis_config)?;
     let (tiers, invalidation) = build_tiers(
         daemon,
@@ -135,6 +132,17 @@ fn load_typed(
         hot: Vec::new(),
         schema,
     })
+}
+
+/// The feature store's Redis as configured, its keys under `prefix`.
+pub(super) fn redis_config(config: &ServeConfig, prefix: String) -> RedisConfig {
+    RedisConfig {
+        urls: config.redis.0.clone(),
+        cluster: config.redis_cluster,
+        prefix,
+        ca_file: config.redis_ca.clone(),
+        ..RedisConfig::single("")
+    }
 }
 
 /// One sidecar per data directory: locked before anything in it is

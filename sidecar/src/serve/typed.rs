@@ -16,7 +16,7 @@ use anyhow::{bail, ensure, Context};
 use crate::config::{DefaultRowKind, ServeConfig};
 use crate::daemon::{Daemon, TypedServing};
 use crate::features::import::FeatureManifest;
-use crate::features::redis_tier::{RedisConfig, RedisTier};
+use crate::features::redis_tier::RedisTier;
 use crate::features::rocks::{RocksStore, Role, StoreTelemetry};
 use crate::features::{DefaultRow, FeatureTiers, TierConfig};
 use crate::graph::typed::{self, TypedGraph};
@@ -105,16 +105,13 @@ pub fn load(
                      <url>)",
                     t.name
                 );
-                let redis_config = RedisConfig {
-                    urls: config.redis.0.clone(),
-                    cluster: config.redis_cluster,
-                    prefix: manifest
+                let redis_config = super::load::redis_config(
+                    config,
+                    manifest
                         .redis_prefix
                         .clone()
                         .unwrap_or_else(|| typed::redis_prefix("feat:", &t.name)),
-                    ca_file: config.redis_ca.clone(),
-                    ..RedisConfig::single("")
-                };
+                );
                 let tier = runtime.block_on(RedisTier::connect(&redis_config))?;
                 let l2 = match config.l2_cache() {
                     None => None,
