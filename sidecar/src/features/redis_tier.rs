@@ -42,6 +42,18 @@ pub struct RedisConfig {
 }
 
 impl RedisConfig {
+    /// The feature store's Redis as `sidecar serve` is configured (its URLs,
+    /// cluster mode and CA), its keys under `prefix`.
+    pub fn of_feature_store(config: &crate::config::ServeConfig, prefix: String) -> Self {
+        RedisConfig {
+            urls: config.redis.0.clone(),
+            cluster: config.redis_cluster,
+            prefix,
+            ca_file: config.redis_ca.clone(),
+            ..RedisConfig::single("")
+        }
+    }
+
     pub fn single(url: impl Into<String>) -> Self {
         Self {
             urls: vec![url.into()],

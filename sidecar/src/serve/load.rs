@@ -46,7 +46,7 @@ pub(super) fn load(daemon: &Daemon, runtime: &tokio::runtime::Runtime) -> anyhow
         "features.json declares dtype {:?}; only f32 is served",
         manifest.dtype
     );
-    let redis_config = redis_config(
+    let redis_config = RedisConfig::of_feature_store(
         config,
         manifest
             .redis_prefix
@@ -132,17 +132,6 @@ fn load_typed(
         hot: Vec::new(),
         schema,
     })
-}
-
-/// The feature store's Redis as configured, its keys under `prefix`.
-pub(super) fn redis_config(config: &ServeConfig, prefix: String) -> RedisConfig {
-    RedisConfig {
-        urls: config.redis.0.clone(),
-        cluster: config.redis_cluster,
-        prefix,
-        ca_file: config.redis_ca.clone(),
-        ..RedisConfig::single("")
-    }
 }
 
 /// One sidecar per data directory: locked before anything in it is

@@ -16,7 +16,7 @@ use anyhow::{bail, ensure, Context};
 use crate::config::{DefaultRowKind, ServeConfig};
 use crate::daemon::{Daemon, TypedServing};
 use crate::features::import::FeatureManifest;
-use crate::features::redis_tier::RedisTier;
+use crate::features::redis_tier::{RedisConfig, RedisTier};
 use crate::features::rocks::{RocksStore, Role, StoreTelemetry};
 use crate::features::{DefaultRow, FeatureTiers, TierConfig};
 use crate::graph::typed::{self, TypedGraph};
@@ -105,7 +105,7 @@ pub fn load(
                      <url>)",
                     t.name
                 );
-                let redis_config = super::load::redis_config(
+                let redis_config = RedisConfig::of_feature_store(
                     config,
                     manifest
                         .redis_prefix
