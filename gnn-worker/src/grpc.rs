@@ -166,6 +166,31 @@ async fn answer(
              request of their own"
                 .into(),
         )),
+        Some(node) if !node.edges.is_empty() => {
+            if !node.neighbors.is_empty() || node.directed {
+                Err(PredictError::InvalidArgument(
+                    "a NewNode gives `edges` per edge type (a typed graph) or `neighbors` (and \
+                     `directed`), not both"
+                        .into(),
+                ))
+            } else if let Some(list) = node.edges.iter().find(|l| l.src.len() != l.dst.len()) {
+                Err(PredictError::InvalidArgument(format!(
+                    "the new node's edges of {}: {} src and {} dst ids; give them in pairs",
+                    list.edge_type,
+                    list.src.len(),
+                    list.dst.len()
+                )))
+            } else {
+                let edges = node
+                    .edges
+                    .into_iter()
+                    .map(|l| (l.edge_type, l.src.into_iter().zip(l.dst).collect()))
+                    .collect();
+                service
+                    .predict_typed_new_node(node.id, node.features, edges, left)
+                    .await
+            }
+        }
         Some(node) => {
             let new_node = protocol::request::NewNode {
                 features: node.features,

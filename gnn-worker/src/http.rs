@@ -41,6 +41,10 @@ pub struct NewNodeJson {
     pub neighbors: Vec<u64>,
     #[serde(default)]
     pub directed: bool,
+    /// A typed graph's new node: its edges per edge type, `[src, dst]`
+    /// pairs, instead of `neighbors`.
+    #[serde(default)]
+    pub edges: Option<std::collections::BTreeMap<String, Vec<[u64; 2]>>>,
 }
 
 #[derive(Debug, Serialize)]
@@ -124,6 +128,29 @@ async fn predict_body(
              call of their own"
                 .into(),
         )),
+        Some(NewNodeJson {
+            id,
+            features,
+            neighbors,
+            directed,
+            edges: Some(edges),
+        }) => {
+            if !neighbors.is_empty() || directed {
+                Err(PredictError::InvalidArgument(
+                    "a new node gives `edges` per edge type (a typed graph) or `neighbors` \
+                     (and `directed`), not both"
+                        .into(),
+                ))
+            } else {
+                let edges = edges
+                    .into_iter()
+                    .map(|(name, pairs)| (name, pairs.into_iter().map(|[s, d]| (s, d)).collect()))
+                    .collect();
+                service
+                    .predict_typed_new_node(id, features, edges, left)
+                    .await
+            }
+        }
         Some(node) => {
             let new_node = NewNode {
                 features: node.features,

@@ -101,6 +101,10 @@ struct NewNodeArgs {
     /// The edges go from the new node only.
     #[arg(long, requires = "new_node")]
     directed: bool,
+    /// A typed graph's new node: edges of one edge type as
+    /// `EDGE_TYPE=SRC,DST,...` (repeat for several edge types).
+    #[arg(long = "typed-edges", requires = "new_node", conflicts_with_all = ["edges", "directed"])]
+    typed_edges: Vec<String>,
 }
 
 #[derive(Debug, clap::Args)]
@@ -417,6 +421,30 @@ async fn serve(
     outcome
 }
 
+/// `EDGE_TYPE=SRC,DST,...`: the new node's edges of one edge type.
+fn edge_list(spec: &str) -> anyhow::Result<pb::EdgeList> {
+    let (edge_type, list) = spec
+        .split_once('=')
+        .with_context(|| format!("--typed-edges {spec:?}: write EDGE_TYPE=SRC,DST,..."))?;
+    let ids: Vec<u64> = list
+        .split(',')
+        .map(|t| {
+            t.trim()
+                .parse()
+                .with_context(|| format!("--typed-edges {edge_type}: {t:?} is not a node id"))
+        })
+        .collect::<anyhow::Result<_>>()?;
+    anyhow::ensure!(
+        !ids.is_empty() && ids.len().is_multiple_of(2),
+        "--typed-edges {edge_type}: give SRC,DST pairs"
+    );
+    Ok(pb::EdgeList {
+        edge_type: edge_type.to_string(),
+        src: ids.iter().step_by(2).copied().collect(),
+        dst: ids.iter().skip(1).step_by(2).copied().collect(),
+    })
+}
+
 async fn predict(
     addr: String,
     ids: Vec<u64>,
@@ -434,6 +462,11 @@ async fn predict(
             .map_err(anyhow::Error::msg)?,
             neighbors: new_node.edges,
             directed: new_node.directed,
+            edges: new_node
+                .typed_edges
+                .iter()
+                .map(|spec| edge_list(spec))
+                .collect::<anyhow::Result<_>>()?,
         }),
     };
     let mut client = PredictorClient::connect(addr.clone())

@@ -28,6 +28,9 @@ enum Call {
     Known(Vec<u64>),
     /// A node the graph does not have: its id, row and edges.
     New(u64, NewNode),
+    /// A node of a typed graph's target type that the graph does not have:
+    /// its id, row and edges per named edge type.
+    TypedNew(u64, Vec<f32>, Vec<(String, Vec<(u64, u64)>)>),
 }
 
 /// A call's answer: its predictions and the model that computed every one.
@@ -199,6 +202,19 @@ impl Service {
         self.call(Call::New(id, node), left).await
     }
 
+    /// One client call for a node of a typed graph's target type that the
+    /// graph does not have, with its row and its edges per edge type
+    /// (docs/serving.md, "A new node in one call").
+    pub async fn predict_typed_new_node(
+        &self,
+        id: u64,
+        features: Vec<f32>,
+        edges: Vec<(String, Vec<(u64, u64)>)>,
+        left: Option<Duration>,
+    ) -> Result<Answer, PredictError> {
+        self.call(Call::TypedNew(id, features, edges), left).await
+    }
+
     async fn call(&self, call: Call, left: Option<Duration>) -> Result<Answer, PredictError> {
         let metrics = self.metrics();
         metrics.calls.inc();
@@ -209,6 +225,11 @@ impl Service {
             Some(predictor) => match call {
                 Call::Known(ids) => predictor.predict(ids, left).await,
                 Call::New(id, node) => predictor.predict_new_node(id, node, left).await,
+                Call::TypedNew(id, features, edges) => {
+                    predictor
+                        .predict_typed_new_node(id, features, edges, left)
+                        .await
+                }
             }
             .map(|predictions| Answer {
                 predictions,

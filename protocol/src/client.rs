@@ -84,6 +84,9 @@ pub struct CallRequest<'a> {
     /// and a fanout per edge type and hop; `subgraph` and `fanouts` are not
     /// used. Decode the answer with [`Response::typed_tables`].
     pub typed: Option<&'a request::TypedAsk>,
+    /// With `typed`: the one target is this node of the target type, which
+    /// the graph does not have (`NEW_NODE`); `targets` is its id alone.
+    pub typed_new_node: Option<&'a request::TypedNewNode>,
 }
 
 impl<'a> CallRequest<'a> {
@@ -101,6 +104,7 @@ impl<'a> CallRequest<'a> {
             accepted: None,
             trace: None,
             typed: None,
+            typed_new_node: None,
         }
     }
 
@@ -190,7 +194,11 @@ fn request_header(
         n_targets: request.targets.len() as u32,
         fanouts,
         flags: request_flags(request),
-        new_node_edges: request.new_node.map_or(0, |n| n.neighbors.len() as u32),
+        new_node_edges: match (request.new_node, request.typed_new_node) {
+            (Some(node), _) => node.neighbors.len() as u32,
+            (None, Some(node)) => node.n_edges() as u32,
+            (None, None) => 0,
+        },
         hub_min_degree: request.hub_h1.map_or(0, |h| h.min_degree),
         fresh_clock: since.map_or(0, |f| f.clock),
         fresh_tick: since.map_or(0, |f| f.tick),
@@ -232,6 +240,9 @@ fn request_flags(request: &CallRequest<'_>) -> u32 {
         if node.directed {
             flags |= NEW_NODE_DIRECTED;
         }
+    }
+    if request.typed_new_node.is_some() {
+        flags |= NEW_NODE;
     }
     flags
 }
@@ -689,10 +700,32 @@ impl RingClient {
         if let Some(node) = request.new_node {
             check_new_node(request.targets, node, &geometry, segment.schema())?;
         }
+        if request.typed_new_node.is_some()
+            && (request.typed.is_none() || request.new_node.is_some())
+        {
+            return Err(CallError::NewNode(
+                "a typed new node goes with a typed request (`typed`) and without a one-type \
+                 `new_node`"
+                    .into(),
+            ));
+        }
         match (request.typed, segment.graph_schema()) {
             (Some(typed), Some(graph)) => {
                 if let Some(problem) = request::typed_problem(typed, &geometry, graph) {
                     return Err(CallError::Typed(problem));
+                }
+                if let Some(node) = request.typed_new_node {
+                    let problem = match request.targets {
+                        [id] => request::typed_new_node_problem(*id, node, typed, &geometry, graph),
+                        _ => Some(format!(
+                            "a new-node call has {} target ids; it carries exactly one (the new \
+                             node's)",
+                            request.targets.len()
+                        )),
+                    };
+                    if let Some(problem) = problem {
+                        return Err(CallError::NewNode(problem));
+                    }
                 }
             }
             (Some(_), None) => {
@@ -767,6 +800,7 @@ impl RingClient {
                 request.targets,
                 request.new_node,
                 request.typed,
+                request.typed_new_node.zip(segment.graph_schema()),
             ),
         );
         // The client rule of DRAINING, again: the sidecar may have begun

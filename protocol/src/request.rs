@@ -123,6 +123,137 @@ impl TypedAsk {
     }
 }
 
+/// A node the typed graph does not have, carried in a typed request
+/// (`TYPED` with `NEW_NODE`, docs/protocol.md, "A new node in a typed
+/// request"): the request's one target, of its `target_type`. The sidecar
+/// samples as if it had been added with this row and these edges, without
+/// adding it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TypedNewNode {
+    /// Its feature row: its type's width (empty for a type without
+    /// features).
+    pub features: Vec<f32>,
+    /// Per edge type, in the graph schema's order, `(src, dst)` pairs: each
+    /// has the new node at an end of the target type and a node of the
+    /// graph at the other.
+    pub edges: Vec<Vec<(u64, u64)>>,
+}
+
+impl TypedNewNode {
+    /// Its edges over every edge type.
+    pub fn n_edges(&self) -> usize {
+        self.edges.iter().map(Vec::len).sum()
+    }
+}
+
+/// Where a typed new node's parts start in the request area: its row
+/// after the fanouts (`n_fanouts` u32) at the next multiple of 8, the
+/// per-edge-type edge counts (`n_edge_types` u32) after the row's
+/// `4 x feature_dim` bytes at the next multiple of 8, the edges (u64
+/// pairs) after the counts at the next multiple of 8.
+pub fn typed_new_node_offsets(
+    n_fanouts: usize,
+    feature_dim: u32,
+    n_edge_types: usize,
+) -> Option<(u64, u64, u64)> {
+    let fanouts_end = typed_fanouts_offset(1).checked_add((n_fanouts as u64).checked_mul(4)?)?;
+    let row_at = align_up(fanouts_end, 8)?;
+    let counts_at = align_up(
+        row_at.checked_add(u64::from(feature_dim).checked_mul(4)?)?,
+        8,
+    )?;
+    let edges_at = align_up(
+        counts_at.checked_add((n_edge_types as u64).checked_mul(4)?)?,
+        8,
+    )?;
+    Some((row_at, counts_at, edges_at))
+}
+
+/// Bytes of request area a typed graph's segment needs for a new node of
+/// its widest type at [`MAX_SUBGRAPH_HOPS`] hops with `new_node_edges`
+/// edges, whole pages.
+pub fn request_bytes_for_typed_new_node(graph: &GraphSchema, new_node_edges: u32) -> Option<u64> {
+    let widest = graph.node_types.iter().map(|t| t.feature_dim).max()?;
+    let n_edge_types = graph.edge_types.len();
+    let (_, _, edges_at) =
+        typed_new_node_offsets(n_edge_types * MAX_SUBGRAPH_HOPS, widest, n_edge_types)?;
+    align_up(
+        edges_at.checked_add(u64::from(new_node_edges).checked_mul(16)?)?,
+        SLOT_ALIGN as u64,
+    )
+}
+
+/// What a sidecar would refuse in typed new node `node` (id `id`, asked
+/// with `ask`) that its caller can see before asking: one row of its type's
+/// width with finite values, one edge list per edge type, each edge with
+/// the new node at an end of its type, edges that fit the request area.
+/// Whether the other ends are nodes of the graph only the sidecar knows.
+pub fn typed_new_node_problem(
+    id: u64,
+    node: &TypedNewNode,
+    ask: &TypedAsk,
+    geometry: &Geometry,
+    graph: &GraphSchema,
+) -> Option<String> {
+    let target = graph.node_types.get(ask.target_type as usize)?;
+    let dim = target.feature_dim as usize;
+    if node.features.len() != dim {
+        return Some(format!(
+            "the new {} node's row has {} features; rows of node type {} have {dim}",
+            target.name,
+            node.features.len(),
+            target.name
+        ));
+    }
+    if let Some((i, v)) = node
+        .features
+        .iter()
+        .enumerate()
+        .find(|(_, v)| !v.is_finite())
+    {
+        return Some(format!(
+            "the new node's feature {i} is {v}: every feature must be a finite number"
+        ));
+    }
+    if node.edges.len() != graph.edge_types.len() {
+        return Some(format!(
+            "the new node has edge lists for {} edge types; this graph has {}: one list per \
+             edge type, in the graph's order (empty where it has none)",
+            node.edges.len(),
+            graph.edge_types.len()
+        ));
+    }
+    for (e, pairs) in node.edges.iter().enumerate() {
+        let desc = &graph.edge_types[e];
+        let t = ask.target_type;
+        if let Some(&(src, dst)) = pairs
+            .iter()
+            .find(|&&(src, dst)| !((desc.src == t && src == id) || (desc.dst == t && dst == id)))
+        {
+            return Some(format!(
+                "edge ({src}, {dst}) of edge type {}: an edge of the new node has it ({id}) at \
+                 an end of node type {}",
+                graph.edge_key(e),
+                target.name
+            ));
+        }
+    }
+    let (_, _, edges_at) = typed_new_node_offsets(
+        ask.fanouts.len(),
+        target.feature_dim,
+        graph.edge_types.len(),
+    )?;
+    let max = geometry.request_bytes.saturating_sub(edges_at) / 16;
+    if node.n_edges() as u64 > max {
+        return Some(format!(
+            "the new node has {} edges; the sidecar takes at most {max}: send fewer, or raise \
+             the sidecar's max_new_node_edges",
+            node.n_edges()
+        ));
+    }
+    None
+}
+
 /// Where a typed request's fanouts start: right after the target ids.
 pub fn typed_fanouts_offset(n_targets: u32) -> u64 {
     TARGETS_OFFSET as u64 + 8 * u64::from(n_targets)
@@ -286,6 +417,7 @@ pub(crate) fn encoded(
     targets: &[u64],
     new_node: Option<&NewNode>,
     typed: Option<&TypedAsk>,
+    typed_new_node: Option<(&TypedNewNode, &GraphSchema)>,
 ) -> Vec<u8> {
     // Copied in eight bytes at a time: a typed request's u32 fanouts are
     // padded to a whole word.
@@ -298,6 +430,16 @@ pub(crate) fn encoded(
         len = edges_at as usize + node.neighbors.len() * 8;
         (row_at as usize, edges_at as usize)
     });
+    let typed_offsets = typed.zip(typed_new_node).map(|(ask, (node, graph))| {
+        let (row_at, counts_at, edges_at) = typed_new_node_offsets(
+            ask.fanouts.len(),
+            node.features.len() as u32,
+            graph.edge_types.len(),
+        )
+        .expect("a new node the segment holds");
+        len = edges_at as usize + node.n_edges() * 16;
+        (row_at as usize, counts_at as usize, edges_at as usize)
+    });
     let mut area = vec![0u8; len];
     area[..TARGETS_OFFSET].copy_from_slice(bytemuck::bytes_of(header));
     let ids = &mut area[TARGETS_OFFSET..TARGETS_OFFSET + targets.len() * 8];
@@ -309,6 +451,19 @@ pub(crate) fn encoded(
         let fanouts = &mut area[at..at + typed.fanouts.len() * 4];
         for (chunk, fanout) in fanouts.chunks_exact_mut(4).zip(&typed.fanouts) {
             chunk.copy_from_slice(&fanout.to_le_bytes());
+        }
+    }
+    if let (Some((node, _)), Some((row_at, counts_at, edges_at))) = (typed_new_node, typed_offsets)
+    {
+        for (chunk, v) in area[row_at..].chunks_exact_mut(4).zip(&node.features) {
+            chunk.copy_from_slice(&v.to_le_bytes());
+        }
+        for (chunk, pairs) in area[counts_at..].chunks_exact_mut(4).zip(&node.edges) {
+            chunk.copy_from_slice(&(pairs.len() as u32).to_le_bytes());
+        }
+        let flat = node.edges.iter().flatten().flat_map(|&(s, d)| [s, d]);
+        for (chunk, id) in area[edges_at..].chunks_exact_mut(8).zip(flat) {
+            chunk.copy_from_slice(&id.to_le_bytes());
         }
     }
     if let (Some(node), Some((row_at, edges_at))) = (new_node, offsets) {
@@ -358,6 +513,9 @@ pub struct Request {
     /// `TYPED`: a typed graph's request (`hops` is its hops; `fanouts`
     /// and `fanout3` are not used).
     pub typed: Option<TypedAsk>,
+    /// `TYPED` with `NEW_NODE`: the one target is this node of the target
+    /// type, not the graph's.
+    pub typed_new_node: Option<TypedNewNode>,
 }
 
 /// A request's W3C trace context (docs/protocol.md, "Trace context").
@@ -555,7 +713,19 @@ pub fn occupied_bytes(
     }
     if let (Some(graph), true) = (graph, header.flags & request_flags::TYPED != 0) {
         let hops = u64::from(header.hops.min(MAX_SUBGRAPH_HOPS as u32));
-        end += graph.edge_types.len() as u64 * hops * 4;
+        let n_fanouts = graph.edge_types.len() as u64 * hops;
+        end += n_fanouts * 4;
+        let dim = graph
+            .node_types
+            .get(header.target_type as usize)
+            .map_or(0, |t| t.feature_dim);
+        if header.flags & request_flags::NEW_NODE != 0 && header.n_targets == 1 {
+            if let Some((_, _, edges_at)) =
+                typed_new_node_offsets(n_fanouts as usize, dim, graph.edge_types.len())
+            {
+                end = end.max(edges_at.saturating_add(u64::from(header.new_node_edges) * 16));
+            }
+        }
     }
     end.min(cap) as usize
 }
@@ -726,6 +896,7 @@ pub fn decode(
         fanout3_defaulted: header.hops == 3 && header.fanout3 == 0,
         trace: TraceContext::of(&header),
         typed: None,
+        typed_new_node: None,
     })
 }
 
@@ -739,7 +910,6 @@ fn decode_typed(
 ) -> Result<Request, RequestError> {
     let others = [
         (request_flags::OWN_ROWS_ONLY, "OWN_ROWS_ONLY (0x1)"),
-        (request_flags::NEW_NODE, "NEW_NODE (0x2)"),
         (request_flags::NEW_NODE_DIRECTED, "NEW_NODE_DIRECTED (0x4)"),
         (request_flags::FRESH_SINCE, "FRESH_SINCE (0x8)"),
         (request_flags::HUB_H1, "HUB_H1 (0x10)"),
@@ -747,8 +917,18 @@ fn decode_typed(
     if let Some((_, flag)) = others.iter().find(|(bit, _)| header.flags & bit != 0) {
         return Err(RequestError::NotForTyped { flag });
     }
-    if header.new_node_edges != 0
-        || header.hub_min_degree != 0
+    let new_node = header.flags & request_flags::NEW_NODE != 0;
+    if !new_node && header.new_node_edges != 0 {
+        return Err(RequestError::EdgesWithoutNewNode {
+            edges: header.new_node_edges,
+        });
+    }
+    if new_node && header.n_targets != 1 {
+        return Err(RequestError::NewNodeTargets {
+            n_targets: header.n_targets,
+        });
+    }
+    if header.hub_min_degree != 0
         || header.fresh_clock != 0
         || header.fresh_tick != 0
         || header.fresh_fanouts != [0; 2]
@@ -756,7 +936,7 @@ fn decode_typed(
         || header.fresh_fanout3 != 0
     {
         return Err(RequestError::NotForTyped {
-            flag: "NEW_NODE, FRESH_SINCE or HUB_H1 fields (bytes 32..80)",
+            flag: "FRESH_SINCE or HUB_H1 fields (bytes 36..80)",
         });
     }
     if header.fanouts != [0; MAX_HOPS] || header.fanout3 != 0 {
@@ -799,13 +979,23 @@ fn decode_typed(
     if let Some(problem) = typed_problem(&ask, geometry, graph) {
         return Err(RequestError::Typed(problem));
     }
+    let targets = read_u64s(ids);
+    let typed_new_node = if new_node {
+        let node = decode_typed_new_node(area, header, &ask, graph)?;
+        if let Some(problem) = typed_new_node_problem(targets[0], &node, &ask, geometry, graph) {
+            return Err(RequestError::Typed(problem));
+        }
+        Some(node)
+    } else {
+        None
+    };
     Ok(Request {
         request_id: header.request_id,
         deadline_mono_ns: header.deadline_mono_ns,
         fanouts: [0; MAX_HOPS],
         defaulted: [false; MAX_HOPS],
         own_rows_only: false,
-        targets: read_u64s(ids),
+        targets,
         new_node: None,
         fresh: None,
         hub_h1: None,
@@ -814,6 +1004,66 @@ fn decode_typed(
         fanout3_defaulted: false,
         trace: TraceContext::of(header),
         typed: Some(ask),
+        typed_new_node,
+    })
+}
+
+/// A typed request's new node: its row, its edge counts and its edges, in
+/// the area, their total `new_node_edges`.
+fn decode_typed_new_node(
+    area: &[u8],
+    header: &RequestHeader,
+    ask: &TypedAsk,
+    graph: &GraphSchema,
+) -> Result<TypedNewNode, RequestError> {
+    let dim = graph.node_types[ask.target_type as usize].feature_dim;
+    let n_edge_types = graph.edge_types.len();
+    let too_small = || {
+        RequestError::Typed(format!(
+            "a typed new node's row, edge counts and {} edges do not fit the {} byte request \
+             area",
+            header.new_node_edges,
+            area.len()
+        ))
+    };
+    let (row_at, counts_at, edges_at) =
+        typed_new_node_offsets(ask.fanouts.len(), dim, n_edge_types).ok_or_else(too_small)?;
+    let (row_at, counts_at, edges_at) = (row_at as usize, counts_at as usize, edges_at as usize);
+    let row = area
+        .get(row_at..row_at + dim as usize * 4)
+        .ok_or_else(too_small)?;
+    let counts = area
+        .get(counts_at..counts_at + n_edge_types * 4)
+        .ok_or_else(too_small)?;
+    let counts: Vec<usize> = counts
+        .chunks_exact(4)
+        .map(|c| u32::from_le_bytes(c.try_into().expect("chunks of 4")) as usize)
+        .collect();
+    let total: u64 = counts.iter().map(|&c| c as u64).sum();
+    if total != u64::from(header.new_node_edges) {
+        return Err(RequestError::Typed(format!(
+            "a typed new node's edge counts add up to {total}, new_node_edges says {}",
+            header.new_node_edges
+        )));
+    }
+    let edges = area
+        .get(edges_at..)
+        .and_then(|rest| rest.get(..(total as usize).checked_mul(16)?))
+        .ok_or_else(too_small)?;
+    let mut pairs = read_u64s(edges).into_iter();
+    Ok(TypedNewNode {
+        features: row
+            .chunks_exact(4)
+            .map(|c| f32::from_le_bytes(c.try_into().expect("chunks of 4")))
+            .collect(),
+        edges: counts
+            .iter()
+            .map(|&n| {
+                (0..n)
+                    .map(|_| (pairs.next().unwrap_or(0), pairs.next().unwrap_or(0)))
+                    .collect()
+            })
+            .collect(),
     })
 }
 
@@ -964,6 +1214,7 @@ mod tests {
             fanout3_defaulted: false,
             trace: None,
             typed: None,
+            typed_new_node: None,
         };
         assert_eq!(request.remaining_at(5_000), None, "no deadline");
         request.deadline_mono_ns = 8_000;

@@ -301,10 +301,15 @@ fn plan_layout(cfg: &SegmentConfig) -> Result<(Geometry, u64, (u64, u64)), Strin
     )
     .ok_or("max targets or new-node edges too large")?;
     if let Some(graph) = &cfg.graph {
-        request_bytes = request_bytes.max(
-            request::request_bytes_for_typed(cfg.max_targets, graph.edge_types.len())
-                .ok_or("max targets too large")?,
-        );
+        request_bytes = request_bytes
+            .max(
+                request::request_bytes_for_typed(cfg.max_targets, graph.edge_types.len())
+                    .ok_or("max targets too large")?,
+            )
+            .max(
+                request::request_bytes_for_typed_new_node(graph, cfg.max_new_node_edges)
+                    .ok_or("new-node edges too large")?,
+            );
     }
     let response_bytes = align_up(cfg.response_bytes, BUFFER_ALIGN as u64).ok_or("overflow")?;
     let stride = align_up(

@@ -12,7 +12,7 @@ use protocol::payload::schema::{target_status, tier};
 use protocol::payload::{
     decode_typed, DecodeError, DecodeLimits, SchemaCache, TypedResponseWriter, TypedShape,
 };
-use protocol::request::{self, RequestError, TypedAsk};
+use protocol::request::{self, RequestError, TypedAsk, TypedNewNode};
 use protocol::{Segment, SegmentConfig};
 
 /// Users (2 features) and items (ids): (user, buys, item), (item,
@@ -188,7 +188,7 @@ fn a_typed_request_is_read_with_its_fanouts_and_bad_ones_are_refused() {
     );
     for (flag, name) in [
         (request_flags::OWN_ROWS_ONLY, "OWN_ROWS_ONLY"),
-        (request_flags::NEW_NODE, "NEW_NODE"),
+        (request_flags::NEW_NODE_DIRECTED, "NEW_NODE_DIRECTED"),
         (request_flags::FRESH_SINCE, "FRESH_SINCE"),
     ] {
         let mut area = typed_area(&[4], 1, 0, &[1, 1, 1]);
@@ -208,6 +208,107 @@ fn a_typed_request_is_read_with_its_fanouts_and_bad_ones_are_refused() {
     let short = typed_area(&[4, 9], 2, 0, &fanouts);
     let error = decode(&short[..150]).unwrap_err().to_string();
     assert!(error.contains("does not fit"), "{error}");
+}
+
+/// A typed request for new user `id` at one hop (fanouts [1, 1, 1]) with
+/// its row and per edge type its edges, laid out as docs/protocol.md says:
+/// after the fanouts the row at the next multiple of 8, the counts after
+/// the row at the next multiple of 8, the u64 pairs after the counts at the
+/// next multiple of 8; `new_node_edges` (bytes 32..36) their total.
+fn new_user_area(id: u64, row: &[f32], edges: &[&[(u64, u64)]]) -> Vec<u8> {
+    let mut area = typed_area(&[id], 1, 0, &[1, 1, 1]);
+    let flags = request_flags::TYPED | request_flags::NEW_NODE;
+    area[28..32].copy_from_slice(&flags.to_le_bytes());
+    let total: usize = edges.iter().map(|e| e.len()).sum();
+    area[32..36].copy_from_slice(&(total as u32).to_le_bytes());
+    let mut bytes = Vec::new();
+    let pad = |bytes: &mut Vec<u8>, base: usize| {
+        while !(base + bytes.len()).is_multiple_of(8) {
+            bytes.push(0);
+        }
+    };
+    let base = 128 + 8 + 12;
+    pad(&mut bytes, base);
+    bytes.extend(row.iter().flat_map(|v| v.to_le_bytes()));
+    pad(&mut bytes, base);
+    bytes.extend(edges.iter().flat_map(|e| (e.len() as u32).to_le_bytes()));
+    pad(&mut bytes, base);
+    for pairs in edges {
+        bytes.extend(
+            pairs
+                .iter()
+                .flat_map(|&(s, d)| [s.to_le_bytes(), d.to_le_bytes()])
+                .flatten(),
+        );
+    }
+    area[base..base + bytes.len()].copy_from_slice(&bytes);
+    area
+}
+
+#[test]
+fn a_typed_new_node_is_read_with_its_row_and_edges_and_bad_ones_are_refused() {
+    let (geometry, schema, graph) = (geometry(), feature_schema(), graph());
+    let decode = |area: &[u8]| request::decode(area, &geometry, &schema, Some(&graph));
+    // The offsets of the doc: fanouts end at 148, the row at 152, the
+    // counts at 160, the edges at 176.
+    assert_eq!(
+        request::typed_new_node_offsets(3, 2, 3),
+        Some((152, 160, 176))
+    );
+    // User 12 buys item 1, item 1 points back, user 3 follows user 12.
+    let edges: [&[(u64, u64)]; 3] = [&[(12, 1)], &[(1, 12)], &[(3, 12), (12, 4)]];
+    let area = new_user_area(12, &[0.5, -1.5], &edges);
+    let request = decode(&area).unwrap();
+    assert_eq!(request.targets, [12]);
+    assert_eq!(
+        request.typed_new_node,
+        Some(TypedNewNode {
+            features: vec![0.5, -1.5],
+            edges: edges.iter().map(|e| e.to_vec()).collect(),
+        })
+    );
+    let occupied = request::occupied_bytes(&area, &geometry, &schema, Some(&graph));
+    assert_eq!(occupied, 176 + 4 * 16);
+    assert!(decode(&area[..occupied]).is_ok());
+    assert!(
+        decode(&area[..occupied - 1]).is_err(),
+        "the last edge cut short"
+    );
+
+    let problem = |area: Vec<u8>| decode(&area).unwrap_err().to_string();
+    let mut two_targets = typed_area(&[12, 13], 1, 0, &[1, 1, 1]);
+    let flags = request_flags::TYPED | request_flags::NEW_NODE;
+    two_targets[28..32].copy_from_slice(&flags.to_le_bytes());
+    let mut counts_off = new_user_area(12, &[0.5, 1.5], &edges);
+    counts_off[32..36].copy_from_slice(&3u32.to_le_bytes());
+    let cases = [
+        (
+            new_user_area(12, &[0.5, f32::NAN], &edges),
+            "the new node's feature 1 is NaN".to_string(),
+        ),
+        (
+            new_user_area(12, &[0.5, 1.5], &[&[(5, 1)], &[], &[]]),
+            "edge (5, 1) of edge type user__buys__item: an edge of the new node has it (12) at \
+             an end of node type user"
+                .to_string(),
+        ),
+        (
+            counts_off,
+            "edge counts add up to 4, new_node_edges says 3".to_string(),
+        ),
+        (two_targets, "2 targets".to_string()),
+    ];
+    for (area, expected) in cases {
+        let error = problem(area);
+        assert!(error.contains(&expected), "{error:?} lacks {expected:?}");
+    }
+    // More edges than the area holds: 250 counted, 200 fit.
+    let many = vec![(12u64, 1u64); 200];
+    let mut area = new_user_area(12, &[0.5, 1.5], &[&many, &[], &[]]);
+    area[32..36].copy_from_slice(&250u32.to_le_bytes());
+    area[160..164].copy_from_slice(&250u32.to_le_bytes());
+    let error = problem(area);
+    assert!(error.contains("do not fit"), "{error}");
 }
 
 /// A typed response to targets [7, 8] (users) over two hops: user rows 7,

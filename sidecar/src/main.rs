@@ -315,7 +315,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             file,
             op,
         } => {
-            use sidecar::updates::{entry::Op, publish};
+            use sidecar::updates::publish::{self, Entry};
             let config = RedisConfig {
                 urls: redis,
                 cluster: redis_cluster,
@@ -324,10 +324,11 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             };
             let target = publish::PublishTarget::new(config, &stream, data_dir.as_deref())?;
             let ops = match (file, op.is_empty()) {
-                (Some(file), true) => publish::read_ops(&file, target.feature_dim)?,
+                (Some(file), true) => publish::read_ops(&file, &target)?,
                 (None, false) => {
                     let words: Vec<&str> = op.iter().map(String::as_str).collect();
-                    vec![Op::from_words(&words, target.feature_dim).map_err(anyhow::Error::msg)?]
+                    vec![Entry::from_words(&words, target.feature_dim)
+                        .map_err(anyhow::Error::msg)?]
                 }
                 (Some(_), false) => anyhow::bail!("give --file or one operation, not both"),
                 (None, true) => anyhow::bail!(

@@ -14,6 +14,7 @@ pub mod otlp;
 pub mod proxy;
 pub mod redis;
 pub mod stack;
+pub mod typed;
 
 use std::collections::HashMap;
 use std::io::{BufRead, BufReader};

@@ -859,6 +859,7 @@ fn a_new_node_in_one_call_is_answered_as_once_it_is_added() {
                 features: row,
                 neighbors,
                 directed,
+                edges: Vec::new(),
             }),
         };
     let (inline_a, inline_b, refusals) = runtime().block_on(async {

@@ -422,6 +422,7 @@ fn a_new_node_is_answered_in_the_subgraph_layout() {
                         features: row.clone(),
                         neighbors,
                         directed: false,
+                        edges: Vec::new(),
                     }),
                 })
                 .await

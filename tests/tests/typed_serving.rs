@@ -6,117 +6,18 @@
 //! types' tiers; what a typed sidecar refuses.
 
 use std::path::PathBuf;
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::time::Duration;
 
 use protocol::graph_schema::GraphSchema;
 use protocol::payload::schema::{target_status, tier};
 use protocol::payload::TypedTables;
 use protocol::request::TypedAsk;
-use protocol::{CallError, CallRequest, ClientOptions, RingClient};
+use protocol::{CallError, CallRequest, RingClient};
+use tests::eventually;
 use tests::redis::RedisServer;
 use tests::stack::{dataset, python, read_f32, repo_root, run_ok, workspace_bin, Daemon};
-use tests::{eventually, unique_name};
-
-/// A typed sidecar on a fresh import of OpenFlights.
-struct TypedSidecar {
-    sidecar: Option<Daemon>,
-    shm_name: String,
-    admin_socket: PathBuf,
-    metrics: String,
-    _dir: tempfile::TempDir,
-}
-
-impl TypedSidecar {
-    /// On OpenFlights.
-    fn start(import_args: &[&str], serve_args: &[&str]) -> Self {
-        Self::start_on(&dataset("openflights"), import_args, serve_args)
-    }
-
-    fn start_on(
-        typed_dataset: &std::path::Path,
-        import_args: &[&str],
-        serve_args: &[&str],
-    ) -> Self {
-        let dir = tempfile::tempdir().unwrap();
-        let data = dir.path().join("data");
-        run_ok(
-            Command::new(workspace_bin("sidecar"))
-                .arg("import")
-                .arg(typed_dataset)
-                .arg("--data-dir")
-                .arg(&data)
-                .args(import_args),
-            "sidecar import of a typed dataset",
-        );
-        let shm_name = unique_name("typed");
-        let admin_socket = dir.path().join("admin.sock");
-        let metrics = format!("127.0.0.1:{}", tests::stack::free_port());
-        let child = Command::new(workspace_bin("sidecar"))
-            .arg("serve")
-            .arg("--data-dir")
-            .arg(&data)
-            .args(["--shm-name", &shm_name, "--admin-socket"])
-            .arg(&admin_socket)
-            .args(["--metrics-addr", &metrics])
-            // Covering fanouts: the most sources of one node is 1,512 (the
-            // airports located in the United States).
-            .args(["--max-fanouts", "2048,2048", "--response-mib", "32"])
-            .args([
-                "--max-nodes",
-                "100000",
-                "--max-targets",
-                "16",
-                "--slots",
-                "8",
-            ])
-            .args(serve_args)
-            .stdout(Stdio::null())
-            .spawn()
-            .expect("starting sidecar serve");
-        let sidecar = Daemon {
-            child,
-            name: "sidecar",
-        };
-        let mut sidecar = sidecar;
-        let ready = eventually(Duration::from_secs(60), || {
-            std::path::Path::new("/dev/shm").join(&shm_name).exists()
-                || matches!(sidecar.child.try_wait(), Ok(Some(_)))
-        });
-        assert!(
-            ready && matches!(sidecar.child.try_wait(), Ok(None)),
-            "the typed sidecar made no segment (see its log above)"
-        );
-        Self {
-            sidecar: Some(sidecar),
-            shm_name,
-            admin_socket,
-            metrics,
-            _dir: dir,
-        }
-    }
-
-    fn client(&self) -> RingClient {
-        RingClient::attach(&self.shm_name, ClientOptions::default()).expect("attaching")
-    }
-
-    fn sidecarctl(&self, args: &[&str]) -> std::process::Output {
-        Command::new(workspace_bin("sidecarctl"))
-            .arg("--socket")
-            .arg(&self.admin_socket)
-            .args(args)
-            .output()
-            .expect("running sidecarctl")
-    }
-}
-
-impl Drop for TypedSidecar {
-    fn drop(&mut self) {
-        if let Some(sidecar) = self.sidecar.take() {
-            assert!(sidecar.stop(), "the typed sidecar did not stop cleanly");
-        }
-    }
-}
+use tests::typed::TypedSidecar;
 
 /// What `pyg_hetero.sample_typed` samples for `targets` (airports) at
 /// `fanout` for every edge type and hop.
@@ -327,17 +228,25 @@ fn a_typed_sidecar_refuses_one_type_calls_and_commands_by_name() {
         ),
         "{error}"
     );
-    // The operator's commands of a one-type graph.
-    for args in [
-        vec!["invalidate", "1"],
-        vec!["graph", "add-node", "9000", "--features", "1,2"],
-        vec!["graph", "compact"],
+    // The operator's commands of a one-type graph: refused, with the
+    // typed form where there is one.
+    for (args, expected) in [
+        (
+            vec!["invalidate", "1"],
+            "name the type (`sidecarctl invalidate --type",
+        ),
+        (
+            vec!["graph", "add-node", "9000", "--features", "1,2"],
+            "name the type (`sidecarctl graph add-node --type",
+        ),
+        (vec!["graph", "compact"], "is for one-type graphs"),
+        (vec!["warm", "--top", "10"], "is for one-type graphs"),
     ] {
         let out = sidecar.sidecarctl(&args);
         let stderr = String::from_utf8_lossy(&out.stderr);
         assert!(!out.status.success(), "{args:?} was accepted");
         assert!(
-            stderr.contains("serves a typed graph") && stderr.contains("is for one-type graphs"),
+            stderr.contains("serves a typed graph") && stderr.contains(expected),
             "{args:?}: {stderr}"
         );
     }
@@ -533,38 +442,8 @@ fn trained_to_hetero() -> PathBuf {
 
 /// A worker serving `model` beside `sidecar`; its HTTP address.
 fn start_worker(sidecar: &TypedSidecar, model: &std::path::Path) -> (Daemon, String) {
-    let http = format!("127.0.0.1:{}", tests::stack::free_port());
-    let grpc = format!("127.0.0.1:{}", tests::stack::free_port());
-    let child = Command::new(workspace_bin("gnn-worker"))
-        .arg("serve")
-        .arg("--model")
-        .arg(model)
-        .args([
-            "--shm-name",
-            &sidecar.shm_name,
-            "--grpc",
-            &grpc,
-            "--http",
-            &http,
-        ])
-        .arg("--onnxruntime-lib")
-        .arg(tests::stack::onnxruntime_lib())
-        .stdout(Stdio::null())
-        .spawn()
-        .expect("starting gnn-worker serve");
-    let mut worker = Daemon {
-        child,
-        name: "gnn-worker",
-    };
-    let ready = eventually(Duration::from_secs(60), || {
-        tests::stack::http_request(&http, "GET", "/readyz", None).is_ok_and(|(c, _)| c == 200)
-            || matches!(worker.child.try_wait(), Ok(Some(_)))
-    });
-    assert!(
-        ready && matches!(worker.child.try_wait(), Ok(None)),
-        "the worker did not become ready (see its log above)"
-    );
-    (worker, http)
+    let worker = tests::typed::Worker::start(&sidecar.shm_name, model, &[]);
+    (worker.daemon, worker.http)
 }
 
 /// The largest difference of the answers' logits for `ids` from PyG's
@@ -637,7 +516,7 @@ fn a_pyg_to_hetero_model_is_served_with_pyg_s_answers() {
     let unknown = predict(&http, &[7698]);
     assert_eq!(unknown[0]["known"], false);
     assert!(unknown[0]["fallback_rows"].as_u64().unwrap() >= 1);
-    // A new node in one call is for one-type models: refused by name.
+    // A new node with one-type `neighbors` to a typed model: refused by name.
     let body = serde_json::json!({ "new_node": { "id": 9000, "features": vec![0.0f32; 11] } });
     let (code, text) =
         tests::stack::http_request(&http, "POST", "/v1/predict", Some(&body.to_string())).unwrap();
@@ -836,4 +715,105 @@ fn a_subgraph_the_model_cannot_run_is_answered_with_an_error_and_the_worker_serv
     assert_eq!(answers[0]["known"], true);
     assert_eq!(answers[0]["logits"].as_array().unwrap().len(), 10);
     assert!(worker.stop());
+}
+
+/// POSTs `body` to the worker's `/v1/predict`: the status and the body
+/// (JSON when 200, the error's text otherwise).
+fn post(http: &str, body: &serde_json::Value) -> (u16, String) {
+    tests::stack::http_request(http, "POST", "/v1/predict", Some(&body.to_string())).unwrap()
+}
+
+#[test]
+fn a_typed_new_node_in_one_call_gets_the_answer_it_gets_once_added() {
+    let model = train_hetero(
+        "typed-new-node-model",
+        &["--epochs", "5", "--loader-runs", "0"],
+    );
+    let sidecar = TypedSidecar::start(&[], &[]);
+    let (_worker, http) = start_worker(&sidecar, &model);
+    let row: Vec<f32> = (0..11).map(|i| 0.25 * i as f32 - 1.0).collect();
+    // A new airport with routes to and from hub 3482, served by airline 0.
+    let edges = serde_json::json!({
+        "route": [[3482, 7698], [7698, 3482]],
+        "airline__serves__airport": [[0, 7698]],
+        "airport__rev_serves__airline": [[7698, 0]],
+    });
+    let new_node = |edges: &serde_json::Value| serde_json::json!({"new_node": {"id": 7698, "features": row, "edges": edges}});
+    let (code, in_one_call) = post(&http, &new_node(&edges));
+    assert_eq!(code, 200, "{in_one_call}");
+    let in_one_call: serde_json::Value = serde_json::from_str(&in_one_call).unwrap();
+    let in_one_call = &in_one_call["predictions"][0];
+    assert_eq!(in_one_call["known"], true);
+    assert_eq!(
+        in_one_call["fallback_rows"], 0,
+        "its own row came with the call"
+    );
+    // Nothing was added.
+    assert_eq!(predict(&http, &[7698])[0]["known"], false);
+    // What the call cannot carry is refused by name.
+    for (edges, expected) in [
+        (
+            serde_json::json!({"route": [[99999, 7698]]}),
+            "airport 99999 is not in the graph",
+        ),
+        (
+            serde_json::json!({"flies_to": [[1, 7698]]}),
+            "edge type \"flies_to\"",
+        ),
+        (
+            serde_json::json!({"route": [[1, 2]]}),
+            "an edge of the new node has it (7698) at an end of node type airport",
+        ),
+    ] {
+        let (code, answer) = post(&http, &new_node(&edges));
+        assert_eq!(code, 400, "{answer}");
+        assert!(answer.contains(expected), "{answer}");
+    }
+    let (code, answer) = post(
+        &http,
+        &serde_json::json!({"new_node": {"id": 7698, "features": [1.0, 2.0], "edges": {}}}),
+    );
+    assert_eq!(code, 400);
+    assert!(
+        answer
+            .to_string()
+            .contains("rows of node type airport have 11"),
+        "{answer}"
+    );
+    // Added with the same row and edges, predicted by id: the same answer.
+    let row_text: Vec<String> = row.iter().map(f32::to_string).collect();
+    let added = sidecar.sidecarctl_json(&[
+        "graph",
+        "add-node",
+        "7698",
+        "--type",
+        "airport",
+        &format!("--features={}", row_text.join(",")),
+        "--typed-edges",
+        "route=3482,7698,7698,3482",
+        "--typed-edges",
+        "airline__serves__airport=0,7698",
+        "--typed-edges",
+        "airport__rev_serves__airline=7698,0",
+    ]);
+    assert_eq!(added["edges_added"], 4, "{added}");
+    let by_id = &predict(&http, &[7698])[0];
+    assert_eq!(by_id["known"], true);
+    let logits = |p: &serde_json::Value| -> Vec<f64> {
+        p["logits"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|v| v.as_f64().unwrap())
+            .collect()
+    };
+    let (a, b) = (logits(in_one_call), logits(by_id));
+    assert_eq!(a.len(), b.len());
+    for (x, y) in a.iter().zip(&b) {
+        assert!((x - y).abs() <= 1e-5 * x.abs().max(1.0), "{a:?} vs {b:?}");
+    }
+    // The id is now the graph's: a new node needs another.
+    let (code, answer) = post(&http, &new_node(&edges));
+    assert_eq!(code, 400);
+    assert!(answer.contains("already in the graph"), "{answer}");
 }

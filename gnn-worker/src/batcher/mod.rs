@@ -54,7 +54,7 @@ use std::time::{Duration, Instant};
 
 use protocol::client::{Accepted, ClientStatus, RingClient};
 use protocol::layout::{FeatureSchema, MAX_HOPS};
-use protocol::request::{NewNode, SubgraphFanouts};
+use protocol::request::{NewNode, SubgraphFanouts, TypedNewNode};
 use tokio::sync::{mpsc, oneshot};
 
 use crate::config::WorkerConfig;
@@ -251,10 +251,19 @@ impl PredictError {
 
 pub use crate::queue::MAX_QUEUED_CALLS;
 
+/// A node the graph does not have, as a call carries it: of a one-type
+/// graph (`NEW_NODE`), or of a typed graph's target type (`TYPED` with
+/// `NEW_NODE`).
+#[derive(Debug, Clone)]
+enum NewNodeCall {
+    OneType(NewNode),
+    Typed(TypedNewNode),
+}
+
 struct Job {
     ids: Vec<u64>,
     /// A node the graph does not have; `ids` is its id alone.
-    new_node: Option<NewNode>,
+    new_node: Option<NewNodeCall>,
     /// `Full` or `Reduced` (the student's calls never queue).
     rung: Rung,
     enqueued: Instant,
@@ -593,8 +602,8 @@ impl Predictor {
         if self.schema.feature_dim == 0 {
             // A typed graph's segment (docs/protocol.md, section 2.7).
             return Err(PredictError::InvalidArgument(
-                "a new node in one call is for models of one-type graphs; this model's graph \
-                 is typed (docs/serving.md, \"A heterogeneous PyTorch Geometric model\")"
+                "this model's graph is typed: a new node gives its edges per edge type \
+                 (`edges`, docs/serving.md, \"A new node in one call\"), not `neighbors`"
                     .into(),
             ));
         }
@@ -604,7 +613,65 @@ impl Predictor {
         if let Some(problem) = problem {
             return Err(PredictError::InvalidArgument(problem));
         }
-        self.enqueue(vec![id], Some(node), left).await
+        self.enqueue(vec![id], Some(NewNodeCall::OneType(node)), left)
+            .await
+    }
+
+    /// Predicts a node of a typed graph's target type that the graph does
+    /// not have, from its row and its edges per edge type (each named by
+    /// its key `src__relation__dst` or a relation only one edge type has),
+    /// without adding it (docs/serving.md, "A new node in one call").
+    pub async fn predict_typed_new_node(
+        &self,
+        id: u64,
+        features: Vec<f32>,
+        edges: Vec<(String, Vec<(u64, u64)>)>,
+        left: Option<Duration>,
+    ) -> Result<Vec<Prediction>, PredictError> {
+        let (Some(ask), Some(graph)) = (self.config.typed.as_deref(), self.client.graph_schema())
+        else {
+            return Err(PredictError::InvalidArgument(
+                "`edges` per edge type are for models of typed graphs; this model's graph has \
+                 one type: give `neighbors`"
+                    .into(),
+            ));
+        };
+        let mut per_type = vec![Vec::new(); graph.edge_types.len()];
+        for (name, pairs) in edges {
+            let e = (0..graph.edge_types.len())
+                .find(|&e| graph.edge_key(e) == name)
+                .or_else(|| {
+                    let mut by_relation = (0..graph.edge_types.len())
+                        .filter(|&e| graph.edge_types[e].relation == name);
+                    match (by_relation.next(), by_relation.next()) {
+                        (Some(e), None) => Some(e),
+                        _ => None,
+                    }
+                })
+                .ok_or_else(|| {
+                    let keys: Vec<String> = (0..graph.edge_types.len())
+                        .map(|e| graph.edge_key(e))
+                        .collect();
+                    PredictError::InvalidArgument(format!(
+                        "the new node's edges name edge type {name:?}; this graph's edge types \
+                         are {} (or a relation only one of them has)",
+                        keys.join(", ")
+                    ))
+                })?;
+            per_type[e].extend(pairs);
+        }
+        let node = TypedNewNode {
+            features,
+            edges: per_type,
+        };
+        let problem = self.client.geometry().and_then(|geometry| {
+            protocol::request::typed_new_node_problem(id, &node, ask, &geometry, &graph)
+        });
+        if let Some(problem) = problem {
+            return Err(PredictError::InvalidArgument(problem));
+        }
+        self.enqueue(vec![id], Some(NewNodeCall::Typed(node)), left)
+            .await
     }
 
     /// Answers a checked call on the rung the ladder picks (docs/serving.md,
@@ -613,7 +680,7 @@ impl Predictor {
     async fn enqueue(
         &self,
         ids: Vec<u64>,
-        new_node: Option<NewNode>,
+        new_node: Option<NewNodeCall>,
         left: Option<Duration>,
     ) -> Result<Vec<Prediction>, PredictError> {
         if let Err(why) = self.readiness() {
@@ -634,7 +701,7 @@ impl Predictor {
     async fn climb(
         &self,
         ids: Vec<u64>,
-        new_node: Option<NewNode>,
+        new_node: Option<NewNodeCall>,
         left: Option<Duration>,
     ) -> Result<Vec<Prediction>, PredictError> {
         let rungs = Rungs {

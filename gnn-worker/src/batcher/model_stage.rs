@@ -155,7 +155,11 @@ pub(super) fn student_stage(
             let mut responses = ring_calls(ring, &known, own_rows)?;
             for job in batch.iter().filter(|j| j.new_node.is_some()) {
                 let call = RingCall {
-                    new_node: job.new_node.as_ref(),
+                    // A typed model has no student (refused at install).
+                    new_node: match &job.new_node {
+                        Some(super::NewNodeCall::OneType(node)) => Some(node),
+                        _ => None,
+                    },
                     ..own_rows
                 };
                 ring_call_split(ring, &job.ids, call, &mut responses)?;

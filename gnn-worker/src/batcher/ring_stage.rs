@@ -9,7 +9,7 @@ use std::time::Instant;
 
 use protocol::client::{Accepted, CallError, CallRequest, ClientStatus, Response, RingClient};
 use protocol::layout::{status, FeatureSchema, MAX_HOPS};
-use protocol::request::{NewNode, SubgraphFanouts};
+use protocol::request::{NewNode, SubgraphFanouts, TypedNewNode};
 
 use super::{answer, panic_text, BatchConfig, Capacity, Job, PredictError};
 use crate::ladder::{Costs, Rung};
@@ -290,13 +290,18 @@ pub(super) fn jobs_ring_calls(
     };
     responses.extend(ring_calls(ring, &ids_of(2), reduced)?);
     for job in jobs {
-        if let Some(node) = &job.new_node {
-            let call = RingCall {
+        let call = match &job.new_node {
+            Some(super::NewNodeCall::OneType(node)) => RingCall {
                 new_node: Some(node),
                 ..gnn
-            };
-            ring_call_split(ring, &job.ids, call, &mut responses)?;
-        }
+            },
+            Some(super::NewNodeCall::Typed(node)) => RingCall {
+                typed_new_node: Some(node),
+                ..gnn
+            },
+            None => continue,
+        };
+        ring_call_split(ring, &job.ids, call, &mut responses)?;
     }
     Ok(responses)
 }
@@ -308,6 +313,9 @@ pub(super) struct RingCall<'a> {
     pub(super) own_rows_only: bool,
     /// `NEW_NODE`: the one target is this node.
     pub(super) new_node: Option<&'a NewNode>,
+    /// `TYPED` with `NEW_NODE`: the one target is this node of the target
+    /// type.
+    pub(super) typed_new_node: Option<&'a TypedNewNode>,
     /// `FRESH_SINCE`: unchanged targets come back `FRESH`.
     pub(super) fresh: Option<protocol::request::FreshSince>,
     /// `HUB_H1`: unchanged hubs come without their neighbourhood.
@@ -395,6 +403,7 @@ pub(super) fn ring_call_split(
         subgraph: call.subgraph,
         accepted: call.accepted,
         typed: call.typed,
+        typed_new_node: call.typed_new_node,
     };
     metrics.ring_requests.inc();
     let calling = Instant::now();
@@ -429,7 +438,9 @@ pub(super) fn ring_call_split(
             status: status::INVALID_REQUEST,
             message,
             ..
-        }) if call.new_node.is_some() => return Err(PredictError::InvalidArgument(message)),
+        }) if call.new_node.is_some() || call.typed_new_node.is_some() => {
+            return Err(PredictError::InvalidArgument(message))
+        }
         Err(e) => return Err(PredictError::Unavailable(e.to_string())),
     };
     if let Some(precomputed) = ring.precomputed {

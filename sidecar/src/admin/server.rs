@@ -2,7 +2,7 @@
 //!
 //! Commands ([`AdminRequest`], docs/admin.md): `status`, `stats`, `ready`,
 //! `live`, `warm`, `invalidate`, `fanouts get|set`, `deadline get|set`,
-//! `log-level get|set`, `graph add-node|add-edges|compact`, `cache flush`,
+//! `log-level get|set`, `graph add-node|add-edges|compact|checksum`, `cache flush`,
 //! `drain`, `shutdown`. The socket is bound before the graph is loaded, so
 //! the probes answer (not ready) during start-up; commands that need the
 //! graph or the tiers say the sidecar is not ready yet.
@@ -38,6 +38,7 @@ use crate::admin::wire::{
 use crate::daemon::Daemon;
 use crate::features::contract::encode_row;
 use crate::features::rocks::Role;
+use crate::updates::typed_entry::TypedOp;
 
 /// Most admin connections served at once.
 pub const MAX_CONNECTIONS: usize = 8;
@@ -348,11 +349,24 @@ fn handle(
 ) -> anyhow::Result<AdminResponse> {
     if let Some(command) = one_type_command(&request) {
         if let Some(typed) = daemon.core().and_then(|c| c.typed.as_ref()) {
-            bail!(
-                "this sidecar serves a typed graph ({}); `{command}` is for one-type graphs in \
-                 this release (docs/graph-index.md, \"Serving a typed graph\")",
-                typed.ring.describe()
-            );
+            let typed_form = match command {
+                "invalidate" => Some("sidecarctl invalidate --type TYPE ID..."),
+                "graph add-node" => Some("sidecarctl graph add-node --type TYPE ID ..."),
+                "graph add-edges" => Some("sidecarctl graph add-edges --edge-type EDGE_TYPE ..."),
+                _ => None,
+            };
+            match typed_form {
+                Some(form) => bail!(
+                    "this sidecar serves a typed graph ({}): name the type (`{form}`, \
+                     docs/updates.md, \"Typed graphs\")",
+                    typed.ring.describe()
+                ),
+                None => bail!(
+                    "this sidecar serves a typed graph ({}); `{command}` is for one-type graphs \
+                     in this release (docs/graph-index.md, \"Serving a typed graph\")",
+                    typed.ring.describe()
+                ),
+            }
         }
     }
     Ok(match request {
@@ -480,6 +494,44 @@ fn handle(
                 n_nodes: stats.n_nodes,
                 generation: stats.generation,
             }
+        }
+        AdminRequest::GraphChecksum if typed_graph(daemon).is_some() => {
+            let graph = typed_graph(daemon).expect("checked").graph.snapshot();
+            AdminResponse::GraphChecksum {
+                checksum: format!("{:016x}", graph.checksum()),
+                n_nodes: graph.n_nodes(),
+                n_edges: graph.n_edges(),
+                generation: graph.generation(),
+                position: graph.position().to_string(),
+            }
+        }
+        AdminRequest::TypedAddNode {
+            node_type,
+            id,
+            features,
+            edges,
+        } => typed_update(
+            daemon,
+            runtime,
+            TypedOp::AddNode {
+                node_type,
+                id,
+                row: (!features.is_empty()).then(|| encode_row(&features)),
+                edges,
+            },
+        )?,
+        AdminRequest::TypedAddEdges { edge_type, edges } => typed_update(
+            daemon,
+            runtime,
+            TypedOp::AddEdges {
+                edges: vec![(edge_type, edges)],
+            },
+        )?,
+        AdminRequest::TypedInvalidate { node_type, ids } => {
+            let n = ids.len() as u64;
+            typed_update(daemon, runtime, TypedOp::Invalidate { node_type, ids })?;
+            daemon.metrics.admin_invalidated_ids.inc_by(n);
+            AdminResponse::Invalidated { ids: n }
         }
         AdminRequest::GraphChecksum => {
             let graph = daemon.loaded()?.graph.snapshot();
@@ -610,10 +662,85 @@ fn one_type_command(request: &AdminRequest) -> Option<&'static str> {
         AdminRequest::Invalidate { .. } => "invalidate",
         AdminRequest::AddNodes { .. } => "graph add-node",
         AdminRequest::AddEdges { .. } => "graph add-edges",
-        AdminRequest::GraphChecksum => "graph checksum",
         AdminRequest::Compact => "graph compact",
         AdminRequest::FlushCache { .. } => "flush-cache",
         _ => return None,
+    })
+}
+
+/// The typed graph this sidecar serves, if it serves one.
+fn typed_graph(daemon: &Daemon) -> Option<&Arc<crate::daemon::TypedServing>> {
+    daemon.core().and_then(|c| c.typed.as_ref())
+}
+
+/// Applies one typed operation made through the admin socket: checked
+/// against the graph's types (names, widths) as an update-stream entry is,
+/// rows written to their type's store first, then evicted from its caches,
+/// then the graph change published.
+fn typed_update(
+    daemon: &Daemon,
+    runtime: &tokio::runtime::Handle,
+    op: TypedOp,
+) -> anyhow::Result<AdminResponse> {
+    let core = daemon.loaded()?;
+    let Some(typed) = core.typed.as_ref() else {
+        bail!(
+            "this sidecar serves a one-type graph: give node ids without a node type or edge \
+             type (drop --type / --edge-type)"
+        );
+    };
+    refuse_while_following(core)?;
+    let change = op
+        .resolve(typed.graph.snapshot().schema())
+        .map_err(anyhow::Error::msg)?;
+    if let Some(update) = &change.update {
+        // Refused before any row is written.
+        typed.graph.snapshot().check(update)?;
+    }
+    let schema = typed.graph.snapshot().schema().clone();
+    for (t, id, row) in &change.rows {
+        let stores = typed.stores[*t]
+            .as_ref()
+            .expect("a row only for a type with features");
+        let rows = [(*id, row.clone())];
+        match (&stores.store, &stores.redis) {
+            (Some(store), None) if store.role() == Role::StoreOfRecord => {
+                store.put_many(rows.iter().map(|(id, row)| (*id, row.as_slice())))?
+            }
+            (_, Some(redis)) => runtime.block_on(redis.set_many(&rows)).with_context(|| {
+                format!("writing the {} row to Redis", schema.node_types[*t].name)
+            })?,
+            _ => bail!("no feature store to write the new row to"),
+        }
+    }
+    for (t, tiers) in typed.tiers.iter().enumerate() {
+        let ids: Vec<u64> = change
+            .evicted
+            .iter()
+            .filter(|(ty, _)| *ty == t)
+            .map(|(_, id)| *id)
+            .collect();
+        if let (Some(tiers), false) = (tiers, ids.is_empty()) {
+            runtime.block_on(tiers.invalidate(&ids));
+        }
+    }
+    let Some(update) = change.update else {
+        return Ok(AdminResponse::Invalidated {
+            ids: change.evicted.len() as u64,
+        });
+    };
+    let stats = typed.graph.update(update)?;
+    tracing::info!(
+        nodes_added = stats.nodes_added,
+        edges_added = stats.edges_added,
+        n_nodes = stats.n_nodes,
+        "typed graph updated through the admin socket"
+    );
+    Ok(AdminResponse::Updated {
+        nodes_added: stats.nodes_added,
+        edges_added: stats.edges_added,
+        n_nodes: stats.n_nodes,
+        generation: stats.generation,
     })
 }
 
@@ -635,11 +762,11 @@ fn status(daemon: &Daemon) -> StatusReport {
         let mut counts = c.graph.counts();
         if let Some(typed) = typed {
             // A typed graph's totals over its types.
-            let schema = typed.graph.schema();
-            counts.nodes = schema.node_types.iter().map(|t| t.num_nodes).sum();
-            counts.edges = (0..schema.edge_types.len())
-                .map(|e| typed.graph.csr(e).n_edges())
-                .sum();
+            let graph = typed.graph.snapshot();
+            counts.nodes = graph.n_nodes();
+            counts.edges = graph.n_edges();
+            counts.generation = graph.generation();
+            counts.position = graph.position();
         }
         counts
     });

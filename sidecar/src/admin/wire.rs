@@ -109,6 +109,25 @@ pub enum AdminRequest {
     Shutdown,
     /// A digest of the served graph (index and delta), with its counts.
     GraphChecksum,
+    /// Adds a node of a typed graph's node type, with its row (empty for a
+    /// type without features) and edges per edge type, in one snapshot.
+    TypedAddNode {
+        node_type: String,
+        id: u64,
+        features: Vec<f32>,
+        /// `(edge type, [(src, dst)])`.
+        edges: Vec<(String, Vec<(u64, u64)>)>,
+    },
+    /// Adds edges of one edge type of a typed graph.
+    TypedAddEdges {
+        edge_type: String,
+        edges: Vec<(u64, u64)>,
+    },
+    /// Evicts rows of one node type of a typed graph from its caches.
+    TypedInvalidate {
+        node_type: String,
+        ids: Vec<u64>,
+    },
 }
 
 /// A node added while serving.

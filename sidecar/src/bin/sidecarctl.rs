@@ -82,6 +82,9 @@ enum Command {
     Invalidate {
         #[arg(required = true)]
         ids: Vec<u64>,
+        /// The ids' node type (a typed graph).
+        #[arg(long = "type")]
+        node_type: Option<String>,
     },
     /// Fanouts of requests that leave them to the sidecar.
     Fanouts {
@@ -160,19 +163,31 @@ enum GraphAction {
         #[arg(long)]
         features_file: Option<PathBuf>,
         /// A neighbour (repeat for several).
-        #[arg(long = "edge")]
+        #[arg(long = "edge", conflicts_with = "node_type")]
         edges: Vec<u64>,
         /// Add only id -> neighbour, not the reverse edges.
-        #[arg(long)]
+        #[arg(long, conflicts_with = "node_type")]
         directed: bool,
+        /// The node's type (a typed graph); its row is optional for a type
+        /// without features.
+        #[arg(long = "type")]
+        node_type: Option<String>,
+        /// Edges of an edge type added with the node, as
+        /// `EDGE_TYPE=SRC,DST,...` (a typed graph; repeat for several).
+        #[arg(long = "typed-edges", requires = "node_type")]
+        typed_edges: Vec<String>,
     },
     /// Add edges from a text file: `src dst` per line, `#` comments.
     AddEdges {
         #[arg(long)]
         file: PathBuf,
         /// Add only src -> dst, not the reverse edges.
-        #[arg(long)]
+        #[arg(long, conflicts_with = "edge_type")]
         directed: bool,
+        /// The edges' edge type (a typed graph): `src__relation__dst`, or a
+        /// relation only one edge type has.
+        #[arg(long)]
+        edge_type: Option<String>,
     },
     /// Rewrite the graph index with every update folded in.
     Compact,
@@ -252,6 +267,21 @@ fn parse_edges(path: &PathBuf) -> anyhow::Result<Vec<(u64, u64)>> {
     Ok(edges)
 }
 
+/// `EDGE_TYPE=SRC,DST,...`: the edges of one edge type.
+fn parse_typed_edges(spec: &str) -> anyhow::Result<(String, Vec<(u64, u64)>)> {
+    let (name, list) = spec
+        .split_once('=')
+        .with_context(|| format!("--typed-edges {spec:?}: write EDGE_TYPE=SRC,DST,..."))?;
+    let ids = parse_ids(list, &format!("--typed-edges {name}"))?;
+    if ids.is_empty() || !ids.len().is_multiple_of(2) {
+        bail!("--typed-edges {name}: give SRC,DST pairs");
+    }
+    Ok((
+        name.to_string(),
+        ids.chunks(2).map(|p| (p[0], p[1])).collect(),
+    ))
+}
+
 fn request_of(command: Command) -> anyhow::Result<AdminRequest> {
     Ok(match command {
         Command::Status => AdminRequest::Status,
@@ -269,7 +299,14 @@ fn request_of(command: Command) -> anyhow::Result<AdminRequest> {
             }
             _ => bail!("give --top K or --ids-file F"),
         },
-        Command::Invalidate { ids } => AdminRequest::Invalidate { ids },
+        Command::Invalidate {
+            ids,
+            node_type: None,
+        } => AdminRequest::Invalidate { ids },
+        Command::Invalidate {
+            ids,
+            node_type: Some(node_type),
+        } => AdminRequest::TypedInvalidate { node_type, ids },
         Command::Fanouts { action } => match action {
             FanoutsAction::Get => AdminRequest::GetFanouts,
             FanoutsAction::Set { fanouts } => AdminRequest::SetFanouts { fanouts },
@@ -287,8 +324,35 @@ fn request_of(command: Command) -> anyhow::Result<AdminRequest> {
                 id,
                 features,
                 features_file,
+                node_type: Some(node_type),
+                typed_edges,
+                ..
+            } => {
+                let features = match (&features, &features_file) {
+                    (None, None) => Vec::new(),
+                    _ => {
+                        daemon_kit::row::feature_row(features.as_deref(), features_file.as_deref())
+                            .map_err(anyhow::Error::msg)?
+                    }
+                };
+                AdminRequest::TypedAddNode {
+                    node_type,
+                    id,
+                    features,
+                    edges: typed_edges
+                        .iter()
+                        .map(|spec| parse_typed_edges(spec))
+                        .collect::<anyhow::Result<_>>()?,
+                }
+            }
+            GraphAction::AddNode {
+                id,
+                features,
+                features_file,
                 edges,
                 directed,
+                node_type: None,
+                ..
             } => {
                 let features =
                     daemon_kit::row::feature_row(features.as_deref(), features_file.as_deref())
@@ -299,9 +363,21 @@ fn request_of(command: Command) -> anyhow::Result<AdminRequest> {
                     undirected: !directed,
                 }
             }
-            GraphAction::AddEdges { file, directed } => AdminRequest::AddEdges {
+            GraphAction::AddEdges {
+                file,
+                directed,
+                edge_type: None,
+            } => AdminRequest::AddEdges {
                 edges: parse_edges(&file)?,
                 undirected: !directed,
+            },
+            GraphAction::AddEdges {
+                file,
+                edge_type: Some(edge_type),
+                ..
+            } => AdminRequest::TypedAddEdges {
+                edge_type,
+                edges: parse_edges(&file)?,
             },
             GraphAction::Compact => AdminRequest::Compact,
             GraphAction::Checksum => AdminRequest::GraphChecksum,

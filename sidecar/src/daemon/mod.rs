@@ -38,7 +38,7 @@ use crate::updates::follower::FollowerStats;
 use events::{Event, Poster};
 use metrics::{DaemonTelemetry, Metrics};
 use ring::Ring;
-pub use typed::TypedServing;
+pub use typed::{TypeStores, TypedServing};
 
 /// Where the sidecar is in its life.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

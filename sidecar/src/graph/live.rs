@@ -329,7 +329,7 @@ impl GraphSnapshot {
 
 /// The element at index `k` of the sorted union of two sorted, disjoint
 /// rows: a binary search over how many of the first `k + 1` come from `a`.
-fn kth_of_union(a: &[u32], b: &[u32], k: usize) -> u32 {
+pub(crate) fn kth_of_union(a: &[u32], b: &[u32], k: usize) -> u32 {
     debug_assert!(k < a.len() + b.len());
     let (mut lo, mut hi) = ((k + 1).saturating_sub(b.len()), (k + 1).min(a.len()));
     loop {
@@ -354,7 +354,7 @@ fn kth_of_union(a: &[u32], b: &[u32], k: usize) -> u32 {
 }
 
 /// Calls `each` with the union of two sorted, disjoint rows, in order.
-fn merge_sorted(a: &[u32], b: &[u32], mut each: impl FnMut(u32)) {
+pub(crate) fn merge_sorted(a: &[u32], b: &[u32], mut each: impl FnMut(u32)) {
     let (mut i, mut j) = (0, 0);
     while i < a.len() || j < b.len() {
         if j == b.len() || (i < a.len() && a[i] < b[j]) {

@@ -10,7 +10,8 @@
 //!   atomically, and its compaction;
 //! - [`generate`]: seeded R-MAT graphs with planted super nodes;
 //! - [`changes`]: the change clock that tells stored answers fresh or stale;
-//! - [`typed`]: typed graphs, one index per edge type, and their import.
+//! - [`typed`]: typed graphs, one index per edge type, and their import;
+//! - [`typed_live`]: the served typed graph, base + added nodes and edges.
 
 pub mod build;
 pub mod changes;
@@ -22,6 +23,7 @@ pub mod index;
 pub mod live;
 pub mod sampler;
 pub mod typed;
+pub mod typed_live;
 
 pub use build::{BuildOptions, BuildStats};
 pub use changes::Changes;

@@ -167,6 +167,24 @@ impl TypedSchema {
         names.join(", ")
     }
 
+    /// Reads and validates `<data_dir>/typed-graph/schema.json`.
+    pub fn read(data_dir: &Path) -> anyhow::Result<Self> {
+        let schema_path = data_dir.join(TYPED_DIR).join(SCHEMA_FILE);
+        let text = std::fs::read_to_string(&schema_path).with_context(|| {
+            format!(
+                "reading {}: import a typed dataset into {} first",
+                schema_path.display(),
+                data_dir.display()
+            )
+        })?;
+        let schema: TypedSchema = serde_json::from_str(&text)
+            .with_context(|| format!("{}: not a typed schema", schema_path.display()))?;
+        if let Err(reason) = schema.validate() {
+            bail!("{}: {reason}", schema_path.display());
+        }
+        Ok(schema)
+    }
+
     /// The types as the ring carries them (docs/protocol.md, section 2.7).
     /// Call on a validated schema.
     pub fn to_ring(&self) -> protocol::graph_schema::GraphSchema {
@@ -414,19 +432,7 @@ impl TypedGraph {
     /// Opens `<data_dir>/typed-graph/`.
     pub fn open(data_dir: &Path) -> anyhow::Result<Self> {
         let dir = data_dir.join(TYPED_DIR);
-        let schema_path = dir.join(SCHEMA_FILE);
-        let text = std::fs::read_to_string(&schema_path).with_context(|| {
-            format!(
-                "reading {}: import a typed dataset into {} first",
-                schema_path.display(),
-                data_dir.display()
-            )
-        })?;
-        let schema: TypedSchema = serde_json::from_str(&text)
-            .with_context(|| format!("{}: not a typed schema", schema_path.display()))?;
-        if let Err(reason) = schema.validate() {
-            bail!("{}: {reason}", schema_path.display());
-        }
+        let schema = TypedSchema::read(data_dir)?;
         let ends = schema.ends();
         let mut indexes = Vec::with_capacity(ends.len());
         for (edge_type, &(src, dst)) in schema.edge_types.iter().zip(&ends) {

@@ -63,7 +63,17 @@ pub(super) fn load(daemon: &Daemon, runtime: &tokio::runtime::Runtime) -> anyhow
         &redis_config,
     )?;
     let dim = manifest.feature_dim as usize;
-    let updates = follow_updates(daemon, runtime, &graph.live, &tiers, &stores.store, dim)?;
+    let targets = follower::Targets {
+        graph: follower::GraphTarget::OneType {
+            graph: graph.live.clone(),
+            row_bytes: 4 * dim,
+        },
+        features: vec![Some(follower::FeatureTarget {
+            tiers: tiers.clone(),
+            store: stores.store.clone(),
+        })],
+    };
+    let updates = follow_updates(daemon, runtime, targets)?;
     let schema = FeatureSchema {
         feature_dim: manifest.feature_dim,
         dtype: dtype::F32,
@@ -101,6 +111,21 @@ fn load_typed(
     let config = &daemon.config;
     let typed = typed::load(daemon, runtime)?;
     let graph_version = typed.graph_version();
+    let targets = follower::Targets {
+        graph: follower::GraphTarget::Typed(typed.graph.clone()),
+        features: typed
+            .tiers
+            .iter()
+            .zip(&typed.stores)
+            .map(|(tiers, stores)| {
+                Some(follower::FeatureTarget {
+                    tiers: tiers.clone()?,
+                    store: stores.as_ref()?.store.clone(),
+                })
+            })
+            .collect(),
+    };
+    let updates = follow_updates(daemon, runtime, targets)?;
     let invalidation = Arc::new(InvalidationStats::default());
     daemon
         .metrics
@@ -123,7 +148,7 @@ fn load_typed(
             rebuilds: 0,
         }),
         invalidation,
-        updates: None,
+        updates,
         data_dir_lock,
         typed: Some(typed),
     };
@@ -380,10 +405,7 @@ fn build_tiers(
 fn follow_updates(
     daemon: &Daemon,
     runtime: &tokio::runtime::Runtime,
-    graph: &LiveGraph,
-    tiers: &FeatureTiers,
-    store: &Option<Arc<RocksStore>>,
-    dim: usize,
+    targets: follower::Targets,
 ) -> anyhow::Result<Option<Arc<FollowerStats>>> {
     let config = &daemon.config;
     let Some(stream) = &config.updates_stream else {
@@ -397,12 +419,6 @@ fn follow_updates(
         cluster: config.redis_cluster,
         ca_file: config.redis_ca.clone(),
         ..RedisConfig::single("")
-    };
-    let targets = follower::Targets {
-        graph: graph.clone(),
-        tiers: tiers.clone(),
-        store: store.clone(),
-        row_bytes: 4 * dim,
     };
     let mut follower = runtime.block_on(follower::Follower::start(
         &stream_redis,

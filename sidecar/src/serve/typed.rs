@@ -4,22 +4,23 @@
 //! under `<prefix><type>:`, with an L2 cache per type in
 //! `<l2_dir>/<type>`).
 //!
-//! A typed graph is served as it was imported: graph updates, the update
-//! stream, the invalidation channel and the warm-up are for one-type
-//! graphs in this release, and a configuration that asks for them is
-//! refused at start, by name.
+//! Updates reach a typed graph through the admin socket or the update
+//! stream (docs/updates.md, "Typed graphs"); the invalidation channel, the
+//! warm-up and a seed dataset are for one-type graphs in this release, and
+//! a configuration that asks for them is refused at start, by name.
 
 use std::sync::Arc;
 
 use anyhow::{bail, ensure, Context};
 
 use crate::config::{DefaultRowKind, ServeConfig};
-use crate::daemon::{Daemon, TypedServing};
+use crate::daemon::{Daemon, TypeStores, TypedServing};
 use crate::features::import::FeatureManifest;
 use crate::features::redis_tier::{RedisConfig, RedisTier};
 use crate::features::rocks::{RocksStore, Role, StoreTelemetry};
 use crate::features::{DefaultRow, FeatureTiers, TierConfig};
 use crate::graph::typed::{self, TypedGraph};
+use crate::graph::typed_live::TypedLiveGraph;
 
 /// Whether `config.data_dir` holds a typed graph and no one-type index.
 pub fn is_typed_data_dir(config: &ServeConfig) -> bool {
@@ -39,10 +40,6 @@ pub fn load(
     let config = &daemon.config;
     let refused = [
         (
-            config.updates_stream.is_some(),
-            "updates_stream (--updates-stream)",
-        ),
-        (
             config.invalidation_channel.is_some(),
             "invalidation_channel (--invalidation-channel)",
         ),
@@ -58,9 +55,11 @@ pub fn load(
     let graph = TypedGraph::open(&config.data_dir)?;
     daemon.latches.graph.release();
     let mut tiers = Vec::with_capacity(graph.schema().node_types.len());
+    let mut stores = Vec::with_capacity(tiers.capacity());
     for t in &graph.schema().node_types {
         if t.feature_dim == 0 {
             tiers.push(None);
+            stores.push(None);
             continue;
         }
         let dir = typed::feature_dir(&config.data_dir, &t.name);
@@ -149,6 +148,11 @@ pub fn load(
                 rebuilds: 0,
             }),
         );
+        stores.push(Some(TypeStores {
+            store: store.clone(),
+            redis: redis.clone(),
+            row_bytes: 4 * t.feature_dim as usize,
+        }));
         let node_tiers = FeatureTiers::new(&tier_config, store, redis);
         daemon
             .metrics
@@ -157,7 +161,6 @@ pub fn load(
     }
     daemon.latches.store.release();
     daemon.latches.invalidation.release();
-    daemon.latches.updates.release();
     daemon.latches.warm_up.release();
     let ring = graph.schema().to_ring();
     tracing::info!(
@@ -165,5 +168,10 @@ pub fn load(
         types = %ring.describe(),
         "typed graph loaded"
     );
-    Ok(Arc::new(TypedServing { graph, ring, tiers }))
+    Ok(Arc::new(TypedServing {
+        graph: TypedLiveGraph::new(graph),
+        ring,
+        tiers,
+        stores,
+    }))
 }

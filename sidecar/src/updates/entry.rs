@@ -242,20 +242,7 @@ impl Op {
         let mut directed = false;
         for word in rest {
             if let Some(values) = word.strip_prefix("row=") {
-                let values: Vec<f32> = values
-                    .split(',')
-                    .map(|v| {
-                        v.trim()
-                            .parse::<f32>()
-                            .map_err(|_| format!("row value {v:?} is not a number"))
-                    })
-                    .collect::<Result<_, _>>()?;
-                row = Some(
-                    values
-                        .iter()
-                        .flat_map(|v| v.to_le_bytes())
-                        .collect::<Vec<u8>>(),
-                );
+                row = Some(parse_row(values)?);
             } else if let Some(path) = word.strip_prefix("row-file=") {
                 row = Some(std::fs::read(path).map_err(|e| format!("reading {path}: {e}"))?);
             } else if *word == "directed" {
@@ -319,8 +306,21 @@ impl Op {
     }
 }
 
+/// A row given inline, `V,V,...`, as its raw little-endian f32 bytes.
+pub(crate) fn parse_row(values: &str) -> Result<Vec<u8>, String> {
+    let values: Vec<f32> = values
+        .split(',')
+        .map(|v| {
+            v.trim()
+                .parse::<f32>()
+                .map_err(|_| format!("row value {v:?} is not a number"))
+        })
+        .collect::<Result<_, _>>()?;
+    Ok(values.iter().flat_map(|v| v.to_le_bytes()).collect())
+}
+
 /// A node id: decimal, at most `MAX_NODE_ID`.
-fn parse_id(text: &str) -> Result<u64, String> {
+pub(crate) fn parse_id(text: &str) -> Result<u64, String> {
     let id: u64 = text
         .parse()
         .map_err(|_| format!("node id {text:?} is not a decimal integer"))?;

@@ -16,8 +16,10 @@ use crate::features::redis_tier::{RedisConfig, RedisTier};
 use crate::features::rocks::{RocksStore, Role};
 use crate::features::FeatureTiers;
 use crate::graph::live::{MAX_ID_GROWTH, MAX_NODE_ID};
+use crate::graph::typed_live::{TypedLiveGraph, TypedUpdate};
 use crate::graph::{GraphUpdate, LiveGraph, StreamPosition};
 use crate::updates::entry::Op;
+use crate::updates::typed_entry::{self, TypedOp};
 
 /// Entries read per XREAD.
 pub const BATCH: usize = 1_000;
@@ -213,13 +215,183 @@ fn now_ms() -> u64 {
 /// What the follower applies entries to.
 #[derive(Debug, Clone)]
 pub struct Targets {
-    pub graph: LiveGraph,
+    pub graph: GraphTarget,
+    /// Per node type (the one type of a one-type graph): its tiers and
+    /// embedded store; `None` for a type without features.
+    pub features: Vec<Option<FeatureTarget>>,
+}
+
+/// The graph the follower changes.
+#[derive(Debug, Clone)]
+pub enum GraphTarget {
+    OneType {
+        graph: LiveGraph,
+        /// Bytes of a row (4 x feature_dim).
+        row_bytes: usize,
+    },
+    Typed(TypedLiveGraph),
+}
+
+/// A node type's features as the follower changes them.
+#[derive(Debug, Clone)]
+pub struct FeatureTarget {
     pub tiers: FeatureTiers,
     /// The embedded store: store of record (rows written), or L2 cache
     /// (rows evicted); both record their position.
     pub store: Option<Arc<RocksStore>>,
-    /// Bytes of a row (4 x feature_dim).
-    pub row_bytes: usize,
+}
+
+impl GraphTarget {
+    /// The position the graph holds and the entries consumed up to it.
+    fn position(&self) -> (StreamPosition, u64) {
+        match self {
+            GraphTarget::OneType { graph, .. } => {
+                let graph = graph.snapshot();
+                (graph.position(), graph.consumed())
+            }
+            GraphTarget::Typed(graph) => {
+                let graph = graph.snapshot();
+                (graph.position(), graph.consumed())
+            }
+        }
+    }
+
+    /// Each node type's id bound, now.
+    fn id_bounds(&self) -> Vec<u64> {
+        match self {
+            GraphTarget::OneType { graph, .. } => vec![graph.snapshot().id_bound()],
+            GraphTarget::Typed(graph) => {
+                let graph = graph.snapshot();
+                (0..graph.schema().node_types.len())
+                    .map(|t| graph.id_bound(t))
+                    .collect()
+            }
+        }
+    }
+}
+
+/// A graph change of one entry.
+#[derive(Debug)]
+enum GraphChange {
+    OneType(GraphUpdate),
+    Typed(TypedUpdate),
+}
+
+/// One entry, parsed, checked and split into what each part applies.
+#[derive(Debug, Default)]
+struct Parsed {
+    /// `(node type, id, row)`.
+    rows: Vec<(usize, u64, Vec<u8>)>,
+    /// `(node type, id)`.
+    evicted: Vec<(usize, u64)>,
+    graph: Option<GraphChange>,
+    /// Index in [`OPS`].
+    op: usize,
+}
+
+impl Targets {
+    /// Parses and checks one entry against the graph as the entries before
+    /// it leave it (`bounds`, each node type's id bound, advanced here):
+    /// the same judgement on every replica.
+    fn parse(&self, fields: &[(Vec<u8>, Vec<u8>)], bounds: &mut [u64]) -> Result<Parsed, String> {
+        let mut parsed = match &self.graph {
+            GraphTarget::OneType { row_bytes, .. } => {
+                if typed_entry::is_typed(fields) {
+                    return Err("the entry names a node type or an edge type (`type`, \
+                                `edges:<edge type>`): this replica serves a one-type graph"
+                        .into());
+                }
+                let op = Op::from_fields(fields, *row_bytes)?;
+                Parsed {
+                    rows: op
+                        .row()
+                        .map(|(id, row)| (0, id, row.to_vec()))
+                        .into_iter()
+                        .collect(),
+                    evicted: op.evicted().into_iter().map(|id| (0, id)).collect(),
+                    graph: op.graph_update().map(GraphChange::OneType),
+                    op: op_index(op.name()),
+                }
+            }
+            GraphTarget::Typed(graph) => {
+                let graph = graph.snapshot();
+                if !typed_entry::is_typed(fields) {
+                    return Err(format!(
+                        "this replica serves a typed graph ({} node types): the entry names no \
+                         node type (`type`) or edge type (`edges:<edge type>`) \
+                         (docs/updates.md, \"Typed graphs\")",
+                        graph.schema().node_types.len()
+                    ));
+                }
+                let op = TypedOp::from_fields(fields)?;
+                let change = op.resolve(graph.schema())?;
+                Parsed {
+                    rows: change.rows,
+                    evicted: change.evicted,
+                    graph: change.update.map(GraphChange::Typed),
+                    op: op_index(op.name()),
+                }
+            }
+        };
+        // The graph's id rule.
+        let mut largest: Vec<Option<u64>> = vec![None; bounds.len()];
+        let mut see = |t: usize, id: u64| largest[t] = Some(largest[t].map_or(id, |m| m.max(id)));
+        match &parsed.graph {
+            Some(GraphChange::OneType(update)) => {
+                for id in update.nodes.iter().copied() {
+                    see(0, id);
+                }
+                for &(s, d) in &update.edges {
+                    see(0, s);
+                    see(0, d);
+                }
+            }
+            Some(GraphChange::Typed(update)) => {
+                let GraphTarget::Typed(graph) = &self.graph else {
+                    unreachable!("a typed change comes from a typed graph")
+                };
+                let ends = graph.snapshot().schema().ends();
+                for &(t, id) in &update.nodes {
+                    see(t, id);
+                }
+                for (e, pairs) in &update.edges {
+                    let (src, dst) = ends[*e];
+                    for &(s, d) in pairs {
+                        see(src, s);
+                        see(dst, d);
+                    }
+                }
+            }
+            None => {}
+        }
+        for (t, max) in largest.iter().enumerate() {
+            let Some(max) = *max else { continue };
+            if max >= bounds[t] + MAX_ID_GROWTH {
+                return Err(format!(
+                    "node id {max} lies {MAX_ID_GROWTH} or more ids past the graph's largest id \
+                     {}{}",
+                    bounds[t].saturating_sub(1),
+                    match &self.graph {
+                        GraphTarget::Typed(graph) => format!(
+                            " of node type {}",
+                            graph.snapshot().schema().node_types[t].name
+                        ),
+                        GraphTarget::OneType { .. } => String::new(),
+                    }
+                ));
+            }
+            debug_assert!(max <= MAX_NODE_ID);
+        }
+        for (t, max) in largest.iter().enumerate() {
+            if let Some(max) = max {
+                bounds[t] = bounds[t].max(max + 1);
+            }
+        }
+        parsed
+            .rows
+            .retain(|(t, _, _)| self.features.get(*t).is_some_and(Option::is_some));
+        Ok(parsed)
+    }
 }
 
 /// One replica's follower of the stream.
@@ -252,18 +424,23 @@ impl Follower {
         let connection = RedisTier::connect(redis)
             .await
             .with_context(|| format!("connecting to the update stream's Redis ({stream})"))?;
-        let graph = targets.graph.snapshot();
-        let graph_at = (graph.position(), graph.consumed());
-        let store_at = match &targets.store {
-            // A cache that lost its position (a flush, FIFO compaction)
-            // replays from the graph's: evictions are idempotent.
-            Some(store) => match (store.update_position(), store.role()) {
+        let graph_at = targets.graph.position();
+        // A cache that lost its position (a flush, FIFO compaction) replays
+        // from the graph's: evictions are idempotent. With several stores
+        // (a typed graph's node types) the oldest decides: writing a row
+        // again, or evicting again, changes nothing.
+        let store_at = targets
+            .features
+            .iter()
+            .flatten()
+            .filter_map(|f| f.store.as_ref())
+            .map(|store| match (store.update_position(), store.role()) {
                 (Some(at), _) => at,
                 (None, Role::StoreOfRecord) => (StreamPosition::START, 0),
                 (None, Role::Cache { .. }) => graph_at,
-            },
-            None => graph_at,
-        };
+            })
+            .min()
+            .unwrap_or(graph_at);
         let (graph_position, store_position) = (graph_at.0, store_at.0);
         let (position, consumed) = graph_at.min(store_at);
         stats.set_position(position);
@@ -465,38 +642,16 @@ impl Follower {
             .map(|(id, _)| *id)
             .expect("a non-empty batch");
         let consumed = self.consumed + entries.len() as u64;
-        let mut id_bound = self.targets.graph.snapshot().id_bound();
-        let mut rows: Vec<(u64, Vec<u8>)> = Vec::new();
-        let mut evicted: Vec<u64> = Vec::new();
-        let mut updates: Vec<GraphUpdate> = Vec::new();
+        let mut bounds = self.targets.graph.id_bounds();
+        let n_types = self.targets.features.len();
+        let mut rows: Vec<Vec<(u64, Vec<u8>)>> = vec![Vec::new(); n_types];
+        let mut evicted: Vec<Vec<u64>> = vec![Vec::new(); n_types];
+        let mut one_type_updates: Vec<GraphUpdate> = Vec::new();
+        let mut typed_updates: Vec<TypedUpdate> = Vec::new();
         let mut applied = Vec::new();
         for (id, fields) in entries {
-            let op = Op::from_fields(&fields, self.targets.row_bytes).and_then(|op| {
-                // The graph's id rule, against the graph as the entries
-                // before this one leave it: the same on every replica.
-                if let Some(update) = op.graph_update() {
-                    let max = update
-                        .nodes
-                        .iter()
-                        .copied()
-                        .chain(update.edges.iter().flat_map(|&(s, d)| [s, d]))
-                        .max();
-                    if let Some(max) = max {
-                        if max >= id_bound + MAX_ID_GROWTH {
-                            return Err(format!(
-                                "node id {max} lies {MAX_ID_GROWTH} or more ids past the \
-                                 graph's largest id {}",
-                                id_bound.saturating_sub(1)
-                            ));
-                        }
-                        debug_assert!(max <= MAX_NODE_ID);
-                        id_bound = id_bound.max(max + 1);
-                    }
-                }
-                Ok(op)
-            });
-            let op = match op {
-                Ok(op) => op,
+            let parsed = match self.targets.parse(&fields, &mut bounds) {
+                Ok(parsed) => parsed,
                 Err(why) => {
                     let n = self.stats.malformed.fetch_add(1, Ordering::Relaxed) + 1;
                     if n <= 100 || n.is_power_of_two() {
@@ -511,53 +666,72 @@ impl Follower {
                 }
             };
             if id > self.store_position {
-                if let Some((node, row)) = op.row() {
-                    rows.push((node, row.to_vec()));
+                for (t, node, row) in parsed.rows {
+                    rows[t].push((node, row));
                 }
-                evicted.extend(op.evicted());
+                for (t, node) in parsed.evicted {
+                    evicted[t].push(node);
+                }
             }
             if id > self.graph_position {
-                if let Some(update) = op.graph_update() {
-                    updates.push(update);
+                match parsed.graph {
+                    Some(GraphChange::OneType(update)) => one_type_updates.push(update),
+                    Some(GraphChange::Typed(update)) => typed_updates.push(update),
+                    None => {}
                 }
             }
-            applied.push((id, op_index(&op)));
+            applied.push((id, parsed.op));
         }
-        // Rows first (and the store's position with them), then evictions
+        // Rows first (and each store's position with them), then evictions
         // from every cache, then the graph: a node is never reachable before
         // its row is stored, nor served an evicted row after it is.
         if last > self.store_position {
-            if let Some(store) = self.targets.store.clone() {
-                // A cache holds Redis's rows, which the producer wrote: it
-                // only evicts. The store of record takes the rows.
-                if store.role() != Role::StoreOfRecord {
-                    rows.clear();
+            for (t, target) in self.targets.features.iter().enumerate() {
+                let Some(target) = target else { continue };
+                let mut rows = std::mem::take(&mut rows[t]);
+                let evicted = &mut evicted[t];
+                if let Some(store) = target.store.clone() {
+                    // A cache holds Redis's rows, which the producer wrote:
+                    // it only evicts. The store of record takes the rows.
+                    if store.role() != Role::StoreOfRecord {
+                        rows.clear();
+                    }
+                    let evicted_for_store = evicted.clone();
+                    tokio::task::spawn_blocking(move || {
+                        store.apply_updates(
+                            rows.iter().map(|(id, row)| (*id, row.as_slice())),
+                            &evicted_for_store,
+                            last,
+                            consumed,
+                        )
+                    })
+                    .await
+                    .context("the store writer panicked")??;
                 }
-                let evicted_for_store = evicted.clone();
-                tokio::task::spawn_blocking(move || {
-                    store.apply_updates(
-                        rows.iter().map(|(id, row)| (*id, row.as_slice())),
-                        &evicted_for_store,
-                        last,
-                        consumed,
-                    )
-                })
-                .await
-                .context("the store writer panicked")??;
-            }
-            evicted.sort_unstable();
-            evicted.dedup();
-            if !evicted.is_empty() {
-                self.targets.tiers.invalidate(&evicted).await;
+                evicted.sort_unstable();
+                evicted.dedup();
+                if !evicted.is_empty() {
+                    target.tiers.invalidate(evicted).await;
+                }
             }
             self.store_position = last;
         }
         if last > self.graph_position {
-            for outcome in self.targets.graph.apply(&updates, Some((last, consumed))) {
-                if let Err(e) = outcome {
-                    // Checked above with the same rule: not expected.
-                    tracing::warn!(error = %e, "an update entry was refused by the graph");
-                }
+            let refused: Vec<String> = match &self.targets.graph {
+                GraphTarget::OneType { graph, .. } => graph
+                    .apply(&one_type_updates, Some((last, consumed)))
+                    .into_iter()
+                    .filter_map(|o| o.err().map(|e| format!("{e:#}")))
+                    .collect(),
+                GraphTarget::Typed(graph) => graph
+                    .apply(&typed_updates, Some((last, consumed)))
+                    .into_iter()
+                    .filter_map(|o| o.err().map(|e| format!("{e:#}")))
+                    .collect(),
+            };
+            for e in refused {
+                // Checked above with the same rule: not expected.
+                tracing::warn!(error = %e, "an update entry was refused by the graph");
             }
             self.graph_position = last;
         }
@@ -576,13 +750,11 @@ impl Follower {
     }
 }
 
-fn op_index(op: &Op) -> usize {
-    match op {
-        Op::AddNode { .. } => 0,
-        Op::AddEdges { .. } => 1,
-        Op::SetFeatures { .. } => 2,
-        Op::Invalidate { .. } => 3,
-    }
+/// The index of op `name` in [`OPS`].
+fn op_index(name: &str) -> usize {
+    OPS.iter()
+        .position(|op| *op == name)
+        .expect("every op is one of OPS")
 }
 
 /// An entry as read: its id and its fields.

@@ -8,7 +8,9 @@ use anyhow::{bail, Context};
 
 use crate::features::import::FeatureManifest;
 use crate::features::redis_tier::{RedisConfig, RedisTier};
+use crate::graph::typed::{self, TypedSchema};
 use crate::updates::entry::Op;
+use crate::updates::typed_entry::{TypedOp, EDGES_FIELD};
 
 /// Operations appended per pipelined round trip.
 const PIPELINE: usize = 512;
@@ -22,41 +24,124 @@ pub struct PublishTarget {
     /// The feature store's Redis, when the features live in Redis: rows are
     /// written there before their entry is appended.
     pub features: Option<RedisConfig>,
-    /// Values per row, when known (a data directory was given).
+    /// Values per row, when known (a one-type data directory was given).
     pub feature_dim: Option<usize>,
+    /// A typed data directory's types and, per node type, its feature
+    /// store's Redis when its rows live in Redis.
+    pub typed: Option<(TypedSchema, Vec<Option<RedisConfig>>)>,
 }
 
 impl PublishTarget {
-    /// The stream on `redis`; with a data directory, its feature store
-    /// (rows go to Redis first when the features live there) and row size.
+    /// The stream on `redis`; with a data directory, its feature stores
+    /// (rows go to Redis first where the features live there), its row
+    /// sizes and, for a typed graph, its types.
     pub fn new(redis: RedisConfig, stream: &str, data_dir: Option<&Path>) -> anyhow::Result<Self> {
-        let (features, feature_dim) = match data_dir {
-            Some(dir) => {
-                let manifest = FeatureManifest::read(dir)?;
-                let features = (manifest.store == "redis").then(|| RedisConfig {
-                    prefix: manifest
-                        .redis_prefix
-                        .clone()
-                        .unwrap_or_else(|| crate::features::contract::DEFAULT_PREFIX.into()),
-                    ..redis.clone()
-                });
-                (features, Some(manifest.feature_dim as usize))
-            }
-            None => (None, None),
+        let in_redis = |manifest: &FeatureManifest, default_prefix: String| {
+            (manifest.store == "redis").then(|| RedisConfig {
+                prefix: manifest.redis_prefix.clone().unwrap_or(default_prefix),
+                ..redis.clone()
+            })
         };
-        Ok(Self {
-            redis,
+        let mut target = Self {
+            redis: redis.clone(),
             stream: stream.to_string(),
-            features,
-            feature_dim,
-        })
+            features: None,
+            feature_dim: None,
+            typed: None,
+        };
+        let Some(dir) = data_dir else {
+            return Ok(target);
+        };
+        if !dir.join(crate::graph::dataset::INDEX_FILE).exists()
+            && dir.join(typed::TYPED_DIR).is_dir()
+        {
+            let schema = TypedSchema::read(dir)?;
+            let mut features = Vec::with_capacity(schema.node_types.len());
+            for t in &schema.node_types {
+                features.push(if t.feature_dim == 0 {
+                    None
+                } else {
+                    let manifest = FeatureManifest::read(&typed::feature_dir(dir, &t.name))?;
+                    in_redis(&manifest, typed::redis_prefix("feat:", &t.name))
+                });
+            }
+            target.typed = Some((schema, features));
+            return Ok(target);
+        }
+        let manifest = FeatureManifest::read(dir)?;
+        target.features = in_redis(&manifest, crate::features::contract::DEFAULT_PREFIX.into());
+        target.feature_dim = Some(manifest.feature_dim as usize);
+        Ok(target)
+    }
+
+    /// Refuses an entry the data directory's graph would skip as
+    /// malformed: a typed entry for a one-type graph and the reverse, an
+    /// unknown type or relation, a row of the wrong width.
+    fn check(&self, entry: &Entry) -> Result<(), String> {
+        match (entry, &self.typed) {
+            (Entry::Typed(op), Some((schema, _))) => op.resolve(schema).map(|_| ()),
+            (Entry::OneType(_), Some(_)) => Err(
+                "the data directory holds a typed graph: name the node type (`add-node TYPE ID \
+                 ...`) or the edge type (`edges:EDGE_TYPE=SRC,DST`)"
+                    .into(),
+            ),
+            (Entry::Typed(_), None) if self.feature_dim.is_some() => Err(
+                "the data directory holds a one-type graph: give ids without a node type".into(),
+            ),
+            (Entry::Typed(_), None) => Ok(()),
+            (Entry::OneType(op), None) => match (op.row(), self.feature_dim) {
+                (Some((id, row)), Some(dim)) if row.len() != 4 * dim => Err(format!(
+                    "node {id}: the row has {} values; this graph's rows have {dim}",
+                    row.len() / 4
+                )),
+                _ => Ok(()),
+            },
+        }
+    }
+}
+
+/// An entry as `sidecar publish` writes it: an operation on a one-type
+/// graph, or on a typed one (it names a node type or an edge type).
+#[derive(Debug, Clone, PartialEq)]
+pub enum Entry {
+    OneType(Op),
+    Typed(TypedOp),
+}
+
+impl Entry {
+    /// The entry's fields, as `XADD` takes them.
+    pub fn to_fields(&self) -> Vec<(String, Vec<u8>)> {
+        match self {
+            Entry::OneType(op) => op
+                .to_fields()
+                .into_iter()
+                .map(|(k, v)| (k.to_string(), v))
+                .collect(),
+            Entry::Typed(op) => op.to_fields(),
+        }
+    }
+
+    /// Parses one operation in the text syntax of `sidecar publish`: the
+    /// typed syntax ([`TypedOp::from_words`]) when it names a node type
+    /// (a word where the one-type syntax has an id) or `edges:`, the
+    /// one-type one ([`Op::from_words`]) otherwise.
+    pub fn from_words(words: &[&str], dim: Option<usize>) -> Result<Entry, String> {
+        let typed = words.iter().skip(1).any(|w| w.starts_with(EDGES_FIELD))
+            || words
+                .get(1)
+                .is_some_and(|w| !w.contains('=') && *w != "directed" && w.parse::<u64>().is_err());
+        if typed {
+            TypedOp::from_words(words).map(Entry::Typed)
+        } else {
+            Op::from_words(words, dim).map(Entry::OneType)
+        }
     }
 }
 
 /// Parses the operations of a file: one per line in the text syntax
-/// (`Op::from_words`), `#` comments and blank lines skipped. An error names
-/// the line.
-pub fn read_ops(path: &Path, dim: Option<usize>) -> anyhow::Result<Vec<Op>> {
+/// ([`Entry::from_words`]), `#` comments and blank lines skipped, each
+/// checked against `target`'s data directory. An error names the line.
+pub fn read_ops(path: &Path, target: &PublishTarget) -> anyhow::Result<Vec<Entry>> {
     let file = std::fs::File::open(path).with_context(|| format!("opening {}", path.display()))?;
     let mut ops = Vec::new();
     for (n, line) in std::io::BufReader::new(file).lines().enumerate() {
@@ -66,7 +151,8 @@ pub fn read_ops(path: &Path, dim: Option<usize>) -> anyhow::Result<Vec<Op>> {
             continue;
         }
         let words: Vec<&str> = content.split_whitespace().collect();
-        let op = Op::from_words(&words, dim)
+        let op = Entry::from_words(&words, target.feature_dim)
+            .and_then(|op| target.check(&op).map(|()| op))
             .map_err(|e| anyhow::anyhow!("{}:{}: {e}", path.display(), n + 1))?;
         ops.push(op);
     }
@@ -74,45 +160,76 @@ pub fn read_ops(path: &Path, dim: Option<usize>) -> anyhow::Result<Vec<Op>> {
 }
 
 /// Appends `ops` in order, pipelined; each op's row goes to the feature
-/// store before its entry is appended. Returns the id of the last entry.
-pub async fn publish(target: &PublishTarget, ops: &[Op]) -> anyhow::Result<Option<String>> {
-    if let Some(dim) = target.feature_dim {
-        for (i, op) in ops.iter().enumerate() {
-            if let Some((id, row)) = op.row() {
-                if row.len() != 4 * dim {
-                    bail!(
-                        "operation {} (node {id}): the row has {} values; this graph's rows have \
-                         {dim}",
-                        i + 1,
-                        row.len() / 4
-                    );
-                }
-            }
+/// store before its entry is appended. Every op is checked against the
+/// data directory's graph first (when one was given): then nothing is
+/// appended. Returns the id of the last entry.
+pub async fn publish(target: &PublishTarget, ops: &[Entry]) -> anyhow::Result<Option<String>> {
+    for (i, op) in ops.iter().enumerate() {
+        if let Err(why) = target.check(op) {
+            bail!("operation {}: {why}; nothing was appended", i + 1);
         }
     }
     let stream = RedisTier::connect(&target.redis)
         .await
         .context("connecting to the update stream's Redis")?;
-    let features = match &target.features {
-        Some(config) => Some(
-            RedisTier::connect(config)
+    let connect = |config: &RedisConfig| {
+        let config = config.clone();
+        async move {
+            RedisTier::connect(&config)
                 .await
-                .context("connecting to the feature store")?,
-        ),
+                .context("connecting to the feature store")
+        }
+    };
+    let features = match &target.features {
+        Some(config) => Some(connect(config).await?),
         None => None,
     };
+    // A typed graph: one connection per node type whose rows live in Redis.
+    let mut typed_features: Vec<Option<RedisTier>> = Vec::new();
+    if let Some((_, configs)) = &target.typed {
+        for config in configs {
+            typed_features.push(match config {
+                Some(config) => Some(connect(config).await?),
+                None => None,
+            });
+        }
+    }
     let mut last = None;
     for chunk in ops.chunks(PIPELINE) {
         if let Some(features) = &features {
             let rows: Vec<(u64, Vec<u8>)> = chunk
                 .iter()
-                .filter_map(|op| op.row().map(|(id, row)| (id, row.to_vec())))
+                .filter_map(|op| match op {
+                    Entry::OneType(op) => op.row().map(|(id, row)| (id, row.to_vec())),
+                    Entry::Typed(_) => None,
+                })
                 .collect();
             if !rows.is_empty() {
                 features
                     .set_many(&rows)
                     .await
                     .context("writing rows to the feature store")?;
+            }
+        }
+        if let Some((schema, _)) = &target.typed {
+            let mut rows: Vec<Vec<(u64, Vec<u8>)>> = vec![Vec::new(); typed_features.len()];
+            for op in chunk {
+                if let Entry::Typed(op) = op {
+                    if let Some((node_type, id, row)) = op.row() {
+                        let t = schema.node_type(node_type).expect("checked above");
+                        rows[t].push((id, row.to_vec()));
+                    }
+                }
+            }
+            for (t, rows) in rows.iter().enumerate() {
+                if let (Some(tier), false) = (&typed_features[t], rows.is_empty()) {
+                    tier.set_many(rows).await.with_context(|| {
+                        format!(
+                            "writing node type {}'s rows to the feature store",
+                            schema.node_types[t].name
+                        )
+                    })?;
+                }
             }
         }
         let mut pipe = redis::pipe();

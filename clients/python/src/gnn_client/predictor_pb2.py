@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1agnn_client/predictor.proto\x12\x06gnn.v1\"Y\n\x0ePredictRequest\x12\x10\n\x08node_ids\x18\x01 \x03(\x04\x12\x12\n\nrequest_id\x18\x02 \x01(\x04\x12!\n\x08new_node\x18\x03 \x01(\x0b\x32\x0f.gnn.v1.NewNode\"L\n\x07NewNode\x12\n\n\x02id\x18\x01 \x01(\x04\x12\x10\n\x08\x66\x65\x61tures\x18\x02 \x03(\x02\x12\x11\n\tneighbors\x18\x03 \x03(\x04\x12\x10\n\x08\x64irected\x18\x04 \x01(\x08\"\x8a\x01\n\nPrediction\x12\x0f\n\x07node_id\x18\x01 \x01(\x04\x12\r\n\x05label\x18\x02 \x01(\x05\x12\x0e\n\x06logits\x18\x03 \x03(\x02\x12\r\n\x05known\x18\x04 \x01(\x08\x12\x15\n\rfallback_rows\x18\x05 \x01(\r\x12\x13\n\x0b\x61nswered_by\x18\x06 \x01(\t\x12\x11\n\tembedding\x18\x07 \x03(\x02\"\x91\x01\n\x0fPredictResponse\x12\'\n\x0bpredictions\x18\x01 \x03(\x0b\x32\x12.gnn.v1.Prediction\x12\x12\n\nrequest_id\x18\x02 \x01(\x04\x12\x1c\n\x05\x65rror\x18\x03 \x01(\x0b\x32\r.gnn.v1.Error\x12\r\n\x05model\x18\x04 \x01(\t\x12\x14\n\x0cmodel_sha256\x18\x05 \x01(\t\"&\n\x05\x45rror\x12\x0c\n\x04\x63ode\x18\x01 \x01(\x05\x12\x0f\n\x07message\x18\x02 \x01(\t2\x8d\x01\n\tPredictor\x12:\n\x07Predict\x12\x16.gnn.v1.PredictRequest\x1a\x17.gnn.v1.PredictResponse\x12\x44\n\rPredictStream\x12\x16.gnn.v1.PredictRequest\x1a\x17.gnn.v1.PredictResponse(\x01\x30\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1agnn_client/predictor.proto\x12\x06gnn.v1\"Y\n\x0ePredictRequest\x12\x10\n\x08node_ids\x18\x01 \x03(\x04\x12\x12\n\nrequest_id\x18\x02 \x01(\x04\x12!\n\x08new_node\x18\x03 \x01(\x0b\x32\x0f.gnn.v1.NewNode\"m\n\x07NewNode\x12\n\n\x02id\x18\x01 \x01(\x04\x12\x10\n\x08\x66\x65\x61tures\x18\x02 \x03(\x02\x12\x11\n\tneighbors\x18\x03 \x03(\x04\x12\x10\n\x08\x64irected\x18\x04 \x01(\x08\x12\x1f\n\x05\x65\x64ges\x18\x05 \x03(\x0b\x32\x10.gnn.v1.EdgeList\"7\n\x08\x45\x64geList\x12\x11\n\tedge_type\x18\x01 \x01(\t\x12\x0b\n\x03src\x18\x02 \x03(\x04\x12\x0b\n\x03\x64st\x18\x03 \x03(\x04\"\x8a\x01\n\nPrediction\x12\x0f\n\x07node_id\x18\x01 \x01(\x04\x12\r\n\x05label\x18\x02 \x01(\x05\x12\x0e\n\x06logits\x18\x03 \x03(\x02\x12\r\n\x05known\x18\x04 \x01(\x08\x12\x15\n\rfallback_rows\x18\x05 \x01(\r\x12\x13\n\x0b\x61nswered_by\x18\x06 \x01(\t\x12\x11\n\tembedding\x18\x07 \x03(\x02\"\x91\x01\n\x0fPredictResponse\x12\'\n\x0bpredictions\x18\x01 \x03(\x0b\x32\x12.gnn.v1.Prediction\x12\x12\n\nrequest_id\x18\x02 \x01(\x04\x12\x1c\n\x05\x65rror\x18\x03 \x01(\x0b\x32\r.gnn.v1.Error\x12\r\n\x05model\x18\x04 \x01(\t\x12\x14\n\x0cmodel_sha256\x18\x05 \x01(\t\"&\n\x05\x45rror\x12\x0c\n\x04\x63ode\x18\x01 \x01(\x05\x12\x0f\n\x07message\x18\x02 \x01(\t2\x8d\x01\n\tPredictor\x12:\n\x07Predict\x12\x16.gnn.v1.PredictRequest\x1a\x17.gnn.v1.PredictResponse\x12\x44\n\rPredictStream\x12\x16.gnn.v1.PredictRequest\x1a\x17.gnn.v1.PredictResponse(\x01\x30\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -34,13 +34,15 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_PREDICTREQUEST']._serialized_start=38
   _globals['_PREDICTREQUEST']._serialized_end=127
   _globals['_NEWNODE']._serialized_start=129
-  _globals['_NEWNODE']._serialized_end=205
-  _globals['_PREDICTION']._serialized_start=208
-  _globals['_PREDICTION']._serialized_end=346
-  _globals['_PREDICTRESPONSE']._serialized_start=349
-  _globals['_PREDICTRESPONSE']._serialized_end=494
-  _globals['_ERROR']._serialized_start=496
-  _globals['_ERROR']._serialized_end=534
-  _globals['_PREDICTOR']._serialized_start=537
-  _globals['_PREDICTOR']._serialized_end=678
+  _globals['_NEWNODE']._serialized_end=238
+  _globals['_EDGELIST']._serialized_start=240
+  _globals['_EDGELIST']._serialized_end=295
+  _globals['_PREDICTION']._serialized_start=298
+  _globals['_PREDICTION']._serialized_end=436
+  _globals['_PREDICTRESPONSE']._serialized_start=439
+  _globals['_PREDICTRESPONSE']._serialized_end=584
+  _globals['_ERROR']._serialized_start=586
+  _globals['_ERROR']._serialized_end=624
+  _globals['_PREDICTOR']._serialized_start=627
+  _globals['_PREDICTOR']._serialized_end=768
 # @@protoc_insertion_point(module_scope)

@@ -5,6 +5,7 @@
 
 use std::time::Instant;
 
+use protocol::payload::schema::tier;
 use protocol::payload::{TypedColumns, TypedShape};
 
 use super::{respond_outgrew, subgraph_limits, BatchContext, BatchServer, Pending, SAMPLING_SEED};
@@ -23,8 +24,25 @@ impl BatchServer {
         let fanouts = TypedFanouts::new(ask.hops as usize, ask.fanouts.clone())
             .expect("hops and fanouts checked when the request was decoded");
         let sampling = Instant::now();
+        let mut graph = typed.graph.snapshot();
+        if let Some(node) = &request.typed_new_node {
+            m.new_node_requests.inc();
+            match graph.with_new_node(ask.target_type as usize, request.targets[0], &node.edges) {
+                Ok(with_node) => graph = std::sync::Arc::new(with_node),
+                Err(e) => {
+                    m.invalid_requests.inc();
+                    let request_id = request.request_id;
+                    pending.ticket.respond_error(
+                        protocol::layout::status::INVALID_REQUEST,
+                        request_id,
+                        &format!("{e:#}"),
+                    );
+                    return;
+                }
+            }
+        }
         let sampled = match self.sampler.sample_typed(
-            &typed.graph,
+            &*graph,
             ask.target_type as usize,
             &request.targets,
             &fanouts,
@@ -45,19 +63,25 @@ impl BatchServer {
             edges: sampled.edge_src.iter().map(|e| e.len() as u32).collect(),
         };
         let meta = protocol::payload::ResponseMeta {
-            graph_version: typed.graph_version(),
+            graph_version: graph.graph_version(),
             change_clock: ctx.changes.clock(),
             change_tick: ctx.change_tick,
-            id_bound: typed.id_bound(ask.target_type as usize),
+            id_bound: graph.id_bound(ask.target_type as usize),
         };
         let request_id = request.request_id;
         let targets = request.targets.clone();
+        // A new node is row 0 of its type (the targets come first), with the
+        // row the request carried.
+        let own_row = request
+            .typed_new_node
+            .as_ref()
+            .map(|node| (ask.target_type as usize, node.features.clone()));
         let mut late = false;
         let written = pending
             .ticket
             .respond_typed(request_id, meta, shape, |cols| {
                 write_sample(cols, &targets, &sampled);
-                late = fetch_rows(ctx, typed, &sampled, cols, until);
+                late = fetch_rows(ctx, typed, &sampled, cols, until, own_row.as_ref());
             });
         if written.is_err() {
             m.too_large.inc();
@@ -98,6 +122,7 @@ fn fetch_rows(
     sampled: &TypedSampled,
     cols: &mut TypedColumns<'_>,
     until: Instant,
+    own_row: Option<&(usize, Vec<f32>)>,
 ) -> bool {
     let m = ctx.metrics;
     let fetching = Instant::now();
@@ -112,10 +137,24 @@ fn fetch_rows(
         .zip(&mut sources)
         .zip(&sampled.nodes)
         .zip(&typed.tiers)
-        .filter_map(|(((nodes, sources), ids), tiers)| {
+        .enumerate()
+        .filter_map(|(t, (((nodes, sources), ids), tiers))| {
             let tiers = tiers.as_ref()?;
+            let (mut ids, mut features, mut sources) =
+                (&ids[..], &mut *nodes.features, &mut sources[..]);
+            if let Some((_, row)) = own_row.filter(|(own, _)| *own == t) {
+                // Row 0 is the new node's: the request's row, not fetched.
+                features[..row.len()].copy_from_slice(row);
+                sources[0] = RowSource {
+                    tier: tier::L1,
+                    fallback: false,
+                    late: false,
+                };
+                (ids, features, sources) =
+                    (&ids[1..], &mut features[row.len()..], &mut sources[1..]);
+            }
             m.rows_fetched.inc_by(ids.len() as u64);
-            Some(tiers.fetch_into(ids, Some(until), nodes.features, sources))
+            Some(tiers.fetch_into(ids, Some(until), features, sources))
         });
     ctx.runtime
         .block_on(futures_util::future::join_all(fetches));

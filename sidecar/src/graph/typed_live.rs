@@ -1,0 +1,529 @@
+//! A typed graph as served: the mapped typed index plus the nodes and
+//! edges added while serving, switched atomically (the typed counterpart
+//! of [`crate::graph::live`], docs/graph-index.md "Updating a typed
+//! graph").
+//!
+//! A [`TypedSnapshot`] is immutable: the base [`TypedGraph`], each node
+//! type's id bound, and per edge type a [`Delta`] of added sources per
+//! destination node (rows as the typed index keeps them). An update builds
+//! the next snapshot and publishes it with one atomic pointer swap;
+//! requests sample from the snapshot they loaded, so nothing is dropped
+//! and sampling takes no lock.
+//!
+//! Nodes of a type are dense, as in the typed index: every id below the
+//! type's id bound is a node. Adding id `k` of a type at or past its bound
+//! makes the bound `k + 1` (the ids in between are nodes without edges,
+//! served their type's default row until a row is stored for them); one
+//! update may move a bound at most [`MAX_ID_GROWTH`] past where it was.
+//!
+//! A typed graph is not compacted while serving: its added nodes and edges
+//! live in memory and are replayed from the update stream after a restart
+//! (its position stays the import's).
+
+use std::sync::{Arc, Mutex};
+
+use anyhow::ensure;
+use arc_swap::ArcSwap;
+use rustc_hash::FxHashMap;
+use xxhash_rust::xxh3::Xxh3;
+
+use crate::graph::delta::Delta;
+use crate::graph::format::StreamPosition;
+use crate::graph::live::{kth_of_union, merge_sorted, MAX_ID_GROWTH, MAX_NODE_ID};
+use crate::graph::sampler::TypedNeighborSource;
+use crate::graph::typed::{TypedGraph, TypedSchema};
+
+/// One typed update: nodes to add and edges to add, by type index, applied
+/// whole or not at all.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct TypedUpdate {
+    /// `(node type, id)`.
+    pub nodes: Vec<(usize, u64)>,
+    /// `(edge type, [(src, dst)])`: `src` a node of the edge type's source
+    /// type, `dst` of its destination type; endpoints past their type's
+    /// bound become nodes.
+    pub edges: Vec<(usize, Vec<(u64, u64)>)>,
+}
+
+impl TypedUpdate {
+    /// Every `(node type, id)` the update names.
+    fn ids<'a>(&'a self, ends: &'a [(usize, usize)]) -> impl Iterator<Item = (usize, u64)> + 'a {
+        self.nodes
+            .iter()
+            .copied()
+            .chain(self.edges.iter().flat_map(move |(e, pairs)| {
+                let (src, dst) = ends[*e];
+                pairs.iter().flat_map(move |&(s, d)| [(src, s), (dst, d)])
+            }))
+    }
+}
+
+/// What a typed update changed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TypedUpdateStats {
+    /// Ids that were not nodes before (over every type).
+    pub nodes_added: u64,
+    pub edges_added: u64,
+    /// Edges already present (or self loops of a one-type edge type).
+    pub edges_ignored: u64,
+    /// Nodes after the update, over every type.
+    pub n_nodes: u64,
+    pub generation: u64,
+}
+
+/// An immutable view of the typed graph: base index + added rows.
+#[derive(Debug)]
+pub struct TypedSnapshot {
+    base: Arc<TypedGraph>,
+    /// Per node type: largest id + 1 (every id below is a node).
+    id_bounds: Vec<u64>,
+    /// Per edge type: added sources per destination node.
+    deltas: Vec<Delta>,
+    /// Per edge type: edges added since the base index.
+    added_edges: Vec<u64>,
+    /// Updates applied since the graph's import.
+    generation: u64,
+    position: StreamPosition,
+    consumed: u64,
+}
+
+impl TypedSnapshot {
+    pub fn schema(&self) -> &TypedSchema {
+        self.base.schema()
+    }
+
+    pub fn graph_version(&self) -> u64 {
+        self.schema().graph_version
+    }
+
+    /// Node type `t`'s id bound: its node count.
+    pub fn id_bound(&self, t: usize) -> u64 {
+        self.id_bounds[t]
+    }
+
+    /// Nodes over every type.
+    pub fn n_nodes(&self) -> u64 {
+        self.id_bounds.iter().sum()
+    }
+
+    /// Edge type `e`'s edges.
+    pub fn n_edges_of(&self, e: usize) -> u64 {
+        self.base.csr(e).n_edges() + self.added_edges[e]
+    }
+
+    /// Edges over every type.
+    pub fn n_edges(&self) -> u64 {
+        (0..self.deltas.len()).map(|e| self.n_edges_of(e)).sum()
+    }
+
+    /// Entries of the deltas (destinations with added sources).
+    pub fn delta_entries(&self) -> u64 {
+        self.deltas.iter().map(Delta::len).sum()
+    }
+
+    pub fn generation(&self) -> u64 {
+        self.generation
+    }
+
+    /// The last update-stream entry this graph holds.
+    pub fn position(&self) -> StreamPosition {
+        self.position
+    }
+
+    /// Update-stream entries consumed (applied or skipped) up to
+    /// `position`.
+    pub fn consumed(&self) -> u64 {
+        self.consumed
+    }
+
+    fn added_row(&self, e: usize, node: u32) -> &[u32] {
+        self.deltas[e].get(node).map(|row| &row[..]).unwrap_or(&[])
+    }
+
+    /// Edge type `e`'s sources of `node`, sorted.
+    pub fn sources(&self, e: usize, node: u64) -> Vec<u64> {
+        let Ok(node) = u32::try_from(node) else {
+            return Vec::new();
+        };
+        let mut out = Vec::new();
+        merge_sorted(
+            self.base.csr(e).neighbors(node),
+            self.added_row(e, node),
+            |v| out.push(u64::from(v)),
+        );
+        out
+    }
+
+    /// A digest of the served typed graph: each type's node count and each
+    /// edge type's sources per destination, wherever they lie. Replicas
+    /// that applied the same updates print the same digest.
+    pub fn checksum(&self) -> u64 {
+        let mut digest = 0u64;
+        let mut row = Vec::new();
+        for (t, bound) in self.id_bounds.iter().enumerate() {
+            let mut hasher = Xxh3::new();
+            hasher.update(b"node type");
+            hasher.update(&(t as u64).to_le_bytes());
+            hasher.update(&bound.to_le_bytes());
+            digest = digest.wrapping_add(hasher.digest());
+        }
+        for (e, &(_, dst)) in self.base.edge_types().iter().enumerate() {
+            let csr = self.base.csr(e);
+            for node in 0..self.id_bounds[dst] as u32 {
+                let (base, added) = (csr.neighbors(node), self.added_row(e, node));
+                if base.is_empty() && added.is_empty() {
+                    continue;
+                }
+                row.clear();
+                row.extend_from_slice(&(e as u32).to_le_bytes());
+                row.extend_from_slice(&node.to_le_bytes());
+                merge_sorted(base, added, |v| row.extend_from_slice(&v.to_le_bytes()));
+                let mut hasher = Xxh3::new();
+                hasher.update(&row);
+                // A sum: the digest does not depend on the order rows are met.
+                digest = digest.wrapping_add(hasher.digest());
+            }
+        }
+        digest
+    }
+
+    /// This snapshot with one more node, `id` of type `node_type`, and its
+    /// edges `edges` (per edge type, `(src, dst)` pairs whose other end is
+    /// a node of the graph), exactly as an update adding them would make
+    /// it, for one request to sample from (a typed `NEW_NODE`): nothing is
+    /// published. Refuses an id the type has or an update could not add,
+    /// and an edge to a node the graph does not have, by name.
+    pub fn with_new_node(
+        &self,
+        node_type: usize,
+        id: u64,
+        edges: &[Vec<(u64, u64)>],
+    ) -> anyhow::Result<TypedSnapshot> {
+        let schema = self.schema();
+        let name = &schema.node_types[node_type].name;
+        ensure!(
+            id >= self.id_bounds[node_type],
+            "{name} {id} is already in the graph ({} {name} nodes): predict it by its id (a new \
+             node needs an id its type does not have)",
+            self.id_bounds[node_type]
+        );
+        let ends = self.base.edge_types();
+        for (e, pairs) in edges.iter().enumerate() {
+            let (src, dst) = ends[e];
+            for &(s, d) in pairs {
+                let (other_type, other) = if src == node_type && s == id {
+                    (dst, d)
+                } else {
+                    (src, s)
+                };
+                ensure!(
+                    other < self.id_bounds[other_type] || (other_type == node_type && other == id),
+                    "the new node's edge ({s}, {d}) of edge type {}: {} {other} is not in the \
+                     graph; a new node's edges go to nodes the graph has",
+                    schema.edge_types[e].key(),
+                    schema.node_types[other_type].name
+                );
+            }
+        }
+        let update = TypedUpdate {
+            nodes: vec![(node_type, id)],
+            edges: edges.iter().cloned().enumerate().collect(),
+        };
+        self.check(&update)?;
+        let mut next = TypedSnapshot {
+            base: self.base.clone(),
+            id_bounds: self.id_bounds.clone(),
+            deltas: self.deltas.clone(),
+            added_edges: self.added_edges.clone(),
+            generation: self.generation,
+            position: self.position,
+            consumed: self.consumed,
+        };
+        next.apply(&update);
+        Ok(next)
+    }
+
+    /// Refuses an update that names a type out of range or an id above the
+    /// maximum or too far past its type's bound, naming the type and the
+    /// id; changes nothing.
+    pub fn check(&self, update: &TypedUpdate) -> anyhow::Result<()> {
+        let schema = self.schema();
+        let ends = self.base.edge_types();
+        for &(t, _) in &update.nodes {
+            ensure!(t < self.id_bounds.len(), "node type index {t} out of range");
+        }
+        for (e, _) in &update.edges {
+            ensure!(*e < ends.len(), "edge type index {e} out of range");
+        }
+        let mut largest = vec![None::<u64>; self.id_bounds.len()];
+        for (t, id) in update.ids(ends) {
+            largest[t] = Some(largest[t].map_or(id, |m: u64| m.max(id)));
+        }
+        for (t, max_id) in largest.iter().enumerate() {
+            let Some(max_id) = *max_id else { continue };
+            let name = &schema.node_types[t].name;
+            ensure!(
+                max_id <= MAX_NODE_ID,
+                "{name} id {max_id} is too large: node ids must be at most {MAX_NODE_ID} (2^32 - 2)"
+            );
+            ensure!(
+                max_id + 1 < self.id_bounds[t] + MAX_ID_GROWTH,
+                "{name} id {max_id} lies {MAX_ID_GROWTH} or more ids past the {} {name} nodes: \
+                 a type's node ids are dense (every id below the largest is a node); add the \
+                 nodes in between first (or check the id)",
+                self.id_bounds[t]
+            );
+        }
+        Ok(())
+    }
+
+    /// Applies one checked update to this (private, next) snapshot.
+    fn apply(&mut self, update: &TypedUpdate) -> TypedUpdateStats {
+        let before = self.n_nodes();
+        let ends = self.base.edge_types().to_vec();
+        for (t, id) in update.ids(&ends) {
+            self.id_bounds[t] = self.id_bounds[t].max(id + 1);
+        }
+        let (mut edges_added, mut considered) = (0u64, 0u64);
+        for (e, pairs) in &update.edges {
+            let e = *e;
+            let (src_type, dst_type) = ends[e];
+            let mut added = 0u64;
+            let mut incoming: FxHashMap<u32, Vec<u32>> = FxHashMap::default();
+            for &(src, dst) in pairs {
+                incoming.entry(dst as u32).or_default().push(src as u32);
+            }
+            considered += pairs.len() as u64;
+            for (node, mut fresh) in incoming {
+                let base_row = self.base.csr(e).neighbors(node);
+                let previous = self.added_row(e, node);
+                fresh.sort_unstable();
+                fresh.dedup();
+                fresh.retain(|&v| {
+                    // A one-type edge type drops self loops, as the import does.
+                    !(src_type == dst_type && v == node)
+                        && base_row.binary_search(&v).is_err()
+                        && previous.binary_search(&v).is_err()
+                });
+                if fresh.is_empty() {
+                    continue;
+                }
+                let mut merged: Vec<u32> = Vec::with_capacity(previous.len() + fresh.len());
+                merge_sorted(previous, &fresh, |v| merged.push(v));
+                added += fresh.len() as u64;
+                self.deltas[e].insert(node, merged.into());
+            }
+            self.added_edges[e] += added;
+            edges_added += added;
+        }
+        self.generation += 1;
+        TypedUpdateStats {
+            nodes_added: self.n_nodes() - before,
+            edges_added,
+            edges_ignored: considered - edges_added,
+            n_nodes: self.n_nodes(),
+            generation: self.generation,
+        }
+    }
+}
+
+impl TypedNeighborSource for TypedSnapshot {
+    fn n_node_types(&self) -> usize {
+        self.id_bounds.len()
+    }
+
+    fn edge_types(&self) -> &[(usize, usize)] {
+        self.base.edge_types()
+    }
+
+    fn is_node(&self, node_type: usize, node: u64) -> bool {
+        node < self.id_bounds[node_type]
+    }
+
+    fn degree(&self, edge_type: usize, node: u64) -> Option<u32> {
+        let (_, dst) = self.base.edge_types()[edge_type];
+        if !self.is_node(dst, node) {
+            return None;
+        }
+        let node = node as u32;
+        Some(self.base.csr(edge_type).degree(node) + self.added_row(edge_type, node).len() as u32)
+    }
+
+    /// The `i`-th source in increasing id order, wherever it lies (index or
+    /// delta): replicas sample the same nodes.
+    fn neighbor(&self, edge_type: usize, node: u64, i: u32) -> u64 {
+        let node = node as u32;
+        let base = self.base.csr(edge_type).neighbors(node);
+        let added = self.added_row(edge_type, node);
+        if added.is_empty() {
+            return u64::from(base[i as usize]);
+        }
+        u64::from(kth_of_union(base, added, i as usize))
+    }
+}
+
+/// The served typed graph: the current snapshot, replaced atomically by
+/// updates. Cloning it is cheap; the clones share the graph.
+#[derive(Debug, Clone)]
+pub struct TypedLiveGraph {
+    current: Arc<ArcSwap<TypedSnapshot>>,
+    /// Serialises writers; readers never take it.
+    writer: Arc<Mutex<()>>,
+}
+
+impl TypedLiveGraph {
+    /// Serves `base` as imported, at the update position its index records.
+    pub fn new(base: TypedGraph) -> Self {
+        let header = *base.csr(0).header();
+        let n_types = base.schema().node_types.len();
+        let n_edge_types = base.schema().edge_types.len();
+        let snapshot = TypedSnapshot {
+            id_bounds: (0..n_types)
+                .map(|t| base.schema().node_types[t].num_nodes)
+                .collect(),
+            deltas: vec![Delta::default(); n_edge_types],
+            added_edges: vec![0; n_edge_types],
+            generation: header.generation,
+            position: header.position,
+            consumed: header.consumed,
+            base: Arc::new(base),
+        };
+        Self {
+            current: Arc::new(ArcSwap::from_pointee(snapshot)),
+            writer: Arc::new(Mutex::new(())),
+        }
+    }
+
+    /// The snapshot a request should sample from, start to end.
+    pub fn snapshot(&self) -> Arc<TypedSnapshot> {
+        self.current.load_full()
+    }
+
+    /// Applies `updates` in order, each whole or not at all (a refused one
+    /// changes nothing), and publishes one snapshot for all of them;
+    /// `position`, when given, is the update-stream entry the batch ends at
+    /// and the count of entries consumed up to it.
+    pub fn apply(
+        &self,
+        updates: &[TypedUpdate],
+        position: Option<(StreamPosition, u64)>,
+    ) -> Vec<anyhow::Result<TypedUpdateStats>> {
+        let _writer = self.writer.lock().unwrap_or_else(|p| p.into_inner());
+        let old = self.snapshot();
+        let mut next = TypedSnapshot {
+            base: old.base.clone(),
+            id_bounds: old.id_bounds.clone(),
+            deltas: old.deltas.clone(),
+            added_edges: old.added_edges.clone(),
+            generation: old.generation,
+            position: position.map_or(old.position, |p| p.0),
+            consumed: position.map_or(old.consumed, |p| p.1),
+        };
+        let outcomes = updates
+            .iter()
+            .map(|update| {
+                next.check(update)?;
+                Ok(next.apply(update))
+            })
+            .collect();
+        // SYNC POINT: readers that load after this store see the whole new
+        // snapshot; readers holding the old one keep it alive until done.
+        self.current.store(Arc::new(next));
+        outcomes
+    }
+
+    /// Applies one update (the admin socket's).
+    pub fn update(&self, update: TypedUpdate) -> anyhow::Result<TypedUpdateStats> {
+        self.apply(std::slice::from_ref(&update), None)
+            .pop()
+            .expect("one outcome per update")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::graph::typed::import_typed;
+
+    /// users 0..3, items 0..2; (user, buys, item) 0->0, 1->0, 2->1;
+    /// (user, follows, user) 0->1.
+    fn small_graph(dir: &std::path::Path) -> TypedGraph {
+        let input = dir.join("in");
+        std::fs::create_dir_all(&input).unwrap();
+        let pairs = |p: &[(u32, u32)]| -> Vec<u8> {
+            p.iter()
+                .flat_map(|&(s, d)| [s.to_le_bytes(), d.to_le_bytes()])
+                .flatten()
+                .collect()
+        };
+        std::fs::write(input.join("buys.u32"), pairs(&[(0, 0), (1, 0), (2, 1)])).unwrap();
+        std::fs::write(input.join("follows.u32"), pairs(&[(0, 1)])).unwrap();
+        std::fs::write(
+            input.join("meta.json"),
+            r#"{"node_types": [{"name": "user", "num_nodes": 3},
+                               {"name": "item", "num_nodes": 2}],
+                "edge_types": [
+                  {"src": "user", "relation": "buys", "dst": "item", "num_edges": 3, "edges": "buys.u32"},
+                  {"src": "user", "relation": "follows", "dst": "user", "num_edges": 1, "edges": "follows.u32"}]}"#,
+        )
+        .unwrap();
+        let data = dir.join("data");
+        std::fs::create_dir_all(&data).unwrap();
+        import_typed(&input, &data, 1).unwrap();
+        TypedGraph::open(&data).unwrap()
+    }
+
+    #[test]
+    fn added_nodes_and_edges_are_sampled_in_id_order_and_old_snapshots_stay() {
+        let dir = tempfile::tempdir().unwrap();
+        let graph = TypedLiveGraph::new(small_graph(dir.path()));
+        let before = graph.snapshot();
+        let checksum = before.checksum();
+        assert_eq!(before.sources(0, 0), vec![0, 1]);
+        let stats = graph
+            .update(TypedUpdate {
+                nodes: vec![(1, 2)],
+                edges: vec![(0, vec![(4, 2), (2, 0), (0, 0)]), (1, vec![(1, 1)])],
+            })
+            .unwrap();
+        // item 2 and user 3, 4 are new; (0 -> 0) is present, (1 -> 1) a loop.
+        assert_eq!(stats.nodes_added, 3);
+        assert_eq!(stats.edges_added, 2);
+        assert_eq!(stats.edges_ignored, 2);
+        let after = graph.snapshot();
+        assert_eq!(after.id_bound(0), 5);
+        assert_eq!(after.id_bound(1), 3);
+        assert_eq!(after.sources(0, 0), vec![0, 1, 2]);
+        assert_eq!(after.degree(0, 0), Some(3));
+        assert_eq!(after.neighbor(0, 0, 2), 2);
+        assert_eq!(after.sources(0, 2), vec![4]);
+        assert_eq!(after.degree(0, 3), None, "item 3 is not a node");
+        assert!(after.is_node(0, 3), "user 3 lies below the bound");
+        assert_eq!(after.n_edges(), 6);
+        assert_ne!(after.checksum(), checksum);
+        // The snapshot a request held is unchanged.
+        assert_eq!(before.sources(0, 0), vec![0, 1]);
+        assert_eq!(before.checksum(), checksum);
+    }
+
+    #[test]
+    fn an_id_too_far_past_its_type_is_refused_whole() {
+        let dir = tempfile::tempdir().unwrap();
+        let graph = TypedLiveGraph::new(small_graph(dir.path()));
+        let far = 3 + MAX_ID_GROWTH;
+        let err = graph
+            .update(TypedUpdate {
+                nodes: vec![(1, 2)],
+                edges: vec![(0, vec![(far, 0)])],
+            })
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains(&format!("user id {far}")), "{err}");
+        let now = graph.snapshot();
+        assert_eq!(
+            (now.id_bound(0), now.id_bound(1)),
+            (3, 2),
+            "nothing applied"
+        );
+    }
+}

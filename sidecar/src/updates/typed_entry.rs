@@ -1,0 +1,639 @@
+//! One entry of the update stream for a typed graph (docs/updates.md,
+//! "Typed graphs"): the operation names its node type (`type`) and its
+//! edges per edge type (`edges:<edge type>`), parsed whole, then resolved
+//! against the replica's types (names, widths), before anything is
+//! applied; and the text syntax `sidecar publish` reads for it.
+
+use crate::graph::typed::TypedSchema;
+use crate::graph::typed_live::TypedUpdate;
+use crate::updates::entry::{parse_id, MAX_IDS_PER_ENTRY};
+
+/// The prefix of an edge field: `edges:<edge type>`.
+pub const EDGES_FIELD: &str = "edges:";
+
+/// Edges of one edge type, by the name the entry gives it (`src__relation__dst`,
+/// or a relation only one edge type has).
+pub type NamedEdges = (String, Vec<(u64, u64)>);
+
+/// Edges of one edge type, by its index in the graph's types.
+type IndexedEdges = (usize, Vec<(u64, u64)>);
+
+/// One operation on a typed graph.
+#[derive(Debug, Clone, PartialEq)]
+pub enum TypedOp {
+    AddNode {
+        node_type: String,
+        id: u64,
+        row: Option<Vec<u8>>,
+        /// Edges added with the node, in the same snapshot.
+        edges: Vec<NamedEdges>,
+    },
+    AddEdges {
+        edges: Vec<NamedEdges>,
+    },
+    SetFeatures {
+        node_type: String,
+        id: u64,
+        row: Option<Vec<u8>>,
+    },
+    Invalidate {
+        node_type: String,
+        ids: Vec<u64>,
+    },
+}
+
+/// A typed operation resolved against a graph's types: indices, rows
+/// checked against their type's width.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct TypedChange {
+    /// `(node type, id, row)` to store.
+    pub rows: Vec<(usize, u64, Vec<u8>)>,
+    /// `(node type, id)` to evict from the caches.
+    pub evicted: Vec<(usize, u64)>,
+    /// The graph change, if the operation makes one.
+    pub update: Option<TypedUpdate>,
+}
+
+/// Whether an entry's fields are a typed operation's: it names a node type
+/// or edges of an edge type.
+pub fn is_typed(fields: &[(Vec<u8>, Vec<u8>)]) -> bool {
+    fields
+        .iter()
+        .any(|(k, _)| k.as_slice() == b"type" || k.starts_with(EDGES_FIELD.as_bytes()))
+}
+
+impl TypedOp {
+    /// The `op` field's value.
+    pub fn name(&self) -> &'static str {
+        match self {
+            TypedOp::AddNode { .. } => "add_node",
+            TypedOp::AddEdges { .. } => "add_edges",
+            TypedOp::SetFeatures { .. } => "set_features",
+            TypedOp::Invalidate { .. } => "invalidate",
+        }
+    }
+
+    /// The node type whose row the operation stores, the id and the row.
+    pub fn row(&self) -> Option<(&str, u64, &[u8])> {
+        match self {
+            TypedOp::AddNode {
+                node_type, id, row, ..
+            }
+            | TypedOp::SetFeatures { node_type, id, row } => {
+                row.as_deref().map(|r| (node_type.as_str(), *id, r))
+            }
+            _ => None,
+        }
+    }
+
+    /// The entry's fields, as `XADD` takes them.
+    pub fn to_fields(&self) -> Vec<(String, Vec<u8>)> {
+        let list = |ids: &mut dyn Iterator<Item = u64>| -> Vec<u8> {
+            ids.map(|id| id.to_string())
+                .collect::<Vec<_>>()
+                .join(" ")
+                .into_bytes()
+        };
+        let mut fields = vec![("op".to_string(), self.name().as_bytes().to_vec())];
+        let edges = |fields: &mut Vec<(String, Vec<u8>)>, edges: &[NamedEdges]| {
+            for (name, pairs) in edges {
+                fields.push((
+                    format!("{EDGES_FIELD}{name}"),
+                    list(&mut pairs.iter().flat_map(|&(s, d)| [s, d])),
+                ));
+            }
+        };
+        match self {
+            TypedOp::AddNode {
+                node_type,
+                id,
+                row,
+                edges: named,
+            } => {
+                fields.push(("type".into(), node_type.as_bytes().to_vec()));
+                fields.push(("id".into(), id.to_string().into_bytes()));
+                if let Some(row) = row {
+                    fields.push(("row".into(), row.clone()));
+                }
+                edges(&mut fields, named);
+            }
+            TypedOp::AddEdges { edges: named } => edges(&mut fields, named),
+            TypedOp::SetFeatures { node_type, id, row } => {
+                fields.push(("type".into(), node_type.as_bytes().to_vec()));
+                fields.push(("id".into(), id.to_string().into_bytes()));
+                if let Some(row) = row {
+                    fields.push(("row".into(), row.clone()));
+                }
+            }
+            TypedOp::Invalidate { node_type, ids } => {
+                fields.push(("type".into(), node_type.as_bytes().to_vec()));
+                fields.push(("ids".into(), list(&mut ids.iter().copied())));
+            }
+        }
+        fields
+    }
+
+    /// Parses a typed entry's fields (the syntax; [`TypedOp::resolve`]
+    /// checks them against the graph's types). The error names the rule
+    /// broken.
+    pub fn from_fields(fields: &[(Vec<u8>, Vec<u8>)]) -> Result<TypedOp, String> {
+        let text = |name: &str, value: &[u8]| -> Result<String, String> {
+            String::from_utf8(value.to_vec()).map_err(|_| format!("field `{name}` is not text"))
+        };
+        let mut scalars: Vec<(&str, &[u8])> = Vec::new();
+        let mut edges: Vec<NamedEdges> = Vec::new();
+        let mut n_ids = 0usize;
+        for (key, value) in fields {
+            let key = text("name", key)?;
+            if let Some(name) = key.strip_prefix(EDGES_FIELD) {
+                if edges.iter().any(|(n, _)| n == name) {
+                    return Err(format!("field `{key}` is repeated"));
+                }
+                let flat = ids(&text(&key, value)?, &key)?;
+                if !flat.len().is_multiple_of(2) {
+                    return Err(format!(
+                        "`{key}` has {} ids, not a whole number of `src dst` pairs",
+                        flat.len()
+                    ));
+                }
+                n_ids += flat.len();
+                edges.push((
+                    name.to_string(),
+                    flat.chunks(2).map(|p| (p[0], p[1])).collect(),
+                ));
+                continue;
+            }
+            let known = ["op", "type", "id", "ids", "row"];
+            let Some(&name) = known.iter().find(|k| **k == key) else {
+                return Err(format!(
+                    "unknown field `{key}` for a typed entry (op, type, id, ids, row, \
+                     {EDGES_FIELD}<edge type>)"
+                ));
+            };
+            if scalars.iter().any(|(n, _)| *n == name) {
+                return Err(format!("field `{key}` is repeated"));
+            }
+            scalars.push((name, value.as_slice()));
+        }
+        let get = |name: &str| scalars.iter().find(|(n, _)| *n == name).map(|(_, v)| *v);
+        let op = text("op", get("op").ok_or("no `op` field")?)?;
+        let node_type = || -> Result<String, String> {
+            text(
+                "type",
+                get("type").ok_or(format!("op {op} on a typed graph needs `type`"))?,
+            )
+        };
+        let id =
+            || -> Result<u64, String> { parse_id(&text("id", get("id").ok_or("no `id` field")?)?) };
+        let row = || get("row").map(<[u8]>::to_vec);
+        let allowed = |names: &[&str], edges_allowed: bool| -> Result<(), String> {
+            if let Some((name, _)) = scalars.iter().find(|(n, _)| !names.contains(n)) {
+                return Err(format!("op {op} takes no `{name}` field"));
+            }
+            if !edges_allowed && !edges.is_empty() {
+                return Err(format!("op {op} takes no `{EDGES_FIELD}` field"));
+            }
+            Ok(())
+        };
+        let parsed = match op.as_str() {
+            "add_node" => {
+                allowed(&["op", "type", "id", "row"], true)?;
+                TypedOp::AddNode {
+                    node_type: node_type()?,
+                    id: id()?,
+                    row: row(),
+                    edges,
+                }
+            }
+            "add_edges" => {
+                allowed(&["op"], true)?;
+                if edges.is_empty() {
+                    return Err(format!(
+                        "op add_edges on a typed graph needs `{EDGES_FIELD}<edge type>` fields"
+                    ));
+                }
+                TypedOp::AddEdges { edges }
+            }
+            "set_features" => {
+                allowed(&["op", "type", "id", "row"], false)?;
+                TypedOp::SetFeatures {
+                    node_type: node_type()?,
+                    id: id()?,
+                    row: row(),
+                }
+            }
+            "invalidate" => {
+                allowed(&["op", "type", "ids"], false)?;
+                let list = ids(&text("ids", get("ids").ok_or("no `ids` field")?)?, "ids")?;
+                n_ids += list.len();
+                TypedOp::Invalidate {
+                    node_type: node_type()?,
+                    ids: list,
+                }
+            }
+            other => {
+                return Err(format!(
+                    "unknown op {other:?} (add_node, add_edges, set_features, invalidate)"
+                ))
+            }
+        };
+        if n_ids > MAX_IDS_PER_ENTRY {
+            return Err(format!(
+                "the entry names {n_ids} ids, more than {MAX_IDS_PER_ENTRY}"
+            ));
+        }
+        Ok(parsed)
+    }
+
+    /// Checks the operation against `schema`: its node type and edge types
+    /// exist, a row has its type's width (and a type without features
+    /// takes none). The error names the type and the fix.
+    pub fn resolve(&self, schema: &TypedSchema) -> Result<TypedChange, String> {
+        let node_type = |name: &str| -> Result<usize, String> {
+            schema.node_type(name).ok_or_else(|| {
+                let names: Vec<&str> = schema.node_types.iter().map(|t| t.name.as_str()).collect();
+                format!(
+                    "unknown node type {name:?}: this graph's node types are {}",
+                    names.join(", ")
+                )
+            })
+        };
+        let row_of =
+            |t: usize, id: u64, row: &Option<Vec<u8>>| -> Result<Option<Vec<u8>>, String> {
+                let Some(row) = row else { return Ok(None) };
+                let ty = &schema.node_types[t];
+                if ty.feature_dim == 0 {
+                    return Err(format!(
+                        "{} {id}: node type {} has no features; give no `row`",
+                        ty.name, ty.name
+                    ));
+                }
+                let want = 4 * ty.feature_dim as usize;
+                if row.len() != want {
+                    return Err(format!(
+                    "{} {id}: `row` has {} bytes; rows of node type {} have {want} ({} f32 values)",
+                    ty.name,
+                    row.len(),
+                    ty.name,
+                    ty.feature_dim
+                ));
+                }
+                Ok(Some(row.clone()))
+            };
+        let edges_of = |named: &[NamedEdges]| -> Result<Vec<IndexedEdges>, String> {
+            named
+                .iter()
+                .map(|(name, pairs)| {
+                    let e = schema.edge_type(name).ok_or_else(|| {
+                        let keys: Vec<String> = schema.edge_types.iter().map(|e| e.key()).collect();
+                        format!(
+                            "unknown edge type {name:?}: name one of {} (or a relation only \
+                             one of them has)",
+                            keys.join(", ")
+                        )
+                    })?;
+                    Ok((e, pairs.clone()))
+                })
+                .collect()
+        };
+        let mut change = TypedChange::default();
+        match self {
+            TypedOp::AddNode {
+                node_type: name,
+                id,
+                row,
+                edges,
+            } => {
+                let t = node_type(name)?;
+                if let Some(row) = row_of(t, *id, row)? {
+                    change.rows.push((t, *id, row));
+                }
+                if schema.node_types[t].feature_dim > 0 {
+                    change.evicted.push((t, *id));
+                }
+                change.update = Some(TypedUpdate {
+                    nodes: vec![(t, *id)],
+                    edges: edges_of(edges)?,
+                });
+            }
+            TypedOp::AddEdges { edges } => {
+                change.update = Some(TypedUpdate {
+                    nodes: Vec::new(),
+                    edges: edges_of(edges)?,
+                });
+            }
+            TypedOp::SetFeatures {
+                node_type: name,
+                id,
+                row,
+            } => {
+                let t = node_type(name)?;
+                if schema.node_types[t].feature_dim == 0 {
+                    return Err(format!(
+                        "node type {name} has no features: set_features names a type with \
+                         features"
+                    ));
+                }
+                if let Some(row) = row_of(t, *id, row)? {
+                    change.rows.push((t, *id, row));
+                }
+                change.evicted.push((t, *id));
+            }
+            TypedOp::Invalidate {
+                node_type: name,
+                ids,
+            } => {
+                let t = node_type(name)?;
+                if schema.node_types[t].feature_dim == 0 {
+                    return Err(format!(
+                        "node type {name} has no features: there is no row to invalidate"
+                    ));
+                }
+                change.evicted.extend(ids.iter().map(|&id| (t, id)));
+            }
+        }
+        Ok(change)
+    }
+
+    /// Parses one typed operation in the text syntax of `sidecar publish`:
+    ///
+    /// - `add-node TYPE ID [row=V,V,...] [edges:EDGE_TYPE=SRC,DST,...]...`
+    /// - `add-edges edges:EDGE_TYPE=SRC,DST,... [edges:EDGE_TYPE=...]...`
+    /// - `set-features TYPE ID row=V,V,...`
+    /// - `invalidate TYPE ID [ID...]`
+    ///
+    /// `row=` may also be `row-file=PATH` (raw little-endian f32).
+    pub fn from_words(words: &[&str]) -> Result<TypedOp, String> {
+        let (&verb, rest) = words.split_first().ok_or("an empty operation")?;
+        let mut plain = Vec::new();
+        let mut row = None;
+        let mut edges: Vec<NamedEdges> = Vec::new();
+        for word in rest {
+            if let Some(values) = word.strip_prefix("row=") {
+                row = Some(crate::updates::entry::parse_row(values)?);
+            } else if let Some(path) = word.strip_prefix("row-file=") {
+                row = Some(std::fs::read(path).map_err(|e| format!("reading {path}: {e}"))?);
+            } else if let Some(spec) = word.strip_prefix(EDGES_FIELD) {
+                let (name, list) = spec.split_once('=').ok_or_else(|| {
+                    format!("{word:?}: write edges as {EDGES_FIELD}EDGE_TYPE=SRC,DST,...")
+                })?;
+                let flat: Vec<u64> = list
+                    .split(',')
+                    .filter(|t| !t.is_empty())
+                    .map(parse_id)
+                    .collect::<Result<_, _>>()?;
+                if flat.is_empty() || !flat.len().is_multiple_of(2) {
+                    return Err(format!("{EDGES_FIELD}{name} needs SRC,DST pairs"));
+                }
+                edges.push((
+                    name.to_string(),
+                    flat.chunks(2).map(|p| (p[0], p[1])).collect(),
+                ));
+            } else {
+                plain.push(*word);
+            }
+        }
+        let typed_id = |plain: &[&str]| -> Result<(String, u64), String> {
+            match plain {
+                [node_type, id] => Ok((node_type.to_string(), parse_id(id)?)),
+                _ => Err(format!("{verb} on a typed graph needs TYPE ID")),
+            }
+        };
+        Ok(match verb {
+            "add-node" => {
+                let (node_type, id) = typed_id(&plain)?;
+                TypedOp::AddNode {
+                    node_type,
+                    id,
+                    row,
+                    edges,
+                }
+            }
+            "add-edges" => {
+                if !plain.is_empty() || row.is_some() || edges.is_empty() {
+                    return Err(format!(
+                        "add-edges on a typed graph takes {EDGES_FIELD}EDGE_TYPE=SRC,DST,... only"
+                    ));
+                }
+                TypedOp::AddEdges { edges }
+            }
+            "set-features" => {
+                let (node_type, id) = typed_id(&plain)?;
+                if row.is_none() || !edges.is_empty() {
+                    return Err("set-features needs TYPE ID and its row (row=...)".into());
+                }
+                TypedOp::SetFeatures { node_type, id, row }
+            }
+            "invalidate" => {
+                let Some((node_type, ids)) = plain.split_first() else {
+                    return Err("invalidate on a typed graph needs TYPE ID...".into());
+                };
+                if ids.is_empty() || row.is_some() || !edges.is_empty() {
+                    return Err("invalidate on a typed graph takes TYPE ID... only".into());
+                }
+                TypedOp::Invalidate {
+                    node_type: node_type.to_string(),
+                    ids: ids
+                        .iter()
+                        .map(|id| parse_id(id))
+                        .collect::<Result<_, _>>()?,
+                }
+            }
+            other => {
+                return Err(format!(
+                    "unknown operation {other:?} (add-node, add-edges, set-features, invalidate)"
+                ))
+            }
+        })
+    }
+}
+
+/// Space-separated decimal ids.
+fn ids(text: &str, name: &str) -> Result<Vec<u64>, String> {
+    let ids: Vec<u64> = text
+        .split(' ')
+        .filter(|t| !t.is_empty())
+        .map(parse_id)
+        .collect::<Result<_, _>>()?;
+    if ids.len() > MAX_IDS_PER_ENTRY {
+        return Err(format!(
+            "`{name}` names {} ids, more than {MAX_IDS_PER_ENTRY}",
+            ids.len()
+        ));
+    }
+    Ok(ids)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::graph::typed::{EdgeType, NodeType};
+
+    fn schema() -> TypedSchema {
+        TypedSchema {
+            node_types: vec![
+                NodeType {
+                    name: "user".into(),
+                    num_nodes: 3,
+                    feature_dim: 2,
+                    dtype: Some("f32".into()),
+                },
+                NodeType {
+                    name: "item".into(),
+                    num_nodes: 2,
+                    feature_dim: 0,
+                    dtype: None,
+                },
+            ],
+            edge_types: vec![
+                EdgeType {
+                    src: "user".into(),
+                    relation: "buys".into(),
+                    dst: "item".into(),
+                },
+                EdgeType {
+                    src: "item".into(),
+                    relation: "rev_buys".into(),
+                    dst: "user".into(),
+                },
+            ],
+            graph_version: 1,
+        }
+    }
+
+    fn wire(op: &TypedOp) -> Vec<(Vec<u8>, Vec<u8>)> {
+        op.to_fields()
+            .into_iter()
+            .map(|(k, v)| (k.into_bytes(), v))
+            .collect()
+    }
+
+    #[test]
+    fn every_typed_op_round_trips_and_resolves() {
+        let row = vec![0u8, 0, 128, 63, 0, 0, 0, 64];
+        let add = TypedOp::AddNode {
+            node_type: "user".into(),
+            id: 3,
+            row: Some(row.clone()),
+            edges: vec![
+                ("buys".into(), vec![(3, 0)]),
+                ("item__rev_buys__user".into(), vec![(0, 3)]),
+            ],
+        };
+        for op in [
+            add.clone(),
+            TypedOp::AddEdges {
+                edges: vec![("user__buys__item".into(), vec![(1, 1), (2, 0)])],
+            },
+            TypedOp::SetFeatures {
+                node_type: "user".into(),
+                id: 1,
+                row: Some(row.clone()),
+            },
+            TypedOp::Invalidate {
+                node_type: "user".into(),
+                ids: vec![0, 2],
+            },
+        ] {
+            let fields = wire(&op);
+            assert!(is_typed(&fields));
+            assert_eq!(TypedOp::from_fields(&fields), Ok(op.clone()));
+            op.resolve(&schema()).unwrap();
+        }
+        let change = add.resolve(&schema()).unwrap();
+        assert_eq!(change.rows, vec![(0, 3, row)]);
+        assert_eq!(change.evicted, vec![(0, 3)]);
+        assert_eq!(
+            change.update,
+            Some(TypedUpdate {
+                nodes: vec![(0, 3)],
+                edges: vec![(0, vec![(3, 0)]), (1, vec![(0, 3)])],
+            })
+        );
+    }
+
+    #[test]
+    fn an_entry_naming_what_the_graph_lacks_is_refused_by_name() {
+        let op = |node_type: &str, row: Option<Vec<u8>>, edges: Vec<NamedEdges>| TypedOp::AddNode {
+            node_type: node_type.into(),
+            id: 5,
+            row,
+            edges,
+        };
+        let cases = [
+            (op("board", None, vec![]), "unknown node type \"board\""),
+            (
+                op("user", Some(vec![0; 12]), vec![]),
+                "rows of node type user have 8",
+            ),
+            (
+                op("item", Some(vec![0; 8]), vec![]),
+                "node type item has no features",
+            ),
+            (
+                op("user", None, vec![("likes".into(), vec![(5, 0)])]),
+                "unknown edge type \"likes\"",
+            ),
+        ];
+        for (op, expected) in cases {
+            let err = op.resolve(&schema()).unwrap_err();
+            assert!(err.contains(expected), "{op:?}: {err}");
+        }
+        let fields = |pairs: &[(&str, &[u8])]| -> Vec<(Vec<u8>, Vec<u8>)> {
+            pairs
+                .iter()
+                .map(|(k, v)| (k.as_bytes().to_vec(), v.to_vec()))
+                .collect()
+        };
+        for (f, expected) in [
+            (fields(&[("op", b"add_node"), ("type", b"user")]), "no `id`"),
+            (
+                fields(&[("op", b"add_edges"), ("edges:buys", b"1 2 3")]),
+                "pairs",
+            ),
+            (
+                fields(&[
+                    ("op", b"invalidate"),
+                    ("type", b"user"),
+                    ("ids", b"1"),
+                    ("row", b""),
+                ]),
+                "takes no `row`",
+            ),
+            (
+                fields(&[
+                    ("op", b"add_node"),
+                    ("type", b"user"),
+                    ("id", b"1"),
+                    ("neighbors", b"2"),
+                ]),
+                "unknown field `neighbors`",
+            ),
+        ] {
+            let err = TypedOp::from_fields(&f).unwrap_err();
+            assert!(err.contains(expected), "{err}");
+        }
+    }
+
+    #[test]
+    fn the_text_syntax_reads_typed_ops() {
+        assert_eq!(
+            TypedOp::from_words(&["add-node", "user", "7", "row=1,2", "edges:buys=7,0,7,1"]),
+            Ok(TypedOp::AddNode {
+                node_type: "user".into(),
+                id: 7,
+                row: Some(vec![0, 0, 128, 63, 0, 0, 0, 64]),
+                edges: vec![("buys".into(), vec![(7, 0), (7, 1)])],
+            })
+        );
+        assert_eq!(
+            TypedOp::from_words(&["invalidate", "user", "1", "2"]),
+            Ok(TypedOp::Invalidate {
+                node_type: "user".into(),
+                ids: vec![1, 2]
+            })
+        );
+        assert!(TypedOp::from_words(&["add-edges", "edges:buys=1"]).is_err());
+        assert!(TypedOp::from_words(&["add-node", "user"]).is_err());
+    }
+}
