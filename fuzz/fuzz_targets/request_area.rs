@@ -37,6 +37,22 @@ fuzz_target!(|bytes: &[u8]| {
             assert!(fanout <= geometry.max_fanouts[hop.min(1)]);
         }
         assert!(request.targets.len() <= geometry.max_targets as usize);
+        if let Some(node) = &request.typed_new_node {
+            assert_eq!(request.targets.len(), 1, "a typed new node is the one target");
+            let target = &typed.node_types[ask.target_type as usize];
+            assert_eq!(node.features.len(), target.feature_dim as usize);
+            assert!(node.features.iter().all(|v| v.is_finite()));
+            assert_eq!(node.edges.len(), typed.edge_types.len());
+            for (e, pairs) in node.edges.iter().enumerate() {
+                let desc = &typed.edge_types[e];
+                for &(src, dst) in pairs {
+                    assert!(
+                        (desc.src == ask.target_type && src == request.targets[0])
+                            || (desc.dst == ask.target_type && dst == request.targets[0])
+                    );
+                }
+            }
+        }
     }
     let occupied = protocol::request::occupied_bytes(bytes, &geometry, &schema, Some(&typed));
     assert!(occupied <= geometry.request_bytes as usize);
