@@ -239,7 +239,7 @@ fn a_typed_sidecar_refuses_one_type_calls_and_commands_by_name() {
             vec!["graph", "add-node", "9000", "--features", "1,2"],
             "name the type (`sidecarctl graph add-node --type",
         ),
-        (vec!["graph", "compact"], "is for one-type graphs"),
+        (vec!["cache", "flush"], "is for one-type graphs"),
         (vec!["warm", "--top", "10"], "is for one-type graphs"),
     ] {
         let out = sidecar.sidecarctl(&args);

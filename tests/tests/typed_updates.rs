@@ -75,7 +75,10 @@ fn assert_new_airport_is_served(client: &RingClient, airline_row: Option<[f32; 3
 
 #[test]
 fn a_typed_node_added_through_the_admin_socket_is_answered_in_the_next_call() {
-    let sidecar = TypedSidecar::start(&[], &[]);
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    typed::import(&dataset("openflights"), &data, &[]);
+    let sidecar = TypedSidecar::serve(&data, &[]);
     let client = sidecar.client();
     let before = sidecar.sidecarctl_json(&["graph", "checksum"]);
     let row = row_text(&ROW);
@@ -146,7 +149,7 @@ fn a_typed_node_added_through_the_admin_socket_is_answered_in_the_next_call() {
     assert_eq!(added["edges_added"], 3, "{added}");
     assert_new_airport_is_served(&client, None);
     // Edges of one edge type from a file; a present one is ignored.
-    let file = sidecar.data.with_file_name("edges.txt");
+    let file = dir.path().join("edges.txt");
     std::fs::write(&file, "# airport airline\n7698 0\n7698 5\n").unwrap();
     let added = sidecar.sidecarctl_json(&[
         "graph",
@@ -166,6 +169,32 @@ fn a_typed_node_added_through_the_admin_socket_is_answered_in_the_next_call() {
     let invalidated = sidecar.sidecarctl_json(&["invalidate", "--type", "airport", &new_id]);
     assert_eq!(invalidated["invalidated"], 1, "{invalidated}");
     assert_new_airport_is_served(&client, None);
+    // Compacted into the typed index, then one more edge that a clean stop
+    // compacts: a restart serves both.
+    let compacted = sidecar.sidecarctl_json(&["graph", "compact"]);
+    assert_eq!(compacted["n_edges"], after["n_edges"], "{compacted}");
+    assert_eq!(sidecar.sidecarctl_json(&["graph", "checksum"]), after);
+    std::fs::write(&file, "7698 5\n").unwrap();
+    let added = sidecar.sidecarctl_json(&[
+        "graph",
+        "add-edges",
+        "--edge-type",
+        "route",
+        "--file",
+        file.to_str().unwrap(),
+    ]);
+    assert_eq!(added["edges_added"], 1, "{added}");
+    let served = sidecar.sidecarctl_json(&["graph", "checksum"]);
+    drop(client);
+    assert!(sidecar.stop(), "the typed sidecar did not stop cleanly");
+    assert!(!data.join("typed-graph.tmp").exists() && !data.join("typed-graph.old").exists());
+    let restarted = TypedSidecar::serve(&data, &[]);
+    let mut sum = restarted.sidecarctl_json(&["graph", "checksum"]);
+    assert_eq!(sum["checksum"], served["checksum"]);
+    assert_eq!(sum["n_edges"], served["n_edges"]);
+    sum["generation"] = served["generation"].clone();
+    assert_eq!(sum, served, "the same graph, generation and position");
+    assert_new_airport_is_served(&restarted.client(), None);
 }
 
 /// `sidecar publish` against the stream on `url`, with `args`.
@@ -276,8 +305,12 @@ fn typed_replicas_following_the_stream_converge_and_skip_what_they_cannot_apply(
         assert_eq!(metric(sidecar, "sidecar_updates_malformed_total"), 4.0);
         assert_new_airport_is_served(&sidecar.client(), Some([0.5, 0.25, 2.0]));
     }
-    // A restarted replica replays the stream: the same graph, the same rows.
+    // A restarted replica replays the stream from its graph's position
+    // (a's compacted: the position is in its typed index) and its stores':
+    // the same graph, the same rows.
     let served = b.sidecarctl_json(&["graph", "checksum"]);
+    let compacted = a.sidecarctl_json(&["graph", "compact"]);
+    assert_eq!(compacted["n_edges"], served["n_edges"], "{compacted}");
     assert!(a.stop(), "replica a did not stop cleanly");
     let a = TypedSidecar::serve(&data_a, &follow);
     assert!(eventually(Duration::from_secs(30), || {

@@ -167,8 +167,8 @@ impl Graph {
             if got.abs_diff(edges) * 50 <= edges {
                 break;
             }
-            if got > 0 {
-                drawn = drawn * edges / got;
+            if let Some(scaled) = (drawn * edges).checked_div(got) {
+                drawn = scaled;
             }
             // A model trained on another draw is trained again.
             for dir in [&dataset, &data, &args.work.join(format!("{name}-model"))] {

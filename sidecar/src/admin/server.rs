@@ -543,6 +543,16 @@ fn handle(
                 position: graph.position().to_string(),
             }
         }
+        AdminRequest::Compact if typed_graph(daemon).is_some() => {
+            let typed = typed_graph(daemon).expect("checked");
+            let compacted = typed.graph.compact(&daemon.config.data_dir)?;
+            AdminResponse::Compacted {
+                n_nodes: compacted.n_nodes,
+                n_edges: compacted.n_edges,
+                generation: compacted.generation,
+                seconds: compacted.seconds,
+            }
+        }
         AdminRequest::Compact => {
             let core = daemon.loaded()?;
             let started = Instant::now();
@@ -662,7 +672,6 @@ fn one_type_command(request: &AdminRequest) -> Option<&'static str> {
         AdminRequest::Invalidate { .. } => "invalidate",
         AdminRequest::AddNodes { .. } => "graph add-node",
         AdminRequest::AddEdges { .. } => "graph add-edges",
-        AdminRequest::Compact => "graph compact",
         AdminRequest::FlushCache { .. } => "flush-cache",
         _ => return None,
     })

@@ -419,6 +419,30 @@ pub fn import_typed(
     })
 }
 
+/// Puts back `typed-graph` from `typed-graph.old` when a compaction was
+/// interrupted between its two renames (the old index is whole; the
+/// updates it lacks replay from an update stream, as after any crash
+/// before a compaction). Returns whether it did.
+pub fn recover_interrupted_compaction(data_dir: &Path) -> anyhow::Result<bool> {
+    let dir = data_dir.join(TYPED_DIR);
+    let old = data_dir.join(format!("{TYPED_DIR}.old"));
+    if dir.exists() || !old.is_dir() {
+        return Ok(false);
+    }
+    std::fs::rename(&old, &dir).with_context(|| {
+        format!(
+            "putting back {} from an interrupted compaction's {}",
+            dir.display(),
+            old.display()
+        )
+    })?;
+    tracing::warn!(
+        dir = %dir.display(),
+        "a typed graph compaction was interrupted: the index before it is back in place"
+    );
+    Ok(true)
+}
+
 /// A typed index, mapped and verified: the schema and one CSR per edge
 /// type, each checked against the schema's counts and graph version.
 #[derive(Debug)]

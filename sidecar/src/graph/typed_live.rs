@@ -16,22 +16,29 @@
 //! served their type's default row until a row is stored for them); one
 //! update may move a bound at most [`MAX_ID_GROWTH`] past where it was.
 //!
-//! A typed graph is not compacted while serving: its added nodes and edges
-//! live in memory and are replayed from the update stream after a restart
-//! (its position stays the import's).
+//! Compaction ([`TypedLiveGraph::compact`]) writes base + deltas as a new
+//! typed index (each edge type through the regular builder, the schema
+//! with each type's count) under `typed-graph.tmp`, swaps it in for
+//! `typed-graph`, maps it and publishes a snapshot with empty deltas plus
+//! the updates applied while it ran. Neither updates nor sampling wait for
+//! the build.
 
+use std::io::Write;
+use std::path::Path;
 use std::sync::{Arc, Mutex};
+use std::time::Instant;
 
-use anyhow::ensure;
+use anyhow::{bail, ensure, Context};
 use arc_swap::ArcSwap;
 use rustc_hash::FxHashMap;
 use xxhash_rust::xxh3::Xxh3;
 
+use crate::graph::build::{self, BuildOptions, EdgeFile, TypedEdges};
 use crate::graph::delta::Delta;
 use crate::graph::format::StreamPosition;
 use crate::graph::live::{kth_of_union, merge_sorted, MAX_ID_GROWTH, MAX_NODE_ID};
 use crate::graph::sampler::TypedNeighborSource;
-use crate::graph::typed::{TypedGraph, TypedSchema};
+use crate::graph::typed::{self, TypedGraph, TypedSchema};
 
 /// One typed update: nodes to add and edges to add, by type index, applied
 /// whole or not at all.
@@ -123,6 +130,13 @@ impl TypedSnapshot {
 
     pub fn generation(&self) -> u64 {
         self.generation
+    }
+
+    /// Updates the typed index on disk holds (its import's or its last
+    /// compaction's generation): `generation() - base_generation()` are in
+    /// memory only.
+    pub fn base_generation(&self) -> u64 {
+        self.base.csr(0).header().generation
     }
 
     /// The last update-stream entry this graph holds.
@@ -367,19 +381,46 @@ impl TypedNeighborSource for TypedSnapshot {
 #[derive(Debug, Clone)]
 pub struct TypedLiveGraph {
     current: Arc<ArcSwap<TypedSnapshot>>,
-    /// Serialises writers; readers never take it.
-    writer: Arc<Mutex<()>>,
+    /// Serialises writers; readers never take it, and a compaction holds it
+    /// only to take its snapshot and to switch to the new base.
+    writer: Arc<Mutex<WriterState>>,
+}
+
+#[derive(Debug, Default)]
+struct WriterState {
+    /// While a compaction builds: the updates applied since it took its
+    /// snapshot, replayed on the new base.
+    compacting: Option<Vec<TypedUpdate>>,
+}
+
+/// What a compaction wrote.
+#[derive(Debug, Clone, Copy)]
+pub struct TypedCompacted {
+    pub n_nodes: u64,
+    pub n_edges: u64,
+    pub generation: u64,
+    pub seconds: f64,
 }
 
 impl TypedLiveGraph {
     /// Serves `base` as imported, at the update position its index records.
     pub fn new(base: TypedGraph) -> Self {
+        Self {
+            current: Arc::new(ArcSwap::from_pointee(Self::fresh(base))),
+            writer: Arc::new(Mutex::new(WriterState::default())),
+        }
+    }
+
+    /// `base` with no update on top, at the position its index records.
+    fn fresh(base: TypedGraph) -> TypedSnapshot {
         let header = *base.csr(0).header();
-        let n_types = base.schema().node_types.len();
         let n_edge_types = base.schema().edge_types.len();
-        let snapshot = TypedSnapshot {
-            id_bounds: (0..n_types)
-                .map(|t| base.schema().node_types[t].num_nodes)
+        TypedSnapshot {
+            id_bounds: base
+                .schema()
+                .node_types
+                .iter()
+                .map(|t| t.num_nodes)
                 .collect(),
             deltas: vec![Delta::default(); n_edge_types],
             added_edges: vec![0; n_edge_types],
@@ -387,11 +428,60 @@ impl TypedLiveGraph {
             position: header.position,
             consumed: header.consumed,
             base: Arc::new(base),
-        };
-        Self {
-            current: Arc::new(ArcSwap::from_pointee(snapshot)),
-            writer: Arc::new(Mutex::new(())),
         }
+    }
+
+    fn writer(&self) -> std::sync::MutexGuard<'_, WriterState> {
+        self.writer.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Whether a compaction is building now.
+    pub fn compacting(&self) -> bool {
+        self.writer().compacting.is_some()
+    }
+
+    /// Rewrites `<data_dir>/typed-graph/` with every update folded in and
+    /// switches to it. Updates and sampling go on while it builds: the
+    /// updates applied meanwhile are replayed on the new base when it
+    /// switches.
+    pub fn compact(&self, data_dir: &Path) -> anyhow::Result<TypedCompacted> {
+        let started = Instant::now();
+        let snapshot = {
+            let mut writer = self.writer();
+            if writer.compacting.is_some() {
+                bail!("a graph compaction is already running; wait for it to finish");
+            }
+            writer.compacting = Some(Vec::new());
+            self.snapshot()
+        };
+        let built = write_compacted(&snapshot, data_dir).and_then(|()| TypedGraph::open(data_dir));
+        let mut writer = self.writer();
+        let recorded = writer.compacting.take().unwrap_or_default();
+        let mut next = Self::fresh(built?);
+        for update in &recorded {
+            // Checked once already, against the same bounds.
+            next.apply(update);
+        }
+        let current = self.snapshot();
+        next.position = current.position;
+        next.consumed = current.consumed;
+        debug_assert_eq!(next.generation, current.generation);
+        debug_assert_eq!(next.n_edges(), current.n_edges());
+        let compacted = TypedCompacted {
+            n_nodes: next.n_nodes(),
+            n_edges: next.n_edges(),
+            generation: next.generation,
+            seconds: started.elapsed().as_secs_f64(),
+        };
+        self.current.store(Arc::new(next));
+        drop(writer);
+        tracing::info!(
+            edges = compacted.n_edges,
+            nodes = compacted.n_nodes,
+            replayed = recorded.len(),
+            "typed graph compacted into a new index"
+        );
+        Ok(compacted)
     }
 
     /// The snapshot a request should sample from, start to end.
@@ -408,7 +498,7 @@ impl TypedLiveGraph {
         updates: &[TypedUpdate],
         position: Option<(StreamPosition, u64)>,
     ) -> Vec<anyhow::Result<TypedUpdateStats>> {
-        let _writer = self.writer.lock().unwrap_or_else(|p| p.into_inner());
+        let mut writer = self.writer();
         let old = self.snapshot();
         let mut next = TypedSnapshot {
             base: old.base.clone(),
@@ -423,6 +513,9 @@ impl TypedLiveGraph {
             .iter()
             .map(|update| {
                 next.check(update)?;
+                if let Some(recorded) = writer.compacting.as_mut() {
+                    recorded.push(update.clone());
+                }
                 Ok(next.apply(update))
             })
             .collect();
@@ -438,6 +531,92 @@ impl TypedLiveGraph {
             .pop()
             .expect("one outcome per update")
     }
+}
+
+/// Writes `snapshot` as a typed index into `<data_dir>/typed-graph.tmp`,
+/// then swaps it in for `typed-graph` (the old one renamed
+/// `typed-graph.old` first, and removed once the new one is in place:
+/// [`typed::recover_interrupted_compaction`] puts it back if a crash comes
+/// between the two renames).
+fn write_compacted(snapshot: &TypedSnapshot, data_dir: &Path) -> anyhow::Result<()> {
+    let schema = snapshot.schema();
+    let tmp = data_dir.join(format!("{}.tmp", typed::TYPED_DIR));
+    if tmp.exists() {
+        std::fs::remove_dir_all(&tmp)
+            .with_context(|| format!("removing the leftover {}", tmp.display()))?;
+    }
+    std::fs::create_dir_all(&tmp).with_context(|| format!("creating {}", tmp.display()))?;
+    for (e, &(src, dst)) in snapshot.base.edge_types().iter().enumerate() {
+        let key = schema.edge_types[e].key();
+        let edge_file = tmp.join(format!("{key}.edges.tmp"));
+        let mut out = std::io::BufWriter::with_capacity(
+            1 << 20,
+            std::fs::File::create(&edge_file)
+                .with_context(|| format!("creating {}", edge_file.display()))?,
+        );
+        let mut failed = None;
+        for node in 0..snapshot.id_bounds[dst] as u32 {
+            let sources = snapshot.base.csr(e).neighbors(node);
+            merge_sorted(sources, snapshot.added_row(e, node), |source| {
+                if failed.is_none() {
+                    let mut pair = [0u8; 8];
+                    pair[..4].copy_from_slice(&source.to_le_bytes());
+                    pair[4..].copy_from_slice(&node.to_le_bytes());
+                    failed = out.write_all(&pair).err();
+                }
+            });
+        }
+        if let Some(e) = failed {
+            return Err(e).with_context(|| format!("writing {}", edge_file.display()));
+        }
+        out.flush()?;
+        drop(out);
+        build::build(
+            &EdgeFile {
+                path: edge_file.clone(),
+                n_nodes: Some(snapshot.id_bounds[dst]),
+            },
+            &tmp.join(format!("{key}.csr")),
+            &BuildOptions {
+                undirected: false,
+                graph_version: schema.graph_version,
+                known: None,
+                position: snapshot.position,
+                consumed: snapshot.consumed,
+                generation: snapshot.generation,
+                typed: Some(TypedEdges {
+                    n_src: snapshot.id_bounds[src],
+                    same_type: src == dst,
+                }),
+            },
+        )
+        .with_context(|| format!("compacting edge type {key}"))?;
+        std::fs::remove_file(&edge_file)?;
+    }
+    let mut compacted = schema.clone();
+    for (t, node_type) in compacted.node_types.iter_mut().enumerate() {
+        node_type.num_nodes = snapshot.id_bounds[t];
+    }
+    let schema_path = tmp.join(typed::SCHEMA_FILE);
+    std::fs::write(
+        &schema_path,
+        serde_json::to_string_pretty(&compacted)? + "\n",
+    )
+    .with_context(|| format!("writing {}", schema_path.display()))?;
+    std::fs::File::open(&tmp)?.sync_all()?;
+    let dir = data_dir.join(typed::TYPED_DIR);
+    let old = data_dir.join(format!("{}.old", typed::TYPED_DIR));
+    if old.exists() {
+        std::fs::remove_dir_all(&old)?;
+    }
+    std::fs::rename(&dir, &old)
+        .with_context(|| format!("renaming {} to {}", dir.display(), old.display()))?;
+    std::fs::rename(&tmp, &dir)
+        .with_context(|| format!("renaming {} to {}", tmp.display(), dir.display()))?;
+    std::fs::File::open(data_dir)?.sync_all()?;
+    // The old files stay mapped by the snapshots that still hold them.
+    std::fs::remove_dir_all(&old)?;
+    Ok(())
 }
 
 #[cfg(test)]
@@ -504,6 +683,32 @@ mod tests {
         // The snapshot a request held is unchanged.
         assert_eq!(before.sources(0, 0), vec![0, 1]);
         assert_eq!(before.checksum(), checksum);
+    }
+
+    #[test]
+    fn a_compaction_writes_what_is_served_and_a_restart_maps_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let graph = TypedLiveGraph::new(small_graph(dir.path()));
+        graph
+            .update(TypedUpdate {
+                nodes: vec![(1, 3)],
+                edges: vec![(0, vec![(4, 3), (2, 0)]), (1, vec![(2, 4)])],
+            })
+            .unwrap();
+        let served = graph.snapshot();
+        let compacted = graph.compact(&dir.path().join("data")).unwrap();
+        assert_eq!(compacted.n_edges, served.n_edges());
+        let now = graph.snapshot();
+        assert_eq!(now.checksum(), served.checksum());
+        assert_eq!(now.delta_entries(), 0, "everything in the index");
+        assert_eq!(now.base_generation(), now.generation());
+        // A restart maps what the compaction wrote.
+        let reopened = TypedLiveGraph::new(TypedGraph::open(&dir.path().join("data")).unwrap());
+        let reopened = reopened.snapshot();
+        assert_eq!(reopened.checksum(), served.checksum());
+        assert_eq!((reopened.id_bound(0), reopened.id_bound(1)), (5, 4));
+        assert_eq!(reopened.sources(0, 0), vec![0, 1, 2]);
+        assert_eq!(reopened.generation(), served.generation());
     }
 
     #[test]

@@ -34,6 +34,7 @@ pub(super) struct Loaded {
 /// Loads everything the sidecar serves from, in the readiness order.
 pub(super) fn load(daemon: &Daemon, runtime: &tokio::runtime::Runtime) -> anyhow::Result<Loaded> {
     let config = &daemon.config;
+    crate::graph::typed::recover_interrupted_compaction(&config.data_dir)?;
     if typed::is_typed_data_dir(config) {
         let data_dir_lock = DataDirLock::acquire(&config.data_dir)?;
         return load_typed(daemon, runtime, data_dir_lock);
