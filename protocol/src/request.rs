@@ -70,15 +70,8 @@ pub fn new_node_problem(
             node.features.len()
         ));
     }
-    if let Some((i, v)) = node
-        .features
-        .iter()
-        .enumerate()
-        .find(|(_, v)| !v.is_finite())
-    {
-        return Some(format!(
-            "the new node's feature {i} is {v}: every feature must be a finite number"
-        ));
+    if let Some(problem) = not_finite(&node.features) {
+        return Some(problem);
     }
     let max = max_new_node_edges(geometry, schema);
     if node.neighbors.len() as u64 > max {
@@ -89,6 +82,14 @@ pub fn new_node_problem(
         ));
     }
     None
+}
+
+/// The first value of a new node's row that is not a finite number, named.
+fn not_finite(features: &[f32]) -> Option<String> {
+    let (i, v) = features.iter().enumerate().find(|(_, v)| !v.is_finite())?;
+    Some(format!(
+        "the new node's feature {i} is {v}: every feature must be a finite number"
+    ))
 }
 
 /// A node the graph does not have, carried in a request (`NEW_NODE`): the
@@ -205,15 +206,8 @@ pub fn typed_new_node_problem(
             target.name
         ));
     }
-    if let Some((i, v)) = node
-        .features
-        .iter()
-        .enumerate()
-        .find(|(_, v)| !v.is_finite())
-    {
-        return Some(format!(
-            "the new node's feature {i} is {v}: every feature must be a finite number"
-        ));
+    if let Some(problem) = not_finite(&node.features) {
+        return Some(problem);
     }
     if node.edges.len() != graph.edge_types.len() {
         return Some(format!(

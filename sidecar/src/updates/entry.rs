@@ -150,20 +150,7 @@ impl Op {
             let value = value.ok_or(format!("no `{name}` field"))?;
             parse_id(&text(name, value)?)
         };
-        let ids = |value: &[u8], name: &str| -> Result<Vec<u64>, String> {
-            let ids: Vec<u64> = text(name, value)?
-                .split(' ')
-                .filter(|t| !t.is_empty())
-                .map(parse_id)
-                .collect::<Result<_, _>>()?;
-            if ids.len() > MAX_IDS_PER_ENTRY {
-                return Err(format!(
-                    "`{name}` names {} ids, more than {MAX_IDS_PER_ENTRY}",
-                    ids.len()
-                ));
-            }
-            Ok(ids)
-        };
+        let ids = |value: &[u8], name: &str| parse_ids(&text(name, value)?, name);
         let row = |value: Option<&[u8]>| -> Result<Option<Vec<u8>>, String> {
             match value {
                 Some(row) if row.len() != row_bytes => Err(format!(
@@ -304,6 +291,23 @@ impl Op {
         }
         Ok(op)
     }
+}
+
+/// Field `name`'s space-separated decimal ids, at most
+/// [`MAX_IDS_PER_ENTRY`].
+pub(crate) fn parse_ids(text: &str, name: &str) -> Result<Vec<u64>, String> {
+    let ids: Vec<u64> = text
+        .split(' ')
+        .filter(|t| !t.is_empty())
+        .map(parse_id)
+        .collect::<Result<_, _>>()?;
+    if ids.len() > MAX_IDS_PER_ENTRY {
+        return Err(format!(
+            "`{name}` names {} ids, more than {MAX_IDS_PER_ENTRY}",
+            ids.len()
+        ));
+    }
+    Ok(ids)
 }
 
 /// A row given inline, `V,V,...`, as its raw little-endian f32 bytes.

@@ -6,7 +6,7 @@
 
 use crate::graph::typed::TypedSchema;
 use crate::graph::typed_live::TypedUpdate;
-use crate::updates::entry::{parse_id, MAX_IDS_PER_ENTRY};
+use crate::updates::entry::{parse_id, parse_ids as ids, MAX_IDS_PER_ENTRY};
 
 /// The prefix of an edge field: `edges:<edge type>`.
 pub const EDGES_FIELD: &str = "edges:";
@@ -446,22 +446,6 @@ impl TypedOp {
             }
         })
     }
-}
-
-/// Space-separated decimal ids.
-fn ids(text: &str, name: &str) -> Result<Vec<u64>, String> {
-    let ids: Vec<u64> = text
-        .split(' ')
-        .filter(|t| !t.is_empty())
-        .map(parse_id)
-        .collect::<Result<_, _>>()?;
-    if ids.len() > MAX_IDS_PER_ENTRY {
-        return Err(format!(
-            "`{name}` names {} ids, more than {MAX_IDS_PER_ENTRY}",
-            ids.len()
-        ));
-    }
-    Ok(ids)
 }
 
 #[cfg(test)]
