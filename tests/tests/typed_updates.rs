@@ -149,16 +149,20 @@ fn a_typed_node_added_through_the_admin_socket_is_answered_in_the_next_call() {
     assert_eq!(added["edges_added"], 3, "{added}");
     assert_new_airport_is_served(&client, None);
     // Edges of one edge type from a file; a present one is ignored.
-    let file = dir.path().join("edges.txt");
-    std::fs::write(&file, "# airport airline\n7698 0\n7698 5\n").unwrap();
-    let added = sidecar.sidecarctl_json(&[
-        "graph",
-        "add-edges",
-        "--edge-type",
-        "rev_serves",
-        "--file",
-        file.to_str().unwrap(),
-    ]);
+    let add_edges = |edge_type: &str, lines: &str| {
+        let file = dir.path().join("edges.txt");
+        std::fs::write(&file, lines).unwrap();
+        let file = file.to_str().unwrap();
+        sidecar.sidecarctl_json(&[
+            "graph",
+            "add-edges",
+            "--edge-type",
+            edge_type,
+            "--file",
+            file,
+        ])
+    };
+    let added = add_edges("rev_serves", "# airport airline\n7698 0\n7698 5\n");
     assert_eq!(added["edges_added"], 2, "{added}");
     let after = sidecar.sidecarctl_json(&["graph", "checksum"]);
     assert_ne!(after["checksum"], before["checksum"]);
@@ -174,15 +178,7 @@ fn a_typed_node_added_through_the_admin_socket_is_answered_in_the_next_call() {
     let compacted = sidecar.sidecarctl_json(&["graph", "compact"]);
     assert_eq!(compacted["n_edges"], after["n_edges"], "{compacted}");
     assert_eq!(sidecar.sidecarctl_json(&["graph", "checksum"]), after);
-    std::fs::write(&file, "7698 5\n").unwrap();
-    let added = sidecar.sidecarctl_json(&[
-        "graph",
-        "add-edges",
-        "--edge-type",
-        "route",
-        "--file",
-        file.to_str().unwrap(),
-    ]);
+    let added = add_edges("route", "7698 5\n");
     assert_eq!(added["edges_added"], 1, "{added}");
     let served = sidecar.sidecarctl_json(&["graph", "checksum"]);
     drop(client);

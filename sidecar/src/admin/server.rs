@@ -699,14 +699,13 @@ fn typed_update(
         );
     };
     refuse_while_following(core)?;
-    let change = op
-        .resolve(typed.graph.snapshot().schema())
-        .map_err(anyhow::Error::msg)?;
+    let graph = typed.graph.snapshot();
+    let change = op.resolve(graph.schema()).map_err(anyhow::Error::msg)?;
     if let Some(update) = &change.update {
-        // Refused before any row is written.
-        typed.graph.snapshot().check(update)?;
+        // Refused before any row is written (and checked again when applied).
+        graph.check(update)?;
     }
-    let schema = typed.graph.snapshot().schema().clone();
+    let schema = graph.schema();
     for (t, id, row) in &change.rows {
         let stores = typed.stores[*t]
             .as_ref()
