@@ -495,16 +495,6 @@ fn handle(
                 generation: stats.generation,
             }
         }
-        AdminRequest::GraphChecksum if typed_graph(daemon).is_some() => {
-            let graph = typed_graph(daemon).expect("checked").graph.snapshot();
-            AdminResponse::GraphChecksum {
-                checksum: format!("{:016x}", graph.checksum()),
-                n_nodes: graph.n_nodes(),
-                n_edges: graph.n_edges(),
-                generation: graph.generation(),
-                position: graph.position().to_string(),
-            }
-        }
         AdminRequest::TypedAddNode {
             node_type,
             id,
@@ -534,13 +524,25 @@ fn handle(
             AdminResponse::Invalidated { ids: n }
         }
         AdminRequest::GraphChecksum => {
-            let graph = daemon.loaded()?.graph.snapshot();
+            // The typed graph where the sidecar serves one, else the graph.
+            let (checksum, n_nodes, n_edges, generation, position) = match typed_graph(daemon) {
+                Some(typed) => {
+                    let g = typed.graph.snapshot();
+                    let at = g.position();
+                    (g.checksum(), g.n_nodes(), g.n_edges(), g.generation(), at)
+                }
+                None => {
+                    let g = daemon.loaded()?.graph.snapshot();
+                    let at = g.position();
+                    (g.checksum(), g.n_nodes(), g.n_edges(), g.generation(), at)
+                }
+            };
             AdminResponse::GraphChecksum {
-                checksum: format!("{:016x}", graph.checksum()),
-                n_nodes: graph.n_nodes(),
-                n_edges: graph.n_edges(),
-                generation: graph.generation(),
-                position: graph.position().to_string(),
+                checksum: format!("{checksum:016x}"),
+                n_nodes,
+                n_edges,
+                generation,
+                position: position.to_string(),
             }
         }
         AdminRequest::Compact if typed_graph(daemon).is_some() => {
