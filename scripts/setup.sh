@@ -23,7 +23,9 @@
 #   tests, and the ONNX Runtime library the worker loads; torch and
 #   torch_geometric: the PyTorch Geometric tooling and its tests, about
 #   5.6 GB and 90 s from PyPI; kubernetes-validate for the rendered
-#   manifests), reinstalled only when the requirements change.
+#   manifests), reinstalled only when the requirements change;
+# - .venv-v2 with requirements-v2.txt: the Open Inference Protocol's
+#   clients (tritonclient, the kserve SDK) the tests call the worker with.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -97,6 +99,22 @@ if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
     say "installing $requirements into .venv"
     .venv/bin/python -m pip install -q --upgrade pip
     .venv/bin/python -m pip install -q -r "$requirements"
+    echo "$want" >"$stamp"
+fi
+
+# The Open Inference Protocol's clients (tritonclient, kserve) need
+# protobuf < 7: a venv of their own.
+requirements=requirements-v2.txt
+stamp=.venv-v2/.requirements.sha256
+want=$(sha256sum "$requirements" | cut -d' ' -f1)
+if [ ! -x .venv-v2/bin/python ]; then
+    say "creating the Open Inference Protocol clients' venv in .venv-v2"
+    "$python" -m venv .venv-v2
+fi
+if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
+    say "installing $requirements into .venv-v2"
+    .venv-v2/bin/python -m pip install -q --upgrade pip
+    .venv-v2/bin/python -m pip install -q -r "$requirements"
     echo "$want" >"$stamp"
 fi
 say "ready"

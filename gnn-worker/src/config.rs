@@ -34,6 +34,10 @@ pub struct WorkerConfig {
     /// How often the model directory is checked for a new model to roll
     /// out without a restart, seconds; 0: only on SIGHUP.
     pub model_watch_s: f64,
+    /// The name the model is served under (`model` in answers, `/readyz`,
+    /// the Open Inference Protocol's model name); unset: the manifest's
+    /// `name`, else the model directory's name.
+    pub model_name: Option<String>,
     /// An MLP student's directory (`sage.py distill`); unset: the model
     /// directory's own `student/` if it has one, else none. With one, calls
     /// that arrive while the batcher's queue is long are answered by it on
@@ -143,6 +147,7 @@ impl Default for WorkerConfig {
         Self {
             model: PathBuf::new(),
             model_watch_s: 5.0,
+            model_name: None,
             student: None,
             degrade_queue_calls: 1024,
             degrade_fanouts: None,
@@ -203,6 +208,15 @@ impl Validate for WorkerConfig {
                 "is not set",
                 "pass --model, set GNN_WORKER_MODEL, or model in the config file",
             ));
+        }
+        if let Some(name) = &self.model_name {
+            crate::model::check_model_name(name).map_err(|e| {
+                Invalid::new(
+                    "model_name",
+                    e,
+                    "use letters, digits, '.', '_' and '-' (a URL path segment), 1 to 128",
+                )
+            })?;
         }
         // The sidecar's rule, from the crate both link: a name one side
         // takes, the other takes too.
@@ -408,6 +422,12 @@ pub struct WorkerFlags {
     #[arg(long)]
     #[serde(skip_serializing_if = "Option::is_none")]
     pub model_watch_s: Option<f64>,
+    /// The name the model is served under (answers, /readyz, the Open
+    /// Inference Protocol) [default: the manifest's name, else the model
+    /// directory's name].
+    #[arg(long)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub model_name: Option<String>,
     /// An MLP student's directory (sage.py distill), answering on the
     /// targets' own rows when the batcher's queue is long [default: the
     /// model directory's student/ if it has one, else none].

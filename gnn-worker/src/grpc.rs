@@ -70,24 +70,28 @@ fn is_undecodable(code: tonic::Code, message: &str) -> bool {
 }
 
 /// A unary call whose message could not be decoded gets INVALID_ARGUMENT
-/// instead of the INTERNAL that tonic's codec reports (the status of such an
-/// early failure is in the response headers: a trailers-only response).
+/// instead of the INTERNAL that tonic's codec reports, and one over the
+/// message size limit RESOURCE_EXHAUSTED (gRPC's code for it) instead of
+/// tonic's OUT_OF_RANGE (the status of such an early failure is in the
+/// response headers: a trailers-only response).
 pub fn invalid_argument_for_undecodable<B>(
     mut response: tonic::codegen::http::Response<B>,
 ) -> tonic::codegen::http::Response<B> {
     let headers = response.headers_mut();
-    let internal = headers
-        .get("grpc-status")
-        .is_some_and(|code| code.as_bytes() == b"13");
-    let undecodable = headers
+    let code = headers.get("grpc-status").map(|c| c.as_bytes().to_vec());
+    let message = headers
         .get("grpc-message")
         .and_then(|m| m.to_str().ok())
-        .map(percent_decoded)
-        .is_some_and(|m| is_undecodable(tonic::Code::Internal, &m));
-    if internal && undecodable {
+        .map(percent_decoded);
+    let remapped = match (code.as_deref(), message) {
+        (Some(b"13"), Some(m)) if is_undecodable(tonic::Code::Internal, &m) => Some("3"),
+        (Some(b"11"), Some(m)) if m.contains("message length too large") => Some("8"),
+        _ => None,
+    };
+    if let Some(code) = remapped {
         headers.insert(
             "grpc-status",
-            tonic::codegen::http::HeaderValue::from_static("3"),
+            tonic::codegen::http::HeaderValue::from_static(code),
         );
     }
     response
@@ -131,7 +135,7 @@ pub fn malformed(status: Status) -> Status {
     }
 }
 
-fn to_status(e: PredictError) -> Status {
+pub(crate) fn to_status(e: PredictError) -> Status {
     match e {
         PredictError::InvalidArgument(m) => Status::invalid_argument(m),
         PredictError::Unavailable(m) => Status::unavailable(m),

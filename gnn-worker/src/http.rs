@@ -3,7 +3,8 @@
 //! (the process answers: 200), `GET /readyz` (200 when the worker can
 //! serve; 503 with the reason otherwise: no sidecar yet, sidecar gone or
 //! draining, schema mismatch, no executor alive), `GET /metrics`
-//! (OpenMetrics text).
+//! (OpenMetrics text); and the Open Inference Protocol's `/v2` routes
+//! ([`crate::v2::http`]).
 
 use axum::extract::State;
 use axum::http::{header, StatusCode};
@@ -65,6 +66,7 @@ pub struct PredictionJson {
 pub fn router(service: Service) -> Router {
     Router::new()
         .route("/v1/predict", post(predict))
+        .merge(crate::v2::http::routes())
         .merge(daemon_kit::endpoint::routes(std::sync::Arc::new(
             service.clone(),
         )))

@@ -9,7 +9,8 @@
 //! - [`rollout`]: loading the model, checking it against the sidecar, and
 //!   switching to a new one without a restart;
 //! - [`service`]: the worker as the front ends see it (readiness, calls);
-//! - [`grpc`], [`http`]: the client APIs; [`health`]: `grpc.health.v1`
+//! - [`grpc`], [`http`]: the client APIs; [`v2`]: the Open Inference
+//!   Protocol beside them (tritonclient, KServe); [`health`]: `grpc.health.v1`
 //!   (readiness and liveness for native gRPC probes) beside gRPC server
 //!   reflection on the gRPC port; [`tls`]: TLS and mutual TLS on both;
 //! - [`config`]: every setting of `gnn-worker serve`, its default and range;
@@ -40,3 +41,4 @@ pub mod queue;
 pub mod rollout;
 pub mod service;
 pub mod tls;
+pub mod v2;

@@ -297,6 +297,7 @@ fn reflection() -> anyhow::Result<(
     let builder = || {
         tonic_reflection::server::Builder::configure()
             .register_encoded_file_descriptor_set(gnn_worker::grpc::FILE_DESCRIPTOR_SET)
+            .register_encoded_file_descriptor_set(gnn_worker::v2::grpc::FILE_DESCRIPTOR_SET)
             .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
     };
     Ok((
@@ -375,6 +376,9 @@ async fn serve(
             gnn_worker::grpc::invalid_argument_for_undecodable,
         ))
         .add_service(PredictorServer::new(PredictService::new(service.clone())))
+        .add_service(gnn_worker::v2::grpc::InferenceService::server(
+            service.clone(),
+        ))
         .add_service(gnn_worker::health::HealthService::server(service.clone()))
         .add_service(reflection_v1)
         .add_service(reflection_v1alpha)

@@ -115,6 +115,14 @@ pub const H1_OUTPUT: &str = "h1";
 #[derive(Debug, Clone, Deserialize)]
 pub struct Manifest {
     pub format_version: u32,
+    /// The name the model is served under unless the worker's
+    /// `model_name` says otherwise (absent: the directory's name).
+    #[serde(default)]
+    pub name: Option<String>,
+    /// The model's version, as the Open Inference Protocol reports it
+    /// (absent: the first 12 hex digits of model.onnx's sha256).
+    #[serde(default)]
+    pub version: Option<String>,
     pub architecture: String,
     /// The response layout it reads (absent: dense).
     #[serde(default)]
@@ -277,8 +285,62 @@ pub enum ModelError {
 /// model.onnx, in hex.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ModelIdentity {
+    /// The name it is served under: `model_name`, else the manifest's
+    /// `name`, else the model directory's name.
     pub name: String,
+    /// The sha256 of model.onnx, in hex.
     pub sha256: String,
+    /// Its version (the Open Inference Protocol's): the manifest's
+    /// `version`, else the first 12 hex digits of `sha256`.
+    pub version: String,
+    /// The tensors a call gives and gets (the Open Inference Protocol's
+    /// model metadata).
+    pub tensors: ModelTensors,
+}
+
+/// What a model's calls give and get, in its own terms: the output kind
+/// and width, the new node's row width, and (a typed graph's model) the
+/// edge types a new node of the target type can have.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ModelTensors {
+    pub output: OutputKind,
+    /// The logits' or the embedding's width.
+    pub width: u32,
+    /// A new node's row width (the target type's, on a typed graph).
+    pub feature_dim: u32,
+    /// A typed graph's edge types with the target type at an end (keys
+    /// `src__relation__dst`); `None` for a one-type graph.
+    pub typed_edges: Option<Vec<String>>,
+}
+
+impl ModelTensors {
+    /// A manifest's tensors.
+    pub fn of(manifest: &Manifest) -> Self {
+        let (feature_dim, typed_edges) = match &manifest.typed {
+            None => (manifest.feature_dim, None),
+            Some(typed) => (
+                typed
+                    .node_types
+                    .iter()
+                    .find(|t| t.name == typed.target_type)
+                    .map_or(0, |t| t.feature_dim),
+                Some(
+                    typed
+                        .edge_types
+                        .iter()
+                        .filter(|e| e.src == typed.target_type || e.dst == typed.target_type)
+                        .map(TypedEdgeType::key)
+                        .collect(),
+                ),
+            ),
+        };
+        Self {
+            output: manifest.output,
+            width: manifest.output_width(),
+            feature_dim,
+            typed_edges,
+        }
+    }
 }
 
 impl std::fmt::Display for ModelIdentity {
@@ -287,15 +349,46 @@ impl std::fmt::Display for ModelIdentity {
     }
 }
 
-/// A model directory's identity ([`ModelIdentity`]).
-pub fn identity(dir: &std::path::Path) -> anyhow::Result<ModelIdentity> {
+/// A served model name's rule: 1 to 128 of ASCII letters, digits, '.',
+/// '_' and '-', so that it is one URL path segment as it stands
+/// (`/v2/models/{name}`).
+pub fn check_model_name(name: &str) -> Result<(), String> {
+    let allowed = |c: char| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-');
+    if name.is_empty() || name.len() > 128 || !name.chars().all(allowed) {
+        return Err(format!(
+            "{name:?} is not 1 to 128 of letters, digits, '.', '_' and '-'"
+        ));
+    }
+    Ok(())
+}
+
+/// A model directory's identity ([`ModelIdentity`]): named `name` when
+/// given (the worker's `model_name`), else by its manifest's `name`, else
+/// by the directory's name.
+pub fn identity(
+    dir: &std::path::Path,
+    manifest: &Manifest,
+    name: Option<&str>,
+) -> anyhow::Result<ModelIdentity> {
     let resolved = std::fs::canonicalize(dir).unwrap_or_else(|_| dir.to_path_buf());
-    let name = resolved.file_name().map_or_else(
-        || resolved.display().to_string(),
-        |n| n.to_string_lossy().into_owned(),
-    );
+    let name = match name.or(manifest.name.as_deref()) {
+        Some(name) => name.to_string(),
+        None => resolved.file_name().map_or_else(
+            || resolved.display().to_string(),
+            |n| n.to_string_lossy().into_owned(),
+        ),
+    };
     let sha256 = sha256_hex(&dir.join(Manifest::MODEL))?;
-    Ok(ModelIdentity { name, sha256 })
+    let version = match &manifest.version {
+        Some(version) => version.clone(),
+        None => sha256[..12].to_string(),
+    };
+    Ok(ModelIdentity {
+        name,
+        version,
+        tensors: ModelTensors::of(manifest),
+        sha256,
+    })
 }
 
 /// The sha256 of a file's bytes, in hex.
@@ -328,6 +421,20 @@ impl Manifest {
         let text = std::fs::read_to_string(&path).map_err(|e| error(e.to_string()))?;
         let value: serde_json::Value =
             serde_json::from_str(&text).map_err(|e| error(e.to_string()))?;
+        for key in ["name", "version"] {
+            if let Some(field) = value.get(key) {
+                field
+                    .as_str()
+                    .ok_or_else(|| "is not a string".to_string())
+                    .and_then(check_model_name)
+                    .map_err(|e| {
+                        error(format!(
+                            "{key} {e}: it names the model in URLs (/v2/models/{{name}}/versions/\
+                             {{version}}); use letters, digits, '.', '_' and '-'"
+                        ))
+                    })?;
+            }
+        }
         if value.get("node_types").is_some() || value.get("edge_types").is_some() {
             return Self::parse_typed(value).map_err(error);
         }

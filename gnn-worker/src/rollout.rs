@@ -150,7 +150,11 @@ impl Loader {
         let config = &self.config;
         let stamp = self.stamp();
         let manifest = Manifest::read(&config.model)?;
-        let identity = Arc::new(crate::model::identity(&config.model)?);
+        let identity = Arc::new(crate::model::identity(
+            &config.model,
+            &manifest,
+            config.model_name.as_deref(),
+        )?);
         let mut content = vec![
             identity.sha256.clone(),
             crate::model::sha256_hex(&config.model.join(Manifest::FILE))?,

@@ -74,6 +74,19 @@ pub fn python() -> PathBuf {
     venv
 }
 
+/// The Python of .venv-v2 (scripts/setup.sh creates it from
+/// requirements-v2.txt): tritonclient and the kserve SDK, the Open
+/// Inference Protocol's clients.
+pub fn python_v2() -> PathBuf {
+    let venv = repo_root().join(".venv-v2/bin/python");
+    assert!(
+        venv.exists(),
+        "{} is missing: run scripts/setup.sh",
+        venv.display()
+    );
+    venv
+}
+
 /// The ONNX Runtime library of the project venv (the `onnxruntime==1.31.1`
 /// wheel that scripts/setup.sh installs), passed to the worker explicitly:
 /// the worker itself never looks for a venv.
