@@ -15,7 +15,10 @@ use tests::stack::{python, repo_root, run_ok, workspace_bin};
 const KUBERNETES_VERSION: &str = "1.32.0";
 
 fn kubectl_kustomize(dir: &Path) -> String {
-    let found = Command::new("kubectl").arg("version").arg("--client").output();
+    let found = Command::new("kubectl")
+        .arg("version")
+        .arg("--client")
+        .output();
     assert!(
         found.is_ok_and(|o| o.status.success()),
         "kubectl is missing: install kubectl (with kustomize) or Debian's kubernetes-client \
@@ -78,7 +81,11 @@ fn the_kserve_manifests_validate_against_kserves_crds() {
     // The validator refuses what the API server would: an unknown field,
     // a value of the wrong type.
     let broken = rendered
-        .replacen("protocolVersion: v2", "protocolVersion: v2\n      replica: 2", 1)
+        .replacen(
+            "protocolVersion: v2",
+            "protocolVersion: v2\n      replica: 2",
+            1,
+        )
         .replacen("containerPort: 8080", "containerPort: http", 1);
     let broken_file = work.path().join("broken.yaml");
     std::fs::write(&broken_file, broken).unwrap();
@@ -94,7 +101,10 @@ fn the_kserve_manifests_validate_against_kserves_crds() {
     let report = String::from_utf8_lossy(&refused.stdout);
     assert!(!refused.status.success(), "{report}");
     assert!(report.contains("'replica' was unexpected"), "{report}");
-    assert!(report.contains("'http' is not of type 'integer'"), "{report}");
+    assert!(
+        report.contains("'http' is not of type 'integer'"),
+        "{report}"
+    );
 
     // The ConfigMap against Kubernetes' schemas.
     let report = run_ok(
