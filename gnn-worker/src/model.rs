@@ -1034,8 +1034,15 @@ impl Model {
             .with_intra_threads(options.intra_threads)
             .map_err(|e| load(e.to_string()))?;
         if options.device == Device::Cuda {
+            // TF32 off: ONNX Runtime's CUDA provider turns it on by default,
+            // and on an H100 that moved cora's logits by 1.2e-3 from the
+            // CPU's; f32 math keeps the GPU's answers the CPU's within float
+            // rounding (docs/serving.md, the CUDA rule).
             builder = builder
-                .with_execution_providers([ort::ep::CUDA::default().build().error_on_failure()])
+                .with_execution_providers([ort::ep::CUDA::default()
+                    .with_tf32(false)
+                    .build()
+                    .error_on_failure()])
                 .map_err(|e| ModelError::Cuda {
                     reason: e.to_string(),
                 })?;
