@@ -21,6 +21,12 @@ echo "== cargo clippy"
 cargo clippy --release --workspace --all-targets -- -D warnings
 echo "== cargo deny (licences, bans, sources; deny.toml)"
 cargo deny --log-level error check licenses bans sources
+echo "== cargo build (every binary the tests start)"
+# `cargo test` builds a package's binaries only for that package's own
+# integration tests: the daemons the tests crate starts (gnn-worker,
+# sidecar) must be built here, or a warm target directory would run stale
+# ones.
+cargo build --release --workspace --all-targets
 echo "== cargo test"
 cargo test --release --workspace
 echo "== loom model tests"

@@ -18,9 +18,12 @@ use bench::http::HttpClient;
 use bench::load::{self, Caller};
 use bench::report::{self, Breakdown, FetchResult, Machine, Report, ScenarioResult, SystemResult};
 use bench::scenario::{self, Cache, Scenario, Store};
-use bench::systems::{FastApi, Naive, ProductGrpc, ProductHttp, Requests};
+use bench::systems::{
+    FastApi, Naive, ProductGrpc, ProductHttp, ProductV2Grpc, ProductV2Http, Requests, V2_MODEL,
+};
 use clap::Parser;
 use gnn_worker::grpc::PredictorClient;
+use gnn_worker::v2::grpc::GrpcInferenceServiceClient;
 use sidecar::graph::CsrIndex;
 use tests::redis::RedisServer;
 use tests::stack::{self, Daemon, Stack, StackOptions};
@@ -285,10 +288,11 @@ fn main() -> anyhow::Result<()> {
             // The transport alone: a round trip to the worker that does no
             // work, the floor under any call through each door (HTTP GET
             // /healthz; gRPC grpc.health.v1 Check), interleaved call by
-            // call with the product's lone calls through both doors, so
+            // call with the product's lone calls through its four doors
+            // (native and Open Inference Protocol, gRPC and HTTP), so
             // that the floors and the calls see the machine alike. Where a
             // lone call's time goes: the worker's and the sidecar's
-            // histograms around that run (means over both doors' calls).
+            // histograms around that run (means over every door's calls).
             let health = tonic::transport::Endpoint::from_shared(stack.grpc.clone())?
                 .tcp_nodelay(true)
                 .connect()
@@ -311,6 +315,7 @@ fn main() -> anyhow::Result<()> {
                     .context("the product's system")
             };
             let (http, grpc) = (product("product-http")?, product("product-grpc")?);
+            let (v2_http, v2_grpc) = (product("product-v2-http")?, product("product-v2-grpc")?);
             let before = scrape().await?;
             let measured = load::interleaved(
                 &[
@@ -318,6 +323,8 @@ fn main() -> anyhow::Result<()> {
                     &GrpcHealthCheck(HealthClient::new(health)),
                     &*http,
                     &*grpc,
+                    &*v2_http,
+                    &*v2_grpc,
                 ],
                 timing.lone_calls,
                 20,
@@ -325,15 +332,17 @@ fn main() -> anyhow::Result<()> {
             )
             .await;
             let after = scrape().await?;
-            let [round_trip, grpc_round_trip, lone_http, lone_grpc] =
-                <[load::Summary; 4]>::try_from(measured)
-                    .map_err(|_| anyhow::anyhow!("four summaries"))?;
+            let [round_trip, grpc_round_trip, lone_http, lone_grpc, lone_v2_http, lone_v2_grpc] =
+                <[load::Summary; 6]>::try_from(measured)
+                    .map_err(|_| anyhow::anyhow!("six summaries"))?;
             let breakdown = Breakdown::between(&before, &after, lone_http.mean_us);
             let mut lone = Vec::new();
             for (name, caller) in &systems {
                 lone.push(match *name {
                     "product-http" => lone_http.clone(),
                     "product-grpc" => lone_grpc.clone(),
+                    "product-v2-http" => lone_v2_http.clone(),
+                    "product-v2-grpc" => lone_v2_grpc.clone(),
                     _ => load::lone(&**caller, timing.lone_calls, 10, timing.lone_budget).await,
                 });
                 say(&format!(
@@ -539,6 +548,9 @@ async fn callers(
     let grpc = PredictorClient::connect(stack.grpc.clone())
         .await
         .with_context(|| format!("connecting to the worker's gRPC ({label} calls)"))?;
+    let v2_grpc = GrpcInferenceServiceClient::connect(stack.grpc.clone())
+        .await
+        .with_context(|| format!("connecting to the worker's gRPC ({label} V2 calls)"))?;
     let redis_conn = redis::Client::open(redis_url)?
         .get_multiplexed_async_connection()
         .await?;
@@ -553,6 +565,20 @@ async fn callers(
         (
             "product-http",
             Arc::new(ProductHttp {
+                http: HttpClient::new(&stack.http),
+                requests: requests.clone(),
+            }),
+        ),
+        (
+            "product-v2-grpc",
+            Arc::new(ProductV2Grpc {
+                client: v2_grpc,
+                requests: requests.clone(),
+            }),
+        ),
+        (
+            "product-v2-http",
+            Arc::new(ProductV2Http {
                 http: HttpClient::new(&stack.http),
                 requests: requests.clone(),
             }),
@@ -836,6 +862,8 @@ fn start_product(
         // Deadlines long enough that a cold 64-target batch is never served
         // default rows: every system answers with the real features.
         worker_args: vec![
+            "--model-name".into(),
+            V2_MODEL.into(),
             "--ring-timeout-ms".into(),
             "5000".into(),
             "--log-level".into(),

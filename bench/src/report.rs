@@ -606,6 +606,55 @@ fn us(v: f64) -> String {
     }
 }
 
+/// The cost of the Open Inference Protocol's doors: each beside the
+/// native door of its transport, same model, same requests, lone calls
+/// interleaved call by call, saturation measured the same way.
+fn v2_doors(md: &mut String, r: &Report) {
+    const DOORS: [(&str, &str, &str); 2] = [
+        ("gRPC", "product-grpc", "product-v2-grpc"),
+        ("HTTP", "product-http", "product-v2-http"),
+    ];
+    let rows: Vec<_> = r
+        .scenarios
+        .iter()
+        .flat_map(|s| {
+            DOORS.iter().filter_map(move |(door, native, v2)| {
+                Some((s, *door, s.system(native)?, s.system(v2)?))
+            })
+        })
+        .collect();
+    if rows.is_empty() {
+        return;
+    }
+    let _ = writeln!(md, "\n## The Open Inference Protocol's door\n");
+    let _ = writeln!(
+        md,
+        "Each V2 door beside the native door of its transport (the same worker, model and \
+         request sequence; lone calls interleaved call by call). Cost: V2 over native for \
+         latency, native over V2 for saturation (above 1: the V2 door costs more).\n"
+    );
+    let _ = writeln!(md, "| scenario | door | lone p50 native / V2 | cost | lone p99 native / V2 | saturation native / V2 (calls/s) | cost | CPU per call native / V2 |");
+    let _ = writeln!(md, "|---|---|---:|---:|---:|---:|---:|---:|");
+    for (s, door, native, v2) in rows {
+        let cpu = |x: &SystemResult| x.cpu_us_per_call.map_or("-".into(), us);
+        let _ = writeln!(
+            md,
+            "| {} | {door} | {} / {} | {:.2}x | {} / {} | {:.0} / {:.0} | {:.2}x | {} / {} |",
+            s.scenario.name,
+            us(native.lone.p50_us),
+            us(v2.lone.p50_us),
+            v2.lone.p50_us / native.lone.p50_us.max(1e-9),
+            us(native.lone.p99_us),
+            us(v2.lone.p99_us),
+            native.saturation,
+            v2.saturation,
+            native.saturation / v2.saturation.max(1e-9),
+            cpu(native),
+            cpu(v2)
+        );
+    }
+}
+
 /// The human report.
 pub fn markdown(r: &Report) -> String {
     let mut md = String::new();
@@ -632,6 +681,9 @@ pub fn markdown(r: &Report) -> String {
     let _ = writeln!(
         md,
         "Systems: **product-grpc**, **product-http**: sidecar + worker end to end; \
+         **product-v2-grpc**, **product-v2-http**: the same through the Open Inference \
+         Protocol's doors (gRPC `ModelInfer` with raw input bytes, every output; HTTP \
+         `/v2/models/bench/infer` JSON in and out); \
          **naive-json**: the caller samples, GETs every row from Redis key by key and posts \
          the features as JSON to an axum model server running the same ONNX model; \
          **fastapi**: FastAPI/uvicorn (2 workers) sampling with numpy from the same CSR, one \
@@ -656,6 +708,8 @@ pub fn markdown(r: &Report) -> String {
             g.detail
         );
     }
+
+    v2_doors(&mut md, r);
 
     let _ = writeln!(md, "\n## Scenarios\n");
     for s in &r.scenarios {

@@ -2,7 +2,8 @@
 //! scenario's sequence end to end:
 //!
 //! - (a) the product through gRPC ([`ProductGrpc`]) and HTTP
-//!   ([`ProductHttp`]);
+//!   ([`ProductHttp`]), and through the Open Inference Protocol's doors
+//!   over gRPC ([`ProductV2Grpc`]) and HTTP ([`ProductV2Http`]);
 //! - (b) the naive design ([`Naive`]): the caller samples the neighbourhood
 //!   from the same index, GETs every feature row from Redis key by key,
 //!   and posts them as JSON to an axum model server (`naive-model-server`);
@@ -15,6 +16,7 @@ use std::sync::{Arc, Mutex};
 
 use anyhow::{ensure, Context};
 use gnn_worker::grpc::{pb, PredictorClient};
+use gnn_worker::v2::grpc::{pb as v2, GrpcInferenceServiceClient};
 use sidecar::graph::{CsrIndex, Sampler};
 
 use crate::http::HttpClient;
@@ -74,6 +76,91 @@ impl Caller for ProductHttp {
             let targets = &self.requests[k % self.requests.len()];
             let body = self.http.post("/v1/predict", &body_of(targets)).await?;
             check_predictions(&body, targets.len())
+        })
+    }
+}
+
+/// The model name the product's worker serves in the benchmark
+/// (`--model-name`), which the V2 doors call.
+pub const V2_MODEL: &str = "bench";
+
+/// (a) the product through the Open Inference Protocol over gRPC: the
+/// ids as `raw_input_contents` (as tritonclient sends them), every output
+/// back in `raw_output_contents`.
+#[derive(Debug)]
+pub struct ProductV2Grpc {
+    pub client: GrpcInferenceServiceClient<tonic::transport::Channel>,
+    pub requests: Requests,
+}
+
+impl Caller for ProductV2Grpc {
+    fn call(&self, k: usize) -> Pin<Box<dyn Future<Output = anyhow::Result<()>> + Send + '_>> {
+        Box::pin(async move {
+            let targets = &self.requests[k % self.requests.len()];
+            let raw: Vec<u8> = targets.iter().flat_map(|t| t.to_le_bytes()).collect();
+            let mut client = self.client.clone();
+            let response = client
+                .model_infer(v2::ModelInferRequest {
+                    model_name: V2_MODEL.into(),
+                    inputs: vec![v2::model_infer_request::InferInputTensor {
+                        name: "node_ids".into(),
+                        datatype: "INT64".into(),
+                        shape: vec![targets.len() as i64],
+                        ..Default::default()
+                    }],
+                    raw_input_contents: vec![raw],
+                    ..Default::default()
+                })
+                .await
+                .map_err(|s| anyhow::anyhow!("{}: {}", s.code(), s.message()))?;
+            let response = response.get_ref();
+            ensure!(
+                response.outputs.first().and_then(|o| o.shape.first())
+                    == Some(&(targets.len() as i64)),
+                "V2 answered shape {:?} for {} targets",
+                response.outputs.first().map(|o| &o.shape),
+                targets.len()
+            );
+            Ok(())
+        })
+    }
+}
+
+/// (a) the product through the Open Inference Protocol over HTTP: a JSON
+/// request, every output back as JSON (the encoding of `/v1/predict`, so
+/// that the two HTTP doors differ by the door alone).
+#[derive(Debug)]
+pub struct ProductV2Http {
+    pub http: HttpClient,
+    pub requests: Requests,
+}
+
+impl Caller for ProductV2Http {
+    fn call(&self, k: usize) -> Pin<Box<dyn Future<Output = anyhow::Result<()>> + Send + '_>> {
+        Box::pin(async move {
+            let targets = &self.requests[k % self.requests.len()];
+            let body = serde_json::to_vec(&serde_json::json!({
+                "inputs": [{
+                    "name": "node_ids",
+                    "datatype": "INT64",
+                    "shape": [targets.len()],
+                    "data": targets,
+                }]
+            }))
+            .expect("json");
+            let answer = self
+                .http
+                .post(&format!("/v2/models/{V2_MODEL}/infer"), &body)
+                .await?;
+            let value: serde_json::Value =
+                serde_json::from_slice(&answer).context("a JSON answer")?;
+            let rows = value["outputs"][0]["shape"][0].as_u64().unwrap_or(0);
+            ensure!(
+                rows == targets.len() as u64,
+                "V2 answered {rows} rows for {} targets",
+                targets.len()
+            );
+            Ok(())
         })
     }
 }

@@ -1,7 +1,8 @@
 //! `grpc.health.v1` on the gRPC port, for Kubernetes' native `grpc`
 //! probes, gRPC load balancers and `grpc-health-probe`:
 //!
-//! - service `""` and `gnn.v1.Predictor`: the worker's readiness, read at
+//! - service `""`, `gnn.v1.Predictor` and `inference.GRPCInferenceService`
+//!   (the Open Inference Protocol's): the worker's readiness, read at
 //!   the call from the same state as `/readyz`: SERVING exactly when
 //!   `/readyz` answers 200, NOT_SERVING otherwise, with `/readyz`'s reason
 //!   in the response's `x-not-ready-reason` metadata;
@@ -24,7 +25,8 @@ use tonic_health::pb::{HealthCheckRequest, HealthCheckResponse};
 use crate::service::Service;
 
 /// The service names that report readiness.
-pub const READINESS_SERVICES: [&str; 2] = ["", "gnn.v1.Predictor"];
+pub const READINESS_SERVICES: [&str; 3] =
+    ["", "gnn.v1.Predictor", "inference.GRPCInferenceService"];
 /// The service name that reports liveness.
 pub const LIVENESS_SERVICE: &str = "liveness";
 /// How often a Watch looks at the readiness.
@@ -59,8 +61,8 @@ impl HealthService {
 
 fn unknown(name: &str) -> Status {
     Status::not_found(format!(
-        "no health service {name:?}: ask \"\" or \"gnn.v1.Predictor\" (readiness) or \
-         \"liveness\""
+        "no health service {name:?}: ask \"\", \"gnn.v1.Predictor\" or \
+         \"inference.GRPCInferenceService\" (readiness) or \"liveness\""
     ))
 }
 

@@ -170,11 +170,9 @@ impl Worker {
         assert_eq!(code == 200, want == ServingStatus::Serving, "{body}");
         let (status, reason) = self.health("").unwrap();
         assert_eq!(status, want, "{reason}");
-        assert_eq!(
-            self.health("gnn.v1.Predictor").unwrap().0,
-            want,
-            "the service's own name"
-        );
+        for name in ["gnn.v1.Predictor", "inference.GRPCInferenceService"] {
+            assert_eq!(self.health(name).unwrap().0, want, "the service's own name");
+        }
         if want == ServingStatus::NotServing {
             assert_eq!(format!("not ready: {reason}\n"), body, "the same reason");
         }
@@ -263,7 +261,11 @@ fn the_workers_readiness_follows_the_sidecar() {
     assert_eq!(unknown.code(), tonic::Code::NotFound, "{unknown}");
     // Reflection lists the API and the health service (for grpcurl).
     let services = worker.reflected_services();
-    for name in ["gnn.v1.Predictor", "grpc.health.v1.Health"] {
+    for name in [
+        "gnn.v1.Predictor",
+        "inference.GRPCInferenceService",
+        "grpc.health.v1.Health",
+    ] {
         assert!(services.iter().any(|s| s == name), "{services:?}");
     }
 

@@ -59,8 +59,8 @@ fn int64_parameter(
     }
 }
 
-/// The request's inputs: all raw, or all in `contents`.
-fn inputs_of(request: &mut pb::ModelInferRequest) -> Result<Vec<Input>, V2Error> {
+/// The request's inputs: all raw, or all in `contents` (taken out of it).
+pub fn inputs_of(request: &mut pb::ModelInferRequest) -> Result<Vec<Input>, V2Error> {
     let raw = std::mem::take(&mut request.raw_input_contents);
     if !raw.is_empty() && raw.len() != request.inputs.len() {
         return Err(V2Error::Invalid(format!(

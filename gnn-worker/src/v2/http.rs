@@ -222,20 +222,26 @@ fn bool_parameter(parameters: &Map<String, Value>, name: &str) -> Result<Option<
     }
 }
 
-/// The body split into its JSON header and its binary tensor data.
-fn split_body<'a>(headers: &HeaderMap, body: &'a [u8]) -> Result<(&'a [u8], &'a [u8]), V2Error> {
-    if let Some(encoding) = headers.get(header::CONTENT_ENCODING) {
-        if encoding.as_bytes() != b"identity" {
+/// The body split into its JSON header and its binary tensor data
+/// (`header_length`: the `Inference-Header-Content-Length` header's value;
+/// `encoding`: `Content-Encoding`'s).
+fn split_body<'a>(
+    header_length: Option<&[u8]>,
+    encoding: Option<&[u8]>,
+    body: &'a [u8],
+) -> Result<(&'a [u8], &'a [u8]), V2Error> {
+    if let Some(encoding) = encoding {
+        if encoding != b"identity" {
             return Err(invalid(format!(
                 "Content-Encoding {}: send the request uncompressed",
-                String::from_utf8_lossy(encoding.as_bytes())
+                String::from_utf8_lossy(encoding)
             )));
         }
     }
-    let Some(length) = headers.get(HEADER_LENGTH) else {
+    let Some(length) = header_length else {
         return Ok((body, &[]));
     };
-    let length = std::str::from_utf8(length.as_bytes())
+    let length = std::str::from_utf8(length)
         .ok()
         .and_then(|l| l.trim().parse::<usize>().ok())
         .filter(|&l| l <= body.len())
@@ -243,7 +249,7 @@ fn split_body<'a>(headers: &HeaderMap, body: &'a [u8]) -> Result<(&'a [u8], &'a 
             invalid(format!(
                 "Inference-Header-Content-Length {:?} is not a byte count within the body's {} \
                  bytes",
-                String::from_utf8_lossy(length.as_bytes()),
+                String::from_utf8_lossy(length),
                 body.len()
             ))
         })?;
@@ -362,14 +368,30 @@ async fn infer_call(
         .unwrap_or_else(error_response)
 }
 
-async fn infer_body(
-    service: &Service,
-    name: &str,
-    version: Option<&str>,
-    headers: &HeaderMap,
+/// An inference request as its body says.
+#[derive(Debug)]
+pub struct InferRequest {
+    pub id: Option<String>,
+    /// The `timeout` parameter.
+    pub left: Option<std::time::Duration>,
+    /// `binary_data_output`: whether outputs not named come back as binary
+    /// data.
+    pub binary_default: bool,
+    /// The outputs asked for, each with whether it comes back as binary
+    /// data.
+    pub outputs: Vec<(String, bool)>,
+    pub inputs: Vec<Input>,
+}
+
+/// Parses an inference request's body (`header_length`: the
+/// `Inference-Header-Content-Length` header's value; `encoding`:
+/// `Content-Encoding`'s).
+pub fn parse_infer(
+    header_length: Option<&[u8]>,
+    encoding: Option<&[u8]>,
     body: &[u8],
-) -> Result<Response, V2Error> {
-    let (json_part, binary) = split_body(headers, body)?;
+) -> Result<InferRequest, V2Error> {
+    let (json_part, binary) = split_body(header_length, encoding, body)?;
     let request: InferBody = serde_json::from_slice(json_part).map_err(|e| {
         invalid(format!(
             "the inference request is not the protocol's JSON ({e}): see docs/serving.md, \
@@ -387,7 +409,7 @@ async fn infer_body(
     })?;
     let binary_default =
         bool_parameter(&request.parameters, "binary_data_output")?.unwrap_or(false);
-    let mut binary_of = Vec::with_capacity(request.outputs.len());
+    let mut outputs = Vec::with_capacity(request.outputs.len());
     for output in &request.outputs {
         if output.parameters.contains_key("classification") {
             return Err(invalid(format!(
@@ -396,14 +418,36 @@ async fn infer_body(
                 output.name
             )));
         }
-        binary_of.push((
+        outputs.push((
             output.name.clone(),
             bool_parameter(&output.parameters, "binary_data")?.unwrap_or(binary_default),
         ));
     }
-    let names: Vec<String> = request.outputs.iter().map(|o| o.name.clone()).collect();
-    let inputs = inputs_of(request.inputs, binary)?;
-    let (model, outputs) = call::infer(service, name, version, &inputs, &names, left).await?;
+    Ok(InferRequest {
+        id: request.id,
+        left,
+        binary_default,
+        outputs,
+        inputs: inputs_of(request.inputs, binary)?,
+    })
+}
+
+async fn infer_body(
+    service: &Service,
+    name: &str,
+    version: Option<&str>,
+    headers: &HeaderMap,
+    body: &[u8],
+) -> Result<Response, V2Error> {
+    let request = parse_infer(
+        headers.get(HEADER_LENGTH).map(|v| v.as_bytes()),
+        headers.get(header::CONTENT_ENCODING).map(|v| v.as_bytes()),
+        body,
+    )?;
+    let (inputs, left, binary_default) = (&request.inputs, request.left, request.binary_default);
+    let binary_of = &request.outputs;
+    let names: Vec<String> = binary_of.iter().map(|(n, _)| n.clone()).collect();
+    let (model, outputs) = call::infer(service, name, version, inputs, &names, left).await?;
     let mut tail = Vec::new();
     let mut tensors = Vec::with_capacity(outputs.len());
     for output in outputs {
