@@ -167,23 +167,39 @@ fn main() -> anyhow::Result<()> {
     let redis_url = redis.url();
     say(&format!("redis-server on {redis_url}"));
 
-    // Datasets: cora (real) and the synthetic power-law graph.
+    // Datasets: cora (real) and the synthetic power-law graph, each only
+    // when a scenario `--only` selects reads it.
     let (nodes, edges) = if args.quick {
         (100_000u64, 5_000_000u64)
     } else {
         (1_000_000, 50_000_000)
     };
     let synthetic = if args.quick { "rmat-100k" } else { "rmat-1m" };
-    let mut datasets = vec![
-        prepare("cora", &stack::dataset("cora"), None, &work, &redis_url)?,
-        prepare(
+    let scenarios: Vec<Scenario> = scenario::scenarios(args.quick, synthetic)
+        .into_iter()
+        .filter(|s| args.selects(&s.name))
+        .collect();
+    ensure!(!scenarios.is_empty(), "no scenario matches --only");
+    let wanted = |name: &str| scenarios.iter().any(|s| s.dataset == name);
+    let mut datasets = Vec::new();
+    if wanted("cora") {
+        datasets.push(prepare(
+            "cora",
+            &stack::dataset("cora"),
+            None,
+            &work,
+            &redis_url,
+        )?);
+    }
+    if wanted(synthetic) {
+        datasets.push(prepare(
             synthetic,
             &generate(&work, synthetic, nodes, edges)?,
             Some(128),
             &work,
             &redis_url,
-        )?,
-    ];
+        )?);
+    }
 
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
@@ -193,12 +209,6 @@ fn main() -> anyhow::Result<()> {
         .enable_all()
         .build()?;
     let ort_env = gnn_worker::onnxruntime::init(Some(&stack::onnxruntime_lib()))?;
-
-    let scenarios: Vec<Scenario> = scenario::scenarios(args.quick, synthetic)
-        .into_iter()
-        .filter(|s| args.selects(&s.name))
-        .collect();
-    ensure!(!scenarios.is_empty(), "no scenario matches --only");
 
     let mut results = Vec::new();
     // The product's stack and its sidecar's metrics address.

@@ -169,6 +169,9 @@ def check_errors(client, module, expected, who, statuses):
     expect_error(lambda: client.infer(model, [ids_input(module, [1])],
                                       outputs=[module.InferRequestedOutput("probabilities")]),
                  statuses["invalid"], ["unknown output", "probabilities"], f"{who} unknown output")
+    expect_error(lambda: client.infer(model, [ids_input(module, [1])],
+                                      outputs=[module.InferRequestedOutput(expected.main, class_count=2)]),
+                 statuses["invalid"], ["classification"], f"{who} classification")
     too_many = list(range(expected.max_request_targets + 1))
     expect_error(lambda: client.infer(model, [ids_input(module, too_many)]),
                  statuses["invalid"], ["max_request_targets"], f"{who} too many targets")

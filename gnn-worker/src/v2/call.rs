@@ -118,15 +118,15 @@ impl Input {
 
     /// The raw bytes as `count` elements of `size` bytes.
     fn raw<'a>(&self, raw: &'a [u8], count: usize, size: usize) -> Result<&'a [u8], V2Error> {
-        if raw.len() != count * size {
-            return Err(self.problem(format_args!(
+        match count.checked_mul(size) {
+            Some(bytes) if bytes == raw.len() => Ok(raw),
+            bytes => Err(self.problem(format_args!(
                 "shape {:?} holds {count} values ({} bytes), the raw data has {} bytes",
                 self.shape,
-                count * size,
+                bytes.map_or_else(|| "too many".to_string(), |b| b.to_string()),
                 raw.len()
-            )));
+            ))),
         }
-        Ok(raw)
     }
 
     fn int64s(&self, dims: &[Option<i64>], shape: &str) -> Result<Vec<i64>, V2Error> {
@@ -706,6 +706,12 @@ mod tests {
             &t,
         ));
         assert!(m.contains("raw data has 12 bytes"), "{m}");
+        // A shape whose byte count overflows: refused, no panic.
+        let m = invalid(call_of(
+            &[input(NODE_IDS, "INT64", &[1 << 62], Data::Raw(vec![0; 8]))],
+            &t,
+        ));
+        assert!(m.contains("too many bytes"), "{m}");
         let m = invalid(call_of(
             &[input(NODE_IDS, "INT64", &[1], Data::Int64(vec![-4]))],
             &t,

@@ -210,6 +210,17 @@ impl pb::grpc_inference_service_server::GrpcInferenceService for InferenceServic
                 )?)?,
             );
             let inputs = inputs_of(&mut request)?;
+            if let Some(output) = request
+                .outputs
+                .iter()
+                .find(|o| o.parameters.contains_key("classification"))
+            {
+                return Err(V2Error::Invalid(format!(
+                    "output {}: the classification extension is not served; ask for label and \
+                     logits",
+                    output.name
+                )));
+            }
             let names: Vec<String> = request.outputs.iter().map(|o| o.name.clone()).collect();
             let (model, outputs) = call::infer(
                 &self.service,
