@@ -13,9 +13,9 @@
 # libonnxruntime_providers_shared.so); the CUDA 13 and cuDNN 9 libraries
 # it loads must be on LD_LIBRARY_PATH (PyTorch's nvidia/*/lib directories
 # have them). Exits 1 when a label differs or a logit differs by more than
-# 1e-5. Uses the binaries of target/release (or CARGO_TARGET_DIR) and a
-# model trained by sage.py when models/cora is missing. Not part of the
-# test suite: CI has no GPU.
+# 1e-5. Uses the binaries of target/release (or CARGO_TARGET_DIR) and the
+# dense model in MODEL (a directory), else one sage.py trains on cora for
+# the run. Not part of the test suite: CI has no GPU.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 lib=
@@ -40,11 +40,14 @@ pids=()
 cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; rm -rf "$work"; }
 trap cleanup EXIT
 tar -xzf demo/data/cora.tar.gz -C "$work"
-model=models/cora
+model=${MODEL:-$work/model}
 if [ ! -f "$model/manifest.json" ]; then
-    "$python" gnn-worker/model/sage.py train --dataset "$work/cora" --out "$model" > /dev/null
+    echo "cuda-check: training cora's GraphSAGE into $model (sage.py train)"
+    "$python" gnn-worker/model/sage.py train --dataset "$work/cora" --out "$model" \
+        > "$work/train.log" 2>&1 || { tail -20 "$work/train.log" >&2; exit 1; }
 fi
-"$bin/sidecar" import "$work/cora" --data-dir "$work/data" > /dev/null
+"$bin/sidecar" import "$work/cora" --data-dir "$work/data" > "$work/import.log" 2>&1 \
+    || { tail -20 "$work/import.log" >&2; exit 1; }
 "$bin/sidecar" serve --data-dir "$work/data" --shm-name cuda-check \
     --admin-socket "$work/admin.sock" > "$work/sidecar.log" 2>&1 &
 pids+=($!)

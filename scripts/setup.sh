@@ -88,33 +88,27 @@ if ! "$python" -c 'import venv, ensurepip' >/dev/null 2>&1; then
     apt_install python3-venv
 fi
 
-requirements=requirements.txt
-stamp=.venv/.requirements.sha256
-want=$(sha256sum "$requirements" | cut -d' ' -f1)
-if [ ! -x .venv/bin/python ]; then
-    say "creating the Python venv in .venv"
-    "$python" -m venv .venv
-fi
-if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
-    say "installing $requirements into .venv"
-    .venv/bin/python -m pip install -q --upgrade pip
-    .venv/bin/python -m pip install -q -r "$requirements"
-    echo "$want" >"$stamp"
-fi
-
+# venv DIR REQUIREMENTS: creates the venv DIR if missing and installs
+# REQUIREMENTS into it, again only when the file changes (its sha256 is
+# kept in DIR/.requirements.sha256).
+venv() {
+    local dir=$1 requirements=$2
+    local stamp=$dir/.requirements.sha256
+    local want
+    want=$(sha256sum "$requirements" | cut -d' ' -f1)
+    if [ ! -x "$dir/bin/python" ]; then
+        say "creating the Python venv in $dir"
+        "$python" -m venv "$dir"
+    fi
+    if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
+        say "installing $requirements into $dir"
+        "$dir/bin/python" -m pip install -q --upgrade pip
+        "$dir/bin/python" -m pip install -q -r "$requirements"
+        echo "$want" >"$stamp"
+    fi
+}
+venv .venv requirements.txt
 # The Open Inference Protocol's clients (tritonclient, kserve) need
 # protobuf < 7: a venv of their own.
-requirements=requirements-v2.txt
-stamp=.venv-v2/.requirements.sha256
-want=$(sha256sum "$requirements" | cut -d' ' -f1)
-if [ ! -x .venv-v2/bin/python ]; then
-    say "creating the Open Inference Protocol clients' venv in .venv-v2"
-    "$python" -m venv .venv-v2
-fi
-if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
-    say "installing $requirements into .venv-v2"
-    .venv-v2/bin/python -m pip install -q --upgrade pip
-    .venv-v2/bin/python -m pip install -q -r "$requirements"
-    echo "$want" >"$stamp"
-fi
+venv .venv-v2 requirements-v2.txt
 say "ready"

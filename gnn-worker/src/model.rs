@@ -271,7 +271,7 @@ pub enum ModelError {
     Load { path: PathBuf, reason: String },
     #[error(
         "the CUDA execution provider could not start ({reason}); the worker does not fall back \
-         to the CPU: install the GPU build of ONNX Runtime (onnxruntime-gpu 1.31.1 with CUDA 12 \
+         to the CPU: install the GPU build of ONNX Runtime (onnxruntime-gpu 1.31.1 with CUDA 13 \
          and cuDNN 9) and point --onnxruntime-lib at its libonnxruntime.so, or run with \
          --device cpu"
     )]

@@ -74,6 +74,22 @@ pub fn python() -> PathBuf {
     venv
 }
 
+/// The objects of a rendered multi-document YAML (`kubectl kustomize`'s
+/// output) as (kind, name), in order.
+pub fn rendered_objects(rendered: &str) -> Vec<(String, String)> {
+    rendered
+        .split("\n---\n")
+        .filter_map(|doc| {
+            let kind = doc.lines().find_map(|l| l.strip_prefix("kind: "))?;
+            let name = doc
+                .lines()
+                .skip_while(|l| *l != "metadata:")
+                .find_map(|l| l.strip_prefix("  name: "))?;
+            Some((kind.to_string(), name.to_string()))
+        })
+        .collect()
+}
+
 /// The Python of .venv-v2 (scripts/setup.sh creates it from
 /// requirements-v2.txt): tritonclient and the kserve SDK, the Open
 /// Inference Protocol's clients.

@@ -10,7 +10,7 @@
 use std::path::Path;
 use std::process::Command;
 
-use tests::stack::{python, repo_root, run_ok, workspace_bin};
+use tests::stack::{python, rendered_objects, repo_root, run_ok, workspace_bin};
 
 const KUBERNETES_VERSION: &str = "1.32.0";
 
@@ -31,21 +31,6 @@ fn kubectl_kustomize(dir: &Path) -> String {
     .0
 }
 
-/// The rendered objects as (kind, name).
-fn objects(rendered: &str) -> Vec<(String, String)> {
-    rendered
-        .split("\n---\n")
-        .filter_map(|doc| {
-            let kind = doc.lines().find_map(|l| l.strip_prefix("kind: "))?;
-            let name = doc
-                .lines()
-                .skip_while(|l| *l != "metadata:")
-                .find_map(|l| l.strip_prefix("  name: "))?;
-            Some((kind.to_string(), name.to_string()))
-        })
-        .collect()
-}
-
 #[test]
 fn the_kserve_manifests_validate_against_kserves_crds() {
     let root = repo_root();
@@ -53,7 +38,7 @@ fn the_kserve_manifests_validate_against_kserves_crds() {
     let work = tempfile::tempdir().unwrap();
     let file = work.path().join("kserve.yaml");
     std::fs::write(&file, &rendered).unwrap();
-    let found = objects(&rendered);
+    let found = rendered_objects(&rendered);
     let kinds: Vec<&str> = found.iter().map(|(k, _)| k.as_str()).collect();
     assert_eq!(
         kinds,

@@ -570,16 +570,9 @@ fn render_and_validate(validate: &Path, kustomization: &str, work: &Path) -> Vec
     let report = run(Command::new(validate)
         .args(["-k", KUBERNETES_VERSION, "--strict"])
         .arg(&file));
-    let objects: Vec<String> = rendered
-        .split("\n---\n")
-        .filter_map(|doc| {
-            let kind = doc.lines().find_map(|l| l.strip_prefix("kind: "))?;
-            let name = doc
-                .lines()
-                .skip_while(|l| *l != "metadata:")
-                .find_map(|l| l.strip_prefix("  name: "))?;
-            Some(format!("{kind}/{name}"))
-        })
+    let objects: Vec<String> = tests::stack::rendered_objects(&rendered)
+        .into_iter()
+        .map(|(kind, name)| format!("{kind}/{name}"))
         .collect();
     assert_eq!(
         report.matches(" passed for resource ").count(),

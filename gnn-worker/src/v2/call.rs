@@ -129,79 +129,88 @@ impl Input {
         }
     }
 
-    fn int64s(&self, dims: &[Option<i64>], shape: &str) -> Result<Vec<i64>, V2Error> {
-        let count = self.check("INT64", dims, shape)?;
-        let values: Vec<i64> = match &self.data {
-            Data::Raw(raw) => self
-                .raw(raw, count, 8)?
-                .chunks_exact(8)
-                .map(|b| i64::from_le_bytes(b.try_into().expect("8 bytes")))
+    /// The values of a `datatype` input of `dims`: its raw bytes (`size`
+    /// bytes each, read by `raw`), its JSON values (`json`), or the
+    /// typed contents `contents` finds.
+    #[allow(clippy::too_many_arguments)]
+    fn values<T: Copy>(
+        &self,
+        datatype: &str,
+        dims: &[Option<i64>],
+        shape: &str,
+        size: usize,
+        raw: fn(&[u8]) -> T,
+        json: fn(&serde_json::Value) -> Option<T>,
+        contents: fn(&Data) -> Option<&Vec<T>>,
+    ) -> Result<Vec<T>, V2Error> {
+        let count = self.check(datatype, dims, shape)?;
+        let values: Vec<T> = match &self.data {
+            Data::Raw(bytes) => self
+                .raw(bytes, count, size)?
+                .chunks_exact(size)
+                .map(raw)
                 .collect(),
-            Data::Int64(v) => v.clone(),
             Data::Json(values) => values
                 .iter()
                 .map(|v| {
-                    v.as_i64()
-                        .ok_or_else(|| self.problem(format_args!("{v} is not an INT64")))
+                    json(v).ok_or_else(|| self.problem(format_args!("{v} is not a {datatype}")))
                 })
                 .collect::<Result<_, _>>()?,
-            Data::Fp32(_) | Data::Bool(_) => {
-                return Err(self.problem("its values are not in int64_contents"))
-            }
+            typed => contents(typed).cloned().ok_or_else(|| {
+                self.problem(format_args!(
+                    "its values are not in the contents of a {datatype} tensor"
+                ))
+            })?,
         };
         if values.len() != count {
             return Err(self.count_mismatch(count, values.len()));
         }
         Ok(values)
+    }
+
+    fn int64s(&self, dims: &[Option<i64>], shape: &str) -> Result<Vec<i64>, V2Error> {
+        self.values(
+            "INT64",
+            dims,
+            shape,
+            8,
+            |b| i64::from_le_bytes(b.try_into().expect("8 bytes")),
+            serde_json::Value::as_i64,
+            |d| match d {
+                Data::Int64(v) => Some(v),
+                _ => None,
+            },
+        )
     }
 
     fn fp32s(&self, dims: &[Option<i64>], shape: &str) -> Result<Vec<f32>, V2Error> {
-        let count = self.check("FP32", dims, shape)?;
-        let values: Vec<f32> = match &self.data {
-            Data::Raw(raw) => self
-                .raw(raw, count, 4)?
-                .chunks_exact(4)
-                .map(|b| f32::from_le_bytes(b.try_into().expect("4 bytes")))
-                .collect(),
-            Data::Fp32(v) => v.clone(),
-            Data::Json(values) => values
-                .iter()
-                .map(|v| {
-                    v.as_f64()
-                        .map(|f| f as f32)
-                        .ok_or_else(|| self.problem(format_args!("{v} is not an FP32")))
-                })
-                .collect::<Result<_, _>>()?,
-            Data::Int64(_) | Data::Bool(_) => {
-                return Err(self.problem("its values are not in fp32_contents"))
-            }
-        };
-        if values.len() != count {
-            return Err(self.count_mismatch(count, values.len()));
-        }
-        Ok(values)
+        self.values(
+            "FP32",
+            dims,
+            shape,
+            4,
+            |b| f32::from_le_bytes(b.try_into().expect("4 bytes")),
+            |v| v.as_f64().map(|f| f as f32),
+            |d| match d {
+                Data::Fp32(v) => Some(v),
+                _ => None,
+            },
+        )
     }
 
     fn bools(&self, dims: &[Option<i64>], shape: &str) -> Result<Vec<bool>, V2Error> {
-        let count = self.check("BOOL", dims, shape)?;
-        let values: Vec<bool> = match &self.data {
-            Data::Raw(raw) => self.raw(raw, count, 1)?.iter().map(|&b| b != 0).collect(),
-            Data::Bool(v) => v.clone(),
-            Data::Json(values) => values
-                .iter()
-                .map(|v| {
-                    v.as_bool()
-                        .ok_or_else(|| self.problem(format_args!("{v} is not a BOOL")))
-                })
-                .collect::<Result<_, _>>()?,
-            Data::Int64(_) | Data::Fp32(_) => {
-                return Err(self.problem("its values are not in bool_contents"))
-            }
-        };
-        if values.len() != count {
-            return Err(self.count_mismatch(count, values.len()));
-        }
-        Ok(values)
+        self.values(
+            "BOOL",
+            dims,
+            shape,
+            1,
+            |b| b[0] != 0,
+            serde_json::Value::as_bool,
+            |d| match d {
+                Data::Bool(v) => Some(v),
+                _ => None,
+            },
+        )
     }
 
     /// INT64 values that are node ids (0 or more).
