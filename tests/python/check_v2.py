@@ -181,17 +181,23 @@ def check_errors(client, module, expected, who, statuses):
                  statuses["too_large"], [], f"{who} oversized")
 
 
+def check_health(c, expected, who, **json):
+    """Liveness, readiness and metadata through a tritonclient client
+    (the gRPC one's metadata as JSON with `as_json=True`)."""
+    expect(c.is_server_live(), f"{who}: not live")
+    expect(c.is_server_ready(), f"{who}: not ready")
+    expect(c.is_model_ready(expected.model), f"{who}: model not ready")
+    expect(c.is_model_ready(expected.model, expected.version), f"{who}: version not ready")
+    check_metadata(c.get_model_metadata(expected.model, **json),
+                   c.get_server_metadata(**json), expected, who)
+
+
 def triton_grpc(url, expected):
     import tritonclient.grpc as tgrpc
 
     who = "tritonclient.grpc"
     with tgrpc.InferenceServerClient(url) as c:
-        expect(c.is_server_live(), f"{who}: not live")
-        expect(c.is_server_ready(), f"{who}: not ready")
-        expect(c.is_model_ready(expected.model), f"{who}: model not ready")
-        expect(c.is_model_ready(expected.model, expected.version), f"{who}: version not ready")
-        check_metadata(c.get_model_metadata(expected.model, as_json=True),
-                       c.get_server_metadata(as_json=True), expected, who)
+        check_health(c, expected, who, as_json=True)
         for case in expected.cases:
             r = c.infer(expected.model, [ids_input(tgrpc, case["ids"])], request_id="case")
             expect(r.get_response().id == "case", f"{who}: id {r.get_response().id!r}")
@@ -216,10 +222,7 @@ def triton_http(url, expected):
 
     who = "tritonclient.http"
     with thttp.InferenceServerClient(url) as c:
-        expect(c.is_server_live(), f"{who}: not live")
-        expect(c.is_server_ready(), f"{who}: not ready")
-        expect(c.is_model_ready(expected.model), f"{who}: model not ready")
-        check_metadata(c.get_model_metadata(expected.model), c.get_server_metadata(), expected, who)
+        check_health(c, expected, who)
         for binary in (True, False):
             for case in expected.cases:
                 outputs = [thttp.InferRequestedOutput(n, binary_data=binary) for n in expected.outputs()]
