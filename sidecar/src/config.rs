@@ -99,9 +99,9 @@ impl<'de> Deserialize<'de> for RedisUrls {
             match Either::deserialize(d)
                 .map_err(|_| serde::de::Error::custom("expected a Redis URL or a list of them"))?
             {
-                Either::Text(text) => text
-                    .split(',')
-                    .map(str::trim)
+                Either::Text(text) => daemon_kit::redact::url_list(&text)
+                    .iter()
+                    .map(|u| u.trim())
                     .filter(|u| !u.is_empty())
                     .map(str::to_string)
                     .collect(),

@@ -351,3 +351,114 @@ fn no_secret_reaches_the_workers_logs_or_either_daemons_errors() {
         );
     }
 }
+
+/// Every form a Redis URL's secret can take (a list's second URL, a
+/// malformed URL, a query parameter, a `redis+unix://` socket's `pass`, a
+/// password holding `@` or `,`), given by flag, environment and file to
+/// both daemons' printed configurations and their refusals: the secret is
+/// never shown.
+#[test]
+fn every_form_of_a_redis_url_keeps_its_secret_out_of_every_output() {
+    const SECRET: &str = "Zq9-redact-me";
+    let forms = [
+        format!("redis://127.0.0.1:1,redis://:{SECRET}@127.0.0.1:2"),
+        format!("redis://127.0.0.1:1, redis://user:{SECRET}@127.0.0.1:2"),
+        format!("redis//:{SECRET}@127.0.0.1:6379"),
+        format!("redis:/:{SECRET}@127.0.0.1:6379"),
+        format!("redis://127.0.0.1:6379/0?password={SECRET}"),
+        format!("redis+unix:///run/redis.sock?db=0&pass={SECRET}"),
+        format!("redis://:p@ss{SECRET}@127.0.0.1:6379"),
+        format!("redis://:{SECRET},x@127.0.0.1:6379"),
+        format!("http://:{SECRET}@127.0.0.1:1"),
+    ];
+    let dir = tempfile::tempdir().unwrap();
+    let mut seen = String::new();
+    let mut run = |bin: &str, args: &[&str], env: Option<(&str, &str)>| {
+        let mut command = Command::new(workspace_bin(bin));
+        command.args(args).env_remove("RUST_LOG");
+        if let Some((key, value)) = env {
+            command.env(key, value);
+        }
+        let out = command.output().unwrap();
+        seen.push_str(&String::from_utf8_lossy(&out.stdout));
+        seen.push_str(&String::from_utf8_lossy(&out.stderr));
+        out.status.success()
+    };
+    for (k, form) in forms.iter().enumerate() {
+        let file = dir.path().join(format!("sidecar-{k}.toml"));
+        std::fs::write(&file, format!("redis = {form:?}\n")).unwrap();
+        let worker_file = dir.path().join(format!("worker-{k}.toml"));
+        std::fs::write(&worker_file, format!("precomputed_redis = {form:?}\n")).unwrap();
+        let file = file.to_str().unwrap();
+        let worker_file = worker_file.to_str().unwrap();
+        for print in [true, false] {
+            let p: &[&str] = if print { &["--print-config"] } else { &[] };
+            fn with<'a>(args: &[&'a str], p: &[&'a str]) -> Vec<&'a str> {
+                [args, p].concat()
+            }
+            run(
+                "sidecar",
+                &with(&["serve", "--data-dir", "/nonexistent", "--redis", form], p),
+                None,
+            );
+            run(
+                "sidecar",
+                &with(&["serve", "--data-dir", "/nonexistent"], p),
+                Some(("SIDECAR_REDIS", form)),
+            );
+            run(
+                "sidecar",
+                &with(
+                    &["serve", "--data-dir", "/nonexistent", "--config", file],
+                    p,
+                ),
+                None,
+            );
+            run(
+                "gnn-worker",
+                &with(
+                    &[
+                        "serve",
+                        "--model",
+                        "/nonexistent",
+                        "--precomputed-redis",
+                        form,
+                    ],
+                    p,
+                ),
+                None,
+            );
+            run(
+                "gnn-worker",
+                &with(
+                    &["serve", "--model", "/nonexistent", "--config", worker_file],
+                    p,
+                ),
+                None,
+            );
+        }
+        run(
+            "sidecar",
+            &[
+                "import",
+                "/nonexistent",
+                "--data-dir",
+                "/nonexistent/d",
+                "--redis",
+                form,
+            ],
+            None,
+        );
+    }
+    assert!(
+        seen.matches("***").count() >= forms.len() * 4,
+        "the URLs were shown, redacted: {seen}"
+    );
+    assert!(
+        !seen.contains(SECRET),
+        "a secret leaked: {}",
+        seen.lines()
+            .find(|line| line.contains(SECRET))
+            .unwrap_or_default()
+    );
+}
