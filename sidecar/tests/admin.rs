@@ -6,7 +6,7 @@
 //! when the process does not answer.
 
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Output, Stdio};
+use std::process::{Child, Command, Output};
 use std::time::{Duration, Instant};
 
 use protocol::client::{CallError, CallRequest, ClientOptions, RingClient};
@@ -57,7 +57,7 @@ impl Sidecar {
             .args(["--slots", "8"])
             .args(warm_up)
             .args(extra)
-            .stderr(Stdio::null())
+            .stderr(std::fs::File::create(dir.path().join("sidecar.log")).unwrap())
             .spawn()
             .unwrap();
         Self {
@@ -682,4 +682,130 @@ fn silent_connections_cannot_lock_operators_out_and_an_eviction_says_why() {
         }
     }
     assert!(closed, "a Hello trickling in for 8 s kept its connection");
+}
+
+/// A client of the admin socket that says Hello and then idles, as the
+/// outside probe's: `Ok` once it is in, `Err` when turned away.
+fn hello(socket: &Path) -> std::io::Result<std::os::unix::net::UnixStream> {
+    use sidecar::admin::wire::{
+        read_frame, write_frame, AdminRequest, AdminResponse, ADMIN_VERSION,
+    };
+    let mut stream = std::os::unix::net::UnixStream::connect(socket)?;
+    stream.set_read_timeout(Some(Duration::from_secs(5)))?;
+    write_frame(
+        &mut stream,
+        &AdminRequest::Hello {
+            version: ADMIN_VERSION,
+        },
+    )
+    .map_err(std::io::Error::other)?;
+    match read_frame::<AdminResponse>(&mut stream).map_err(std::io::Error::other)? {
+        AdminResponse::Hello { .. } => Ok(stream),
+        other => Err(std::io::Error::other(format!("{other:?}"))),
+    }
+}
+
+/// The outside probe's attack: connections that said Hello and then idle,
+/// twice the cap, reconnecting (and saying Hello again) as soon as they
+/// are closed, locked `sidecarctl status` out 10 times in 10. Idle ones
+/// now make room; while every connection is busy answering, a reserved
+/// place answers probes and views; and a client that errs in a loop
+/// writes a bounded number of warnings.
+#[test]
+fn idle_connections_past_their_hello_cannot_lock_operators_out() {
+    use sidecar::admin::server::{MAX_CONNECTIONS, WARNINGS_PER_MINUTE};
+    use std::io::{Read, Write};
+    use std::sync::atomic::{AtomicBool, Ordering};
+    let sidecar = Sidecar::start();
+    let stop = std::sync::Arc::new(AtomicBool::new(false));
+    let idlers: Vec<_> = (0..2 * MAX_CONNECTIONS)
+        .map(|_| {
+            let (socket, stop) = (sidecar.socket.clone(), stop.clone());
+            std::thread::spawn(move || {
+                while !stop.load(Ordering::Relaxed) {
+                    let Ok(mut idle) = hello(&socket) else {
+                        continue;
+                    };
+                    // Idle until closed.
+                    idle.set_read_timeout(Some(Duration::from_millis(200)))
+                        .unwrap();
+                    let mut byte = [0u8; 64];
+                    while !stop.load(Ordering::Relaxed) {
+                        match idle.read(&mut byte) {
+                            Ok(0) => break,
+                            Ok(_) => {}
+                            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+                            Err(_) => break,
+                        }
+                    }
+                }
+            })
+        })
+        .collect();
+    std::thread::sleep(Duration::from_millis(500));
+    for _ in 0..10 {
+        sidecar.ok(&["live"]);
+        assert_eq!(sidecar.json(&["status"])["ready"], true);
+    }
+    stop.store(true, Ordering::Relaxed);
+    for thread in idlers {
+        thread.join().unwrap();
+    }
+    stop.store(false, Ordering::Relaxed);
+    // Every connection busy: clients that send requests back to back on
+    // connections of their own, never idle. A probe and a view get a
+    // reserved place; other commands there are refused by name.
+    let busy: Vec<_> = (0..MAX_CONNECTIONS)
+        .map(|_| {
+            let (socket, stop) = (sidecar.socket.clone(), stop.clone());
+            std::thread::spawn(move || {
+                use sidecar::admin::wire::{read_frame, write_frame, AdminRequest, AdminResponse};
+                while !stop.load(Ordering::Relaxed) {
+                    let Ok(mut conn) = hello(&socket) else {
+                        continue;
+                    };
+                    while !stop.load(Ordering::Relaxed) {
+                        if write_frame(&mut conn, &AdminRequest::Stats).is_err()
+                            || read_frame::<AdminResponse>(&mut conn).is_err()
+                        {
+                            break;
+                        }
+                    }
+                }
+            })
+        })
+        .collect();
+    std::thread::sleep(Duration::from_millis(500));
+    for _ in 0..10 {
+        sidecar.ok(&["live"]);
+        sidecar.ok(&["status"]);
+    }
+    let refused = sidecar.fails(&["warm", "--top", "10"]);
+    assert!(
+        refused.contains("a reserved connection answers only"),
+        "{refused}"
+    );
+    stop.store(true, Ordering::Relaxed);
+    for thread in busy {
+        thread.join().unwrap();
+    }
+    // A client that errs in a loop: 300 connections sending a frame that
+    // is not one. The log holds a bounded number of warnings about them.
+    for _ in 0..300 {
+        if let Ok(mut conn) = std::os::unix::net::UnixStream::connect(&sidecar.socket) {
+            let _ = conn.write_all(&[5, 0, 0, 0, 0xff, 0xff, 0xff, 0xff, 0xff]);
+            let _ = conn.read_to_end(&mut Vec::new());
+        }
+    }
+    sidecar.ok(&["live"]);
+    let log = std::fs::read_to_string(sidecar.dir.path().join("sidecar.log")).unwrap();
+    let warned = log
+        .lines()
+        .filter(|line| line.contains("admin connection ended with an error"))
+        .count();
+    assert!(warned >= 1, "the errors were logged: {log}");
+    assert!(
+        warned <= WARNINGS_PER_MINUTE as usize * 2,
+        "{warned} warnings about admin connections"
+    );
 }

@@ -188,6 +188,35 @@ fn an_unknown_target_gets_a_default_row_and_no_edges() {
             );
         }
     }
+    // `sidecarctl stats` and `status` read the counters `/metrics` counts
+    // per node type (before: 0 fallback rows in `stats` beside 1,118 in
+    // `/metrics` on a typed sidecar).
+    let (_, text) = tests::stack::http_request(&sidecar.metrics, "GET", "/metrics", None).unwrap();
+    let counted = |name: &str, label: &str| -> u64 {
+        text.lines()
+            .filter(|line| line.starts_with(name) && line.contains(label))
+            .filter_map(|line| line.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum::<f64>() as u64
+    };
+    let missing = counted("sidecar_feature_fallbacks_total", "cause=\"missing\"");
+    assert!(missing >= 1, "{text}");
+    let stats = sidecar.sidecarctl_json(&["stats"]);
+    let in_stats = stats["fallbacks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|f| f[0] == "missing")
+        .map(|f| f[1].as_u64().unwrap());
+    assert_eq!(in_stats, Some(missing), "{stats}");
+    let rows = counted("sidecar_feature_rows_total", "tier=");
+    let stats_rows: u64 = stats["tiers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|t| t["tier"] != "default")
+        .map(|t| t["rows"].as_u64().unwrap())
+        .sum();
+    assert_eq!(stats_rows, rows, "{stats}");
 }
 
 #[test]

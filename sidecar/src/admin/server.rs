@@ -10,14 +10,27 @@
 //! The socket file is created with mode 0600 and every connection's peer
 //! credentials are checked: only root or the sidecar's own uid may talk to
 //! it. Connections are served on their own threads, at most
-//! [`MAX_CONNECTIONS`] at a time. At the cap, a new connection closes the
-//! one that has waited longest without saying Hello, if that is at least
-//! [`HELLO_GRACE`] (it gets an error frame saying why), so silent
-//! connections, however many and however fast they come back, cannot lock
-//! an operator or a probe out (`sidecarctl` tries again when it is turned
-//! away); otherwise the new one gets the error frame and closes. A connection must send its Hello within [`HELLO_TIMEOUT`], and
-//! each later frame whole within [`IDLE_TIMEOUT`] of the previous answer,
-//! or it is closed. A malformed frame closes that connection only.
+//! [`MAX_CONNECTIONS`] at a time. At the cap, a new connection closes
+//! (with an error frame saying why), in this order: the one that has waited
+//! longest without saying Hello, if that is at least [`HELLO_GRACE`]; else
+//! the one idle longest (said Hello, no request being answered), if idle
+//! that long. Failing both (every connection is answering a request), it is
+//! served in one of [`RESERVED_CONNECTIONS`] reserved places, which answer
+//! one `live`, `ready`, `status` or `stats` request, sent with its Hello
+//! within [`RESERVED_TIMEOUT`], and close. So idle
+//! connections, silent or past their Hello, however many and however fast
+//! they come back, cannot lock an operator or a probe out (`sidecarctl`
+//! tries again when it is turned away). A connection that finds no place
+//! waits for one, first come first served (at most [`MAX_WAITING`], each at
+//! most [`WAIT_LIMIT`]), so a client that tries again with a backoff is not
+//! outrun by clients that reconnect in a tight loop; past that it is turned
+//! away with the error frame. A connection must send
+//! its Hello within [`HELLO_TIMEOUT`], and each later frame whole within
+//! [`IDLE_TIMEOUT`] of the previous answer, or it is closed. A malformed
+//! frame closes that connection only. Connections ending with an error are
+//! logged at most [`WARNINGS_PER_MINUTE`] times a minute (the rest counted
+//! in the next warning), so a client that misbehaves in a loop cannot flood
+//! the log.
 
 use std::io::BufReader;
 use std::os::unix::fs::PermissionsExt;
@@ -51,9 +64,54 @@ pub const IDLE_TIMEOUT: Duration = Duration::from_secs(30);
 /// accepted is closed.
 pub const HELLO_TIMEOUT: Duration = Duration::from_secs(2);
 
-/// At the connection cap, a connection silent this long (no Hello yet) may
-/// be closed to make room for a new one.
+/// At the connection cap, a connection silent this long (no Hello yet),
+/// or idle this long after its Hello or its last answer, may be closed to
+/// make room for a new one.
 pub const HELLO_GRACE: Duration = Duration::from_millis(100);
+
+/// Connections served beyond [`MAX_CONNECTIONS`] when every one is
+/// answering a request: each answers one probe or view and closes.
+pub const RESERVED_CONNECTIONS: usize = 2;
+
+/// A connection in a reserved place must send its Hello and its one
+/// request within this of being accepted.
+pub const RESERVED_TIMEOUT: Duration = Duration::from_millis(500);
+
+/// Warnings about admin connections logged per minute, at most.
+pub const WARNINGS_PER_MINUTE: u32 = 10;
+
+/// Warnings about connections, at most [`WARNINGS_PER_MINUTE`]: the
+/// minute's count and the ones left out.
+#[derive(Debug)]
+struct WarnBudget {
+    minute_start: Instant,
+    logged: u32,
+    left_out: u64,
+}
+
+static WARNINGS: std::sync::Mutex<Option<WarnBudget>> = std::sync::Mutex::new(None);
+
+/// Logs `what` about an admin connection unless this minute's budget is
+/// spent; the next logged warning says how many were left out.
+fn warn_connection(what: &str, error: &dyn std::fmt::Display) {
+    let mut budget = WARNINGS.lock().unwrap_or_else(|p| p.into_inner());
+    let budget = budget.get_or_insert_with(|| WarnBudget {
+        minute_start: Instant::now(),
+        logged: 0,
+        left_out: 0,
+    });
+    if budget.minute_start.elapsed() >= Duration::from_secs(60) {
+        budget.minute_start = Instant::now();
+        budget.logged = 0;
+    }
+    if budget.logged >= WARNINGS_PER_MINUTE {
+        budget.left_out += 1;
+        return;
+    }
+    budget.logged += 1;
+    let left_out = std::mem::take(&mut budget.left_out);
+    tracing::warn!(error = %error, left_out, "{what}");
+}
 
 /// Reads from the connection, failing with `TimedOut` once `until` passes,
 /// however slowly the bytes trickle in.
@@ -137,48 +195,203 @@ impl Drop for AdminServer {
     }
 }
 
+/// What the accept loop and a connection's thread share of it.
+#[derive(Debug)]
+struct ConnState {
+    /// Set once its Hello was read.
+    hello: AtomicBool,
+    /// Set while a request is being answered.
+    busy: AtomicBool,
+    /// When it was accepted, said Hello or was last answered, in ms since
+    /// the accept loop's start.
+    last_ms: std::sync::atomic::AtomicU64,
+}
+
 /// One served connection, as the accept loop sees it.
 struct Slot {
     id: u64,
     accepted: Instant,
-    /// Set once its Hello was read.
-    hello: Arc<AtomicBool>,
+    state: Arc<ConnState>,
+    /// Served in a reserved place (one probe or view, then closed).
+    reserved: bool,
     /// A handle on its socket, to close it to make room.
     stream: UnixStream,
 }
 
-/// Room for one more connection in `slots` (at most [`MAX_CONNECTIONS`]):
-/// at the cap, closes the connection that has waited longest without a
-/// Hello, telling it why; `false` when every connection has said Hello.
-fn make_room(slots: &mut Vec<Slot>) -> bool {
-    if slots.len() < MAX_CONNECTIONS {
-        return true;
+/// Where a new connection is served: a place of its own, or a reserved
+/// place; `None` when it is turned away.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Place {
+    Regular,
+    Reserved,
+}
+
+/// A place for one more connection in `slots` (at most [`MAX_CONNECTIONS`]
+/// regular and [`RESERVED_CONNECTIONS`] reserved ones): at the cap, closes
+/// the connection that has waited longest without a Hello, else the one
+/// idle longest, telling it why; else a reserved place if one is free.
+fn make_room(slots: &mut Vec<Slot>, now_ms: u64) -> Option<Place> {
+    let regular = slots.iter().filter(|s| !s.reserved).count();
+    if regular < MAX_CONNECTIONS {
+        return Some(Place::Regular);
     }
-    // A connection gets HELLO_GRACE to say Hello before it can be closed
-    // for one: a client that says it at once is never pushed out by a
-    // stream of silent ones.
+    // A connection gets HELLO_GRACE to say Hello, and to send a request
+    // after it, before it can be closed for room: a client that says them
+    // at once is never pushed out by a stream of idle ones.
+    let grace = HELLO_GRACE.as_millis() as u64;
     let silent = slots
         .iter()
         .enumerate()
-        .filter(|(_, s)| !s.hello.load(Ordering::Acquire) && s.accepted.elapsed() >= HELLO_GRACE)
+        .filter(|(_, s)| {
+            !s.state.hello.load(Ordering::Acquire) && s.accepted.elapsed() >= HELLO_GRACE
+        })
         .min_by_key(|(_, s)| s.accepted)
-        .map(|(i, _)| i);
-    let Some(i) = silent else {
-        return false;
+        .map(|(i, _)| (i, "had said no Hello"));
+    let idle = || {
+        slots
+            .iter()
+            .enumerate()
+            .filter(|(_, s)| {
+                s.state.hello.load(Ordering::Acquire) && !s.state.busy.load(Ordering::Acquire)
+            })
+            .map(|(i, s)| (s.state.last_ms.load(Ordering::Acquire), i))
+            .filter(|(last, _)| now_ms.saturating_sub(*last) >= grace)
+            .min()
+            .map(|(_, i)| (i, "was idle"))
     };
-    let mut evicted = slots.swap_remove(i).stream;
-    let _ = evicted.set_write_timeout(Some(Duration::from_millis(100)));
+    let Some((i, why)) = silent.or_else(idle) else {
+        let reserved = slots.iter().filter(|s| s.reserved).count();
+        return (reserved < RESERVED_CONNECTIONS).then_some(Place::Reserved);
+    };
+    let evicted = slots.swap_remove(i);
+    let place = if evicted.reserved {
+        Place::Reserved
+    } else {
+        Place::Regular
+    };
+    let mut stream = evicted.stream;
+    let _ = stream.set_write_timeout(Some(Duration::from_millis(100)));
     let _ = write_frame(
-        &mut evicted,
+        &mut stream,
         &AdminResponse::Error {
             message: format!(
                 "closed to make room: {MAX_CONNECTIONS} admin connections were open and this \
-                 one had said no Hello"
+                 one {why}"
             ),
         },
     );
-    let _ = evicted.shutdown(std::net::Shutdown::Both);
-    true
+    let _ = stream.shutdown(std::net::Shutdown::Both);
+    Some(place)
+}
+
+/// Connections accepted and not yet given a place that wait, at most; the
+/// next one is turned away.
+pub const MAX_WAITING: usize = 64;
+
+/// The longest a connection waits for a place before it is turned away
+/// (`sidecarctl` then tries again).
+pub const WAIT_LIMIT: Duration = Duration::from_secs(2);
+
+/// The connections served and those waiting for a place, first come first
+/// served: a client that tries again with a backoff is not outrun by
+/// clients that reconnect in a tight loop.
+#[derive(Default)]
+struct Queues {
+    slots: Vec<Slot>,
+    waiting: std::collections::VecDeque<(UnixStream, Instant)>,
+    next_id: u64,
+    stopped: bool,
+}
+
+/// [`Queues`], and the condition the admitting thread waits on: a
+/// connection arrived or ended (or a place may have come free with time).
+struct Admission {
+    queues: std::sync::Mutex<Queues>,
+    changed: std::sync::Condvar,
+    base: Instant,
+    daemon: Arc<Daemon>,
+    runtime: tokio::runtime::Handle,
+}
+
+impl Admission {
+    fn now_ms(&self) -> u64 {
+        self.base.elapsed().as_millis() as u64
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Queues> {
+        self.queues.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Gives places to the waiting connections, in arrival order, while
+    /// there are places; turns away those that waited past [`WAIT_LIMIT`].
+    fn admit(self: &Arc<Self>, queues: &mut Queues) {
+        while !queues.waiting.is_empty() {
+            let Some(place) = make_room(&mut queues.slots, self.now_ms()) else {
+                break;
+            };
+            let (stream, _) = queues.waiting.pop_front().expect("not empty");
+            let Ok(handle) = stream.try_clone() else {
+                continue;
+            };
+            let state = Arc::new(ConnState {
+                hello: AtomicBool::new(false),
+                busy: AtomicBool::new(false),
+                last_ms: std::sync::atomic::AtomicU64::new(self.now_ms()),
+            });
+            let id = queues.next_id;
+            queues.next_id += 1;
+            queues.slots.push(Slot {
+                id,
+                accepted: Instant::now(),
+                state: state.clone(),
+                reserved: place == Place::Reserved,
+                stream: handle,
+            });
+            let admission = self.clone();
+            let spawned = std::thread::Builder::new()
+                .name("admin-conn".into())
+                .spawn(move || {
+                    let now_ms = || admission.now_ms();
+                    let served = Served {
+                        state: &state,
+                        now_ms: &now_ms,
+                        reserved: place == Place::Reserved,
+                    };
+                    let result =
+                        serve_connection(stream, &admission.daemon, &admission.runtime, served);
+                    if let Err(e) = result {
+                        warn_connection("admin connection ended with an error", &e);
+                    }
+                    admission.lock().slots.retain(|s| s.id != id);
+                    admission.changed.notify_all();
+                });
+            if spawned.is_err() {
+                tracing::error!("could not spawn an admin connection thread");
+                queues.slots.retain(|s| s.id != id);
+            }
+        }
+        while queues
+            .waiting
+            .front()
+            .is_some_and(|(_, since)| since.elapsed() >= WAIT_LIMIT)
+        {
+            let (stream, _) = queues.waiting.pop_front().expect("not empty");
+            turn_away(stream);
+        }
+    }
+}
+
+/// Tells a connection there is no place for it, and closes it.
+fn turn_away(mut stream: UnixStream) {
+    let _ = stream.set_write_timeout(Some(Duration::from_millis(100)));
+    let _ = write_frame(
+        &mut stream,
+        &AdminResponse::Error {
+            message: format!(
+                "too many admin connections (at most {MAX_CONNECTIONS}); retry shortly"
+            ),
+        },
+    );
 }
 
 fn accept_loop(
@@ -187,8 +400,39 @@ fn accept_loop(
     daemon: Arc<Daemon>,
     runtime: tokio::runtime::Handle,
 ) {
-    let slots: Arc<std::sync::Mutex<Vec<Slot>>> = Arc::default();
-    let mut next_id = 0u64;
+    let admission = Arc::new(Admission {
+        queues: std::sync::Mutex::default(),
+        changed: std::sync::Condvar::new(),
+        base: Instant::now(),
+        daemon,
+        runtime,
+    });
+    // Places come free when a connection ends, and with time (a
+    // connection idle past the grace): this thread gives them out.
+    let admitter = {
+        let admission = admission.clone();
+        std::thread::Builder::new()
+            .name("admin-admit".into())
+            .spawn(move || {
+                let mut queues = admission.lock();
+                while !queues.stopped {
+                    admission.admit(&mut queues);
+                    let wait = if queues.waiting.is_empty() {
+                        Duration::from_secs(1)
+                    } else {
+                        Duration::from_millis(10)
+                    };
+                    queues = admission
+                        .changed
+                        .wait_timeout(queues, wait)
+                        .unwrap_or_else(|p| p.into_inner())
+                        .0;
+                }
+                for (stream, _) in queues.waiting.drain(..) {
+                    turn_away(stream);
+                }
+            })
+    };
     let own_uid = nix::unistd::getuid().as_raw();
     for stream in listener.incoming() {
         if stop.load(Ordering::Acquire) {
@@ -198,59 +442,48 @@ fn accept_loop(
         match getsockopt(&stream, PeerCredentials) {
             Ok(cred) if cred.uid() == own_uid || cred.uid() == 0 => {}
             Ok(cred) => {
-                tracing::warn!(
-                    peer_uid = cred.uid(),
-                    "admin connection refused: not root nor the sidecar's user"
+                warn_connection(
+                    "admin connection refused: not root nor the sidecar's user",
+                    &format!("peer uid {}", cred.uid()),
                 );
                 continue;
             }
             Err(e) => {
-                tracing::warn!(error = %e, "admin connection refused: no peer credentials");
+                warn_connection("admin connection refused: no peer credentials", &e);
                 continue;
             }
         }
-        let hello = Arc::new(AtomicBool::new(false));
-        let id = next_id;
-        next_id += 1;
-        {
-            let mut slots = slots.lock().unwrap_or_else(|p| p.into_inner());
-            let handle = stream.try_clone();
-            if !make_room(&mut slots) || handle.is_err() {
-                drop(slots);
-                let mut stream = stream;
-                let _ = write_frame(
-                    &mut stream,
-                    &AdminResponse::Error {
-                        message: format!(
-                            "too many admin connections (at most {MAX_CONNECTIONS}); retry \
-                             shortly"
-                        ),
-                    },
-                );
-                continue;
-            }
-            slots.push(Slot {
-                id,
-                accepted: Instant::now(),
-                hello: hello.clone(),
-                stream: handle.expect("checked above"),
-            });
+        let mut queues = admission.lock();
+        if queues.waiting.len() >= MAX_WAITING {
+            drop(queues);
+            turn_away(stream);
+            continue;
         }
-        let (daemon, runtime, slots) = (daemon.clone(), runtime.clone(), slots.clone());
-        let spawned = std::thread::Builder::new()
-            .name("admin-conn".into())
-            .spawn(move || {
-                if let Err(e) = serve_connection(stream, &daemon, &runtime, &hello) {
-                    tracing::warn!(error = %e, "admin connection ended with an error");
-                }
-                slots
-                    .lock()
-                    .unwrap_or_else(|p| p.into_inner())
-                    .retain(|s| s.id != id);
-            });
-        if spawned.is_err() {
-            tracing::error!("could not spawn an admin connection thread");
-        }
+        queues.waiting.push_back((stream, Instant::now()));
+        admission.admit(&mut queues);
+        drop(queues);
+        admission.changed.notify_all();
+    }
+    admission.lock().stopped = true;
+    admission.changed.notify_all();
+    if let Ok(admitter) = admitter {
+        let _ = admitter.join();
+    }
+}
+
+/// What a connection's thread marks in its state, and whether it was
+/// given a reserved place.
+struct Served<'a> {
+    state: &'a ConnState,
+    now_ms: &'a dyn Fn() -> u64,
+    reserved: bool,
+}
+
+impl Served<'_> {
+    /// The connection is answering a request (`true`) or idle again.
+    fn mark(&self, busy: bool) {
+        self.state.last_ms.store((self.now_ms)(), Ordering::Release);
+        self.state.busy.store(busy, Ordering::Release);
     }
 }
 
@@ -258,16 +491,24 @@ fn serve_connection(
     stream: UnixStream,
     daemon: &Daemon,
     runtime: &tokio::runtime::Handle,
-    hello: &AtomicBool,
+    served: Served<'_>,
 ) -> Result<(), FrameError> {
     let mut writer = stream.try_clone()?;
     writer.set_write_timeout(Some(IDLE_TIMEOUT))?;
+    // A reserved place is for one quick probe or view: its Hello and
+    // request both within RESERVED_TIMEOUT, so an idle client cannot hold it.
+    let reserved_until = Instant::now() + RESERVED_TIMEOUT;
     let mut reader = BufReader::new(DeadlineReader {
         stream,
-        until: Instant::now() + HELLO_TIMEOUT,
+        until: if served.reserved {
+            reserved_until
+        } else {
+            Instant::now() + HELLO_TIMEOUT
+        },
     });
     let first = read_frame::<AdminRequest>(&mut reader)?;
-    hello.store(true, Ordering::Release);
+    served.mark(false);
+    served.state.hello.store(true, Ordering::Release);
     match first {
         AdminRequest::Hello { version } if version == ADMIN_VERSION => write_frame(
             &mut writer,
@@ -297,7 +538,11 @@ fn serve_connection(
         }
     }
     loop {
-        reader.get_mut().until = Instant::now() + IDLE_TIMEOUT;
+        reader.get_mut().until = if served.reserved {
+            reserved_until
+        } else {
+            Instant::now() + IDLE_TIMEOUT
+        };
         let request = match read_frame::<AdminRequest>(&mut reader) {
             Ok(request) => request,
             Err(FrameError::Closed) => return Ok(()),
@@ -319,15 +564,33 @@ fn serve_connection(
                 }
             }
         };
-        let response = handle(request, daemon, runtime, &mut send_progress).unwrap_or_else(|e| {
+        served.mark(true);
+        let probe_or_view = matches!(
+            request,
+            AdminRequest::Live | AdminRequest::Ready | AdminRequest::Status | AdminRequest::Stats
+        );
+        let response = if served.reserved && !probe_or_view {
             AdminResponse::Error {
-                message: format!("{e:#}"),
+                message: format!(
+                    "{MAX_CONNECTIONS} admin connections are busy answering; a reserved \
+                     connection answers only live, ready, status and stats: retry shortly"
+                ),
             }
-        });
+        } else {
+            handle(request, daemon, runtime, &mut send_progress).unwrap_or_else(|e| {
+                AdminResponse::Error {
+                    message: format!("{e:#}"),
+                }
+            })
+        };
         if let Some(e) = progress_error {
             return Err(e);
         }
         write_frame(&mut writer, &response)?;
+        served.mark(false);
+        if served.reserved {
+            return Ok(());
+        }
     }
 }
 
@@ -781,7 +1044,7 @@ fn status(daemon: &Daemon) -> StatusReport {
         counts
     });
     let updates = core.and_then(|c| c.updates.as_ref()).map(|u| u.snapshot());
-    let tiers = core.map(|c| c.tiers.snapshot()).unwrap_or_default();
+    let tiers = core.map(tier_snapshot).unwrap_or_default();
     let ring = daemon.ring.snapshot().segment;
     StatusReport {
         server: format!("sidecar {}", env!("CARGO_PKG_VERSION")),
@@ -843,6 +1106,18 @@ fn distribution(name: &str, histogram: &daemon_kit::metrics::Histogram) -> Distr
     }
 }
 
+/// The tiers' counters of the whole sidecar: a typed graph's are its node
+/// types' summed (its one-type tiers are empty).
+fn tier_snapshot(core: &crate::daemon::Core) -> crate::features::tiers::TierSnapshot {
+    match &core.typed {
+        Some(typed) => {
+            let snapshots: Vec<_> = typed.tiers.iter().flatten().map(|t| t.snapshot()).collect();
+            crate::features::tiers::TierSnapshot::sum(&snapshots)
+        }
+        None => core.tiers.snapshot(),
+    }
+}
+
 /// The stats report, from the serving path's histograms and the tiers' and
 /// the ring's snapshots (what `/metrics` encodes of them).
 fn stats(daemon: &Daemon) -> StatsReport {
@@ -852,10 +1127,7 @@ fn stats(daemon: &Daemon) -> StatsReport {
         .iter()
         .map(|&stage| distribution(stage, &m.stage(stage)))
         .collect();
-    let t = daemon
-        .core()
-        .map(|c| c.tiers.snapshot())
-        .unwrap_or_default();
+    let t = daemon.core().map(tier_snapshot).unwrap_or_default();
     let fallbacks: Vec<(String, u64)> = t
         .fallback_rows()
         .iter()

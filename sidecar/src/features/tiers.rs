@@ -83,6 +83,28 @@ impl TierSnapshot {
     pub fn fallback_rows(&self) -> [(&'static str, u64); 3] {
         Self::labelled(Self::CAUSES, self.fallbacks)
     }
+
+    /// The sum of several tier sets' snapshots (a typed graph's node types,
+    /// each with tiers of its own): what `sidecarctl stats` and `status`
+    /// report for the whole sidecar, as `/metrics` counts per node type.
+    pub fn sum<'a>(snapshots: impl IntoIterator<Item = &'a TierSnapshot>) -> TierSnapshot {
+        let mut total = TierSnapshot::default();
+        for s in snapshots {
+            let add = |a: &mut [u64], b: &[u64]| a.iter_mut().zip(b).for_each(|(a, b)| *a += b);
+            add(&mut total.rows, &s.rows);
+            add(&mut total.fallbacks, &s.fallbacks);
+            add(&mut total.malformed, &s.malformed);
+            total.coalesced += s.coalesced;
+            total.redis_round_trips += s.redis_round_trips;
+            total.l1_stale_refused += s.l1_stale_refused;
+            total.l2_writes += s.l2_writes;
+            total.l1_bytes += s.l1_bytes;
+            total.l1_rows += s.l1_rows;
+            total.pinned_rows += s.pinned_rows;
+            total.rows_in_flight += s.rows_in_flight;
+        }
+        total
+    }
 }
 
 /// Registered at the sidecar's top level (`sidecar_feature_*`, `sidecar_l1_*`,
