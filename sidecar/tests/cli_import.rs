@@ -126,3 +126,120 @@ fn serve_refuses_a_missing_or_empty_store_of_record() {
     drop(rocksdb::DB::open_default(&store).expect("an empty RocksDB store"));
     assert!(start().contains("holds no rows"));
 }
+
+/// `sidecar serve` on data directory `data` with `extra` flags, expected to
+/// refuse: its last line of stderr.
+fn refused_serve(dir: &Path, data: &Path, extra: &[&str]) -> String {
+    let out = Command::new(SIDECAR)
+        .arg("serve")
+        .arg("--data-dir")
+        .arg(data)
+        .args(["--shm-name", &tests::unique_name("gnn-test-wrong-store")])
+        .arg("--admin-socket")
+        .arg(dir.join("admin.sock"))
+        .args(["--metrics-addr", "127.0.0.1:0"])
+        .args(extra)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr).to_string();
+    assert!(!out.status.success(), "the sidecar started: {stderr}");
+    stderr.trim_end().lines().last().unwrap_or("").to_string()
+}
+
+/// The outside probe's case: another dataset's `features.db` put in the
+/// data directory was served as ready, 101 answers of 101 from default
+/// rows, nothing logged. Now the import's fingerprint is checked at start,
+/// and a store of another width is refused even without one.
+#[test]
+fn serve_refuses_another_imports_store_of_record_by_name() {
+    let dir = tempfile::tempdir().unwrap();
+    let (cora, citeseer) = (dir.path().join("cora"), dir.path().join("citeseer"));
+    assert!(import(&tests::stack::dataset("cora"), &cora)
+        .status
+        .success());
+    assert!(import(&tests::stack::dataset("citeseer"), &citeseer)
+        .status
+        .success());
+    let manifest: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(cora.join("features.json")).unwrap())
+            .unwrap();
+    let fingerprint = manifest["fingerprint"].as_str().expect("a fingerprint");
+    assert!(fingerprint.starts_with("2708x1433:"), "{fingerprint}");
+    std::fs::remove_dir_all(cora.join("features.db")).unwrap();
+    let copy = Command::new("cp")
+        .arg("-a")
+        .arg(citeseer.join("features.db"))
+        .arg(cora.join("features.db"))
+        .status()
+        .unwrap();
+    assert!(copy.success());
+    let refused = refused_serve(dir.path(), &cora, &[]);
+    assert!(refused.contains("holds another import's rows"), "{refused}");
+    assert!(refused.contains(fingerprint), "{refused}");
+    assert!(refused.contains("sidecar import"), "{refused}");
+    // A data directory imported before fingerprints existed: the rows'
+    // width still tells another dataset's store apart.
+    let mut old = manifest.clone();
+    old.as_object_mut().unwrap().remove("fingerprint");
+    std::fs::write(cora.join("features.json"), old.to_string()).unwrap();
+    let refused = refused_serve(dir.path(), &cora, &[]);
+    assert!(refused.contains("rows of 14812 bytes"), "{refused}");
+    assert!(refused.contains("1433 values"), "{refused}");
+}
+
+/// A Redis reached without its password was served as ready, every row a
+/// default; a wrong one was named "connect timed out". Both are refused at
+/// start naming the cause, and so is a Redis holding another import's rows
+/// under the same prefix.
+#[test]
+fn serve_refuses_a_redis_without_the_password_or_with_another_import_by_name() {
+    let dir = tempfile::tempdir().unwrap();
+    let password = "p4ss-for-the-store";
+    let redis = tests::redis::RedisServer::start_with_password(password);
+    let cora = dir.path().join("cora");
+    let url = redis.url();
+    let out = Command::new(SIDECAR)
+        .arg("import")
+        .arg(tests::stack::dataset("cora"))
+        .arg("--data-dir")
+        .arg(&cora)
+        .args(["--redis", &url])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let no_password = url.replacen(&format!(":{password}@"), "", 1);
+    assert!(!no_password.contains(password), "{no_password}");
+    let refused = refused_serve(dir.path(), &cora, &["--redis", &no_password]);
+    assert!(
+        refused.contains("requires a password (NOAUTH)"),
+        "{refused}"
+    );
+    let wrong = url.replacen(password, "not-the-password", 1);
+    let refused = refused_serve(dir.path(), &cora, &["--redis", &wrong]);
+    assert!(refused.contains("refused the URL's password"), "{refused}");
+    assert!(!refused.contains("timed out"), "{refused}");
+    assert!(!refused.contains("not-the-password"), "{refused}");
+    // citeseer imported into the same Redis and prefix: cora's data
+    // directory no longer matches what Redis holds.
+    let citeseer = dir.path().join("citeseer");
+    let out = Command::new(SIDECAR)
+        .arg("import")
+        .arg(tests::stack::dataset("citeseer"))
+        .arg("--data-dir")
+        .arg(&citeseer)
+        .args(["--redis", &url])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let refused = refused_serve(dir.path(), &cora, &["--redis", &url]);
+    assert!(refused.contains("holds another import's rows"), "{refused}");
+    assert!(!refused.contains(password), "{refused}");
+}

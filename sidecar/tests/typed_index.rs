@@ -470,10 +470,17 @@ async fn into_redis_each_type_s_rows_are_keyed_by_type_and_id() {
         .unwrap();
     assert_eq!(
         keys,
-        7698 + 6162,
-        "one key per row of a type with features, no other"
+        7698 + 6162 + 2,
+        "one key per row of a type with features, and its import's fingerprint \
+         (`<prefix>dataset`), no other"
     );
     let manifest = FeatureManifest::read(&feature_dir(data.path(), "airline")).unwrap();
+    let fingerprint: String = redis::cmd("GET")
+        .arg("feat:airline:dataset")
+        .query_async(&mut connection)
+        .await
+        .unwrap();
+    assert_eq!(Some(fingerprint), manifest.fingerprint);
     assert_eq!(manifest.store, "redis");
     assert_eq!(manifest.redis_prefix.as_deref(), Some("feat:airline:"));
     assert!(TypedGraph::open(data.path()).is_ok());

@@ -118,6 +118,29 @@ impl std::fmt::Debug for RedisTier {
     }
 }
 
+/// Why Redis refused this client its password, if `error` says so: a
+/// password the server rejects (WRONGPASS, `AuthenticationFailed`) or none
+/// given to a server that requires one (NOAUTH).
+pub fn auth_problem(error: &redis::RedisError, shown: &str) -> Option<String> {
+    let code = error.code().unwrap_or_default();
+    let text = error.to_string();
+    if code == "NOAUTH" || text.contains("NOAUTH") {
+        Some(format!(
+            "Redis {shown} requires a password (NOAUTH) and the URL gives none: write it in the \
+             URL, redis://:PASSWORD@host:port (or redis://USER:PASSWORD@host:port)"
+        ))
+    } else if code == "WRONGPASS"
+        || text.contains("WRONGPASS")
+        || error.kind() == redis::ErrorKind::AuthenticationFailed
+    {
+        Some(format!(
+            "Redis {shown} refused the URL's password (or user): correct it in the URL"
+        ))
+    } else {
+        None
+    }
+}
+
 impl RedisTier {
     /// Connects (and for a cluster, loads the slot map).
     pub async fn connect(config: &RedisConfig) -> anyhow::Result<Self> {
@@ -150,6 +173,18 @@ impl RedisTier {
                 "several Redis URLs given without --redis-cluster"
             );
             let client = config.client(&config.urls[0])?;
+            // One plain connection first: a refused password is named now,
+            // not retried by the manager until "connect timed out".
+            if let Ok(Err(e)) = tokio::time::timeout(
+                config.connect_timeout,
+                client.get_multiplexed_async_connection(),
+            )
+            .await
+            {
+                if let Some(problem) = auth_problem(&e, &shown) {
+                    anyhow::bail!(problem);
+                }
+            }
             let manager_config = ConnectionManagerConfig::new()
                 .set_connection_timeout(Some(config.connect_timeout))
                 .set_number_of_retries(6)

@@ -72,6 +72,10 @@ pub struct RocksStore {
 /// node's key.
 const UPDATE_POSITION_KEY: &[u8] = b"\xffupdates-position";
 
+/// Where the store of record keeps the fingerprint of the import that
+/// filled it ([`crate::features::import::FeatureManifest::fingerprint`]).
+const DATASET_KEY: &[u8] = b"\xffdataset";
+
 fn now_secs() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
@@ -254,6 +258,34 @@ impl RocksStore {
             .iterator(rocksdb::IteratorMode::Start)
             .take(16)
             .any(|entry| entry.is_ok_and(|(key, _)| key.len() == 8))
+    }
+
+    /// The fingerprint of the import that filled this store, if recorded.
+    pub fn dataset(&self) -> Option<String> {
+        let value = self.db.get(DATASET_KEY).ok().flatten()?;
+        String::from_utf8(value).ok()
+    }
+
+    /// Records the fingerprint of the import that filled this store.
+    pub fn set_dataset(&self, fingerprint: &str) -> anyhow::Result<()> {
+        self.check_writable()?;
+        let mut batch = WriteBatch::default();
+        batch.put(DATASET_KEY, fingerprint.as_bytes());
+        self.write(batch)
+            .with_context(|| format!("writing the dataset fingerprint to {}", self.path.display()))
+    }
+
+    /// The byte length of the first stored row (a sample of the width the
+    /// store was filled with); `None` when it holds none.
+    pub fn first_row_len(&self) -> Option<usize> {
+        self.db
+            .iterator(rocksdb::IteratorMode::Start)
+            .take(16)
+            .filter_map(Result::ok)
+            .find(|(key, _)| key.len() == 8)
+            .and_then(|(_, value)| {
+                crate::features::contract::split_rocks_value(&value).map(|(_, row)| row.len())
+            })
     }
 
     /// Looks up `ids` in one batched multi-get. Each answer is the row's

@@ -289,6 +289,7 @@ fn open_stores(
                 config.data_dir.display()
             );
             let tier = runtime.block_on(RedisTier::connect(redis_config))?;
+            runtime.block_on(crate::features::import::verify_redis(&tier, manifest))?;
             let (l2, rebuilds) = open_l2_cache(config)?;
             (l2, Some(tier), rebuilds)
         }
@@ -340,6 +341,7 @@ fn open_store_of_record(
         manifest.num_nodes,
         rebuild()
     );
+    manifest.check_store(&store, &path)?;
     Ok(Arc::new(store))
 }
 

@@ -95,6 +95,9 @@ pub fn load(
                     t.name
                 );
                 let (store, _) = RocksStore::open(&path, Role::StoreOfRecord)?;
+                manifest
+                    .check_store(&store, &path)
+                    .with_context(|| format!("node type {}", t.name))?;
                 (Some(Arc::new(store)), None)
             }
             "redis" => {
@@ -112,6 +115,9 @@ pub fn load(
                         .unwrap_or_else(|| typed::redis_prefix("feat:", &t.name)),
                 );
                 let tier = runtime.block_on(RedisTier::connect(&redis_config))?;
+                runtime
+                    .block_on(crate::features::import::verify_redis(&tier, &manifest))
+                    .with_context(|| format!("node type {}", t.name))?;
                 let l2 = match config.l2_cache() {
                     None => None,
                     Some(l2) => {
