@@ -245,6 +245,11 @@ async fn drive_stream(
     let mut running = FuturesOrdered::new();
     let mut reading = true;
     let mut end: Option<Status> = None;
+    // An answer taken from `running` that the response channel has no room
+    // for yet: reading goes on meanwhile (a client that writes its whole
+    // burst before it reads an answer must not stall its own reading, or
+    // its unread small frames would meet HTTP/2's flood protection).
+    let mut ready: Option<pb::PredictResponse> = None;
     loop {
         while running.len() < STREAM_IN_FLIGHT {
             let Some((request, bytes)) = waiting.pop_front() else {
@@ -253,19 +258,21 @@ async fn drive_stream(
             waiting_bytes -= bytes;
             running.push_back(answer_in_band(service.clone(), request));
         }
-        if !reading && waiting.is_empty() && running.is_empty() {
+        if !reading && ready.is_none() && waiting.is_empty() && running.is_empty() {
             if let Some(status) = end {
                 let _ = tx.send(Err(status)).await;
             }
             return;
         }
+        // Unbiased: neither answering nor reading starves the other.
         tokio::select! {
-            biased;
-            Some(answer) = running.next(), if !running.is_empty() => {
-                if tx.send(Ok(answer)).await.is_err() {
-                    // The client is gone.
-                    return;
-                }
+            permit = tx.reserve(), if ready.is_some() => match permit {
+                Ok(permit) => permit.send(Ok(ready.take().expect("guarded"))),
+                // The client is gone.
+                Err(_) => return,
+            },
+            Some(answer) = running.next(), if ready.is_none() && !running.is_empty() => {
+                ready = Some(answer);
             }
             message = incoming.message(), if reading && waiting_bytes < STREAM_READ_AHEAD_BYTES => {
                 match message {

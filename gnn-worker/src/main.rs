@@ -308,6 +308,18 @@ fn reflection() -> anyhow::Result<(
     ))
 }
 
+/// Client-reset streams not yet taken by the server that a gRPC connection
+/// may hold before h2 closes it (h2's default: 20).
+const GRPC_MAX_PENDING_ACCEPT_RESETS: usize = 4096;
+/// The gRPC connection's flow-control window (hyper's default: 1 MiB).
+const GRPC_CONNECTION_WINDOW: u32 = 4 << 20;
+/// A gRPC stream's flow-control window (hyper's default: 1 MiB). With the
+/// connection's, it keeps a stream's unread burst within HTTP/2's budget
+/// of small frames (half the connection window, 2 MiB): 64 KiB of frames
+/// of 8 bytes or more (a gRPC message with at least one id) cost under
+/// 2 MiB of framing, so such a burst is never cut however it is written.
+const GRPC_STREAM_WINDOW: u32 = 64 << 10;
+
 async fn serve(
     config: WorkerConfig,
     mut signalled: tokio::sync::watch::Receiver<bool>,
@@ -372,6 +384,17 @@ async fn serve(
     );
     let (reflection_v1, reflection_v1alpha) = reflection()?;
     let grpc_server = tonic::transport::Server::builder()
+        // Streams reset by their client before the server took them (calls
+        // whose client gave up while the worker was busy) end only those
+        // calls: h2's default of 20 closes the whole connection with
+        // GOAWAY "too_many_resets", failing the client's other calls.
+        .http2_max_pending_accept_reset_streams(Some(GRPC_MAX_PENDING_ACCEPT_RESETS))
+        // A window of this size per connection gives HTTP/2's budget of
+        // unread small DATA frames (half the window) room for a stream's
+        // burst written one message per frame (docs/serving.md, "Streams").
+        .initial_connection_window_size(GRPC_CONNECTION_WINDOW)
+        .initial_stream_window_size(GRPC_STREAM_WINDOW)
+        .layer(gnn_worker::grpc_connections::ActivityLayer)
         .layer(tower::util::MapResponseLayer::new(
             gnn_worker::grpc::invalid_argument_for_undecodable,
         ))

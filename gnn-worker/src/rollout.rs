@@ -271,14 +271,7 @@ impl Loader {
                 config.model.display()
             );
         }
-        if batching.ring_concurrency > geometry.slot_count as usize {
-            tracing::warn!(
-                ring_concurrency = batching.ring_concurrency,
-                slots = geometry.slot_count,
-                "ring_concurrency exceeds the ring's slots; using the slot count"
-            );
-            batching.ring_concurrency = geometry.slot_count as usize;
-        }
+        batching.fit_to_ring(&geometry);
         let precomputed = match &config.precomputed_redis {
             None => None,
             Some(url) => Some(self.precomputed(url, &manifest, service)?),
@@ -335,9 +328,7 @@ impl Loader {
         let ask =
             manifest.check_typed_segment(&schema, &geometry, client.graph_schema().as_ref())?;
         let mut batching = BatchConfig::from_config(config);
-        if batching.ring_concurrency > geometry.slot_count as usize {
-            batching.ring_concurrency = geometry.slot_count as usize;
-        }
+        batching.fit_to_ring(&geometry);
         tracing::info!(
             target_type = ask.target_type,
             hops = ask.hops,

@@ -68,11 +68,16 @@ mod gather;
 mod model_stage;
 mod ring_stage;
 mod sessions;
+mod slots;
 
 use gather::{gather, Capacity, Rule, Targets};
 pub use model_stage::argmax;
 use model_stage::{model_stage, run_part, student_stage, Ran};
 use ring_stage::{ring_batch, ring_stage, Ring, RingDone};
+
+/// The ring slots every predictor of this process reserves from (old and
+/// new model alike during a rollout: they share one sidecar's ring).
+static SLOTS: std::sync::LazyLock<Arc<slots::SlotBudget>> = std::sync::LazyLock::new(Arc::default);
 
 tokio::task_local! {
     /// Set on a task that reads further calls while its calls run (a gRPC
@@ -167,6 +172,35 @@ fn dense_fanouts(fanouts: Option<&daemon_kit::config::HopFanouts>) -> Option<[u3
 }
 
 impl BatchConfig {
+    /// Fits the settings to the sidecar's ring, each with a warning naming
+    /// it: at most `slots` batches on the ring at once, and at most the
+    /// targets a whole ring of requests holds in one call (a call's
+    /// requests hold their slots until its model run ends, so a larger
+    /// one could never be answered; it is refused by name instead).
+    pub fn fit_to_ring(&mut self, geometry: &protocol::Geometry) {
+        let slots = geometry.slot_count as usize;
+        if self.ring_concurrency > slots {
+            tracing::warn!(
+                ring_concurrency = self.ring_concurrency,
+                slots,
+                "ring_concurrency exceeds the ring's slots; using the slot count"
+            );
+            self.ring_concurrency = slots;
+        }
+        let ring_targets = slots * (geometry.max_targets as usize).max(1);
+        if self.max_request_targets > ring_targets {
+            tracing::warn!(
+                max_request_targets = self.max_request_targets,
+                slots,
+                max_targets = geometry.max_targets,
+                "max_request_targets exceeds what the sidecar's ring holds at once (slots x \
+                 max_targets); calls of more targets are refused naming the limit: raise the \
+                 sidecar's slots, or lower max_request_targets"
+            );
+            self.max_request_targets = ring_targets;
+        }
+    }
+
     /// Whether the ladder has a reduced GNN rung.
     fn has_reduced(&self) -> bool {
         match self.subgraph {
@@ -231,7 +265,7 @@ pub enum PredictError {
     /// The worker or its sidecar is saturated: retry after a moment.
     #[error("{0}")]
     Overloaded(String),
-    /// The call's deadline passed before it reached the ring.
+    /// The call's deadline passed before it was answered.
     #[error("{0}")]
     DeadlineExceeded(String),
 }
@@ -269,9 +303,15 @@ struct Job {
     enqueued: Instant,
     /// When a call still waiting for a ring thread is dropped: after the
     /// worker's `call_timeout_ms`, or its own deadline if that is later (a
-    /// deadline that nothing fits is the ladder's to answer on its
-    /// cheapest rung, and a gRPC call past it is ended by the server).
+    /// call past its own deadline was answered DEADLINE_EXCEEDED then, and
+    /// is dropped as gone).
     deadline: Instant,
+    /// The caller's own deadline, when it gave one (`grpc-timeout`,
+    /// `timeout_ms`, V2's `timeout`): it bounds the ring requests of the
+    /// call's batch, and so the sidecar's wait for feature rows (rows that
+    /// do not come in time are default rows, flagged), and the call is
+    /// answered DEADLINE_EXCEEDED at it if not answered before.
+    own_deadline: Option<Instant>,
     /// Its place among its lane's waiting calls, until a thread takes it.
     place: Place,
     /// Counted on the sidecar until the call is answered: a drain waits for
@@ -363,6 +403,14 @@ pub struct Predictor {
     running_to_completion: Arc<AtomicUsize>,
 }
 
+/// When a call with `left` to its deadline, enqueued at `enqueued`, is
+/// answered at the latest: a moment before its deadline (a twentieth of
+/// the time, at most 2 ms), so that the worker's answer, not the caller's
+/// timer or tonic's (CANCELLED), ends the call.
+fn answer_by(enqueued: Instant, left: Duration) -> Instant {
+    enqueued + left - (left / 20).min(Duration::from_millis(2))
+}
+
 /// Decrements a count when dropped.
 struct Decrement<'a>(&'a AtomicUsize);
 
@@ -435,6 +483,7 @@ impl Predictor {
                         metrics: &metrics,
                         precomputed: precomputed.as_deref(),
                         costs: &costs,
+                        slots: &SLOTS,
                     };
                     ring_stage(&ring, &rx, &tx, &capacity)
                 })?;
@@ -481,6 +530,7 @@ impl Predictor {
                             metrics: &metrics2,
                             precomputed: precomputed.as_deref(),
                             costs: &costs,
+                            slots: &SLOTS,
                         };
                         student_stage(&ring, student, &batch_rx, &capacity2)
                     })?;
@@ -580,7 +630,8 @@ impl Predictor {
         if ids.len() > self.config.max_request_targets {
             return Err(PredictError::InvalidArgument(format!(
                 "{} node ids in one call; at most {} (split the call, or raise the worker's \
-                 max_request_targets, --max-request-targets)",
+                 max_request_targets, --max-request-targets, and if the sidecar's ring is \
+                 what bounds it, its slots x max_targets)",
                 ids.len(),
                 self.config.max_request_targets
             )));
@@ -741,6 +792,7 @@ impl Predictor {
             rung,
             enqueued,
             deadline: enqueued + left.unwrap_or_default().max(self.config.call_timeout),
+            own_deadline: left.map(|left| answer_by(enqueued, left)),
             place,
             accepted,
             reply,
@@ -760,7 +812,21 @@ impl Predictor {
                 }
             })?;
         }
-        answer.await.map_err(|_| {
+        let answered = match left {
+            // Answered by its deadline, or DEADLINE_EXCEEDED at it (the
+            // job, if still waiting, is then dropped as gone).
+            Some(left) => tokio::time::timeout_at(answer_by(enqueued, left).into(), answer)
+                .await
+                .map_err(|_| {
+                    PredictError::DeadlineExceeded(format!(
+                        "the call's deadline of {:.1} ms passed before it was answered: give \
+                         it more time, or add replicas",
+                        left.as_secs_f64() * 1e3
+                    ))
+                })?,
+            None => answer.await,
+        };
+        answered.map_err(|_| {
             PredictError::Unavailable(
                 "no executor took the call (all retired): restart the worker".into(),
             )
@@ -774,13 +840,24 @@ impl Predictor {
     /// before this returns. Called only when no other call waits for the
     /// batcher, so that it never overtakes one. Otherwise returns the job
     /// for the pipeline: also when the sidecar is not ready, for a task
-    /// that reads further calls meanwhile ([`through_the_pipeline`]), and
-    /// when
-    /// as many calls run to completion as leave one runtime thread free
-    /// (this blocks the runtime thread it runs on: at most until
-    /// `ring_timeout_ms` if the sidecar stalls, while the others serve).
+    /// that reads further calls meanwhile ([`through_the_pipeline`]), for
+    /// a call of more targets than one ring request carries (`max_targets`:
+    /// a large call is many ring requests and model runs, during which the
+    /// runtime thread's other tasks, probes and scrapes among them, would
+    /// wait; its hand-off to the pipeline costs nothing beside them), and
+    /// when as many calls run to completion as leave one runtime thread
+    /// free (this blocks the runtime thread it runs on for one ring round
+    /// trip and one model run: at most until `ring_timeout_ms` if the
+    /// sidecar stalls, while the others serve).
     fn run_to_completion(&self, job: Job) -> Option<Job> {
         if PIPELINED.try_with(|_| ()).is_ok() {
+            return Some(job);
+        }
+        let one_request = self
+            .client
+            .geometry()
+            .is_some_and(|g| job.ids.len() <= g.max_targets as usize);
+        if !one_request {
             return Some(job);
         }
         let threads =
@@ -814,13 +891,10 @@ impl Predictor {
                 metrics: &self.metrics,
                 precomputed: self.precomputed.as_deref(),
                 costs: &self.costs,
+                slots: &SLOTS,
             };
-            let parts = ring_batch(&ring, vec![job]);
-            if parts.is_empty() {
-                self.capacity.release();
-            }
             let mut session = Some(session);
-            for done in parts {
+            let emitted = ring_batch(&ring, vec![job], &mut |done| {
                 let releases = done.releases;
                 let ran = run_part(
                     &self.sessions,
@@ -835,6 +909,9 @@ impl Predictor {
                 if let Ran::Kept(kept) = ran {
                     session = Some(kept);
                 }
+            });
+            if !emitted {
+                self.capacity.release();
             }
             if let Some(session) = session {
                 self.sessions.put(session);

@@ -9,7 +9,9 @@ use protocol::client::Response;
 use protocol::payload::schema::{target_status, HOP2_CACHED, NO_ROW};
 use protocol::payload::ResponseTables;
 
-use super::ring_stage::{ring_call_split, ring_calls, take_live, Ring, RingCall, RingDone};
+use super::ring_stage::{
+    ring_call_split, ring_calls, slots_needed, take_live, Ring, RingCall, RingDone,
+};
 use super::sessions::{Session, Sessions};
 use super::{answer, panic_text, Capacity, Job, PredictError, Prediction};
 use crate::ladder::Costs;
@@ -142,6 +144,28 @@ pub(super) fn student_stage(
         batch.sort_by_key(|job| job.new_node.is_some());
         let ids: Vec<u64> = batch.iter().flat_map(|j| j.ids.iter().copied()).collect();
         metrics.targets.inc_by(ids.len() as u64);
+        // Its ring slots, all at once (`crate::batcher::slots`).
+        let _slots = match ring.client.geometry() {
+            None => None,
+            Some(geometry) => {
+                let total = geometry.slot_count as usize;
+                let needed = slots_needed(&batch, None, (geometry.max_targets as usize).max(1));
+                let reserved = ring
+                    .slots
+                    .reserve(needed, total, Instant::now() + ring.config.ring_timeout)
+                    .filter(|_| needed <= total);
+                if reserved.is_none() {
+                    let error = PredictError::Overloaded(format!(
+                        "no {needed} ring slots came free within ring_timeout_ms (the \
+                         sidecar's ring has {total}); retry shortly, or add capacity"
+                    ));
+                    answer(batch, &ids, Err(error), metrics, Some((ring.costs, taken)));
+                    capacity.release();
+                    continue;
+                }
+                reserved
+            }
+        };
         let ran = std::panic::catch_unwind(AssertUnwindSafe(|| {
             let known: Vec<u64> = batch
                 .iter()
@@ -150,6 +174,7 @@ pub(super) fn student_stage(
                 .collect();
             let own_rows = RingCall {
                 accepted: batch.first().map(|job| &job.accepted),
+                deadline: batch.iter().filter_map(|job| job.own_deadline).min(),
                 ..RingCall::own_rows()
             };
             let mut responses = ring_calls(ring, &known, own_rows)?;

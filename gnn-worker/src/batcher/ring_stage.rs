@@ -5,7 +5,7 @@
 use std::panic::AssertUnwindSafe;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use protocol::client::{Accepted, CallError, CallRequest, ClientStatus, Response, RingClient};
 use protocol::layout::{status, FeatureSchema, MAX_HOPS};
@@ -61,6 +61,11 @@ pub(super) struct RingDone {
     pub(super) taken: Instant,
     /// The batch's span (traces): a child of its first traced call's.
     pub(super) span: tracing::Span,
+    /// The ring slots reserved for the responses, given back once every
+    /// part holding them is dropped (after its model run): declared after
+    /// `responses`, so dropped after them.
+    #[allow(dead_code)] // held for its Drop
+    pub(super) slots: Option<Arc<super::slots::Reserved>>,
 }
 
 /// The span of a batch: a child of its first traced call's span, so that
@@ -87,6 +92,8 @@ pub(super) struct Ring<'a> {
     pub(super) metrics: &'a WorkerMetrics,
     pub(super) precomputed: Option<&'a Precomputed>,
     pub(super) costs: &'a Costs,
+    /// The ring slots this process's batches hold.
+    pub(super) slots: &'a Arc<super::slots::SlotBudget>,
 }
 
 /// A ring call failed because one target's own neighbourhood does not fit
@@ -110,13 +117,7 @@ pub(super) fn ring_stage(
         let Ok(batch) = batches.recv() else {
             return;
         };
-        let parts = ring_batch(ring, batch);
-        if parts.is_empty() {
-            // Nothing of it goes to the model stage.
-            capacity.release();
-            continue;
-        }
-        for done in parts {
+        let emitted = ring_batch(ring, batch, &mut |done| {
             if let Err(crossbeam_channel::SendError(done)) = ready.send(done) {
                 // No model executor is left to take it.
                 answer(
@@ -132,20 +133,75 @@ pub(super) fn ring_stage(
                     capacity.release();
                 }
             }
+        });
+        if !emitted {
+            // Nothing of it goes to the model stage.
+            capacity.release();
         }
     }
 }
 
-/// Makes the ring calls of a batch taken now: its live calls' responses
-/// (one part, or one per call when one call's target cannot fit), or no
-/// part when every call was dropped or answered already (the sidecar is
-/// gone).
-pub(super) fn ring_batch(ring: &Ring<'_>, batch: Vec<Job>) -> Vec<RingDone> {
+/// The ring slots `jobs` (sorted by [`job_kind`]) take at once: one per
+/// `max_targets` chunk of each kind's targets, one per new node.
+pub(super) fn slots_needed(
+    jobs: &[Job],
+    answers: Option<&PrecomputedSet>,
+    max_targets: usize,
+) -> usize {
+    let mut per_kind = [0usize; 3];
+    let mut new_nodes = 0;
+    for job in jobs {
+        match job_kind(job, answers) {
+            3 => new_nodes += 1,
+            kind => per_kind[kind as usize] += job.ids.len(),
+        }
+    }
+    per_kind
+        .iter()
+        .map(|n| n.div_ceil(max_targets))
+        .sum::<usize>()
+        + new_nodes
+}
+
+/// `batch` (sorted) in groups of calls whose ring requests fit `total`
+/// slots at once, in order; a call that alone needs more is a group of
+/// its own (refused by [`ring_batch`]).
+fn slot_groups(
+    batch: Vec<Job>,
+    answers: Option<&PrecomputedSet>,
+    max_targets: usize,
+    total: usize,
+) -> Vec<Vec<Job>> {
+    let mut groups = Vec::new();
+    let mut group: Vec<Job> = Vec::new();
+    for job in batch {
+        group.push(job);
+        if group.len() > 1 && slots_needed(&group, answers, max_targets) > total {
+            let job = group.pop().expect("just pushed");
+            groups.push(std::mem::take(&mut group));
+            group.push(job);
+        }
+    }
+    if !group.is_empty() {
+        groups.push(group);
+    }
+    groups
+}
+
+/// Makes the ring calls of a batch taken now and hands each part of
+/// responses to `emit` as soon as it is ready: one part, or one per call
+/// when one call's target cannot fit, for each group of calls whose ring
+/// requests fit the ring at once ([`slot_groups`]). Every group's slots
+/// are reserved before its first request (`crate::batcher::slots`).
+/// Returns whether anything was emitted: nothing when every call was
+/// dropped or answered already (the sidecar is gone). The last part
+/// emitted `releases` the batch's place in the pipeline.
+pub(super) fn ring_batch(ring: &Ring<'_>, batch: Vec<Job>, emit: &mut dyn FnMut(RingDone)) -> bool {
     let metrics = ring.metrics;
     let taken = Instant::now();
     let batch = take_live(batch, taken, metrics);
     if batch.is_empty() {
-        return Vec::new();
+        return false;
     }
     if let ClientStatus::Lost(reason) = ring.client.status() {
         // The sidecar is gone: its calls fail now rather than wait
@@ -153,7 +209,7 @@ pub(super) fn ring_batch(ring: &Ring<'_>, batch: Vec<Job>) -> Vec<RingDone> {
         let ids: Vec<u64> = batch.iter().flat_map(|j| j.ids.iter().copied()).collect();
         let gone = PredictError::Unavailable(format!("the sidecar is gone: {reason}"));
         answer(batch, &ids, Err(gone), metrics, None);
-        return Vec::new();
+        return false;
     }
     for job in &batch {
         let wait = taken.duration_since(job.enqueued);
@@ -168,56 +224,110 @@ pub(super) fn ring_batch(ring: &Ring<'_>, batch: Vec<Job>) -> Vec<RingDone> {
     let mut batch = batch;
     let answers = store.as_deref().filter(|_| ring.config.precomputed_answers);
     batch.sort_by_cached_key(|job| job_kind(job, answers));
-    let ids: Vec<u64> = batch.iter().flat_map(|j| j.ids.iter().copied()).collect();
-    metrics.targets.inc_by(ids.len() as u64);
-    let span = batch_span(&batch);
-    let call = |jobs: &[Job]| {
-        let _traced = span.enter();
-        std::panic::catch_unwind(AssertUnwindSafe(|| {
-            jobs_ring_calls(ring, jobs, store.as_deref())
-        }))
-        .unwrap_or_else(|panic| {
-            let what = panic_text(&*panic);
-            tracing::error!(panic = %what, "a ring call panicked; its batch gets an error");
-            Err(PredictError::Internal(format!(
-                "the ring call failed ({what}); retry"
+    metrics
+        .targets
+        .inc_by(batch.iter().map(|j| j.ids.len() as u64).sum());
+    let geometry = ring.client.geometry();
+    let max_targets = geometry.map_or(1, |g| g.max_targets as usize).max(1);
+    let total = geometry.map_or(usize::MAX, |g| g.slot_count as usize);
+    let groups = slot_groups(batch, answers, max_targets, total);
+    let n_groups = groups.len();
+    for (g, batch) in groups.into_iter().enumerate() {
+        let last_group = g + 1 == n_groups;
+        let ids: Vec<u64> = batch.iter().flat_map(|j| j.ids.iter().copied()).collect();
+        let span = batch_span(&batch);
+        let needed = slots_needed(&batch, answers, max_targets);
+        // The group's slots, all at once, before its first request.
+        let reserved = if needed > total {
+            Err(PredictError::InvalidArgument(format!(
+                "this call's {} targets take {needed} ring requests at once ({max_targets}                  targets each) and the sidecar's ring has {total} slots: send at most {}                  targets per call, or raise the sidecar's slots (--slots)",
+                ids.len(),
+                total * max_targets
             )))
-        })
-    };
-    let responses = call(&batch);
-    let mut parts = Vec::new();
-    if batch.len() > 1 && is_too_large_alone(&responses) {
-        // One call's target cannot fit: answer every call on its own, so
-        // that only that call gets the error.
-        drop(responses);
-        let n = batch.len();
-        for (i, job) in batch.into_iter().enumerate() {
-            let ids = job.ids.clone();
-            let job = [job];
-            let responses = call(&job);
-            let [job] = job;
-            parts.push(RingDone {
-                batch: vec![job],
+        } else if geometry.is_none() {
+            Ok(None)
+        } else {
+            // As long as the batch's calls may wait: the slots are busy
+            // with other batches' requests, which end.
+            let until = batch
+                .iter()
+                .map(|job| job.own_deadline.unwrap_or(job.deadline))
+                .min()
+                .unwrap_or_else(|| Instant::now() + ring.config.ring_timeout);
+            ring.slots
+                .reserve(needed, total, until)
+                .map(|r| Some(Arc::new(r)))
+                .ok_or_else(|| {
+                    PredictError::Overloaded(format!(
+                        "no {needed} ring slots came free within ring_timeout_ms: all {total}                          slots of the sidecar are busy (it is saturated); retry shortly, or                          add capacity"
+                    ))
+                })
+        };
+        let reserved = match reserved {
+            Ok(reserved) => reserved,
+            Err(e) => {
+                emit(RingDone {
+                    batch,
+                    ids,
+                    responses: Err(e),
+                    releases: last_group,
+                    store: store.clone(),
+                    taken,
+                    span,
+                    slots: None,
+                });
+                continue;
+            }
+        };
+        let call = |jobs: &[Job]| {
+            let _traced = span.enter();
+            std::panic::catch_unwind(AssertUnwindSafe(|| {
+                jobs_ring_calls(ring, jobs, store.as_deref())
+            }))
+            .unwrap_or_else(|panic| {
+                let what = panic_text(&*panic);
+                tracing::error!(panic = %what, "a ring call panicked; its batch gets an error");
+                Err(PredictError::Internal(format!(
+                    "the ring call failed ({what}); retry"
+                )))
+            })
+        };
+        let responses = call(&batch);
+        if batch.len() > 1 && is_too_large_alone(&responses) {
+            // One call's target cannot fit: answer every call on its own, so
+            // that only that call gets the error.
+            drop(responses);
+            let n = batch.len();
+            for (i, job) in batch.into_iter().enumerate() {
+                let ids = job.ids.clone();
+                let job = [job];
+                let responses = call(&job);
+                let [job] = job;
+                emit(RingDone {
+                    batch: vec![job],
+                    ids,
+                    responses,
+                    releases: last_group && i + 1 == n,
+                    store: store.clone(),
+                    taken,
+                    span: span.clone(),
+                    slots: reserved.clone(),
+                });
+            }
+        } else {
+            emit(RingDone {
+                batch,
                 ids,
                 responses,
-                releases: i + 1 == n,
+                releases: last_group,
                 store: store.clone(),
                 taken,
-                span: span.clone(),
+                span,
+                slots: reserved,
             });
         }
-    } else {
-        parts.push(RingDone {
-            batch,
-            ids,
-            responses,
-            releases: true,
-            store,
-            taken,
-            span,
-        });
     }
-    parts
+    true
 }
 
 pub(super) static REQUEST_ID: AtomicU64 = AtomicU64::new(1);
@@ -269,6 +379,7 @@ pub(super) fn jobs_ring_calls(
         subgraph: ring.config.subgraph,
         typed: ring.config.typed.as_deref(),
         accepted: jobs.first().map(|job| &job.accepted),
+        deadline: jobs.iter().filter_map(|job| job.own_deadline).min(),
         ..RingCall::default()
     };
     let mut responses = ring_calls(
@@ -330,6 +441,9 @@ pub(super) struct RingCall<'a> {
     pub(super) accepted: Option<&'a Accepted>,
     /// A typed graph's request (a typed model's calls).
     pub(super) typed: Option<&'a protocol::request::TypedAsk>,
+    /// The earliest deadline a caller of the batch gave: the requests'
+    /// timeout, and so the sidecar's feature wait, end by it.
+    pub(super) deadline: Option<Instant>,
 }
 
 impl RingCall<'_> {
@@ -390,11 +504,28 @@ pub(super) fn ring_call_split(
                 sampled,
             },
         );
+    let timeout = match call.deadline {
+        Some(deadline) => {
+            // The model run and the answer come after the response: a tenth
+            // of the time left (at most 5 ms) is kept back for them.
+            let left = deadline.saturating_duration_since(Instant::now());
+            let left = left - (left / 10).min(Duration::from_millis(5));
+            if left.is_zero() {
+                return Err(PredictError::DeadlineExceeded(
+                    "the call's deadline passed before its ring request: give it more time, or \
+                     add replicas"
+                        .into(),
+                ));
+            }
+            left.min(config.ring_timeout)
+        }
+        None => config.ring_timeout,
+    };
     let request = CallRequest {
         trace,
         targets,
         fanouts: call.fanouts.unwrap_or(config.fanouts),
-        timeout: Some(config.ring_timeout),
+        timeout: Some(timeout),
         request_id: REQUEST_ID.fetch_add(1, Ordering::Relaxed),
         own_rows_only: call.own_rows_only,
         fresh: call.fresh,
@@ -429,6 +560,16 @@ pub(super) fn ring_call_split(
             let (first, second) = targets.split_at(targets.len() / 2);
             ring_call_split(ring, first, call, responses)?;
             return ring_call_split(ring, second, call, responses);
+        }
+        // The ring request ran out of the call's own time (waiting for a
+        // slot, or for a sidecar still busy with earlier requests).
+        Err(e @ (CallError::DeadlineExceeded { .. } | CallError::RingFull { .. }))
+            if call.deadline.is_some() =>
+        {
+            return Err(PredictError::DeadlineExceeded(format!(
+                "the call's deadline passed on the ring ({e}): give it more time, or add \
+                 replicas"
+            )))
         }
         Err(e @ CallError::RingFull { .. }) => return Err(PredictError::Overloaded(e.to_string())),
         // What the caller sent about its new node (an unknown neighbour, an
