@@ -198,19 +198,7 @@ fn serve_refuses_a_redis_without_the_password_or_with_another_import_by_name() {
     let redis = tests::redis::RedisServer::start_with_password(password);
     let cora = dir.path().join("cora");
     let url = redis.url();
-    let out = Command::new(SIDECAR)
-        .arg("import")
-        .arg(tests::stack::dataset("cora"))
-        .arg("--data-dir")
-        .arg(&cora)
-        .args(["--redis", &url])
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    tests::stack::sidecar_import(&tests::stack::dataset("cora"), &cora, &["--redis", &url]);
     let no_password = url.replacen(&format!(":{password}@"), "", 1);
     assert!(!no_password.contains(password), "{no_password}");
     let refused = refused_serve(dir.path(), &cora, &["--redis", &no_password]);
@@ -226,18 +214,10 @@ fn serve_refuses_a_redis_without_the_password_or_with_another_import_by_name() {
     // citeseer imported into the same Redis and prefix: cora's data
     // directory no longer matches what Redis holds.
     let citeseer = dir.path().join("citeseer");
-    let out = Command::new(SIDECAR)
-        .arg("import")
-        .arg(tests::stack::dataset("citeseer"))
-        .arg("--data-dir")
-        .arg(&citeseer)
-        .args(["--redis", &url])
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
+    tests::stack::sidecar_import(
+        &tests::stack::dataset("citeseer"),
+        &citeseer,
+        &["--redis", &url],
     );
     let refused = refused_serve(dir.path(), &cora, &["--redis", &url]);
     assert!(refused.contains("holds another import's rows"), "{refused}");

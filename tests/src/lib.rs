@@ -9,6 +9,7 @@
 //! real processes and a real segment.
 
 pub mod docs;
+pub mod h2;
 pub mod openmetrics;
 pub mod otlp;
 pub mod proxy;

@@ -604,6 +604,35 @@ impl Stack {
     }
 }
 
+/// A stack whose features are only in `redis` (imported under `base`),
+/// which the sidecar reaches at `sidecar_redis_url`, with no L1 and no L2:
+/// every row is fetched from Redis.
+pub fn redis_only_stack(
+    redis: &crate::redis::RedisServer,
+    base: &std::path::Path,
+    sidecar_redis_url: &str,
+    extra: &[&str],
+) -> Stack {
+    let data = base.join("data");
+    sidecar_import(&dataset("cora"), &data, &["--redis", &redis.url()]);
+    let mut options = StackOptions::new("cora");
+    options.imported = Some(data);
+    options.sidecar_args = [
+        "--redis",
+        sidecar_redis_url,
+        "--l1-mib",
+        "0",
+        "--no-l2",
+        "--warm-up",
+        "0",
+    ]
+    .iter()
+    .chain(extra)
+    .map(|s| s.to_string())
+    .collect();
+    Stack::start(&options).expect("stack")
+}
+
 /// `sidecar import <dataset> --data-dir <data_dir> <extra...>`, which must
 /// succeed.
 pub fn sidecar_import(dataset_dir: &Path, data_dir: &Path, extra: &[&str]) {

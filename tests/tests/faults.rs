@@ -2,6 +2,7 @@
 //! ONNX Runtime): each test asserts what a client sees, and that nothing is
 //! lost (docs/reliability.md lists the fault, the behaviour and the test).
 
+use tests::h2::frame as h2_frame;
 use tests::stack::{http_request, metric_value, Stack, StackOptions};
 
 fn predict(stack: &Stack, ids: &[u64]) -> (u16, serde_json::Value) {
@@ -159,45 +160,12 @@ fn calls_during(stack: &Stack, ids: &[u64], period: std::time::Duration) -> (u32
     })
 }
 
-/// A stack whose features are only in `redis` (imported under `base`),
-/// which the sidecar reaches at `sidecar_redis_url`, with no L1 and no L2:
-/// every row is fetched from Redis.
-fn redis_only_stack(
-    redis: &tests::redis::RedisServer,
-    base: &std::path::Path,
-    sidecar_redis_url: &str,
-    extra: &[&str],
-) -> Stack {
-    let data = base.join("data");
-    tests::stack::sidecar_import(
-        &tests::stack::dataset("cora"),
-        &data,
-        &["--redis", &redis.url()],
-    );
-    let mut options = StackOptions::new("cora");
-    options.imported = Some(data);
-    options.sidecar_args = [
-        "--redis",
-        sidecar_redis_url,
-        "--l1-mib",
-        "0",
-        "--no-l2",
-        "--warm-up",
-        "0",
-    ]
-    .iter()
-    .chain(extra)
-    .map(|s| s.to_string())
-    .collect();
-    Stack::start(&options).expect("stack")
-}
-
 #[test]
 fn redis_stopped_or_killed_costs_fallback_rows_never_a_failed_call_and_serving_recovers() {
     let mut redis = tests::redis::RedisServer::start();
     let data = tempfile::tempdir().unwrap();
     let redis_url = redis.url();
-    let stack = redis_only_stack(&redis, data.path(), &redis_url, &[]);
+    let stack = tests::stack::redis_only_stack(&redis, data.path(), &redis_url, &[]);
     let ids = [1u64, 2, 3];
     let (code, json) = predict(&stack, &ids);
     assert_eq!(code, 200, "{json}");
@@ -554,16 +522,6 @@ fn encoded(ids: &[u64], request_id: u64) -> Vec<u8> {
     })
 }
 
-/// One HTTP/2 frame: length, type, flags, stream id, payload.
-fn h2_frame(kind: u8, flags: u8, stream: u32, payload: &[u8]) -> Vec<u8> {
-    let len = payload.len() as u32;
-    let mut frame = len.to_be_bytes()[1..].to_vec();
-    frame.extend([kind, flags]);
-    frame.extend(stream.to_be_bytes());
-    frame.extend(payload);
-    frame
-}
-
 /// A real flood on the gRPC port, written frame by frame: a `PredictStream`
 /// opened and then sent DATA frames without data, by the thousand. The
 /// server's HTTP/2 flood protection still ends that connection (GOAWAY,
@@ -578,23 +536,8 @@ fn a_flood_of_empty_frames_on_a_stream_meets_the_flood_protection() {
     let mut conn = std::net::TcpStream::connect(&addr).unwrap();
     conn.set_read_timeout(Some(std::time::Duration::from_secs(20)))
         .unwrap();
-    // HPACK: each header a literal without indexing, new name, no Huffman.
-    let mut block = Vec::new();
-    for (name, value) in [
-        (":method", "POST"),
-        (":scheme", "http"),
-        (":path", "/gnn.v1.Predictor/PredictStream"),
-        (":authority", "localhost"),
-        ("content-type", "application/grpc"),
-        ("te", "trailers"),
-    ] {
-        block.push(0u8);
-        block.push(name.len() as u8);
-        block.extend(name.as_bytes());
-        block.push(value.len() as u8);
-        block.extend(value.as_bytes());
-    }
-    let mut flood = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n".to_vec();
+    let block = tests::h2::grpc_headers("/gnn.v1.Predictor/PredictStream");
+    let mut flood = tests::h2::PREFACE.to_vec();
     flood.extend(h2_frame(4, 0, 0, &[])); // SETTINGS
     flood.extend(h2_frame(1, 0x4, 1, &block)); // HEADERS, END_HEADERS
     for _ in 0..5000 {
@@ -862,7 +805,7 @@ fn redis_slowed_to_50_ms_a_reply_costs_fallback_rows_within_the_deadline_never_a
     let through_proxy = format!("redis://{}", proxy.addr);
     let data = tempfile::tempdir().unwrap();
     // The sidecar waits 20 ms for Redis, through the proxy.
-    let stack = redis_only_stack(
+    let stack = tests::stack::redis_only_stack(
         &redis,
         data.path(),
         &through_proxy,

@@ -9,6 +9,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use gnn_worker::grpc::{pb, PredictorClient};
+use tests::h2::{frame as h2_frame, grpc_headers, PREFACE};
 use tests::stack::{http_request, metric_value, Stack, StackOptions};
 
 fn predict_body(stack: &Stack, body: &serde_json::Value) -> (u16, serde_json::Value) {
@@ -163,38 +164,6 @@ fn a_call_of_4096_ids_holds_up_no_probe_and_no_other_call() {
     assert_eq!(code, 200);
     assert_eq!(rtc(&stack), before, "a 4,096-id call ran to completion");
     assert!(stack.stop());
-}
-
-/// One HTTP/2 frame: length, type, flags, stream id, payload.
-fn h2_frame(kind: u8, flags: u8, stream: u32, payload: &[u8]) -> Vec<u8> {
-    let len = payload.len() as u32;
-    let mut frame = len.to_be_bytes()[1..].to_vec();
-    frame.extend([kind, flags]);
-    frame.extend(stream.to_be_bytes());
-    frame.extend(payload);
-    frame
-}
-
-const PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
-
-/// The HPACK block of a gRPC call to `path` (literals, no indexing).
-fn grpc_headers(path: &str) -> Vec<u8> {
-    let mut block = Vec::new();
-    for (name, value) in [
-        (":method", "POST"),
-        (":scheme", "http"),
-        (":path", path),
-        (":authority", "localhost"),
-        ("content-type", "application/grpc"),
-        ("te", "trailers"),
-    ] {
-        block.push(0u8);
-        block.push(name.len() as u8);
-        block.extend(name.as_bytes());
-        block.push(value.len() as u8);
-        block.extend(value.as_bytes());
-    }
-    block
 }
 
 /// A gRPC message: the flag, the length, the bytes.
@@ -419,60 +388,41 @@ fn silent_and_pinging_connections_cannot_lock_the_grpc_port() {
     let stack = Stack::start(&options).expect("stack");
     let addr = stack.grpc.trim_start_matches("http://").to_string();
     let stop = Arc::new(AtomicBool::new(false));
-    let mut attackers = Vec::new();
-    // Silent: 40 connections, each reopened as soon as it is closed.
-    for _ in 0..40 {
-        let (addr, stop) = (addr.clone(), stop.clone());
-        attackers.push(std::thread::spawn(move || {
-            while !stop.load(Ordering::Relaxed) {
-                let Ok(mut conn) = std::net::TcpStream::connect(&addr) else {
-                    continue;
-                };
-                conn.set_read_timeout(Some(Duration::from_millis(200)))
-                    .unwrap();
-                let mut sink = [0u8; 256];
+    // 40 silent connections, and 40 that send the preface and SETTINGS,
+    // then a PING every 200 ms and nothing else; each reopened as soon as
+    // the worker closes it.
+    let attackers: Vec<_> = (0..80)
+        .map(|k| {
+            let (addr, stop) = (addr.clone(), stop.clone());
+            let pings = k % 2 == 1;
+            std::thread::spawn(move || {
                 while !stop.load(Ordering::Relaxed) {
-                    match conn.read(&mut sink) {
-                        Ok(0) => break,
-                        Ok(_) => {}
-                        Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
-                        Err(_) => break,
+                    let Ok(mut conn) = std::net::TcpStream::connect(&addr) else {
+                        continue;
+                    };
+                    let mut hello = PREFACE.to_vec();
+                    hello.extend(h2_frame(4, 0, 0, &[]));
+                    if pings && conn.write_all(&hello).is_err() {
+                        continue;
+                    }
+                    conn.set_read_timeout(Some(Duration::from_millis(200)))
+                        .unwrap();
+                    let mut sink = [0u8; 256];
+                    while !stop.load(Ordering::Relaxed) {
+                        if pings && conn.write_all(&h2_frame(6, 0, 0, &[7; 8])).is_err() {
+                            break;
+                        }
+                        match conn.read(&mut sink) {
+                            Ok(0) => break,
+                            Ok(_) => {}
+                            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+                            Err(_) => break,
+                        }
                     }
                 }
-            }
-        }));
-    }
-    // PINGing: 40 connections that send the preface and SETTINGS, then a
-    // PING every 200 ms and nothing else, each reopened when closed.
-    for _ in 0..40 {
-        let (addr, stop) = (addr.clone(), stop.clone());
-        attackers.push(std::thread::spawn(move || {
-            while !stop.load(Ordering::Relaxed) {
-                let Ok(mut conn) = std::net::TcpStream::connect(&addr) else {
-                    continue;
-                };
-                let mut hello = PREFACE.to_vec();
-                hello.extend(h2_frame(4, 0, 0, &[]));
-                if conn.write_all(&hello).is_err() {
-                    continue;
-                }
-                conn.set_read_timeout(Some(Duration::from_millis(200)))
-                    .unwrap();
-                let mut sink = [0u8; 256];
-                while !stop.load(Ordering::Relaxed) {
-                    if conn.write_all(&h2_frame(6, 0, 0, &[7; 8])).is_err() {
-                        break;
-                    }
-                    match conn.read(&mut sink) {
-                        Ok(0) => break,
-                        Ok(_) => {}
-                        Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
-                        Err(_) => break,
-                    }
-                }
-            }
-        }));
-    }
+            })
+        })
+        .collect();
     std::thread::sleep(Duration::from_secs(2));
     let rt = runtime();
     let mut served = 0;
@@ -542,28 +492,12 @@ fn silent_and_pinging_connections_cannot_lock_the_grpc_port() {
 fn a_calls_deadline_bounds_its_wait_for_a_frozen_redis() {
     let redis = tests::redis::RedisServer::start();
     let base = tempfile::tempdir().unwrap();
-    let data = base.path().join("data");
-    tests::stack::sidecar_import(
-        &tests::stack::dataset("cora"),
-        &data,
-        &["--redis", &redis.url()],
-    );
-    let mut options = StackOptions::new("cora");
-    options.imported = Some(data);
-    options.sidecar_args = [
-        "--redis",
+    let stack = tests::stack::redis_only_stack(
+        &redis,
+        base.path(),
         &redis.url(),
-        "--l1-mib",
-        "0",
-        "--no-l2",
-        "--warm-up",
-        "0",
-        "--deadline-ms",
-        "10000",
-    ]
-    .map(String::from)
-    .to_vec();
-    let stack = Stack::start(&options).expect("stack");
+        &["--deadline-ms", "10000"],
+    );
     let (code, json) = predict_body(&stack, &serde_json::json!({ "node_ids": [1, 2] }));
     assert_eq!(code, 200, "{json}");
     redis.freeze();
