@@ -406,6 +406,10 @@ pub fn sha256_hex(path: &Path) -> anyhow::Result<String> {
         .collect())
 }
 
+/// The manifest a model directory without one is told to write: a PyG
+/// model of the subgraph layout, its values to fill in.
+const MANIFEST_TEMPLATE: &str = r#"{"format_version": 1, "layout": "subgraph", "architecture": "pyg", "feature_dim": <width of x>, "dtype": "f32", "fanouts": [20, 10], "graph_version": <the graph's, sidecarctl status>, "opset": <the export's opset, 18>, "inputs": ["x", "edge_index"], "outputs": ["<the output's name>"], "output": "classes", "num_classes": <width of the output>}"#;
+
 impl Manifest {
     pub const FILE: &'static str = "manifest.json";
     pub const MODEL: &'static str = "model.onnx";
@@ -418,7 +422,16 @@ impl Manifest {
             path: path.clone(),
             reason,
         };
-        let text = std::fs::read_to_string(&path).map_err(|e| error(e.to_string()))?;
+        let text = std::fs::read_to_string(&path).map_err(|e| match e.kind() {
+            std::io::ErrorKind::NotFound => error(format!(
+                "there is none. Export the model with gnn-worker/model/pyg_model.py's `export` \
+                 (it writes one), or write it beside {}; for a PyG model exported with \
+                 torch.onnx.export reading `x` and `edge_index`: {MANIFEST_TEMPLATE} (docs/\
+                 model.md, \"The manifest (subgraph layout)\")",
+                Self::MODEL
+            )),
+            _ => error(e.to_string()),
+        })?;
         let value: serde_json::Value =
             serde_json::from_str(&text).map_err(|e| error(e.to_string()))?;
         for key in ["name", "version"] {
@@ -1569,6 +1582,24 @@ mod tests {
         )
         .unwrap();
         dir
+    }
+
+    /// A model directory without a manifest is told the manifest to write
+    /// (the outside probe got only "No such file or directory").
+    #[test]
+    fn a_missing_manifest_is_refused_showing_the_manifest_to_write() {
+        let dir =
+            std::env::temp_dir().join(format!("gnn-worker-no-manifest-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let refused = Manifest::parse(&dir).unwrap_err().to_string();
+        assert!(refused.contains("there is none"), "{refused}");
+        assert!(
+            refused.contains(r#""inputs": ["x", "edge_index"]"#),
+            "{refused}"
+        );
+        assert!(refused.contains(r#""layout": "subgraph""#), "{refused}");
+        assert!(refused.contains("pyg_model.py"), "{refused}");
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]
