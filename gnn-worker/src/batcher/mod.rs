@@ -844,7 +844,9 @@ impl Predictor {
     /// a call of more targets than one ring request carries (`max_targets`:
     /// a large call is many ring requests and model runs, during which the
     /// runtime thread's other tasks, probes and scrapes among them, would
-    /// wait; its hand-off to the pipeline costs nothing beside them), and
+    /// wait; its hand-off to the pipeline costs nothing beside them), when
+    /// no ring slot is free now (the runtime thread never waits for one),
+    /// and
     /// when as many calls run to completion as leave one runtime thread
     /// free (this blocks the runtime thread it runs on for one ring round
     /// trip and one model run: at most until `ring_timeout_ms` if the
@@ -853,10 +855,11 @@ impl Predictor {
         if PIPELINED.try_with(|_| ()).is_ok() {
             return Some(job);
         }
-        let one_request = self
-            .client
-            .geometry()
-            .is_some_and(|g| job.ids.len() <= g.max_targets as usize);
+        // One ring request, whose slot is free now: the runtime thread
+        // never waits for a slot (a saturated ring is the pipeline's).
+        let one_request = self.client.geometry().is_some_and(|g| {
+            job.ids.len() <= g.max_targets as usize && SLOTS.has_room(1, g.slot_count as usize)
+        });
         if !one_request {
             return Some(job);
         }

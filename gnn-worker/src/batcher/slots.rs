@@ -76,6 +76,13 @@ impl SlotBudget {
         }
     }
 
+    /// Whether `n` of `total` slots could be reserved now without
+    /// waiting (none free, or others waiting first: no).
+    pub(crate) fn has_room(&self, n: usize, total: usize) -> bool {
+        let state = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        state.queue.is_empty() && state.held + n.min(total) <= total
+    }
+
     /// Slots reserved now.
     #[cfg(test)]
     fn held(&self) -> usize {
@@ -112,8 +119,10 @@ mod tests {
         drop(b);
         let c = budget.reserve(100, 64, soon()).expect("the whole ring");
         assert_eq!(budget.held(), 64);
+        assert!(!budget.has_room(1, 64), "the ring is reserved whole");
         drop(c);
         assert_eq!(budget.held(), 0);
+        assert!(budget.has_room(64, 64));
     }
 
     #[test]
