@@ -146,6 +146,7 @@ pub(crate) fn to_status(e: PredictError) -> Status {
 }
 
 fn to_pb(p: Prediction) -> pb::Prediction {
+    let degraded = p.degraded();
     pb::Prediction {
         node_id: p.node_id,
         label: p.label,
@@ -154,6 +155,7 @@ fn to_pb(p: Prediction) -> pb::Prediction {
         known: p.known,
         fallback_rows: p.fallback_rows,
         answered_by: p.answered_by.as_str().to_string(),
+        degraded,
     }
 }
 

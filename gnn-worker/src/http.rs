@@ -60,6 +60,9 @@ pub struct PredictionJson {
     pub known: bool,
     pub fallback_rows: u32,
     pub answered_by: &'static str,
+    /// Less than the model's answer on the node's full, current data
+    /// ([`crate::batcher::Prediction::degraded`]).
+    pub degraded: bool,
 }
 
 /// The router, for `axum::serve`.
@@ -168,6 +171,7 @@ async fn predict_body(
                 .predictions
                 .into_iter()
                 .map(|p| PredictionJson {
+                    degraded: p.degraded(),
                     node_id: p.node_id,
                     label: p.label,
                     logits: p.logits,

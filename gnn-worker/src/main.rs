@@ -514,7 +514,8 @@ async fn predict(
                 "{}",
                 serde_json::json!({"node_id": p.node_id, "label": p.label, "logits": p.logits,
                     "embedding": p.embedding, "known": p.known,
-                    "fallback_rows": p.fallback_rows, "answered_by": p.answered_by})
+                    "fallback_rows": p.fallback_rows, "answered_by": p.answered_by,
+                    "degraded": p.degraded})
             );
         } else {
             let answer = if p.embedding.is_empty() {
@@ -523,12 +524,17 @@ async fn predict(
                 format!("embedding of {} values", p.embedding.len())
             };
             println!(
-                "node {:>8}  {answer}{}{}{}",
+                "node {:>8}  {answer}{}{}{}{}",
                 p.node_id,
+                if p.degraded { "  DEGRADED" } else { "" },
                 match p.answered_by.as_str() {
-                    "student" => "  (by the student)",
+                    "gnn" => "",
                     "precomputed" => "  (precomputed)",
-                    _ => "",
+                    other => match other {
+                        "student" => "  (by the student)",
+                        "gnn_reduced" => "  (by the GNN at reduced fanouts)",
+                        _ => "  (a stored answer, unchecked)",
+                    },
                 },
                 if p.known { "" } else { "  (unknown node)" },
                 if p.fallback_rows > 0 {

@@ -106,6 +106,16 @@ impl AnsweredBy {
             AnsweredBy::PrecomputedUnchecked => "precomputed_unchecked",
         }
     }
+
+    /// Whether this rung answers less than the GNN on the full, current
+    /// neighbourhood: the reduced fanouts, the student, or a stored answer
+    /// nobody could check.
+    pub fn is_step_down(self) -> bool {
+        matches!(
+            self,
+            AnsweredBy::Student | AnsweredBy::GnnReduced | AnsweredBy::PrecomputedUnchecked
+        )
+    }
 }
 
 /// The name of a GNN's second output, the targets' layer-1 embedding.

@@ -51,7 +51,7 @@ class Expected:
 
     def outputs(self):
         main = ["label", "logits"] if self.output == "classes" else ["embedding"]
-        return main + ["known", "fallback_rows", "answered_by"]
+        return main + ["known", "fallback_rows", "answered_by", "degraded"]
 
     def inputs(self):
         return [
@@ -64,7 +64,7 @@ class Expected:
 
     def output_meta(self):
         types = {"label": "INT32", "logits": "FP32", "embedding": "FP32", "known": "BOOL",
-                 "fallback_rows": "UINT32", "answered_by": "BYTES"}
+                 "fallback_rows": "UINT32", "answered_by": "BYTES", "degraded": "BOOL"}
         return [
             {"name": n, "datatype": types[n],
              "shape": [-1, self.width] if n in ("logits", "embedding") else [-1]}
@@ -98,6 +98,9 @@ def compare(get, case, who, expected, only=None):
         elif name == "fallback_rows":
             expect(array.dtype == np.uint32 and array.tolist() == case["fallback_rows"],
                    f"{who}: fallback_rows {array.tolist()} ({array.dtype}), native {case['fallback_rows']}")
+        elif name == "degraded":
+            expect(array.dtype == np.bool_ and array.tolist() == case["degraded"],
+                   f"{who}: degraded {array.tolist()}, native {case['degraded']}")
         elif name == "answered_by":
             got = [b.decode() if isinstance(b, bytes) else str(b) for b in array.tolist()]
             expect(got == case["answered_by"], f"{who}: answered_by {got}, native {case['answered_by']}")
@@ -204,6 +207,9 @@ def triton_grpc(url, expected):
             expect(r.get_response().model_version == expected.version,
                    f"{who}: model_version {r.get_response().model_version}")
             compare(r.as_numpy, case, f"{who} {len(case['ids'])} ids", expected)
+            # The response's parameter: some prediction is degraded.
+            flag = r.get_response().parameters["degraded"].bool_param
+            expect(flag == any(case["degraded"]), f"{who}: parameter degraded {flag}")
         case = expected.cases[-1]
         only = [expected.main, "known"]
         r = c.infer(expected.model, [ids_input(tgrpc, case["ids"])],
@@ -229,6 +235,8 @@ def triton_http(url, expected):
                 r = c.infer(expected.model, [ids_input(thttp, case["ids"], binary_data=binary)],
                             outputs=outputs)
                 compare(r.as_numpy, case, f"{who} {len(case['ids'])} ids binary={binary}", expected)
+                flag = r.get_response()["parameters"]["degraded"]
+                expect(flag is any(case["degraded"]), f"{who}: parameter degraded {flag!r}")
         # No outputs named: every output (binary, tritonclient's default).
         case = expected.cases[0]
         r = c.infer(expected.model, [ids_input(thttp, case["ids"])])

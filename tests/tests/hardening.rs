@@ -521,6 +521,12 @@ fn a_calls_deadline_bounds_its_wait_for_a_frozen_redis() {
                                 .unwrap_or(0)
                                 > 0;
                             assert!(flagged, "answered without its rows, unflagged: {json}");
+                            // Announced beyond the row count: the one field
+                            // a client checks without knowing the model.
+                            assert_eq!(
+                                json["predictions"][0]["degraded"], true,
+                                "default rows, not flagged degraded: {json}"
+                            );
                             "200 flagged".to_string()
                         }
                         504 => "504".to_string(),

@@ -32,6 +32,7 @@ fn native_case(predictions: &[pb::Prediction], embedding: bool) -> serde_json::V
         "known": predictions.iter().map(|p| p.known).collect::<Vec<_>>(),
         "fallback_rows": predictions.iter().map(|p| p.fallback_rows).collect::<Vec<_>>(),
         "answered_by": predictions.iter().map(|p| p.answered_by.clone()).collect::<Vec<_>>(),
+        "degraded": predictions.iter().map(|p| p.degraded).collect::<Vec<_>>(),
     })
 }
 
@@ -70,6 +71,11 @@ fn check_with_the_protocols_clients(
         ));
         cases.push(native_case(&predictions, embedding));
     }
+    // One known target: not degraded; the batch's last id is unknown, its
+    // answer from the default row.
+    assert_eq!(cases[0]["degraded"], serde_json::json!([false]));
+    assert_eq!(cases[1]["degraded"][9], true);
+    assert_eq!(cases[1]["degraded"][0], false);
     let new_node = new_node_width.map(|width| {
         let features: Vec<f32> = (0..width).map(|j| ((j % 7) as f32) * 0.25).collect();
         let node = pb::NewNode {

@@ -697,6 +697,63 @@ fn a_model_whose_export_dropped_edge_types_is_fed_exactly_its_inputs() {
 }
 
 #[test]
+fn a_typed_sidecar_pins_its_busiest_rows_at_start_and_through_the_admin_socket() {
+    // Before: a typed sidecar pinned nothing at start and refused `warm`.
+    let sidecar = TypedSidecar::start(&[], &["--warm-up", "300"]);
+    let status = sidecar.sidecarctl_json(&["status"]);
+    assert_eq!(status["pinned_rows"], 300, "{status}");
+    // Airport 3482, with the 19th most edges of any airport or airline, is
+    // served from the pinned set.
+    let client = sidecar.client();
+    let schema = client.graph_schema().unwrap();
+    let response = call(&client, &[3482], &ask(&schema, 1, 5));
+    let tables = response.typed_tables(0).unwrap();
+    assert_eq!(tables.node_ids(0)[0], 3482);
+    assert_eq!(tables.tiers(0)[0], tier::L1);
+    // `warm --top` ranks the same way: 100 more.
+    let warmed = sidecar.sidecarctl_json(&["warm", "--top", "400"]);
+    assert_eq!(warmed["pinned_total"], 400, "{warmed}");
+    // Ids of one type: two airlines without edges, pinned on demand only.
+    let ids = sidecar.data.parent().unwrap().join("airlines.txt");
+    std::fs::write(&ids, "6161\n6160\n").unwrap();
+    let ids = ids.to_str().unwrap();
+    let warmed = sidecar.sidecarctl_json(&["warm", "--type", "airline", "--ids-file", ids]);
+    assert_eq!(warmed["requested"], 2, "{warmed}");
+    assert_eq!(warmed["pinned_total"], 402, "{warmed}");
+    // Refused by name: a type without rows, an id past the type's nodes,
+    // ids without their type.
+    for (args, expected) in [
+        (
+            vec!["warm", "--type", "country", "--ids-file", ids],
+            "has no feature rows",
+        ),
+        (
+            vec!["warm", "--type", "plane", "--ids-file", ids],
+            "has no feature rows",
+        ),
+        (
+            vec!["warm", "--type", "city", "--ids-file", ids],
+            "node type \"city\" is not",
+        ),
+        (vec!["warm", "--ids-file", ids], "--type TYPE --ids-file"),
+    ] {
+        let out = sidecar.sidecarctl(&args);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            !out.status.success() && stderr.contains(expected),
+            "{args:?}: {stderr}"
+        );
+    }
+    std::fs::write(&ids, "6162\n").unwrap();
+    let out = sidecar.sidecarctl(&["warm", "--type", "airline", "--ids-file", ids]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("airline 6162 is not in the graph (6162 airline nodes)"),
+        "{stderr}"
+    );
+}
+
+#[test]
 fn a_subgraph_the_model_cannot_run_is_answered_with_an_error_and_the_worker_serves_on() {
     // A to_hetero GAT that onnxruntime cannot run where a node type has no
     // rows (its manifest's check.cannot_run says so).

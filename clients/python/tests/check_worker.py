@@ -37,8 +37,10 @@ def main():
         assert isinstance(p, gnn_client.Prediction)
         assert p.label == e["label"], (p, e)
         assert max(abs(a - b) for a, b in zip(p.logits, e["logits"])) <= 1e-5, (p, e)
-        assert p.known and p.answered_by == "gnn", p
-    assert client.predict([10**12])[0].known is False
+        assert p.known and p.answered_by == "gnn" and not p.degraded, p
+    unknown = client.predict([10**12])[0]
+    # An unknown node is answered from the default row: flagged degraded.
+    assert unknown.known is False and unknown.degraded is True, unknown
 
     too_many = list(range(args.max_request_targets + 1))
     try:

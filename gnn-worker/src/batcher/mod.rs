@@ -233,6 +233,15 @@ pub struct Prediction {
 }
 
 impl Prediction {
+    /// Whether the answer is less than the model's on the node's full,
+    /// current data: some row it read was the default (missing, late or
+    /// unreachable: `fallback_rows` > 0, an unknown node's own row
+    /// included), or a rung below the GNN answered it (docs/serving.md,
+    /// "Degraded answers").
+    pub fn degraded(&self) -> bool {
+        self.fallback_rows > 0 || self.answered_by.is_step_down()
+    }
+
     /// A known node's prediction from its output row: the label and logits
     /// of a classifier, or an embedding model's vector (label -1).
     pub fn of_row(node_id: u64, row: &[f32], embedding: bool) -> Self {

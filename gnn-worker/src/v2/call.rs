@@ -338,6 +338,7 @@ pub enum OutputName {
     Known,
     FallbackRows,
     AnsweredBy,
+    Degraded,
 }
 
 impl OutputName {
@@ -349,6 +350,7 @@ impl OutputName {
             OutputName::Known => "known",
             OutputName::FallbackRows => "fallback_rows",
             OutputName::AnsweredBy => "answered_by",
+            OutputName::Degraded => "degraded",
         }
     }
 
@@ -356,7 +358,7 @@ impl OutputName {
         match self {
             OutputName::Label => "INT32",
             OutputName::Logits | OutputName::Embedding => "FP32",
-            OutputName::Known => "BOOL",
+            OutputName::Known | OutputName::Degraded => "BOOL",
             OutputName::FallbackRows => "UINT32",
             OutputName::AnsweredBy => "BYTES",
         }
@@ -376,6 +378,7 @@ pub fn outputs(tensors: &ModelTensors) -> Vec<OutputName> {
             OutputName::Known,
             OutputName::FallbackRows,
             OutputName::AnsweredBy,
+            OutputName::Degraded,
         ])
         .collect()
 }
@@ -559,6 +562,9 @@ pub fn output(
         OutputName::FallbackRows => vector(Values::Uint32(
             predictions.iter().map(|p| p.fallback_rows).collect(),
         )),
+        OutputName::Degraded => vector(Values::Bool(
+            predictions.iter().map(Prediction::degraded).collect(),
+        )),
         OutputName::AnsweredBy => vector(Values::Bytes(
             predictions
                 .iter()
@@ -626,7 +632,7 @@ pub async fn infer(
     inputs: &[Input],
     output_names: &[String],
     left: Option<Duration>,
-) -> Result<(Arc<ModelIdentity>, Vec<Output>), V2Error> {
+) -> Result<Inferred, V2Error> {
     let model = model_for(service, name, version)?;
     requested(output_names, &model.tensors)?;
     let call = call_of(inputs, &model.tensors)?;
@@ -645,7 +651,21 @@ pub async fn infer(
         .into_iter()
         .map(|o| output(o, &answer.predictions, tensors))
         .collect::<Result<_, _>>()?;
-    Ok((answer.model, outputs))
+    Ok(Inferred {
+        degraded: answer.predictions.iter().any(Prediction::degraded),
+        model: answer.model,
+        outputs,
+    })
+}
+
+/// A call's answer in the protocol's terms.
+#[derive(Debug)]
+pub struct Inferred {
+    pub model: Arc<ModelIdentity>,
+    pub outputs: Vec<Output>,
+    /// Some prediction of the call is degraded: the response's parameter
+    /// `degraded` (docs/serving.md, "Degraded answers").
+    pub degraded: bool,
 }
 
 #[cfg(test)]
@@ -819,11 +839,24 @@ mod tests {
             |t: &ModelTensors| -> Vec<&str> { outputs(t).iter().map(|o| o.name()).collect() };
         assert_eq!(
             names(&classes),
-            ["label", "logits", "known", "fallback_rows", "answered_by"]
+            [
+                "label",
+                "logits",
+                "known",
+                "fallback_rows",
+                "answered_by",
+                "degraded"
+            ]
         );
         assert_eq!(
             names(&embedding),
-            ["embedding", "known", "fallback_rows", "answered_by"]
+            [
+                "embedding",
+                "known",
+                "fallback_rows",
+                "answered_by",
+                "degraded"
+            ]
         );
         match requested(&["logits".into()], &embedding) {
             Err(V2Error::Invalid(m)) => assert!(m.contains("unknown output \"logits\""), "{m}"),
@@ -847,6 +880,9 @@ mod tests {
         let by = output(OutputName::AnsweredBy, &predictions, &classes).unwrap();
         assert_eq!(&by.values.raw()[..7], [3, 0, 0, 0, b'g', b'n', b'n']);
         assert_eq!(by.values.json(), serde_json::json!(["gnn", "gnn"]));
+        // Two default rows each: both answers are degraded.
+        let degraded = output(OutputName::Degraded, &predictions, &classes).unwrap();
+        assert_eq!(degraded.values.raw(), [1, 1]);
     }
 
     #[test]

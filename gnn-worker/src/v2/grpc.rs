@@ -222,7 +222,11 @@ impl pb::grpc_inference_service_server::GrpcInferenceService for InferenceServic
                 )));
             }
             let names: Vec<String> = request.outputs.iter().map(|o| o.name.clone()).collect();
-            let (model, outputs) = call::infer(
+            let call::Inferred {
+                model,
+                outputs,
+                degraded,
+            } = call::infer(
                 &self.service,
                 &request.model_name,
                 Some(&request.model_version),
@@ -236,7 +240,15 @@ impl pb::grpc_inference_service_server::GrpcInferenceService for InferenceServic
                 model_name: model.name.clone(),
                 model_version: model.version.clone(),
                 id: request.id,
-                parameters: Default::default(),
+                parameters: [(
+                    "degraded".to_string(),
+                    pb::InferParameter {
+                        parameter_choice: Some(pb::infer_parameter::ParameterChoice::BoolParam(
+                            degraded,
+                        )),
+                    },
+                )]
+                .into(),
                 outputs: outputs
                     .into_iter()
                     .map(|o| pb::model_infer_response::InferOutputTensor {

@@ -447,7 +447,11 @@ async fn infer_body(
     let (inputs, left, binary_default) = (&request.inputs, request.left, request.binary_default);
     let binary_of = &request.outputs;
     let names: Vec<String> = binary_of.iter().map(|(n, _)| n.clone()).collect();
-    let (model, outputs) = call::infer(service, name, version, inputs, &names, left).await?;
+    let call::Inferred {
+        model,
+        outputs,
+        degraded,
+    } = call::infer(service, name, version, inputs, &names, left).await?;
     let mut tail = Vec::new();
     let mut tensors = Vec::with_capacity(outputs.len());
     for output in outputs {
@@ -473,6 +477,7 @@ async fn infer_body(
         "model_name": model.name,
         "model_version": model.version,
         "outputs": tensors,
+        "parameters": { "degraded": degraded },
     });
     if let Some(id) = request.id {
         answer["id"] = id.into();

@@ -614,6 +614,7 @@ fn handle(
         if let Some(typed) = daemon.core().and_then(|c| c.typed.as_ref()) {
             let typed_form = match command {
                 "invalidate" => Some("sidecarctl invalidate --type TYPE ID..."),
+                "warm --ids-file" => Some("sidecarctl warm --type TYPE --ids-file F"),
                 "graph add-node" => Some("sidecarctl graph add-node --type TYPE ID ..."),
                 "graph add-edges" => Some("sidecarctl graph add-edges --edge-type EDGE_TYPE ..."),
                 _ => None,
@@ -638,6 +639,42 @@ fn handle(
         AdminRequest::Stats => AdminResponse::Stats(stats(daemon)),
         AdminRequest::Ready => probe(daemon.readiness()),
         AdminRequest::Live => probe(daemon.liveness()),
+        AdminRequest::WarmTop { k } if typed_graph(daemon).is_some() => {
+            let typed = typed_graph(daemon).expect("checked");
+            let nodes = typed.top_degree(usize::try_from(k).unwrap_or(usize::MAX));
+            warm_typed(runtime, typed, &nodes, progress)
+        }
+        AdminRequest::TypedWarmIds { node_type, ids } => {
+            let Some(typed) = typed_graph(daemon) else {
+                bail!(
+                    "this sidecar serves a one-type graph: warm it without --type \
+                     (`sidecarctl warm --ids-file F`)"
+                );
+            };
+            let graph = typed.graph.snapshot();
+            let Some(t) = graph.schema().node_type(&node_type) else {
+                bail!(
+                    "node type {node_type:?} is not in the graph ({})",
+                    typed.ring.describe()
+                );
+            };
+            if typed.tiers[t].is_none() {
+                bail!(
+                    "node type {node_type:?} has no feature rows to pin: warm a type with \
+                     features ({})",
+                    typed.ring.describe()
+                );
+            }
+            if let Some(&unknown) = ids.iter().find(|&&id| id >= graph.id_bound(t)) {
+                bail!(
+                    "{node_type} {unknown} is not in the graph ({} {node_type} nodes): warm \
+                     known nodes only",
+                    graph.id_bound(t)
+                );
+            }
+            let nodes: Vec<(usize, u64)> = ids.iter().map(|&id| (t, id)).collect();
+            warm_typed(runtime, typed, &nodes, progress)
+        }
         AdminRequest::WarmTop { k } => {
             let core = daemon.loaded()?;
             let k = usize::try_from(k).unwrap_or(usize::MAX);
@@ -927,13 +964,37 @@ fn warm(
     })
 }
 
+/// [`warm`] for a typed graph: `nodes` pinned in their types' L1.
+fn warm_typed(
+    runtime: &tokio::runtime::Handle,
+    typed: &crate::daemon::TypedServing,
+    nodes: &[(usize, u64)],
+    progress: &mut dyn FnMut(u64, u64),
+) -> AdminResponse {
+    let started = Instant::now();
+    let pinned = runtime.block_on(typed.pin(nodes, WARM_CHUNK, progress));
+    let (_, pinned_total) = typed.l1_rows();
+    tracing::info!(
+        pinned,
+        requested = nodes.len(),
+        pinned_total,
+        "warmed through the admin socket (typed graph)"
+    );
+    AdminResponse::Warmed {
+        pinned: pinned as u64,
+        requested: nodes.len() as u64,
+        pinned_total: pinned_total as u64,
+        seconds: started.elapsed().as_secs_f64(),
+    }
+}
+
 /// A sidecar that follows an update stream takes graph changes from it
 /// only: one made through its admin socket would reach this replica alone.
 /// The `sidecarctl` command of a request that reads or changes the one-type
 /// graph or its tiers (refused by a sidecar serving a typed graph).
 fn one_type_command(request: &AdminRequest) -> Option<&'static str> {
     Some(match request {
-        AdminRequest::WarmTop { .. } | AdminRequest::WarmIds { .. } => "warm",
+        AdminRequest::WarmIds { .. } => "warm --ids-file",
         AdminRequest::Invalidate { .. } => "invalidate",
         AdminRequest::AddNodes { .. } => "graph add-node",
         AdminRequest::AddEdges { .. } => "graph add-edges",

@@ -50,8 +50,9 @@ pub enum AdminRequest {
     Ready,
     /// Liveness probe: `Probe { ok }`.
     Live,
-    /// Pins the `k` highest-degree nodes in L1 (answers `Progress` frames,
-    /// then `Warmed`).
+    /// Pins the `k` highest-degree nodes in L1 (of a typed graph: the `k`
+    /// nodes with the most edges over its node types with features); answers
+    /// `Progress` frames, then `Warmed`.
     WarmTop {
         k: u64,
     },
@@ -122,6 +123,12 @@ pub enum AdminRequest {
     TypedAddEdges {
         edge_type: String,
         edges: Vec<(u64, u64)>,
+    },
+    /// Pins these nodes of one node type of a typed graph in its L1
+    /// (answers `Progress` frames, then `Warmed`).
+    TypedWarmIds {
+        node_type: String,
+        ids: Vec<u64>,
     },
     /// Evicts rows of one node type of a typed graph from its caches.
     TypedInvalidate {

@@ -67,16 +67,20 @@ enum Command {
     Live,
     /// Pin nodes' feature rows in L1 (progress on stderr).
     Warm {
-        /// The K highest-degree nodes.
+        /// The K highest-degree nodes (of a typed graph: the K nodes with
+        /// the most edges over its node types with features).
         #[arg(
             long,
-            conflicts_with = "ids_file",
+            conflicts_with_all = ["ids_file", "node_type"],
             required_unless_present = "ids_file"
         )]
         top: Option<u64>,
         /// Node ids, one per line (or separated by spaces or commas).
         #[arg(long)]
         ids_file: Option<PathBuf>,
+        /// The ids' node type (a typed graph).
+        #[arg(long = "type", requires = "ids_file")]
+        node_type: Option<String>,
     },
     /// Evict rows from the sidecar's caches (L1, pinned set, L2 cache).
     Invalidate {
@@ -288,13 +292,19 @@ fn request_of(command: Command) -> anyhow::Result<AdminRequest> {
         Command::Stats => AdminRequest::Stats,
         Command::Ready => AdminRequest::Ready,
         Command::Live => AdminRequest::Live,
-        Command::Warm { top, ids_file } => match (top, ids_file) {
+        Command::Warm {
+            top,
+            ids_file,
+            node_type,
+        } => match (top, ids_file) {
             (Some(k), None) => AdminRequest::WarmTop { k },
             (None, Some(path)) => {
                 let text = std::fs::read_to_string(&path)
                     .with_context(|| format!("reading {}", path.display()))?;
-                AdminRequest::WarmIds {
-                    ids: parse_ids(&text, &path.display().to_string())?,
+                let ids = parse_ids(&text, &path.display().to_string())?;
+                match node_type {
+                    None => AdminRequest::WarmIds { ids },
+                    Some(node_type) => AdminRequest::TypedWarmIds { node_type, ids },
                 }
             }
             _ => bail!("give --top K or --ids-file F"),

@@ -38,4 +38,55 @@ impl TypedServing {
     pub fn graph_version(&self) -> u64 {
         self.graph.snapshot().graph_version()
     }
+
+    /// The `k` nodes with the most edges, of the node types with feature
+    /// rows: what the start-up warm-up and `sidecarctl warm --top` pin.
+    pub fn top_degree(&self, k: usize) -> Vec<(usize, u64)> {
+        self.graph
+            .snapshot()
+            .top_degree(k, |t| self.tiers.get(t).is_some_and(Option::is_some))
+    }
+
+    /// Fetches `nodes` through their types' tiers and pins them in L1,
+    /// `chunk` rows at a time, calling `progress(done, total)` over all of
+    /// them; nodes of a type without features are skipped. Returns the rows
+    /// this call pinned.
+    pub async fn pin(
+        &self,
+        nodes: &[(usize, u64)],
+        chunk: usize,
+        mut progress: impl FnMut(u64, u64),
+    ) -> usize {
+        let total = nodes.len() as u64;
+        let mut done = 0u64;
+        let mut pinned = 0;
+        for (t, tiers) in self.tiers.iter().enumerate() {
+            let ids: Vec<u64> = nodes
+                .iter()
+                .filter(|&&(of, _)| of == t)
+                .map(|&(_, id)| id)
+                .collect();
+            let Some(tiers) = tiers else {
+                done += ids.len() as u64;
+                continue;
+            };
+            if ids.is_empty() {
+                continue;
+            }
+            pinned += tiers
+                .pin(&ids, chunk, |d, _| progress(done + d, total))
+                .await;
+            done += ids.len() as u64;
+        }
+        progress(done, total);
+        pinned
+    }
+
+    /// Rows in L1 over every node type: cached, pinned.
+    pub fn l1_rows(&self) -> (usize, usize) {
+        self.tiers.iter().flatten().fold((0, 0), |(c, p), tiers| {
+            let (cached, pinned) = tiers.l1_rows();
+            (c + cached, p + pinned)
+        })
+    }
 }

@@ -168,6 +168,62 @@ impl TypedSnapshot {
         out
     }
 
+    /// The `k` nodes with the most edges over every edge type (as a
+    /// destination and as a source, index and delta alike), as `(node
+    /// type, id)`, most first (ties by type, then id): the rows most
+    /// sampled neighbourhoods read, which the warm-up pins. Only node types
+    /// `wanted` says yes to are ranked (those with feature rows). One pass
+    /// over the edges.
+    pub fn top_degree(&self, k: usize, wanted: impl Fn(usize) -> bool) -> Vec<(usize, u64)> {
+        let mut degree: Vec<Vec<u32>> = self
+            .id_bounds
+            .iter()
+            .map(|&n| vec![0u32; n as usize])
+            .collect();
+        for (e, &(src, dst)) in self.base.edge_types().iter().enumerate() {
+            for node in 0..self.id_bounds[dst] {
+                let node = node as u32;
+                let mut count = 0u32;
+                merge_sorted(
+                    self.base.csr(e).neighbors(node),
+                    self.added_row(e, node),
+                    |v| {
+                        count += 1;
+                        if let Some(d) = degree[src].get_mut(v as usize) {
+                            *d = d.saturating_add(1);
+                        }
+                    },
+                );
+                let d = &mut degree[dst][node as usize];
+                *d = d.saturating_add(count);
+            }
+        }
+        let mut nodes: Vec<(u32, usize, u64)> = degree
+            .iter()
+            .enumerate()
+            .filter(|&(t, _)| wanted(t))
+            .flat_map(|(t, d)| {
+                d.iter()
+                    .enumerate()
+                    .filter(|&(_, &d)| d > 0)
+                    .map(move |(v, &d)| (d, t, v as u64))
+            })
+            .collect();
+        let order = |a: &(u32, usize, u64), b: &(u32, usize, u64)| {
+            b.0.cmp(&a.0).then(a.1.cmp(&b.1)).then(a.2.cmp(&b.2))
+        };
+        let k = k.min(nodes.len());
+        if k == 0 {
+            return Vec::new();
+        }
+        if k < nodes.len() {
+            nodes.select_nth_unstable_by(k - 1, order);
+            nodes.truncate(k);
+        }
+        nodes.sort_unstable_by(order);
+        nodes.into_iter().map(|(_, t, v)| (t, v)).collect()
+    }
+
     /// A digest of the served typed graph: each type's node count and each
     /// edge type's sources per destination, wherever they lie. Replicas
     /// that applied the same updates print the same digest.
@@ -683,6 +739,32 @@ mod tests {
         // The snapshot a request held is unchanged.
         assert_eq!(before.sources(0, 0), vec![0, 1]);
         assert_eq!(before.checksum(), checksum);
+    }
+
+    #[test]
+    fn the_top_degree_nodes_count_edges_of_every_type_at_either_end() {
+        let dir = tempfile::tempdir().unwrap();
+        let graph = TypedLiveGraph::new(small_graph(dir.path()));
+        // user 0: buys 1, follows 1; user 1: buys 1, followed 1; item 0:
+        // bought 2; user 2 and item 1: one edge each.
+        let all = |_| true;
+        assert_eq!(
+            graph.snapshot().top_degree(3, all),
+            [(0, 0), (0, 1), (1, 0)]
+        );
+        assert_eq!(graph.snapshot().top_degree(9, |t| t == 1), [(1, 0), (1, 1)]);
+        assert!(graph.snapshot().top_degree(0, all).is_empty());
+        // Edges in the delta count too: users 0 and 2 and item 0 have 3.
+        graph
+            .update(TypedUpdate {
+                nodes: vec![],
+                edges: vec![(0, vec![(2, 0)]), (1, vec![(2, 0)])],
+            })
+            .unwrap();
+        assert_eq!(
+            graph.snapshot().top_degree(4, all),
+            [(0, 0), (0, 2), (1, 0), (0, 1)]
+        );
     }
 
     #[test]

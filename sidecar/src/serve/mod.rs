@@ -140,10 +140,24 @@ fn start_surface(
     Ok((metrics, admin))
 }
 
-/// Pins the top-degree nodes in L1 (the tiers release their latch).
+/// Pins the top-degree nodes in L1 (the tiers release their latch; a
+/// typed graph's warm-up releases it here): of a typed graph, the
+/// `warm_up` nodes with the most edges over its node types with features.
 fn warm_up(daemon: &Daemon, runtime: &tokio::runtime::Runtime, core: &Core, hot: &[u64]) {
     daemon.set_phase(Phase::WarmingUp);
     let warming = Instant::now();
+    if let Some(typed) = &core.typed {
+        let hot = typed.top_degree(daemon.config.warm_up);
+        let pinned = runtime.block_on(typed.pin(&hot, 1_000, |_, _| {}));
+        daemon.latches.warm_up.release();
+        tracing::info!(
+            pinned,
+            requested = hot.len(),
+            seconds = warming.elapsed().as_secs_f64(),
+            "L1 hot set warmed (typed graph: the nodes with the most edges over its types)"
+        );
+        return;
+    }
     let pinned = runtime.block_on(core.tiers.warm_up(hot));
     tracing::info!(
         pinned,

@@ -167,7 +167,6 @@ pub fn load(
     }
     daemon.latches.store.release();
     daemon.latches.invalidation.release();
-    daemon.latches.warm_up.release();
     let ring = graph.schema().to_ring();
     tracing::info!(
         data_dir = %config.data_dir.display(),

@@ -90,11 +90,15 @@ class Prediction:
     # The node's embedding, from a model whose manifest says `output:
     # embedding`; empty from a classifier.
     embedding: list[float] = field(default_factory=list)
+    # Less than the model's answer on the node's full, current data: a row it
+    # read was the default (fallback_rows > 0) or a rung below the GNN
+    # answered. Check this one field where such an answer must not be used.
+    degraded: bool = False
 
     @staticmethod
     def _of(p: predictor_pb2.Prediction) -> "Prediction":
         return Prediction(p.node_id, p.label, list(p.logits), p.known, p.fallback_rows,
-                          p.answered_by, list(p.embedding))
+                          p.answered_by, list(p.embedding), p.degraded)
 
 
 @dataclass(frozen=True)
