@@ -399,16 +399,60 @@ def edge_type_named(ds, key):
     return matches[0]
 
 
+def pad_typed(ds, feed, kept):
+    """A typed subgraph's inputs as the worker runs them (gnn-worker
+    TypedPadding): a node type the model reads with no rows, or at an end
+    of an edge type it reads with no edges, gets one more row (zeros, or
+    node id 0); each such edge type one edge between its ends' extra rows.
+    No edge reaches an extra row from a real one. Returns the padded feed
+    and the inputs that were empty."""
+    padded = dict(feed)
+    dummy, empty = set(), []
+    for kind, key, name in input_spec(ds):
+        if name not in kept:
+            continue
+        if kind == "node" and len(feed[name]) == 0:
+            dummy.add(key)
+            empty.append(name)
+        elif kind == "edge" and feed[name].shape[1] == 0:
+            dummy.update([key[0], key[2]])
+            empty.append(name)
+    for t in dummy:
+        name = x_input(t, ds.featured(t))
+        rows = feed[name]
+        extra = np.zeros((1,) + rows.shape[1:], dtype=rows.dtype)
+        padded[name] = np.ascontiguousarray(np.concatenate([rows, extra]))
+    for kind, et, name in input_spec(ds):
+        if kind == "edge" and name in empty:
+            src, dst = (len(feed[x_input(t, ds.featured(t))]) for t in (et[0], et[2]))
+            padded[name] = np.array([[src], [dst]], dtype=np.int64)
+    return padded, empty
+
+
+def emptied(ds, x, edge_index, node_type=None, edge_type=None):
+    """The subgraph with node type `node_type`'s rows and edges (or edge
+    type `edge_type`'s edges) taken out."""
+    x = dict(x)
+    edge_index = dict(edge_index)
+    if node_type is not None:
+        x[node_type] = x[node_type][:0]
+    for et in ds.edge_types:
+        if et == edge_type or node_type in (et[0], et[2]):
+            edge_index[et] = np.zeros((2, 0), dtype=np.int64)
+    return x, edge_index
+
+
 def check_export(model, session, ds, target_type, fanouts, seed, subgraphs=8):
     """onnxruntime against PyG: sampled subgraphs at `fanouts` (1 and 16
     targets), the whole graph, a target some edge type reaches with no
-    edge, and the same with negated, scaled features. Exits if a case
-    differs by more than TOLERANCE (relative to the row), or if
-    onnxruntime cannot run a case whose declared inputs are all non-empty.
-    A case with an empty input (a type with no rows, an edge type with no
-    edges) that onnxruntime cannot run while PyG can is recorded in
-    `cannot_run` (some attention models fail so inside onnxruntime 1.31.1):
-    such a call gets an error naming it, never a crash."""
+    edge, the same with negated, scaled features, and a busy target's
+    subgraph with each other node type emptied, with each edge type
+    emptied, and with nothing but the target (an unknown id). A subgraph
+    with an empty input is run padded, as the worker runs it (pad_typed).
+    Exits if a case differs by more than TOLERANCE (relative to the row)
+    or cannot run; a case onnxruntime cannot run unpadded while PyG can is
+    recorded in `cannot_run` (some attention models fail so inside
+    onnxruntime 1.31.1), served padded."""
     rng = np.random.default_rng(seed)
     n = ds.num_nodes[target_type]
     kept = [i.name for i in session.get_inputs()]
@@ -418,25 +462,34 @@ def check_export(model, session, ds, target_type, fanouts, seed, subgraphs=8):
     quiet.log_severity_level = 4  # a failure is reported below, not logged twice
 
     def compare(name, x, edge_index):
-        want = pyg_outputs(model, x, edge_index, target_type)
-        feed = flat_inputs(ds, x, edge_index)
         try:
-            got = session.run(None, {k: feed[k] for k in kept}, quiet)[0]
-        except Exception as e:  # onnxruntime's own failure
-            empty = [k for k in kept if 0 in feed[k].shape]
-            error = str(e).splitlines()[0][:300]
-            if not empty:
-                sys.exit(f"onnxruntime cannot run the export on the {name} subgraph ({error}); "
-                         "PyG can: fix the model or export it another way")
-            results["cannot_run"].append({"case": name, "empty_inputs": empty, "error": error})
-            progress(f"note: onnxruntime cannot run this model on the {name} subgraph, whose "
-                     f"{', '.join(empty)} are empty; PyG can. A call with such a subgraph gets an "
-                     "error naming it")
+            want = pyg_outputs(model, x, edge_index, target_type)
+        except Exception as e:  # PyG itself cannot: nothing to compare with
+            results["cases"][name] = {"pyg_error": str(e).splitlines()[0][:300]}
+            progress(f"note: PyG cannot run this model on the {name} subgraph; not compared")
             return
+        feed = flat_inputs(ds, x, edge_index)
+        padded, empty = pad_typed(ds, feed, kept)
+        if empty:
+            try:
+                session.run(None, {k: feed[k] for k in kept}, quiet)
+            except Exception as e:  # onnxruntime's own failure, recorded
+                error = str(e).splitlines()[0][:300]
+                results["cannot_run"].append({"case": name, "empty_inputs": empty,
+                                              "error": error})
+                progress(f"note: onnxruntime cannot run this model on the {name} subgraph, whose "
+                         f"{', '.join(empty)} are empty; the worker runs it padded")
+        try:
+            got = session.run(None, {k: padded[k] for k in kept}, quiet)[0][:len(want)]
+        except Exception as e:  # onnxruntime's own failure
+            error = str(e).splitlines()[0][:300]
+            how = f" even padded ({', '.join(empty)} were empty)" if empty else ""
+            sys.exit(f"onnxruntime cannot run the export on the {name} subgraph{how} ({error}); "
+                     "PyG can: fix the model or export it another way")
         diff = row_diff(want, got)
         sizes = {x_input(t, ds.featured(t)): int(len(v)) for t, v in x.items()}
         sizes.update({edge_input(et): int(v.shape[1]) for et, v in edge_index.items()})
-        results["cases"][name] = {"sizes": sizes, "max_rel_diff": diff}
+        results["cases"][name] = {"sizes": sizes, "max_rel_diff": diff, "padded": empty}
         results["max_rel_diff"] = max(results["max_rel_diff"], diff)
         if diff > TOLERANCE:
             sys.exit(f"onnxruntime differs from PyG by {diff:.3g} (relative to the row) on the "
@@ -461,6 +514,21 @@ def check_export(model, session, ds, target_type, fanouts, seed, subgraphs=8):
                       for t, v in ds.rows(n_id).items()}
             compare(f"no-{edge_key(et)}-negative-features", scaled, edge_index)
             break
+    # Every type and edge type empty in turn, around the target with the
+    # most edges into it; then the target alone (an unknown id's subgraph).
+    degree = sum(np.diff(ds.lists[et][0]) for et in into) if into else np.zeros(n)
+    busy = int(np.argmax(degree))
+    n_id, edge_index, _, _ = sample_typed(ds, target_type, [busy], fanouts,
+                                          np.random.default_rng(seed + 3))
+    x = ds.rows(n_id)
+    for t in ds.node_types:
+        if t != target_type:
+            compare(f"empty-{t}", *emptied(ds, x, edge_index, node_type=t))
+    for et in ds.edge_types:
+        compare(f"empty-{edge_key(et)}", *emptied(ds, x, edge_index, edge_type=et))
+    alone = {t: (v[:1] if t == target_type else v[:0]) for t, v in x.items()}
+    no_edges = {et: np.zeros((2, 0), dtype=np.int64) for et in ds.edge_types}
+    compare("target-alone", alone, no_edges)
     return results
 
 

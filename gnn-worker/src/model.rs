@@ -831,6 +831,8 @@ pub struct Model {
     /// cached slots.
     no_hubs: Vec<f32>,
     scatters_rewritten: usize,
+    /// Max/min scatters corrected at load ([`crate::onnx_graph::fix_scatter_extrema`]).
+    extrema_fixed: usize,
 }
 
 /// How a model is loaded.
@@ -1072,6 +1074,24 @@ impl Model {
         }
         if manifest.layout == ModelLayout::Subgraph {
             let bytes = std::fs::read(&path).map_err(|e| load(e.to_string()))?;
+            // The TorchScript exporter's max/min aggregation, corrected
+            // whatever `fast_scatter` says: it is a wrong answer, not a
+            // slow one.
+            let extrema = crate::onnx_graph::fix_scatter_extrema(&bytes)
+                .map_err(|e| ModelError::Mismatch(e.to_string()))?;
+            if !extrema.fixed.is_empty() {
+                tracing::warn!(
+                    model = %path.display(),
+                    scatters = extrema.fixed.len(),
+                    nodes = ?extrema.fixed,
+                    "model.onnx computes max(0, .) (or min(0, .)) where PyG computes the max (min) \
+                     of the messages, as the TorchScript exporter writes scatter_reduce on zeros; \
+                     corrected at load. Export with gnn-worker/model/pyg_model.py export to \
+                     store the correction in the file"
+                );
+            }
+            let extrema_fixed = extrema.fixed.len();
+            let bytes = extrema.bytes;
             let rewritten =
                 crate::onnx_graph::rewrite_scatter_adds(&bytes).map_err(|e| load(e.to_string()))?;
             if rewritten.opset != Some(i64::from(manifest.opset)) {
@@ -1104,6 +1124,7 @@ impl Model {
                 answered_by,
                 no_hubs: Vec::new(),
                 scatters_rewritten: scatters,
+                extrema_fixed,
             });
         }
         let session = builder
@@ -1136,6 +1157,7 @@ impl Model {
             answered_by,
             no_hubs,
             scatters_rewritten: 0,
+            extrema_fixed: 0,
         })
     }
 
@@ -1143,6 +1165,11 @@ impl Model {
     /// ([`crate::onnx_graph`]).
     pub fn scatters_rewritten(&self) -> usize {
         self.scatters_rewritten
+    }
+
+    /// Max/min aggregations of a hand export corrected at load.
+    pub fn extrema_fixed(&self) -> usize {
+        self.extrema_fixed
     }
 
     pub fn manifest(&self) -> &Manifest {
@@ -1211,8 +1238,14 @@ impl Model {
         if tables.target_rows().iter().all(|&row| row == NO_ROW) {
             return Ok(rows);
         }
-        let inputs = bind_subgraph_inputs(tables).map_err(|e| ModelError::Run(e.to_string()))?;
-        let values = self.run_subgraph_inputs(inputs, tables.n_nodes(), tables.n_edges())?;
+        let values = if tables.n_edges() == 0 {
+            // Padded (run_subgraph_slices): no target has a neighbour.
+            self.run_subgraph_slices(tables.features(), &[])?
+        } else {
+            let inputs =
+                bind_subgraph_inputs(tables).map_err(|e| ModelError::Run(e.to_string()))?;
+            self.run_subgraph_inputs(inputs, tables.n_nodes())?
+        };
         for (t, &row) in tables.target_rows().iter().enumerate() {
             let Ok(row) = usize::try_from(row) else {
                 continue;
@@ -1226,6 +1259,11 @@ impl Model {
     /// Runs a subgraph-layout model on `x` (`n x feature_dim`) and
     /// `edge_index` (`2 x e`, row-major) held anywhere (the tooling's
     /// reference subgraph, for instance); returns every node's output row.
+    ///
+    /// A subgraph without edges is run with one more row (zeros) and one
+    /// edge from it to itself: some exports cannot run on an empty
+    /// `edge_index` (TransformerConv's, PyG #9808), and the extra row
+    /// reaches no other, so every real row's output is the edgeless one.
     pub fn run_subgraph_slices(
         &mut self,
         x: &[f32],
@@ -1234,11 +1272,25 @@ impl Model {
         let run = |e: ort::Error| ModelError::Run(e.to_string());
         let dim = self.manifest.feature_dim as usize;
         let (n, e) = (x.len() / dim.max(1), edge_index.len() / 2);
+        if e == 0 && n > 0 {
+            let mut padded = Vec::with_capacity(x.len() + dim);
+            padded.extend_from_slice(x);
+            padded.resize(x.len() + dim, 0.0);
+            let edge = [n as i64, n as i64];
+            let inputs = [
+                Input::F32(TensorRef::from_array_view(([n + 1, dim], &padded[..])).map_err(run)?),
+                Input::I64(TensorRef::from_array_view(([2, 1], &edge[..])).map_err(run)?),
+            ];
+            let width = self.manifest.output_width() as usize;
+            let mut values = self.run_subgraph_inputs(inputs, n + 1)?;
+            values.truncate(n * width);
+            return Ok(values);
+        }
         let inputs = [
             Input::F32(TensorRef::from_array_view(([n, dim], x)).map_err(run)?),
             Input::I64(TensorRef::from_array_view(([2, e], edge_index)).map_err(run)?),
         ];
-        self.run_subgraph_inputs(inputs, n, e)
+        self.run_subgraph_inputs(inputs, n)
     }
 
     /// Every node's output row, checked to be `n x width`.
@@ -1246,20 +1298,11 @@ impl Model {
         &mut self,
         [x, edge_index]: [Input<'_>; 2],
         n: usize,
-        n_edges: usize,
     ) -> Result<Vec<f32>, ModelError> {
         let outputs = self
             .session
             .run(ort::inputs!["x" => x, "edge_index" => edge_index])
-            .map_err(|e| {
-                let hint = if n_edges == 0 {
-                    " (on a subgraph with no edges: the targets have no neighbours; some \
-                     exported models cannot run on an empty edge_index)"
-                } else {
-                    ""
-                };
-                ModelError::Run(format!("{e}{hint}"))
-            })?;
+            .map_err(|e| ModelError::Run(e.to_string()))?;
         let width = self.manifest.output_width() as usize;
         let (shape, values) = outputs[self.manifest.outputs[0].as_str()]
             .try_extract_tensor::<f32>()
@@ -1277,6 +1320,13 @@ impl Model {
     /// `n_id__<type>` its node ids, `edge_index__<key>` the edge type's
     /// values); returns each target's output row (`n_targets x width`).
     /// `graph` is the segment's schema.
+    ///
+    /// A declared node type with no rows, or edge type with no edges, is
+    /// padded ([`TypedPadding`]): some exports cannot run on an empty
+    /// input (an attention model's reduction over zero rows inside
+    /// onnxruntime), and a padded node reaches no target, so the targets'
+    /// answers are those of the subgraph as sampled, whatever else shares
+    /// the batch.
     pub fn run_typed(
         &mut self,
         tables: &protocol::payload::TypedTables,
@@ -1286,36 +1336,27 @@ impl Model {
         use ort::session::SessionInputValue;
         let run = |e: ort::Error| ModelError::Run(e.to_string());
         let width = self.manifest.output_width() as usize;
+        let padding = TypedPadding::plan(&self.manifest.inputs, tables, graph);
         let mut bound: Vec<(String, SessionInputValue<'_>)> = Vec::new();
-        let mut empty: Vec<&str> = Vec::new();
         for input in &self.manifest.inputs {
             let value: SessionInputValue<'_> =
                 if let Some(name) = input.strip_prefix(typed_inputs::X) {
                     let t = graph.node_type(name).expect("checked at start");
                     let dim = graph.node_types[t].feature_dim as usize;
-                    let rows = tables.n_rows(t);
-                    if rows == 0 {
-                        empty.push(input);
-                    }
-                    TensorRef::from_array_view(([rows, dim], tables.features(t)))
+                    let x = padding.features(t, tables);
+                    TensorRef::from_array_view(([x.len() / dim.max(1), dim], x))
                         .map_err(run)?
                         .into()
                 } else if let Some(name) = input.strip_prefix(typed_inputs::N_ID) {
                     let t = graph.node_type(name).expect("checked at start");
-                    let ids: &[i64] = bytemuck::cast_slice(tables.node_ids(t));
-                    if ids.is_empty() {
-                        empty.push(input);
-                    }
+                    let ids = padding.node_ids(t, tables);
                     TensorRef::from_array_view(([ids.len()], ids))
                         .map_err(run)?
                         .into()
                 } else {
                     let key = &input[typed_inputs::EDGE_INDEX.len()..];
                     let e = graph.edge_type(key).expect("checked at start");
-                    let index = tables.edge_index(e);
-                    if index.is_empty() {
-                        empty.push(input);
-                    }
+                    let index = padding.edge_index(e, tables);
                     TensorRef::from_array_view(([2, index.len() / 2], index))
                         .map_err(run)?
                         .into()
@@ -1323,19 +1364,18 @@ impl Model {
             bound.push((input.clone(), value));
         }
         let outputs = self.session.run(bound).map_err(|e| {
-            let hint = if empty.is_empty() {
+            let hint = if padding.padded.is_empty() {
                 String::new()
             } else {
                 format!(
-                    " (this subgraph has no rows in {}: some exported attention models cannot \
-                     run on an empty type or edge type, as the manifest's check.cannot_run \
-                     records)",
-                    empty.join(", ")
+                    " (this subgraph had no rows in {}, run with one unconnected row or edge \
+                     in each)",
+                    padding.padded.join(", ")
                 )
             };
             ModelError::Run(format!("{e}{hint}"))
         })?;
-        let n = tables.n_rows(target_type);
+        let n = tables.n_rows(target_type) + usize::from(padding.dummy[target_type]);
         let (shape, values) = outputs[self.manifest.outputs[0].as_str()]
             .try_extract_tensor::<f32>()
             .map_err(|e| ModelError::Run(e.to_string()))?;
@@ -1537,6 +1577,116 @@ impl<'a> From<Input<'a>> for ort::session::SessionInputValue<'a> {
             Input::F32(t) => t.into(),
             Input::I32(t) => t.into(),
             Input::I64(t) => t.into(),
+        }
+    }
+}
+
+/// How [`Model::run_typed`] pads a typed subgraph with an empty input: a
+/// node type the model reads with no rows, or that an edge type the model
+/// reads with no edges ends at, gets one more row (zeros, node id 0) that
+/// no edge of the subgraph reaches; each such edge type gets one edge
+/// between its ends' extra rows. Message passing carries nothing from
+/// those rows to any other, so every real row's output is the one of the
+/// subgraph as sampled: the padding changes which inputs are empty, not
+/// an answer.
+struct TypedPadding {
+    /// Per node type: it has an extra row.
+    dummy: Vec<bool>,
+    /// Per node type with an extra row: its features, then zeros.
+    features: Vec<Option<Vec<f32>>>,
+    /// Per node type with an extra row: its node ids, then 0.
+    node_ids: Vec<Option<Vec<i64>>>,
+    /// Per empty edge type the model reads: the one edge.
+    edges: Vec<Option<[i64; 2]>>,
+    /// The inputs that were empty, for an error's message.
+    padded: Vec<String>,
+}
+
+impl TypedPadding {
+    fn plan(
+        inputs: &[String],
+        tables: &protocol::payload::TypedTables,
+        graph: &protocol::graph_schema::GraphSchema,
+    ) -> Self {
+        let n_types = graph.node_types.len();
+        let mut dummy = vec![false; n_types];
+        let mut empty_edges = vec![false; graph.edge_types.len()];
+        let mut padded = Vec::new();
+        for input in inputs {
+            if let Some(name) = input
+                .strip_prefix(typed_inputs::X)
+                .or_else(|| input.strip_prefix(typed_inputs::N_ID))
+            {
+                let t = graph.node_type(name).expect("checked at start");
+                if tables.n_rows(t) == 0 {
+                    dummy[t] = true;
+                    padded.push(input.clone());
+                }
+            } else if let Some(key) = input.strip_prefix(typed_inputs::EDGE_INDEX) {
+                let e = graph.edge_type(key).expect("checked at start");
+                if tables.edge_index(e).is_empty() {
+                    empty_edges[e] = true;
+                    let ends = &graph.edge_types[e];
+                    dummy[ends.src as usize] = true;
+                    dummy[ends.dst as usize] = true;
+                    padded.push(input.clone());
+                }
+            }
+        }
+        let features = (0..n_types)
+            .map(|t| {
+                dummy[t].then(|| {
+                    let dim = graph.node_types[t].feature_dim as usize;
+                    let mut x = tables.features(t).to_vec();
+                    x.resize(x.len() + dim, 0.0);
+                    x
+                })
+            })
+            .collect();
+        let node_ids = (0..n_types)
+            .map(|t| {
+                dummy[t].then(|| {
+                    let ids: &[i64] = bytemuck::cast_slice(tables.node_ids(t));
+                    let mut ids = ids.to_vec();
+                    ids.push(0);
+                    ids
+                })
+            })
+            .collect();
+        let edges = (0..graph.edge_types.len())
+            .map(|e| {
+                empty_edges[e].then(|| {
+                    let ends = &graph.edge_types[e];
+                    let extra = |t: u32| tables.n_rows(t as usize) as i64;
+                    [extra(ends.src), extra(ends.dst)]
+                })
+            })
+            .collect();
+        Self {
+            dummy,
+            features,
+            node_ids,
+            edges,
+            padded,
+        }
+    }
+
+    fn features<'a>(&'a self, t: usize, tables: &'a protocol::payload::TypedTables) -> &'a [f32] {
+        self.features[t]
+            .as_deref()
+            .unwrap_or_else(|| tables.features(t))
+    }
+
+    fn node_ids<'a>(&'a self, t: usize, tables: &'a protocol::payload::TypedTables) -> &'a [i64] {
+        self.node_ids[t]
+            .as_deref()
+            .unwrap_or_else(|| bytemuck::cast_slice(tables.node_ids(t)))
+    }
+
+    fn edge_index<'a>(&'a self, e: usize, tables: &'a protocol::payload::TypedTables) -> &'a [i64] {
+        match &self.edges[e] {
+            Some(edge) => edge,
+            None => tables.edge_index(e),
         }
     }
 }

@@ -96,6 +96,287 @@ pub fn rewrite_scatter_adds(model: &[u8]) -> Result<Rewritten, GraphError> {
     })
 }
 
+/// ONNX's element types the extrema fix writes an infinity of.
+const FLOAT: u64 = 1;
+const DOUBLE: u64 = 11;
+
+/// Why a model's extrema scatters cannot be fixed at load.
+#[derive(Debug, thiserror::Error)]
+pub enum ExtremaError {
+    #[error(transparent)]
+    Graph(#[from] GraphError),
+    #[error(
+        "model.onnx's {node} computes the {reduction} of 0 and the messages (ScatterElements on \
+         zeros, as the TorchScript exporter writes PyG's scatter(..., reduce=\"{reduction}\")) \
+         over {what} values, which the worker cannot correct at load: export the model with \
+         gnn-worker/model/pyg_model.py export (or pyg_hetero.py export), which writes PyG's \
+         {reduction}"
+    )]
+    Unfixable {
+        node: String,
+        reduction: &'static str,
+        what: &'static str,
+    },
+}
+
+/// A model after the extrema fix.
+#[derive(Debug)]
+pub struct ExtremaFixed {
+    pub bytes: Vec<u8>,
+    /// The scatters corrected, by node name.
+    pub fixed: Vec<String>,
+}
+
+/// Corrects the TorchScript exporter's max/min aggregation. PyG's
+/// `scatter(..., reduce="max")` (torch's `scatter_reduce` with
+/// `include_self=False` on a zeros tensor) exports as
+/// `ScatterElements(zeros, index, src, reduction="max")`: the maximum of 0
+/// and the messages, wrong where all of a node's messages are negative
+/// (max aggregation answers 0; an attention softmax, which subtracts the
+/// max, underflows). Each top-level scatter of that pattern (its data a
+/// `ConstantOfShape` of zeros, passed on by `Identity`, `Reshape` or both
+/// branches of an `If`) becomes the computation PyG does:
+///
+/// ```text
+/// start   = Add(zeros, -inf)            # +inf for min
+/// reduced = ScatterElements(start, index, src, reduction="max")
+/// out     = Where(IsInf(reduced, negative), zeros, reduced)  # 0 where nothing arrived
+/// ```
+///
+/// as `pyg_model.py export` writes it (`fix_scatter_extrema`), so a model
+/// exported by hand answers as one exported by the tooling. Every other
+/// byte of the model is kept.
+pub fn fix_scatter_extrema(model: &[u8]) -> Result<ExtremaFixed, ExtremaError> {
+    let fields = parse(model)?;
+    let Some(graph) = fields.iter().find_map(|f| match (f.number, f.value) {
+        (7, Value::Bytes(graph)) => Some(graph),
+        _ => None,
+    }) else {
+        return Ok(ExtremaFixed {
+            bytes: model.to_vec(),
+            fixed: Vec::new(),
+        });
+    };
+    let graph_fields = parse(graph)?;
+    let mut nodes = Vec::new();
+    for field in &graph_fields {
+        if let (1, Value::Bytes(bytes)) = (field.number, field.value) {
+            nodes.push(node(bytes, field.raw)?);
+        }
+    }
+    let producer: HashMap<&str, usize> = nodes
+        .iter()
+        .enumerate()
+        .flat_map(|(i, n)| n.outputs.iter().map(move |o| (o.as_str(), i)))
+        .collect();
+    let mut replaced: HashMap<usize, Vec<Vec<u8>>> = HashMap::new();
+    let mut fixed = Vec::new();
+    for (i, n) in nodes.iter().enumerate() {
+        let reduction = match n.attributes.get("reduction") {
+            Some(Attribute::Bytes(r)) if r == b"max" => "max",
+            Some(Attribute::Bytes(r)) if r == b"min" => "min",
+            _ => continue,
+        };
+        if n.op_type != "ScatterElements" || !n.domain.is_empty() || n.inputs.len() != 3 {
+            continue;
+        }
+        let Some(data_type) = zeros_source(&n.inputs[0], &nodes, &producer, 0)? else {
+            continue;
+        };
+        let infinity: Vec<u8> = match (data_type, reduction) {
+            (FLOAT, "max") => f32::NEG_INFINITY.to_le_bytes().to_vec(),
+            (FLOAT, _) => f32::INFINITY.to_le_bytes().to_vec(),
+            (DOUBLE, "max") => f64::NEG_INFINITY.to_le_bytes().to_vec(),
+            (DOUBLE, _) => f64::INFINITY.to_le_bytes().to_vec(),
+            _ => {
+                return Err(ExtremaError::Unfixable {
+                    node: format!("{} node {:?}", n.op_type, n.name),
+                    reduction,
+                    what: "non-f32, non-f64",
+                })
+            }
+        };
+        let (data, out) = (n.inputs[0].as_str(), n.outputs[0].as_str());
+        let at = format!("{out}/include_self_false");
+        let (inf, start, reduced, empty) = (
+            format!("{at}/inf"),
+            format!("{at}/start"),
+            format!("{at}/reduced"),
+            format!("{at}/empty"),
+        );
+        let mut tensor = Vec::new();
+        put_varint_field(&mut tensor, 2, data_type);
+        put_bytes(&mut tensor, 9, &infinity);
+        let mut value = Vec::new();
+        put_bytes(&mut value, 1, b"value");
+        put_bytes(&mut value, 5, &tensor);
+        put_varint_field(&mut value, 20, 4); // AttributeType TENSOR
+        let mut scatter = n.clone();
+        scatter.inputs[0] = start.clone();
+        scatter.outputs[0] = reduced.clone();
+        let (positive, negative) = if reduction == "max" { (0, 1) } else { (1, 0) };
+        replaced.insert(
+            i,
+            vec![
+                plain_node("Constant", &format!("{at}/Constant"), &[], &inf, &[value]),
+                plain_node("Add", &format!("{at}/Add"), &[data, &inf], &start, &[]),
+                encode_node(&scatter, n.raw)?,
+                plain_node(
+                    "IsInf",
+                    &format!("{at}/IsInf"),
+                    &[&reduced],
+                    &empty,
+                    &[
+                        int_attribute("detect_positive", positive),
+                        int_attribute("detect_negative", negative),
+                    ],
+                ),
+                plain_node(
+                    "Where",
+                    &format!("{at}/Where"),
+                    &[&empty, data, &reduced],
+                    out,
+                    &[],
+                ),
+            ],
+        );
+        fixed.push(n.name.clone());
+    }
+    if fixed.is_empty() {
+        return Ok(ExtremaFixed {
+            bytes: model.to_vec(),
+            fixed,
+        });
+    }
+    let mut new_graph = Vec::with_capacity(graph.len() + 512 * fixed.len());
+    let mut node_index = 0;
+    for field in &graph_fields {
+        if field.number != 1 {
+            new_graph.extend_from_slice(field.raw);
+            continue;
+        }
+        match replaced.get(&node_index) {
+            Some(nodes) => {
+                for n in nodes {
+                    put_bytes(&mut new_graph, 1, n);
+                }
+            }
+            None => new_graph.extend_from_slice(field.raw),
+        }
+        node_index += 1;
+    }
+    let mut bytes = Vec::with_capacity(model.len() + new_graph.len() - graph.len());
+    for field in &fields {
+        if field.number == 7 {
+            put_bytes(&mut bytes, 7, &new_graph);
+        } else {
+            bytes.extend_from_slice(field.raw);
+        }
+    }
+    Ok(ExtremaFixed { bytes, fixed })
+}
+
+/// Whether tensor `name` is all zeros by construction, and its element
+/// type: a `ConstantOfShape` of zeros (its default value is a float 0),
+/// passed on by `Identity`, `Reshape`, or both branches of an `If` (how
+/// the TorchScript exporter hands `scatter_reduce` its `new_zeros`).
+fn zeros_source(
+    name: &str,
+    nodes: &[Node<'_>],
+    producer: &HashMap<&str, usize>,
+    depth: usize,
+) -> Result<Option<u64>, GraphError> {
+    let Some(n) = producer.get(name).map(|&i| &nodes[i]) else {
+        return Ok(None);
+    };
+    if depth > 16 || !n.domain.is_empty() {
+        return Ok(None);
+    }
+    Ok(match n.op_type.as_str() {
+        "ConstantOfShape" => match n.attributes.get("value") {
+            None => Some(FLOAT),
+            Some(Attribute::Tensor {
+                data_type,
+                zero: true,
+            }) => Some(*data_type),
+            Some(Attribute::Ints(values)) if values.iter().all(|&v| v == 0) => Some(7),
+            _ => None,
+        },
+        "Identity" | "Reshape" => zeros_source(&n.inputs[0], nodes, producer, depth + 1)?,
+        "If" => {
+            let Some(k) = n.outputs.iter().position(|o| o == name) else {
+                return Ok(None);
+            };
+            if n.branches.len() != 2 {
+                return Ok(None);
+            }
+            let mut found = None;
+            for branch in &n.branches {
+                let mut inner = Vec::new();
+                let mut outputs = Vec::new();
+                for field in parse(branch)? {
+                    match (field.number, field.value) {
+                        (1, Value::Bytes(bytes)) => inner.push(node(bytes, field.raw)?),
+                        (12, Value::Bytes(info)) => {
+                            for f in parse(info)? {
+                                if let (1, Value::Bytes(o)) = (f.number, f.value) {
+                                    outputs.push(string(o)?);
+                                }
+                            }
+                        }
+                        _ => {}
+                    }
+                }
+                let Some(out) = outputs.get(k) else {
+                    return Ok(None);
+                };
+                let Some(passed) = inner.iter().find(|m| m.outputs.contains(out)) else {
+                    return Ok(None);
+                };
+                if !matches!(passed.op_type.as_str(), "Identity" | "Reshape") {
+                    return Ok(None);
+                }
+                match zeros_source(&passed.inputs[0], nodes, producer, depth + 1)? {
+                    Some(t) if found.is_none_or(|f| f == t) => found = Some(t),
+                    _ => return Ok(None),
+                }
+            }
+            found
+        }
+        _ => None,
+    })
+}
+
+/// A node of the default domain.
+fn plain_node(
+    op: &str,
+    name: &str,
+    inputs: &[&str],
+    output: &str,
+    attributes: &[Vec<u8>],
+) -> Vec<u8> {
+    let mut node = Vec::new();
+    for input in inputs {
+        put_bytes(&mut node, 1, input.as_bytes());
+    }
+    put_bytes(&mut node, 2, output.as_bytes());
+    put_bytes(&mut node, 3, name.as_bytes());
+    put_bytes(&mut node, 4, op.as_bytes());
+    for attribute in attributes {
+        put_bytes(&mut node, 5, attribute);
+    }
+    node
+}
+
+/// An `AttributeProto` of one integer.
+fn int_attribute(name: &str, value: u64) -> Vec<u8> {
+    let mut attribute = Vec::new();
+    put_bytes(&mut attribute, 1, name.as_bytes());
+    put_varint_field(&mut attribute, 3, value);
+    put_varint_field(&mut attribute, 20, 2); // AttributeType INT
+    attribute
+}
+
 /// A parsed `NodeProto`: what the rewrite reads, and its encoding.
 #[derive(Debug, Clone)]
 struct Node<'a> {
@@ -108,6 +389,8 @@ struct Node<'a> {
     attributes: HashMap<String, Attribute>,
     /// Names read by subgraphs in its attributes (If, Loop, Scan bodies).
     nested_reads: Vec<String>,
+    /// The graphs of its graph attributes (an If's branches), in order.
+    branches: Vec<&'a [u8]>,
     raw: &'a [u8],
 }
 
@@ -116,6 +399,12 @@ enum Attribute {
     Int(i64),
     Bytes(Vec<u8>),
     Ints(Vec<i64>),
+    /// A tensor of another element type: its `data_type` and whether every
+    /// value is (bitwise) zero.
+    Tensor {
+        data_type: u64,
+        zero: bool,
+    },
     Other,
 }
 
@@ -290,22 +579,28 @@ fn scatter_nd(name: &str, inputs: [&str; 3], output: &str) -> Vec<u8> {
     node
 }
 
-/// A node's encoding with its inputs replaced by `node.inputs` (every other
-/// field as it was).
+/// A node's encoding with its inputs and outputs replaced by
+/// `node.inputs` and `node.outputs` (every other field as it was).
 fn encode_node(node: &Node<'_>, raw_body: &[u8]) -> Result<Vec<u8>, GraphError> {
     let mut out = Vec::new();
-    let mut inputs_written = false;
+    let (mut inputs_written, mut outputs_written) = (false, false);
     for field in parse(raw_body)? {
-        if field.number == 1 {
-            if !inputs_written {
+        match field.number {
+            1 if !inputs_written => {
                 for input in &node.inputs {
                     put_bytes(&mut out, 1, input.as_bytes());
                 }
                 inputs_written = true;
             }
-            continue;
+            2 if !outputs_written => {
+                for output in &node.outputs {
+                    put_bytes(&mut out, 2, output.as_bytes());
+                }
+                outputs_written = true;
+            }
+            1 | 2 => {}
+            _ => out.extend_from_slice(field.raw),
         }
-        out.extend_from_slice(field.raw);
     }
     Ok(out)
 }
@@ -319,6 +614,7 @@ fn node<'a>(body: &'a [u8], _raw: &'a [u8]) -> Result<Node<'a>, GraphError> {
         domain: String::new(),
         attributes: HashMap::new(),
         nested_reads: Vec::new(),
+        branches: Vec::new(),
         raw: body,
     };
     for field in parse(body)? {
@@ -332,7 +628,7 @@ fn node<'a>(body: &'a [u8], _raw: &'a [u8]) -> Result<Node<'a>, GraphError> {
             4 => n.op_type = string(bytes)?,
             7 => n.domain = string(bytes)?,
             5 => {
-                let (name, value) = attribute(bytes, &mut n.nested_reads)?;
+                let (name, value) = attribute(bytes, &mut n.nested_reads, &mut n.branches)?;
                 n.attributes.insert(name, value);
             }
             _ => {}
@@ -345,10 +641,12 @@ fn node<'a>(body: &'a [u8], _raw: &'a [u8]) -> Result<Node<'a>, GraphError> {
 }
 
 /// An `AttributeProto`: its name and the value the rewrite needs; names
-/// read by a subgraph it holds go to `nested_reads`.
-fn attribute(
-    body: &[u8],
+/// read by a subgraph it holds go to `nested_reads`, the graph of a graph
+/// attribute to `branches`.
+fn attribute<'a>(
+    body: &'a [u8],
     nested_reads: &mut Vec<String>,
+    branches: &mut Vec<&'a [u8]>,
 ) -> Result<(String, Attribute), GraphError> {
     let mut name = String::new();
     let mut value = Attribute::Other;
@@ -358,11 +656,16 @@ fn attribute(
             (3, Value::Varint(i)) => value = Attribute::Int(i as i64),
             (4, Value::Bytes(bytes)) => value = Attribute::Bytes(bytes.to_vec()),
             (5, Value::Bytes(tensor)) => {
-                if let Some((_, values)) = int64_tensor(tensor)? {
-                    value = Attribute::Ints(values);
-                }
+                value = match int64_tensor(tensor)? {
+                    Some((_, values)) => Attribute::Ints(values),
+                    None => tensor_zero(tensor)?,
+                };
             }
-            (6 | 11, Value::Bytes(graph)) => nested_graph_reads(graph, nested_reads)?,
+            (6, Value::Bytes(graph)) => {
+                branches.push(graph);
+                nested_graph_reads(graph, nested_reads)?;
+            }
+            (11, Value::Bytes(graph)) => nested_graph_reads(graph, nested_reads)?,
             _ => {}
         }
     }
@@ -417,6 +720,30 @@ fn int64_tensor(body: &[u8]) -> Result<Option<(String, Vec<i64>)>, GraphError> {
             .collect();
     }
     Ok(Some((name, values)))
+}
+
+/// A `TensorProto` of any element type: its type and whether every value
+/// it holds (raw or typed) is zero bits.
+fn tensor_zero(body: &[u8]) -> Result<Attribute, GraphError> {
+    let mut data_type = 0;
+    let mut zero = true;
+    for field in parse(body)? {
+        match (field.number, field.value) {
+            (2, Value::Varint(t)) => data_type = t,
+            // float_data, int32_data, raw_data, double_data: packed bytes.
+            (4 | 5 | 9 | 10 | 11, Value::Bytes(bytes)) => {
+                zero &= bytes.iter().all(|&b| b == 0);
+            }
+            (5 | 11, Value::Varint(v)) => zero &= v == 0,
+            // One unpacked float or double: its bits follow the tag.
+            (4 | 10, Value::Fixed32 | Value::Fixed64) => {
+                let tag_len = field.raw.len() - if field.number == 4 { 4 } else { 8 };
+                zero &= field.raw[tag_len..].iter().all(|&b| b == 0);
+            }
+            _ => {}
+        }
+    }
+    Ok(Attribute::Tensor { data_type, zero })
 }
 
 /// An `OperatorSetIdProto`: domain and version.
@@ -683,6 +1010,87 @@ mod tests {
             let rewritten = rewrite_scatter_adds(&model).unwrap();
             assert_eq!(rewritten.scatters, 0, "{why}");
             assert_eq!(rewritten.bytes, model, "{why}: byte-identical");
+        }
+    }
+
+    /// A model whose `ScatterElements(reduction)` starts from `data`, made
+    /// by `ConstantOfShape` (with `value`, else its default 0.0) through a
+    /// Reshape.
+    fn extrema_model(reduction: &str, value: Option<f32>) -> Vec<u8> {
+        let mut attributes = Vec::new();
+        if let Some(v) = value {
+            let mut t = Vec::new();
+            put_varint_field(&mut t, 1, 1);
+            put_varint_field(&mut t, 2, FLOAT);
+            put_bytes(&mut t, 9, &v.to_le_bytes());
+            let mut a = Vec::new();
+            put_bytes(&mut a, 1, b"value");
+            put_bytes(&mut a, 5, &t);
+            put_varint_field(&mut a, 20, 4);
+            attributes.push(a);
+        }
+        let mut graph = Vec::new();
+        for n in [
+            node_bytes("ConstantOfShape", &["shape"], &["z"], &attributes),
+            node_bytes("Reshape", &["z", "s"], &["zeros"], &[]),
+            node_bytes(
+                "ScatterElements",
+                &["zeros", "index", "src"],
+                &["out"],
+                &[string_attribute("reduction", reduction)],
+            ),
+        ] {
+            put_bytes(&mut graph, 1, &n);
+        }
+        let mut model = Vec::new();
+        put_varint_field(&mut model, 1, 8);
+        put_bytes(&mut model, 7, &graph);
+        model
+    }
+
+    #[test]
+    fn a_max_over_zeros_becomes_pygs_max_and_other_scatters_stay() {
+        for reduction in ["max", "min"] {
+            let fixed = fix_scatter_extrema(&extrema_model(reduction, Some(0.0))).unwrap();
+            assert_eq!(fixed.fixed, ["/ScatterElements"]);
+            let ops = ops(&fixed.bytes);
+            let names: Vec<&str> = ops.iter().map(|(op, _)| op.as_str()).collect();
+            assert_eq!(
+                names,
+                [
+                    "ConstantOfShape",
+                    "Reshape",
+                    "Constant",
+                    "Add",
+                    "ScatterElements",
+                    "IsInf",
+                    "Where"
+                ]
+            );
+            let at = "out/include_self_false";
+            assert_eq!(ops[3].1, ["zeros", &format!("{at}/inf")]);
+            assert_eq!(ops[4].1, [&format!("{at}/start"), "index", "src"]);
+            assert_eq!(
+                ops[6].1,
+                [&format!("{at}/empty"), "zeros", &format!("{at}/reduced")]
+            );
+        }
+        // ConstantOfShape's default value is a float 0 too.
+        assert_eq!(
+            fix_scatter_extrema(&extrema_model("max", None))
+                .unwrap()
+                .fixed
+                .len(),
+            1
+        );
+        // A scatter that starts from ones, or adds, is what it says.
+        for model in [
+            extrema_model("max", Some(1.0)),
+            extrema_model("add", Some(0.0)),
+        ] {
+            let fixed = fix_scatter_extrema(&model).unwrap();
+            assert!(fixed.fixed.is_empty());
+            assert_eq!(fixed.bytes, model);
         }
     }
 

@@ -175,6 +175,7 @@ impl Loader {
             layout = ?manifest.layout,
             output = ?manifest.output,
             scatters_rewritten = models.first().map_or(0, Model::scatters_rewritten),
+            extrema_fixed = models.first().map_or(0, Model::extrema_fixed),
             weights = manifest.quantization.as_ref().map_or("f32", |q| q.weights.as_str()),
             device = ?config.device,
             executors = config.executors,

@@ -472,31 +472,8 @@ fn a_new_node_is_answered_in_the_subgraph_layout() {
 /// and a skip connection, with untrained weights.
 #[test]
 fn a_users_module_is_exported_from_the_command_line_and_served() {
-    let dir = tests::stack::process_dir("user-module");
-    std::fs::copy(
-        repo_root().join("tests/python/user_module.py"),
-        dir.join("user_module.py"),
-    )
-    .unwrap();
-    run_ok(
-        Command::new(python())
-            .current_dir(&dir)
-            .args(["user_module.py", "1433", "net.pt"]),
-        "user_module.py",
-    );
-    let out = dir.join("model");
-    run_ok(
-        Command::new(python())
-            .current_dir(&dir)
-            .arg(repo_root().join("gnn-worker/model/pyg_model.py"))
-            .args(["export", "--module", "user_module:Net"])
-            .args(["--init", r#"{"in_dim": 1433}"#, "--state-dict", "net.pt"])
-            .arg("--dataset")
-            .arg(shipped_cora())
-            .args(["--fanouts", "10,5", "--out"])
-            .arg(&out),
-        "pyg_model.py export",
-    );
+    let dir = user_module_dir("user-module", false);
+    let out = export_user_module(&dir, "Net", true);
     let manifest = json(&out.join("manifest.json"));
     assert_eq!(manifest["architecture"], "user_module:Net");
     assert_eq!(
@@ -510,6 +487,164 @@ fn a_users_module_is_exported_from_the_command_line_and_served() {
     let worst = worst_difference(&out, &served);
     println!("user module (max aggregation): max difference {worst:.2e}");
     assert!(worst <= 1e-5, "user module: {worst:.2e}");
+    assert!(stack.stop());
+}
+
+/// `user_module.py`'s module in a fresh directory, with its state dict
+/// (and with `by_hand`, the module's `Net` exported by hand).
+fn user_module_dir(tag: &str, by_hand: bool) -> PathBuf {
+    let dir = tests::stack::process_dir(tag);
+    std::fs::copy(
+        repo_root().join("tests/python/user_module.py"),
+        dir.join("user_module.py"),
+    )
+    .unwrap();
+    let mut command = Command::new(python());
+    command
+        .current_dir(&dir)
+        .args(["user_module.py", "1433", "net.pt"]);
+    if by_hand {
+        command.args(["--by-hand", "by-hand.onnx"]);
+    }
+    run_ok(&mut command, "user_module.py");
+    dir
+}
+
+/// `pyg_model.py export` of `user_module:<class>` in `dir` (with the state
+/// dict `user_module.py` wrote when `weights`) at fanouts 10,5: the model
+/// directory.
+fn export_user_module(dir: &Path, class: &str, weights: bool) -> PathBuf {
+    let out = dir.join("model");
+    let mut command = Command::new(python());
+    command
+        .current_dir(dir)
+        .arg(repo_root().join("gnn-worker/model/pyg_model.py"))
+        .args(["export", "--module", &format!("user_module:{class}")])
+        .args(["--init", r#"{"in_dim": 1433}"#]);
+    if weights {
+        command.args(["--state-dict", "net.pt"]);
+    }
+    command
+        .arg("--dataset")
+        .arg(shipped_cora())
+        .args(["--fanouts", "10,5", "--out"])
+        .arg(&out);
+    run_ok(
+        &mut command,
+        &format!("pyg_model.py export of user_module:{class}"),
+    );
+    out
+}
+
+#[test]
+fn a_max_aggregation_exported_by_hand_is_corrected_at_load() {
+    // Before: the TorchScript exporter's max(0, .) was loaded without a
+    // word and answered labels wrong where a node's messages are all
+    // negative; the tooling's export of the same weights was exact.
+    let dir = user_module_dir("by-hand-max", true);
+    let tooled = export_user_module(&dir, "Net", true);
+    // The same weights exported by hand, beside the tooling's manifest.
+    let by_hand = dir.join("by-hand");
+    std::fs::create_dir_all(&by_hand).unwrap();
+    std::fs::copy(tooled.join("manifest.json"), by_hand.join("manifest.json")).unwrap();
+    std::fs::copy(dir.join("by-hand.onnx"), by_hand.join("model.onnx")).unwrap();
+    // What the hand export computes as it is: onnxruntime on the negated
+    // reference subgraph differs from the tooling's export.
+    let (x, edge_index, _) = reference_subgraph(&tooled);
+    let negated: Vec<f32> = x.iter().map(|v| -3.0 * v).collect();
+    let raw = {
+        let mut builder = ort::session::Session::builder(ort_env()).unwrap();
+        let mut session = builder.commit_from_file(dir.join("by-hand.onnx")).unwrap();
+        let n = negated.len() / 1433;
+        let outputs = session
+            .run(ort::inputs![
+                "x" => ort::value::TensorRef::from_array_view(([n, 1433], &negated[..])).unwrap(),
+                "edge_index" => ort::value::TensorRef::from_array_view(
+                    ([2, edge_index.len() / 2], &edge_index[..])).unwrap(),
+            ])
+            .unwrap();
+        outputs["out"]
+            .try_extract_tensor::<f32>()
+            .unwrap()
+            .1
+            .to_vec()
+    };
+    let load = |path: &Path| {
+        let mut model = Model::load(ort_env(), path, Device::Cpu, 1).unwrap();
+        model.run_subgraph_slices(&negated, &edge_index).unwrap()
+    };
+    let (exact, loaded) = (load(&tooled), load(&by_hand));
+    let worst = |a: &[f32], b: &[f32]| a.iter().zip(b).fold(0f32, |m, (x, y)| m.max((x - y).abs()));
+    assert!(
+        worst(&raw, &exact) > 1e-3,
+        "the hand export computes max(0, .): it should differ on negative features"
+    );
+    assert!(
+        worst(&loaded, &exact) <= 1e-5,
+        "loaded by the worker: {}",
+        worst(&loaded, &exact)
+    );
+    // A GATConv exported by hand: its attention softmax subtracts
+    // max(0, .), and underflows where every logit into a node is far below
+    // 0; corrected at load, it is PyG's.
+    let gat = dir.join("by-hand-gat");
+    std::fs::create_dir_all(&gat).unwrap();
+    std::fs::copy(tooled.join("manifest.json"), gat.join("manifest.json")).unwrap();
+    std::fs::copy(dir.join("by-hand-gat.onnx"), gat.join("model.onnx")).unwrap();
+    let x = read_f32(&dir.join("by-hand-gat.x"));
+    let edges: Vec<i64> = std::fs::read(dir.join("by-hand-gat.edge_index"))
+        .unwrap()
+        .chunks_exact(8)
+        .map(|c| i64::from_le_bytes(c.try_into().unwrap()))
+        .collect();
+    let pyg = read_f32(&dir.join("by-hand-gat.pyg"));
+    let mut model = Model::load(ort_env(), &gat, Device::Cpu, 1).unwrap();
+    assert_eq!(model.extrema_fixed(), 1, "the softmax's max");
+    let got = model.run_subgraph_slices(&x, &edges).unwrap();
+    let scale = pyg.iter().fold(1f32, |m, v| m.max(v.abs()));
+    assert!(
+        worst(&got, &pyg) / scale <= 1e-5,
+        "GAT by hand: {} of {scale}",
+        worst(&got, &pyg)
+    );
+    // Served: PyG's answers.
+    let stack = stack(&by_hand, "168,168", 8);
+    let ids: Vec<u64> = test_nodes().into_iter().step_by(3).collect();
+    let served = logits_of(&predict(&stack, &ids, 8));
+    let worst = worst_difference(&tooled, &served);
+    assert!(worst <= 1e-5, "hand export served: {worst:.2e}");
+    assert!(stack.stop());
+}
+
+#[test]
+fn a_target_without_edges_is_answered_alone_as_in_a_batch() {
+    // A TransformerConv export, which onnxruntime cannot run on an empty
+    // edge_index (PyG #9808). Before: an unknown id or an isolated node
+    // alone was answered INTERNAL, "retry", every time, and right in a
+    // batch with a node that has edges.
+    let dir = user_module_dir("user-transformer", false);
+    let out = export_user_module(&dir, "Transformer", false);
+    let manifest = json(&out.join("manifest.json"));
+    let no_edges = &manifest["check"]["no_edges"];
+    assert_eq!(no_edges["runs_unpadded"], false, "{no_edges}");
+    assert!(
+        no_edges["max_rel_diff"].as_f64().unwrap() <= 1e-5,
+        "{no_edges}"
+    );
+    let stack = stack(&out, "168,168", 8);
+    let alone = predict(&stack, &[1_000_000], 1);
+    assert!(!alone[0].known && alone[0].degraded, "{:?}", alone[0]);
+    for batch in [vec![1_000_000, 5], vec![5, 1_000_000, 7]] {
+        let at = batch.iter().position(|&id| id == 1_000_000).unwrap();
+        let batched = predict(&stack, &batch, batch.len());
+        for (a, b) in alone[0].logits.iter().zip(&batched[at].logits) {
+            assert!((a - b).abs() <= 1e-5, "{:?} vs {:?}", alone[0], batched[at]);
+        }
+    }
+    // Known nodes at covering fanouts: PyG's answers.
+    let ids: Vec<u64> = test_nodes().into_iter().step_by(5).collect();
+    let worst = worst_difference(&out, &logits_of(&predict(&stack, &ids, 1)));
+    assert!(worst <= 1e-5, "TransformerConv: {worst:.2e}");
     assert!(stack.stop());
 }
 

@@ -744,7 +744,7 @@ fn a_typed_sidecar_pins_its_busiest_rows_at_start_and_through_the_admin_socket()
             "{args:?}: {stderr}"
         );
     }
-    std::fs::write(&ids, "6162\n").unwrap();
+    std::fs::write(ids, "6162\n").unwrap();
     let out = sidecar.sidecarctl(&["warm", "--type", "airline", "--ids-file", ids]);
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(
@@ -754,9 +754,12 @@ fn a_typed_sidecar_pins_its_busiest_rows_at_start_and_through_the_admin_socket()
 }
 
 #[test]
-fn a_subgraph_the_model_cannot_run_is_answered_with_an_error_and_the_worker_serves_on() {
+fn an_empty_type_or_an_unknown_id_is_answered_alone_as_in_any_batch() {
     // A to_hetero GAT that onnxruntime cannot run where a node type has no
-    // rows (its manifest's check.cannot_run says so).
+    // rows or an edge type no edges (its manifest's check.cannot_run says
+    // so). Before: such a target alone (an airport no airline serves, any
+    // unknown id) was answered HTTP 500, "retry", every time, and exactly
+    // in a batch with another airport.
     let dir = tests::stack::process_dir("typed-serving-gat");
     std::fs::copy(
         repo_root().join("tests/python/flights_gat.py"),
@@ -768,13 +771,39 @@ fn a_subgraph_the_model_cannot_run_is_answered_with_an_error_and_the_worker_serv
         Command::new(python())
             .current_dir(&dir)
             .arg(repo_root().join("gnn-worker/model/pyg_hetero.py"))
-            .args(["export", "--module", "flights_gat:Net", "--fanouts", "5,3"])
+            .args(["export", "--module", "flights_gat:Net"])
+            // Covering: every answer is PyG's on the whole graph.
+            .args(["--fanouts", "2048,2048"])
             .arg("--dataset")
             .arg(dataset("openflights"))
             .arg("--out")
             .arg(&model),
         "pyg_hetero.py export of a to_hetero GAT",
     );
+    let manifest: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(model.join("manifest.json")).unwrap())
+            .unwrap();
+    // The export check ran every empty type and edge type, padded as the
+    // worker runs them, and the target alone.
+    let cases = manifest["check"]["cases"].as_object().unwrap();
+    for case in [
+        "empty-airline",
+        "empty-country",
+        "empty-plane",
+        "empty-airport__route__airport",
+        "empty-airline__serves__airport",
+        "target-alone",
+    ] {
+        assert!(
+            cases[case]["max_rel_diff"].as_f64().unwrap() <= 1e-5,
+            "{case}: {}",
+            cases[case]
+        );
+    }
+    assert!(!manifest["check"]["cannot_run"]
+        .as_array()
+        .unwrap()
+        .is_empty());
     // An airport that no airline serves: its subgraph has no airlines and
     // no planes.
     let served: std::collections::HashSet<u32> = tests::stack::read_u32_pairs(
@@ -788,18 +817,27 @@ fn a_subgraph_the_model_cannot_run_is_answered_with_an_error_and_the_worker_serv
         .expect("an airport without airlines");
     let sidecar = TypedSidecar::start(&[], &[]);
     let (worker, http) = start_worker(&sidecar, &model);
-    let body = serde_json::json!({ "node_ids": [lonely] }).to_string();
-    let (code, text) =
-        tests::stack::http_request(&http, "POST", "/v1/predict", Some(&body)).unwrap();
-    assert_ne!(code, 200, "{text}");
-    assert!(
-        text.contains("this subgraph has no rows in") && text.contains("x__airline"),
-        "{code}: {text}"
-    );
-    // The worker is alive and answers a subgraph the model can run.
-    let answers = predict(&http, &[3482]);
-    assert_eq!(answers[0]["known"], true);
-    assert_eq!(answers[0]["logits"].as_array().unwrap().len(), 10);
+    // Alone and in a batch: PyG's answer on the whole graph.
+    for ids in [vec![lonely], vec![1, lonely], vec![lonely, 2, 3]] {
+        let answers = predict(&http, &ids);
+        assert!(answers
+            .iter()
+            .all(|a| a["known"] == true && a["degraded"] == false));
+        let worst = worst_difference(&answers, &ids, &model);
+        assert!(worst <= 1e-5, "{ids:?}: {worst:e} from PyG's full graph");
+    }
+    // An unknown id: known false, degraded, the same alone and batched.
+    let alone = predict(&http, &[7698]);
+    assert_eq!(alone[0]["known"], false);
+    assert_eq!(alone[0]["degraded"], true);
+    let batched = predict(&http, &[lonely, 7698]);
+    assert_eq!(batched[1]["known"], false);
+    let logits = |a: &serde_json::Value| -> Vec<f32> {
+        serde_json::from_value(a["logits"].clone()).unwrap()
+    };
+    for (a, b) in logits(&alone[0]).iter().zip(logits(&batched[1])) {
+        assert!((a - b).abs() <= 1e-5, "{alone:?} vs {batched:?}");
+    }
     assert!(worker.stop());
 }
 

@@ -281,7 +281,7 @@ pub(super) fn run_one(
         let running = Instant::now();
         let logits = model
             .run_with_hubs(&tables, &hop1_h1)
-            .map_err(|e| PredictError::Internal(e.to_string()))?;
+            .map_err(model_failed)?;
         metrics
             .onnx_run_seconds
             .observe(running.elapsed().as_secs_f64());
@@ -340,7 +340,7 @@ fn run_one_typed(
     let running = Instant::now();
     let rows = model
         .run_typed(&tables, graph, target_type)
-        .map_err(|e| PredictError::Internal(e.to_string()))?;
+        .map_err(model_failed)?;
     metrics
         .onnx_run_seconds
         .observe(running.elapsed().as_secs_f64());
@@ -362,6 +362,15 @@ fn run_one_typed(
         out.push(prediction);
     }
     Ok(())
+}
+
+/// A model run that failed on a batch's inputs: the same inputs fail the
+/// same way, so the caller is told that retrying does not help.
+fn model_failed(e: crate::model::ModelError) -> PredictError {
+    PredictError::Internal(format!(
+        "the model cannot run this call's subgraph ({e}): retrying the same call fails the same \
+         way; report it with the model and the node ids"
+    ))
 }
 
 /// The model's `hop1_h1` input for a response: empty when no hop-1 slot
