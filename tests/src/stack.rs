@@ -183,8 +183,91 @@ fn remove_dirs_of_exited_tests() {
     }
 }
 
+/// What the model tooling `script` (a file of gnn-worker/model) writes
+/// when run with `args` and `--out <dir>`, computed once for every test
+/// process of a suite run and of later runs: the first process to need it
+/// runs the tool into `<target>/<profile>/test-models/<key>` while the
+/// others wait on its lock; each gets its own copy, in a directory of its
+/// own ([`process_dir`], prefix `tag`). The key hashes the tooling's Python
+/// files, the arguments, and the names and bytes of every file under each
+/// argument that is a path (a dataset, a model), so a change to any of
+/// them runs the tool again.
+pub fn shared_tool_output(script: &str, args: &[&std::ffi::OsStr], tag: &str) -> PathBuf {
+    use std::hash::{Hash, Hasher};
+    let mut hasher = std::hash::DefaultHasher::new();
+    script.hash(&mut hasher);
+    hash_tree(&repo_root().join("gnn-worker/model"), &mut hasher);
+    for arg in args {
+        let path = Path::new(arg);
+        if path.exists() {
+            hash_tree(path, &mut hasher);
+        } else {
+            arg.hash(&mut hasher);
+        }
+    }
+    let key = format!("{tag}-{:016x}", hasher.finish());
+    let exe = std::env::current_exe().expect("executable path");
+    let dir = exe.parent().expect("target/<profile>/...");
+    let cache = if dir.ends_with("deps") {
+        dir.parent().unwrap_or(dir)
+    } else {
+        dir
+    }
+    .join("test-models");
+    std::fs::create_dir_all(&cache).expect("the test model cache");
+    let lock = std::fs::File::create(cache.join(format!("{key}.lock"))).expect("a lock file");
+    // Held until the model is published; the kernel releases it if this
+    // process dies, and the next one finds no `.complete` and starts over.
+    let lock = nix::fcntl::Flock::lock(lock, nix::fcntl::FlockArg::LockExclusive)
+        .map_err(|(_, e)| e)
+        .expect("locking the test model cache");
+    let done = cache.join(&key);
+    let complete = cache.join(format!("{key}.complete"));
+    if !complete.is_file() {
+        let partial = cache.join(format!("{key}.partial"));
+        let _ = std::fs::remove_dir_all(&partial);
+        let _ = std::fs::remove_dir_all(&done);
+        let status = Command::new(python())
+            .arg(repo_root().join("gnn-worker/model").join(script))
+            .args(args)
+            .arg("--out")
+            .arg(&partial)
+            .status()
+            .expect("running the model tooling");
+        assert!(status.success(), "{script} {args:?} failed");
+        std::fs::rename(&partial, &done).expect("publishing a test model");
+        std::fs::write(&complete, b"").expect("marking a test model complete");
+    }
+    drop(lock);
+    let out = process_dir(tag);
+    copy_dir(&done, &out);
+    out
+}
+
+/// Hashes the names (relative to `path`) and bytes of the files under
+/// `path`, in name order; Python's caches are left out.
+fn hash_tree(path: &Path, hasher: &mut impl std::hash::Hasher) {
+    use std::hash::Hash;
+    if path.is_file() {
+        std::fs::read(path)
+            .expect("reading a file to hash")
+            .hash(hasher);
+        return;
+    }
+    let mut entries: Vec<_> = std::fs::read_dir(path)
+        .expect("reading a directory to hash")
+        .flatten()
+        .filter(|e| e.file_name() != "__pycache__")
+        .collect();
+    entries.sort_by_key(|e| e.file_name());
+    for entry in entries {
+        entry.file_name().hash(hasher);
+        hash_tree(&entry.path(), hasher);
+    }
+}
+
 /// A model trained by the tooling for the dataset directory `dir`, once per
-/// test process.
+/// suite run ([`shared_tool_output`]), copied once per test process.
 pub fn trained_model_for(dir: &Path) -> PathBuf {
     static MODELS: Mutex<Option<HashMap<PathBuf, PathBuf>>> = Mutex::new(None);
     let mut models = MODELS.lock().unwrap_or_else(|p| p.into_inner());
@@ -196,19 +279,10 @@ pub fn trained_model_for(dir: &Path) -> PathBuf {
         .file_name()
         .map(|n| n.to_string_lossy().into_owned())
         .unwrap_or_default();
-    let out = process_dir(&format!("model-{name}"));
-    let status = Command::new(python())
-        .arg(repo_root().join("gnn-worker/model/sage.py"))
-        .args(["train", "--dataset"])
-        .arg(dir)
-        .arg("--out")
-        .arg(&out)
-        .status()
-        .expect("running the model tooling");
-    assert!(
-        status.success(),
-        "training a model for {} failed",
-        dir.display()
+    let out = shared_tool_output(
+        "sage.py",
+        &["train".as_ref(), "--dataset".as_ref(), dir.as_os_str()],
+        &format!("model-{name}"),
     );
     models.insert(dir.to_path_buf(), out.clone());
     out
@@ -216,7 +290,8 @@ pub fn trained_model_for(dir: &Path) -> PathBuf {
 
 /// A model derived by the tooling from the one [`trained_model_for`] `dir`
 /// trains: `sage.py quantize` (`"quantize"`, INT8) or `sage.py distill`
-/// (`"distill"`, the MLP student), once per test process.
+/// (`"distill"`, the MLP student), once per suite run
+/// ([`shared_tool_output`]).
 pub fn derived_model_for(dir: &Path, command: &str) -> PathBuf {
     static MODELS: Mutex<Option<HashMap<(PathBuf, String), PathBuf>>> = Mutex::new(None);
     let source = trained_model_for(dir);
@@ -226,28 +301,23 @@ pub fn derived_model_for(dir: &Path, command: &str) -> PathBuf {
     if let Some(path) = models.get(&key) {
         return path.clone();
     }
-    let out = process_dir(&format!("model-{command}"));
     let from = if command == "distill" {
         "--teacher"
     } else {
         "--model"
     };
-    let status = Command::new(python())
-        .arg(repo_root().join("gnn-worker/model/sage.py"))
-        .arg(command)
-        .arg(from)
-        .arg(&source)
-        .arg("--dataset")
-        .arg(dir)
-        .arg("--out")
-        .arg(&out)
-        .args(["--runs", "20"])
-        .status()
-        .expect("running the model tooling");
-    assert!(
-        status.success(),
-        "sage.py {command} of the model for {} failed",
-        dir.display()
+    let out = shared_tool_output(
+        "sage.py",
+        &[
+            command.as_ref(),
+            from.as_ref(),
+            source.as_os_str(),
+            "--dataset".as_ref(),
+            dir.as_os_str(),
+            "--runs".as_ref(),
+            "20".as_ref(),
+        ],
+        &format!("model-{command}"),
     );
     models.insert(key, out.clone());
     out
@@ -255,7 +325,8 @@ pub fn derived_model_for(dir: &Path, command: &str) -> PathBuf {
 
 /// A PyTorch Geometric model trained and exported by
 /// `gnn-worker/model/pyg_model.py train --dataset <dir> <args>`, once per
-/// test process and argument list (the subgraph layout, docs/model.md).
+/// suite run and argument list ([`shared_tool_output`]; the subgraph
+/// layout, docs/model.md).
 pub fn pyg_model_for(dir: &Path, args: &[&str]) -> PathBuf {
     /// (dataset, arguments) -> model directory.
     type Trained = HashMap<(PathBuf, Vec<String>), PathBuf>;
@@ -273,27 +344,27 @@ pub fn pyg_model_for(dir: &Path, args: &[&str]) -> PathBuf {
         return path.clone();
     }
     // Trained outside the lock: models of other arguments train at once.
-    let out = process_dir("pyg-model");
-    let status = Command::new(python())
-        .arg(repo_root().join("gnn-worker/model/pyg_model.py"))
-        .args(["train", "--dataset"])
-        .arg(dir)
-        .arg("--out")
-        .arg(&out)
-        .args(args)
-        .status()
-        .expect("running the PyG model tooling");
-    assert!(
-        status.success(),
-        "pyg_model.py train {args:?} for {} failed",
-        dir.display()
-    );
+    let mut tool_args: Vec<&std::ffi::OsStr> =
+        vec!["train".as_ref(), "--dataset".as_ref(), dir.as_os_str()];
+    tool_args.extend(args.iter().map(std::ffi::OsStr::new));
+    let out = shared_tool_output("pyg_model.py", &tool_args, "pyg-model");
     MODELS
         .lock()
         .unwrap_or_else(|p| p.into_inner())
         .get_or_insert_with(HashMap::new)
         .insert(key, out.clone());
     out
+}
+
+/// A heterogeneous model trained and exported by
+/// `gnn-worker/model/pyg_hetero.py train --dataset <dir> <args>`, once per
+/// suite run and argument list ([`shared_tool_output`]), in a directory of
+/// this process prefixed `tag`.
+pub fn hetero_model_for(dir: &Path, args: &[&str], tag: &str) -> PathBuf {
+    let mut tool_args: Vec<&std::ffi::OsStr> =
+        vec!["train".as_ref(), "--dataset".as_ref(), dir.as_os_str()];
+    tool_args.extend(args.iter().map(std::ffi::OsStr::new));
+    shared_tool_output("pyg_hetero.py", &tool_args, tag)
 }
 
 /// The demo dataset the repository ships (`demo/data/cora.tar.gz`).

@@ -179,18 +179,7 @@ fn the_typed_layout_holds_what_its_meta_says() {
 
 /// A model trained and exported by `pyg_hetero.py train` on OpenFlights.
 fn trained(args: &[&str]) -> PathBuf {
-    let out = process_dir("hetero-model");
-    run_ok(
-        Command::new(python())
-            .arg(repo_root().join("gnn-worker/model/pyg_hetero.py"))
-            .args(["train", "--dataset"])
-            .arg(openflights())
-            .arg("--out")
-            .arg(&out)
-            .args(args),
-        &format!("pyg_hetero.py train {args:?}"),
-    );
-    out
+    tests::stack::hetero_model_for(&openflights(), args, "hetero-model")
 }
 
 /// The full graph's inputs by the documented names (`x__<type>`,

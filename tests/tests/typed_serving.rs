@@ -269,7 +269,10 @@ fn a_typed_sidecar_refuses_one_type_calls_and_commands_by_name() {
             "name the type (`sidecarctl graph add-node --type",
         ),
         (vec!["cache", "flush"], "is for one-type graphs"),
-        (vec!["warm", "--top", "10"], "is for one-type graphs"),
+        (
+            vec!["warm", "--ids-file", "/dev/null"],
+            "name the type (`sidecarctl warm --type TYPE --ids-file F`",
+        ),
     ] {
         let out = sidecar.sidecarctl(&args);
         let stderr = String::from_utf8_lossy(&out.stderr);
@@ -291,10 +294,19 @@ fn a_typed_sidecar_refuses_one_type_calls_and_commands_by_name() {
 fn a_typed_graph_s_rows_come_from_redis_per_type_then_l1() {
     let redis = RedisServer::start();
     let url = redis.url();
-    // A deadline no loaded CI machine misses: every row comes from Redis.
+    // A deadline no loaded CI machine misses, and nothing pinned at start:
+    // every row comes from Redis.
     let sidecar = TypedSidecar::start(
         &["--redis", &url],
-        &["--redis", &url, "--no-l2", "--deadline-ms", "5000"],
+        &[
+            "--redis",
+            &url,
+            "--no-l2",
+            "--deadline-ms",
+            "5000",
+            "--warm-up",
+            "0",
+        ],
     );
     let client = sidecar.client();
     let schema = client.graph_schema().unwrap();
@@ -440,18 +452,7 @@ fn a_worker_of_a_one_type_model_refuses_a_typed_sidecar_by_name() {
 /// A model trained and exported by `pyg_hetero.py train` on OpenFlights
 /// with `args`.
 fn train_hetero(tag: &str, args: &[&str]) -> PathBuf {
-    let out = tests::stack::process_dir(tag);
-    run_ok(
-        Command::new(python())
-            .arg(repo_root().join("gnn-worker/model/pyg_hetero.py"))
-            .args(["train", "--dataset"])
-            .arg(dataset("openflights"))
-            .arg("--out")
-            .arg(&out)
-            .args(args),
-        &format!("pyg_hetero.py train {args:?}"),
-    );
-    out
+    tests::stack::hetero_model_for(&dataset("openflights"), args, tag)
 }
 
 /// A `to_hetero` GraphSAGE at its default fanouts ([10, 5] on every edge
