@@ -10,7 +10,7 @@ use tokio_stream::Stream;
 use tonic::{Request, Response, Status, Streaming};
 
 use crate::batcher::{PredictError, Prediction};
-use crate::service::Service;
+use crate::service::{Call, NewNodeCall, Service};
 
 /// Generated types of `gnn.v1`.
 #[allow(clippy::all, missing_debug_implementations)]
@@ -165,48 +165,35 @@ async fn answer(
     request: pb::PredictRequest,
     left: Option<std::time::Duration>,
 ) -> Result<pb::PredictResponse, Status> {
-    let answer = match request.new_node {
-        None => service.predict(request.node_ids, left).await,
-        Some(_) if !request.node_ids.is_empty() => Err(PredictError::InvalidArgument(
-            "a PredictRequest sets node_ids or new_node, not both: send the known nodes in a \
-             request of their own"
-                .into(),
-        )),
-        Some(node) if !node.edges.is_empty() => {
-            if !node.neighbors.is_empty() || node.directed {
-                Err(PredictError::InvalidArgument(
-                    "a NewNode gives `edges` per edge type (a typed graph) or `neighbors` (and \
-                     `directed`), not both"
-                        .into(),
-                ))
-            } else if let Some(list) = node.edges.iter().find(|l| l.src.len() != l.dst.len()) {
-                Err(PredictError::InvalidArgument(format!(
+    let new_node = match request.new_node {
+        None => None,
+        Some(node) => {
+            if let Some(list) = node.edges.iter().find(|l| l.src.len() != l.dst.len()) {
+                return Err(to_status(PredictError::InvalidArgument(format!(
                     "the new node's edges of {}: {} src and {} dst ids; give them in pairs",
                     list.edge_type,
                     list.src.len(),
                     list.dst.len()
-                )))
-            } else {
-                let edges = node
-                    .edges
+                ))));
+            }
+            // A NewNode without edge lists is a one-type graph's.
+            let edges = (!node.edges.is_empty()).then(|| {
+                node.edges
                     .into_iter()
                     .map(|l| (l.edge_type, l.src.into_iter().zip(l.dst).collect()))
-                    .collect();
-                service
-                    .predict_typed_new_node(node.id, node.features, edges, left)
-                    .await
-            }
-        }
-        Some(node) => {
-            let new_node = protocol::request::NewNode {
+                    .collect()
+            });
+            Some(NewNodeCall {
+                id: node.id,
                 features: node.features,
                 neighbors: node.neighbors,
                 directed: node.directed,
-            };
-            service.predict_new_node(node.id, new_node, left).await
+                edges,
+            })
         }
-    }
-    .map_err(to_status)?;
+    };
+    let call = Call::of(request.node_ids, new_node).map_err(to_status)?;
+    let answer = service.call(call, left).await.map_err(to_status)?;
     Ok(pb::PredictResponse {
         predictions: answer.predictions.into_iter().map(to_pb).collect(),
         request_id: request.request_id,

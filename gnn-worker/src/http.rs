@@ -7,16 +7,14 @@
 //! ([`crate::v2::http`]).
 
 use axum::extract::State;
-use axum::http::{header, StatusCode};
+use axum::http::header;
 use axum::response::IntoResponse;
 use axum::routing::post;
 use axum::{Json, Router};
 use serde::{Deserialize, Serialize};
 
-use protocol::request::NewNode;
-
 use crate::batcher::PredictError;
-use crate::service::Service;
+use crate::service::{Call, NewNodeCall, Service};
 
 #[derive(Debug, Deserialize)]
 pub struct PredictBody {
@@ -126,44 +124,21 @@ async fn predict_body(
         }
         ms => ms.map(|ms| std::time::Duration::from_secs_f64(ms / 1000.0)),
     };
-    let result = match body.new_node {
-        None => service.predict(body.node_ids, left).await,
-        Some(_) if !body.node_ids.is_empty() => Err(PredictError::InvalidArgument(
-            "a predict body has node_ids or new_node, not both: send the known nodes in a \
-             call of their own"
-                .into(),
-        )),
-        Some(NewNodeJson {
-            id,
-            features,
-            neighbors,
-            directed,
-            edges: Some(edges),
-        }) => {
-            if !neighbors.is_empty() || directed {
-                Err(PredictError::InvalidArgument(
-                    "a new node gives `edges` per edge type (a typed graph) or `neighbors` \
-                     (and `directed`), not both"
-                        .into(),
-                ))
-            } else {
-                let edges = edges
-                    .into_iter()
-                    .map(|(name, pairs)| (name, pairs.into_iter().map(|[s, d]| (s, d)).collect()))
-                    .collect();
-                service
-                    .predict_typed_new_node(id, features, edges, left)
-                    .await
-            }
-        }
-        Some(node) => {
-            let new_node = NewNode {
-                features: node.features,
-                neighbors: node.neighbors,
-                directed: node.directed,
-            };
-            service.predict_new_node(node.id, new_node, left).await
-        }
+    let new_node = body.new_node.map(|node| NewNodeCall {
+        id: node.id,
+        features: node.features,
+        neighbors: node.neighbors,
+        directed: node.directed,
+        edges: node.edges.map(|edges| {
+            edges
+                .into_iter()
+                .map(|(name, pairs)| (name, pairs.into_iter().map(|[s, d]| (s, d)).collect()))
+                .collect()
+        }),
+    });
+    let result = match Call::of(body.node_ids, new_node) {
+        Ok(call) => service.call(call, left).await,
+        Err(e) => Err(e),
     };
     match result {
         Ok(answer) => {
@@ -191,25 +166,14 @@ async fn predict_body(
     }
 }
 
-/// The HTTP answer to a failed call.
+/// The HTTP answer to a failed call: its status from the one table
+/// ([`PredictError::http_status`]), the message as text.
 fn error_response(e: PredictError) -> axum::response::Response {
-    {
-        {
-            let code = match e {
-                PredictError::InvalidArgument(_) => StatusCode::BAD_REQUEST,
-                PredictError::Unavailable(_) | PredictError::Overloaded(_) => {
-                    StatusCode::SERVICE_UNAVAILABLE
-                }
-                PredictError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
-                PredictError::DeadlineExceeded(_) => StatusCode::GATEWAY_TIMEOUT,
-            };
-            let mut response = (code, format!("{e}\n")).into_response();
-            if matches!(e, PredictError::Overloaded(_)) {
-                response
-                    .headers_mut()
-                    .insert(header::RETRY_AFTER, header::HeaderValue::from_static("1"));
-            }
-            response
-        }
+    let mut response = (e.http_status(), format!("{e}\n")).into_response();
+    if e.retry_after() {
+        response
+            .headers_mut()
+            .insert(header::RETRY_AFTER, header::HeaderValue::from_static("1"));
     }
+    response
 }

@@ -22,15 +22,68 @@ use crate::batcher::{PredictError, Prediction, Predictor};
 use crate::metrics::{Health, WorkerMetrics};
 use crate::model::ModelIdentity;
 
-/// What a client call asks for.
-enum Call {
+/// A typed new node's edges: `(edge type, [(src, dst)])`.
+pub type TypedEdges = Vec<(String, Vec<(u64, u64)>)>;
+
+/// What a client call asks for, whichever door it came through (native
+/// gRPC and HTTP build it with [`Call::of`], the Open Inference Protocol
+/// from its named inputs); [`Service::call`] answers it.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Call {
     /// Nodes of the graph, by id.
     Known(Vec<u64>),
     /// A node the graph does not have: its id, row and edges.
     New(u64, NewNode),
     /// A node of a typed graph's target type that the graph does not have:
     /// its id, row and edges per named edge type.
-    TypedNew(u64, Vec<f32>, Vec<(String, Vec<(u64, u64)>)>),
+    TypedNew(u64, Vec<f32>, TypedEdges),
+}
+
+/// A new node as the native doors carry it: `neighbors` (and `directed`)
+/// for a one-type graph, or `edges` per edge type for a typed one.
+#[derive(Debug, Clone, Default)]
+pub struct NewNodeCall {
+    pub id: u64,
+    pub features: Vec<f32>,
+    pub neighbors: Vec<u64>,
+    pub directed: bool,
+    /// `(edge type, [(src, dst)])`; `None` when the call gave none.
+    pub edges: Option<TypedEdges>,
+}
+
+impl Call {
+    /// The call of a native request: its node ids, or its new node, not
+    /// both; a new node with `edges` gives no `neighbors` or `directed`.
+    pub fn of(node_ids: Vec<u64>, new_node: Option<NewNodeCall>) -> Result<Self, PredictError> {
+        let Some(node) = new_node else {
+            return Ok(Call::Known(node_ids));
+        };
+        if !node_ids.is_empty() {
+            return Err(PredictError::InvalidArgument(
+                "a call gives node ids or a new node, not both: send the known nodes in a call \
+                 of their own"
+                    .into(),
+            ));
+        }
+        match node.edges {
+            Some(_) if !node.neighbors.is_empty() || node.directed => {
+                Err(PredictError::InvalidArgument(
+                    "a new node gives `edges` per edge type (a typed graph) or `neighbors` (and \
+                     `directed`), not both"
+                        .into(),
+                ))
+            }
+            Some(edges) => Ok(Call::TypedNew(node.id, node.features, edges)),
+            None => Ok(Call::New(
+                node.id,
+                NewNode {
+                    features: node.features,
+                    neighbors: node.neighbors,
+                    directed: node.directed,
+                },
+            )),
+        }
+    }
 }
 
 /// A call's answer: its predictions and the model that computed every one.
@@ -182,40 +235,9 @@ impl Service {
 
     /// One client call: counted, timed, batched. `left`: the time before
     /// the call's deadline, if the caller set one (docs/serving.md, "The
-    /// ladder").
-    pub async fn predict(
-        &self,
-        ids: Vec<u64>,
-        left: Option<Duration>,
-    ) -> Result<Answer, PredictError> {
-        self.call(Call::Known(ids), left).await
-    }
-
-    /// One client call for a node the graph does not have (docs/serving.md,
-    /// "A new node in one call"): counted, timed, batched.
-    pub async fn predict_new_node(
-        &self,
-        id: u64,
-        node: NewNode,
-        left: Option<Duration>,
-    ) -> Result<Answer, PredictError> {
-        self.call(Call::New(id, node), left).await
-    }
-
-    /// One client call for a node of a typed graph's target type that the
-    /// graph does not have, with its row and its edges per edge type
+    /// ladder"). A new node is answered without being added
     /// (docs/serving.md, "A new node in one call").
-    pub async fn predict_typed_new_node(
-        &self,
-        id: u64,
-        features: Vec<f32>,
-        edges: Vec<(String, Vec<(u64, u64)>)>,
-        left: Option<Duration>,
-    ) -> Result<Answer, PredictError> {
-        self.call(Call::TypedNew(id, features, edges), left).await
-    }
-
-    async fn call(&self, call: Call, left: Option<Duration>) -> Result<Answer, PredictError> {
+    pub async fn call(&self, call: Call, left: Option<Duration>) -> Result<Answer, PredictError> {
         let metrics = self.metrics();
         metrics.calls.inc();
         let started = std::time::Instant::now();

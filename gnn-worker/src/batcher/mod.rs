@@ -280,6 +280,26 @@ pub enum PredictError {
 }
 
 impl PredictError {
+    /// The HTTP status of this error, in every HTTP door (the native API
+    /// and the Open Inference Protocol; docs/serving.md's table). An
+    /// overload also gets `Retry-After: 1` ([`PredictError::retry_after`]).
+    pub fn http_status(&self) -> http::StatusCode {
+        match self {
+            PredictError::InvalidArgument(_) => http::StatusCode::BAD_REQUEST,
+            PredictError::Unavailable(_) | PredictError::Overloaded(_) => {
+                http::StatusCode::SERVICE_UNAVAILABLE
+            }
+            PredictError::Internal(_) => http::StatusCode::INTERNAL_SERVER_ERROR,
+            PredictError::DeadlineExceeded(_) => http::StatusCode::GATEWAY_TIMEOUT,
+        }
+    }
+
+    /// Whether the answer carries `Retry-After: 1`: the caller may try
+    /// again in a moment.
+    pub fn retry_after(&self) -> bool {
+        matches!(self, PredictError::Overloaded(_))
+    }
+
     /// The `kind` label of `gnn_worker_call_errors_total`.
     pub fn kind(&self) -> &'static str {
         match self {

@@ -11,6 +11,7 @@ use protocol::request::NewNode;
 
 use crate::batcher::{PredictError, Prediction};
 use crate::model::{ModelIdentity, ModelTensors, OutputKind};
+pub use crate::service::Call;
 use crate::service::{Answer, Service};
 
 /// Input: the targets' node ids, INT64 `[T]`.
@@ -225,14 +226,6 @@ impl Input {
             })
             .collect()
     }
-}
-
-/// What a protocol call asks the native API for.
-#[derive(Debug, Clone, PartialEq)]
-pub enum Call {
-    Known(Vec<u64>),
-    New(u64, NewNode),
-    TypedNew(u64, Vec<f32>, Vec<(String, Vec<(u64, u64)>)>),
 }
 
 /// The inputs a model takes, for errors.
@@ -636,16 +629,7 @@ pub async fn infer(
     let model = model_for(service, name, version)?;
     requested(output_names, &model.tensors)?;
     let call = call_of(inputs, &model.tensors)?;
-    let answer: Answer = match call {
-        Call::Known(ids) => service.predict(ids, left).await,
-        Call::New(id, node) => service.predict_new_node(id, node, left).await,
-        Call::TypedNew(id, features, edges) => {
-            service
-                .predict_typed_new_node(id, features, edges, left)
-                .await
-        }
-    }
-    .map_err(V2Error::Predict)?;
+    let answer: Answer = service.call(call, left).await.map_err(V2Error::Predict)?;
     let tensors = &answer.model.tensors;
     let outputs = requested(output_names, tensors)?
         .into_iter()

@@ -15,7 +15,6 @@ use axum::Router;
 use serde::Deserialize;
 use serde_json::{json, Map, Value};
 
-use crate::batcher::PredictError;
 use crate::service::Service;
 use crate::v2::call::{self, Data, Input, V2Error};
 
@@ -55,19 +54,15 @@ pub fn routes() -> Router<Service> {
 /// `{"error": message}` with the status of the error's kind (overload
 /// adds `Retry-After: 1`).
 fn error_response(e: V2Error) -> Response {
+    // A call's own errors take the native table's status
+    // ([`PredictError::http_status`]); the protocol's own, 404 and 400.
     let status = match &e {
         V2Error::NotFound(_) => StatusCode::NOT_FOUND,
-        V2Error::Invalid(_) | V2Error::Predict(PredictError::InvalidArgument(_)) => {
-            StatusCode::BAD_REQUEST
-        }
-        V2Error::Predict(PredictError::Unavailable(_) | PredictError::Overloaded(_)) => {
-            StatusCode::SERVICE_UNAVAILABLE
-        }
-        V2Error::Predict(PredictError::Internal(_)) => StatusCode::INTERNAL_SERVER_ERROR,
-        V2Error::Predict(PredictError::DeadlineExceeded(_)) => StatusCode::GATEWAY_TIMEOUT,
+        V2Error::Invalid(_) => StatusCode::BAD_REQUEST,
+        V2Error::Predict(e) => e.http_status(),
     };
     let mut response = (status, axum::Json(json!({ "error": e.to_string() }))).into_response();
-    if matches!(e, V2Error::Predict(PredictError::Overloaded(_))) {
+    if matches!(&e, V2Error::Predict(p) if p.retry_after()) {
         response
             .headers_mut()
             .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
