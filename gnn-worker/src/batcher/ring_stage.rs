@@ -562,10 +562,16 @@ pub(super) fn ring_call_split(
             return ring_call_split(ring, second, call, responses);
         }
         // The ring request ran out of the call's own time (waiting for a
-        // slot, or for a sidecar still busy with earlier requests).
-        Err(e @ (CallError::DeadlineExceeded { .. } | CallError::RingFull { .. }))
-            if call.deadline.is_some() =>
-        {
+        // slot, or for a sidecar still busy with earlier requests, which
+        // then finds its deadline passed when it takes it).
+        Err(
+            e @ (CallError::DeadlineExceeded { .. }
+            | CallError::RingFull { .. }
+            | CallError::Status {
+                status: status::DEADLINE_EXCEEDED,
+                ..
+            }),
+        ) if call.deadline.is_some() => {
             return Err(PredictError::DeadlineExceeded(format!(
                 "the call's deadline passed on the ring ({e}): give it more time, or add \
                  replicas"
