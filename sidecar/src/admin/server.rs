@@ -642,7 +642,7 @@ fn handle(
         AdminRequest::WarmTop { k } if typed_graph(daemon).is_some() => {
             let typed = typed_graph(daemon).expect("checked");
             let nodes = typed.top_degree(usize::try_from(k).unwrap_or(usize::MAX));
-            warm_typed(runtime, typed, &nodes, progress)
+            warm(daemon, runtime, &nodes, progress)?
         }
         AdminRequest::TypedWarmIds { node_type, ids } => {
             let Some(typed) = typed_graph(daemon) else {
@@ -673,7 +673,7 @@ fn handle(
                 );
             }
             let nodes: Vec<(usize, u64)> = ids.iter().map(|&id| (t, id)).collect();
-            warm_typed(runtime, typed, &nodes, progress)
+            warm(daemon, runtime, &nodes, progress)?
         }
         AdminRequest::WarmTop { k } => {
             let core = daemon.loaded()?;
@@ -686,7 +686,7 @@ fn handle(
                 .into_iter()
                 .map(u64::from)
                 .collect();
-            warm(daemon, runtime, &ids, progress)?
+            warm(daemon, runtime, &one_type(&ids), progress)?
         }
         AdminRequest::WarmIds { ids } => {
             let core = daemon.loaded()?;
@@ -697,7 +697,7 @@ fn handle(
                     graph.n_nodes()
                 );
             }
-            warm(daemon, runtime, &ids, progress)?
+            warm(daemon, runtime, &one_type(&ids), progress)?
         }
         AdminRequest::Invalidate { ids } => {
             let core = daemon.loaded()?;
@@ -940,52 +940,46 @@ fn deadline(daemon: &Daemon) -> AdminResponse {
     }
 }
 
+/// One-type ids as the nodes of type 0.
+fn one_type(ids: &[u64]) -> Vec<(usize, u64)> {
+    ids.iter().map(|&id| (0, id)).collect()
+}
+
+/// Pins `nodes` (`(node type, id)`; type 0 of a one-type graph) in L1:
+/// the one-type tiers, or each node's type's of a typed graph.
 fn warm(
     daemon: &Daemon,
     runtime: &tokio::runtime::Handle,
-    ids: &[u64],
+    nodes: &[(usize, u64)],
     progress: &mut dyn FnMut(u64, u64),
 ) -> anyhow::Result<AdminResponse> {
     let core = daemon.loaded()?;
     let started = Instant::now();
-    let pinned = runtime.block_on(core.tiers.pin(ids, WARM_CHUNK, progress));
-    let (_, pinned_total) = core.tiers.l1_rows();
+    let (pinned, (_, pinned_total)) = match &core.typed {
+        Some(typed) => (
+            runtime.block_on(typed.pin(nodes, WARM_CHUNK, progress)),
+            typed.l1_rows(),
+        ),
+        None => {
+            let ids: Vec<u64> = nodes.iter().map(|&(_, id)| id).collect();
+            (
+                runtime.block_on(core.tiers.pin(&ids, WARM_CHUNK, progress)),
+                core.tiers.l1_rows(),
+            )
+        }
+    };
     tracing::info!(
         pinned,
-        requested = ids.len(),
+        requested = nodes.len(),
         pinned_total,
         "warmed through the admin socket"
     );
     Ok(AdminResponse::Warmed {
         pinned: pinned as u64,
-        requested: ids.len() as u64,
-        pinned_total: pinned_total as u64,
-        seconds: started.elapsed().as_secs_f64(),
-    })
-}
-
-/// [`warm`] for a typed graph: `nodes` pinned in their types' L1.
-fn warm_typed(
-    runtime: &tokio::runtime::Handle,
-    typed: &crate::daemon::TypedServing,
-    nodes: &[(usize, u64)],
-    progress: &mut dyn FnMut(u64, u64),
-) -> AdminResponse {
-    let started = Instant::now();
-    let pinned = runtime.block_on(typed.pin(nodes, WARM_CHUNK, progress));
-    let (_, pinned_total) = typed.l1_rows();
-    tracing::info!(
-        pinned,
-        requested = nodes.len(),
-        pinned_total,
-        "warmed through the admin socket (typed graph)"
-    );
-    AdminResponse::Warmed {
-        pinned: pinned as u64,
         requested: nodes.len() as u64,
         pinned_total: pinned_total as u64,
         seconds: started.elapsed().as_secs_f64(),
-    }
+    })
 }
 
 /// A sidecar that follows an update stream takes graph changes from it
