@@ -565,49 +565,73 @@ impl Stack {
                 .context("starting sidecar serve")?,
             name: "sidecar",
         };
+        let spawn_worker = |grpc: &str, http: &str| {
+            Command::new(workspace_bin("gnn-worker"))
+                .arg("serve")
+                .arg("--model")
+                .arg(&model)
+                .args(["--shm-name", &shm_name, "--grpc", grpc, "--http", http])
+                .args([
+                    "--fanouts",
+                    &options
+                        .worker_fanouts
+                        .clone()
+                        .unwrap_or_else(|| format!("{f1},{f2}")),
+                ])
+                .args(["--max-batch", &options.max_batch.to_string()])
+                .args(["--executors", &options.executors.to_string()])
+                .arg("--onnxruntime-lib")
+                .arg(onnxruntime_lib())
+                .args(&options.worker_args)
+                .envs(options.worker_env.iter().map(|(k, v)| (k, v)))
+                .spawn()
+                .context("starting gnn-worker serve")
+        };
         let grpc = format!("127.0.0.1:{}", free_port());
         let http = format!("127.0.0.1:{}", free_port());
-        let worker = Command::new(workspace_bin("gnn-worker"))
-            .arg("serve")
-            .arg("--model")
-            .arg(&model)
-            .args(["--shm-name", &shm_name, "--grpc", &grpc, "--http", &http])
-            .args([
-                "--fanouts",
-                &options
-                    .worker_fanouts
-                    .clone()
-                    .unwrap_or_else(|| format!("{f1},{f2}")),
-            ])
-            .args(["--max-batch", &options.max_batch.to_string()])
-            .args(["--executors", &options.executors.to_string()])
-            .arg("--onnxruntime-lib")
-            .arg(onnxruntime_lib())
-            .args(&options.worker_args)
-            .envs(options.worker_env.iter().map(|(k, v)| (k, v)))
-            .spawn()
-            .context("starting gnn-worker serve")?;
+        let worker = spawn_worker(&grpc, &http)?;
         let mut stack = Self {
             worker: Some(Daemon {
                 child: worker,
                 name: "gnn-worker",
             }),
             sidecar: Some(sidecar),
-            shm_name,
+            shm_name: shm_name.clone(),
             grpc: format!("http://{grpc}"),
             http,
             admin_socket,
-            model,
+            model: model.clone(),
             dir,
             sidecar_command,
             sidecar_env: options.sidecar_env.clone(),
         };
-        // Ready = the worker's /readyz answers 200.
-        let ready = eventually(Duration::from_secs(120), || {
-            stack.http_get("/readyz").is_ok_and(|(code, _)| code == 200) || stack.worker_exited()
-        });
-        if stack.worker_exited() || !ready {
-            bail!("the stack did not become ready");
+        // Ready = the worker's /readyz answers 200. A free port handed out
+        // may be taken by another process before the worker binds it (the
+        // worker then exits naming the address): such a start is tried
+        // again on other ports, twice at most.
+        for attempt in 0.. {
+            let ready = eventually(Duration::from_secs(120), || {
+                stack.http_get("/readyz").is_ok_and(|(code, _)| code == 200)
+                    || stack.worker_exited()
+            });
+            if ready && !stack.worker_exited() {
+                break;
+            }
+            let grpc_addr = stack.grpc.trim_start_matches("http://").to_string();
+            let port_taken = [&grpc_addr, &stack.http]
+                .iter()
+                .any(|addr| TcpListener::bind(addr.as_str()).is_err());
+            if !(stack.worker_exited() && port_taken && attempt < 2) {
+                bail!("the stack did not become ready");
+            }
+            let grpc = format!("127.0.0.1:{}", free_port());
+            let http = format!("127.0.0.1:{}", free_port());
+            stack.worker = Some(Daemon {
+                child: spawn_worker(&grpc, &http)?,
+                name: "gnn-worker",
+            });
+            stack.grpc = format!("http://{grpc}");
+            stack.http = http;
         }
         Ok(stack)
     }
