@@ -86,14 +86,14 @@ pub fn test_split(dir: &std::path::Path) -> anyhow::Result<(Vec<u64>, Vec<i32>)>
 
 /// The predictions of `ids` from a worker, 16 nodes a gRPC call.
 pub async fn predict_all(
-    client: &gnn_worker::grpc::PredictorClient<tonic::transport::Channel>,
+    client: &gnn_worker::api::grpc::PredictorClient<tonic::transport::Channel>,
     ids: &[u64],
-) -> anyhow::Result<Vec<gnn_worker::grpc::pb::Prediction>> {
+) -> anyhow::Result<Vec<gnn_worker::api::grpc::pb::Prediction>> {
     let mut out = Vec::with_capacity(ids.len());
     for chunk in ids.chunks(16) {
         let mut client = client.clone();
         let response = client
-            .predict(gnn_worker::grpc::pb::PredictRequest {
+            .predict(gnn_worker::api::grpc::pb::PredictRequest {
                 node_ids: chunk.to_vec(),
                 request_id: 0,
                 new_node: None,

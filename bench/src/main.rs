@@ -22,8 +22,8 @@ use bench::systems::{
     FastApi, Naive, ProductGrpc, ProductHttp, ProductV2Grpc, ProductV2Http, Requests, V2_MODEL,
 };
 use clap::Parser;
-use gnn_worker::grpc::PredictorClient;
-use gnn_worker::v2::grpc::GrpcInferenceServiceClient;
+use gnn_worker::api::grpc::PredictorClient;
+use gnn_worker::api::v2::grpc::GrpcInferenceServiceClient;
 use sidecar::graph::CsrIndex;
 use tests::redis::RedisServer;
 use tests::stack::{self, Daemon, Stack, StackOptions};

@@ -15,8 +15,8 @@ use std::pin::Pin;
 use std::sync::{Arc, Mutex};
 
 use anyhow::{ensure, Context};
-use gnn_worker::grpc::{pb, PredictorClient};
-use gnn_worker::v2::grpc::{pb as v2, GrpcInferenceServiceClient};
+use gnn_worker::api::grpc::{pb, PredictorClient};
+use gnn_worker::api::v2::grpc::{pb as v2, GrpcInferenceServiceClient};
 use sidecar::graph::{CsrIndex, Sampler};
 
 use crate::http::HttpClient;

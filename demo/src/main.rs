@@ -13,7 +13,7 @@ use std::time::Instant;
 
 use anyhow::{ensure, Context};
 use clap::Parser;
-use gnn_worker::grpc::{pb, PredictorClient};
+use gnn_worker::api::grpc::{pb, PredictorClient};
 use tests::stack::{dataset, read_i32, Stack, StackOptions};
 use tests::Latency;
 

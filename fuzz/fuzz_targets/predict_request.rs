@@ -6,10 +6,10 @@
 //! a typed graph's model.
 #![no_main]
 
-use gnn_worker::grpc::pb;
-use gnn_worker::http::PredictBody;
+use gnn_worker::api::grpc::pb;
+use gnn_worker::api::http::PredictBody;
 use gnn_worker::model::{ModelTensors, OutputKind};
-use gnn_worker::v2;
+use gnn_worker::api::v2;
 use libfuzzer_sys::fuzz_target;
 use prost::Message;
 

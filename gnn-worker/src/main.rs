@@ -20,8 +20,8 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context};
 use clap::{Parser, Subcommand};
 use daemon_kit::config::{ConfigError, Layered};
+use gnn_worker::api::grpc::{pb, PredictService, PredictorClient, PredictorServer};
 use gnn_worker::config::{WorkerConfig, WorkerFlags, SPEC};
-use gnn_worker::grpc::{pb, PredictService, PredictorClient, PredictorServer};
 use gnn_worker::rollout::Loader;
 use gnn_worker::service::Service;
 use protocol::client::{ClientOptions, RingClient};
@@ -296,8 +296,8 @@ fn reflection() -> anyhow::Result<(
 )> {
     let builder = || {
         tonic_reflection::server::Builder::configure()
-            .register_encoded_file_descriptor_set(gnn_worker::grpc::FILE_DESCRIPTOR_SET)
-            .register_encoded_file_descriptor_set(gnn_worker::v2::grpc::FILE_DESCRIPTOR_SET)
+            .register_encoded_file_descriptor_set(gnn_worker::api::grpc::FILE_DESCRIPTOR_SET)
+            .register_encoded_file_descriptor_set(gnn_worker::api::v2::grpc::FILE_DESCRIPTOR_SET)
             .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
     };
     Ok((
@@ -375,11 +375,11 @@ async fn serve(
     let mut grpc_stop = stop_rx.clone();
     let http_stop = stop_rx;
     // Both ports bound their connections (docs/serving.md, "Connections").
-    let grpc_incoming = gnn_worker::grpc_connections::guarded_incoming(
+    let grpc_incoming = gnn_worker::api::grpc_connections::guarded_incoming(
         grpc,
         config.max_connections,
         Duration::from_secs_f64(config.http_read_timeout_s),
-        gnn_worker::tls::acceptor(&config, gnn_worker::tls::Alpn::H2)?,
+        gnn_worker::api::tls::acceptor(&config, gnn_worker::api::tls::Alpn::H2)?,
         service.metrics().clone(),
     );
     let (reflection_v1, reflection_v1alpha) = reflection()?;
@@ -394,28 +394,30 @@ async fn serve(
         // burst written one message per frame (docs/serving.md, "Streams").
         .initial_connection_window_size(GRPC_CONNECTION_WINDOW)
         .initial_stream_window_size(GRPC_STREAM_WINDOW)
-        .layer(gnn_worker::grpc_connections::ActivityLayer)
+        .layer(gnn_worker::api::grpc_connections::ActivityLayer)
         .layer(tower::util::MapResponseLayer::new(
-            gnn_worker::grpc::invalid_argument_for_undecodable,
+            gnn_worker::api::grpc::invalid_argument_for_undecodable,
         ))
         .add_service(PredictorServer::new(PredictService::new(service.clone())))
-        .add_service(gnn_worker::v2::grpc::InferenceService::server(
+        .add_service(gnn_worker::api::v2::grpc::InferenceService::server(
             service.clone(),
         ))
-        .add_service(gnn_worker::health::HealthService::server(service.clone()))
+        .add_service(gnn_worker::api::health::HealthService::server(
+            service.clone(),
+        ))
         .add_service(reflection_v1)
         .add_service(reflection_v1alpha)
         .serve_with_incoming_shutdown(grpc_incoming, async move {
             let _ = grpc_stop.wait_for(|s| *s).await;
         });
-    let http_server = gnn_worker::http_server::serve(
+    let http_server = gnn_worker::api::http_server::serve(
         http,
-        gnn_worker::http::router(service.clone()),
-        gnn_worker::http_server::HttpLimits {
+        gnn_worker::api::http::router(service.clone()),
+        gnn_worker::api::http_server::HttpLimits {
             read_timeout: Duration::from_secs_f64(config.http_read_timeout_s),
             max_connections: config.max_connections,
         },
-        gnn_worker::tls::acceptor(&config, gnn_worker::tls::Alpn::Http11)?,
+        gnn_worker::api::tls::acceptor(&config, gnn_worker::api::tls::Alpn::Http11)?,
         service.metrics().clone(),
         http_stop,
     );

@@ -7,7 +7,7 @@ mod support;
 
 use std::path::Path;
 
-use gnn_worker::grpc::{pb, PredictorClient};
+use gnn_worker::api::grpc::{pb, PredictorClient};
 use gnn_worker::model::{bind_inputs, Device, InputSlices, Model};
 use protocol::client::{CallRequest, ClientOptions, RingClient};
 use support::{ort_env, runtime};

@@ -515,7 +515,7 @@ impl tonic::codec::Decoder for RawCodec {
 }
 
 fn encoded(ids: &[u64], request_id: u64) -> Vec<u8> {
-    prost::Message::encode_to_vec(&gnn_worker::grpc::pb::PredictRequest {
+    prost::Message::encode_to_vec(&gnn_worker::api::grpc::pb::PredictRequest {
         node_ids: ids.to_vec(),
         request_id,
         new_node: None,
@@ -582,11 +582,11 @@ fn a_flood_of_empty_frames_on_a_stream_meets_the_flood_protection() {
         .build()
         .unwrap();
     let answer = runtime.block_on(async {
-        let mut client = gnn_worker::grpc::PredictorClient::connect(stack.grpc.clone())
+        let mut client = gnn_worker::api::grpc::PredictorClient::connect(stack.grpc.clone())
             .await
             .expect("connect");
         client
-            .predict(gnn_worker::grpc::pb::PredictRequest {
+            .predict(gnn_worker::api::grpc::pb::PredictRequest {
                 node_ids: vec![1],
                 request_id: 1,
                 new_node: None,
@@ -601,7 +601,7 @@ fn a_flood_of_empty_frames_on_a_stream_meets_the_flood_protection() {
 
 #[test]
 fn grpc_malformed_messages_are_invalid_argument_and_a_stream_goes_on() {
-    use gnn_worker::grpc::pb;
+    use gnn_worker::api::grpc::pb;
     let stack = Stack::start(&StackOptions::new("cora")).expect("stack");
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -841,7 +841,7 @@ fn redis_slowed_to_50_ms_a_reply_costs_fallback_rows_within_the_deadline_never_a
 #[test]
 fn a_killed_sidecar_makes_the_worker_unavailable_and_a_new_one_is_served_without_a_worker_restart()
 {
-    use gnn_worker::grpc::{pb, PredictorClient};
+    use gnn_worker::api::grpc::{pb, PredictorClient};
     let mut stack = Stack::start(&StackOptions::new("cora")).expect("stack");
     let worker_pid = stack.worker.as_ref().unwrap().child.id();
     let runtime = tokio::runtime::Builder::new_current_thread()
@@ -1293,8 +1293,8 @@ fn the_store_corrupted_while_serving_costs_fallback_rows_never_a_failed_call() {
 /// accepted calls are all answered once the run ends.
 #[test]
 fn the_waiting_call_bound_refuses_the_next_call_at_once() {
+    use gnn_worker::api::grpc::{pb, PredictorClient};
     use gnn_worker::batcher::MAX_QUEUED_CALLS;
-    use gnn_worker::grpc::{pb, PredictorClient};
     let mut options = StackOptions::new("cora");
     options.max_batch = 1;
     options.executors = 1;
@@ -1400,7 +1400,7 @@ fn the_waiting_call_bound_refuses_the_next_call_at_once() {
 /// it, one on the ring thread) and the next call become ring requests.
 #[test]
 fn calls_nobody_waits_for_are_dropped_before_the_ring() {
-    use gnn_worker::grpc::{pb, PredictorClient};
+    use gnn_worker::api::grpc::{pb, PredictorClient};
     use std::io::Write;
     let mut options = StackOptions::new("cora");
     options.max_batch = 1;
@@ -1590,7 +1590,7 @@ fn grpc_transport_decode_failures_are_invalid_argument() {
 /// small frames to HTTP/2's flood protection, and answers many at once.
 #[test]
 fn a_burst_of_100000_stream_requests_is_answered_in_order() {
-    use gnn_worker::grpc::{pb, PredictorClient};
+    use gnn_worker::api::grpc::{pb, PredictorClient};
     let stack = Stack::start(&StackOptions::new("cora")).expect("stack");
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
@@ -1728,7 +1728,7 @@ fn a_sidecar_drain_answers_every_call_the_worker_had_accepted() {
 /// request is closed by the worker.
 #[test]
 fn idle_and_half_sent_connections_cannot_lock_the_ports() {
-    use gnn_worker::grpc::{pb, PredictorClient};
+    use gnn_worker::api::grpc::{pb, PredictorClient};
     use std::io::{Read, Write};
     let mut options = StackOptions::new("cora");
     options.worker_args = ["--max-connections", "32", "--http-read-timeout-s", "1"]

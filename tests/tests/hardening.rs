@@ -8,7 +8,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use gnn_worker::grpc::{pb, PredictorClient};
+use gnn_worker::api::grpc::{pb, PredictorClient};
 use tests::h2::{frame as h2_frame, grpc_headers, PREFACE};
 use tests::stack::{http_request, metric_value, Stack, StackOptions};
 

@@ -9,8 +9,8 @@
 use std::process::Command;
 use std::time::Duration;
 
-use gnn_worker::grpc::{pb, PredictorClient};
-use gnn_worker::v2::grpc::{pb as v2, GrpcInferenceServiceClient};
+use gnn_worker::api::grpc::{pb, PredictorClient};
+use gnn_worker::api::v2::grpc::{pb as v2, GrpcInferenceServiceClient};
 use tests::eventually;
 use tests::stack::{
     pyg_model_for, python_v2, repo_root, run_ok, shipped_cora, Stack, StackOptions,

@@ -22,7 +22,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use gnn_worker::grpc::{pb, PredictorClient};
+use gnn_worker::api::grpc::{pb, PredictorClient};
 use tests::eventually;
 use tests::stack::{
     free_port, http_request, read_i32, repo_root, shipped_cora, trained_model_for, workspace_bin,

@@ -12,7 +12,7 @@ use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
-use gnn_worker::grpc::{pb, PredictorClient};
+use gnn_worker::api::grpc::{pb, PredictorClient};
 use tests::stack::{
     dataset, free_port, freeze_process, http_request, http_status_within as status_within,
     metric_value, onnxruntime_lib, repo_root, sidecar_import, thaw_process, trained_model,

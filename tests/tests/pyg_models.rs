@@ -10,7 +10,7 @@ mod support;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use gnn_worker::grpc::{pb, PredictorClient};
+use gnn_worker::api::grpc::{pb, PredictorClient};
 use gnn_worker::model::{bind_subgraph_inputs, Device, Model};
 use protocol::client::{CallRequest, ClientOptions, RingClient};
 use protocol::request::SubgraphFanouts;

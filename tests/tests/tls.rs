@@ -9,7 +9,7 @@ use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
-use gnn_worker::grpc::{pb, PredictorClient};
+use gnn_worker::api::grpc::{pb, PredictorClient};
 use tests::redis::openssl;
 use tests::stack::{
     dataset, free_port, http_request, onnxruntime_lib, sidecar_import, trained_model, workspace_bin,

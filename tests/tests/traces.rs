@@ -12,7 +12,7 @@ use std::collections::HashMap;
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
-use gnn_worker::grpc::{pb, PredictorClient};
+use gnn_worker::api::grpc::{pb, PredictorClient};
 use tests::eventually;
 use tests::otlp::{Received, Receiver};
 use tests::redis::RedisServer;

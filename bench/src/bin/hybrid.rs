@@ -25,7 +25,7 @@ use bench::beside::predict_all;
 use bench::load::{self, Caller, Summary};
 use bench::systems::ProductGrpc;
 use clap::Parser;
-use gnn_worker::grpc::{pb, PredictorClient};
+use gnn_worker::api::grpc::{pb, PredictorClient};
 use rand::{Rng, SeedableRng};
 use serde::Serialize;
 use tests::stack::{dataset, metric_value, onnxruntime_lib, workspace_bin, Stack};

@@ -24,7 +24,7 @@ use std::time::{Duration, Instant};
 use anyhow::Context;
 use bench::load::{self, Caller, Summary};
 use clap::Parser;
-use gnn_worker::grpc::{pb, PredictorClient};
+use gnn_worker::api::grpc::{pb, PredictorClient};
 use serde::Serialize;
 use tests::stack::{dataset, Stack, StackOptions};
 

@@ -23,7 +23,7 @@ use bench::beside::{predict_all, Beside};
 use bench::load::{self, Caller, Summary};
 use bench::systems::ProductGrpc;
 use clap::Parser;
-use gnn_worker::grpc::PredictorClient;
+use gnn_worker::api::grpc::PredictorClient;
 use serde::Serialize;
 use tests::stack::{python, repo_root, shipped_cora, Stack, StackOptions};
 

@@ -23,7 +23,7 @@ use anyhow::{ensure, Context};
 use bench::load::{self, Caller, Summary};
 use bench::systems::ProductGrpc;
 use clap::Parser;
-use gnn_worker::grpc::PredictorClient;
+use gnn_worker::api::grpc::PredictorClient;
 use serde::Serialize;
 use sidecar::graph::CsrIndex;
 use tests::stack::{dataset, http_request, python, repo_root, workspace_bin};

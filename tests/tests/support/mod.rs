@@ -1,7 +1,7 @@
 //! What the end-to-end and PyG test binaries share: their tokio runtime,
 //! ONNX Runtime's environment, and gRPC calls of many ids.
 
-use gnn_worker::grpc::{pb, PredictorClient};
+use gnn_worker::api::grpc::{pb, PredictorClient};
 use tests::stack::Stack;
 
 pub fn runtime() -> tokio::runtime::Runtime {

@@ -4,7 +4,7 @@
 //! - A new connection must send HTTP/2's 24-byte preface within
 //!   `preface_timeout` (`http_read_timeout_s`), or it is closed: a
 //!   half-sent connection holds nothing for long. With TLS
-//!   (`crate::tls`), its handshake must end within that time instead.
+//!   (`crate::api::tls`), its handshake must end within that time instead.
 //! - At most `max` at once. At the cap, a new connection closes, first,
 //!   the oldest one that has not yet sent its preface (or ended its TLS
 //!   handshake) and has sent no byte at all, whatever its age: a real client sends its preface right after connecting, so

@@ -4,7 +4,7 @@
 //! serve; 503 with the reason otherwise: no sidecar yet, sidecar gone or
 //! draining, schema mismatch, no executor alive), `GET /metrics`
 //! (OpenMetrics text); and the Open Inference Protocol's `/v2` routes
-//! ([`crate::v2::http`]).
+//! ([`crate::api::v2::http`]).
 
 use axum::extract::State;
 use axum::http::header;
@@ -67,7 +67,7 @@ pub struct PredictionJson {
 pub fn router(service: Service) -> Router {
     Router::new()
         .route("/v1/predict", post(predict))
-        .merge(crate::v2::http::routes())
+        .merge(crate::api::v2::http::routes())
         .merge(daemon_kit::endpoint::routes(std::sync::Arc::new(
             service.clone(),
         )))

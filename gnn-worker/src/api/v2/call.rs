@@ -7,12 +7,10 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use protocol::request::NewNode;
-
 use crate::batcher::{PredictError, Prediction};
 use crate::model::{ModelIdentity, ModelTensors, OutputKind};
 pub use crate::service::Call;
-use crate::service::{Answer, Service};
+use crate::service::{Answer, NewNodeCall, Service};
 
 /// Input: the targets' node ids, INT64 `[T]`.
 pub const NODE_IDS: &str = "node_ids";
@@ -268,58 +266,50 @@ pub fn call_of(inputs: &[Input], tensors: &ModelTensors) -> Result<Call, V2Error
     }
     let find = |name: &str| inputs.iter().find(|i| i.name == name);
     let new_node = inputs.iter().any(|i| i.name.starts_with("new_node"));
-    match (find(NODE_IDS), new_node) {
-        (Some(_), true) => Err(V2Error::Invalid(format!(
-            "a call gives {NODE_IDS} or a new node's inputs, not both: send the known nodes in a \
-             call of their own"
-        ))),
-        (Some(ids), false) => Ok(Call::Known(ids.ids(&[None], "[T], one id per target")?)),
-        (None, false) => Err(V2Error::Invalid(format!(
-            "no input: give {}",
-            input_names(tensors)
-        ))),
-        (None, true) => {
-            let (Some(id), Some(features)) = (find(NEW_NODE_ID), find(NEW_NODE_FEATURES)) else {
-                return Err(V2Error::Invalid(format!(
-                    "a new node needs {NEW_NODE_ID} (INT64 [1]) and {NEW_NODE_FEATURES} (FP32 \
-                     [{}])",
-                    tensors.feature_dim
-                )));
-            };
-            let id = id.ids(&[Some(1)], "[1]")?[0];
-            let row_shape = format!("[{}]", tensors.feature_dim);
-            let features = features.fp32s(&[None], &row_shape)?;
-            match &tensors.typed_edges {
-                None => {
-                    let neighbors = match find(NEW_NODE_NEIGHBORS) {
-                        Some(n) => n.ids(&[None], "[K], one id per neighbour")?,
-                        None => Vec::new(),
-                    };
-                    let directed = match find(NEW_NODE_DIRECTED) {
-                        Some(d) => d.bools(&[Some(1)], "[1]")?[0],
-                        None => false,
-                    };
-                    Ok(Call::New(
-                        id,
-                        NewNode {
-                            features,
-                            neighbors,
-                            directed,
-                        },
-                    ))
-                }
-                Some(_) => {
-                    let mut edges = Vec::new();
-                    for input in inputs.iter().filter(|i| i.name.starts_with(NEW_NODE_EDGES)) {
-                        let ids = input.ids(&[None, Some(2)], "[K, 2], (src, dst) pairs")?;
-                        let pairs = ids.chunks_exact(2).map(|p| (p[0], p[1])).collect();
-                        edges.push((input.name[NEW_NODE_EDGES.len()..].to_string(), pairs));
-                    }
-                    Ok(Call::TypedNew(id, features, edges))
-                }
-            }
+    let node_ids = match find(NODE_IDS) {
+        Some(ids) => ids.ids(&[None], "[T], one id per target")?,
+        None if !new_node => {
+            return Err(V2Error::Invalid(format!(
+                "no input: give {}",
+                input_names(tensors)
+            )))
         }
-    }
+        None => Vec::new(),
+    };
+    let new_node = if new_node {
+        let (Some(id), Some(features)) = (find(NEW_NODE_ID), find(NEW_NODE_FEATURES)) else {
+            return Err(V2Error::Invalid(format!(
+                "a new node needs {NEW_NODE_ID} (INT64 [1]) and {NEW_NODE_FEATURES} (FP32 [{}])",
+                tensors.feature_dim
+            )));
+        };
+        let row_shape = format!("[{}]", tensors.feature_dim);
+        let mut node = NewNodeCall {
+            id: id.ids(&[Some(1)], "[1]")?[0],
+            features: features.fp32s(&[None], &row_shape)?,
+            ..NewNodeCall::default()
+        };
+        if let Some(n) = find(NEW_NODE_NEIGHBORS) {
+            node.neighbors = n.ids(&[None], "[K], one id per neighbour")?;
+        }
+        if let Some(d) = find(NEW_NODE_DIRECTED) {
+            node.directed = d.bools(&[Some(1)], "[1]")?[0];
+        }
+        if tensors.typed_edges.is_some() {
+            let mut edges = Vec::new();
+            for input in inputs.iter().filter(|i| i.name.starts_with(NEW_NODE_EDGES)) {
+                let ids = input.ids(&[None, Some(2)], "[K, 2], (src, dst) pairs")?;
+                let pairs = ids.chunks_exact(2).map(|p| (p[0], p[1])).collect();
+                edges.push((input.name[NEW_NODE_EDGES.len()..].to_string(), pairs));
+            }
+            node.edges = Some(edges);
+        }
+        Some(node)
+    } else {
+        None
+    };
+    // The one rule of every door (`Call::of`): node ids or a new node.
+    Call::of(node_ids, new_node).map_err(|e| V2Error::Invalid(e.to_string()))
 }
 
 /// An output tensor a model answers with.
@@ -656,6 +646,7 @@ pub struct Inferred {
 mod tests {
     use super::*;
     use crate::model::AnsweredBy;
+    use protocol::request::NewNode;
 
     fn tensors(output: OutputKind, typed: bool) -> ModelTensors {
         ModelTensors {
@@ -809,6 +800,7 @@ mod tests {
             &[
                 input(NODE_IDS, "INT64", &[1], Data::Int64(vec![1])),
                 input(NEW_NODE_ID, "INT64", &[1], Data::Int64(vec![100])),
+                input(NEW_NODE_FEATURES, "FP32", &[2], Data::Fp32(vec![1.0, 2.0])),
             ],
             &t,
         ));

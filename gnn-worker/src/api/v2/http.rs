@@ -15,8 +15,8 @@ use axum::Router;
 use serde::Deserialize;
 use serde_json::{json, Map, Value};
 
+use crate::api::v2::call::{self, Data, Input, V2Error};
 use crate::service::Service;
-use crate::v2::call::{self, Data, Input, V2Error};
 
 /// The header that says how many leading bytes of a body (request or
 /// response) are its JSON; the rest are binary tensors.

@@ -12,7 +12,7 @@
 //!   probe or a client out, and the worker never runs out of descriptors
 //!   for them.
 //! - On stop, every connection finishes its request in flight and closes.
-//! - With TLS (`crate::tls`), the handshake too must end within
+//! - With TLS (`crate::api::tls`), the handshake too must end within
 //!   `read_timeout` of connecting.
 
 use std::collections::HashMap;

@@ -6,8 +6,8 @@
 
 use tonic::{Request, Response, Status};
 
+use crate::api::v2::call::{self, Data, Input, V2Error};
 use crate::service::Service;
-use crate::v2::call::{self, Data, Input, V2Error};
 
 /// Generated types of `inference`.
 #[allow(clippy::all, missing_debug_implementations)]
@@ -38,7 +38,7 @@ fn to_status(e: V2Error) -> Status {
     match e {
         V2Error::NotFound(m) => Status::not_found(m),
         V2Error::Invalid(m) => Status::invalid_argument(m),
-        V2Error::Predict(e) => crate::grpc::to_status(e),
+        V2Error::Predict(e) => crate::api::grpc::to_status(e),
     }
 }
 
