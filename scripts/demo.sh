@@ -2,7 +2,7 @@
 # The demo, end to end on the embedded default (no Redis needed): uses the
 # cora dataset the repository ships (demo/data/cora.tar.gz), imports it into
 # the embedded RocksDB store, trains and exports the
-# GraphSAGE model with the tooling (numpy -> ONNX), starts `sidecar serve`
+# GraphSAGE model with the tooling (PyTorch -> ONNX), starts `sidecar serve`
 # and `gnn-worker serve`, sends every test node through gRPC, prints the test
 # accuracy and the p50/p99 latency, and shuts both down cleanly.
 #

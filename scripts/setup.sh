@@ -19,10 +19,9 @@
 #   and util-linux (`ip`, `unshare`: the sandbox the docs' examples run in,
 #   docs/examples.md);
 # - a project-local Python venv in .venv with requirements.txt (numpy,
-#   pyarrow, onnx, onnxruntime: the model tooling, the Python side of the
-#   tests, and the ONNX Runtime library the worker loads; torch and
-#   torch_geometric: the PyTorch Geometric tooling and its tests, about
-#   5.6 GB and 90 s from PyPI; kubernetes-validate for the rendered
+#   pyarrow, onnx, onnxruntime: the Python side of the tests and the ONNX
+#   Runtime library the worker loads; torch and torch_geometric: the model
+#   tooling, about 5.6 GB and 90 s from PyPI; kubernetes-validate for the rendered
 #   manifests), reinstalled only when the requirements change;
 # - .venv-v2 with requirements-v2.txt: the Open Inference Protocol's
 #   clients (tritonclient, the kserve SDK) the tests call the worker with.

@@ -51,7 +51,8 @@ import time
 import numpy as np
 
 import pyg_model
-from pyg_model import OPSET, OUTPUT, TOLERANCE, file_sha256, progress, row_diff, session_of
+from common import file_sha256, progress, sample, session_of
+from pyg_model import OPSET, OUTPUT, TOLERANCE, row_diff
 
 NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_]*$")
 
@@ -161,57 +162,6 @@ class TypedDataset:
         """x_dict of a sampled subgraph: each type's rows, or its ids."""
         return {t: np.ascontiguousarray(self.x[t][ids]) if self.featured(t) else ids
                 for t, ids in n_id.items()}
-
-
-def sample_typed(ds, target_type, targets, fanouts, rng=None):
-    """One batch as NeighborLoader(num_neighbors=fanouts, replace=False)
-    builds it from a HeteroData for seeds of `target_type`, and as the
-    sidecar will write it: per type the unique nodes (targets first in
-    theirs, then each hop's newly reached ones), per edge type an
-    edge_index in local ids. Each hop, every edge type (src, rel, dst) in
-    the dataset's order draws, for each node of type dst reached in the
-    hop before (in local order), up to its fanout of sources, uniformly
-    without replacement (all of them with `rng` None). A fanout of 0
-    samples nothing. Returns (n_id, edge_index, num_sampled_nodes,
-    num_sampled_edges), dicts as PyG names them."""
-    hops = len(next(iter(fanouts.values())))
-    n_id = {t: [] for t in ds.node_types}
-    row = {t: {} for t in ds.node_types}
-
-    def add(t, v):
-        local = row[t].get(v)
-        if local is None:
-            local = row[t][v] = len(n_id[t])
-            n_id[t].append(v)
-        return local
-
-    for v in targets:
-        add(target_type, int(v))
-    src = {et: [] for et in ds.edge_types}
-    dst = {et: [] for et in ds.edge_types}
-    num_nodes = {t: [len(n_id[t])] for t in ds.node_types}
-    num_edges = {et: [] for et in ds.edge_types}
-    frontier = {t: (0, len(n_id[t])) for t in ds.node_types}
-    for hop in range(hops):
-        before = {t: len(n_id[t]) for t in ds.node_types}
-        for et in ds.edge_types:
-            s, _, d = et
-            fanout = fanouts[et][hop]
-            count = len(src[et])
-            indptr, indices = ds.lists[et]
-            begin, end = frontier[d]
-            for local in range(begin, end) if fanout else ():
-                for u in pyg_model.pick_neighbours(indptr, indices, n_id[d][local], fanout, rng):
-                    src[et].append(add(s, int(u)))
-                    dst[et].append(local)
-            num_edges[et].append(len(src[et]) - count)
-        for t in ds.node_types:
-            num_nodes[t].append(len(n_id[t]) - before[t])
-        frontier = {t: (before[t], len(n_id[t])) for t in ds.node_types}
-    n_id = {t: np.array(v, dtype=np.int64) for t, v in n_id.items()}
-    edge_index = {et: np.array([src[et], dst[et]], dtype=np.int64).reshape(2, -1)
-                  for et in ds.edge_types}
-    return n_id, edge_index, num_nodes, num_edges
 
 
 def torch_modules():
@@ -498,7 +448,7 @@ def check_export(model, session, ds, target_type, fanouts, seed, subgraphs=8):
 
     for i in range(subgraphs):
         targets = rng.choice(n, 1 if i % 2 == 0 else min(16, n), replace=False)
-        n_id, edge_index, _, _ = sample_typed(ds, target_type, targets, fanouts, rng)
+        n_id, edge_index, _, _ = sample(ds, target_type, targets, fanouts, rng)
         compare(f"sampled-{len(targets)}-{i}", ds.rows(n_id), edge_index)
     x, edge_index = ds.full_graph()
     compare("full-graph", x, edge_index)
@@ -508,7 +458,7 @@ def check_export(model, session, ds, target_type, fanouts, seed, subgraphs=8):
         indptr, _ = ds.lists[et]
         lonely = np.flatnonzero(np.diff(indptr) == 0)
         if len(lonely):
-            n_id, edge_index, _, _ = sample_typed(ds, target_type, [int(lonely[0])], fanouts, None)
+            n_id, edge_index, _, _ = sample(ds, target_type, [int(lonely[0])], fanouts, None)
             compare(f"no-{edge_key(et)}", ds.rows(n_id), edge_index)
             scaled = {t: (v * np.float32(-3.0) if ds.featured(t) else v)
                       for t, v in ds.rows(n_id).items()}
@@ -518,7 +468,7 @@ def check_export(model, session, ds, target_type, fanouts, seed, subgraphs=8):
     # most edges into it; then the target alone (an unknown id's subgraph).
     degree = sum(np.diff(ds.lists[et][0]) for et in into) if into else np.zeros(n)
     busy = int(np.argmax(degree))
-    n_id, edge_index, _, _ = sample_typed(ds, target_type, [busy], fanouts,
+    n_id, edge_index, _, _ = sample(ds, target_type, [busy], fanouts,
                                           np.random.default_rng(seed + 3))
     x = ds.rows(n_id)
     for t in ds.node_types:
@@ -539,7 +489,7 @@ def write_reference(out, session, ds, target_type, fanouts, full_outputs, seed):
     rng = np.random.default_rng(seed + 7)
     targets = rng.choice(ds.num_nodes[target_type], min(8, ds.num_nodes[target_type]),
                          replace=False)
-    n_id, edge_index, num_nodes, num_edges = sample_typed(ds, target_type, targets, fanouts, rng)
+    n_id, edge_index, num_nodes, num_edges = sample(ds, target_type, targets, fanouts, rng)
     feed = flat_inputs(ds, ds.rows(n_id), edge_index)
     kept = [i.name for i in session.get_inputs()]
     got = session.run(None, {k: feed[k] for k in kept})[0]
@@ -671,7 +621,7 @@ def neighbor_loader_accuracy(model, ds, fanouts, runs, seed):
         rng = np.random.default_rng(seed + 1000 + run)
         correct = 0
         for t in idx:
-            n_id, edge_index, _, _ = sample_typed(ds, ds.target_type, [t], fanouts, rng)
+            n_id, edge_index, _, _ = sample(ds, ds.target_type, [t], fanouts, rng)
             out = pyg_outputs(model, ds.rows(n_id), edge_index, ds.target_type)
             correct += int(out[0].argmax() == ds.y[t])
         accs.append(correct / len(idx))

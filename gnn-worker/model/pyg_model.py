@@ -42,7 +42,6 @@ which do not install from PyPI here, so this module samples the same way
 itself (`sample_subgraph`).
 """
 import argparse
-import hashlib
 import importlib
 import json
 import os
@@ -51,6 +50,9 @@ import time
 
 import numpy as np
 
+from common import (ONE_EDGE_TYPE, ONE_TYPE, OneTypeGraph, file_sha256,  # noqa: F401
+                    load_dataset, neighbour_lists, progress, sample, session_of)
+
 OPSET = 18
 INPUTS = ["x", "edge_index"]
 OUTPUT = "out"
@@ -58,37 +60,6 @@ ARCHS = ("sage", "gcn", "gat", "gin")
 # Outputs are compared relative to the row's magnitude: a float32 sum of
 # large terms differs by its own rounding whatever computes it.
 TOLERANCE = 1e-5
-
-
-def load_dataset(path, labels=True):
-    """A dataset in the ../shared/data layout: meta, x [N, D] f32,
-    edges [E, 2] (src, dst), labels and split (None without them)."""
-    with open(os.path.join(path, "meta.json")) as f:
-        meta = json.load(f)
-    n, d = meta["num_nodes"], meta["feature_dim"]
-    x = np.fromfile(os.path.join(path, "features.f32"), dtype="<f4").reshape(n, d)
-    edges = np.fromfile(os.path.join(path, "edges.u32"), dtype="<u4").reshape(-1, 2)
-    y = split = None
-    if os.path.exists(os.path.join(path, "labels.i32")):
-        y = np.fromfile(os.path.join(path, "labels.i32"), dtype="<i4")
-        split = np.fromfile(os.path.join(path, "split.u8"), dtype="u1")
-    elif labels:
-        sys.exit(f"{path} has no labels.i32: training needs labels and a split")
-    if len(edges) != meta["num_edges"]:
-        sys.exit(f"{path}: edges.u32 disagrees with meta.json")
-    return meta, x, edges, y, split
-
-
-def neighbour_lists(n, edges):
-    """Each node's neighbours as the sidecar's index keeps them: edge
-    src -> dst makes dst a neighbour of src; sorted, deduplicated, no self
-    loops. Returns (indptr, indices)."""
-    keep = edges[:, 0] != edges[:, 1]
-    keys = np.unique(edges[keep, 0].astype(np.int64) * n + edges[keep, 1])
-    src, dst = np.divmod(keys, n)
-    indptr = np.zeros(n + 1, dtype=np.int64)
-    np.cumsum(np.bincount(src, minlength=n), out=indptr[1:])
-    return indptr, dst
 
 
 def full_edge_index(n, edges):
@@ -106,43 +77,13 @@ def sample_subgraph(indptr, indices, targets, fanouts, rng=None):
     response: returns (n_id, edge_index [2, E] local, num_sampled_nodes,
     num_sampled_edges). With `rng` None every neighbour is taken (fanouts
     that cover the degrees); otherwise up to the fanout, uniformly without
-    replacement."""
-    row = {}
-    n_id = []
-    for t in targets:
-        if int(t) not in row:
-            row[int(t)] = len(n_id)
-            n_id.append(int(t))
-    src, dst = [], []
-    num_nodes, num_edges = [len(n_id)], []
-    begin = 0
-    for fanout in fanouts:
-        end = len(n_id)
-        before = len(src)
-        for local in range(begin, end):
-            for u in pick_neighbours(indptr, indices, n_id[local], fanout, rng):
-                u = int(u)
-                if u not in row:
-                    row[u] = len(n_id)
-                    n_id.append(u)
-                src.append(row[u])
-                dst.append(local)
-        num_nodes.append(len(n_id) - end)
-        num_edges.append(len(src) - before)
-        begin = end
-    edge_index = np.array([src, dst], dtype=np.int64).reshape(2, -1)
-    return np.array(n_id, dtype=np.int64), edge_index, num_nodes, num_edges
-
-
-def pick_neighbours(indptr, indices, v, fanout, rng):
-    """Up to `fanout` of node `v`'s listed neighbours (`indices[indptr[v]:
-    indptr[v + 1]]`), uniformly without replacement; all of them with `rng`
-    None or when there are at most `fanout`."""
-    lo, hi = indptr[v], indptr[v + 1]
-    degree = hi - lo
-    if rng is None or degree <= fanout:
-        return indices[lo:hi]
-    return indices[lo + rng.choice(degree, fanout, replace=False)]
+    replacement. The typed sampler (`common.sample`) on the graph's one
+    type and one edge type."""
+    n_id, edge_index, num_nodes, num_edges = sample(
+        OneTypeGraph(indptr, indices), ONE_TYPE, targets,
+        {ONE_EDGE_TYPE: [int(f) for f in fanouts]}, rng)
+    return (n_id[ONE_TYPE], edge_index[ONE_EDGE_TYPE], num_nodes[ONE_TYPE],
+            num_edges[ONE_EDGE_TYPE])
 
 
 def torch_modules():
@@ -291,10 +232,6 @@ def keep_best(net, epochs, train_epoch, val_accuracy):
     return best[0], best[1]
 
 
-def progress(text):
-    print(text, file=sys.stderr, flush=True)
-
-
 def export_onnx(model, path, x_example, edge_example):
     """torch.onnx.export with the TorchScript exporter (the dynamo one fails
     on GATConv), opset pinned, dynamic node and edge counts."""
@@ -375,14 +312,6 @@ def fix_scatter_extrema(path):
         graph.node.extend(nodes)
         onnx.save(model, path)
     return fixed
-
-
-def session_of(path):
-    import onnxruntime as ort
-    options = ort.SessionOptions()
-    options.intra_op_num_threads = 1
-    options.log_severity_level = 3
-    return ort.InferenceSession(path, options, providers=["CPUExecutionProvider"])
 
 
 def pyg_outputs(model, x, edge_index):
@@ -487,14 +416,6 @@ def neighbor_loader_accuracy(model, x, indptr, indices, y, idx, fanouts, runs, s
             correct += int(out[0].argmax() == y[t])
         accs.append(correct / len(idx))
     return float(np.mean(accs)), accs
-
-
-def file_sha256(path):
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
 
 
 def write_reference(out, session, x, indptr, indices, fanouts, full_outputs, seed):

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
-"""Model tooling for gnn-worker: train a 2-layer GraphSAGE (mean aggregator)
-with numpy, export it to ONNX with a pinned opset and a manifest, and write
-reference outputs.
+"""Model tooling for gnn-worker's dense layout: a 2-layer GraphSAGE (mean
+aggregator) as a torch.nn.Module, trained with torch.optim, exported with
+torch.onnx.export (opset pinned) beside a manifest and reference outputs.
 
     python gnn-worker/model/sage.py train --dataset ../shared/data/cora --out models/cora
     python gnn-worker/model/sage.py init --feature-dim 128 --classes 16 --out models/bench
@@ -25,24 +25,31 @@ writes into --out:
 
 `quantize` writes a dynamically quantized (INT8 weights) copy of a trained
 model with the same inputs and a manifest that records it and both
-accuracies; `distill` trains an MLP student on the teacher's soft labels
-(the target's own features only) and exports it with its own manifest
-(inputs `features`, `target_row`). Both measure accuracy and onnxruntime's
-speed against the model they come from (docs/strategies.md).
+accuracies; `distill` trains an MLP student (a torch.nn.Module too) on the
+teacher's soft labels (the target's own features only) and exports it with
+its own manifest (inputs `features`, `target_row`). Both measure accuracy
+and onnxruntime's speed against the model they come from
+(docs/strategies.md).
 
 The offline model is full-graph GraphSAGE: h = relu(x W1s + mean_nbr(x) W1n
 + b1), logits = h W2s + mean_nbr(h) W2n + b2, on row-normalised features
 (a row is divided by its sum inside the model, so the store keeps the raw
-rows). With fanouts that cover every neighbour, the served computation is
-exactly this one.
+rows). `DenseSage` computes it two ways with the same parameters: on the
+whole graph (`full`, the mean a sparse operator on the CSR) and on the
+sidecar's response tables (`forward`, what is exported). With fanouts that
+cover every neighbour the two are the same computation.
 """
 import argparse
+import copy
 import json
 import os
 import sys
 import time
 
 import numpy as np
+
+from common import (file_sha256, load_dataset, neighbour_lists, peak_rss_mib, pick_neighbours,
+                    progress, session_of)
 
 OPSET = 17
 INPUTS = ["features", "target_row", "hop1_count", "hop1_rows", "hop2_count", "hop2_rows"]
@@ -55,232 +62,293 @@ H1_OUTPUT = "h1"
 # HUB_H1); [1, 1, hidden] when there is none.
 HUB_INPUT = "hop1_h1"
 GNN_INPUTS = INPUTS + [HUB_INPUT]
+STUDENT_INPUTS = ["features", "target_row"]
 
 
-def load_dataset(path):
-    with open(os.path.join(path, "meta.json")) as f:
-        meta = json.load(f)
-    n, d = meta["num_nodes"], meta["feature_dim"]
-    for name in ("labels.i32", "split.u8"):
-        if not os.path.exists(os.path.join(path, name)):
-            sys.exit(f"{path} has no {name}: training needs labels and a split (`sidecar generate "
-                     "--classes K` writes them for a synthetic graph; `sage.py init` exports an "
-                     "untrained model without them)")
-    x = np.fromfile(os.path.join(path, "features.f32"), dtype="<f4").reshape(n, d)
-    edges = np.fromfile(os.path.join(path, "edges.u32"), dtype="<u4").reshape(-1, 2)
-    labels = np.fromfile(os.path.join(path, "labels.i32"), dtype="<i4")
-    split = np.fromfile(os.path.join(path, "split.u8"), dtype="u1")
-    if len(labels) != n or len(split) != n or len(edges) != meta["num_edges"]:
-        sys.exit(f"{path}: file sizes disagree with meta.json")
-    return meta, x, edges, labels, split
+def torch():
+    import warnings
+    warnings.filterwarnings("ignore", category=FutureWarning)
+    warnings.filterwarnings("ignore", message=".*legacy TorchScript-based ONNX export")
+    import torch as t
+    return t
 
 
-def csr(n, edges):
-    """Neighbour lists in the order the sidecar's CSR keeps them (sorted,
-    deduplicated, no self loops)."""
-    keep = edges[:, 0] != edges[:, 1]
-    # One int64 key per edge (src * n + dst): a 1-d sort, not a row sort.
-    keys = np.unique(edges[keep, 0].astype(np.int64) * n + edges[keep, 1])
-    src, dst = np.divmod(keys, n)
-    del keys
-    indptr = np.zeros(n + 1, dtype=np.int64)
-    np.cumsum(np.bincount(src, minlength=n), out=indptr[1:])
-    return indptr, dst
+def dense_modules():
+    """The torch.nn.Module classes of this layout, defined on first use
+    (torch takes seconds to import; `quantize` never needs it)."""
+    global DenseSage, Student
+    if "DenseSage" in globals():
+        return DenseSage, Student
+    t = torch()
+    nn = t.nn
+
+    def masked_mean(values, mask, counts):
+        """The mean over axis -2 of `values` (..., width, H) of the
+        positions `mask` (..., width) keeps, 0 where `counts` is 0 or
+        below (the padding holds a valid row; it is multiplied away)."""
+        total = (values * mask.unsqueeze(-1)).sum(-2)
+        return total / counts.clamp(min=1).to(values.dtype).unsqueeze(-1)
+
+    def below(counts, rows, axis):
+        """1.0 where the list position (axis `axis` of `rows`) is below the
+        count, else 0.0."""
+        positions = t.arange(rows.shape[axis], dtype=counts.dtype)
+        return (positions < counts.unsqueeze(-1)).to(t.float32)
+
+    class _DenseSage(nn.Module):
+        """2-layer GraphSAGE, mean aggregator, weights laid out [in, out]
+        (a MatMul each, what onnxruntime's INT8 quantization rewrites);
+        dropout on the inputs and the hidden layer while training."""
+
+        def __init__(self, feature_dim, hidden, num_classes, dropout=0.0, row_normalise=True):
+            super().__init__()
+            p = nn.Parameter
+            self.w1_self = p(t.empty(feature_dim, hidden))
+            self.w1_neigh = p(t.empty(feature_dim, hidden))
+            self.b1 = p(t.zeros(hidden))
+            self.w2_self = p(t.empty(hidden, num_classes))
+            self.w2_neigh = p(t.empty(hidden, num_classes))
+            self.b2 = p(t.zeros(num_classes))
+            for w in (self.w1_self, self.w1_neigh, self.w2_self, self.w2_neigh):
+                nn.init.xavier_uniform_(w)
+            self.drop = nn.Dropout(dropout)
+            self.row_normalise = row_normalise
+
+        def decayed(self):
+            """The parameters weight decay applies to: the first layer's."""
+            return [self.w1_self, self.w1_neigh]
+
+        def inputs(self, features):
+            if self.row_normalise:
+                features = features / features.sum(1, keepdim=True).clamp(min=1.0)
+            return self.drop(features)
+
+        def forward(self, features, target_row, hop1_count, hop1_rows, hop2_count, hop2_rows,
+                    hop1_h1):
+            """The served computation on a response's tables (docs/model.md):
+            (logits [T, C], h1 [T, hidden]). Features are projected once
+            per node-table row, so the gathers move hidden-size rows (mean
+            and projection commute)."""
+            x = self.inputs(features)
+            p_self, p_neigh = x @ self.w1_self, x @ self.w1_neigh
+            m1 = below(hop1_count, hop1_rows, 1)
+            m2 = below(hop2_count, hop2_rows, 2)
+            h_t = t.relu(p_self[target_row] + masked_mean(p_neigh[hop1_rows], m1, hop1_count)
+                         + self.b1)
+            h_1 = t.relu(p_self[hop1_rows] + masked_mean(p_neigh[hop2_rows], m2, hop2_count)
+                         + self.b1)
+            # A hop-1 slot sent without hop-2 neighbours (hop2_count -1: a
+            # hub whose stored layer-1 embedding stands) takes it from
+            # hop1_h1 instead.
+            h_1 = t.where((hop2_count < 0).unsqueeze(2), hop1_h1, h_1)
+            agg = masked_mean(self.drop(h_1), m1, hop1_count)
+            logits = self.drop(h_t) @ self.w2_self + agg @ self.w2_neigh + self.b2
+            return logits, h_t
+
+        def full(self, features, mean):
+            """The same model on the whole graph: (logits [N, C], h1
+            [N, hidden]); `mean` is the sparse mean-over-neighbours
+            operator (`mean_operator`)."""
+            x = self.inputs(features)
+            h = t.relu(x @ self.w1_self + t.sparse.mm(mean, x @ self.w1_neigh) + self.b1)
+            hd = self.drop(h)
+            return hd @ self.w2_self + t.sparse.mm(mean, hd @ self.w2_neigh) + self.b2, h
+
+    class _Student(nn.Module):
+        """A 2-layer MLP on the targets' own row-normalised features
+        (gathered from the node table by `target_row`)."""
+
+        def __init__(self, feature_dim, hidden, num_classes, dropout=0.0):
+            super().__init__()
+            p = nn.Parameter
+            self.w1 = p(t.empty(feature_dim, hidden))
+            self.b1 = p(t.zeros(hidden))
+            self.w2 = p(t.empty(hidden, num_classes))
+            self.b2 = p(t.zeros(num_classes))
+            nn.init.xavier_uniform_(self.w1)
+            nn.init.xavier_uniform_(self.w2)
+            self.drop = nn.Dropout(dropout)
+
+        def decayed(self):
+            return [self.w1]
+
+        def forward(self, features, target_row):
+            x = features[target_row]
+            x = self.drop(x / x.sum(1, keepdim=True).clamp(min=1.0))
+            return self.drop(t.relu(x @ self.w1 + self.b1)) @ self.w2 + self.b2
+
+    DenseSage, Student = _DenseSage, _Student
+    return DenseSage, Student
 
 
-class MeanAggregator:
-    """The mean over each node's neighbours as an operator on the CSR:
-    `agg(x)` is A @ x and `agg.t(g)` is A.T @ g, with A the adjacency whose
-    row v holds 1/deg(v) at v's neighbours (0 for a node without any).
-    Rows are gathered a block of nodes at a time (at most BLOCK_EDGES
-    edges), so memory is O(E + N x width): never N x N."""
-
-    BLOCK_EDGES = 1 << 18
-
-    def __init__(self, n, indptr, indices):
-        self.n = n
-        self.indptr, self.indices = indptr, indices
-        degree = np.diff(indptr)
-        self.inv = (1.0 / np.maximum(degree, 1)).astype(np.float32)
-        # The transpose: for each node u, the edges v -> u, weighted 1/deg(v).
-        order = np.argsort(indices, kind="stable")
-        src = np.repeat(np.arange(n, dtype=np.int64), degree)[order]
-        self.t_indices = src
-        self.t_weight = self.inv[src]
-        self.t_indptr = np.zeros(n + 1, dtype=np.int64)
-        np.cumsum(np.bincount(indices, minlength=n), out=self.t_indptr[1:])
-
-    def __call__(self, x):
-        return self._sums(x, self.indptr, self.indices, None) * self.inv[:, None]
-
-    def t(self, g):
-        return self._sums(g, self.t_indptr, self.t_indices, self.t_weight)
-
-    def _sums(self, x, indptr, indices, weight):
-        out = np.zeros((self.n, x.shape[1]), np.float32)
-        lo = 0
-        while lo < self.n:
-            hi = int(np.searchsorted(indptr, indptr[lo] + self.BLOCK_EDGES, side="right")) - 1
-            hi = min(max(hi, lo + 1), self.n)
-            a, b = indptr[lo], indptr[hi]
-            if b > a:
-                vals = x[indices[a:b]]
-                if weight is not None:
-                    vals *= weight[a:b, None]
-                nonempty = np.diff(indptr[lo:hi + 1]) > 0
-                out[lo:hi][nonempty] = np.add.reduceat(vals, indptr[lo:hi][nonempty] - a, axis=0)
-            lo = hi
-        return out
+def mean_operator(n, indptr, indices):
+    """The mean over each node's neighbours as a sparse [N, N] matrix (row v
+    holds 1/deg(v) at v's neighbours; empty for a node without any): memory
+    O(E), never N x N."""
+    t = torch()
+    degree = np.diff(indptr)
+    rows = np.repeat(np.arange(n, dtype=np.int64), degree)
+    values = (1.0 / np.maximum(degree, 1)).astype(np.float32)[rows]
+    return t.sparse_coo_tensor(t.from_numpy(np.stack([rows, indices])), t.from_numpy(values),
+                               (n, n), check_invariants=False).coalesce()
 
 
-def normalise(x):
-    return x / np.maximum(x.sum(axis=1, keepdims=True), 1.0)
+def tensors(feeds):
+    t = torch()
+    return {k: t.from_numpy(np.ascontiguousarray(v)) for k, v in feeds.items()}
 
 
-def layer1(params, xn, agg):
-    """h(v) for every node: the layer-1 embedding (`agg`: a
-    MeanAggregator)."""
-    w1s, w1n, b1 = params[:3]
-    return np.maximum(xn @ w1s + agg(xn @ w1n) + b1, 0.0)
+def layout_args(feeds, hidden):
+    """A response's tables in `forward`'s order, with `hop1_h1` ([1, 1,
+    hidden] zeros: no slot cached) when `feeds` has none."""
+    t = torch()
+    ts = tensors(feeds)
+    if HUB_INPUT not in ts:
+        ts[HUB_INPUT] = t.zeros(1, 1, hidden)
+    return tuple(ts[name] for name in GNN_INPUTS)
 
 
-def layer2(params, h, agg):
-    """The logits of every node from every node's layer-1 embedding."""
-    w2s, w2n, b2 = params[3:]
-    return h @ w2s + agg(h @ w2n) + b2
+def layout_logits(model, feeds):
+    """`model`'s logits on inputs laid out as a response (stored hub
+    embeddings included): what the exported graph must compute on them."""
+    t = torch()
+    model.eval()
+    with t.no_grad():
+        return model(*layout_args(feeds, model.b1.shape[0]))[0].numpy()
 
 
-def forward(params, xn, agg):
-    return layer2(params, layer1(params, xn, agg), agg)
+def offline(model, x, mean):
+    """(logits, h1) of every node on the whole graph, every neighbour."""
+    t = torch()
+    model.eval()
+    with t.no_grad():
+        logits, h1 = model.full(t.from_numpy(x), mean)
+    return logits.numpy(), h1.numpy()
 
 
-def glorot(rng, fan_in, fan_out):
-    """Glorot-uniform weights, f32."""
-    s = np.sqrt(6.0 / (fan_in + fan_out))
-    return rng.uniform(-s, s, size=(fan_in, fan_out)).astype(np.float32)
+def export_dense(model, out, example):
+    """torch.onnx.export of `model`'s served computation (TorchScript
+    exporter, opset OPSET, every table's sizes dynamic) into out/model.onnx,
+    checked by onnx."""
+    import onnx
+    t = torch()
+    model.eval()
+    path = os.path.join(out, "model.onnx")
+    dynamic = {
+        "features": {0: "n_nodes"}, "target_row": {0: "n_targets"},
+        "hop1_count": {0: "n_targets"}, "hop1_rows": {0: "n_targets", 1: "f1"},
+        "hop2_count": {0: "n_targets", 1: "f1"},
+        "hop2_rows": {0: "n_targets", 1: "f1", 2: "f2"},
+        # [n_targets, f1, hidden], or [1, 1, hidden] (broadcast) when no
+        # slot is cached.
+        HUB_INPUT: {0: "hub_targets", 1: "hub_f1"},
+        OUTPUT: {0: "n_targets"}, H1_OUTPUT: {0: "n_targets"},
+    }
+    with t.no_grad():
+        t.onnx.export(model, layout_args(example, model.b1.shape[0]), path, dynamo=False,
+                      opset_version=OPSET, input_names=GNN_INPUTS,
+                      output_names=[OUTPUT, H1_OUTPUT], dynamic_axes=dynamic)
+    onnx.checker.check_model(onnx.load(path))
+    return path
 
 
-def adam_step(params, grads, decay, m, v, lr, epoch):
-    """One Adam update (betas 0.9, 0.999) in place, with L2 weight decay
-    `decay[i]` on parameter i."""
-    for i, (param, grad) in enumerate(zip(params, grads)):
-        grad = grad + decay[i] * param
-        m[i] = 0.9 * m[i] + 0.1 * grad
-        v[i] = 0.999 * v[i] + 0.001 * grad * grad
-        mhat = m[i] / (1 - 0.9 ** epoch)
-        vhat = v[i] / (1 - 0.999 ** epoch)
-        params[i] = (param - lr * mhat / (np.sqrt(vhat) + 1e-8)).astype(np.float32)
+def export_student(model, out, x):
+    import onnx
+    t = torch()
+    model.eval()
+    path = os.path.join(out, "model.onnx")
+    example = (t.from_numpy(np.ascontiguousarray(x[:3])), t.arange(3, dtype=t.int32))
+    with t.no_grad():
+        t.onnx.export(model, example, path, dynamo=False, opset_version=OPSET,
+                      input_names=STUDENT_INPUTS, output_names=[OUTPUT],
+                      dynamic_axes={"features": {0: "n_nodes"}, "target_row": {0: "n_targets"},
+                                    OUTPUT: {0: "n_targets"}})
+    onnx.checker.check_model(onnx.load(path))
+    return path
 
 
-def init_params(rng, d, hidden, num_classes):
-    return [glorot(rng, d, hidden), glorot(rng, d, hidden), np.zeros(hidden, np.float32),
-            glorot(rng, hidden, num_classes), glorot(rng, hidden, num_classes),
-            np.zeros(num_classes, np.float32)]
+def export_example(x, indptr, indices, fanouts):
+    """A small response to trace the export with (two targets with
+    neighbours, sampled at `fanouts`)."""
+    degree = np.diff(indptr)
+    targets = np.flatnonzero(degree > 0)[:2]
+    if len(targets) == 0:
+        targets = np.arange(min(2, len(x)))
+    rng = np.random.default_rng(0)
+    return response_inputs(x, targets, sample_neighbours(indptr, indices, rng), fanouts)
 
 
-def start_training(rng, d, hidden, num_classes, weight_decay, split):
-    """Glorot parameters, their weight decay (first layer only), Adam's
-    moments, and the training and validation nodes."""
-    params = init_params(rng, d, hidden, num_classes)
-    decay = [weight_decay, weight_decay, 0.0, 0.0, 0.0, 0.0]
-    moments = ([np.zeros_like(p) for p in params], [np.zeros_like(p) for p in params])
-    return params, decay, moments, np.flatnonzero(split == 0), np.flatnonzero(split == 1)
-
-
-_last_progress = [0.0]
-
-
-def progress(text, last=False):
-    """One line of progress on stderr, rewritten in place at most twice a
-    second (and with `last`, always, ending the line)."""
-    now = time.time()
-    if last or now - _last_progress[0] >= 0.5:
-        _last_progress[0] = now
-        sys.stderr.write("\r" + text + ("\n" if last else ""))
-        sys.stderr.flush()
-
-
-def train_full(x, agg, labels, split, num_classes, hidden, epochs, lr, weight_decay, dropout,
-               seed):
-    """Full-graph training (every node, every neighbour, each epoch), the
-    aggregation a sparse operator on the CSR. Returns (best validation
-    accuracy, its parameters, its epoch)."""
-    rng = np.random.default_rng(seed)
-    n, d = x.shape
-    xn = normalise(x).astype(np.float32)
-    params, decay, (m, v), train_idx, val_idx = start_training(rng, d, hidden, num_classes,
-                                                               weight_decay, split)
-    onehot = np.eye(num_classes, dtype=np.float32)[labels[train_idx]]
-    keep = 1.0 - dropout
-    best = (-1.0, None, 0)
-    for epoch in range(1, epochs + 1):
-        w1s, w1n, b1, w2s, w2n, b2 = params
-        mask0 = (rng.random(xn.shape) < keep).astype(np.float32) / keep
-        xd = xn * mask0
-        z1 = xd @ w1s + agg(xd @ w1n) + b1
-        h = np.maximum(z1, 0.0)
-        mask1 = (rng.random(h.shape) < keep).astype(np.float32) / keep
-        hd = h * mask1
-        z2 = hd @ w2s + agg(hd @ w2n) + b2
-        logits = z2[train_idx]
-        p = np.exp(logits - logits.max(axis=1, keepdims=True))
-        p /= p.sum(axis=1, keepdims=True)
-        dz2 = np.zeros_like(z2)
-        dz2[train_idx] = (p - onehot) / len(train_idx)
-        at_dz2 = agg.t(dz2)
-        g_w2s = hd.T @ dz2
-        g_w2n = hd.T @ at_dz2
-        g_b2 = dz2.sum(axis=0)
-        dh = (dz2 @ w2s.T + at_dz2 @ w2n.T) * mask1 * (z1 > 0)
-        g_w1s = xd.T @ dh
-        g_w1n = xd.T @ agg.t(dh)
-        g_b1 = dh.sum(axis=0)
-        grads = [g_w1s, g_w1n, g_b1, g_w2s, g_w2n, g_b2]
-        adam_step(params, grads, decay, m, v, lr, epoch)
-        val = accuracy(forward(params, xn, agg), labels, val_idx)
-        if val > best[0]:
-            best = (val, [p.copy() for p in params], epoch)
-        progress(f"full-graph training: epoch {epoch}/{epochs}, validation {val * 100:.1f}% "
-                 f"(best {best[0] * 100:.1f}%)", last=epoch == epochs)
-    return best
+def synthetic_example(feature_dim):
+    """A response of two targets with two neighbours each, on random rows:
+    for exports without a dataset (`init`, `import-pyg` alone)."""
+    x = np.random.default_rng(0).random((4, feature_dim), dtype=np.float32)
+    indptr = np.array([0, 2, 4, 5, 6])
+    indices = np.array([1, 2, 0, 3, 0, 1])
+    return response_inputs(x, [0, 1], sample_neighbours(indptr, indices, np.random.default_rng(0)),
+                           (2, 1))
 
 
 def sample_neighbours(indptr, indices, rng):
     """`sample(v, f)`: up to f of v's neighbours, uniformly without
-    replacement (the sidecar's rule; O(f) for a node of any degree)."""
-    def sample(v, f):
-        lo, hi = indptr[v], indptr[v + 1]
-        if hi - lo <= f:
-            return indices[lo:hi]
-        return indices[lo + rng.choice(hi - lo, size=f, replace=False)]
-    return sample
+    replacement (`common.pick_neighbours`; all of them with `rng` None)."""
+    return lambda v, f: pick_neighbours(indptr, indices, v, f, rng)
 
 
-def masked_mean(values, counts, width):
-    """Mean over axis -2 of `values` (..., width, H) of the first `counts`
-    entries (0 where a count is 0), and the weights used: (mean, w) with w
-    (..., width) = 1/count at kept positions."""
-    keep = (np.arange(width) < counts[..., None]).astype(np.float32)
-    w = keep / np.maximum(counts, 1)[..., None].astype(np.float32)
-    return (values * w[..., None]).sum(axis=-2), w
+def accuracy(logits, labels, idx):
+    return float((logits[idx].argmax(axis=1) == labels[idx]).mean()) if len(idx) else 0.0
 
 
-def train_minibatch(x, indptr, indices, labels, split, num_classes, hidden, epochs, lr,
-                    weight_decay, dropout, seed, batch, fanouts, max_steps, agg):
+def optimiser(model, lr, weight_decay):
+    """Adam (betas 0.9, 0.999) with L2 weight decay on the first layer
+    only."""
+    t = torch()
+    decayed = {id(p) for p in model.decayed()}
+    return t.optim.Adam([
+        {"params": model.decayed(), "weight_decay": weight_decay},
+        {"params": [p for p in model.parameters() if id(p) not in decayed], "weight_decay": 0.0},
+    ], lr=lr)
+
+
+def train_full(model, x, mean, labels, split, epochs, lr, weight_decay):
+    """Full-graph training (every node, every neighbour, each epoch), the
+    aggregation a sparse operator. Returns (best validation accuracy, its
+    epoch); `model` holds that epoch's parameters."""
+    t = torch()
+    opt = optimiser(model, lr, weight_decay)
+    train_idx = t.from_numpy(np.flatnonzero(split == 0))
+    val_idx = np.flatnonzero(split == 1)
+    xt, y = t.from_numpy(x), t.from_numpy(labels.astype(np.int64))
+    best = (-1.0, None, 0)
+    for epoch in range(1, epochs + 1):
+        model.train()
+        opt.zero_grad()
+        logits, _ = model.full(xt, mean)
+        t.nn.functional.cross_entropy(logits[train_idx], y[train_idx]).backward()
+        opt.step()
+        val = accuracy(offline(model, x, mean)[0], labels, val_idx)
+        if val > best[0]:
+            best = (val, copy.deepcopy(model.state_dict()), epoch)
+        progress(f"full-graph training: epoch {epoch}/{epochs}, validation {val * 100:.1f}% "
+                 f"(best {best[0] * 100:.1f}%)", last=epoch == epochs, every=0.5)
+    model.load_state_dict(best[1])
+    return best[0], best[2]
+
+
+def train_minibatch(model, x, indptr, indices, mean, labels, split, epochs, lr, weight_decay,
+                    seed, batch, fanouts, max_steps):
     """Neighbour-sampled mini-batch training (GraphSAGE's): each step
     samples a batch of training nodes' 2-hop neighbourhoods at `fanouts`,
     laid out as the sidecar lays out a response, and runs the served
-    computation and its gradient on them; memory per step is the batch's,
-    O(batch x f1 x f2 x hidden). Validation (full-graph, sparse) after
-    each epoch and at the end. Returns (best validation accuracy, its
-    parameters, its epoch)."""
+    computation (`forward`, what is exported) on them; memory per step is
+    the batch's, O(batch x f1 x f2 x hidden). Validation (full-graph,
+    sparse) after each epoch and at the end. Returns (best validation
+    accuracy, its epoch); `model` holds that epoch's parameters."""
+    t = torch()
     rng = np.random.default_rng(seed)
-    n, d = x.shape
-    params, decay, (m, v), train_idx, val_idx = start_training(rng, d, hidden, num_classes,
-                                                               weight_decay, split)
-    f1, f2 = fanouts
+    opt = optimiser(model, lr, weight_decay)
+    train_idx, val_idx = np.flatnonzero(split == 0), np.flatnonzero(split == 1)
     sample = sample_neighbours(indptr, indices, rng)
-    keep = 1.0 - dropout
+    hidden = model.b1.shape[0]
     steps_per_epoch = max(1, -(-len(train_idx) // batch))
     total = epochs * steps_per_epoch if max_steps is None else min(max_steps, epochs * steps_per_epoch)
     best = (-1.0, None, 0)
@@ -288,8 +356,8 @@ def train_minibatch(x, indptr, indices, labels, split, num_classes, hidden, epoc
     started = time.time()
 
     def validate():
-        xn = normalise(x).astype(np.float32)
-        return accuracy(forward(params, xn, agg), labels, val_idx)
+        val = accuracy(offline(model, x, mean)[0], labels, val_idx)
+        return val if val <= best[0] else (val, copy.deepcopy(model.state_dict()), epoch)
 
     while step < total:
         epoch += 1
@@ -299,199 +367,24 @@ def train_minibatch(x, indptr, indices, labels, split, num_classes, hidden, epoc
                 break
             step += 1
             targets = order[start:start + batch]
-            feeds = response_inputs(x, targets, sample, (f1, f2))
-            grads = minibatch_gradients(params, feeds, labels[targets], num_classes, keep, rng)
-            adam_step(params, grads, decay, m, v, lr, step)
+            model.train()
+            opt.zero_grad()
+            logits, _ = model(*layout_args(response_inputs(x, targets, sample, fanouts), hidden))
+            y = t.from_numpy(labels[targets].astype(np.int64))
+            t.nn.functional.cross_entropy(logits, y).backward()
+            opt.step()
             progress(f"mini-batch training: step {step}/{total} (epoch {epoch}), "
-                     f"{step / max(time.time() - started, 1e-9):.1f} steps/s", last=step == total)
+                     f"{step / max(time.time() - started, 1e-9):.1f} steps/s", last=step == total,
+                     every=0.5)
         if step < total:
-            val = validate()
-            if val > best[0]:
-                best = (val, [p.copy() for p in params], epoch)
-    val = validate()
-    if val > best[0]:
-        best = (val, [p.copy() for p in params], epoch)
-    return best
-
-
-def minibatch_gradients(params, feeds, labels, num_classes, keep, rng):
-    """The gradients of the mean cross-entropy of a batch laid out as a
-    response (`feeds`), through the served computation (docs/model.md)
-    with dropout on the inputs and the hidden layer."""
-    w1s, w1n, b1, w2s, w2n, b2 = params
-    x = normalise(feeds["features"]).astype(np.float32)
-    xd = x * ((rng.random(x.shape) < keep).astype(np.float32) / keep)
-    tr, c1, r1 = feeds["target_row"], feeds["hop1_count"], feeds["hop1_rows"]
-    c2, r2 = feeds["hop2_count"], feeds["hop2_rows"]
-    f1, f2 = r2.shape[1], r2.shape[2]
-    ps, pn = xd @ w1s, xd @ w1n
-    agg_t, w1 = masked_mean(pn[r1], c1, f1)
-    agg_1, w2 = masked_mean(pn[r2], c2, f2)
-    z_t = ps[tr] + agg_t + b1
-    z_1 = ps[r1] + agg_1 + b1
-    mask_t = (rng.random(z_t.shape) < keep).astype(np.float32) / keep
-    mask_1 = (rng.random(z_1.shape) < keep).astype(np.float32) / keep
-    h_t = np.maximum(z_t, 0.0) * mask_t
-    h_1 = np.maximum(z_1, 0.0) * mask_1
-    agg_h, _ = masked_mean(h_1, c1, f1)
-    z2 = h_t @ w2s + agg_h @ w2n + b2
-    p = np.exp(z2 - z2.max(axis=1, keepdims=True))
-    p /= p.sum(axis=1, keepdims=True)
-    dz2 = (p - np.eye(num_classes, dtype=np.float32)[labels]) / len(labels)
-    g_w2s, g_w2n, g_b2 = h_t.T @ dz2, agg_h.T @ dz2, dz2.sum(axis=0)
-    dz_t = (dz2 @ w2s.T) * mask_t * (z_t > 0)
-    dz_1 = (dz2 @ w2n.T)[:, None, :] * w1[..., None] * mask_1 * (z_1 > 0)
-    hidden = w1s.shape[1]
-    dps = np.zeros((len(x), hidden), np.float32)
-    dpn = np.zeros((len(x), hidden), np.float32)
-    scatter_add(dps, tr, dz_t)
-    scatter_add(dps, r1.reshape(-1), dz_1.reshape(-1, hidden))
-    scatter_add(dpn, r1.reshape(-1), (dz_t[:, None, :] * w1[..., None]).reshape(-1, hidden))
-    scatter_add(dpn, r2.reshape(-1), (dz_1[:, :, None, :] * w2[..., None]).reshape(-1, hidden))
-    g_b1 = dz_t.sum(axis=0) + dz_1.sum(axis=(0, 1))
-    return [xd.T @ dps, xd.T @ dpn, g_b1, g_w2s, g_w2n, g_b2]
-
-
-def scatter_add(out, rows, values):
-    """out[rows[i]] += values[i] for every i (rows may repeat): sorted and
-    summed per row, far faster than np.add.at."""
-    order = np.argsort(rows, kind="stable")
-    sorted_rows = rows[order]
-    starts = np.flatnonzero(np.r_[True, sorted_rows[1:] != sorted_rows[:-1]])
-    out[sorted_rows[starts]] += np.add.reduceat(values[order], starts, axis=0)
-
-
-def layout_logits(params, feeds, row_normalise=True):
-    """The served computation (docs/model.md) in numpy on inputs laid out
-    as a response, stored hub embeddings included: what the ONNX graph
-    must compute on them."""
-    w1s, w1n, b1, w2s, w2n, b2 = params
-    x = feeds["features"].astype(np.float32)
-    if row_normalise:
-        x = normalise(x).astype(np.float32)
-    tr, c1, r1 = feeds["target_row"], feeds["hop1_count"], feeds["hop1_rows"]
-    c2, r2 = feeds["hop2_count"], feeds["hop2_rows"]
-    f1, f2 = r2.shape[1], r2.shape[2]
-    ps, pn = x @ w1s, x @ w1n
-    h_t = np.maximum(ps[tr] + masked_mean(pn[r1], c1, f1)[0] + b1, 0.0)
-    h_1 = np.maximum(ps[r1] + masked_mean(pn[r2], c2, f2)[0] + b1, 0.0)
-    if HUB_INPUT in feeds:
-        h_1 = np.where((c2 < 0)[..., None], feeds[HUB_INPUT], h_1)
-    return h_t @ w2s + masked_mean(h_1, c1, f1)[0] @ w2n + b2
-
-
-def peak_rss_mib():
-    import resource
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
-
-
-def accuracy(logits, labels, idx):
-    return float((logits[idx].argmax(axis=1) == labels[idx]).mean()) if len(idx) else 0.0
-
-
-def build_onnx(params, feature_dim, num_classes, row_normalise=True):
-    from onnx import TensorProto, helper, numpy_helper
-
-    w1s, w1n, b1, w2s, w2n, b2 = params
-    inits = [numpy_helper.from_array(arr, name) for arr, name in [
-        (w1s, "w1_self"), (w1n, "w1_neigh"), (b1, "b1"),
-        (w2s, "w2_self"), (w2n, "w2_neigh"), (b2, "b2"),
-        (np.array([1], np.int64), "axis1"), (np.array([2], np.int64), "axis2"), (np.array([3], np.int64), "axis3"),
-        (np.array(1.0, np.float32), "one_f"), (np.array(0, np.int32), "zero_i"),
-        (np.array(1, np.int32), "one_i"),
-    ]]
-    nodes = []
-
-    def op(kind, inputs, output, **attrs):
-        nodes.append(helper.make_node(kind, inputs, [output], **attrs))
-        return output
-
-    # Row-normalised features, projected once per node-table row: gathering
-    # hidden-size rows instead of feature rows keeps the work per neighbour
-    # small (mean and projection commute).
-    if row_normalise:
-        rowsum = op("ReduceSum", ["features", "axis1"], "rowsum", keepdims=1)
-        xn = op("Div", ["features", op("Max", [rowsum, "one_f"], "rowsum1")], "xn")
-    else:
-        xn = "features"
-    p_self = op("MatMul", [xn, "w1_self"], "p_self")
-    p_neigh = op("MatMul", [xn, "w1_neigh"], "p_neigh")
-
-    def mask(counts, rows, axis, name):
-        # 1.0 where the list position is below the count, else 0.0 (the
-        # padding holds a valid row index; it is multiplied away here).
-        shape = op("Shape", [rows], f"{name}_shape")
-        width = op("Cast", [op("Gather", [shape, "axis" + str(axis)], f"{name}_width64", axis=0)],
-                   f"{name}_width", to=TensorProto.INT32)
-        width = op("Squeeze", [width], f"{name}_width_s")
-        positions = op("Range", ["zero_i", width, "one_i"], f"{name}_positions")
-        below = op("Less", [positions, op("Unsqueeze", [counts, "axis" + str(axis)], f"{name}_cu")],
-                   f"{name}_below")
-        return op("Cast", [below], f"{name}_mask", to=TensorProto.FLOAT)
-
-    def masked_mean(values, mask_, counts, axis, name):
-        weighted = op("Mul", [values, op("Unsqueeze", [mask_, "axis" + str(axis + 1)], f"{name}_mu")],
-                      f"{name}_weighted")
-        total = op("ReduceSum", [weighted, "axis" + str(axis)], f"{name}_sum", keepdims=0)
-        denom = op("Max", [op("Cast", [counts], f"{name}_cf", to=TensorProto.FLOAT), "one_f"],
-                   f"{name}_denom")
-        return op("Div", [total, op("Unsqueeze", [denom, "axis" + str(axis)], f"{name}_du")],
-                  f"{name}_mean")
-
-    m1 = mask("hop1_count", "hop1_rows", 1, "m1")
-    m2 = mask("hop2_count", "hop2_rows", 2, "m2")
-    # Layer 1 at the targets and at their hop-1 neighbours.
-    agg_t = masked_mean(op("Gather", [p_neigh, "hop1_rows"], "g_h1n", axis=0), m1, "hop1_count", 1, "agg_t")
-    agg_1 = masked_mean(op("Gather", [p_neigh, "hop2_rows"], "g_h2n", axis=0), m2, "hop2_count", 2, "agg_1")
-    h_t = op("Relu", [op("Add", [op("Add", [op("Gather", [p_self, "target_row"], "g_ts", axis=0), agg_t],
-                                    "z_t0"), "b1"], "z_t")], "h_t")
-    h_1 = op("Relu", [op("Add", [op("Add", [op("Gather", [p_self, "hop1_rows"], "g_1s", axis=0), agg_1],
-                                    "z_10"), "b1"], "z_1")], "h_1")
-    # A hop-1 slot sent without hop-2 neighbours (hop2_count -1: a hub whose
-    # stored layer-1 embedding stands) takes it from hop1_h1 instead.
-    cached = op("Unsqueeze", [op("Less", ["hop2_count", "zero_i"], "hub_less"), "axis2"], "hub_cached")
-    h_1 = op("Where", [cached, HUB_INPUT, h_1], "h_1_hub")
-    # Layer 2 at the targets.
-    agg_h = masked_mean(h_1, m1, "hop1_count", 1, "agg_h")
-    out = op("Add", [op("MatMul", [h_t, "w2_self"], "o_self"), op("MatMul", [agg_h, "w2_neigh"], "o_neigh")],
-             "o_sum")
-    op("Add", [out, "b2"], OUTPUT)
-    op("Identity", [h_t], H1_OUTPUT)
-
-    i32, f32 = TensorProto.INT32, TensorProto.FLOAT
-    inputs = [
-        helper.make_tensor_value_info("features", f32, ["n_nodes", feature_dim]),
-        helper.make_tensor_value_info("target_row", i32, ["n_targets"]),
-        helper.make_tensor_value_info("hop1_count", i32, ["n_targets"]),
-        helper.make_tensor_value_info("hop1_rows", i32, ["n_targets", "f1"]),
-        helper.make_tensor_value_info("hop2_count", i32, ["n_targets", "f1"]),
-        helper.make_tensor_value_info("hop2_rows", i32, ["n_targets", "f1", "f2"]),
-        # [n_targets, f1, hidden], or [1, 1, hidden] (broadcast) when no slot
-        # is cached.
-        helper.make_tensor_value_info(HUB_INPUT, f32, ["hub_targets", "hub_f1", w1s.shape[1]]),
-    ]
-    hidden = w1s.shape[1]
-    return onnx_model(nodes, "graphsage_mean_2layer", inputs, num_classes, inits,
-                      "gnn-worker/model/sage.py", hidden=hidden)
-
-
-def onnx_model(nodes, name, inputs, num_classes, inits, producer, hidden=None):
-    """The checked model of `nodes` (opset OPSET, IR 8) with the output
-    `logits`, f32 [n_targets, num_classes], and with `hidden`, the second
-    output `h1`, f32 [n_targets, hidden]."""
-    import onnx
-    from onnx import TensorProto, helper
-
-    outputs = [helper.make_tensor_value_info(OUTPUT, TensorProto.FLOAT, ["n_targets", num_classes])]
-    if hidden is not None:
-        outputs.append(helper.make_tensor_value_info(H1_OUTPUT, TensorProto.FLOAT,
-                                                     ["n_targets", hidden]))
-    graph = helper.make_graph(nodes, name, inputs, outputs, inits)
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)],
-                              producer_name=producer)
-    model.ir_version = 8
-    onnx.checker.check_model(model)
-    return model
+            better = validate()
+            if isinstance(better, tuple):
+                best = better
+    better = validate()
+    if isinstance(better, tuple):
+        best = better
+    model.load_state_dict(best[1])
+    return best[0], best[2]
 
 
 def response_inputs(x, targets, neighbours, fanouts, hubs=None):
@@ -565,8 +458,8 @@ def full_inputs(x, indptr, indices, targets, hubs=None):
     return response_inputs(x, targets, lambda v, f: indices[indptr[v]:indptr[v + 1]], (f1, f2), hubs)
 
 
-def write_reference(out, params, x, indptr, indices, targets, logits, h1, fanouts, seed,
-                    row_normalise=True, tolerance=1e-4):
+def write_reference(out, model, x, indptr, indices, targets, logits, h1, fanouts, seed,
+                    tolerance=1e-4):
     """Writes reference/ (inputs.json, <input>.bin, ort_logits.f32) for the
     exported model in `out` and checks onnxruntime against the offline
     `logits` (and `h1`, every node's layer-1 embedding) within
@@ -579,7 +472,7 @@ def write_reference(out, params, x, indptr, indices, targets, logits, h1, fanout
     # neighbours, which with every neighbour sampled changes nothing. On a
     # graph too large for every neighbour of the batch, it is sampled at
     # the manifest's fanouts and checked against the same computation in
-    # numpy.
+    # torch (the module that was exported).
     import onnxruntime as ort
     session = ort.InferenceSession(os.path.join(out, "model.onnx"), providers=["CPUExecutionProvider"])
     degree = np.diff(indptr)
@@ -596,8 +489,7 @@ def write_reference(out, params, x, indptr, indices, targets, logits, h1, fanout
         rng = np.random.default_rng(seed)
         plain_feeds = sampled_inputs(x, indptr, indices, targets, fanouts, rng)
         feeds = response_inputs(x, targets, sample_neighbours(indptr, indices, rng), fanouts, hubs)
-        expected_plain, expected = (layout_logits(params, plain_feeds, row_normalise),
-                                   layout_logits(params, feeds, row_normalise))
+        expected_plain, expected = layout_logits(model, plain_feeds), layout_logits(model, feeds)
     plain = session.run([OUTPUT], session_feeds(session, plain_feeds))[0]
     diff = float(np.abs(plain - expected_plain).max())
     if diff > tolerance:
@@ -627,65 +519,69 @@ FULL_GRAPH_MAX_EDGES = 2_000_000
 REFERENCE_MAX_ENTRIES = 1 << 20
 
 
+def dense_manifest(**fields):
+    """The dense layout's manifest: shared fields, then `fields`."""
+    manifest = {
+        "format_version": 1,
+        "architecture": "graphsage-mean-2layer",
+        "dtype": "f32",
+        "opset": OPSET,
+        "inputs": GNN_INPUTS,
+        "outputs": [OUTPUT, H1_OUTPUT],
+    }
+    manifest.update(fields)
+    return manifest
+
+
+def write_manifest(out, manifest):
+    with open(os.path.join(out, "manifest.json"), "w") as f:
+        json.dump(manifest, f, indent=2)
+
+
 def cmd_train(args):
     started = time.time()
+    t = torch()
+    t.manual_seed(args.seed)
     meta, x, edges, labels, split = load_dataset(args.dataset)
     n, d, c = meta["num_nodes"], meta["feature_dim"], meta["num_classes"]
-    indptr, indices = csr(n, edges)
+    indptr, indices = neighbour_lists(n, edges)
     del edges
-    agg = MeanAggregator(n, indptr, indices)
+    mean = mean_operator(n, indptr, indices)
     fanouts = [int(v) for v in args.fanouts.split(",")]
     mode = args.mode
     if mode == "auto":
         mode = "full" if len(indices) <= FULL_GRAPH_MAX_EDGES else "minibatch"
+    DenseSage, _ = dense_modules()
+    model = DenseSage(d, args.hidden, c, dropout=args.dropout)
     if mode == "full":
-        val, params, epoch = train_full(x, agg, labels, split, c, args.hidden, args.epochs, args.lr,
-                                        args.weight_decay, args.dropout, args.seed)
+        val, epoch = train_full(model, x, mean, labels, split, args.epochs, args.lr,
+                                args.weight_decay)
     else:
-        val, params, epoch = train_minibatch(x, indptr, indices, labels, split, c, args.hidden,
-                                             args.epochs, args.lr, args.weight_decay, args.dropout,
-                                             args.seed, args.batch, fanouts, args.max_steps, agg)
+        val, epoch = train_minibatch(model, x, indptr, indices, mean, labels, split, args.epochs,
+                                     args.lr, args.weight_decay, args.seed, args.batch, fanouts,
+                                     args.max_steps)
     trained = time.time() - started
-    xn = normalise(x).astype(np.float32)
-    h1 = layer1(params, xn, agg).astype(np.float32)
-    del xn
-    logits = layer2(params, h1, agg).astype(np.float32)
+    logits, h1 = offline(model, x, mean)
     test_idx = np.flatnonzero(split == 2)
     test_acc = accuracy(logits, labels, test_idx)
     os.makedirs(os.path.join(args.out, "reference"), exist_ok=True)
-    model = build_onnx(params, d, c)
-    import onnx
-    onnx.save(model, os.path.join(args.out, "model.onnx"))
+    export_dense(model, args.out, export_example(x, indptr, indices, fanouts))
     logits.tofile(os.path.join(args.out, "reference", "logits.f32"))
 
     targets = test_idx[: args.reference_targets]
-    diff, hub_diff = write_reference(args.out, params, x, indptr, indices, targets, logits, h1,
+    diff, hub_diff = write_reference(args.out, model, x, indptr, indices, targets, logits, h1,
                                      fanouts, args.seed)
-
-    manifest = {
-        "format_version": 1,
-        "architecture": "graphsage-mean-2layer",
-        "dataset": meta["name"],
-        "feature_dim": d,
-        "dtype": "f32",
-        "num_classes": c,
-        "hidden": args.hidden,
-        "fanouts": fanouts,
-        "graph_version": args.graph_version,
-        "num_nodes": n,
-        "opset": OPSET,
-        "inputs": GNN_INPUTS,
-        "outputs": [OUTPUT, H1_OUTPUT],
-        "training": {"mode": mode, "seed": args.seed, "epochs": args.epochs, "best_epoch": epoch,
-                     "lr": args.lr, "weight_decay": args.weight_decay, "dropout": args.dropout,
-                     "batch": args.batch if mode == "minibatch" else None,
-                     "max_steps": args.max_steps if mode == "minibatch" else None,
-                     "seconds": round(trained, 1), "peak_rss_mib": round(peak_rss_mib(), 1)},
-        "offline": {"val_accuracy": val, "test_accuracy": test_acc,
-                    "onnxruntime_max_abs_diff": diff, "hub_h1_max_abs_diff": hub_diff},
-    }
-    with open(os.path.join(args.out, "manifest.json"), "w") as f:
-        json.dump(manifest, f, indent=2)
+    write_manifest(args.out, dense_manifest(
+        dataset=meta["name"], feature_dim=d, num_classes=c, hidden=args.hidden, fanouts=fanouts,
+        graph_version=args.graph_version, num_nodes=n,
+        training={"mode": mode, "seed": args.seed, "epochs": args.epochs, "best_epoch": epoch,
+                  "lr": args.lr, "weight_decay": args.weight_decay, "dropout": args.dropout,
+                  "batch": args.batch if mode == "minibatch" else None,
+                  "max_steps": args.max_steps if mode == "minibatch" else None,
+                  "framework": f"torch {t.__version__}",
+                  "seconds": round(trained, 1), "peak_rss_mib": round(peak_rss_mib(), 1)},
+        offline={"val_accuracy": val, "test_accuracy": test_acc,
+                 "onnxruntime_max_abs_diff": diff, "hub_h1_max_abs_diff": hub_diff}))
     print(f"{meta['name']}: offline test accuracy {test_acc * 100:.1f}% (val {val * 100:.1f}%, "
           f"epoch {epoch}); onnxruntime diff {diff:.2e}; {mode} training {trained:.1f} s, "
           f"{time.time() - started:.1f} s in all, peak RSS {peak_rss_mib():.0f} MiB -> {args.out}")
@@ -718,7 +614,8 @@ def pyg_sage_reference(weights, x, indptr, indices):
 
 def cmd_import_pyg(args):
     """A 2-layer PyTorch Geometric model's weights (safetensors, PyG's
-    names) exported as this contract's ONNX graph with its manifest."""
+    names) loaded into DenseSage and exported as the dense layout's ONNX
+    graph with its manifest."""
     from safetensors.numpy import load_file
     if args.arch == "gcn":
         sys.exit("GCNConv is not imported into the dense layout: its symmetric normalisation "
@@ -749,15 +646,16 @@ def cmd_import_pyg(args):
             sys.exit(f"{args.weights}: {key} has shape {list(w[key].shape)}, expected "
                      f"{list(shape)} (from conv1.lin_l.weight {[hidden, d]} and "
                      f"conv2.lin_l.weight {[c, hidden]})")
-    params = [w["conv1.lin_r.weight"].T.copy(), w["conv1.lin_l.weight"].T.copy(),
-              w["conv1.lin_l.bias"], w["conv2.lin_r.weight"].T.copy(),
-              w["conv2.lin_l.weight"].T.copy(), w["conv2.lin_l.bias"]]
+    t = torch()
+    DenseSage, _ = dense_modules()
+    model = DenseSage(d, hidden, c, row_normalise=args.row_normalise)
+    model.load_state_dict({name: t.from_numpy(np.ascontiguousarray(value)) for name, value in {
+        "w1_self": w["conv1.lin_r.weight"].T, "w1_neigh": w["conv1.lin_l.weight"].T,
+        "b1": w["conv1.lin_l.bias"], "w2_self": w["conv2.lin_r.weight"].T,
+        "w2_neigh": w["conv2.lin_l.weight"].T, "b2": w["conv2.lin_l.bias"]}.items()})
     os.makedirs(os.path.join(args.out, "reference"), exist_ok=True)
-    import onnx
-    onnx.save(build_onnx(params, d, c, row_normalise=args.row_normalise),
-              os.path.join(args.out, "model.onnx"))
     fanouts = [int(v) for v in args.fanouts.split(",")]
-    offline = None
+    checked = None
     name = None
     if args.dataset:
         meta, x, edges, labels, split = load_dataset(args.dataset)
@@ -765,104 +663,59 @@ def cmd_import_pyg(args):
         if meta["feature_dim"] != d:
             sys.exit(f"{args.dataset} has {meta['feature_dim']} features; the weights take {d}")
         n = meta["num_nodes"]
-        indptr, indices = csr(n, edges)
-        xin = normalise(x).astype(np.float32) if args.row_normalise else x
+        indptr, indices = neighbour_lists(n, edges)
+        export_dense(model, args.out, export_example(x, indptr, indices, fanouts))
+        xin = (x / np.maximum(x.sum(axis=1, keepdims=True), 1.0)).astype(np.float32) \
+            if args.row_normalise else x
         logits, h1 = pyg_sage_reference(w, xin, indptr, indices)
         logits.tofile(os.path.join(args.out, "reference", "logits.f32"))
         test_idx = np.flatnonzero(split == 2)
         targets = (test_idx if len(test_idx) else np.arange(n))[:32]
-        diff, hub_diff = write_reference(args.out, params, x, indptr, indices, targets, logits, h1,
-                                         fanouts, 0, row_normalise=args.row_normalise,
-                                         tolerance=1e-5)
-        offline = {"test_accuracy": accuracy(logits, labels, test_idx),
+        diff, hub_diff = write_reference(args.out, model, x, indptr, indices, targets, logits, h1,
+                                         fanouts, 0, tolerance=1e-5)
+        checked = {"test_accuracy": accuracy(logits, labels, test_idx),
                    "reference": "numpy, PyG's SAGEConv formula, every neighbour",
                    "onnxruntime_max_abs_diff": diff, "hub_h1_max_abs_diff": hub_diff}
-    manifest = {
-        "format_version": 1,
-        "architecture": "graphsage-mean-2layer",
-        "dataset": name,
-        "feature_dim": d,
-        "dtype": "f32",
-        "num_classes": c,
-        "hidden": hidden,
-        "fanouts": fanouts,
-        "graph_version": args.graph_version,
-        "num_nodes": None,
-        "opset": OPSET,
-        "inputs": GNN_INPUTS,
-        "outputs": [OUTPUT, H1_OUTPUT],
-        "row_normalise": args.row_normalise,
-        "imported": {"from": "pytorch_geometric", "layer": "SAGEConv", "aggr": "mean",
-                     "weights_sha256": file_sha256(args.weights)},
-        "training": None,
-        "offline": offline,
-    }
-    with open(os.path.join(args.out, "manifest.json"), "w") as f:
-        json.dump(manifest, f, indent=2)
-    checked = (f"onnxruntime within {offline['onnxruntime_max_abs_diff']:.1e} of PyG's formula on "
-               f"{name}, test accuracy {offline['test_accuracy'] * 100:.1f}%" if offline else
-               "not checked against a dataset (give --dataset)")
-    print(f"imported SAGEConv x 2 ({d} -> {hidden} -> {c}); {checked} -> {args.out}")
+    else:
+        export_dense(model, args.out, synthetic_example(d))
+    write_manifest(args.out, dense_manifest(
+        dataset=name, feature_dim=d, num_classes=c, hidden=hidden, fanouts=fanouts,
+        graph_version=args.graph_version, num_nodes=None, row_normalise=args.row_normalise,
+        imported={"from": "pytorch_geometric", "layer": "SAGEConv", "aggr": "mean",
+                  "weights_sha256": file_sha256(args.weights)},
+        training=None, offline=checked))
+    said = (f"onnxruntime within {checked['onnxruntime_max_abs_diff']:.1e} of PyG's formula on "
+            f"{name}, test accuracy {checked['test_accuracy'] * 100:.1f}%" if checked else
+            "not checked against a dataset (give --dataset)")
+    print(f"imported SAGEConv x 2 ({d} -> {hidden} -> {c}); {said} -> {args.out}")
 
 
 def cmd_init(args):
     """A model of the right shape with random (Glorot) weights and no
     training: for load tests on graphs without labels (the synthetic
     graphs of `sidecar generate`). Its predictions mean nothing."""
-    rng = np.random.default_rng(args.seed)
+    torch().manual_seed(args.seed)
     d, c, hidden = args.feature_dim, args.classes, args.hidden
-
-    params = [glorot(rng, d, hidden), glorot(rng, d, hidden), np.zeros(hidden, np.float32),
-              glorot(rng, hidden, c), glorot(rng, hidden, c), np.zeros(c, np.float32)]
+    DenseSage, _ = dense_modules()
     os.makedirs(args.out, exist_ok=True)
-    import onnx
-    onnx.save(build_onnx(params, d, c), os.path.join(args.out, "model.onnx"))
-    manifest = {
-        "format_version": 1,
-        "architecture": "graphsage-mean-2layer",
-        "dataset": None,
-        "feature_dim": d,
-        "dtype": "f32",
-        "num_classes": c,
-        "hidden": hidden,
-        "fanouts": [int(v) for v in args.fanouts.split(",")],
-        "graph_version": args.graph_version,
-        "num_nodes": None,
-        "opset": OPSET,
-        "inputs": GNN_INPUTS,
-        "outputs": [OUTPUT, H1_OUTPUT],
-        "training": None,
-        "offline": None,
-    }
-    with open(os.path.join(args.out, "manifest.json"), "w") as f:
-        json.dump(manifest, f, indent=2)
+    export_dense(DenseSage(d, hidden, c), args.out, synthetic_example(d))
+    write_manifest(args.out, dense_manifest(
+        dataset=None, feature_dim=d, num_classes=c, hidden=hidden,
+        fanouts=[int(v) for v in args.fanouts.split(",")], graph_version=args.graph_version,
+        num_nodes=None, training=None, offline=None))
     print(f"untrained model: {d} features, {c} classes, hidden {hidden} -> {args.out}")
 
 
 def sampled_inputs(x, indptr, indices, targets, fanouts, rng):
     """Model inputs for `targets` at `fanouts`, as the sidecar serves them:
     up to f neighbours of each node sampled without replacement."""
-    def sample(v, f):
-        nbrs = indices[indptr[v]:indptr[v + 1]]
-        return nbrs if len(nbrs) <= f else rng.choice(nbrs, size=f, replace=False)
-
-    return response_inputs(x, targets, sample, fanouts)
+    return response_inputs(x, targets, sample_neighbours(indptr, indices, rng), fanouts)
 
 
 def own_row_inputs(x, targets):
     """A student's inputs: the targets' own rows, nothing else."""
     return {"features": x[np.asarray(targets)].astype(np.float32),
             "target_row": np.arange(len(targets), dtype=np.int32)}
-
-
-def session_of(path):
-    import onnxruntime as ort
-    options = ort.SessionOptions()
-    # One thread, as one worker executor runs one batch: the timings compare
-    # the models, not the thread pool.
-    options.intra_op_num_threads = 1
-    options.inter_op_num_threads = 1
-    return ort.InferenceSession(path, options, providers=["CPUExecutionProvider"])
 
 
 def session_logits(session, feeds_of, idx, batch=16):
@@ -922,12 +775,6 @@ def read_manifest(model_dir):
         return json.load(f)
 
 
-def file_sha256(path):
-    import hashlib
-    with open(path, "rb") as f:
-        return hashlib.sha256(f.read()).hexdigest()
-
-
 def check_dataset_matches(manifest, meta, model_dir):
     if manifest.get("feature_dim") != meta["feature_dim"]:
         sys.exit(f"{model_dir}: feature_dim {manifest.get('feature_dim')} in the manifest, "
@@ -956,7 +803,7 @@ def cmd_quantize(args):
     meta, x, edges, labels, split = load_dataset(args.dataset)
     check_dataset_matches(manifest, meta, args.model)
     n = meta["num_nodes"]
-    indptr, indices = csr(n, edges)
+    indptr, indices = neighbour_lists(n, edges)
     os.makedirs(os.path.join(args.out, "reference"), exist_ok=True)
     fp32_path = os.path.join(args.model, "model.onnx")
     int8_path = os.path.join(args.out, "model.onnx")
@@ -1042,84 +889,39 @@ def cmd_quantize(args):
                       "seconds": round(time.time() - started, 1)}))
 
 
-def train_student(xn, teacher_logits, labels, split, hidden, epochs, lr, weight_decay, dropout,
-                  temperature, hard_weight, seed):
-    """A 2-layer MLP on the row-normalised features, trained on the
-    teacher's soft labels for every node (and, weighted `hard_weight`, the
-    true labels of the training nodes); the epoch with the best validation
-    accuracy kept."""
-    rng = np.random.default_rng(seed)
-    n, d = xn.shape
-    c = teacher_logits.shape[1]
-
-    def softmax(z):
-        e = np.exp(z - z.max(axis=1, keepdims=True))
-        return e / e.sum(axis=1, keepdims=True)
-
-    soft = softmax(teacher_logits / temperature).astype(np.float32)
-    train_idx, val_idx = np.flatnonzero(split == 0), np.flatnonzero(split == 1)
-    hard = np.zeros((n, c), np.float32)
-    hard[train_idx] = np.eye(c, dtype=np.float32)[labels[train_idx]]
-    params = [glorot(rng, d, hidden), np.zeros(hidden, np.float32), glorot(rng, hidden, c), np.zeros(c, np.float32)]
-    decay = [weight_decay, 0.0, 0.0, 0.0]
-    m = [np.zeros_like(p) for p in params]
-    v = [np.zeros_like(p) for p in params]
-    keep = 1.0 - dropout
+def train_student(model, x, teacher_logits, labels, split, epochs, lr, weight_decay, temperature,
+                  hard_weight):
+    """`model` (a Student) trained on the teacher's soft labels for every
+    node (KL at the temperature, scaled by T^2 as Hinton et al.) and,
+    weighted `hard_weight`, the true labels of the training nodes; the
+    epoch with the best validation accuracy kept. Returns (that accuracy,
+    its epoch)."""
+    t = torch()
+    F = t.nn.functional
+    n = len(x)
+    xt, every = t.from_numpy(x), t.arange(n, dtype=t.int32)
+    soft = F.softmax(t.from_numpy(teacher_logits) / temperature, dim=1)
+    train_idx = t.from_numpy(np.flatnonzero(split == 0))
+    val_idx = np.flatnonzero(split == 1)
+    y = t.from_numpy(labels.astype(np.int64))
+    opt = optimiser(model, lr, weight_decay)
     best = (-1.0, None, 0)
     for epoch in range(1, epochs + 1):
-        w1, b1, w2, b2 = params
-        xd = xn * ((rng.random(xn.shape) < keep).astype(np.float32) / keep)
-        z1 = xd @ w1 + b1
-        h = np.maximum(z1, 0.0)
-        mask1 = (rng.random(h.shape) < keep).astype(np.float32) / keep
-        hd = h * mask1
-        z2 = hd @ w2 + b2
-        # Soft part: KL(teacher || student) at the temperature, scaled by T^2
-        # (Hinton et al.); hard part: cross-entropy on the training nodes.
-        dz2 = (softmax(z2 / temperature) - soft) * temperature / n
-        dz2[train_idx] += hard_weight * (softmax(z2[train_idx]) - hard[train_idx]) / len(train_idx)
-        g_w2, g_b2 = hd.T @ dz2, dz2.sum(axis=0)
-        dh = (dz2 @ w2.T) * mask1 * (z1 > 0)
-        grads = [xd.T @ dh, dh.sum(axis=0), g_w2, g_b2]
-        adam_step(params, grads, decay, m, v, lr, epoch)
-        w1, b1, w2, b2 = params
-        val = accuracy(np.maximum(xn[val_idx] @ w1 + b1, 0.0) @ w2 + b2, labels[val_idx],
-                       np.arange(len(val_idx)))
+        model.train()
+        opt.zero_grad()
+        z = model(xt, every)
+        loss = -(soft * F.log_softmax(z / temperature, dim=1)).sum(1).mean() * temperature ** 2
+        if hard_weight:
+            loss = loss + hard_weight * F.cross_entropy(z[train_idx], y[train_idx])
+        loss.backward()
+        opt.step()
+        model.eval()
+        with t.no_grad():
+            val = accuracy(model(xt, every).numpy(), labels, val_idx)
         if val > best[0]:
-            best = (val, [p.copy() for p in params], epoch)
-    return best
-
-
-STUDENT_INPUTS = ["features", "target_row"]
-
-
-def build_student_onnx(params, feature_dim, num_classes):
-    """logits = relu(x W1 + b1) W2 + b2 on the targets' own rows (gathered
-    from the node table by `target_row`, row-normalised inside)."""
-    from onnx import TensorProto, helper, numpy_helper
-
-    w1, b1, w2, b2 = params
-    inits = [numpy_helper.from_array(arr, name) for arr, name in [
-        (w1, "w1"), (b1, "b1"), (w2, "w2"), (b2, "b2"),
-        (np.array([1], np.int64), "axis1"), (np.array(1.0, np.float32), "one_f"),
-    ]]
-    nodes = [
-        helper.make_node("Gather", ["features", "target_row"], ["x_t"], axis=0),
-        helper.make_node("ReduceSum", ["x_t", "axis1"], ["rowsum"], keepdims=1),
-        helper.make_node("Max", ["rowsum", "one_f"], ["rowsum1"]),
-        helper.make_node("Div", ["x_t", "rowsum1"], ["xn"]),
-        helper.make_node("MatMul", ["xn", "w1"], ["z1_0"]),
-        helper.make_node("Add", ["z1_0", "b1"], ["z1"]),
-        helper.make_node("Relu", ["z1"], ["h"]),
-        helper.make_node("MatMul", ["h", "w2"], ["z2_0"]),
-        helper.make_node("Add", ["z2_0", "b2"], [OUTPUT]),
-    ]
-    inputs = [
-        helper.make_tensor_value_info("features", TensorProto.FLOAT, ["n_nodes", feature_dim]),
-        helper.make_tensor_value_info("target_row", TensorProto.INT32, ["n_targets"]),
-    ]
-    return onnx_model(nodes, "mlp_student_2layer", inputs, num_classes, inits,
-                      "gnn-worker/model/sage.py distill")
+            best = (val, copy.deepcopy(model.state_dict()), epoch)
+    model.load_state_dict(best[1])
+    return best[0], best[2]
 
 
 def cmd_distill(args):
@@ -1138,20 +940,20 @@ def cmd_distill(args):
     reference = "outputs.f32" if subgraph else "logits.f32"
     teacher_logits = np.fromfile(os.path.join(args.teacher, "reference", reference),
                                  dtype="<f4").reshape(n, c)
-    xn = normalise(x).astype(np.float32)
-    val, params, epoch = train_student(xn, teacher_logits, labels, split, args.hidden, args.epochs,
-                                       args.lr, args.weight_decay, args.dropout, args.temperature,
-                                       args.hard_weight, args.seed)
+    t = torch()
+    t.manual_seed(args.seed)
+    _, Student = dense_modules()
+    model = Student(d, args.hidden, c, dropout=args.dropout)
+    val, epoch = train_student(model, x, teacher_logits, labels, split, args.epochs, args.lr,
+                               args.weight_decay, args.temperature, args.hard_weight)
     os.makedirs(os.path.join(args.out, "reference"), exist_ok=True)
-    import onnx
-    student_path = os.path.join(args.out, "model.onnx")
-    onnx.save(build_student_onnx(params, d, c), student_path)
+    student_path = export_student(model, args.out, x)
     student = session_of(student_path)
     every = np.arange(n)
-    logits = session_logits(student, lambda t: own_row_inputs(x, t), every)
-    w1, b1, w2, b2 = params
-    offline = np.maximum(xn @ w1 + b1, 0.0) @ w2 + b2
-    diff = float(np.abs(offline - logits).max())
+    logits = session_logits(student, lambda ids: own_row_inputs(x, ids), every)
+    with t.no_grad():
+        expected = model(t.from_numpy(x), t.arange(n, dtype=t.int32)).numpy()
+    diff = float(np.abs(expected - logits).max())
     if diff > 1e-4:
         sys.exit(f"onnxruntime and the offline student disagree by {diff}")
     logits.astype(np.float32).tofile(os.path.join(args.out, "reference", "logits.f32"))
@@ -1159,7 +961,7 @@ def cmd_distill(args):
     test_acc = accuracy(logits, labels, test_idx)
     teacher_acc = accuracy(teacher_logits, labels, test_idx)
     agreement = float((logits.argmax(1) == teacher_logits.argmax(1)).mean())
-    indptr, indices = csr(n, edges)
+    indptr, indices = neighbour_lists(n, edges)
     timings = serving_timings([("teacher", session_of(os.path.join(args.teacher, "model.onnx"))),
                                ("student", student)], x, indptr, indices, teacher["fanouts"], n,
                               args.runs, args.seed, subgraph=subgraph)
@@ -1183,13 +985,13 @@ def cmd_distill(args):
                     "test_accuracy": teacher_acc},
         "training": {"seed": args.seed, "epochs": args.epochs, "best_epoch": epoch, "lr": args.lr,
                      "weight_decay": args.weight_decay, "dropout": args.dropout,
-                     "temperature": args.temperature, "hard_weight": args.hard_weight},
+                     "temperature": args.temperature, "hard_weight": args.hard_weight,
+                     "framework": f"torch {t.__version__}"},
         "offline": {"val_accuracy": val, "test_accuracy": test_acc,
                     "teacher_test_accuracy": teacher_acc, "agreement_with_teacher": agreement,
                     "onnxruntime_max_abs_diff": diff, "onnxruntime_us": timings},
     }
-    with open(os.path.join(args.out, "manifest.json"), "w") as f:
-        json.dump(manifest, f, indent=2)
+    write_manifest(args.out, manifest)
     print(json.dumps({"dataset": meta["name"], "student_test_accuracy": test_acc,
                       "teacher_test_accuracy": teacher_acc, "agreement": agreement,
                       "within_2_points": teacher_acc - test_acc <= 0.02, "onnxruntime_us": timings,

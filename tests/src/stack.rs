@@ -904,7 +904,7 @@ pub fn read_i32(path: &Path) -> Vec<i32> {
     read_le4(path, i32::from_le_bytes)
 }
 
-/// What the PyG tooling's `pyg_hetero.sample_typed` samples on the shipped
+/// What the model tooling's one sampler (`common.sample`) samples on the shipped
 /// OpenFlights for `targets` (airports), at `fanout` for every edge type
 /// and each of `hops` hops: per node type its ids (`n_id`) and counts
 /// (`nodes`), per edge type key its `edge_index` and counts (`edges`).
@@ -913,9 +913,10 @@ pub fn openflights_python_sample(targets: &[u64], hops: usize, fanout: u32) -> s
         r#"
 import json, sys
 sys.path.insert(0, {model_dir:?})
-from pyg_hetero import TypedDataset, sample_typed
+from common import sample
+from pyg_hetero import TypedDataset
 ds = TypedDataset({dataset:?}, labels=False)
-n_id, edge_index, nodes, edges = sample_typed(
+n_id, edge_index, nodes, edges = sample(
     ds, "airport", {targets:?}, {{et: [{fanout}] * {hops} for et in ds.edge_types}}, None)
 print(json.dumps({{
     "n_id": {{t: v.tolist() for t, v in n_id.items()}},
@@ -929,9 +930,9 @@ print(json.dumps({{
     );
     let (stdout, _) = run_ok(
         Command::new(python()).arg("-c").arg(script),
-        "pyg_hetero.sample_typed",
+        "common.sample",
     );
-    serde_json::from_str(&stdout).expect("sample_typed prints JSON")
+    serde_json::from_str(&stdout).expect("common.sample prints JSON")
 }
 
 /// Reads an edge file: little-endian u32 `(src, dst)` pairs.

@@ -1,7 +1,7 @@
 //! A sidecar serving a typed graph over the ring (docs/protocol.md, "Typed
 //! requests" and section 4.4): the shipped OpenFlights imported, a real
 //! `sidecar serve`, the Rust client and pyarrow reading the typed response
-//! in place, checked against the PyG tooling's `sample_typed` and the
+//! in place, checked against the model tooling's sampler (`common.sample`) and the
 //! dataset's own feature files; RocksDB and a real redis-server behind the
 //! types' tiers; what a typed sidecar refuses.
 
@@ -19,7 +19,7 @@ use tests::redis::RedisServer;
 use tests::stack::{dataset, python, read_f32, repo_root, run_ok, workspace_bin, Daemon};
 use tests::typed::TypedSidecar;
 
-/// What `pyg_hetero.sample_typed` samples for `targets` (airports) at
+/// What the model tooling's `common.sample` samples for `targets` (airports) at
 /// `fanout` for every edge type and hop.
 fn python_sample(targets: &[u64], hops: usize, fanout: u32) -> serde_json::Value {
     tests::stack::openflights_python_sample(targets, hops, fanout)
