@@ -409,18 +409,64 @@ fn workdir(dir: &Path) -> PathBuf {
     work
 }
 
+/// The directories the sandbox mounts an empty tmpfs over, so that nothing
+/// of the host's (another test's Redis socket, shared memory, state) is
+/// seen or left behind.
+const MASKED: [&str; 4] = ["/dev/shm", "/tmp", "/run", "/var/lib"];
+
+/// Of `paths` (resolved), those under a directory of [`MASKED`], each only
+/// once and none inside another: the driver keeps them visible by binding
+/// each back in place over its tmpfs (a checkout, or a target directory,
+/// under /tmp is a common place for a first try). A file is kept by its
+/// directory.
+fn kept_under_masks(paths: &[PathBuf]) -> Vec<PathBuf> {
+    let mut kept: Vec<PathBuf> = paths
+        .iter()
+        .filter_map(|p| p.canonicalize().ok())
+        .map(|p| {
+            if p.is_file() {
+                p.parent().map(Path::to_path_buf).unwrap_or(p)
+            } else {
+                p
+            }
+        })
+        .filter(|p| MASKED.iter().any(|m| p.starts_with(m) && p != Path::new(m)))
+        .collect();
+    kept.sort();
+    kept.dedup();
+    let outermost: Vec<PathBuf> = kept
+        .iter()
+        .filter(|p| !kept.iter().any(|q| q != *p && p.starts_with(q)))
+        .cloned()
+        .collect();
+    outermost
+}
+
 /// The driver that runs inside the sandbox: sets it up, then runs the
 /// steps in order and stops at the first that fails (later ones build on
 /// it). Step `i` leaves `out/<i>.out` and `out/<i>.rc`.
 fn driver(steps: &[Step], dir: &Path, prepared: &Prepared) -> String {
     let mut s = String::new();
     let out = dir.join("out");
+    let kept = kept_under_masks(&[
+        dir.to_path_buf(),
+        prepared.bin.clone(),
+        prepared.site.clone(),
+        prepared.model.clone(),
+        repo_root(),
+        repo_root().join(".venv"),
+        onnxruntime_lib(),
+        // What bin/'s links point at: the target directory's binaries.
+        workspace_bin("sidecar"),
+    ]);
     let _ = writeln!(
         s,
         r#"set -u
 OUT={out}
 PATH="$PATH:/usr/sbin:/sbin" ip link set lo up || exit 90
-for d in /dev/shm /tmp /run /var/lib; do mount -t tmpfs tmpfs "$d" || exit 91; done
+{keep_open}
+for d in {masked}; do mount -t tmpfs tmpfs "$d" || exit 91; done
+{keep_bind}
 mount --bind {hosts} /etc/hosts || exit 92
 mkdir -p /run/gnn
 cd {work}
@@ -460,6 +506,23 @@ step() {{
     [ $rc = "$4" ] || exit 0
 }}"#,
         out = out.display(),
+        keep_open = kept
+            .iter()
+            .enumerate()
+            .map(|(i, p)| format!("exec {}<'{}' || exit 94", i + 3, p.display()))
+            .collect::<Vec<_>>()
+            .join("\n"),
+        masked = MASKED.join(" "),
+        keep_bind = kept
+            .iter()
+            .enumerate()
+            .map(|(i, p)| format!(
+                "mkdir -p '{p}' && mount --no-canonicalize --bind /proc/self/fd/{fd} '{p}' || exit 94",
+                p = p.display(),
+                fd = i + 3
+            ))
+            .collect::<Vec<_>>()
+            .join("\n"),
         hosts = dir.join("hosts").display(),
         work = dir.join("work").display(),
         model = prepared.model.display(),
@@ -520,10 +583,24 @@ fn run_document(doc: &Path, steps: &[Step], base: &Path, prepared: &Prepared) ->
         .status()
         .expect("running unshare (util-linux)");
     if !status.success() {
+        let why = match status.code() {
+            Some(90) => "the loopback interface of its network namespace did not come up",
+            Some(91) => "a tmpfs could not be mounted over /dev/shm, /tmp, /run or /var/lib",
+            Some(92) => "its hosts file could not be bound over /etc/hosts",
+            Some(93) => "redis-server did not start in it (its log: out/redis.log)",
+            Some(94) => {
+                "the checkout or the sandbox's directory could not be bound back over the \
+                 tmpfs that hides it"
+            }
+            _ => {
+                "unshare failed: unprivileged user, network and mount namespaces are needed, \
+                 as for podman"
+            }
+        };
         return vec![format!(
-            "{}: the sandbox could not be set up (exit {status}; unprivileged user \
-             and network namespaces are needed, as for podman)",
-            doc.display()
+            "{}: the sandbox could not be set up in {} ({status}): {why}",
+            doc.display(),
+            dir.display()
         )];
     }
     let mut failures = Vec::new();
@@ -678,4 +755,53 @@ fn every_example_of_the_docs_runs_and_shows_what_the_doc_shows() {
         base.display(),
         failures.join("\n\n")
     );
+}
+
+/// The sandbox with everything it reads under /tmp, which it hides behind
+/// a tmpfs of its own (a clone, or a target directory, under /tmp is a
+/// common place for a first try): the host's /tmp stays hidden and
+/// untouched, while the binaries, the datasets, the hosts file and the
+/// stack's model stay visible, and a stack block runs.
+#[test]
+fn a_sandbox_whose_files_live_under_tmp_runs_its_examples() {
+    let tmp = tempfile::Builder::new()
+        .prefix("doc-examples-under-tmp")
+        .tempdir_in("/tmp")
+        .unwrap();
+    let base = tmp.path().join("base");
+    std::fs::create_dir_all(&base).unwrap();
+    let prepared = prepare(&base);
+    let marker = tmp.path().join("marker.txt");
+    std::fs::write(&marker, "still here\n").unwrap();
+    let step = |name: &str, script: String, stack: bool, shown: &[&str]| Step {
+        name: name.into(),
+        interpreter: "sh",
+        script,
+        stack,
+        check: Check::Shows(shown.iter().map(|l| l.to_string()).collect()),
+        exit: 0,
+    };
+    let steps = vec![
+        step(
+            "under-tmp:1",
+            // The host's /tmp is hidden (its own tmpfs), what the sandbox
+            // reads from there is not.
+            format!(
+                "test ! -e {} && echo hidden; ls data/cora/meta.json; grep -c redis /etc/hosts",
+                marker.display()
+            ),
+            false,
+            &["hidden", "data/cora/meta.json", "1"],
+        ),
+        step(
+            "under-tmp:2",
+            "curl -s localhost:8080/readyz | head -c 5; echo".into(),
+            true,
+            &["ready"],
+        ),
+    ];
+    let failures = run_document(Path::new("under-tmp.md"), &steps, &base, &prepared);
+    assert!(failures.is_empty(), "{}", failures.join("\n\n"));
+    // The host's /tmp is as it was: the sandbox's tmpfs was its own.
+    assert_eq!(std::fs::read_to_string(&marker).unwrap(), "still here\n");
 }
