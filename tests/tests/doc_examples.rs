@@ -442,6 +442,11 @@ fn kept_under_masks(paths: &[PathBuf]) -> Vec<PathBuf> {
     outermost
 }
 
+/// `path` as one shell word, whatever it holds (spaces, quotes).
+fn quoted(path: &Path) -> String {
+    format!("'{}'", path.display().to_string().replace('\'', r"'\''"))
+}
+
 /// The driver that runs inside the sandbox: sets it up, then runs the
 /// steps in order and stops at the first that fails (later ones build on
 /// it). Step `i` leaves `out/<i>.out` and `out/<i>.rc`.
@@ -505,11 +510,11 @@ step() {{
     echo $rc > "$OUT/$1.rc"
     [ $rc = "$4" ] || exit 0
 }}"#,
-        out = out.display(),
+        out = quoted(&out),
         keep_open = kept
             .iter()
             .enumerate()
-            .map(|(i, p)| format!("exec {}<'{}' || exit 94", i + 3, p.display()))
+            .map(|(i, p)| format!("exec {}<{} || exit 94", i + 3, quoted(p)))
             .collect::<Vec<_>>()
             .join("\n"),
         masked = MASKED.join(" "),
@@ -517,16 +522,16 @@ step() {{
             .iter()
             .enumerate()
             .map(|(i, p)| format!(
-                "mkdir -p '{p}' && mount --no-canonicalize --bind /proc/self/fd/{fd} '{p}' || exit 94",
-                p = p.display(),
+                "mkdir -p {p} && mount --no-canonicalize --bind /proc/self/fd/{fd} {p} || exit 94",
+                p = quoted(p),
                 fd = i + 3
             ))
             .collect::<Vec<_>>()
             .join("\n"),
-        hosts = dir.join("hosts").display(),
-        work = dir.join("work").display(),
-        model = prepared.model.display(),
-        curl = which("curl").display(),
+        hosts = quoted(&dir.join("hosts")),
+        work = quoted(&dir.join("work")),
+        model = quoted(&prepared.model),
+        curl = quoted(&which("curl")),
         timeout = STEP_TIMEOUT_S,
     );
     for (i, step) in steps.iter().enumerate() {
@@ -761,14 +766,16 @@ fn every_example_of_the_docs_runs_and_shows_what_the_doc_shows() {
 /// a tmpfs of its own (a clone, or a target directory, under /tmp is a
 /// common place for a first try): the host's /tmp stays hidden and
 /// untouched, while the binaries, the datasets, the hosts file and the
-/// stack's model stay visible, and a stack block runs.
+/// stack's model stay visible, and a stack block runs; the path holds a
+/// space and a quote.
 #[test]
 fn a_sandbox_whose_files_live_under_tmp_runs_its_examples() {
     let tmp = tempfile::Builder::new()
         .prefix("doc-examples-under-tmp")
         .tempdir_in("/tmp")
         .unwrap();
-    let base = tmp.path().join("base");
+    // A path with a space and a quote, as a user's may have.
+    let base = tmp.path().join("a user's dir").join("base");
     std::fs::create_dir_all(&base).unwrap();
     let prepared = prepare(&base);
     let marker = tmp.path().join("marker.txt");
