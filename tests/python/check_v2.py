@@ -184,6 +184,21 @@ def check_errors(client, module, expected, who, statuses):
                  statuses["too_large"], [], f"{who} oversized")
 
 
+def check_extensions(c, expected, who, status):
+    """tritonclient's calls of Triton's extensions, which the worker does
+    not implement: each refused with a message naming its extension."""
+    model = expected.model
+    for call, extension in [
+        (lambda: c.get_model_config(model), "model configuration"),
+        (lambda: c.get_inference_statistics(model), "statistics"),
+        (lambda: c.get_model_repository_index(), "model repository"),
+        (lambda: c.load_model(model), "model repository"),
+        (lambda: c.get_system_shared_memory_status(), "system shared memory"),
+    ]:
+        expect_error(call, status, [f"the {extension} extension", "does not implement",
+                                    "docs/serving.md"], f"{who} {extension}")
+
+
 def check_health(c, expected, who, **json):
     """Liveness, readiness and metadata through a tritonclient client
     (the gRPC one's metadata as JSON with `as_json=True`)."""
@@ -221,6 +236,7 @@ def triton_grpc(url, expected):
         statuses = {"invalid": "StatusCode.INVALID_ARGUMENT", "not_found": "StatusCode.NOT_FOUND",
                     "too_large": "StatusCode.RESOURCE_EXHAUSTED"}
         check_errors(c, tgrpc, expected, who, statuses)
+        check_extensions(c, expected, who, "StatusCode.UNIMPLEMENTED")
 
 
 def triton_http(url, expected):
@@ -246,6 +262,7 @@ def triton_http(url, expected):
             compare(r.as_numpy, expected.new_node, f"{who} new node", expected)
         statuses = {"invalid": "400", "not_found": "404", "too_large": "413"}
         check_errors(c, thttp, expected, who, statuses)
+        check_extensions(c, expected, who, "501")
 
 
 async def kserve_clients(http, grpc, expected):

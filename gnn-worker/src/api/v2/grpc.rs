@@ -29,8 +29,51 @@ pub struct InferenceService {
 }
 
 impl InferenceService {
-    pub fn server(service: Service) -> GrpcInferenceServiceServer<Self> {
-        GrpcInferenceServiceServer::new(Self { service })
+    /// The service as the gRPC server mounts it: the protocol's core, and
+    /// for the methods of Triton's extensions a status that names them.
+    pub fn server(service: Service) -> CoreOnly {
+        CoreOnly(GrpcInferenceServiceServer::new(Self { service }))
+    }
+}
+
+/// `inference.GRPCInferenceService` as tritonclient calls it: Triton's
+/// proto has more methods than KServe's (model configuration, statistics,
+/// the repository, shared memory, ...); a call of one of them is answered
+/// UNIMPLEMENTED with a message naming its extension
+/// ([`call::grpc_extension`]) instead of an empty one.
+#[derive(Debug, Clone)]
+pub struct CoreOnly(GrpcInferenceServiceServer<InferenceService>);
+
+impl tonic::server::NamedService for CoreOnly {
+    const NAME: &'static str = "inference.GRPCInferenceService";
+}
+
+impl tower::Service<http::Request<tonic::body::Body>> for CoreOnly {
+    type Response = http::Response<tonic::body::Body>;
+    type Error = std::convert::Infallible;
+    type Future = futures_util::future::Either<
+        <GrpcInferenceServiceServer<InferenceService> as tower::Service<
+            http::Request<tonic::body::Body>,
+        >>::Future,
+        std::future::Ready<Result<Self::Response, Self::Error>>,
+    >;
+
+    fn poll_ready(
+        &mut self,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Result<(), Self::Error>> {
+        tower::Service::<http::Request<tonic::body::Body>>::poll_ready(&mut self.0, cx)
+    }
+
+    fn call(&mut self, request: http::Request<tonic::body::Body>) -> Self::Future {
+        let method = request.uri().path().rsplit('/').next().unwrap_or("");
+        match call::grpc_extension(method) {
+            None => futures_util::future::Either::Left(tower::Service::call(&mut self.0, request)),
+            Some(extension) => {
+                let status = Status::unimplemented(call::not_served(method, extension));
+                futures_util::future::Either::Right(std::future::ready(Ok(status.into_http())))
+            }
+        }
     }
 }
 

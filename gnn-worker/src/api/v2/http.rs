@@ -10,7 +10,7 @@ use axum::body::Bytes;
 use axum::extract::{DefaultBodyLimit, Path, State};
 use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
-use axum::routing::{get, post};
+use axum::routing::{any, get, post};
 use axum::Router;
 use serde::Deserialize;
 use serde_json::{json, Map, Value};
@@ -48,7 +48,23 @@ pub fn routes() -> Router<Service> {
             "/v2/models/{name}/versions/{version}/infer",
             post(infer_version),
         )
+        // Everything else under /v2: Triton's extensions (what
+        // tritonclient's other calls reach), named.
+        .route("/v2/{*rest}", any(not_served))
         .layer(DefaultBodyLimit::max(MAX_BODY))
+}
+
+/// A path of an extension this server does not implement: 501 and
+/// `{"error": ...}` naming the extension (404 for a path of none).
+async fn not_served(uri: axum::http::Uri) -> Response {
+    let extension = call::http_extension(uri.path());
+    let status = if extension == "an unknown" {
+        StatusCode::NOT_FOUND
+    } else {
+        StatusCode::NOT_IMPLEMENTED
+    };
+    let message = call::not_served(uri.path(), extension);
+    (status, axum::Json(json!({ "error": message }))).into_response()
 }
 
 /// `{"error": message}` with the status of the error's kind (overload
