@@ -429,6 +429,126 @@ mod tests {
         assert_eq!(frame_bytes(&AdminResponse::ShuttingDown), [1, 0, 0, 0, 15]);
     }
 
+    /// One request of every variant, with its name: the match is
+    /// exhaustive, so a new variant does not compile here until it is
+    /// listed (and then the test below wants its row in docs/admin.md).
+    fn every_request() -> Vec<(AdminRequest, &'static str)> {
+        use AdminRequest as R;
+        let all = vec![
+            R::Hello { version: 2 },
+            R::Status,
+            R::Stats,
+            R::Ready,
+            R::Live,
+            R::WarmTop { k: 1 },
+            R::WarmIds { ids: vec![] },
+            R::Invalidate { ids: vec![] },
+            R::GetFanouts,
+            R::SetFanouts { fanouts: [1, 1] },
+            R::GetDeadline,
+            R::SetDeadline { ms: 1.0 },
+            R::GetLogLevel,
+            R::SetLogLevel {
+                level: String::new(),
+            },
+            R::AddNodes {
+                nodes: vec![],
+                edges: vec![],
+                undirected: false,
+            },
+            R::AddEdges {
+                edges: vec![],
+                undirected: false,
+            },
+            R::Compact,
+            R::FlushCache {
+                l1: false,
+                l2: false,
+            },
+            R::Drain { after_s: 0.0 },
+            R::Shutdown,
+            R::GraphChecksum,
+            R::TypedAddNode {
+                node_type: String::new(),
+                id: 0,
+                features: vec![],
+                edges: vec![],
+            },
+            R::TypedAddEdges {
+                edge_type: String::new(),
+                edges: vec![],
+            },
+            R::TypedWarmIds {
+                node_type: String::new(),
+                ids: vec![],
+            },
+            R::TypedInvalidate {
+                node_type: String::new(),
+                ids: vec![],
+            },
+        ];
+        all.into_iter()
+            .map(|r| {
+                let name = match r {
+                    R::Hello { .. } => "Hello",
+                    R::Status => "Status",
+                    R::Stats => "Stats",
+                    R::Ready => "Ready",
+                    R::Live => "Live",
+                    R::WarmTop { .. } => "WarmTop",
+                    R::WarmIds { .. } => "WarmIds",
+                    R::Invalidate { .. } => "Invalidate",
+                    R::GetFanouts => "GetFanouts",
+                    R::SetFanouts { .. } => "SetFanouts",
+                    R::GetDeadline => "GetDeadline",
+                    R::SetDeadline { .. } => "SetDeadline",
+                    R::GetLogLevel => "GetLogLevel",
+                    R::SetLogLevel { .. } => "SetLogLevel",
+                    R::AddNodes { .. } => "AddNodes",
+                    R::AddEdges { .. } => "AddEdges",
+                    R::Compact => "Compact",
+                    R::FlushCache { .. } => "FlushCache",
+                    R::Drain { .. } => "Drain",
+                    R::Shutdown => "Shutdown",
+                    R::GraphChecksum => "GraphChecksum",
+                    R::TypedAddNode { .. } => "TypedAddNode",
+                    R::TypedAddEdges { .. } => "TypedAddEdges",
+                    R::TypedWarmIds { .. } => "TypedWarmIds",
+                    R::TypedInvalidate { .. } => "TypedInvalidate",
+                };
+                (r, name)
+            })
+            .collect()
+    }
+
+    /// docs/admin.md's table of requests is every variant at the index
+    /// the encoding writes, and nothing else.
+    #[test]
+    fn the_documented_request_table_is_every_variant() {
+        let doc = std::fs::read_to_string(
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs/admin.md"),
+        )
+        .expect("docs/admin.md");
+        let table = doc
+            .split("**Requests**")
+            .nth(1)
+            .and_then(|rest| rest.split("**Responses**").next())
+            .expect("docs/admin.md has the Requests table");
+        let documented: Vec<(u8, String)> = table
+            .lines()
+            .filter_map(|line| {
+                let cells: Vec<&str> = line.split('|').map(str::trim).collect();
+                let index = cells.get(1)?.parse().ok()?;
+                Some((index, cells.get(2)?.trim_matches('`').to_string()))
+            })
+            .collect();
+        let encoded: Vec<(u8, String)> = every_request()
+            .iter()
+            .map(|(r, name)| (frame_bytes(r)[4], name.to_string()))
+            .collect();
+        assert_eq!(documented, encoded);
+    }
+
     #[test]
     fn frames_round_trip_and_bad_bytes_are_errors() {
         let request = AdminRequest::AddNodes {
