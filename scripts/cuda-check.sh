@@ -15,7 +15,8 @@
 # have them). Exits 1 when a label differs or a logit differs by more than
 # 1e-5. Uses the binaries of target/release (or CARGO_TARGET_DIR) and the
 # dense model in MODEL (a directory), else one sage.py trains on cora for
-# the run. Not part of the test suite: CI has no GPU.
+# the run (PyTorch: a Python with torch and onnx, PYTHON or .venv). Not part
+# of the test suite: CI has no GPU.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 lib=
@@ -42,6 +43,11 @@ trap cleanup EXIT
 tar -xzf demo/data/cora.tar.gz -C "$work"
 model=${MODEL:-$work/model}
 if [ ! -f "$model/manifest.json" ]; then
+    "$python" -c 'import torch, onnx' 2>/dev/null || {
+        echo "cuda-check: $python has no torch and onnx to train the model (sage.py is PyTorch):" \
+            "give MODEL, a directory sage.py train wrote on another machine, or PYTHON, one with them" >&2
+        exit 2
+    }
     echo "cuda-check: training cora's GraphSAGE into $model (sage.py train)"
     "$python" gnn-worker/model/sage.py train --dataset "$work/cora" --out "$model" \
         > "$work/train.log" 2>&1 || { tail -20 "$work/train.log" >&2; exit 1; }
