@@ -7,6 +7,11 @@
 //! `serve::control` importing `serve::batch` an edge `control -> batch`
 //! among `serve`'s children. A parent and its own child may use each other
 //! (Rust's `super::`); siblings may not go round in a circle.
+//!
+//! And no new typed twin of one-type code: a `typed_*`/`*_typed` function
+//! or `Typed*` type whose one-type name the same crate defines must be one
+//! of the known twins ([`TYPED_TWINS`], each with its reason), which go as
+//! the one-type graph becomes the 1x1 typed graph.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -203,4 +208,192 @@ fn a_loop_is_found_when_there_is_one() {
     // child using its parent).
     std::fs::write(src.join("admin.rs"), "").unwrap();
     assert_eq!(cycle(&sibling_edges(src)), None);
+}
+
+/// The typed twins of one-type code that exist today, each with what it
+/// is the twin of. The one-type graph is to be served as the 1x1 typed
+/// graph, one path below every door; as each pair is merged its entry goes
+/// (the test below fails on an entry that is no longer a twin), and a new
+/// twin fails the test until it is built once for both graph kinds or
+/// listed here with its reason.
+const TYPED_TWINS: &[(&str, &str)] = &[
+    // gnn-worker
+    (
+        "install_typed",
+        "rollout: a typed model's predictor installed beside `install`'s",
+    ),
+    (
+        "parse_typed",
+        "the typed manifest's fields parsed beside the one-type manifest's",
+    ),
+    (
+        "run_one_typed",
+        "the model stage's typed run beside `run_one`",
+    ),
+    (
+        "run_typed",
+        "a typed model run on typed tables beside the dense and subgraph runs",
+    ),
+    (
+        "TypedManifest",
+        "the typed graph a model reads, beside `Manifest`'s one-type fields",
+    ),
+    // protocol
+    (
+        "decode_typed",
+        "the typed request's and response's decoders beside the one-type ones",
+    ),
+    (
+        "request_bytes_for_typed",
+        "a typed request's size beside `request_bytes_for`",
+    ),
+    (
+        "respond_typed",
+        "the ring server's typed response beside `respond`",
+    ),
+    (
+        "typed_edge_schema",
+        "the typed layout's edge table schema beside the subgraph layout's",
+    ),
+    (
+        "typed_edges",
+        "the typed layout's edge writer beside the subgraph layout's",
+    ),
+    (
+        "typed_new_node_offsets",
+        "a typed new node's request bytes beside a one-type new node's",
+    ),
+    (
+        "typed_new_node_problem",
+        "a typed new node's checks beside a one-type new node's",
+    ),
+    (
+        "typed_node",
+        "the typed layout's node writer beside the subgraph layout's",
+    ),
+    (
+        "typed_tables",
+        "the ring client's typed tables beside `tables`",
+    ),
+    (
+        "TypedNewNode",
+        "a typed new node in a request beside `NewNode`",
+    ),
+    (
+        "TypedNodeColumns",
+        "the typed layout's node columns beside the subgraph layout's",
+    ),
+    (
+        "TypedResponseWriter",
+        "the typed layout's writer beside `ResponseWriter`",
+    ),
+    // sidecar
+    (
+        "generate_typed",
+        "`sidecar generate` of a typed graph beside a one-type graph",
+    ),
+    (
+        "load_typed",
+        "the serving state of a typed data directory beside a one-type one",
+    ),
+    (
+        "sample_typed",
+        "the sampler's typed pass beside the one-type pass (which calls it)",
+    ),
+    (
+        "serve_typed",
+        "a typed ring request served beside a one-type batch",
+    ),
+    (
+        "typed_update",
+        "the admin socket's typed graph update beside the one-type one",
+    ),
+    (
+        "TypedChange",
+        "a typed update-stream entry's change beside `Change`",
+    ),
+    (
+        "TypedGenerateOptions",
+        "options of a generated typed graph beside `GenerateOptions`",
+    ),
+    (
+        "TypedLiveGraph",
+        "the served typed graph (store, snapshot, compaction) beside `LiveGraph`",
+    ),
+    (
+        "TypedNeighborSource",
+        "the typed sampler's graph view beside `NeighborSource`",
+    ),
+    ("TypedOp", "a typed update-stream operation beside `Op`"),
+    ("TypedSampled", "a typed sample beside `Sampled`"),
+    (
+        "TypedUpdateStats",
+        "a typed update's counts beside `UpdateStats`",
+    ),
+];
+
+/// Names a crate's product code defines: functions, and types (structs,
+/// enums, traits, aliases), each as `(is_fn, name)`.
+fn defined_names(src: &Path) -> BTreeSet<(bool, String)> {
+    let mut files = Vec::new();
+    rust_files(src, &mut files);
+    let is_ident = |c: char| c.is_alphanumeric() || c == '_';
+    let mut names = BTreeSet::new();
+    for file in files {
+        let text = std::fs::read_to_string(&file).unwrap();
+        let words: Vec<&str> = text
+            .split(|c: char| !is_ident(c))
+            .filter(|w| !w.is_empty())
+            .collect();
+        for pair in words.windows(2) {
+            match pair[0] {
+                "fn" => {
+                    names.insert((true, pair[1].to_string()));
+                }
+                "struct" | "enum" | "trait" | "type" => {
+                    names.insert((false, pair[1].to_string()));
+                }
+                _ => {}
+            }
+        }
+    }
+    names
+}
+
+/// Every `typed_*` or `*_typed` function and `Typed*` type whose one-type
+/// name is defined in the same crate, and nothing else, is in
+/// [`TYPED_TWINS`].
+#[test]
+fn no_typed_twin_of_one_type_code_beyond_the_known_ones() {
+    let root = tests::stack::repo_root();
+    let mut twins = BTreeSet::new();
+    for krate in ["protocol", "sidecar", "gnn-worker", "daemon-kit"] {
+        let names = defined_names(&root.join(krate).join("src"));
+        for (is_fn, name) in &names {
+            let one_type = if *is_fn {
+                name.strip_prefix("typed_")
+                    .or_else(|| name.strip_suffix("_typed"))
+            } else {
+                name.strip_prefix("Typed").filter(|rest| !rest.is_empty())
+            };
+            if let Some(one_type) = one_type {
+                if names.contains(&(*is_fn, one_type.to_string())) {
+                    twins.insert(name.clone());
+                }
+            }
+        }
+    }
+    let allowed: BTreeSet<String> = TYPED_TWINS.iter().map(|(n, _)| n.to_string()).collect();
+    let new: Vec<&String> = twins.difference(&allowed).collect();
+    let merged: Vec<&String> = allowed.difference(&twins).collect();
+    assert!(
+        new.is_empty(),
+        "typed twins of one-type code: {new:?}. Build the capability once for both graph \
+         kinds (a one-type graph is the 1x1 typed graph), or list the name in TYPED_TWINS \
+         with what it is the twin of"
+    );
+    assert!(
+        merged.is_empty(),
+        "TYPED_TWINS lists {merged:?}, no longer twins of one-type code: remove them"
+    );
 }
