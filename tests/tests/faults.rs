@@ -1706,13 +1706,23 @@ fn a_sidecar_drain_answers_every_call_the_worker_had_accepted() {
     std::thread::sleep(std::time::Duration::from_millis(100));
     let sidecar = stack.sidecar.take().expect("a sidecar");
     let stopping = std::thread::spawn(move || sidecar.stop());
-    // Once the segment is DRAINING, a new call is refused at once.
+    // Once the worker sees the segment DRAINING (its readiness says so), a
+    // new call is refused at once. (Polling with calls instead raced on a
+    // loaded machine: a call that got in before the drain was visible is
+    // one of the accepted ones, answered 200 behind the others, and the
+    // next one came after the drain had ended.)
     assert!(
-        tests::eventually(std::time::Duration::from_secs(5), || {
-            let (code, _, body) = predict_raw(&http, &[100]);
-            code == 503 && body.contains("draining")
+        tests::eventually(std::time::Duration::from_secs(10), || {
+            stack
+                .http_get("/readyz")
+                .is_ok_and(|(code, body)| code == 503 && body.contains("draining"))
         }),
-        "a call made during the drain is refused as unavailable"
+        "the worker saw the drain"
+    );
+    let (code, _, body) = predict_raw(&http, &[100]);
+    assert!(
+        code == 503 && body.contains("draining"),
+        "a call made during the drain is refused as unavailable: {code} {body}"
     );
     for call in calls {
         let (code, _, body) = call.join().unwrap();
