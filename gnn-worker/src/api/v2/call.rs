@@ -37,13 +37,14 @@ pub const EXTENSIONS: [&str; 1] = ["binary_tensor_data"];
 /// (tritonclient's `timeout`).
 pub const TIMEOUT_PARAMETER: &str = "timeout";
 
-/// The Triton extension a gRPC method of `inference.GRPCInferenceService`
-/// belongs to, for the methods this server does not implement (what
-/// tritonclient's other calls reach): `None` for the protocol's core.
-pub fn grpc_extension(method: &str) -> Option<&'static str> {
-    Some(match method {
+/// What a gRPC method of `inference.GRPCInferenceService` is to this
+/// server: the protocol's core, or a method it does not implement (what
+/// tritonclient's other calls reach), with the Triton extension it belongs
+/// to when it is one (`None`: no known extension).
+pub fn grpc_method(method: &str) -> Result<(), Option<&'static str>> {
+    Err(Some(match method {
         "ServerLive" | "ServerReady" | "ModelReady" | "ServerMetadata" | "ModelMetadata"
-        | "ModelInfer" => return None,
+        | "ModelInfer" => return Ok(()),
         "ModelConfig" => "model configuration",
         "ModelStatistics" => "statistics",
         m if m.starts_with("Repository") => "model repository",
@@ -52,15 +53,15 @@ pub fn grpc_extension(method: &str) -> Option<&'static str> {
         "TraceSetting" => "trace",
         "LogSettings" => "logging",
         "ModelStreamInfer" => "streaming inference",
-        _ => "an unknown",
-    })
+        _ => return Err(None),
+    }))
 }
 
-/// The Triton extension an HTTP path under `/v2` belongs to, for the paths
-/// this server does not serve.
-pub fn http_extension(path: &str) -> &'static str {
+/// The Triton extension an HTTP path under `/v2` that this server does
+/// not serve belongs to (`None`: no known extension).
+pub fn http_extension(path: &str) -> Option<&'static str> {
     let segments: Vec<&str> = path.trim_matches('/').split('/').collect();
-    match segments.as_slice() {
+    Some(match segments.as_slice() {
         ["v2", "repository", ..] => "model repository",
         ["v2", "systemsharedmemory", ..] => "system shared memory",
         ["v2", "cudasharedmemory", ..] => "CUDA shared memory",
@@ -69,23 +70,21 @@ pub fn http_extension(path: &str) -> &'static str {
         ["v2", "models", "stats"] | ["v2", "models", .., "stats"] => "statistics",
         ["v2", "models", .., "config"] => "model configuration",
         ["v2", "models", .., "generate" | "generate_stream"] => "generate",
-        _ => "an unknown",
-    }
+        _ => return None,
+    })
 }
 
-/// What a call of an extension this server does not implement is
-/// answered: the call, the extension, and what is served instead.
-pub fn not_served(call: &str, extension: &str) -> String {
+/// What a call this server does not implement is answered: the call, the
+/// extension it belongs to (if known), and what is served instead.
+pub fn not_served(call: &str, extension: Option<&str>) -> String {
+    let extension = extension.map_or("an unknown extension".to_string(), |e| {
+        format!("the {e} extension")
+    });
     format!(
-        "{call} belongs to {extension} extension of the Open Inference Protocol (Triton's), \
-         which this server does not implement: it serves the protocol's core, server and \
-         model liveness, readiness and metadata, and inference (docs/serving.md, \"The Open \
-         Inference Protocol\")",
-        extension = if extension == "an unknown" {
-            "an unknown".to_string()
-        } else {
-            format!("the {extension}")
-        }
+        "{call} belongs to {extension} of the Open Inference Protocol (Triton's), which this \
+         server does not implement: it serves the protocol's core, server and model liveness, \
+         readiness and metadata, and inference (docs/serving.md, \"The Open Inference \
+         Protocol\")"
     )
 }
 
@@ -861,41 +860,39 @@ mod tests {
 
     #[test]
     fn the_extensions_not_served_are_named() {
-        assert_eq!(grpc_extension("ModelInfer"), None);
-        assert_eq!(grpc_extension("ModelConfig"), Some("model configuration"));
+        assert_eq!(grpc_method("ModelInfer"), Ok(()));
+        assert_eq!(grpc_method("ModelConfig"), Err(Some("model configuration")));
         assert_eq!(
-            grpc_extension("RepositoryModelLoad"),
-            Some("model repository")
+            grpc_method("RepositoryModelLoad"),
+            Err(Some("model repository"))
         );
         assert_eq!(
-            grpc_extension("CudaSharedMemoryStatus"),
-            Some("CUDA shared memory")
+            grpc_method("CudaSharedMemoryStatus"),
+            Err(Some("CUDA shared memory"))
         );
-        assert_eq!(grpc_extension("Whatever"), Some("an unknown"));
-        assert_eq!(http_extension("/v2/models/m/config"), "model configuration");
+        assert_eq!(grpc_method("Whatever"), Err(None));
+        let http = |path| http_extension(path).unwrap_or("none");
+        assert_eq!(http("/v2/models/m/config"), "model configuration");
         assert_eq!(
-            http_extension("/v2/models/m/versions/1/config"),
+            http("/v2/models/m/versions/1/config"),
             "model configuration"
         );
-        assert_eq!(http_extension("/v2/models/stats"), "statistics");
-        assert_eq!(http_extension("/v2/models/m/stats"), "statistics");
-        assert_eq!(http_extension("/v2/repository/index"), "model repository");
+        assert_eq!(http("/v2/models/stats"), "statistics");
+        assert_eq!(http("/v2/models/m/stats"), "statistics");
+        assert_eq!(http("/v2/repository/index"), "model repository");
+        assert_eq!(http("/v2/repository/models/m/load"), "model repository");
         assert_eq!(
-            http_extension("/v2/repository/models/m/load"),
-            "model repository"
-        );
-        assert_eq!(
-            http_extension("/v2/systemsharedmemory/status"),
+            http("/v2/systemsharedmemory/status"),
             "system shared memory"
         );
-        assert_eq!(http_extension("/v2/trace/setting"), "trace");
-        assert_eq!(http_extension("/v2/models/m/trace/setting"), "trace");
-        assert_eq!(http_extension("/v2/logging"), "logging");
-        assert_eq!(http_extension("/v2/models/m/generate"), "generate");
-        assert_eq!(http_extension("/v2/nothing"), "an unknown");
-        let m = not_served("ModelConfig", "model configuration");
+        assert_eq!(http("/v2/trace/setting"), "trace");
+        assert_eq!(http("/v2/models/m/trace/setting"), "trace");
+        assert_eq!(http("/v2/logging"), "logging");
+        assert_eq!(http("/v2/models/m/generate"), "generate");
+        assert_eq!(http("/v2/nothing"), "none");
+        let m = not_served("ModelConfig", Some("model configuration"));
         assert!(m.contains("the model configuration extension"), "{m}");
-        assert!(not_served("X", "an unknown").contains("an unknown extension"));
+        assert!(not_served("X", None).contains("an unknown extension"));
     }
 
     #[test]

@@ -40,7 +40,7 @@ impl InferenceService {
 /// proto has more methods than KServe's (model configuration, statistics,
 /// the repository, shared memory, ...); a call of one of them is answered
 /// UNIMPLEMENTED with a message naming its extension
-/// ([`call::grpc_extension`]) instead of an empty one.
+/// ([`call::grpc_method`]) instead of an empty one.
 #[derive(Debug, Clone)]
 pub struct CoreOnly(GrpcInferenceServiceServer<InferenceService>);
 
@@ -67,9 +67,11 @@ impl tower::Service<http::Request<tonic::body::Body>> for CoreOnly {
 
     fn call(&mut self, request: http::Request<tonic::body::Body>) -> Self::Future {
         let method = request.uri().path().rsplit('/').next().unwrap_or("");
-        match call::grpc_extension(method) {
-            None => futures_util::future::Either::Left(tower::Service::call(&mut self.0, request)),
-            Some(extension) => {
+        match call::grpc_method(method) {
+            Ok(()) => {
+                futures_util::future::Either::Left(tower::Service::call(&mut self.0, request))
+            }
+            Err(extension) => {
                 let status = Status::unimplemented(call::not_served(method, extension));
                 futures_util::future::Either::Right(std::future::ready(Ok(status.into_http())))
             }

@@ -58,10 +58,9 @@ pub fn routes() -> Router<Service> {
 /// `{"error": ...}` naming the extension (404 for a path of none).
 async fn not_served(uri: axum::http::Uri) -> Response {
     let extension = call::http_extension(uri.path());
-    let status = if extension == "an unknown" {
-        StatusCode::NOT_FOUND
-    } else {
-        StatusCode::NOT_IMPLEMENTED
+    let status = match extension {
+        Some(_) => StatusCode::NOT_IMPLEMENTED,
+        None => StatusCode::NOT_FOUND,
     };
     let message = call::not_served(uri.path(), extension);
     (status, axum::Json(json!({ "error": message }))).into_response()
