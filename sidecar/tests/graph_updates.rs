@@ -9,15 +9,31 @@ use std::sync::Arc;
 
 use protocol::payload::schema::target_status;
 use sidecar::graph::dataset::{import_graph, INDEX_FILE};
-use sidecar::graph::{CsrIndex, LiveGraph, NeighborSource, Sampler};
+use sidecar::graph::{
+    CsrIndex, GraphUpdate, LiveGraph, NeighborSource, Sampler, TypedGraph, UpdateStats,
+};
 
 fn cora() -> (tempfile::TempDir, PathBuf, LiveGraph) {
     let data = tests::stack::dataset("cora");
     let dir = tempfile::tempdir().unwrap();
     import_graph(&data, dir.path(), false, 1).unwrap();
     let path = dir.path().join(INDEX_FILE);
-    let graph = LiveGraph::new(CsrIndex::open(&path).unwrap());
+    let graph = LiveGraph::new(TypedGraph::open_one_type(&path).unwrap());
     (dir, path, graph)
+}
+
+/// The one-type graph's edges `(src, dst)`: `dst` becomes a neighbour of
+/// `src` (and the reverse when `undirected`).
+fn add_edges(
+    graph: &LiveGraph,
+    edges: &[(u64, u64)],
+    undirected: bool,
+) -> anyhow::Result<UpdateStats> {
+    graph.update(GraphUpdate::one_type(&[], edges, undirected))
+}
+
+fn add_nodes(graph: &LiveGraph, ids: &[u64]) -> anyhow::Result<UpdateStats> {
+    graph.update(GraphUpdate::one_type(ids, &[], false))
 }
 
 #[test]
@@ -30,9 +46,7 @@ fn a_new_user_becomes_servable_without_a_restart() {
     assert_eq!(s.status[0], target_status::UNKNOWN_NODE);
 
     // The new user interacts with two existing nodes.
-    let stats = graph
-        .add_edges(&[(new_user, 0), (new_user, 1358)], true)
-        .unwrap();
+    let stats = add_edges(&graph, &[(new_user, 0), (new_user, 1358)], true).unwrap();
     assert_eq!(stats.edges_added, 4, "two edges, both directions");
     assert_eq!(stats.n_nodes, 2709);
     let after = graph.snapshot();
@@ -45,7 +59,7 @@ fn a_new_user_becomes_servable_without_a_restart() {
         .collect();
     assert_eq!(hop1, BTreeSet::from([0, 1358]));
     // Reverse edges: the new user is now among node 0's neighbours.
-    assert!(after.neighbors(0).contains(&new_user));
+    assert!(after.sources(0, 0).contains(&new_user));
     assert_eq!(after.degree(1358), Some(169));
 
     // A request that loaded the old snapshot still sees the old graph.
@@ -55,86 +69,67 @@ fn a_new_user_becomes_servable_without_a_restart() {
 }
 
 #[test]
-fn duplicate_and_existing_edges_are_ignored_and_isolated_nodes_can_be_added() {
+fn duplicate_and_existing_edges_are_ignored_and_ids_past_the_end_fill_in() {
     let (_dir, _path, graph) = cora();
-    let existing = graph.snapshot().base().neighbors(0)[0];
-    let stats = graph
-        .add_edges(&[(0, u64::from(existing)), (5, 5), (0, 9), (0, 9)], false)
-        .unwrap();
+    let existing = graph.snapshot().sources(0, 0)[0];
+    let stats = add_edges(&graph, &[(0, existing), (5, 5), (0, 9), (0, 9)], false).unwrap();
     assert_eq!(stats.edges_added, 1, "only 0 -> 9 is new");
     assert_eq!(stats.edges_ignored, 3);
-    let stats = graph.add_nodes(&[3000]).unwrap();
-    assert_eq!(stats.nodes_added, 1);
-    assert_eq!(stats.n_nodes, 2709, "one node more, not the ids in between");
+    // One rule for ids past the end (docs/graph-index.md): the ids in
+    // between become nodes without edges.
+    let stats = add_nodes(&graph, &[3000]).unwrap();
+    assert_eq!(stats.nodes_added, 293, "2708..=3000");
+    assert_eq!(stats.n_nodes, 3001);
     let snapshot = graph.snapshot();
-    assert_eq!(snapshot.degree(3000), Some(0), "known, isolated");
+    assert_eq!(snapshot.degree(3000), Some(0), "a node, isolated");
+    assert_eq!(snapshot.degree(2708), Some(0), "an id in between: a node");
     assert_eq!(snapshot.degree(3001), None);
-    assert_eq!(
-        snapshot.degree(2708),
-        None,
-        "an id in the gap stays unknown"
-    );
-    assert_eq!(snapshot.id_bound(), 3001);
+    assert_eq!(snapshot.id_bound(0), 3001);
     let mut sampler = Sampler::default();
-    let s = sampler.sample(&*snapshot, &[2900, 3000], [20, 10], 1);
-    assert_eq!(s.status, [target_status::UNKNOWN_NODE, target_status::OK]);
-    assert!(graph.add_edges(&[(0, u64::from(u32::MAX))], false).is_err());
+    let s = sampler.sample(&*snapshot, &[2900, 3001], [20, 10], 1);
+    assert_eq!(s.status, [target_status::OK, target_status::UNKNOWN_NODE]);
+    assert!(add_edges(&graph, &[(0, u64::from(u32::MAX))], false).is_err());
     // Ids stay dense: a mistyped id 2^20 or more past the largest id (3000)
     // is refused, naming it.
     use sidecar::graph::live::MAX_ID_GROWTH;
     let far = 3000 + MAX_ID_GROWTH;
-    let err = graph.add_nodes(&[far]).unwrap_err().to_string();
+    let err = add_nodes(&graph, &[far]).unwrap_err().to_string();
     assert!(
         err.contains(&far.to_string()) && err.contains("dense"),
         "{err}"
     );
-    assert_eq!(graph.snapshot().n_nodes(), 2709, "nothing was added");
+    assert_eq!(graph.snapshot().n_nodes(), 3001, "nothing was added");
     assert_eq!(
         graph.snapshot().generation(),
         2,
         "a refused update does not count"
     );
-
-    // 2^20 - 1 past is accepted; and the bound holds across updates: the
-    // ids left between the nodes may not grow past 2^20 step by step.
-    let (_dir, _path, fresh) = cora();
-    let first = 2707 + MAX_ID_GROWTH - 1;
-    fresh
-        .add_nodes(&[first])
-        .expect("2^20 - 1 past the largest id");
-    fresh
-        .add_nodes(&[first + 2])
-        .expect("one gap more: 2^20 - 1 gaps");
-    let err = fresh.add_nodes(&[first + 4]).unwrap_err().to_string();
-    assert!(err.contains("ids below the graph's end"), "{err}");
-    fresh.add_nodes(&[first + 1]).expect("filling a gap");
-    assert_eq!(fresh.snapshot().id_bound(), first + 3);
+    // 2^20 - 1 past is accepted, and the bound moves with the nodes.
+    add_nodes(&graph, &[far - 1]).expect("2^20 - 1 past the largest id");
+    assert_eq!(graph.snapshot().n_nodes(), far);
+    add_nodes(&graph, &[far]).expect("now one past the largest id");
 }
 
-/// Nodes added past the end with gaps: a compaction writes the known-node
-/// bitmap, so the gap stays unknown after it (and after a restart), and the
-/// digest, counts, generation and stream position are those of the graph
-/// before the compaction.
+/// Nodes added past the end and edges between them: a compaction keeps the
+/// digest, counts, generation and stream position of the graph before it,
+/// and a restart maps the same graph.
 #[test]
-fn a_compaction_keeps_the_gaps_unknown_the_generation_and_the_digest() {
+fn a_compaction_keeps_the_nodes_the_generation_and_the_digest() {
     let (_dir, path, graph) = cora();
-    graph.add_nodes(&[5000]).unwrap();
-    graph.add_edges(&[(5000, 1), (4000, 5000)], true).unwrap();
+    add_nodes(&graph, &[5000]).unwrap();
+    add_edges(&graph, &[(5000, 1), (4000, 5000)], true).unwrap();
     let position = sidecar::graph::StreamPosition {
         ms: 1700000000000,
         seq: 3,
     };
     let outcomes = graph.apply(
-        &[sidecar::graph::GraphUpdate {
-            edges: vec![(2, 3000)],
-            ..Default::default()
-        }],
+        &[GraphUpdate::one_type(&[], &[(2, 3000)], false)],
         Some((position, 3)),
     );
     assert!(outcomes[0].is_ok());
     let before = graph.snapshot();
-    assert_eq!(before.n_nodes(), 2711, "2708 + 5000, 4000 and 3000");
-    graph.compact(&path).unwrap();
+    assert_eq!(before.n_nodes(), 5001, "every id up to 5000");
+    graph.compact().unwrap();
     let after = graph.snapshot();
     assert_eq!(after.delta_entries(), 0);
     assert_eq!(after.n_nodes(), before.n_nodes());
@@ -143,16 +138,19 @@ fn a_compaction_keeps_the_gaps_unknown_the_generation_and_the_digest() {
     assert_eq!(after.position(), position);
     assert_eq!(after.checksum(), before.checksum());
     for id in [2708u64, 2999, 3001, 4999] {
-        assert_eq!(after.degree(id), None, "{id} stays unknown");
+        assert_eq!(after.degree(id), Some(0), "{id} is a node without edges");
     }
     assert_eq!(after.degree(5000), Some(2));
-    // A restart maps the compacted file: the same graph.
-    let restarted = LiveGraph::new(CsrIndex::open(&path).unwrap()).snapshot();
+    assert_eq!(after.sources(0, 2).last(), Some(&3000));
+    assert_eq!(after.degree(5001), None);
+    // A restart maps the compacted file: the same graph, no bitmap.
+    assert!(!CsrIndex::open(&path).unwrap().header().has_known_bitmap());
+    let restarted = LiveGraph::new(TypedGraph::open_one_type(&path).unwrap()).snapshot();
     assert_eq!(restarted.checksum(), before.checksum());
-    assert_eq!(restarted.n_nodes(), 2711);
+    assert_eq!(restarted.n_nodes(), 5001);
     assert_eq!(restarted.generation(), before.generation());
     assert_eq!(restarted.position(), position);
-    assert_eq!(restarted.degree(4500), None);
+    assert_eq!(restarted.degree(4500), Some(0));
 }
 
 /// The digest depends on the graph only: the same edges added in another
@@ -160,19 +158,20 @@ fn a_compaction_keeps_the_gaps_unknown_the_generation_and_the_digest() {
 /// edge more changes it.
 #[test]
 fn the_checksum_depends_on_the_graph_not_on_its_history() {
-    let (_dir_a, path_a, a) = cora();
+    let (_dir_a, _path_a, a) = cora();
     let (_dir_b, _path_b, b) = cora();
     assert_eq!(a.snapshot().checksum(), b.snapshot().checksum());
     let edges: Vec<(u64, u64)> = (0..300u64).map(|k| (k * 7 % 2708, 2708 + k % 50)).collect();
-    a.add_edges(&edges, true).unwrap();
-    a.compact(&path_a).unwrap();
+    add_edges(&a, &edges, true).unwrap();
+    a.compact().unwrap();
     for chunk in edges.rchunks(7) {
-        b.add_edges(chunk, true).unwrap();
+        add_edges(&b, chunk, true).unwrap();
     }
     assert_eq!(a.snapshot().checksum(), b.snapshot().checksum());
     assert_eq!(a.snapshot().n_edges(), b.snapshot().n_edges());
-    let stats = b.add_edges(&[(2900, 0)], false).unwrap();
-    assert_eq!((stats.nodes_added, stats.edges_added), (1, 1));
+    let stats = add_edges(&b, &[(2900, 0)], false).unwrap();
+    // Ids 2758..=2900 become nodes (the largest was 2757).
+    assert_eq!((stats.nodes_added, stats.edges_added), (143, 1));
     assert_ne!(a.snapshot().checksum(), b.snapshot().checksum());
 }
 
@@ -185,20 +184,14 @@ fn updates_during_a_compaction_survive_it_and_the_graph_compacts_by_itself() {
     let dir = tempfile::tempdir().unwrap();
     import_graph(&data, dir.path(), false, 1).unwrap();
     let path = dir.path().join(INDEX_FILE);
-    let graph = LiveGraph::with_auto_compact(
-        CsrIndex::open(&path).unwrap(),
-        Some(sidecar::graph::live::AutoCompact {
-            index_path: path.clone(),
-            after: 200,
-        }),
-    );
-    let reference = LiveGraph::new(CsrIndex::open(&path).unwrap());
+    let graph = LiveGraph::with_auto_compact(TypedGraph::open_one_type(&path).unwrap(), Some(200));
+    let reference = LiveGraph::new(TypedGraph::open_one_type(&path).unwrap());
     // Many small updates: the delta passes 200 entries several times over,
     // so compactions run in the background while updates keep coming.
     for k in 0..600u64 {
         let edge = [(k % 2708, (k * 31 + 5) % 2708)];
-        graph.add_edges(&edge, true).unwrap();
-        reference.add_edges(&edge, true).unwrap();
+        add_edges(&graph, &edge, true).unwrap();
+        add_edges(&reference, &edge, true).unwrap();
     }
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
     let settled = || {
@@ -243,7 +236,7 @@ fn concurrent_samplers_never_see_a_torn_update() {
     // first g of them, whatever the interleaving.
     let (_dir, _path, graph) = cora();
     let graph = Arc::new(graph);
-    let base: BTreeSet<u64> = graph.snapshot().neighbors(7).into_iter().collect();
+    let base: BTreeSet<u64> = graph.snapshot().sources(0, 7).into_iter().collect();
     let stop = Arc::new(AtomicBool::new(false));
     let checks = Arc::new(AtomicU64::new(0));
     let readers: Vec<_> = (0..2)
@@ -279,7 +272,7 @@ fn concurrent_samplers_never_see_a_torn_update() {
         while checks.load(Ordering::Relaxed) < seen + 2 {
             std::thread::yield_now();
         }
-        graph.add_edges(&[(7, 5000 + k)], false).unwrap();
+        add_edges(&graph, &[(7, 5000 + k)], false).unwrap();
     }
     stop.store(true, Ordering::Relaxed);
     let total: u64 = readers.into_iter().map(|r| r.join().unwrap()).sum();
@@ -290,20 +283,18 @@ fn concurrent_samplers_never_see_a_torn_update() {
 #[test]
 fn compaction_keeps_every_edge_and_empties_the_delta() {
     let (_dir, path, graph) = cora();
-    graph
-        .add_edges(&[(2708, 0), (2709, 2708), (1, 2)], true)
-        .unwrap();
+    add_edges(&graph, &[(2708, 0), (2709, 2708), (1, 2)], true).unwrap();
     let before = graph.snapshot();
     let old_held = graph.snapshot();
-    let stats = graph.compact(&path).unwrap();
+    let stats = graph.compact().unwrap();
     let after = graph.snapshot();
     assert_eq!(after.added_edges(), 0);
     assert_eq!(after.n_nodes(), before.n_nodes());
     assert_eq!(after.n_edges(), before.n_edges());
     assert_eq!(stats.n_edges, before.n_edges());
     for node in 0..before.n_nodes() {
-        let mut a = before.neighbors(node);
-        let mut b = after.neighbors(node);
+        let mut a = before.sources(0, node);
+        let mut b = after.sources(0, node);
         a.sort_unstable();
         b.sort_unstable();
         assert_eq!(a, b, "node {node}");
@@ -312,7 +303,7 @@ fn compaction_keeps_every_edge_and_empties_the_delta() {
     let reopened = CsrIndex::open(&path).unwrap();
     assert_eq!(reopened.n_edges(), before.n_edges());
     // A request holding the pre-compaction snapshot still reads its mapping.
-    assert!(old_held.neighbors(2708).contains(&0));
+    assert!(old_held.sources(0, 2708).contains(&0));
 }
 
 /// A target's sample depends on the graph alone: the same nodes whatever
@@ -320,14 +311,14 @@ fn compaction_keeps_every_edge_and_empties_the_delta() {
 /// a compacted index.
 #[test]
 fn a_target_samples_the_same_neighbourhood_compacted_or_not_in_any_batch() {
-    let (_dir_a, path_a, a) = cora();
+    let (_dir_a, _path_a, a) = cora();
     let (_dir_b, _path_b, b) = cora();
     let edges: Vec<(u64, u64)> = (0..400u64)
         .map(|k| (k % 40, (k * 97 + 13) % 2708))
         .collect();
-    a.add_edges(&edges, true).unwrap();
-    b.add_edges(&edges, true).unwrap();
-    a.compact(&path_a).unwrap();
+    add_edges(&a, &edges, true).unwrap();
+    add_edges(&b, &edges, true).unwrap();
+    a.compact().unwrap();
     let (sa, sb) = (a.snapshot(), b.snapshot());
     assert_eq!(sa.delta_entries(), 0);
     assert!(sb.delta_entries() > 0);

@@ -317,19 +317,11 @@ const TYPED_TWINS: &[(&str, &str)] = &[
         "options of a generated typed graph beside `GenerateOptions`",
     ),
     (
-        "TypedLiveGraph",
-        "the served typed graph (store, snapshot, compaction) beside `LiveGraph`",
-    ),
-    (
         "TypedNeighborSource",
         "the typed sampler's graph view beside `NeighborSource`",
     ),
     ("TypedOp", "a typed update-stream operation beside `Op`"),
     ("TypedSampled", "a typed sample beside `Sampled`"),
-    (
-        "TypedUpdateStats",
-        "a typed update's counts beside `UpdateStats`",
-    ),
 ];
 
 /// Names a crate's product code defines: functions, and types (structs,

@@ -882,7 +882,7 @@ fn a_new_node_in_one_call_is_answered_as_once_it_is_added() {
             ),
             (
                 new_node(n + 2, row_of(40), vec![1, 4_000_000], false),
-                "neighbour 4000000 is not in the graph",
+                "node 4000000 is not in the graph",
             ),
             (
                 new_node(n + 2, row_of(40), (0..2000).collect(), false),

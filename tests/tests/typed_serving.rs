@@ -364,9 +364,22 @@ fn a_typed_graph_s_rows_come_from_redis_per_type_then_l1() {
         0.0,
         "every call counts each airport row once"
     );
-    assert!(
-        !body.contains("sidecar_graph_nodes"),
-        "no one-type graph metrics"
+    // The graph's metrics are the one store's: nodes and edges over every
+    // type, as `graph checksum` counts them.
+    let gauge = |name: &str| -> u64 {
+        body.lines()
+            .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.parse().ok())
+            .unwrap_or_else(|| panic!("no {name} in:\n{body}"))
+    };
+    let graph = sidecar.sidecarctl_json(&["graph", "checksum"]);
+    assert_eq!(gauge("sidecar_graph_nodes"), 7698 + 6162 + 261 + 246);
+    assert_eq!(
+        Some(gauge("sidecar_graph_nodes")),
+        graph["n_nodes"].as_u64()
+    );
+    assert_eq!(
+        Some(gauge("sidecar_graph_edges")),
+        graph["n_edges"].as_u64()
     );
 }
 

@@ -118,7 +118,7 @@ fn a_typed_node_added_through_the_admin_socket_is_answered_in_the_next_call() {
         ),
         (
             vec!["graph", "add-node", "9000000", "--type", "country"],
-            "country id 9000000 lies 1048576 or more ids past the 261 country nodes",
+            "country id 9000000 lies 1048576 or more ids past the largest country id 260",
         ),
         (
             vec!["invalidate", "--type", "country", "1"],

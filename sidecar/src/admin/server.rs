@@ -51,6 +51,7 @@ use crate::admin::wire::{
 use crate::daemon::Daemon;
 use crate::features::contract::encode_row;
 use crate::features::rocks::Role;
+use crate::graph::{GraphUpdate, TypedNeighborSource};
 use crate::updates::typed_entry::TypedOp;
 
 /// Most admin connections served at once.
@@ -641,7 +642,8 @@ fn handle(
         AdminRequest::Live => probe(daemon.liveness()),
         AdminRequest::WarmTop { k } if typed_graph(daemon).is_some() => {
             let typed = typed_graph(daemon).expect("checked");
-            let nodes = typed.top_degree(usize::try_from(k).unwrap_or(usize::MAX));
+            let graph = daemon.loaded()?.graph.snapshot();
+            let nodes = typed.top_degree(&graph, usize::try_from(k).unwrap_or(usize::MAX));
             warm(daemon, runtime, &nodes, progress)?
         }
         AdminRequest::TypedWarmIds { node_type, ids } => {
@@ -651,7 +653,7 @@ fn handle(
                      (`sidecarctl warm --ids-file F`)"
                 );
             };
-            let graph = typed.graph.snapshot();
+            let graph = daemon.loaded()?.graph.snapshot();
             let Some(t) = graph.schema().node_type(&node_type) else {
                 bail!(
                     "node type {node_type:?} is not in the graph ({})",
@@ -665,11 +667,11 @@ fn handle(
                     typed.ring.describe()
                 );
             }
-            if let Some(&unknown) = ids.iter().find(|&&id| id >= graph.id_bound(t)) {
+            if let Some(&unknown) = ids.iter().find(|&&id| !graph.is_node(t, id)) {
                 bail!(
                     "{node_type} {unknown} is not in the graph ({} {node_type} nodes): warm \
                      known nodes only",
-                    graph.id_bound(t)
+                    graph.n_nodes_of(t)
                 );
             }
             let nodes: Vec<(usize, u64)> = ids.iter().map(|&id| (t, id)).collect();
@@ -681,17 +683,16 @@ fn handle(
             let ids: Vec<u64> = core
                 .graph
                 .snapshot()
-                .base()
-                .top_degree(k)
+                .top_degree(k, |_| true)
                 .into_iter()
-                .map(u64::from)
+                .map(|(_, id)| id)
                 .collect();
             warm(daemon, runtime, &one_type(&ids), progress)?
         }
         AdminRequest::WarmIds { ids } => {
             let core = daemon.loaded()?;
             let graph = core.graph.snapshot();
-            if let Some(&unknown) = ids.iter().find(|&&id| !graph.is_known(id)) {
+            if let Some(&unknown) = ids.iter().find(|&&id| !graph.is_node(0, id)) {
                 bail!(
                     "node {unknown} is not in the graph ({} nodes): warm known nodes only",
                     graph.n_nodes()
@@ -764,7 +765,9 @@ fn handle(
                 _ => bail!("no feature store to write the new rows to"),
             }
             runtime.block_on(core.tiers.invalidate(&ids));
-            let stats = core.graph.add_edges_and_nodes(&edges, &ids, undirected)?;
+            let stats = core
+                .graph
+                .update(GraphUpdate::one_type(&ids, &edges, undirected))?;
             tracing::info!(
                 nodes = ids.len(),
                 edges = stats.edges_added,
@@ -781,7 +784,9 @@ fn handle(
         AdminRequest::AddEdges { edges, undirected } => {
             let core = daemon.loaded()?;
             refuse_while_following(core)?;
-            let stats = core.graph.add_edges(&edges, undirected)?;
+            let stats = core
+                .graph
+                .update(GraphUpdate::one_type(&[], &edges, undirected))?;
             tracing::info!(
                 edges = stats.edges_added,
                 ignored = stats.edges_ignored,
@@ -824,47 +829,22 @@ fn handle(
             AdminResponse::Invalidated { ids: n }
         }
         AdminRequest::GraphChecksum => {
-            // The typed graph where the sidecar serves one, else the graph.
-            let (checksum, n_nodes, n_edges, generation, position) = match typed_graph(daemon) {
-                Some(typed) => {
-                    let g = typed.graph.snapshot();
-                    let at = g.position();
-                    (g.checksum(), g.n_nodes(), g.n_edges(), g.generation(), at)
-                }
-                None => {
-                    let g = daemon.loaded()?.graph.snapshot();
-                    let at = g.position();
-                    (g.checksum(), g.n_nodes(), g.n_edges(), g.generation(), at)
-                }
-            };
+            let g = daemon.loaded()?.graph.snapshot();
             AdminResponse::GraphChecksum {
-                checksum: format!("{checksum:016x}"),
-                n_nodes,
-                n_edges,
-                generation,
-                position: position.to_string(),
+                checksum: format!("{:016x}", g.checksum()),
+                n_nodes: g.n_nodes(),
+                n_edges: g.n_edges(),
+                generation: g.generation(),
+                position: g.position().to_string(),
             }
         }
-        AdminRequest::Compact if typed_graph(daemon).is_some() => {
-            let typed = typed_graph(daemon).expect("checked");
-            let compacted = typed.graph.compact(&daemon.config.data_dir)?;
+        AdminRequest::Compact => {
+            let compacted = daemon.loaded()?.graph.compact()?;
             AdminResponse::Compacted {
                 n_nodes: compacted.n_nodes,
                 n_edges: compacted.n_edges,
                 generation: compacted.generation,
                 seconds: compacted.seconds,
-            }
-        }
-        AdminRequest::Compact => {
-            let core = daemon.loaded()?;
-            let started = Instant::now();
-            core.graph.compact(&core.index_path)?;
-            let graph = core.graph.snapshot();
-            AdminResponse::Compacted {
-                n_nodes: graph.n_nodes(),
-                n_edges: graph.n_edges(),
-                generation: graph.generation(),
-                seconds: started.elapsed().as_secs_f64(),
             }
         }
         AdminRequest::FlushCache { l1, l2 } => {
@@ -1019,7 +999,7 @@ fn typed_update(
         );
     };
     refuse_while_following(core)?;
-    let graph = typed.graph.snapshot();
+    let graph = core.graph.snapshot();
     let change = op.resolve(graph.schema()).map_err(anyhow::Error::msg)?;
     if let Some(update) = &change.update {
         // Refused before any row is written (and checked again when applied).
@@ -1057,7 +1037,7 @@ fn typed_update(
             ids: change.evicted.len() as u64,
         });
     };
-    let stats = typed.graph.update(update)?;
+    let stats = core.graph.update(update)?;
     tracing::info!(
         nodes_added = stats.nodes_added,
         edges_added = stats.edges_added,
@@ -1085,19 +1065,7 @@ fn refuse_while_following(core: &crate::daemon::Core) -> anyhow::Result<()> {
 
 fn status(daemon: &Daemon) -> StatusReport {
     let core = daemon.core();
-    let typed = core.and_then(|c| c.typed.as_ref());
-    let graph = core.map(|c| {
-        let mut counts = c.graph.counts();
-        if let Some(typed) = typed {
-            // A typed graph's totals over its types.
-            let graph = typed.graph.snapshot();
-            counts.nodes = graph.n_nodes();
-            counts.edges = graph.n_edges();
-            counts.generation = graph.generation();
-            counts.position = graph.position();
-        }
-        counts
-    });
+    let graph = core.map(|c| c.graph.counts());
     let updates = core.and_then(|c| c.updates.as_ref()).map(|u| u.snapshot());
     let tiers = core.map(tier_snapshot).unwrap_or_default();
     let ring = daemon.ring.snapshot().segment;

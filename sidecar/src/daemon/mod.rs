@@ -17,7 +17,6 @@ pub mod metrics;
 pub mod ring;
 mod typed;
 
-use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
@@ -146,9 +145,9 @@ impl Knobs {
 /// What the sidecar serves from, once loaded.
 #[derive(Debug)]
 pub struct Core {
+    /// The served graph: a typed graph, or a one-type graph as the 1x1
+    /// typed graph (it knows where its index lives: compaction rewrites it).
     pub graph: LiveGraph,
-    /// The graph index file (compaction rewrites it).
-    pub index_path: PathBuf,
     pub tiers: FeatureTiers,
     /// The embedded store (store of record, or L2 cache in front of Redis).
     pub store: Option<Arc<RocksStore>>,
@@ -161,8 +160,8 @@ pub struct Core {
     pub updates: Option<Arc<FollowerStats>>,
     /// Held for the sidecar's life: no other process uses the data directory.
     pub data_dir_lock: crate::data_dir::DataDirLock,
-    /// A typed graph, when the data directory holds one: the ring serves
-    /// it alone, and `graph` and `tiers` above are empty.
+    /// A typed graph's per-type tiers, when the data directory holds one:
+    /// the ring serves them, and `tiers` above is empty.
     pub typed: Option<Arc<TypedServing>>,
 }
 

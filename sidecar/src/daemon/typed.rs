@@ -1,6 +1,6 @@
-//! A typed graph as the sidecar serves it (`sidecar serve` loads it):
-//! the typed graph with its updates, the types the segment carries, and
-//! each node type's stores and tiers.
+//! A typed graph's features as the sidecar serves them (`sidecar serve`
+//! loads them): the types the segment carries, and each node type's stores
+//! and tiers. The graph itself is the core's (`Core::graph`).
 
 use std::sync::Arc;
 
@@ -9,12 +9,11 @@ use protocol::graph_schema::GraphSchema;
 use crate::features::redis_tier::RedisTier;
 use crate::features::rocks::RocksStore;
 use crate::features::FeatureTiers;
-use crate::graph::typed_live::TypedLiveGraph;
+use crate::graph::GraphSnapshot;
 
-/// A typed graph and its per-type tiers, as the ring serves them.
+/// A typed graph's per-type tiers, as the ring serves them.
 #[derive(Debug)]
 pub struct TypedServing {
-    pub graph: TypedLiveGraph,
     /// The types as the segment carries them.
     pub ring: GraphSchema,
     /// Per node type: its tiers; `None` for a type without features.
@@ -35,16 +34,11 @@ pub struct TypeStores {
 }
 
 impl TypedServing {
-    pub fn graph_version(&self) -> u64 {
-        self.graph.snapshot().graph_version()
-    }
-
-    /// The `k` nodes with the most edges, of the node types with feature
-    /// rows: what the start-up warm-up and `sidecarctl warm --top` pin.
-    pub fn top_degree(&self, k: usize) -> Vec<(usize, u64)> {
-        self.graph
-            .snapshot()
-            .top_degree(k, |t| self.tiers.get(t).is_some_and(Option::is_some))
+    /// The `k` nodes of `graph` with the most edges, of the node types
+    /// with feature rows: what the start-up warm-up and `sidecarctl warm
+    /// --top` pin.
+    pub fn top_degree(&self, graph: &GraphSnapshot, k: usize) -> Vec<(usize, u64)> {
+        graph.top_degree(k, |t| self.tiers.get(t).is_some_and(Option::is_some))
     }
 
     /// Fetches `nodes` through their types' tiers and pins them in L1,

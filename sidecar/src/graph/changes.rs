@@ -23,6 +23,13 @@ use std::sync::{Mutex, RwLock};
 
 use rustc_hash::FxHashMap;
 
+/// A node's key in the clock's marks: its type's index in the high half,
+/// its id in the low half (node ids are u32), so a one-type graph's keys
+/// are its ids.
+pub fn node_key(node_type: usize, id: u64) -> u64 {
+    ((node_type as u64) << 32) | id
+}
+
 /// The change clock and the nodes' marks.
 #[derive(Debug)]
 pub struct Changes {

@@ -31,8 +31,9 @@
 //! structure (monotone indptr, ids in range) before it samples from the file.
 //!
 //! Without flag bit 1 every id below n_nodes is a known node (what an import
-//! writes). A compaction of a graph with ids added past its end writes the
-//! bitmap, so the ids in between stay unknown. The update position is the
+//! writes). Earlier releases' compactions wrote the bitmap where ids added
+//! past the end left gaps; a compaction keeps it while gaps remain
+//! (`graph::live`). The update position is the
 //! last entry of the update stream (docs/updates.md) whose changes the file
 //! holds; the generation counts updates applied since the import.
 //!

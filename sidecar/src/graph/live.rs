@@ -1,72 +1,137 @@
-//! The graph as served: the mapped base index plus the nodes and edges added
-//! while serving, switched atomically.
+//! The graph as served: the mapped index plus the nodes and edges added
+//! while serving, switched atomically. One store for every graph: a typed
+//! graph of N node types and E edge types, and the one-type graph as its
+//! 1x1 case (node type `node`, edge type `node__to__node`;
+//! [`TypedGraph::one_type`]).
 //!
-//! A [`GraphSnapshot`] is immutable: the base [`CsrIndex`] and a
-//! [`Delta`] of added rows (a persistent map: an update copies only the
-//! paths of the ids it touches). An update builds the next snapshot and
-//! publishes it with one atomic pointer swap. A request samples from the
-//! snapshot it loaded when it started, so in-flight requests finish on the
-//! old version and new requests see the new one; nothing is dropped and no
-//! lock is taken on the sampling path.
+//! A [`GraphSnapshot`] is immutable: the base [`TypedGraph`], each node
+//! type's id bound, and per edge type a [`Delta`] of added sources per
+//! destination node (rows as the index keeps them; a persistent map: an
+//! update copies only the paths of the ids it touches). An update builds
+//! the next snapshot and publishes it with one atomic pointer swap. A
+//! request samples from the snapshot it loaded when it started, so
+//! in-flight requests finish on the old version and new requests see the
+//! new one; nothing is dropped and no lock is taken on the sampling path.
 //!
-//! Known nodes: the base index's (every id below its node count, or those
-//! of its bitmap) and every id an update added, by itself or as an edge's
-//! endpoint. Adding id `k` past the end does not make the ids in between
-//! known. New ids are servable (inductive serving of new users) as soon as
+//! Nodes (docs/graph-index.md, "Updates"): every id of a type below its id
+//! bound, except the gaps a known-node bitmap in the index records (left by
+//! compactions of earlier releases). Adding id `k` of a type at or past its
+//! bound makes the bound `k + 1`: the ids in between are nodes without
+//! edges, as every id below `num_nodes` is a node in PyG; one update may
+//! move a bound at most [`MAX_ID_GROWTH`]. An id named in a gap becomes a
+//! node. New ids are servable (inductive serving of new users) as soon as
 //! the snapshot that added them is published.
 //!
-//! Compaction ([`LiveGraph::compact`]) writes base + delta as a new CSR file
-//! through the regular builder, renames it over the index, maps it, and
-//! publishes a snapshot with an empty delta plus the updates applied while
-//! it ran. Neither updates nor sampling wait for the build.
+//! Compaction ([`LiveGraph::compact`]) writes base + deltas where the index
+//! lives, through the regular builder: a one-type graph's `graph.csr`
+//! (under a temporary name, then renamed over it), a typed graph's
+//! `typed-graph/` (written as `typed-graph.tmp`, then swapped in); it maps
+//! the result and publishes a snapshot with empty deltas plus the updates
+//! applied while it ran. Neither updates nor sampling wait for the build.
 
-use std::path::{Path, PathBuf};
+use std::io::Write;
+use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
+use std::time::Instant;
 
 use anyhow::{bail, ensure, Context};
 use arc_swap::ArcSwap;
 use rustc_hash::FxHashMap;
 use xxhash_rust::xxh3::Xxh3;
 
-use crate::graph::build::{self, BuildOptions, BuildStats, EdgeFile};
-use crate::graph::changes::Changes;
+use crate::graph::build::{self, BuildOptions, EdgeFile, TypedEdges};
+use crate::graph::changes::{node_key, Changes};
 use crate::graph::delta::{Delta, Row};
 use crate::graph::format::StreamPosition;
-use crate::graph::sampler::NeighborSource;
-use crate::graph::CsrIndex;
+use crate::graph::sampler::{NeighborSource, TypedNeighborSource};
+use crate::graph::typed::{self, Location, TypedGraph, TypedSchema};
 
-/// How far past the graph's id bound (largest known id + 1) one update may
-/// add nodes (docs/graph-index.md, "Updates").
+/// How far past a node type's id bound one update may add nodes
+/// (docs/graph-index.md, "Updates").
 pub const MAX_ID_GROWTH: u64 = 1 << 20;
 
 /// The largest node id (docs/graph-index.md): ids are u32, and 2^32 - 1 is
 /// reserved.
 pub const MAX_NODE_ID: u64 = u32::MAX as u64 - 1;
 
-/// One update: nodes to make known and edges to add, applied whole or not
-/// at all.
+/// One update: nodes to add and edges to add, by type index, applied whole
+/// or not at all.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct GraphUpdate {
-    /// Ids to make known (isolated until edges arrive).
-    pub nodes: Vec<u64>,
-    /// `(src, dst)` edges; unknown endpoints become known nodes.
-    pub edges: Vec<(u64, u64)>,
-    /// Also add every edge's reverse.
-    pub undirected: bool,
+    /// `(node type, id)`: made nodes (without edges until edges arrive).
+    pub nodes: Vec<(usize, u64)>,
+    /// `(edge type, [(src, dst)])`: `src` a node of the edge type's source
+    /// type, `dst` of its destination type (`dst`'s row gains `src`);
+    /// endpoints that are not nodes become nodes.
+    pub edges: Vec<(usize, Vec<(u64, u64)>)>,
+}
+
+impl GraphUpdate {
+    /// A one-type graph's update: `nodes`, and `edges` `(src, dst)` that
+    /// make `dst` a neighbour of `src` (the one-type index's rows list a
+    /// node's neighbours; docs/graph-index.md), each with its reverse when
+    /// `undirected`.
+    pub fn one_type(nodes: &[u64], edges: &[(u64, u64)], undirected: bool) -> Self {
+        let mut pairs: Vec<(u64, u64)> = edges.iter().map(|&(s, d)| (d, s)).collect();
+        if undirected {
+            pairs.extend_from_slice(edges);
+        }
+        Self {
+            nodes: nodes.iter().map(|&id| (0, id)).collect(),
+            edges: if pairs.is_empty() {
+                Vec::new()
+            } else {
+                vec![(0, pairs)]
+            },
+        }
+    }
+
+    /// Every `(node type, id)` the update names.
+    pub fn ids<'a>(
+        &'a self,
+        ends: &'a [(usize, usize)],
+    ) -> impl Iterator<Item = (usize, u64)> + 'a {
+        self.nodes
+            .iter()
+            .copied()
+            .chain(self.edges.iter().flat_map(move |(e, pairs)| {
+                let (src, dst) = ends[*e];
+                pairs.iter().flat_map(move |&(s, d)| [(src, s), (dst, d)])
+            }))
+    }
+}
+
+/// What an update changed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct UpdateStats {
+    /// Ids that were not nodes before (over every type, the ids in between
+    /// included).
+    pub nodes_added: u64,
+    pub edges_added: u64,
+    /// Edges already present (or self loops of an edge type whose two ends
+    /// are one type), ignored.
+    pub edges_ignored: u64,
+    /// Nodes after the update, over every type.
+    pub n_nodes: u64,
+    pub generation: u64,
 }
 
 /// An immutable view of the graph: base index + added rows.
 #[derive(Debug)]
 pub struct GraphSnapshot {
-    base: Arc<CsrIndex>,
-    /// Added neighbours per node, and the known nodes the base lacks.
-    delta: Delta,
-    /// Known nodes.
-    known: u64,
-    /// Largest known id + 1.
-    id_bound: u64,
-    added_edges: u64,
+    base: Arc<TypedGraph>,
+    /// Per node type: largest id + 1.
+    id_bounds: Vec<u64>,
+    /// Per node type: its nodes.
+    n_nodes: Vec<u64>,
+    /// Per node type: ids in the index's gaps (below its bound, not in its
+    /// known-node bitmap) that an update made nodes (empty rows).
+    filled: Vec<Delta>,
+    /// Per edge type: added sources per destination node.
+    deltas: Vec<Delta>,
+    /// Per edge type: edges added since the base index.
+    added_edges: Vec<u64>,
     /// Updates applied since the graph's import.
     generation: u64,
     /// The last update-stream entry applied.
@@ -76,37 +141,101 @@ pub struct GraphSnapshot {
 }
 
 impl GraphSnapshot {
-    pub fn base(&self) -> &CsrIndex {
+    /// `base` with no update on top, at the position its index records.
+    fn fresh(base: Arc<TypedGraph>) -> Self {
+        let header = *base.csr(0).header();
+        let n_node_types = base.schema().node_types.len();
+        let n_edge_types = base.schema().edge_types.len();
+        Self {
+            id_bounds: (0..n_node_types).map(|t| base.id_bound(t)).collect(),
+            n_nodes: (0..n_node_types).map(|t| base.known_nodes(t)).collect(),
+            filled: vec![Delta::default(); n_node_types],
+            deltas: vec![Delta::default(); n_edge_types],
+            added_edges: vec![0; n_edge_types],
+            generation: header.generation,
+            position: header.position,
+            consumed: header.consumed,
+            base,
+        }
+    }
+
+    /// A copy to build the next snapshot on (the deltas are persistent
+    /// maps: O(types)).
+    fn next(&self) -> Self {
+        Self {
+            base: self.base.clone(),
+            id_bounds: self.id_bounds.clone(),
+            n_nodes: self.n_nodes.clone(),
+            filled: self.filled.clone(),
+            deltas: self.deltas.clone(),
+            added_edges: self.added_edges.clone(),
+            ..*self
+        }
+    }
+
+    pub fn base(&self) -> &TypedGraph {
         &self.base
     }
 
-    /// Known nodes.
+    pub fn schema(&self) -> &TypedSchema {
+        self.base.schema()
+    }
+
+    pub fn graph_version(&self) -> u64 {
+        self.schema().graph_version
+    }
+
+    /// Node type `t`'s id bound: its largest id + 1.
+    pub fn id_bound(&self, t: usize) -> u64 {
+        self.id_bounds[t]
+    }
+
+    /// Every node type's id bound.
+    pub fn id_bounds(&self) -> &[u64] {
+        &self.id_bounds
+    }
+
+    /// Node type `t`'s nodes.
+    pub fn n_nodes_of(&self, t: usize) -> u64 {
+        self.n_nodes[t]
+    }
+
+    /// Nodes over every type.
     pub fn n_nodes(&self) -> u64 {
-        self.known
+        self.n_nodes.iter().sum()
     }
 
-    /// Largest known id + 1: what a compaction's index spans.
-    pub fn id_bound(&self) -> u64 {
-        self.id_bound
+    /// Edge type `e`'s edges.
+    pub fn n_edges_of(&self, e: usize) -> u64 {
+        self.base.csr(e).n_edges() + self.added_edges[e]
     }
 
+    /// Edges over every type.
     pub fn n_edges(&self) -> u64 {
-        self.base.n_edges() + self.added_edges
+        (0..self.deltas.len()).map(|e| self.n_edges_of(e)).sum()
     }
 
-    /// Edges added since the base index.
+    /// Edges added since the base index, over every type.
     pub fn added_edges(&self) -> u64 {
-        self.added_edges
+        self.added_edges.iter().sum()
     }
 
-    /// Entries of the delta (nodes with added edges, added nodes).
+    /// Entries of the deltas (destinations with added sources, nodes added
+    /// in the index's gaps).
     pub fn delta_entries(&self) -> u64 {
-        self.delta.len()
+        self.deltas.iter().chain(&self.filled).map(Delta::len).sum()
     }
 
     /// Updates applied since the graph's import (a compaction keeps it).
     pub fn generation(&self) -> u64 {
         self.generation
+    }
+
+    /// Updates the index on disk holds (its import's or its last
+    /// compaction's generation): `generation() - base_generation()` are in
+    /// memory only.
+    pub fn base_generation(&self) -> u64 {
+        self.base.csr(0).header().generation
     }
 
     /// The last update-stream entry this graph holds.
@@ -120,208 +249,278 @@ impl GraphSnapshot {
         self.consumed
     }
 
-    pub fn graph_version(&self) -> u64 {
-        self.base.graph_version()
+    fn added_row(&self, e: usize, node: u32) -> &[u32] {
+        self.deltas[e].get(node).map(|row| &row[..]).unwrap_or(&[])
     }
 
-    pub fn is_known(&self, node: u64) -> bool {
-        let Ok(node) = u32::try_from(node) else {
-            return false;
-        };
-        self.base.is_known(node) || self.delta.get(node).is_some()
-    }
-
-    fn added_row(&self, node: u32) -> &[u32] {
-        self.delta.get(node).map(|row| &row[..]).unwrap_or(&[])
-    }
-
-    /// All neighbours of `node`, sorted, as ids.
-    pub fn neighbors(&self, node: u64) -> Vec<u64> {
+    /// Edge type `e`'s sources of `node` (a one-type graph's neighbours),
+    /// sorted.
+    pub fn sources(&self, e: usize, node: u64) -> Vec<u64> {
         let Ok(node) = u32::try_from(node) else {
             return Vec::new();
         };
         let mut out = Vec::new();
-        merge_sorted(self.base.neighbors(node), self.added_row(node), |v| {
-            out.push(u64::from(v))
-        });
+        merge_sorted(
+            self.base.csr(e).neighbors(node),
+            self.added_row(e, node),
+            |v| out.push(u64::from(v)),
+        );
         out
     }
 
-    /// A digest of the served graph: its known nodes and each one's sorted
-    /// neighbours, whether they lie in the index or the delta. Replicas that
-    /// applied the same updates print the same digest, compacted or not.
-    pub fn checksum(&self) -> u64 {
-        let mut digest = 0u64;
-        let mut row = Vec::new();
-        for node in 0..self.id_bound as u32 {
-            if !self.is_known(u64::from(node)) {
-                continue;
+    /// Node type `t`'s ids below its bound that are not nodes.
+    fn gaps(&self, t: usize) -> u64 {
+        self.id_bounds[t] - self.n_nodes[t]
+    }
+
+    /// The `k` nodes with the most edges over every edge type (as a
+    /// destination and as a source, index and delta alike), as `(node
+    /// type, id)`, most first (ties by type, then id): the rows most
+    /// sampled neighbourhoods read, which the warm-up pins. Only node types
+    /// `wanted` says yes to are ranked (those with feature rows). One pass
+    /// over the edges.
+    pub fn top_degree(&self, k: usize, wanted: impl Fn(usize) -> bool) -> Vec<(usize, u64)> {
+        let mut degree: Vec<Vec<u32>> = self
+            .id_bounds
+            .iter()
+            .map(|&n| vec![0u32; n as usize])
+            .collect();
+        for (e, &(src, dst)) in self.base.edge_types().iter().enumerate() {
+            for node in 0..self.id_bounds[dst] {
+                let node = node as u32;
+                let mut count = 0u32;
+                merge_sorted(
+                    self.base.csr(e).neighbors(node),
+                    self.added_row(e, node),
+                    |v| {
+                        count += 1;
+                        if let Some(d) = degree[src].get_mut(v as usize) {
+                            *d = d.saturating_add(1);
+                        }
+                    },
+                );
+                let d = &mut degree[dst][node as usize];
+                *d = d.saturating_add(count);
             }
-            row.clear();
-            row.extend_from_slice(&node.to_le_bytes());
-            merge_sorted(self.base.neighbors(node), self.added_row(node), |v| {
-                row.extend_from_slice(&v.to_le_bytes())
-            });
+        }
+        let mut nodes: Vec<(u32, usize, u64)> = degree
+            .iter()
+            .enumerate()
+            .filter(|&(t, _)| wanted(t))
+            .flat_map(|(t, d)| {
+                d.iter()
+                    .enumerate()
+                    .filter(|&(_, &d)| d > 0)
+                    .map(move |(v, &d)| (d, t, v as u64))
+            })
+            .collect();
+        let order = |a: &(u32, usize, u64), b: &(u32, usize, u64)| {
+            b.0.cmp(&a.0).then(a.1.cmp(&b.1)).then(a.2.cmp(&b.2))
+        };
+        let k = k.min(nodes.len());
+        if k == 0 {
+            return Vec::new();
+        }
+        if k < nodes.len() {
+            nodes.select_nth_unstable_by(k - 1, order);
+            nodes.truncate(k);
+        }
+        nodes.sort_unstable_by(order);
+        nodes.into_iter().map(|(_, t, v)| (t, v)).collect()
+    }
+
+    /// A digest of the served graph: each type's id bound, node count and
+    /// gaps, and each edge type's sources per destination, wherever they
+    /// lie (index or delta). Replicas that applied the same updates print
+    /// the same digest, compacted or not.
+    pub fn checksum(&self) -> u64 {
+        let hash = |parts: &[&[u8]]| {
             let mut hasher = Xxh3::new();
-            hasher.update(&row);
-            // A sum: the digest does not depend on the order nodes are met.
-            digest = digest.wrapping_add(hasher.digest());
+            for part in parts {
+                hasher.update(part);
+            }
+            hasher.digest()
+        };
+        // Sums: the digest does not depend on the order rows are met.
+        let mut digest = 0u64;
+        for (t, bound) in self.id_bounds.iter().enumerate() {
+            let t_bytes = (t as u64).to_le_bytes();
+            digest = digest.wrapping_add(hash(&[
+                b"node type",
+                &t_bytes,
+                &bound.to_le_bytes(),
+                &self.n_nodes[t].to_le_bytes(),
+            ]));
+            if self.gaps(t) > 0 {
+                for id in (0..*bound).filter(|&id| !self.is_node(t, id)) {
+                    digest = digest.wrapping_add(hash(&[b"gap", &t_bytes, &id.to_le_bytes()]));
+                }
+            }
+        }
+        let mut row = Vec::new();
+        for (e, &(_, dst)) in self.base.edge_types().iter().enumerate() {
+            let csr = self.base.csr(e);
+            for node in 0..self.id_bounds[dst] as u32 {
+                let (base, added) = (csr.neighbors(node), self.added_row(e, node));
+                if base.is_empty() && added.is_empty() {
+                    continue;
+                }
+                row.clear();
+                row.extend_from_slice(&(e as u32).to_le_bytes());
+                row.extend_from_slice(&node.to_le_bytes());
+                merge_sorted(base, added, |v| row.extend_from_slice(&v.to_le_bytes()));
+                digest = digest.wrapping_add(hash(&[&row]));
+            }
         }
         digest
     }
 
-    /// This snapshot with one more node, `id`, and its edges to known nodes
-    /// (both ways unless `directed`), exactly as an update adding them would
-    /// make it, for one request to sample from (`NEW_NODE`): nothing is
+    /// This snapshot with one more node, `id` of type `node_type`, and its
+    /// edges `edges` (per edge type, `(src, dst)` pairs whose other end is
+    /// a node of the graph), exactly as an update adding them would make
+    /// it, for one request to sample from (`NEW_NODE`): nothing is
     /// published. Costs what that update would (the paths of the ids it
-    /// touches). Refuses an id the graph has or cannot take, and an edge to
-    /// a node it does not have.
+    /// touches). Refuses an id the type has or an update could not add,
+    /// and an edge to a node the graph does not have, by name.
     pub fn with_new_node(
         &self,
+        node_type: usize,
         id: u64,
-        neighbors: &[u64],
-        directed: bool,
+        edges: &[Vec<(u64, u64)>],
     ) -> anyhow::Result<GraphSnapshot> {
+        let schema = self.schema();
+        let name = &schema.node_types[node_type].name;
         ensure!(
-            !self.is_known(id),
-            "node {id} is already in the graph: predict it by its id (a new node needs an id \
-             the graph does not have)"
+            !self.is_node(node_type, id),
+            "{name} {id} is already in the graph: predict it by its id (a new node needs an id \
+             its type does not have)"
         );
-        if let Some(&unknown) = neighbors.iter().find(|&&n| !self.is_known(n)) {
-            bail!(
-                "the new node's neighbour {unknown} is not in the graph: a new node's edges must \
-                 go to known nodes"
-            );
+        let ends = self.base.edge_types();
+        for (e, pairs) in edges.iter().enumerate() {
+            let (src, dst) = ends[e];
+            for &(s, d) in pairs {
+                let (other_type, other) = if src == node_type && s == id {
+                    (dst, d)
+                } else {
+                    (src, s)
+                };
+                ensure!(
+                    self.is_node(other_type, other) || (other_type == node_type && other == id),
+                    "the new node's edge ({s}, {d}) of edge type {}: {} {other} is not in the \
+                     graph; a new node's edges go to nodes the graph has",
+                    schema.edge_types[e].key(),
+                    schema.node_types[other_type].name,
+                );
+            }
         }
         let update = GraphUpdate {
-            nodes: vec![id],
-            edges: neighbors.iter().map(|&n| (id, n)).collect(),
-            undirected: !directed,
+            nodes: vec![(node_type, id)],
+            edges: edges.iter().cloned().enumerate().collect(),
         };
-        // Nothing is published: no gaps are left behind.
-        self.check(&update, u64::MAX)?;
-        let mut next = GraphSnapshot {
-            base: self.base.clone(),
-            delta: self.delta.clone(),
-            ..*self
-        };
+        self.check(&update)?;
+        let mut next = self.next();
         next.apply(&update, &mut Vec::new());
         Ok(next)
     }
 
-    /// Makes `node` known, if it is not.
-    fn know(&mut self, node: u32) {
-        if !self.is_known(u64::from(node)) {
-            self.delta.insert(node, Row::from([]));
-            self.known += 1;
-            self.id_bound = self.id_bound.max(u64::from(node) + 1);
+    /// Refuses an update that names a type out of range, or an id above the
+    /// maximum or too far past its type's bound, naming the type and the
+    /// id; changes nothing.
+    pub fn check(&self, update: &GraphUpdate) -> anyhow::Result<()> {
+        let schema = self.schema();
+        let ends = self.base.edge_types();
+        for &(t, _) in &update.nodes {
+            ensure!(t < self.id_bounds.len(), "node type index {t} out of range");
         }
-    }
-
-    /// Ids below the id bound that are not nodes.
-    fn gaps(&self) -> u64 {
-        self.id_bound.saturating_sub(self.known)
-    }
-
-    /// Refuses an update that names an id above the maximum or too far past
-    /// the id bound, or that would leave `max_gaps` or more ids below the
-    /// bound that are not nodes, naming the id; changes nothing.
-    fn check(&self, update: &GraphUpdate, max_gaps: u64) -> anyhow::Result<()> {
-        let ids = || {
-            update
-                .edges
-                .iter()
-                .flat_map(|&(s, d)| [s, d])
-                .chain(update.nodes.iter().copied())
-        };
-        let Some(max_id) = ids().max() else {
-            return Ok(());
-        };
-        ensure!(
-            max_id <= MAX_NODE_ID,
-            "node id {max_id} is too large: node ids must be at most {MAX_NODE_ID} (2^32 - 2)"
-        );
-        let largest = self.id_bound.saturating_sub(1);
-        // `past` ids past the largest: refused from MAX_ID_GROWTH on.
-        ensure!(
-            max_id + 1 < self.id_bound + MAX_ID_GROWTH,
-            "node id {max_id} lies {MAX_ID_GROWTH} or more ids past the graph's largest id \
-             {largest}: node ids are dense; add the nodes in between first (or check the id)"
-        );
-        if max_id < self.id_bound {
-            return Ok(());
+        for (e, _) in &update.edges {
+            ensure!(*e < ends.len(), "edge type index {e} out of range");
         }
-        // Past the end: the ids it skips stay gaps. Counted across updates,
-        // so that many steps each within the bound cannot grow the id space
-        // (and the next compaction's index) without end either.
-        let mut past: Vec<u64> = ids().filter(|&id| id >= self.id_bound).collect();
-        past.sort_unstable();
-        past.dedup();
-        let gaps = self.gaps() + (max_id + 1 - self.id_bound) - past.len() as u64;
-        ensure!(
-            gaps < max_gaps,
-            "node id {max_id} would leave {gaps} ids below the graph's end that are not nodes, \
-             {MAX_ID_GROWTH} more than the graph had when the sidecar started: node ids are \
-             dense; add the nodes in between first (or check the id)"
-        );
+        let mut largest = vec![None::<u64>; self.id_bounds.len()];
+        for (t, id) in update.ids(ends) {
+            largest[t] = Some(largest[t].map_or(id, |m: u64| m.max(id)));
+        }
+        for (t, max_id) in largest.iter().enumerate() {
+            let Some(max_id) = *max_id else { continue };
+            let name = &schema.node_types[t].name;
+            ensure!(
+                max_id <= MAX_NODE_ID,
+                "{name} id {max_id} is too large: node ids must be at most {MAX_NODE_ID} (2^32 - 2)"
+            );
+            ensure!(
+                max_id + 1 < self.id_bounds[t] + MAX_ID_GROWTH,
+                "{name} id {max_id} lies {MAX_ID_GROWTH} or more ids past the largest {name} id \
+                 {}: node ids are dense (the ids in between would become nodes); add the nodes \
+                 in between first (or check the id)",
+                self.id_bounds[t] as i64 - 1
+            );
+        }
         Ok(())
     }
 
+    /// Makes `(t, id)` a node, if it is not; marks it in `touched`.
+    fn make_node(&mut self, t: usize, id: u64, touched: &mut Vec<u64>) {
+        if self.is_node(t, id) {
+            return;
+        }
+        touched.push(node_key(t, id));
+        if id < self.id_bounds[t] {
+            self.filled[t].insert(id as u32, Row::from([]));
+            self.n_nodes[t] += 1;
+        } else {
+            self.n_nodes[t] += id + 1 - self.id_bounds[t];
+            self.id_bounds[t] = id + 1;
+        }
+    }
+
     /// Applies one checked update to this (private, next) snapshot; adds
-    /// the nodes whose neighbour lists it changed (or that it made known)
-    /// to `touched`.
+    /// the nodes whose rows it changed (or that it made nodes) to
+    /// `touched`, as change-clock keys.
     fn apply(&mut self, update: &GraphUpdate, touched: &mut Vec<u64>) -> UpdateStats {
-        let known_before = self.known;
-        for &node in &update.nodes {
-            if !self.is_known(node) {
-                touched.push(node);
-            }
-            self.know(node as u32);
+        let before = self.n_nodes();
+        let ends = self.base.edge_types().to_vec();
+        for (t, id) in update.ids(&ends) {
+            self.make_node(t, id, touched);
         }
-        // New neighbours per source node, before merging.
-        let mut incoming: FxHashMap<u32, Vec<u32>> = FxHashMap::default();
-        for &(src, dst) in &update.edges {
-            let (src, dst) = (src as u32, dst as u32);
-            for node in [src, dst] {
-                if !self.is_known(u64::from(node)) {
-                    touched.push(u64::from(node));
+        let (mut edges_added, mut considered) = (0u64, 0u64);
+        for (e, pairs) in &update.edges {
+            let e = *e;
+            let (src_type, dst_type) = ends[e];
+            let mut added = 0u64;
+            let mut incoming: FxHashMap<u32, Vec<u32>> = FxHashMap::default();
+            for &(src, dst) in pairs {
+                incoming.entry(dst as u32).or_default().push(src as u32);
+            }
+            considered += pairs.len() as u64;
+            for (node, mut fresh) in incoming {
+                let base_row = self.base.csr(e).neighbors(node);
+                let previous = self.added_row(e, node);
+                fresh.sort_unstable();
+                fresh.dedup();
+                fresh.retain(|&v| {
+                    // An edge type whose ends are one type drops self
+                    // loops, as the import does.
+                    !(src_type == dst_type && v == node)
+                        && base_row.binary_search(&v).is_err()
+                        && previous.binary_search(&v).is_err()
+                });
+                if fresh.is_empty() {
+                    continue;
                 }
-                self.know(node);
+                let mut merged: Vec<u32> = Vec::with_capacity(previous.len() + fresh.len());
+                merge_sorted(previous, &fresh, |v| merged.push(v));
+                added += fresh.len() as u64;
+                touched.push(node_key(dst_type, u64::from(node)));
+                self.deltas[e].insert(node, merged.into());
             }
-            incoming.entry(src).or_default().push(dst);
-            if update.undirected {
-                incoming.entry(dst).or_default().push(src);
-            }
+            self.added_edges[e] += added;
+            edges_added += added;
         }
-        let mut edges_added = 0u64;
-        let mut considered = 0u64;
-        for (node, mut fresh) in incoming {
-            considered += fresh.len() as u64;
-            let base_row = self.base.neighbors(node);
-            fresh.sort_unstable();
-            fresh.dedup();
-            let previous = self.added_row(node);
-            fresh.retain(|&v| {
-                v != node
-                    && base_row.binary_search(&v).is_err()
-                    && previous.binary_search(&v).is_err()
-            });
-            if fresh.is_empty() {
-                continue;
-            }
-            let mut merged: Vec<u32> = Vec::with_capacity(previous.len() + fresh.len());
-            merge_sorted(previous, &fresh, |v| merged.push(v));
-            edges_added += fresh.len() as u64;
-            touched.push(u64::from(node));
-            self.delta.insert(node, merged.into());
-        }
-        self.added_edges += edges_added;
         self.generation += 1;
         UpdateStats {
-            nodes_added: self.known - known_before,
+            nodes_added: self.n_nodes() - before,
             edges_added,
             edges_ignored: considered - edges_added,
-            n_nodes: self.known,
+            n_nodes: self.n_nodes(),
             generation: self.generation,
         }
     }
@@ -367,23 +566,41 @@ pub(crate) fn merge_sorted(a: &[u32], b: &[u32], mut each: impl FnMut(u32)) {
     }
 }
 
-impl NeighborSource for GraphSnapshot {
-    fn degree(&self, node: u64) -> Option<u32> {
-        let node = u32::try_from(node).ok()?;
-        let added = self.delta.get(node);
-        if added.is_none() && !self.base.is_known(node) {
-            return None;
-        }
-        Some(self.base.degree(node) + added.map_or(0, |row| row.len() as u32))
+impl TypedNeighborSource for GraphSnapshot {
+    fn n_node_types(&self) -> usize {
+        self.id_bounds.len()
     }
 
-    /// The `i`-th neighbour in increasing id order, wherever it lies
-    /// (index or delta): the same on a replica that compacted and on one
-    /// that did not, so sampling picks the same nodes on both.
-    fn neighbor(&self, node: u64, i: u32) -> u64 {
+    fn edge_types(&self) -> &[(usize, usize)] {
+        self.base.edge_types()
+    }
+
+    fn is_node(&self, node_type: usize, node: u64) -> bool {
+        if node < self.base.id_bound(node_type) {
+            self.base.is_node(node_type, node)
+                || (!self.filled[node_type].is_empty()
+                    && self.filled[node_type].get(node as u32).is_some())
+        } else {
+            node < self.id_bounds[node_type]
+        }
+    }
+
+    fn degree(&self, edge_type: usize, node: u64) -> Option<u32> {
+        let (_, dst) = self.base.edge_types()[edge_type];
+        if !self.is_node(dst, node) {
+            return None;
+        }
         let node = node as u32;
-        let base = self.base.neighbors(node);
-        let added = self.added_row(node);
+        Some(self.base.csr(edge_type).degree(node) + self.added_row(edge_type, node).len() as u32)
+    }
+
+    /// The `i`-th source in increasing id order, wherever it lies (index or
+    /// delta): the same on a replica that compacted and on one that did
+    /// not, so sampling picks the same nodes on both.
+    fn neighbor(&self, edge_type: usize, node: u64, i: u32) -> u64 {
+        let node = node as u32;
+        let base = self.base.csr(edge_type).neighbors(node);
+        let added = self.added_row(edge_type, node);
         if added.is_empty() {
             return u64::from(base[i as usize]);
         }
@@ -391,26 +608,24 @@ impl NeighborSource for GraphSnapshot {
     }
 }
 
-/// What an update changed.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct UpdateStats {
-    /// Ids that were not known before.
-    pub nodes_added: u64,
-    pub edges_added: u64,
-    /// Edges that were already present (or self loops), ignored.
-    pub edges_ignored: u64,
-    /// Known nodes after the update.
-    pub n_nodes: u64,
-    pub generation: u64,
+/// A one-type graph's view: node type 0, edge type 0 (the 1x1 graph's).
+impl NeighborSource for GraphSnapshot {
+    fn degree(&self, node: u64) -> Option<u32> {
+        TypedNeighborSource::degree(self, 0, node)
+    }
+
+    fn neighbor(&self, node: u64, i: u32) -> u64 {
+        TypedNeighborSource::neighbor(self, 0, node, i)
+    }
 }
 
-/// When the graph compacts by itself.
-#[derive(Debug, Clone)]
-pub struct AutoCompact {
-    /// The index file to rewrite.
-    pub index_path: PathBuf,
-    /// Delta entries plus added edges past which a compaction starts.
-    pub after: u64,
+/// What a compaction wrote.
+#[derive(Debug, Clone, Copy)]
+pub struct Compacted {
+    pub n_nodes: u64,
+    pub n_edges: u64,
+    pub generation: u64,
+    pub seconds: f64,
 }
 
 #[derive(Debug, Default)]
@@ -428,13 +643,11 @@ struct Shared {
     /// Serialises writers; readers never take it, and a compaction holds it
     /// only to take its snapshot and to switch to the new base.
     writer: Mutex<WriterState>,
-    auto: Option<AutoCompact>,
+    /// Delta entries plus added edges past which a compaction starts by
+    /// itself; `None`: only when asked.
+    compact_after: Option<u64>,
     /// Compactions completed.
     compactions: AtomicU64,
-    /// Updates are refused once they would leave this many ids below the
-    /// id bound that are not nodes: the base index's gaps at start plus
-    /// [`MAX_ID_GROWTH`].
-    max_gaps: u64,
 }
 
 /// The served graph: the current snapshot, replaced atomically by updates.
@@ -445,38 +658,22 @@ pub struct LiveGraph {
 }
 
 impl LiveGraph {
-    pub fn new(base: CsrIndex) -> Self {
+    /// Serves `base` as its index holds it, compacting only when asked.
+    pub fn new(base: TypedGraph) -> Self {
         Self::with_auto_compact(base, None)
     }
 
     /// A graph that compacts by itself (in a background thread) once its
-    /// delta passes `auto.after`.
-    pub fn with_auto_compact(base: CsrIndex, auto: Option<AutoCompact>) -> Self {
-        let fresh = Self::fresh(Arc::new(base));
-        let max_gaps = fresh.gaps() + MAX_ID_GROWTH;
+    /// delta entries plus added edges pass `compact_after`.
+    pub fn with_auto_compact(base: TypedGraph, compact_after: Option<u64>) -> Self {
         Self {
             shared: Arc::new(Shared {
-                current: ArcSwap::from_pointee(fresh),
+                current: ArcSwap::from_pointee(GraphSnapshot::fresh(Arc::new(base))),
                 changes: Arc::new(Changes::new()),
                 writer: Mutex::new(WriterState::default()),
-                auto,
+                compact_after,
                 compactions: AtomicU64::new(0),
-                max_gaps,
             }),
-        }
-    }
-
-    fn fresh(base: Arc<CsrIndex>) -> GraphSnapshot {
-        let header = *base.header();
-        GraphSnapshot {
-            known: base.known_nodes(),
-            id_bound: u64::from(base.n_nodes()),
-            base,
-            delta: Delta::default(),
-            added_edges: 0,
-            generation: header.generation,
-            position: header.position,
-            consumed: header.consumed,
         }
     }
 
@@ -505,29 +702,8 @@ impl LiveGraph {
         self.shared.current.load_full()
     }
 
-    /// Makes nodes `ids` known (isolated until edges arrive).
-    pub fn add_nodes(&self, ids: &[u64]) -> anyhow::Result<UpdateStats> {
-        self.add_edges_and_nodes(&[], ids, false)
-    }
-
-    /// Adds edges (and their reverses when `undirected`), creating unknown
-    /// endpoints. Publishes one new snapshot for the whole batch.
-    pub fn add_edges(&self, edges: &[(u64, u64)], undirected: bool) -> anyhow::Result<UpdateStats> {
-        self.add_edges_and_nodes(edges, &[], undirected)
-    }
-
-    /// Adds edges and nodes as one update.
-    pub fn add_edges_and_nodes(
-        &self,
-        edges: &[(u64, u64)],
-        nodes: &[u64],
-        undirected: bool,
-    ) -> anyhow::Result<UpdateStats> {
-        let update = GraphUpdate {
-            nodes: nodes.to_vec(),
-            edges: edges.to_vec(),
-            undirected,
-        };
+    /// Applies one update (the admin socket's), logged.
+    pub fn update(&self, update: GraphUpdate) -> anyhow::Result<UpdateStats> {
         let stats = self
             .apply(std::slice::from_ref(&update), None)
             .pop()
@@ -543,11 +719,11 @@ impl LiveGraph {
 
     /// Applies `updates` in order, each whole or not at all (a refused one,
     /// its id out of range, changes nothing and does not count), and
-    /// publishes one snapshot for all of them. `position`, when given, is the
-    /// update-stream entry the batch ends at and the count of entries
-    /// consumed up to it. Costs time and memory in
-    /// proportion to the updates (their ids' paths in the delta, and the
-    /// added rows of the nodes they touch), not to the graph or the delta.
+    /// publishes one snapshot for all of them. `position`, when given, is
+    /// the update-stream entry the batch ends at and the count of entries
+    /// consumed up to it. Costs time and memory in proportion to the
+    /// updates (their ids' paths in the deltas, and the added rows of the
+    /// nodes they touch), not to the graph or the deltas.
     pub fn apply(
         &self,
         updates: &[GraphUpdate],
@@ -555,21 +731,16 @@ impl LiveGraph {
     ) -> Vec<anyhow::Result<UpdateStats>> {
         let mut writer = self.writer();
         let old = self.shared.current.load_full();
-        let mut next = GraphSnapshot {
-            base: old.base.clone(),
-            delta: old.delta.clone(),
-            known: old.known,
-            id_bound: old.id_bound,
-            added_edges: old.added_edges,
-            generation: old.generation,
-            position: position.map_or(old.position, |p| p.0),
-            consumed: position.map_or(old.consumed, |p| p.1),
-        };
+        let mut next = old.next();
+        if let Some((at, consumed)) = position {
+            next.position = at;
+            next.consumed = consumed;
+        }
         let mut touched = Vec::new();
         let outcomes: Vec<anyhow::Result<UpdateStats>> = updates
             .iter()
             .map(|update| {
-                next.check(update, self.shared.max_gaps)?;
+                next.check(update)?;
                 if let Some(recorded) = writer.compacting.as_mut() {
                     recorded.push(update.clone());
                 }
@@ -581,8 +752,8 @@ impl LiveGraph {
         if let Some(change) = &change {
             change.edges(touched);
         }
-        let wants_compaction = self.shared.auto.as_ref().is_some_and(|auto| {
-            writer.compacting.is_none() && next.delta.len() + next.added_edges >= auto.after
+        let wants_compaction = self.shared.compact_after.is_some_and(|after| {
+            writer.compacting.is_none() && next.delta_entries() + next.added_edges() >= after
         });
         // SYNC POINT: readers that load after this store see the whole new
         // snapshot; readers holding the old one keep it alive until done.
@@ -596,7 +767,7 @@ impl LiveGraph {
     }
 
     fn compact_in_background(&self) {
-        let Some(auto) = self.shared.auto.clone() else {
+        let Some(after) = self.shared.compact_after else {
             return;
         };
         let graph = self.clone();
@@ -604,7 +775,7 @@ impl LiveGraph {
             .name("graph-compact".into())
             .spawn(move || loop {
                 let delta = graph.snapshot().delta_entries();
-                match graph.compact(&auto.index_path) {
+                match graph.compact() {
                     Ok(stats) => tracing::info!(
                         delta_entries = delta,
                         edges = stats.n_edges,
@@ -622,7 +793,7 @@ impl LiveGraph {
                 }
                 // The updates applied meanwhile may have passed it again.
                 let now = graph.snapshot();
-                if now.delta_entries() + now.added_edges() < auto.after {
+                if now.delta_entries() + now.added_edges() < after {
                     return;
                 }
             });
@@ -631,10 +802,12 @@ impl LiveGraph {
         }
     }
 
-    /// Rebuilds the CSR file at `index_path` from base + delta and switches
-    /// to it. Updates and sampling go on while it builds: the updates
-    /// applied meanwhile are replayed on the new base when it switches.
-    pub fn compact(&self, index_path: &Path) -> anyhow::Result<BuildStats> {
+    /// Rewrites the index where it lives with every update folded in and
+    /// switches to it. Updates and sampling go on while it builds: the
+    /// updates applied meanwhile are replayed on the new base when it
+    /// switches.
+    pub fn compact(&self) -> anyhow::Result<Compacted> {
+        let started = Instant::now();
         let snapshot = {
             let mut writer = self.writer();
             if writer.compacting.is_some() {
@@ -643,14 +816,12 @@ impl LiveGraph {
             writer.compacting = Some(Vec::new());
             self.snapshot()
         };
-        let built = write_compacted(&snapshot, index_path)
-            .and_then(|stats| Ok((stats, CsrIndex::open(index_path)?)));
+        let built = write_compacted(&snapshot);
         let mut writer = self.writer();
         let recorded = writer.compacting.take().unwrap_or_default();
-        let (stats, base) = built?;
-        let mut next = Self::fresh(Arc::new(base));
+        let mut next = GraphSnapshot::fresh(Arc::new(built?));
         for update in &recorded {
-            // Checked once already, against the same id bound; marked when
+            // Checked once already, against the same bounds; marked when
             // first applied (the graph served does not change here).
             next.apply(update, &mut Vec::new());
         }
@@ -659,59 +830,91 @@ impl LiveGraph {
         next.consumed = current.consumed;
         debug_assert_eq!(next.generation, current.generation);
         debug_assert_eq!(next.n_edges(), current.n_edges());
+        let compacted = Compacted {
+            n_nodes: next.n_nodes(),
+            n_edges: next.n_edges(),
+            generation: next.generation,
+            seconds: started.elapsed().as_secs_f64(),
+        };
         self.shared.current.store(Arc::new(next));
         drop(writer);
         self.shared.compactions.fetch_add(1, Ordering::Relaxed);
         tracing::info!(
-            edges = stats.n_edges,
-            nodes = stats.n_nodes,
+            edges = compacted.n_edges,
+            nodes = compacted.n_nodes,
             replayed = recorded.len(),
             "graph compacted into a new index"
         );
-        Ok(stats)
+        Ok(compacted)
     }
 }
 
-/// Writes `snapshot` as a CSR index at `index_path` (temporary name, then
-/// rename).
-fn write_compacted(snapshot: &GraphSnapshot, index_path: &Path) -> anyhow::Result<BuildStats> {
-    let edge_file = index_path.with_extension("compact.edges.tmp");
-    let n_nodes = snapshot.id_bound;
-    let mut known = (snapshot.known != n_nodes).then(|| vec![0u64; n_nodes.div_ceil(64) as usize]);
-    let write = |known: &mut Option<Vec<u64>>| -> anyhow::Result<()> {
-        use std::io::Write;
-        let mut out = std::io::BufWriter::with_capacity(
-            1 << 20,
-            std::fs::File::create(&edge_file)
-                .with_context(|| format!("creating {}", edge_file.display()))?,
-        );
-        for node in 0..n_nodes as u32 {
-            if let Some(bits) = known.as_mut() {
-                if snapshot.is_known(u64::from(node)) {
-                    bits[node as usize / 64] |= 1 << (node % 64);
+/// Writes edge type `e` of `snapshot` as `(row, entry)` pairs, row by
+/// row, into `edge_file`; `flip` writes `(entry, row)` (a typed index's
+/// edge files are `(src, dst)` and its rows destinations).
+fn write_edges(
+    snapshot: &GraphSnapshot,
+    e: usize,
+    edge_file: &Path,
+    flip: bool,
+) -> anyhow::Result<()> {
+    let (_, dst) = snapshot.base.edge_types()[e];
+    let mut out = std::io::BufWriter::with_capacity(
+        1 << 20,
+        std::fs::File::create(edge_file)
+            .with_context(|| format!("creating {}", edge_file.display()))?,
+    );
+    let mut failed = None;
+    for node in 0..snapshot.id_bounds[dst] as u32 {
+        merge_sorted(
+            snapshot.base.csr(e).neighbors(node),
+            snapshot.added_row(e, node),
+            |v| {
+                if failed.is_none() {
+                    let (a, b) = if flip { (v, node) } else { (node, v) };
+                    let mut pair = [0u8; 8];
+                    pair[..4].copy_from_slice(&a.to_le_bytes());
+                    pair[4..].copy_from_slice(&b.to_le_bytes());
+                    failed = out.write_all(&pair).err();
                 }
-            }
-            let mut failed = None;
-            merge_sorted(
-                snapshot.base.neighbors(node),
-                snapshot.added_row(node),
-                |v| {
-                    if failed.is_none() {
-                        let mut pair = [0u8; 8];
-                        pair[..4].copy_from_slice(&node.to_le_bytes());
-                        pair[4..].copy_from_slice(&v.to_le_bytes());
-                        failed = out.write_all(&pair).err();
-                    }
-                },
-            );
-            if let Some(e) = failed {
-                return Err(e.into());
-            }
+            },
+        );
+    }
+    if let Some(e) = failed {
+        return Err(e).with_context(|| format!("writing {}", edge_file.display()));
+    }
+    out.flush()?;
+    Ok(())
+}
+
+/// Writes `snapshot` where its index lives and maps the result.
+fn write_compacted(snapshot: &GraphSnapshot) -> anyhow::Result<TypedGraph> {
+    match snapshot.base.location() {
+        Location::OneType(path) => {
+            write_index_file(snapshot, path)?;
+            TypedGraph::open_one_type(path)
         }
-        out.flush()?;
-        Ok(())
-    };
-    let built = write(&mut known).and_then(|()| {
+        Location::Typed(data_dir) => {
+            write_index_dir(snapshot, data_dir)?;
+            TypedGraph::open(data_dir)
+        }
+    }
+}
+
+/// A one-type graph as a CSR index at `index_path` (temporary name, then
+/// rename), with a known-node bitmap where the index it replaces left gaps
+/// an update did not fill.
+fn write_index_file(snapshot: &GraphSnapshot, index_path: &Path) -> anyhow::Result<()> {
+    let edge_file = index_path.with_extension("compact.edges.tmp");
+    let n_nodes = snapshot.id_bounds[0];
+    let known = (snapshot.gaps(0) > 0).then(|| {
+        let mut bits = vec![0u64; n_nodes.div_ceil(64) as usize];
+        for node in (0..n_nodes).filter(|&node| snapshot.is_node(0, node)) {
+            bits[node as usize / 64] |= 1 << (node % 64);
+        }
+        bits
+    });
+    let built = write_edges(snapshot, 0, &edge_file, false).and_then(|()| {
         build::build(
             &EdgeFile {
                 path: edge_file.clone(),
@@ -730,39 +933,76 @@ fn write_compacted(snapshot: &GraphSnapshot, index_path: &Path) -> anyhow::Resul
         )
     });
     let _ = std::fs::remove_file(&edge_file);
-    built
+    built.map(drop)
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn the_kth_of_a_union_is_the_kth_of_the_merge() {
-        let mut x = 7u64;
-        let mut next = move || {
-            x = x
-                .wrapping_mul(6364136223846793005)
-                .wrapping_add(1442695040888963407);
-            (x >> 33) as u32
-        };
-        for _ in 0..500 {
-            let mut all: Vec<u32> = (0..(next() % 40)).map(|_| next() % 1000).collect();
-            all.sort_unstable();
-            all.dedup();
-            let (mut a, mut b) = (Vec::new(), Vec::new());
-            for &v in &all {
-                if next() % 3 == 0 {
-                    a.push(v);
-                } else {
-                    b.push(v);
-                }
-            }
-            for (k, &want) in all.iter().enumerate() {
-                assert_eq!(kth_of_union(&a, &b, k), want, "{a:?} {b:?} {k}");
-            }
-        }
+/// A typed graph as a typed index in `<data_dir>/typed-graph.tmp`, then
+/// swapped in for `typed-graph` (the old one renamed `typed-graph.old`
+/// first, and removed once the new one is in place:
+/// [`typed::recover_interrupted_compaction`] puts it back if a crash comes
+/// between the two renames).
+fn write_index_dir(snapshot: &GraphSnapshot, data_dir: &Path) -> anyhow::Result<()> {
+    let schema = snapshot.schema();
+    ensure!(
+        (0..schema.node_types.len()).all(|t| snapshot.gaps(t) == 0),
+        "a typed index has no known-node bitmap: its node types cannot have gaps"
+    );
+    let tmp = data_dir.join(format!("{}.tmp", typed::TYPED_DIR));
+    if tmp.exists() {
+        std::fs::remove_dir_all(&tmp)
+            .with_context(|| format!("removing the leftover {}", tmp.display()))?;
     }
+    std::fs::create_dir_all(&tmp).with_context(|| format!("creating {}", tmp.display()))?;
+    for (e, &(src, dst)) in snapshot.base.edge_types().iter().enumerate() {
+        let key = schema.edge_types[e].key();
+        let edge_file = tmp.join(format!("{key}.edges.tmp"));
+        write_edges(snapshot, e, &edge_file, true)?;
+        build::build(
+            &EdgeFile {
+                path: edge_file.clone(),
+                n_nodes: Some(snapshot.id_bounds[dst]),
+            },
+            &tmp.join(format!("{key}.csr")),
+            &BuildOptions {
+                undirected: false,
+                graph_version: schema.graph_version,
+                known: None,
+                position: snapshot.position,
+                consumed: snapshot.consumed,
+                generation: snapshot.generation,
+                typed: Some(TypedEdges {
+                    n_src: snapshot.id_bounds[src],
+                    same_type: src == dst,
+                }),
+            },
+        )
+        .with_context(|| format!("compacting edge type {key}"))?;
+        std::fs::remove_file(&edge_file)?;
+    }
+    let mut compacted = schema.clone();
+    for (t, node_type) in compacted.node_types.iter_mut().enumerate() {
+        node_type.num_nodes = snapshot.id_bounds[t];
+    }
+    let schema_path = tmp.join(typed::SCHEMA_FILE);
+    std::fs::write(
+        &schema_path,
+        serde_json::to_string_pretty(&compacted)? + "\n",
+    )
+    .with_context(|| format!("writing {}", schema_path.display()))?;
+    std::fs::File::open(&tmp)?.sync_all()?;
+    let dir = data_dir.join(typed::TYPED_DIR);
+    let old = data_dir.join(format!("{}.old", typed::TYPED_DIR));
+    if old.exists() {
+        std::fs::remove_dir_all(&old)?;
+    }
+    std::fs::rename(&dir, &old)
+        .with_context(|| format!("renaming {} to {}", dir.display(), old.display()))?;
+    std::fs::rename(&tmp, &dir)
+        .with_context(|| format!("renaming {} to {}", tmp.display(), dir.display()))?;
+    std::fs::File::open(data_dir)?.sync_all()?;
+    // The old files stay mapped by the snapshots that still hold them.
+    std::fs::remove_dir_all(&old)?;
+    Ok(())
 }
 
 /// The served graph and its change clock at one moment.
@@ -819,8 +1059,16 @@ impl daemon_kit::metrics::Telemetry for LiveGraph {
                 ("edges", c.edge_marks as i64),
             ],
         )?;
-        out.gauge("graph_nodes", "nodes of the served graph", c.nodes)?;
-        out.gauge("graph_edges", "edges of the served graph", c.edges)?;
+        out.gauge(
+            "graph_nodes",
+            "nodes of the served graph, over every node type",
+            c.nodes,
+        )?;
+        out.gauge(
+            "graph_edges",
+            "edges of the served graph, over every edge type",
+            c.edges,
+        )?;
         out.gauge(
             "graph_generation",
             "updates applied to the graph since its import (kept by compaction)",
@@ -828,7 +1076,8 @@ impl daemon_kit::metrics::Telemetry for LiveGraph {
         )?;
         out.gauge(
             "graph_delta_entries",
-            "entries of the graph's in-memory delta (nodes with added edges, added nodes)",
+            "entries of the graph's in-memory deltas (nodes with added edges, nodes added in \
+             the index's gaps)",
             c.delta_entries,
         )?;
         out.counter(
@@ -836,5 +1085,243 @@ impl daemon_kit::metrics::Telemetry for LiveGraph {
             "graph compactions completed (asked for or automatic)",
             c.compactions,
         )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::graph::typed::import_typed;
+
+    #[test]
+    fn the_kth_of_a_union_is_the_kth_of_the_merge() {
+        let mut x = 7u64;
+        let mut next = move || {
+            x = x
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            (x >> 33) as u32
+        };
+        for _ in 0..500 {
+            let mut all: Vec<u32> = (0..(next() % 40)).map(|_| next() % 1000).collect();
+            all.sort_unstable();
+            all.dedup();
+            let (mut a, mut b) = (Vec::new(), Vec::new());
+            for &v in &all {
+                if next() % 3 == 0 {
+                    a.push(v);
+                } else {
+                    b.push(v);
+                }
+            }
+            for (k, &want) in all.iter().enumerate() {
+                assert_eq!(kth_of_union(&a, &b, k), want, "{a:?} {b:?} {k}");
+            }
+        }
+    }
+
+    /// users 0..3, items 0..2; (user, buys, item) 0->0, 1->0, 2->1;
+    /// (user, follows, user) 0->1.
+    fn small_graph(dir: &std::path::Path) -> TypedGraph {
+        let input = dir.join("in");
+        std::fs::create_dir_all(&input).unwrap();
+        let pairs = |p: &[(u32, u32)]| -> Vec<u8> {
+            p.iter()
+                .flat_map(|&(s, d)| [s.to_le_bytes(), d.to_le_bytes()])
+                .flatten()
+                .collect()
+        };
+        std::fs::write(input.join("buys.u32"), pairs(&[(0, 0), (1, 0), (2, 1)])).unwrap();
+        std::fs::write(input.join("follows.u32"), pairs(&[(0, 1)])).unwrap();
+        std::fs::write(
+            input.join("meta.json"),
+            r#"{"node_types": [{"name": "user", "num_nodes": 3},
+                               {"name": "item", "num_nodes": 2}],
+                "edge_types": [
+                  {"src": "user", "relation": "buys", "dst": "item", "num_edges": 3, "edges": "buys.u32"},
+                  {"src": "user", "relation": "follows", "dst": "user", "num_edges": 1, "edges": "follows.u32"}]}"#,
+        )
+        .unwrap();
+        let data = dir.join("data");
+        std::fs::create_dir_all(&data).unwrap();
+        import_typed(&input, &data, 1).unwrap();
+        TypedGraph::open(&data).unwrap()
+    }
+
+    #[test]
+    fn added_nodes_and_edges_are_sampled_in_id_order_and_old_snapshots_stay() {
+        let dir = tempfile::tempdir().unwrap();
+        let graph = LiveGraph::new(small_graph(dir.path()));
+        let before = graph.snapshot();
+        let checksum = before.checksum();
+        assert_eq!(before.sources(0, 0), vec![0, 1]);
+        let stats = graph
+            .update(GraphUpdate {
+                nodes: vec![(1, 2)],
+                edges: vec![(0, vec![(4, 2), (2, 0), (0, 0)]), (1, vec![(1, 1)])],
+            })
+            .unwrap();
+        // item 2 and user 3, 4 are new; (0 -> 0) is present, (1 -> 1) a loop.
+        assert_eq!(stats.nodes_added, 3);
+        assert_eq!(stats.edges_added, 2);
+        assert_eq!(stats.edges_ignored, 2);
+        let after = graph.snapshot();
+        assert_eq!(after.id_bound(0), 5);
+        assert_eq!(after.id_bound(1), 3);
+        assert_eq!(after.sources(0, 0), vec![0, 1, 2]);
+        assert_eq!(TypedNeighborSource::degree(&*after, 0, 0), Some(3));
+        assert_eq!(TypedNeighborSource::neighbor(&*after, 0, 0, 2), 2);
+        assert_eq!(after.sources(0, 2), vec![4]);
+        assert_eq!(
+            TypedNeighborSource::degree(&*after, 0, 3),
+            None,
+            "item 3 is not a node"
+        );
+        assert!(after.is_node(0, 3), "user 3 lies below the bound");
+        assert_eq!(after.n_edges(), 6);
+        assert_ne!(after.checksum(), checksum);
+        // The snapshot a request held is unchanged.
+        assert_eq!(before.sources(0, 0), vec![0, 1]);
+        assert_eq!(before.checksum(), checksum);
+    }
+
+    #[test]
+    fn the_top_degree_nodes_count_edges_of_every_type_at_either_end() {
+        let dir = tempfile::tempdir().unwrap();
+        let graph = LiveGraph::new(small_graph(dir.path()));
+        // user 0: buys 1, follows 1; user 1: buys 1, followed 1; item 0:
+        // bought 2; user 2 and item 1: one edge each.
+        let all = |_| true;
+        assert_eq!(
+            graph.snapshot().top_degree(3, all),
+            [(0, 0), (0, 1), (1, 0)]
+        );
+        assert_eq!(graph.snapshot().top_degree(9, |t| t == 1), [(1, 0), (1, 1)]);
+        assert!(graph.snapshot().top_degree(0, all).is_empty());
+        // Edges in the delta count too: users 0 and 2 and item 0 have 3.
+        graph
+            .update(GraphUpdate {
+                nodes: vec![],
+                edges: vec![(0, vec![(2, 0)]), (1, vec![(2, 0)])],
+            })
+            .unwrap();
+        assert_eq!(
+            graph.snapshot().top_degree(4, all),
+            [(0, 0), (0, 2), (1, 0), (0, 1)]
+        );
+    }
+
+    #[test]
+    fn a_typed_compaction_writes_what_is_served_and_a_restart_maps_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let graph = LiveGraph::new(small_graph(dir.path()));
+        graph
+            .update(GraphUpdate {
+                nodes: vec![(1, 3)],
+                edges: vec![(0, vec![(4, 3), (2, 0)]), (1, vec![(2, 4)])],
+            })
+            .unwrap();
+        let served = graph.snapshot();
+        let compacted = graph.compact().unwrap();
+        assert_eq!(compacted.n_edges, served.n_edges());
+        let now = graph.snapshot();
+        assert_eq!(now.checksum(), served.checksum());
+        assert_eq!(now.delta_entries(), 0, "everything in the index");
+        assert_eq!(now.base_generation(), now.generation());
+        // A restart maps what the compaction wrote.
+        let reopened = LiveGraph::new(TypedGraph::open(&dir.path().join("data")).unwrap());
+        let reopened = reopened.snapshot();
+        assert_eq!(reopened.checksum(), served.checksum());
+        assert_eq!((reopened.id_bound(0), reopened.id_bound(1)), (5, 4));
+        assert_eq!(reopened.sources(0, 0), vec![0, 1, 2]);
+        assert_eq!(reopened.generation(), served.generation());
+    }
+
+    #[test]
+    fn an_id_too_far_past_its_type_is_refused_whole() {
+        let dir = tempfile::tempdir().unwrap();
+        let graph = LiveGraph::new(small_graph(dir.path()));
+        let far = 3 + MAX_ID_GROWTH;
+        let err = graph
+            .update(GraphUpdate {
+                nodes: vec![(1, 2)],
+                edges: vec![(0, vec![(far, 0)])],
+            })
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains(&format!("user id {far}")), "{err}");
+        let now = graph.snapshot();
+        assert_eq!(
+            (now.id_bound(0), now.id_bound(1)),
+            (3, 2),
+            "nothing applied"
+        );
+    }
+
+    /// A one-type index of 4 nodes whose node 2 is a gap (a known-node
+    /// bitmap, as an earlier release's compaction left): 0-1, 1-3.
+    fn gapped_one_type(dir: &std::path::Path) -> std::path::PathBuf {
+        let edges = dir.join("edges.bin");
+        let pairs: Vec<u8> = [(0u32, 1u32), (1, 0), (1, 3), (3, 1)]
+            .iter()
+            .flat_map(|&(s, d)| [s.to_le_bytes(), d.to_le_bytes()])
+            .flatten()
+            .collect();
+        std::fs::write(&edges, pairs).unwrap();
+        let path = dir.join("graph.csr");
+        build::build(
+            &EdgeFile {
+                path: edges,
+                n_nodes: Some(4),
+            },
+            &path,
+            &BuildOptions {
+                known: Some(vec![0b1011]),
+                ..BuildOptions::default()
+            },
+        )
+        .unwrap();
+        path
+    }
+
+    #[test]
+    fn a_gap_stays_unknown_until_named_and_ids_past_the_end_fill_in() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = gapped_one_type(dir.path());
+        let graph = LiveGraph::new(TypedGraph::open_one_type(&path).unwrap());
+        let s = graph.snapshot();
+        assert_eq!((s.n_nodes(), s.id_bound(0)), (3, 4));
+        assert!(!s.is_node(0, 2), "the bitmap's gap");
+        // Past the end: 4 and 5 become nodes with 6.
+        let stats = graph
+            .update(GraphUpdate::one_type(&[6], &[], false))
+            .unwrap();
+        assert_eq!(stats.nodes_added, 3);
+        let s = graph.snapshot();
+        assert!(s.is_node(0, 4) && s.is_node(0, 5) && s.is_node(0, 6));
+        assert!(!s.is_node(0, 2), "a gap below the old end stays one");
+        let gapped = s.checksum();
+        // Compacted, the gap is kept (a bitmap) and the digest is the same.
+        graph.compact().unwrap();
+        let s = graph.snapshot();
+        assert_eq!(s.checksum(), gapped);
+        assert!(!s.is_node(0, 2) && s.is_node(0, 5));
+        // Named, the gap becomes a node, and with an edge a neighbour.
+        graph
+            .update(GraphUpdate::one_type(&[], &[(2, 0)], true))
+            .unwrap();
+        let s = graph.snapshot();
+        assert!(s.is_node(0, 2));
+        assert_eq!(s.sources(0, 2), vec![0]);
+        assert_eq!(s.sources(0, 0), vec![1, 2]);
+        assert_eq!(s.n_nodes(), 7);
+        let filled = s.checksum();
+        graph.compact().unwrap();
+        let s = graph.snapshot();
+        assert_eq!(s.checksum(), filled);
+        assert_eq!(s.n_nodes(), 7);
+        assert_eq!(s.delta_entries(), 0);
+        let reopened = LiveGraph::new(TypedGraph::open_one_type(&path).unwrap()).snapshot();
+        assert_eq!(reopened.checksum(), filled);
     }
 }

@@ -6,12 +6,13 @@
 //! - [`dataset`]: the `../shared/data` dataset layout and text edge lists;
 //! - [`sampler`]: uniform sampling without replacement, O(fanout) per node;
 //! - [`delta`]: the persistent map of added rows a snapshot shares;
-//! - [`live`]: the served graph, base + added nodes and edges, switched
-//!   atomically, and its compaction;
+//! - [`live`]: the served graph (typed, or one-type as the 1x1 typed
+//!   graph), base + added nodes and edges, switched atomically, and its
+//!   compaction;
 //! - [`generate`]: seeded R-MAT graphs with planted super nodes;
 //! - [`changes`]: the change clock that tells stored answers fresh or stale;
-//! - [`typed`]: typed graphs, one index per edge type, and their import;
-//! - [`typed_live`]: the served typed graph, base + added nodes and edges.
+//! - [`typed`]: the index of a graph, one CSR per edge type (a one-type
+//!   index its 1x1 case), and the import of typed datasets.
 
 pub mod build;
 pub mod changes;
@@ -23,13 +24,12 @@ pub mod index;
 pub mod live;
 pub mod sampler;
 pub mod typed;
-pub mod typed_live;
 
 pub use build::{BuildOptions, BuildStats};
 pub use changes::Changes;
 pub use format::{CsrHeader, FormatError, StreamPosition};
 pub use index::CsrIndex;
-pub use live::{GraphSnapshot, GraphUpdate, LiveGraph, UpdateStats};
+pub use live::{Compacted, GraphSnapshot, GraphUpdate, LiveGraph, UpdateStats};
 pub use sampler::{
     NeighborSource, Sampled, Sampler, TypedFanouts, TypedNeighborSource, TypedSampled,
 };

@@ -443,13 +443,44 @@ pub fn recover_interrupted_compaction(data_dir: &Path) -> anyhow::Result<bool> {
     Ok(true)
 }
 
-/// A typed index, mapped and verified: the schema and one CSR per edge
-/// type, each checked against the schema's counts and graph version.
+/// A graph index, mapped and verified: the schema and one CSR per edge
+/// type, each checked against the schema's counts and graph version. A
+/// typed data directory's `typed-graph/` opens as one ([`TypedGraph::open`]),
+/// and a one-type `graph.csr` as its 1x1 case ([`TypedGraph::one_type`]):
+/// node type [`ONE_TYPE`], edge type `node__to__node`, whose sources of a
+/// node are its neighbours.
 #[derive(Debug)]
 pub struct TypedGraph {
     schema: TypedSchema,
     ends: Vec<(usize, usize)>,
     indexes: Vec<CsrIndex>,
+    /// Per node type: the edge type whose index carries a known-node bitmap
+    /// for it (a one-type index a compaction left gaps in), if any.
+    bitmap_of: Vec<Option<usize>>,
+    location: Location,
+}
+
+/// The one node type of a one-type graph, as the model tooling names it.
+pub const ONE_TYPE: &str = "node";
+/// The relation of a one-type graph's one edge type.
+pub const ONE_RELATION: &str = "to";
+
+/// Where an index lives on disk: what a compaction rewrites.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Location {
+    /// A one-type index file (`<data_dir>/graph.csr`).
+    OneType(PathBuf),
+    /// A data directory holding `typed-graph/`.
+    Typed(PathBuf),
+}
+
+impl std::fmt::Display for Location {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Location::OneType(path) => write!(f, "{}", path.display()),
+            Location::Typed(data_dir) => write!(f, "{}", data_dir.join(TYPED_DIR).display()),
+        }
+    }
 }
 
 impl TypedGraph {
@@ -481,15 +512,95 @@ impl TypedGraph {
             );
             indexes.push(index);
         }
-        Ok(Self {
+        Ok(Self::from_parts(
             schema,
             ends,
             indexes,
-        })
+            Location::Typed(data_dir.to_path_buf()),
+        ))
+    }
+
+    /// A one-type index as the 1x1 graph: node type [`ONE_TYPE`] (as many
+    /// nodes as the index spans; its feature width is the feature store's
+    /// business, 0 here), one edge type `node__to__node` whose row of a
+    /// node lists its neighbours. `path` is where it lives: what a
+    /// compaction rewrites.
+    pub fn one_type(index: CsrIndex, path: impl Into<PathBuf>) -> Self {
+        let schema = TypedSchema {
+            node_types: vec![NodeType {
+                name: ONE_TYPE.into(),
+                num_nodes: u64::from(index.n_nodes()),
+                feature_dim: 0,
+                dtype: None,
+            }],
+            edge_types: vec![EdgeType {
+                src: ONE_TYPE.into(),
+                relation: ONE_RELATION.into(),
+                dst: ONE_TYPE.into(),
+            }],
+            graph_version: index.graph_version(),
+        };
+        Self::from_parts(
+            schema,
+            vec![(0, 0)],
+            vec![index],
+            Location::OneType(path.into()),
+        )
+    }
+
+    /// Maps the one-type index at `path` as the 1x1 graph.
+    pub fn open_one_type(path: &Path) -> anyhow::Result<Self> {
+        Ok(Self::one_type(CsrIndex::open(path)?, path))
+    }
+
+    fn from_parts(
+        schema: TypedSchema,
+        ends: Vec<(usize, usize)>,
+        indexes: Vec<CsrIndex>,
+        location: Location,
+    ) -> Self {
+        let bitmap_of = (0..schema.node_types.len())
+            .map(|t| {
+                ends.iter()
+                    .zip(&indexes)
+                    .position(|(&(_, dst), index)| dst == t && index.header().has_known_bitmap())
+            })
+            .collect();
+        Self {
+            schema,
+            ends,
+            indexes,
+            bitmap_of,
+            location,
+        }
     }
 
     pub fn schema(&self) -> &TypedSchema {
         &self.schema
+    }
+
+    /// Where the index lives.
+    pub fn location(&self) -> &Location {
+        &self.location
+    }
+
+    /// Whether this is a one-type index (the 1x1 graph of a `graph.csr`).
+    pub fn is_one_type(&self) -> bool {
+        matches!(self.location, Location::OneType(_))
+    }
+
+    /// Node type `t`'s id bound in the index: every id below is a node,
+    /// unless the index carries a known-node bitmap for the type.
+    pub fn id_bound(&self, t: usize) -> u64 {
+        self.schema.node_types[t].num_nodes
+    }
+
+    /// Node type `t`'s nodes in the index.
+    pub fn known_nodes(&self, t: usize) -> u64 {
+        match self.bitmap_of[t] {
+            Some(e) => self.indexes[e].known_nodes(),
+            None => self.id_bound(t),
+        }
     }
 
     /// Edge type `edge_type`'s index (rows: destinations).
@@ -509,6 +620,7 @@ impl TypedNeighborSource for TypedGraph {
 
     fn is_node(&self, node_type: usize, node: u64) -> bool {
         node < self.schema.node_types[node_type].num_nodes
+            && self.bitmap_of[node_type].is_none_or(|e| self.indexes[e].is_known(node as u32))
     }
 
     fn degree(&self, edge_type: usize, node: u64) -> Option<u32> {

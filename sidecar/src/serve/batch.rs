@@ -21,8 +21,10 @@ use crate::daemon::metrics::Metrics;
 use crate::daemon::Knobs;
 use crate::features::{FeatureTiers, RowSource};
 use crate::graph::changes::Changes;
-use crate::graph::live::GraphSnapshot;
-use crate::graph::sampler::{hop1_of, Sampled, Sampler, SubgraphLimits, SubgraphTooLarge};
+use crate::graph::live::{GraphSnapshot, GraphUpdate};
+use crate::graph::sampler::{
+    hop1_of, Sampled, Sampler, SubgraphLimits, SubgraphTooLarge, TypedNeighborSource,
+};
 use protocol::payload::schema::tier;
 
 mod typed;
@@ -291,7 +293,7 @@ impl BatchServer {
         targets
             .iter()
             .map(|&target| {
-                if !ctx.graph.is_known(target) {
+                if !ctx.graph.is_node(0, target) {
                     return false;
                 }
                 if let Some(subgraph) = fresh.subgraph {
@@ -335,7 +337,10 @@ impl BatchServer {
         let request = &pending.request;
         let node = request.new_node.as_ref().expect("a new-node request");
         let id = request.targets[0];
-        let graph = match ctx.graph.with_new_node(id, &node.neighbors, node.directed) {
+        let edges: Vec<(u64, u64)> = node.neighbors.iter().map(|&n| (id, n)).collect();
+        let update = GraphUpdate::one_type(&[], &edges, !node.directed);
+        let edges: Vec<Vec<(u64, u64)>> = update.edges.into_iter().map(|(_, p)| p).collect();
+        let graph = match ctx.graph.with_new_node(0, id, &edges) {
             Ok(graph) => graph,
             Err(e) => {
                 m.invalid_requests.inc();
@@ -445,7 +450,7 @@ impl BatchServer {
             graph_version: ctx.graph.graph_version(),
             change_clock: ctx.changes.clock(),
             change_tick: ctx.change_tick,
-            id_bound: ctx.graph.id_bound(),
+            id_bound: ctx.graph.id_bound(0),
         };
         let targets = &pending.request.targets;
         let mut late = false;

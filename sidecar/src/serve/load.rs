@@ -3,7 +3,7 @@
 //! the update follower. Each subsystem registers its telemetry and releases
 //! its readiness latch as it comes up.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -18,8 +18,8 @@ use crate::features::invalidation::{self, InvalidationStats};
 use crate::features::redis_tier::{RedisConfig, RedisTier};
 use crate::features::rocks::{Opened, RocksStore, Role, StoreTelemetry};
 use crate::features::{DefaultRow, FeatureTiers, TierConfig};
-use crate::graph::live::{AutoCompact, LiveGraph};
-use crate::graph::{dataset, CsrIndex};
+use crate::graph::live::LiveGraph;
+use crate::graph::{dataset, TypedGraph};
 use crate::serve::typed;
 use crate::updates::follower::{self, FollowerStats};
 
@@ -65,10 +65,8 @@ pub(super) fn load(daemon: &Daemon, runtime: &tokio::runtime::Runtime) -> anyhow
     )?;
     let dim = manifest.feature_dim as usize;
     let targets = follower::Targets {
-        graph: follower::GraphTarget::OneType {
-            graph: graph.live.clone(),
-            row_bytes: 4 * dim,
-        },
+        graph: graph.live.clone(),
+        one_type_row_bytes: Some(4 * dim),
         features: vec![Some(follower::FeatureTarget {
             tiers: tiers.clone(),
             store: stores.store.clone(),
@@ -83,7 +81,6 @@ pub(super) fn load(daemon: &Daemon, runtime: &tokio::runtime::Runtime) -> anyhow
     };
     let core = Core {
         graph: graph.live,
-        index_path: graph.index_path,
         tiers,
         store: stores.store,
         redis: stores.redis,
@@ -102,18 +99,20 @@ pub(super) fn load(daemon: &Daemon, runtime: &tokio::runtime::Runtime) -> anyhow
 }
 
 /// A typed data directory: its graph and per-type tiers; the one-type
-/// graph and tiers of the core are empty (nothing one-type is served, and
-/// the admin commands that change them are refused).
+/// tiers of the core are empty (the admin commands that act on them are
+/// refused).
 fn load_typed(
     daemon: &Daemon,
     runtime: &tokio::runtime::Runtime,
     data_dir_lock: DataDirLock,
 ) -> anyhow::Result<Loaded> {
     let config = &daemon.config;
-    let typed = typed::load(daemon, runtime)?;
-    let graph_version = typed.graph_version();
+    let (graph, typed) = typed::load(daemon, runtime)?;
+    let graph_version = graph.schema().graph_version;
+    let live = serve_graph(daemon, graph);
     let targets = follower::Targets {
-        graph: follower::GraphTarget::Typed(typed.graph.clone()),
+        graph: live.clone(),
+        one_type_row_bytes: None,
         features: typed
             .tiers
             .iter()
@@ -138,8 +137,7 @@ fn load_typed(
         default_fanouts: config.fanouts.0,
     };
     let core = Core {
-        graph: LiveGraph::new(CsrIndex::empty(graph_version)),
-        index_path: config.data_dir.join(crate::graph::typed::TYPED_DIR),
+        graph: live,
         tiers: FeatureTiers::new(&TierConfig::new(1), None, None),
         store: None,
         redis: None,
@@ -217,48 +215,42 @@ fn seed(dataset_dir: &Path, data_dir: &Path) -> anyhow::Result<()> {
 
 struct OpenGraph {
     live: LiveGraph,
-    index_path: PathBuf,
     /// The top-degree nodes, to warm.
     hot: Vec<u64>,
     graph_version: u64,
 }
 
-/// Maps the graph index.
+/// Serves `graph`: compacting by itself past `compact_after`, its
+/// `sidecar_graph_*` metrics registered, the graph's latch released.
+fn serve_graph(daemon: &Daemon, graph: TypedGraph) -> LiveGraph {
+    let compact_after = daemon.config.compact_after;
+    let live = LiveGraph::with_auto_compact(graph, (compact_after > 0).then_some(compact_after));
+    daemon.metrics.register(None, live.clone());
+    daemon.latches.graph.release();
+    live
+}
+
+/// Maps the one-type graph index as the 1x1 graph.
 fn open_graph(daemon: &Daemon) -> anyhow::Result<OpenGraph> {
     let config = &daemon.config;
     let index_path = config.data_dir.join(dataset::INDEX_FILE);
-    let typed = config.data_dir.join(crate::graph::typed::TYPED_DIR);
-    if !index_path.exists() && typed.is_dir() {
-        anyhow::bail!(
-            "{} holds a typed graph ({}): this release imports typed graphs but serves one-type \
-             graphs only (docs/graph-index.md, \"Typed index\")",
-            config.data_dir.display(),
-            typed.display()
-        );
-    }
-    let index = CsrIndex::open(&index_path).with_context(|| {
+    let graph = TypedGraph::open_one_type(&index_path).with_context(|| {
         format!(
             "opening the graph index {}: run `sidecar import <dataset> --data-dir {}` first",
             index_path.display(),
             config.data_dir.display()
         )
     })?;
-    let hot = index
-        .top_degree(config.warm_up)
+    let graph_version = graph.schema().graph_version;
+    let live = serve_graph(daemon, graph);
+    let hot = live
+        .snapshot()
+        .top_degree(config.warm_up, |_| true)
         .into_iter()
-        .map(u64::from)
+        .map(|(_, id)| id)
         .collect();
-    let graph_version = index.graph_version();
-    let auto_compact = (config.compact_after > 0).then(|| AutoCompact {
-        index_path: index_path.clone(),
-        after: config.compact_after,
-    });
-    let live = LiveGraph::with_auto_compact(index, auto_compact);
-    daemon.metrics.register(None, live.clone());
-    daemon.latches.graph.release();
     Ok(OpenGraph {
         live,
-        index_path,
         hot,
         graph_version,
     })

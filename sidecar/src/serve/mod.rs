@@ -37,7 +37,6 @@ mod control;
 mod load;
 pub mod typed;
 
-use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -147,7 +146,7 @@ fn warm_up(daemon: &Daemon, runtime: &tokio::runtime::Runtime, core: &Core, hot:
     daemon.set_phase(Phase::WarmingUp);
     let warming = Instant::now();
     if let Some(typed) = &core.typed {
-        let hot = typed.top_degree(daemon.config.warm_up);
+        let hot = typed.top_degree(&core.graph.snapshot(), daemon.config.warm_up);
         let pinned = runtime.block_on(typed.pin(&hot, 1_000, |_, _| {}));
         daemon.latches.warm_up.release();
         tracing::info!(
@@ -187,58 +186,24 @@ fn ring_options(
     options
 }
 
-/// A typed graph's [`compact_before_stopping`].
-fn compact_typed_before_stopping(
-    typed: &crate::daemon::TypedServing,
-    data_dir: &Path,
-) -> anyhow::Result<()> {
-    while typed.graph.compacting() {
+/// Writes the graph updates the index does not hold yet (those of the admin
+/// socket, or of an update stream since the last compaction) into it, so
+/// that a clean stop never drops an acknowledged update (docs/admin.md).
+fn compact_before_stopping(core: &Core) -> anyhow::Result<()> {
+    while core.graph.compacting() {
         std::thread::sleep(Duration::from_millis(20));
     }
-    let graph = typed.graph.snapshot();
+    let graph = core.graph.snapshot();
     let pending = graph.generation() - graph.base_generation();
     if pending == 0 {
         return Ok(());
     }
     let started = Instant::now();
-    typed.graph.compact(data_dir).with_context(|| {
-        format!(
-            "compacting {pending} typed graph update(s) into {} before stopping: they are lost; \
-             apply them again",
-            data_dir.display()
-        )
-    })?;
-    tracing::info!(
-        updates = pending,
-        seconds = started.elapsed().as_secs_f64(),
-        "typed graph updates compacted into the index before stopping"
-    );
-    Ok(())
-}
-
-/// Writes the graph updates the index does not hold yet (those of the admin
-/// socket, or of an update stream since the last compaction) into it, so
-/// that a clean stop never drops an acknowledged update (docs/admin.md).
-fn compact_before_stopping(core: &Core) -> anyhow::Result<()> {
-    if let Some(typed) = &core.typed {
-        // A typed data directory's core names its typed-graph/ as the index.
-        let data_dir = core.index_path.parent().unwrap_or(Path::new("."));
-        return compact_typed_before_stopping(typed, data_dir);
-    }
-    while core.graph.compacting() {
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    let graph = core.graph.snapshot();
-    let pending = graph.generation() - graph.base().header().generation;
-    if pending == 0 {
-        return Ok(());
-    }
-    let started = Instant::now();
-    core.graph.compact(&core.index_path).with_context(|| {
+    core.graph.compact().with_context(|| {
         format!(
             "compacting {pending} graph update(s) into {} before stopping: they are lost; \
              apply them again",
-            core.index_path.display()
+            graph.base().location()
         )
     })?;
     tracing::info!(

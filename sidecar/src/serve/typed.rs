@@ -20,7 +20,6 @@ use crate::features::redis_tier::{RedisConfig, RedisTier};
 use crate::features::rocks::{RocksStore, Role, StoreTelemetry};
 use crate::features::{DefaultRow, FeatureTiers, TierConfig};
 use crate::graph::typed::{self, TypedGraph};
-use crate::graph::typed_live::TypedLiveGraph;
 
 /// Whether `config.data_dir` holds a typed graph and no one-type index.
 pub fn is_typed_data_dir(config: &ServeConfig) -> bool {
@@ -36,7 +35,7 @@ pub fn is_typed_data_dir(config: &ServeConfig) -> bool {
 pub fn load(
     daemon: &Daemon,
     runtime: &tokio::runtime::Runtime,
-) -> anyhow::Result<Arc<TypedServing>> {
+) -> anyhow::Result<(TypedGraph, Arc<TypedServing>)> {
     let config = &daemon.config;
     let refused = [
         (
@@ -53,7 +52,6 @@ pub fn load(
         );
     }
     let graph = TypedGraph::open(&config.data_dir)?;
-    daemon.latches.graph.release();
     let mut tiers = Vec::with_capacity(graph.schema().node_types.len());
     let mut stores = Vec::with_capacity(tiers.capacity());
     for t in &graph.schema().node_types {
@@ -173,10 +171,12 @@ pub fn load(
         types = %ring.describe(),
         "typed graph loaded"
     );
-    Ok(Arc::new(TypedServing {
-        graph: TypedLiveGraph::new(graph),
-        ring,
-        tiers,
-        stores,
-    }))
+    Ok((
+        graph,
+        Arc::new(TypedServing {
+            ring,
+            tiers,
+            stores,
+        }),
+    ))
 }

@@ -50,16 +50,11 @@ impl Op {
                 neighbors,
                 directed,
                 ..
-            } => Some(GraphUpdate {
-                nodes: vec![*id],
-                edges: neighbors.iter().map(|&n| (*id, n)).collect(),
-                undirected: !directed,
-            }),
-            Op::AddEdges { edges, directed } => Some(GraphUpdate {
-                nodes: Vec::new(),
-                edges: edges.clone(),
-                undirected: !directed,
-            }),
+            } => {
+                let edges: Vec<(u64, u64)> = neighbors.iter().map(|&n| (*id, n)).collect();
+                Some(GraphUpdate::one_type(&[*id], &edges, !directed))
+            }
+            Op::AddEdges { edges, directed } => Some(GraphUpdate::one_type(&[], edges, !directed)),
             Op::SetFeatures { .. } | Op::Invalidate { .. } => None,
         }
     }

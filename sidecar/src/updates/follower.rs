@@ -16,7 +16,6 @@ use crate::features::redis_tier::{RedisConfig, RedisTier};
 use crate::features::rocks::{RocksStore, Role};
 use crate::features::FeatureTiers;
 use crate::graph::live::{MAX_ID_GROWTH, MAX_NODE_ID};
-use crate::graph::typed_live::{TypedLiveGraph, TypedUpdate};
 use crate::graph::{GraphUpdate, LiveGraph, StreamPosition};
 use crate::updates::entry::Op;
 use crate::updates::typed_entry::{self, TypedOp};
@@ -215,21 +214,14 @@ fn now_ms() -> u64 {
 /// What the follower applies entries to.
 #[derive(Debug, Clone)]
 pub struct Targets {
-    pub graph: GraphTarget,
+    pub graph: LiveGraph,
+    /// A one-type graph's row width in bytes (4 x feature_dim): its entries
+    /// are one-type entries (docs/updates.md). `None` for a typed graph,
+    /// whose entries name their types.
+    pub one_type_row_bytes: Option<usize>,
     /// Per node type (the one type of a one-type graph): its tiers and
     /// embedded store; `None` for a type without features.
     pub features: Vec<Option<FeatureTarget>>,
-}
-
-/// The graph the follower changes.
-#[derive(Debug, Clone)]
-pub enum GraphTarget {
-    OneType {
-        graph: LiveGraph,
-        /// Bytes of a row (4 x feature_dim).
-        row_bytes: usize,
-    },
-    Typed(TypedLiveGraph),
 }
 
 /// A node type's features as the follower changes them.
@@ -241,42 +233,6 @@ pub struct FeatureTarget {
     pub store: Option<Arc<RocksStore>>,
 }
 
-impl GraphTarget {
-    /// The position the graph holds and the entries consumed up to it.
-    fn position(&self) -> (StreamPosition, u64) {
-        match self {
-            GraphTarget::OneType { graph, .. } => {
-                let graph = graph.snapshot();
-                (graph.position(), graph.consumed())
-            }
-            GraphTarget::Typed(graph) => {
-                let graph = graph.snapshot();
-                (graph.position(), graph.consumed())
-            }
-        }
-    }
-
-    /// Each node type's id bound, now.
-    fn id_bounds(&self) -> Vec<u64> {
-        match self {
-            GraphTarget::OneType { graph, .. } => vec![graph.snapshot().id_bound()],
-            GraphTarget::Typed(graph) => {
-                let graph = graph.snapshot();
-                (0..graph.schema().node_types.len())
-                    .map(|t| graph.id_bound(t))
-                    .collect()
-            }
-        }
-    }
-}
-
-/// A graph change of one entry.
-#[derive(Debug)]
-enum GraphChange {
-    OneType(GraphUpdate),
-    Typed(TypedUpdate),
-}
-
 /// One entry, parsed, checked and split into what each part applies.
 #[derive(Debug, Default)]
 struct Parsed {
@@ -284,7 +240,7 @@ struct Parsed {
     rows: Vec<(usize, u64, Vec<u8>)>,
     /// `(node type, id)`.
     evicted: Vec<(usize, u64)>,
-    graph: Option<GraphChange>,
+    graph: Option<GraphUpdate>,
     /// Index in [`OPS`].
     op: usize,
 }
@@ -294,14 +250,15 @@ impl Targets {
     /// it leave it (`bounds`, each node type's id bound, advanced here):
     /// the same judgement on every replica.
     fn parse(&self, fields: &[(Vec<u8>, Vec<u8>)], bounds: &mut [u64]) -> Result<Parsed, String> {
-        let mut parsed = match &self.graph {
-            GraphTarget::OneType { row_bytes, .. } => {
+        let graph = self.graph.snapshot();
+        let mut parsed = match self.one_type_row_bytes {
+            Some(row_bytes) => {
                 if typed_entry::is_typed(fields) {
                     return Err("the entry names a node type or an edge type (`type`, \
                                 `edges:<edge type>`): this replica serves a one-type graph"
                         .into());
                 }
-                let op = Op::from_fields(fields, *row_bytes)?;
+                let op = Op::from_fields(fields, row_bytes)?;
                 Parsed {
                     rows: op
                         .row()
@@ -309,12 +266,11 @@ impl Targets {
                         .into_iter()
                         .collect(),
                     evicted: op.evicted().into_iter().map(|id| (0, id)).collect(),
-                    graph: op.graph_update().map(GraphChange::OneType),
+                    graph: op.graph_update(),
                     op: op_index(op.name()),
                 }
             }
-            GraphTarget::Typed(graph) => {
-                let graph = graph.snapshot();
+            None => {
                 if !typed_entry::is_typed(fields) {
                     return Err(format!(
                         "this replica serves a typed graph ({} node types): the entry names no \
@@ -328,41 +284,17 @@ impl Targets {
                 Parsed {
                     rows: change.rows,
                     evicted: change.evicted,
-                    graph: change.update.map(GraphChange::Typed),
+                    graph: change.update,
                     op: op_index(op.name()),
                 }
             }
         };
         // The graph's id rule.
         let mut largest: Vec<Option<u64>> = vec![None; bounds.len()];
-        let mut see = |t: usize, id: u64| largest[t] = Some(largest[t].map_or(id, |m| m.max(id)));
-        match &parsed.graph {
-            Some(GraphChange::OneType(update)) => {
-                for id in update.nodes.iter().copied() {
-                    see(0, id);
-                }
-                for &(s, d) in &update.edges {
-                    see(0, s);
-                    see(0, d);
-                }
+        if let Some(update) = &parsed.graph {
+            for (t, id) in update.ids(&graph.schema().ends()) {
+                largest[t] = Some(largest[t].map_or(id, |m| m.max(id)));
             }
-            Some(GraphChange::Typed(update)) => {
-                let GraphTarget::Typed(graph) = &self.graph else {
-                    unreachable!("a typed change comes from a typed graph")
-                };
-                let ends = graph.snapshot().schema().ends();
-                for &(t, id) in &update.nodes {
-                    see(t, id);
-                }
-                for (e, pairs) in &update.edges {
-                    let (src, dst) = ends[*e];
-                    for &(s, d) in pairs {
-                        see(src, s);
-                        see(dst, d);
-                    }
-                }
-            }
-            None => {}
         }
         for (t, max) in largest.iter().enumerate() {
             let Some(max) = *max else { continue };
@@ -371,12 +303,9 @@ impl Targets {
                     "node id {max} lies {MAX_ID_GROWTH} or more ids past the graph's largest id \
                      {}{}",
                     bounds[t].saturating_sub(1),
-                    match &self.graph {
-                        GraphTarget::Typed(graph) => format!(
-                            " of node type {}",
-                            graph.snapshot().schema().node_types[t].name
-                        ),
-                        GraphTarget::OneType { .. } => String::new(),
+                    match self.one_type_row_bytes {
+                        None => format!(" of node type {}", graph.schema().node_types[t].name),
+                        Some(_) => String::new(),
                     }
                 ));
             }
@@ -424,7 +353,10 @@ impl Follower {
         let connection = RedisTier::connect(redis)
             .await
             .with_context(|| format!("connecting to the update stream's Redis ({stream})"))?;
-        let graph_at = targets.graph.position();
+        let graph_at = {
+            let graph = targets.graph.snapshot();
+            (graph.position(), graph.consumed())
+        };
         // A cache that lost its position (a flush, FIFO compaction) replays
         // from the graph's: evictions are idempotent. With several stores
         // (a typed graph's node types) the oldest decides: writing a row
@@ -642,12 +574,11 @@ impl Follower {
             .map(|(id, _)| *id)
             .expect("a non-empty batch");
         let consumed = self.consumed + entries.len() as u64;
-        let mut bounds = self.targets.graph.id_bounds();
+        let mut bounds = self.targets.graph.snapshot().id_bounds().to_vec();
         let n_types = self.targets.features.len();
         let mut rows: Vec<Vec<(u64, Vec<u8>)>> = vec![Vec::new(); n_types];
         let mut evicted: Vec<Vec<u64>> = vec![Vec::new(); n_types];
-        let mut one_type_updates: Vec<GraphUpdate> = Vec::new();
-        let mut typed_updates: Vec<TypedUpdate> = Vec::new();
+        let mut updates: Vec<GraphUpdate> = Vec::new();
         let mut applied = Vec::new();
         for (id, fields) in entries {
             let parsed = match self.targets.parse(&fields, &mut bounds) {
@@ -674,11 +605,7 @@ impl Follower {
                 }
             }
             if id > self.graph_position {
-                match parsed.graph {
-                    Some(GraphChange::OneType(update)) => one_type_updates.push(update),
-                    Some(GraphChange::Typed(update)) => typed_updates.push(update),
-                    None => {}
-                }
+                updates.extend(parsed.graph);
             }
             applied.push((id, parsed.op));
         }
@@ -717,18 +644,13 @@ impl Follower {
             self.store_position = last;
         }
         if last > self.graph_position {
-            let refused: Vec<String> = match &self.targets.graph {
-                GraphTarget::OneType { graph, .. } => graph
-                    .apply(&one_type_updates, Some((last, consumed)))
-                    .into_iter()
-                    .filter_map(|o| o.err().map(|e| format!("{e:#}")))
-                    .collect(),
-                GraphTarget::Typed(graph) => graph
-                    .apply(&typed_updates, Some((last, consumed)))
-                    .into_iter()
-                    .filter_map(|o| o.err().map(|e| format!("{e:#}")))
-                    .collect(),
-            };
+            let refused: Vec<String> = self
+                .targets
+                .graph
+                .apply(&updates, Some((last, consumed)))
+                .into_iter()
+                .filter_map(|o| o.err().map(|e| format!("{e:#}")))
+                .collect();
             for e in refused {
                 // Checked above with the same rule: not expected.
                 tracing::warn!(error = %e, "an update entry was refused by the graph");

@@ -5,7 +5,7 @@
 //! applied; and the text syntax `sidecar publish` reads for it.
 
 use crate::graph::typed::TypedSchema;
-use crate::graph::typed_live::TypedUpdate;
+use crate::graph::GraphUpdate;
 use crate::updates::entry::{parse_id, parse_ids as ids, MAX_IDS_PER_ENTRY};
 
 /// The prefix of an edge field: `edges:<edge type>`.
@@ -51,7 +51,7 @@ pub struct TypedChange {
     /// `(node type, id)` to evict from the caches.
     pub evicted: Vec<(usize, u64)>,
     /// The graph change, if the operation makes one.
-    pub update: Option<TypedUpdate>,
+    pub update: Option<GraphUpdate>,
 }
 
 /// Whether an entry's fields are a typed operation's: it names a node type
@@ -311,13 +311,13 @@ impl TypedOp {
                 if schema.node_types[t].feature_dim > 0 {
                     change.evicted.push((t, *id));
                 }
-                change.update = Some(TypedUpdate {
+                change.update = Some(GraphUpdate {
                     nodes: vec![(t, *id)],
                     edges: edges_of(edges)?,
                 });
             }
             TypedOp::AddEdges { edges } => {
-                change.update = Some(TypedUpdate {
+                change.update = Some(GraphUpdate {
                     nodes: Vec::new(),
                     edges: edges_of(edges)?,
                 });
@@ -529,7 +529,7 @@ mod tests {
         assert_eq!(change.evicted, vec![(0, 3)]);
         assert_eq!(
             change.update,
-            Some(TypedUpdate {
+            Some(GraphUpdate {
                 nodes: vec![(0, 3)],
                 edges: vec![(0, vec![(3, 0)]), (1, vec![(0, 3)])],
             })

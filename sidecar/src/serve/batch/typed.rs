@@ -24,11 +24,15 @@ impl BatchServer {
         let fanouts = TypedFanouts::new(ask.hops as usize, ask.fanouts.clone())
             .expect("hops and fanouts checked when the request was decoded");
         let sampling = Instant::now();
-        let mut graph = typed.graph.snapshot();
+        let with_node;
+        let mut graph = ctx.graph;
         if let Some(node) = &request.typed_new_node {
             m.new_node_requests.inc();
             match graph.with_new_node(ask.target_type as usize, request.targets[0], &node.edges) {
-                Ok(with_node) => graph = std::sync::Arc::new(with_node),
+                Ok(snapshot) => {
+                    with_node = snapshot;
+                    graph = &with_node;
+                }
                 Err(e) => {
                     m.invalid_requests.inc();
                     let request_id = request.request_id;
@@ -42,7 +46,7 @@ impl BatchServer {
             }
         }
         let sampled = match self.sampler.sample_typed(
-            &*graph,
+            graph,
             ask.target_type as usize,
             &request.targets,
             &fanouts,
