@@ -569,13 +569,8 @@ async fn l1_is_bounded_in_bytes_and_the_pinned_hot_set_survives_pressure() {
     let l3 = cora_in_redis(&redis, data.path()).await;
     let mut config = TierConfig::new(DIM);
     config.l1_bytes = 50 * (DIM as u64 * 4 + 32); // about 50 rows
-    let readiness = daemon_kit::readiness::Readiness::default();
-    let latch = readiness.latch("warm-up", "warming-up");
-    config.latch = Some(latch.clone());
     let tiers = FeatureTiers::new(&config, None, Some(l3));
-    assert!(!latch.is_released(), "not ready before warm-up");
-    assert_eq!(tiers.warm_up(&[1358, 306]).await, 2);
-    assert_eq!(readiness.check(), Ok(()), "the warm-up released its latch");
+    assert_eq!(tiers.pin(&[1358, 306], 1_000, |_, _| {}).await, 2);
     for chunk in (0..2708u64).collect::<Vec<_>>().chunks(100) {
         fetch(&tiers, chunk, Duration::from_secs(2)).await;
     }

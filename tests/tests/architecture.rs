@@ -293,10 +293,6 @@ const TYPED_TWINS: &[(&str, &str)] = &[
         "`sidecar generate` of a typed graph beside a one-type graph",
     ),
     (
-        "load_typed",
-        "the serving state of a typed data directory beside a one-type one",
-    ),
-    (
         "sample_typed",
         "the sampler's typed pass beside the one-type pass (which calls it)",
     ),

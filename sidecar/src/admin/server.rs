@@ -48,7 +48,7 @@ use crate::admin::wire::{
     read_frame, write_frame, AdminRequest, AdminResponse, Distribution, FrameError, RingOccupancy,
     StatsReport, StatusReport, TierRows, ADMIN_VERSION,
 };
-use crate::daemon::Daemon;
+use crate::daemon::{Core, Daemon};
 use crate::features::contract::encode_row;
 use crate::features::rocks::Role;
 use crate::graph::{GraphUpdate, TypedNeighborSource};
@@ -612,7 +612,7 @@ fn handle(
     progress: &mut dyn FnMut(u64, u64),
 ) -> anyhow::Result<AdminResponse> {
     if let Some(command) = one_type_command(&request) {
-        if let Some(typed) = daemon.core().and_then(|c| c.typed.as_ref()) {
+        if let Some(schema) = daemon.core().and_then(|c| c.ring_schema.as_ref()) {
             let typed_form = match command {
                 "invalidate" => Some("sidecarctl invalidate --type TYPE ID..."),
                 "warm --ids-file" => Some("sidecarctl warm --type TYPE --ids-file F"),
@@ -624,12 +624,12 @@ fn handle(
                 Some(form) => bail!(
                     "this sidecar serves a typed graph ({}): name the type (`{form}`, \
                      docs/updates.md, \"Typed graphs\")",
-                    typed.ring.describe()
+                    schema.describe()
                 ),
                 None => bail!(
                     "this sidecar serves a typed graph ({}); `{command}` is for one-type graphs \
                      in this release (docs/graph-index.md, \"Serving a typed graph\")",
-                    typed.ring.describe()
+                    schema.describe()
                 ),
             }
         }
@@ -640,31 +640,32 @@ fn handle(
         AdminRequest::Stats => AdminResponse::Stats(stats(daemon)),
         AdminRequest::Ready => probe(daemon.readiness()),
         AdminRequest::Live => probe(daemon.liveness()),
-        AdminRequest::WarmTop { k } if typed_graph(daemon).is_some() => {
-            let typed = typed_graph(daemon).expect("checked");
-            let graph = daemon.loaded()?.graph.snapshot();
-            let nodes = typed.top_degree(&graph, usize::try_from(k).unwrap_or(usize::MAX));
+        AdminRequest::WarmTop { k } => {
+            let core = daemon.loaded()?;
+            let k = usize::try_from(k).unwrap_or(usize::MAX);
+            let nodes = core.features.top_degree(&core.graph.snapshot(), k);
             warm(daemon, runtime, &nodes, progress)?
         }
         AdminRequest::TypedWarmIds { node_type, ids } => {
-            let Some(typed) = typed_graph(daemon) else {
+            let core = daemon.loaded()?;
+            let Some(schema) = core.ring_schema.as_ref() else {
                 bail!(
                     "this sidecar serves a one-type graph: warm it without --type \
                      (`sidecarctl warm --ids-file F`)"
                 );
             };
-            let graph = daemon.loaded()?.graph.snapshot();
+            let graph = core.graph.snapshot();
             let Some(t) = graph.schema().node_type(&node_type) else {
                 bail!(
                     "node type {node_type:?} is not in the graph ({})",
-                    typed.ring.describe()
+                    schema.describe()
                 );
             };
-            if typed.tiers[t].is_none() {
+            if core.features.of(t).is_none() {
                 bail!(
                     "node type {node_type:?} has no feature rows to pin: warm a type with \
                      features ({})",
-                    typed.ring.describe()
+                    schema.describe()
                 );
             }
             if let Some(&unknown) = ids.iter().find(|&&id| !graph.is_node(t, id)) {
@@ -676,18 +677,6 @@ fn handle(
             }
             let nodes: Vec<(usize, u64)> = ids.iter().map(|&id| (t, id)).collect();
             warm(daemon, runtime, &nodes, progress)?
-        }
-        AdminRequest::WarmTop { k } => {
-            let core = daemon.loaded()?;
-            let k = usize::try_from(k).unwrap_or(usize::MAX);
-            let ids: Vec<u64> = core
-                .graph
-                .snapshot()
-                .top_degree(k, |_| true)
-                .into_iter()
-                .map(|(_, id)| id)
-                .collect();
-            warm(daemon, runtime, &one_type(&ids), progress)?
         }
         AdminRequest::WarmIds { ids } => {
             let core = daemon.loaded()?;
@@ -702,7 +691,7 @@ fn handle(
         }
         AdminRequest::Invalidate { ids } => {
             let core = daemon.loaded()?;
-            runtime.block_on(core.tiers.invalidate(&ids));
+            runtime.block_on(core.one_type()?.tiers.invalidate(&ids));
             daemon
                 .metrics
                 .admin_invalidated_ids
@@ -739,7 +728,8 @@ fn handle(
         } => {
             let core = daemon.loaded()?;
             refuse_while_following(core)?;
-            let dim = core.feature_dim;
+            let features = core.one_type()?;
+            let dim = features.feature_dim();
             for node in &nodes {
                 ensure!(
                     node.features.len() == dim,
@@ -755,16 +745,8 @@ fn handle(
                 .map(|n| (n.id, encode_row(&n.features)))
                 .collect();
             let ids: Vec<u64> = nodes.iter().map(|n| n.id).collect();
-            match (&core.store, &core.redis) {
-                (Some(store), None) if store.role() == Role::StoreOfRecord => {
-                    store.put_many(rows.iter().map(|(id, row)| (*id, row.as_slice())))?
-                }
-                (_, Some(redis)) => runtime
-                    .block_on(redis.set_many(&rows))
-                    .context("writing the new rows to Redis")?,
-                _ => bail!("no feature store to write the new rows to"),
-            }
-            runtime.block_on(core.tiers.invalidate(&ids));
+            store_rows(runtime, features, &rows)?;
+            runtime.block_on(features.tiers.invalidate(&ids));
             let stats = core
                 .graph
                 .update(GraphUpdate::one_type(&ids, &edges, undirected))?;
@@ -849,7 +831,8 @@ fn handle(
         }
         AdminRequest::FlushCache { l1, l2 } => {
             let core = daemon.loaded()?;
-            let l2_is_cache = core
+            let features = core.one_type()?;
+            let l2_is_cache = features
                 .store
                 .as_ref()
                 .is_some_and(|s| matches!(s.role(), Role::Cache { .. }));
@@ -860,10 +843,10 @@ fn handle(
                 (l1, l2)
             };
             if l2 {
-                runtime.block_on(core.tiers.flush_l2())?;
+                runtime.block_on(features.tiers.flush_l2())?;
             }
             let (l1_rows, pinned_rows) = if l1 {
-                core.tiers.flush_l1(true)
+                features.tiers.flush_l1(true)
             } else {
                 (0, 0)
             };
@@ -925,8 +908,8 @@ fn one_type(ids: &[u64]) -> Vec<(usize, u64)> {
     ids.iter().map(|&id| (0, id)).collect()
 }
 
-/// Pins `nodes` (`(node type, id)`; type 0 of a one-type graph) in L1:
-/// the one-type tiers, or each node's type's of a typed graph.
+/// Pins `nodes` (`(node type, id)`; type 0 of a one-type graph) in L1,
+/// each through its type's tiers.
 fn warm(
     daemon: &Daemon,
     runtime: &tokio::runtime::Handle,
@@ -935,19 +918,8 @@ fn warm(
 ) -> anyhow::Result<AdminResponse> {
     let core = daemon.loaded()?;
     let started = Instant::now();
-    let (pinned, (_, pinned_total)) = match &core.typed {
-        Some(typed) => (
-            runtime.block_on(typed.pin(nodes, WARM_CHUNK, progress)),
-            typed.l1_rows(),
-        ),
-        None => {
-            let ids: Vec<u64> = nodes.iter().map(|&(_, id)| id).collect();
-            (
-                runtime.block_on(core.tiers.pin(&ids, WARM_CHUNK, progress)),
-                core.tiers.l1_rows(),
-            )
-        }
-    };
+    let pinned = runtime.block_on(core.features.pin(nodes, WARM_CHUNK, progress));
+    let (_, pinned_total) = core.features.l1_rows();
     tracing::info!(
         pinned,
         requested = nodes.len(),
@@ -977,9 +949,22 @@ fn one_type_command(request: &AdminRequest) -> Option<&'static str> {
     })
 }
 
-/// The typed graph this sidecar serves, if it serves one.
-fn typed_graph(daemon: &Daemon) -> Option<&Arc<crate::daemon::TypedServing>> {
-    daemon.core().and_then(|c| c.typed.as_ref())
+/// Writes `rows` (`(id, encoded row)`) to a node type's store: the store
+/// of record, or Redis (whose L2 cache the caller evicts them from).
+fn store_rows(
+    runtime: &tokio::runtime::Handle,
+    features: &crate::daemon::TypeFeatures,
+    rows: &[(u64, Vec<u8>)],
+) -> anyhow::Result<()> {
+    match (&features.store, &features.redis) {
+        (Some(store), None) if store.role() == Role::StoreOfRecord => {
+            store.put_many(rows.iter().map(|(id, row)| (*id, row.as_slice())))
+        }
+        (_, Some(redis)) => runtime
+            .block_on(redis.set_many(rows))
+            .context("writing the new rows to Redis"),
+        _ => bail!("no feature store to write the new rows to"),
+    }
 }
 
 /// Applies one typed operation made through the admin socket: checked
@@ -992,12 +977,12 @@ fn typed_update(
     op: TypedOp,
 ) -> anyhow::Result<AdminResponse> {
     let core = daemon.loaded()?;
-    let Some(typed) = core.typed.as_ref() else {
+    if !core.is_typed() {
         bail!(
             "this sidecar serves a one-type graph: give node ids without a node type or edge \
              type (drop --type / --edge-type)"
         );
-    };
+    }
     refuse_while_following(core)?;
     let graph = core.graph.snapshot();
     let change = op.resolve(graph.schema()).map_err(anyhow::Error::msg)?;
@@ -1007,29 +992,22 @@ fn typed_update(
     }
     let schema = graph.schema();
     for (t, id, row) in &change.rows {
-        let stores = typed.stores[*t]
-            .as_ref()
+        let features = core
+            .features
+            .of(*t)
             .expect("a row only for a type with features");
-        let rows = [(*id, row.clone())];
-        match (&stores.store, &stores.redis) {
-            (Some(store), None) if store.role() == Role::StoreOfRecord => {
-                store.put_many(rows.iter().map(|(id, row)| (*id, row.as_slice())))?
-            }
-            (_, Some(redis)) => runtime.block_on(redis.set_many(&rows)).with_context(|| {
-                format!("writing the {} row to Redis", schema.node_types[*t].name)
-            })?,
-            _ => bail!("no feature store to write the new row to"),
-        }
+        store_rows(runtime, features, &[(*id, row.clone())])
+            .with_context(|| format!("the {} row", schema.node_types[*t].name))?;
     }
-    for (t, tiers) in typed.tiers.iter().enumerate() {
+    for (t, features) in core.features.types.iter().enumerate() {
         let ids: Vec<u64> = change
             .evicted
             .iter()
             .filter(|(ty, _)| *ty == t)
             .map(|(_, id)| *id)
             .collect();
-        if let (Some(tiers), false) = (tiers, ids.is_empty()) {
-            runtime.block_on(tiers.invalidate(&ids));
+        if let (Some(features), false) = (features, ids.is_empty()) {
+            runtime.block_on(features.tiers.invalidate(&ids));
         }
     }
     let Some(update) = change.update else {
@@ -1052,7 +1030,7 @@ fn typed_update(
     })
 }
 
-fn refuse_while_following(core: &crate::daemon::Core) -> anyhow::Result<()> {
+fn refuse_while_following(core: &Core) -> anyhow::Result<()> {
     if let Some(updates) = &core.updates {
         bail!(
             "this sidecar follows the update stream {}: publish the change there (`sidecar \
@@ -1075,26 +1053,28 @@ fn status(daemon: &Daemon) -> StatusReport {
         phase: daemon.phase().name().into(),
         ready: daemon.is_ready(),
         uptime_s: daemon.started.elapsed().as_secs_f64(),
-        feature_dim: core.map_or(0, |c| c.feature_dim as u32),
+        feature_dim: core
+            .and_then(|c| c.one_type().ok())
+            .map_or(0, |f| f.feature_dim() as u32),
         graph_version: graph.map_or(0, |g| g.graph_version),
         n_nodes: graph.map_or(0, |g| g.nodes),
         n_edges: graph.map_or(0, |g| g.edges),
         graph_generation: graph.map_or(0, |g| g.generation),
         store: match core {
             None => "not open yet".into(),
-            Some(c) if c.typed.is_some() => {
-                let typed = c.typed.as_ref().expect("checked");
-                format!(
-                    "typed graph: {} node types, {} edge types",
-                    typed.ring.node_types.len(),
-                    typed.ring.edge_types.len()
-                )
-            }
-            Some(c) => match (&c.store, &c.redis) {
-                (_, Some(_)) if c.store.is_some() => "redis+l2".into(),
-                (_, Some(_)) => "redis".into(),
-                (Some(_), None) => "rocksdb".into(),
-                (None, None) => "none".into(),
+            Some(Core {
+                ring_schema: Some(schema),
+                ..
+            }) => format!(
+                "typed graph: {} node types, {} edge types",
+                schema.node_types.len(),
+                schema.edge_types.len()
+            ),
+            Some(c) => match c.one_type().ok().map(|f| (&f.store, &f.redis)) {
+                Some((Some(_), Some(_))) => "redis+l2".into(),
+                Some((None, Some(_))) => "redis".into(),
+                Some((Some(_), None)) => "rocksdb".into(),
+                Some((None, None)) | None => "none".into(),
             },
         },
         fanouts: daemon.knobs.fanouts(),
@@ -1129,16 +1109,17 @@ fn distribution(name: &str, histogram: &daemon_kit::metrics::Histogram) -> Distr
     }
 }
 
-/// The tiers' counters of the whole sidecar: a typed graph's are its node
-/// types' summed (its one-type tiers are empty).
-fn tier_snapshot(core: &crate::daemon::Core) -> crate::features::tiers::TierSnapshot {
-    match &core.typed {
-        Some(typed) => {
-            let snapshots: Vec<_> = typed.tiers.iter().flatten().map(|t| t.snapshot()).collect();
-            crate::features::tiers::TierSnapshot::sum(&snapshots)
-        }
-        None => core.tiers.snapshot(),
-    }
+/// The tiers' counters of the whole sidecar: its node types' summed (a
+/// one-type graph's one type's).
+fn tier_snapshot(core: &Core) -> crate::features::tiers::TierSnapshot {
+    let snapshots: Vec<_> = core
+        .features
+        .types
+        .iter()
+        .flatten()
+        .map(|f| f.tiers.snapshot())
+        .collect();
+    crate::features::tiers::TierSnapshot::sum(&snapshots)
 }
 
 /// The stats report, from the serving path's histograms and the tiers' and

@@ -13,9 +13,9 @@
 //! as it comes up.
 
 pub mod events;
+mod features;
 pub mod metrics;
 pub mod ring;
-mod typed;
 
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
@@ -24,20 +24,18 @@ use std::time::{Duration, Instant};
 use anyhow::ensure;
 use daemon_kit::logging::LogHandle;
 use daemon_kit::readiness::{Latch, Readiness};
+use protocol::graph_schema::GraphSchema;
 use protocol::layout::MAX_HOPS;
 use protocol::server::RingMonitor;
 
 use crate::config::ServeConfig;
 use crate::features::invalidation::InvalidationStats;
-use crate::features::redis_tier::RedisTier;
-use crate::features::rocks::{RocksStore, StoreTelemetry};
-use crate::features::FeatureTiers;
 use crate::graph::live::LiveGraph;
 use crate::updates::follower::FollowerStats;
 use events::{Event, Poster};
+pub use features::{GraphFeatures, TypeFeatures};
 use metrics::{DaemonTelemetry, Metrics};
 use ring::Ring;
-pub use typed::{TypeStores, TypedServing};
 
 /// Where the sidecar is in its life.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -148,21 +146,38 @@ pub struct Core {
     /// The served graph: a typed graph, or a one-type graph as the 1x1
     /// typed graph (it knows where its index lives: compaction rewrites it).
     pub graph: LiveGraph,
-    pub tiers: FeatureTiers,
-    /// The embedded store (store of record, or L2 cache in front of Redis).
-    pub store: Option<Arc<RocksStore>>,
-    pub redis: Option<RedisTier>,
-    pub feature_dim: usize,
-    /// The embedded store as `/metrics` and `status` report it.
-    pub store_telemetry: Arc<StoreTelemetry>,
+    /// Per node type (the one type of a one-type graph): its tiers and
+    /// stores.
+    pub features: GraphFeatures,
+    /// A typed graph's types as the segment carries them; `None` for a
+    /// one-type graph (the segment's one-type schema).
+    pub ring_schema: Option<GraphSchema>,
     pub invalidation: Arc<InvalidationStats>,
     /// The update-stream follower's state, when one runs.
     pub updates: Option<Arc<FollowerStats>>,
     /// Held for the sidecar's life: no other process uses the data directory.
     pub data_dir_lock: crate::data_dir::DataDirLock,
-    /// A typed graph's per-type tiers, when the data directory holds one:
-    /// the ring serves them, and `tiers` above is empty.
-    pub typed: Option<Arc<TypedServing>>,
+}
+
+impl Core {
+    /// Whether the graph is typed (the segment carries its types).
+    pub fn is_typed(&self) -> bool {
+        self.ring_schema.is_some()
+    }
+
+    /// A one-type graph's features: its one type's. Refused for a typed
+    /// graph, naming the types, for the commands made for one type.
+    pub fn one_type(&self) -> anyhow::Result<&TypeFeatures> {
+        if let Some(schema) = &self.ring_schema {
+            anyhow::bail!(
+                "this sidecar serves a typed graph ({}): name the node type",
+                schema.describe()
+            );
+        }
+        self.features
+            .of(0)
+            .ok_or_else(|| anyhow::anyhow!("the one-type graph has no feature rows"))
+    }
 }
 
 /// How a drain ended.

@@ -24,7 +24,6 @@ use std::time::{Duration, Instant};
 
 use arc_swap::ArcSwap;
 use daemon_kit::metrics::{Out, Telemetry};
-use daemon_kit::readiness::Latch;
 use protocol::payload::schema::tier;
 use rustc_hash::FxHashMap;
 use tokio::sync::watch;
@@ -212,8 +211,9 @@ pub struct TierConfig {
     pub fetch_timeout: Duration,
     /// The change clock invalidations mark (docs/protocol.md, "Freshness").
     pub changes: Option<Arc<crate::graph::Changes>>,
-    /// The tiers' readiness latch, released once the warm-up is done.
-    pub latch: Option<Latch>,
+    /// The node type whose rows these are: its marks are the clock's keys
+    /// of that type (`graph::changes::node_key`; 0 for a one-type graph).
+    pub node_type: usize,
 }
 
 impl TierConfig {
@@ -227,7 +227,7 @@ impl TierConfig {
             default_row: DefaultRow::Zeros,
             fetch_timeout: Duration::from_secs(1),
             changes: None,
-            latch: None,
+            node_type: 0,
         }
     }
 }
@@ -289,13 +289,13 @@ struct Inner {
     /// Orders write-backs to an L2 cache with invalidations' deletes.
     l2_writes: Mutex<()>,
     stats: TierStats,
-    latch: Option<Latch>,
     /// Bumped by every invalidation. A fetch that saw another value when it
     /// started does not write its rows to L1 or L2: they may predate the
     /// invalidation (it still hands them to its waiters).
     invalidations: AtomicU64,
-    /// The change clock invalidations mark.
+    /// The change clock invalidations mark, and the node type of the rows.
     changes: Option<Arc<crate::graph::Changes>>,
+    node_type: usize,
 }
 
 /// The feature tiers of one sidecar. Cheap to clone (shared).
@@ -376,9 +376,9 @@ impl FeatureTiers {
                 flights: Mutex::new(Flights::default()),
                 l2_writes: Mutex::new(()),
                 stats: TierStats::default(),
-                latch: config.latch.clone(),
                 invalidations: AtomicU64::new(0),
                 changes: config.changes.clone(),
+                node_type: config.node_type,
             }),
         }
     }
@@ -443,18 +443,6 @@ impl FeatureTiers {
             .unwrap_or_else(PoisonError::into_inner)
             .by_row
             .len()
-    }
-
-    /// Loads `hot` (e.g. the top-degree nodes) through the tiers and pins
-    /// them in L1, then releases the tiers' readiness latch. Returns how
-    /// many were pinned.
-    pub async fn warm_up(&self, hot: &[u64]) -> usize {
-        let n = self.pin(hot, 1_000, |_, _| {}).await;
-        if let Some(latch) = &self.inner.latch {
-            latch.release();
-        }
-        tracing::info!(pinned = n, requested = hot.len(), "feature warm-up done");
-        n
     }
 
     /// Fetches `ids` through the tiers and adds them to the pinned hot set
@@ -546,7 +534,8 @@ impl FeatureTiers {
         // Marked before any cached row goes; the tick moves once they have.
         let change = self.inner.changes.as_deref().map(|changes| {
             let change = changes.begin();
-            change.features(ids.iter().copied());
+            let t = self.inner.node_type;
+            change.features(ids.iter().map(|&id| crate::graph::changes::node_key(t, id)));
             change
         });
         self.evict(ids).await;

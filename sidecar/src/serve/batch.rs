@@ -18,6 +18,7 @@ use protocol::server::ServeTicket;
 use rustc_hash::FxHashMap;
 
 use crate::daemon::metrics::Metrics;
+use crate::daemon::GraphFeatures;
 use crate::daemon::Knobs;
 use crate::features::{FeatureTiers, RowSource};
 use crate::graph::changes::Changes;
@@ -52,9 +53,8 @@ pub struct BatchContext<'a> {
     /// The change clock, and its tick read before `graph` was loaded.
     pub changes: &'a Changes,
     pub change_tick: u64,
-    pub tiers: &'a FeatureTiers,
-    /// The typed graph the ring serves instead, if any.
-    pub typed: Option<&'a crate::daemon::TypedServing>,
+    /// Per node type: its tiers and stores.
+    pub features: &'a GraphFeatures,
     pub runtime: &'a tokio::runtime::Handle,
     /// The fanouts for requests that leave them to the sidecar, and the
     /// feature-fetch deadline.
@@ -63,6 +63,19 @@ pub struct BatchContext<'a> {
     /// Bytes of a slot's response area.
     pub response_bytes: u64,
     pub metrics: &'a Metrics,
+}
+
+impl BatchContext<'_> {
+    /// A one-type graph's tiers: its one type's. A one-type request is
+    /// decoded only against a one-type graph's segment, whose one type has
+    /// features (the load opens them).
+    fn tiers(&self) -> &FeatureTiers {
+        &self
+            .features
+            .of(0)
+            .expect("a one-type graph's features are loaded with it")
+            .tiers
+    }
 }
 
 /// What one sampling pass is for: the fanouts, whether the requests want
@@ -232,7 +245,7 @@ impl BatchServer {
                 m.rows_fetched.inc_by(ids.len() as u64);
                 let fetching = Instant::now();
                 ctx.runtime
-                    .block_on(ctx.tiers.fetch_into(ids, deadline, features, sources));
+                    .block_on(ctx.tiers().fetch_into(ids, deadline, features, sources));
                 m.stage("fetch").observe(fetching.elapsed().as_secs_f64());
             });
             return;
@@ -253,15 +266,17 @@ impl BatchServer {
                     .collect()
             })
             .collect();
-        let dim = ctx.tiers.feature_dim();
+        let dim = ctx.tiers().feature_dim();
         let mut features = vec![0f32; unique.len() * dim];
         let mut sources = vec![RowSource::default(); unique.len()];
         m.rows_fetched.inc_by(unique.len() as u64);
         let fetching = Instant::now();
-        ctx.runtime.block_on(
-            ctx.tiers
-                .fetch_into(&unique, deadline, &mut features, &mut sources),
-        );
+        ctx.runtime.block_on(ctx.tiers().fetch_into(
+            &unique,
+            deadline,
+            &mut features,
+            &mut sources,
+        ));
         m.stage("fetch").observe(fetching.elapsed().as_secs_f64());
         for ((_, pending), (sampled, rows)) in
             groups.into_iter().zip(samples.iter().zip(&group_rows))
@@ -385,7 +400,7 @@ impl BatchServer {
             };
             m.rows_fetched.inc_by(ids.len() as u64 - 1);
             let fetching = Instant::now();
-            ctx.runtime.block_on(ctx.tiers.fetch_into(
+            ctx.runtime.block_on(ctx.tiers().fetch_into(
                 &ids[1..],
                 Some(deadline),
                 &mut features[dim..],
@@ -439,7 +454,7 @@ impl BatchServer {
         let shape = PayloadShape {
             n_targets: n as u32,
             n_nodes: n_nodes as u32,
-            feature_dim: ctx.tiers.feature_dim() as u32,
+            feature_dim: ctx.tiers().feature_dim() as u32,
             fanouts: sampled.fanouts,
             subgraph: sampled.subgraph.map(|fanouts| SubgraphShape {
                 fanouts,

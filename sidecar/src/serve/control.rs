@@ -146,7 +146,7 @@ impl<'a> Control<'a> {
     /// Checks that the embedded store's directory is still there (the
     /// store alarms once when it is not).
     fn check_store(&self) {
-        if let Some(store) = &self.core.store {
+        for store in self.core.features.stores() {
             store.directory_problem();
         }
     }
@@ -261,8 +261,7 @@ impl<'a> ServeThread<'a> {
             graph: &snapshot,
             changes,
             change_tick,
-            tiers: &core.tiers,
-            typed: core.typed.as_deref(),
+            features: &core.features,
             runtime: self.runtime,
             knobs: &daemon.knobs,
             max_nodes: daemon.config.max_nodes,

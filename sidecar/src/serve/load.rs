@@ -1,17 +1,28 @@
 //! The start-up's loading: the data directory (locked, seeded if asked),
-//! the graph, the feature stores, the tiers, the invalidation listener and
-//! the update follower. Each subsystem registers its telemetry and releases
-//! its readiness latch as it comes up.
+//! the graph (typed, or one-type as the 1x1 typed graph), each node type's
+//! feature stores and tiers, the invalidation listener and the update
+//! follower. Each subsystem registers its telemetry and releases its
+//! readiness latch as it comes up.
+//!
+//! A typed data directory keeps each node type's features in
+//! `typed-features/<type>/` (RocksDB, or Redis under `<prefix><type>:`,
+//! with an L2 cache per type in `<l2_dir>/<type>`); a one-type one keeps
+//! its one type's at its top (RocksDB, or Redis under `<prefix>`, with the
+//! L2 cache in `<l2_dir>`). Both open through [`open_type`]. The
+//! invalidation channel and a seed dataset are for one-type graphs in this
+//! release, and a typed data directory that asks for them is refused at
+//! start, by name.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Instant;
 
 use anyhow::{bail, ensure, Context};
+use daemon_kit::metrics::Telemetry;
 use protocol::layout::{dtype, FeatureSchema};
 
 use crate::config::{DefaultRowKind, ServeConfig};
-use crate::daemon::{Core, Daemon};
+use crate::daemon::{Core, Daemon, GraphFeatures, TypeFeatures};
 use crate::data_dir::DataDirLock;
 use crate::features::import::{self, FeatureManifest};
 use crate::features::invalidation::{self, InvalidationStats};
@@ -19,143 +30,349 @@ use crate::features::redis_tier::{RedisConfig, RedisTier};
 use crate::features::rocks::{Opened, RocksStore, Role, StoreTelemetry};
 use crate::features::{DefaultRow, FeatureTiers, TierConfig};
 use crate::graph::live::LiveGraph;
-use crate::graph::{dataset, TypedGraph};
-use crate::serve::typed;
+use crate::graph::typed::{self, TypedGraph};
+use crate::graph::{dataset, TypedNeighborSource};
 use crate::updates::follower::{self, FollowerStats};
 
-/// What the loading gives the start-up: the core, the nodes to warm, and
-/// the schema the ring advertises.
+/// What the loading gives the start-up: the core and the schema the ring
+/// advertises.
 pub(super) struct Loaded {
     pub core: Core,
-    pub hot: Vec<u64>,
     pub schema: FeatureSchema,
+}
+
+/// Whether `config.data_dir` holds a typed graph and no one-type index.
+fn is_typed_data_dir(config: &ServeConfig) -> bool {
+    !config.data_dir.join(dataset::INDEX_FILE).exists()
+        && config.data_dir.join(typed::TYPED_DIR).is_dir()
 }
 
 /// Loads everything the sidecar serves from, in the readiness order.
 pub(super) fn load(daemon: &Daemon, runtime: &tokio::runtime::Runtime) -> anyhow::Result<Loaded> {
     let config = &daemon.config;
-    crate::graph::typed::recover_interrupted_compaction(&config.data_dir)?;
-    if typed::is_typed_data_dir(config) {
-        let data_dir_lock = DataDirLock::acquire(&config.data_dir)?;
-        return load_typed(daemon, runtime, data_dir_lock);
-    }
-    let data_dir_lock = lock_and_seed(config)?;
-    let graph = open_graph(daemon)?;
-    let manifest = FeatureManifest::read(&config.data_dir)?;
-    ensure!(
-        manifest.dtype == "f32",
-        "features.json declares dtype {:?}; only f32 is served",
-        manifest.dtype
-    );
-    let redis_config = RedisConfig::of_feature_store(
-        config,
-        manifest
-            .redis_prefix
-            .clone()
-            .unwrap_or_else(|| crate::features::contract::DEFAULT_PREFIX.into()),
-    );
-    let stores = open_stores(daemon, runtime, &manifest, &redis_config)?;
-    let (tiers, invalidation) = build_tiers(
-        daemon,
-        runtime,
-        &graph.live,
-        &stores,
-        &manifest,
-        &redis_config,
-    )?;
-    let dim = manifest.feature_dim as usize;
-    let targets = follower::Targets {
-        graph: graph.live.clone(),
-        one_type_row_bytes: Some(4 * dim),
-        features: vec![Some(follower::FeatureTarget {
-            tiers: tiers.clone(),
-            store: stores.store.clone(),
-        })],
+    typed::recover_interrupted_compaction(&config.data_dir)?;
+    let is_typed = is_typed_data_dir(config);
+    let data_dir_lock = if is_typed {
+        let refused = [
+            (
+                config.invalidation_channel.is_some(),
+                "invalidation_channel (--invalidation-channel)",
+            ),
+            (config.seed_dataset.is_some(), "seed_dataset"),
+        ];
+        if let Some((_, what)) = refused.iter().find(|(set, _)| *set) {
+            bail!(
+                "{} holds a typed graph; {what} is for one-type graphs in this release: leave \
+                 it unset (docs/graph-index.md, \"Serving a typed graph\")",
+                config.data_dir.display()
+            );
+        }
+        DataDirLock::acquire(&config.data_dir)?
+    } else {
+        lock_and_seed(config)?
     };
-    let updates = follow_updates(daemon, runtime, targets)?;
-    let schema = FeatureSchema {
-        feature_dim: manifest.feature_dim,
-        dtype: dtype::F32,
-        graph_version: graph.graph_version,
-        default_fanouts: config.fanouts.0,
+    let graph = if is_typed {
+        TypedGraph::open(&config.data_dir)?
+    } else {
+        let index_path = config.data_dir.join(dataset::INDEX_FILE);
+        TypedGraph::open_one_type(&index_path).with_context(|| {
+            format!(
+                "opening the graph index {}: run `sidecar import <dataset> --data-dir {}` first",
+                index_path.display(),
+                config.data_dir.display()
+            )
+        })?
     };
-    let core = Core {
-        graph: graph.live,
-        tiers,
-        store: stores.store,
-        redis: stores.redis,
-        feature_dim: dim,
-        store_telemetry: stores.telemetry,
-        invalidation,
-        updates,
-        data_dir_lock,
-        typed: None,
-    };
-    Ok(Loaded {
-        core,
-        hot: graph.hot,
-        schema,
-    })
-}
-
-/// A typed data directory: its graph and per-type tiers; the one-type
-/// tiers of the core are empty (the admin commands that act on them are
-/// refused).
-fn load_typed(
-    daemon: &Daemon,
-    runtime: &tokio::runtime::Runtime,
-    data_dir_lock: DataDirLock,
-) -> anyhow::Result<Loaded> {
-    let config = &daemon.config;
-    let (graph, typed) = typed::load(daemon, runtime)?;
     let graph_version = graph.schema().graph_version;
-    let live = serve_graph(daemon, graph);
+    let ring_schema = is_typed.then(|| graph.schema().to_ring());
+    let compact_after = (config.compact_after > 0).then_some(config.compact_after);
+    let live = LiveGraph::with_auto_compact(graph, compact_after);
+    daemon.metrics.register(None, live.clone());
+    daemon.latches.graph.release();
+
+    // Each node type's features: a one-type graph's one type at the data
+    // directory's top, a typed graph's types with features in their
+    // folders.
+    let snapshot = live.snapshot();
+    let mut types = Vec::with_capacity(snapshot.n_node_types());
+    let mut one_type_redis = None;
+    for (t, node_type) in snapshot.schema().node_types.iter().enumerate() {
+        let place = if is_typed {
+            if node_type.feature_dim == 0 {
+                types.push(None);
+                continue;
+            }
+            TypePlace {
+                name: Some(&node_type.name),
+                dir: typed::feature_dir(&config.data_dir, &node_type.name),
+                feature_dim: Some(node_type.feature_dim),
+                default_prefix: typed::redis_prefix("feat:", &node_type.name),
+                l2: config.l2_cache().map(|l2| l2.path.join(&node_type.name)),
+            }
+        } else {
+            TypePlace {
+                name: None,
+                dir: config.data_dir.clone(),
+                feature_dim: None,
+                default_prefix: crate::features::contract::DEFAULT_PREFIX.into(),
+                l2: config.l2_cache().map(|l2| l2.path),
+            }
+        };
+        let (features, redis_config) = open_type(daemon, runtime, &live, t, &place)?;
+        one_type_redis = Some(redis_config);
+        types.push(Some(features));
+    }
+    daemon.latches.store.release();
+    let features = GraphFeatures { types };
+
+    let invalidation = Arc::new(InvalidationStats::default());
+    daemon
+        .metrics
+        .register(Some("invalidation"), invalidation.clone());
+    if let (Some(channel), Some(redis_config)) = (&config.invalidation_channel, &one_type_redis) {
+        let tiers = features
+            .of(0)
+            .expect("a one-type graph's features")
+            .tiers
+            .clone();
+        let listener = runtime.block_on(invalidation::spawn_listener(
+            tiers,
+            redis_config,
+            channel.clone(),
+            invalidation.clone(),
+        ))?;
+        // Runs for the life of the runtime.
+        drop(listener);
+    }
+    daemon.latches.invalidation.release();
+
+    let one_type_dim = (!is_typed).then(|| features.of(0).map_or(0, |f| f.feature_dim()));
     let targets = follower::Targets {
         graph: live.clone(),
-        one_type_row_bytes: None,
-        features: typed
-            .tiers
+        one_type_row_bytes: one_type_dim.map(|dim| 4 * dim),
+        features: features
+            .types
             .iter()
-            .zip(&typed.stores)
-            .map(|(tiers, stores)| {
-                Some(follower::FeatureTarget {
-                    tiers: tiers.clone()?,
-                    store: stores.as_ref()?.store.clone(),
+            .map(|f| {
+                f.as_ref().map(|f| follower::FeatureTarget {
+                    tiers: f.tiers.clone(),
+                    store: f.store.clone(),
                 })
             })
             .collect(),
     };
     let updates = follow_updates(daemon, runtime, targets)?;
-    let invalidation = Arc::new(InvalidationStats::default());
-    daemon
-        .metrics
-        .register(Some("invalidation"), invalidation.clone());
     let schema = FeatureSchema {
-        feature_dim: 0,
+        feature_dim: one_type_dim.unwrap_or(0) as u32,
         dtype: dtype::F32,
         graph_version,
         default_fanouts: config.fanouts.0,
     };
     let core = Core {
         graph: live,
-        tiers: FeatureTiers::new(&TierConfig::new(1), None, None),
-        store: None,
-        redis: None,
-        feature_dim: 0,
-        store_telemetry: Arc::new(StoreTelemetry {
-            store: None,
-            rebuilds: 0,
-        }),
+        features,
+        ring_schema,
         invalidation,
         updates,
         data_dir_lock,
-        typed: Some(typed),
     };
-    Ok(Loaded {
-        core,
-        hot: Vec::new(),
-        schema,
-    })
+    Ok(Loaded { core, schema })
+}
+
+/// Where a node type's features are.
+struct TypePlace<'a> {
+    /// A typed graph's node type (labels its metrics, named by its
+    /// errors); `None` for a one-type graph's one type.
+    name: Option<&'a str>,
+    /// The folder of its `features.json`.
+    dir: PathBuf,
+    /// The width the typed index says, checked against the manifest's.
+    feature_dim: Option<u32>,
+    /// Its rows' Redis key prefix when the manifest records none.
+    default_prefix: String,
+    /// Its L2 cache's folder, unless `no_l2`.
+    l2: Option<PathBuf>,
+}
+
+impl TypePlace<'_> {
+    /// How an error names the rows: the node type's, or the data
+    /// directory's.
+    fn whose(&self) -> String {
+        match self.name {
+            Some(name) => format!("node type {name}"),
+            None => self.dir.display().to_string(),
+        }
+    }
+
+    /// The fix for a store that is missing or empty.
+    fn reimport(&self) -> String {
+        match self.name {
+            Some(_) => "re-run sidecar import".into(),
+            None => format!(
+                "re-run `sidecar import <dataset> --data-dir {}` to rebuild it",
+                self.dir.display()
+            ),
+        }
+    }
+}
+
+/// Opens node type `t`'s feature store (of record, or Redis with its
+/// optional L2 cache) and the tiers over it, each registering its
+/// telemetry (labelled `node_type` for a typed graph); returns them with
+/// the Redis configuration of its rows.
+fn open_type(
+    daemon: &Daemon,
+    runtime: &tokio::runtime::Runtime,
+    graph: &LiveGraph,
+    t: usize,
+    place: &TypePlace<'_>,
+) -> anyhow::Result<(TypeFeatures, RedisConfig)> {
+    let config = &daemon.config;
+    let manifest = FeatureManifest::read(&place.dir).with_context(|| match place.name {
+        Some(name) => format!(
+            "node type {name} has {} features: import its rows (sidecar import)",
+            place.feature_dim.unwrap_or(0)
+        ),
+        None => format!("reading the feature manifest of {}", place.dir.display()),
+    })?;
+    ensure!(
+        manifest.dtype == "f32",
+        "{}: features.json declares dtype {:?}; only f32 is served",
+        place.whose(),
+        manifest.dtype
+    );
+    if let (Some(dim), Some(name)) = (place.feature_dim, place.name) {
+        ensure!(
+            manifest.feature_dim == dim,
+            "{}: {} values per row; the typed index says {dim} for node type {name}: re-run \
+             sidecar import",
+            place.dir.join(FeatureManifest::FILE).display(),
+            manifest.feature_dim,
+        );
+    }
+    let redis_config = RedisConfig::of_feature_store(
+        config,
+        manifest
+            .redis_prefix
+            .clone()
+            .unwrap_or_else(|| place.default_prefix.clone()),
+    );
+    let (store, redis, rebuilds) = match manifest.store.as_str() {
+        "rocksdb" => (
+            Some(open_store_of_record(config, place, &manifest)?),
+            None,
+            0,
+        ),
+        "redis" => {
+            ensure!(
+                !config.redis.0.is_empty(),
+                "the features of {} were imported into Redis: set redis (--redis <url>)",
+                place.whose()
+            );
+            let tier = runtime.block_on(RedisTier::connect(&redis_config))?;
+            runtime
+                .block_on(import::verify_redis(&tier, &manifest))
+                .with_context(|| place.whose())?;
+            let (l2, rebuilds) = open_l2_cache(config, place)?;
+            (l2, Some(tier), rebuilds)
+        }
+        other => bail!(
+            "{}: unknown store {other:?}",
+            place.dir.join(FeatureManifest::FILE).display()
+        ),
+    };
+    fn register(daemon: &Daemon, name: Option<&str>, telemetry: impl Telemetry) {
+        match name {
+            Some(name) => daemon
+                .metrics
+                .register_labelled("node_type", name, telemetry),
+            None => daemon.metrics.register(None, telemetry),
+        }
+    }
+    register(
+        daemon,
+        place.name,
+        Arc::new(StoreTelemetry {
+            store: store.clone(),
+            rebuilds,
+        }),
+    );
+    let mut tier_config = TierConfig::new(manifest.feature_dim as usize);
+    tier_config.changes = Some(graph.changes().clone());
+    tier_config.node_type = t;
+    tier_config.l1_bytes = config.l1_bytes();
+    tier_config.default_deadline = config.deadline();
+    tier_config.default_row = match config.default_row {
+        DefaultRowKind::Zeros => DefaultRow::Zeros,
+        DefaultRowKind::Mean => DefaultRow::Mean(manifest.read_mean(&place.dir)?.into()),
+    };
+    let tiers = FeatureTiers::new(&tier_config, store.clone(), redis.clone());
+    register(daemon, place.name, tiers.clone());
+    Ok((
+        TypeFeatures {
+            tiers,
+            store,
+            redis,
+        },
+        redis_config,
+    ))
+}
+
+fn open_store_of_record(
+    config: &ServeConfig,
+    place: &TypePlace<'_>,
+    manifest: &FeatureManifest,
+) -> anyhow::Result<Arc<RocksStore>> {
+    ensure!(
+        config.redis.0.is_empty(),
+        "the features of {} are in the embedded store; drop redis, or re-import them with --redis",
+        place.whose()
+    );
+    let path = place.dir.join(FeatureManifest::STORE_DIR);
+    // RocksDB would create an empty store in its place, and every answer
+    // would be a default row.
+    ensure!(
+        path.join("CURRENT").is_file(),
+        "the feature store {} is missing (features.json says {} rows were imported into it): {}",
+        path.display(),
+        manifest.num_nodes,
+        place.reimport()
+    );
+    let (store, _) = RocksStore::open(&path, Role::StoreOfRecord)?;
+    ensure!(
+        manifest.num_nodes == 0 || store.holds_rows(),
+        "the feature store {} holds no rows, but features.json says {} were imported into it: {}",
+        path.display(),
+        manifest.num_nodes,
+        place.reimport()
+    );
+    manifest
+        .check_store(&store, &path)
+        .with_context(|| place.whose())?;
+    Ok(Arc::new(store))
+}
+
+/// The L2 cache in front of Redis, unless `no_l2`; and whether it was
+/// found corrupt and rebuilt (1) or not (0).
+fn open_l2_cache(
+    config: &ServeConfig,
+    place: &TypePlace<'_>,
+) -> anyhow::Result<(Option<Arc<RocksStore>>, u64)> {
+    let (Some(path), Some(l2)) = (&place.l2, config.l2_cache()) else {
+        return Ok((None, 0));
+    };
+    let role = Role::Cache {
+        max_bytes: l2.max_bytes,
+        ttl: l2.ttl,
+    };
+    let (store, opened) = RocksStore::open(path, role).with_context(|| {
+        format!(
+            "opening the L2 cache {} of {} (choose another l2_dir, or set no_l2)",
+            path.display(),
+            place.whose()
+        )
+    })?;
+    Ok((Some(Arc::new(store)), u64::from(opened == Opened::Rebuilt)))
 }
 
 /// One sidecar per data directory: locked before anything in it is
@@ -211,188 +428,6 @@ fn seed(dataset_dir: &Path, data_dir: &Path) -> anyhow::Result<()> {
         "data directory seeded"
     );
     Ok(())
-}
-
-struct OpenGraph {
-    live: LiveGraph,
-    /// The top-degree nodes, to warm.
-    hot: Vec<u64>,
-    graph_version: u64,
-}
-
-/// Serves `graph`: compacting by itself past `compact_after`, its
-/// `sidecar_graph_*` metrics registered, the graph's latch released.
-fn serve_graph(daemon: &Daemon, graph: TypedGraph) -> LiveGraph {
-    let compact_after = daemon.config.compact_after;
-    let live = LiveGraph::with_auto_compact(graph, (compact_after > 0).then_some(compact_after));
-    daemon.metrics.register(None, live.clone());
-    daemon.latches.graph.release();
-    live
-}
-
-/// Maps the one-type graph index as the 1x1 graph.
-fn open_graph(daemon: &Daemon) -> anyhow::Result<OpenGraph> {
-    let config = &daemon.config;
-    let index_path = config.data_dir.join(dataset::INDEX_FILE);
-    let graph = TypedGraph::open_one_type(&index_path).with_context(|| {
-        format!(
-            "opening the graph index {}: run `sidecar import <dataset> --data-dir {}` first",
-            index_path.display(),
-            config.data_dir.display()
-        )
-    })?;
-    let graph_version = graph.schema().graph_version;
-    let live = serve_graph(daemon, graph);
-    let hot = live
-        .snapshot()
-        .top_degree(config.warm_up, |_| true)
-        .into_iter()
-        .map(|(_, id)| id)
-        .collect();
-    Ok(OpenGraph {
-        live,
-        hot,
-        graph_version,
-    })
-}
-
-struct Stores {
-    /// The embedded store (of record, or the L2 cache in front of Redis).
-    store: Option<Arc<RocksStore>>,
-    redis: Option<RedisTier>,
-    telemetry: Arc<StoreTelemetry>,
-}
-
-/// Opens the feature store the manifest names: the embedded store of
-/// record, or Redis with its optional L2 cache.
-fn open_stores(
-    daemon: &Daemon,
-    runtime: &tokio::runtime::Runtime,
-    manifest: &FeatureManifest,
-    redis_config: &RedisConfig,
-) -> anyhow::Result<Stores> {
-    let config = &daemon.config;
-    let (store, redis, rebuilds) = match manifest.store.as_str() {
-        "rocksdb" => (Some(open_store_of_record(config, manifest)?), None, 0),
-        "redis" => {
-            ensure!(
-                !config.redis.0.is_empty(),
-                "the features of {} were imported into Redis: set redis (--redis <url>)",
-                config.data_dir.display()
-            );
-            let tier = runtime.block_on(RedisTier::connect(redis_config))?;
-            runtime.block_on(crate::features::import::verify_redis(&tier, manifest))?;
-            let (l2, rebuilds) = open_l2_cache(config)?;
-            (l2, Some(tier), rebuilds)
-        }
-        other => bail!("features.json names an unknown store {other:?}"),
-    };
-    let telemetry = Arc::new(StoreTelemetry {
-        store: store.clone(),
-        rebuilds,
-    });
-    daemon.metrics.register(None, telemetry.clone());
-    daemon.latches.store.release();
-    Ok(Stores {
-        store,
-        redis,
-        telemetry,
-    })
-}
-
-fn open_store_of_record(
-    config: &ServeConfig,
-    manifest: &FeatureManifest,
-) -> anyhow::Result<Arc<RocksStore>> {
-    ensure!(
-        config.redis.0.is_empty(),
-        "the features of {} are in the embedded store; drop redis, or re-import them with --redis",
-        config.data_dir.display()
-    );
-    let path = config.data_dir.join(FeatureManifest::STORE_DIR);
-    let rebuild = || {
-        format!(
-            "re-run `sidecar import <dataset> --data-dir {}` to rebuild it",
-            config.data_dir.display()
-        )
-    };
-    // RocksDB would create an empty store in its place, and every answer
-    // would be a default row.
-    ensure!(
-        path.join("CURRENT").is_file(),
-        "the feature store {} is missing (features.json says {} rows were imported into it): {}",
-        path.display(),
-        manifest.num_nodes,
-        rebuild()
-    );
-    let (store, _) = RocksStore::open(&path, Role::StoreOfRecord)?;
-    ensure!(
-        manifest.num_nodes == 0 || store.holds_rows(),
-        "the feature store {} holds no rows, but features.json says {} were imported into it: {}",
-        path.display(),
-        manifest.num_nodes,
-        rebuild()
-    );
-    manifest.check_store(&store, &path)?;
-    Ok(Arc::new(store))
-}
-
-/// The L2 cache in front of Redis, unless `no_l2`; and whether it was
-/// found corrupt and rebuilt (1) or not (0).
-fn open_l2_cache(config: &ServeConfig) -> anyhow::Result<(Option<Arc<RocksStore>>, u64)> {
-    let Some(l2) = config.l2_cache() else {
-        return Ok((None, 0));
-    };
-    let role = Role::Cache {
-        max_bytes: l2.max_bytes,
-        ttl: l2.ttl,
-    };
-    let (store, opened) = RocksStore::open(&l2.path, role).with_context(|| {
-        format!(
-            "opening the L2 cache {} (choose another l2_dir, or set no_l2)",
-            l2.path.display()
-        )
-    })?;
-    Ok((Some(Arc::new(store)), u64::from(opened == Opened::Rebuilt)))
-}
-
-/// The tiers over the stores, and the invalidation listener feeding them.
-fn build_tiers(
-    daemon: &Daemon,
-    runtime: &tokio::runtime::Runtime,
-    graph: &LiveGraph,
-    stores: &Stores,
-    manifest: &FeatureManifest,
-    redis_config: &RedisConfig,
-) -> anyhow::Result<(FeatureTiers, Arc<InvalidationStats>)> {
-    let config = &daemon.config;
-    let mut tier_config = TierConfig::new(manifest.feature_dim as usize);
-    tier_config.changes = Some(graph.changes().clone());
-    tier_config.l1_bytes = config.l1_bytes();
-    tier_config.default_deadline = config.deadline();
-    tier_config.default_row = match config.default_row {
-        DefaultRowKind::Zeros => DefaultRow::Zeros,
-        DefaultRowKind::Mean => DefaultRow::Mean(manifest.read_mean(&config.data_dir)?.into()),
-    };
-    tier_config.latch = Some(daemon.latches.warm_up.clone());
-    let tiers = FeatureTiers::new(&tier_config, stores.store.clone(), stores.redis.clone());
-    daemon.metrics.register(None, tiers.clone());
-    let invalidation = Arc::new(InvalidationStats::default());
-    daemon
-        .metrics
-        .register(Some("invalidation"), invalidation.clone());
-    if let Some(channel) = &config.invalidation_channel {
-        let listener = runtime.block_on(invalidation::spawn_listener(
-            tiers.clone(),
-            redis_config,
-            channel.clone(),
-            invalidation.clone(),
-        ))?;
-        // Runs for the life of the runtime.
-        drop(listener);
-    }
-    daemon.latches.invalidation.release();
-    Ok((tiers, invalidation))
 }
 
 /// Replays the update stream to its end (a restarted replica never serves

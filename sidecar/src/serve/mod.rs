@@ -35,7 +35,6 @@
 pub mod batch;
 mod control;
 mod load;
-pub mod typed;
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -76,8 +75,8 @@ pub fn run(config: ServeConfig, log: Option<Arc<LogHandle>>, events: Events) -> 
         tracing::info!("stopped before the warm-up");
         return Ok(());
     }
-    warm_up(&daemon, &runtime, &loaded.core, &loaded.hot);
-    let dim = loaded.core.feature_dim;
+    warm_up(&daemon, &runtime, &loaded.core);
+    let dim = loaded.schema.feature_dim;
     daemon.install_core(loaded.core);
     if daemon.stop_requested() {
         tracing::info!("stopped before the ring was created");
@@ -86,7 +85,7 @@ pub fn run(config: ServeConfig, log: Option<Arc<LogHandle>>, events: Events) -> 
     let core = daemon.loaded()?;
 
     // The ring: created last, so attaching workers find a ready sidecar.
-    let graph_schema = core.typed.as_ref().map(|t| t.ring.clone());
+    let graph_schema = core.ring_schema.clone();
     let options = ring_options(&daemon.config, loaded.schema, graph_schema);
     let control =
         control::Control::new(&daemon, core, runtime.handle(), events.receiver(), options);
@@ -106,7 +105,7 @@ pub fn run(config: ServeConfig, log: Option<Arc<LogHandle>>, events: Events) -> 
     server.shutdown();
     drop(admin);
     compact_before_stopping(core)?;
-    if let Some(store) = &core.store {
+    for store in core.features.stores() {
         store.flush()?;
     }
     tracing::info!("sidecar stopped");
@@ -139,29 +138,21 @@ fn start_surface(
     Ok((metrics, admin))
 }
 
-/// Pins the top-degree nodes in L1 (the tiers release their latch; a
-/// typed graph's warm-up releases it here): of a typed graph, the
-/// `warm_up` nodes with the most edges over its node types with features.
-fn warm_up(daemon: &Daemon, runtime: &tokio::runtime::Runtime, core: &Core, hot: &[u64]) {
+/// Pins the `warm_up` nodes with the most edges (over every node type
+/// with features) in L1, then releases the warm-up latch.
+fn warm_up(daemon: &Daemon, runtime: &tokio::runtime::Runtime, core: &Core) {
     daemon.set_phase(Phase::WarmingUp);
     let warming = Instant::now();
-    if let Some(typed) = &core.typed {
-        let hot = typed.top_degree(&core.graph.snapshot(), daemon.config.warm_up);
-        let pinned = runtime.block_on(typed.pin(&hot, 1_000, |_, _| {}));
-        daemon.latches.warm_up.release();
-        tracing::info!(
-            pinned,
-            requested = hot.len(),
-            seconds = warming.elapsed().as_secs_f64(),
-            "L1 hot set warmed (typed graph: the nodes with the most edges over its types)"
-        );
-        return;
-    }
-    let pinned = runtime.block_on(core.tiers.warm_up(hot));
+    let hot = core
+        .features
+        .top_degree(&core.graph.snapshot(), daemon.config.warm_up);
+    let pinned = runtime.block_on(core.features.pin(&hot, 1_000, |_, _| {}));
+    daemon.latches.warm_up.release();
     tracing::info!(
         pinned,
+        requested = hot.len(),
         seconds = warming.elapsed().as_secs_f64(),
-        "L1 hot set warmed"
+        "L1 hot set warmed (the nodes with the most edges)"
     );
 }
 

@@ -16,9 +16,6 @@ impl BatchServer {
     /// Samples, fetches and answers one typed request.
     pub(super) fn serve_typed(&mut self, ctx: &BatchContext<'_>, pending: Pending, until: Instant) {
         let m = ctx.metrics;
-        let typed = ctx
-            .typed
-            .expect("a typed request is decoded only against a typed graph's segment");
         let request = &pending.request;
         let ask = request.typed.as_ref().expect("a typed request");
         let fanouts = TypedFanouts::new(ask.hops as usize, ask.fanouts.clone())
@@ -85,7 +82,7 @@ impl BatchServer {
             .ticket
             .respond_typed(request_id, meta, shape, |cols| {
                 write_sample(cols, &targets, &sampled);
-                late = fetch_rows(ctx, typed, &sampled, cols, until, own_row.as_ref());
+                late = fetch_rows(ctx, &sampled, cols, until, own_row.as_ref());
             });
         if written.is_err() {
             m.too_large.inc();
@@ -122,7 +119,6 @@ fn write_sample(cols: &mut TypedColumns<'_>, targets: &[u64], sampled: &TypedSam
 /// row's tier and fallback flag. Returns whether a row missed the deadline.
 fn fetch_rows(
     ctx: &BatchContext<'_>,
-    typed: &crate::daemon::TypedServing,
     sampled: &TypedSampled,
     cols: &mut TypedColumns<'_>,
     until: Instant,
@@ -140,10 +136,10 @@ fn fetch_rows(
         .iter_mut()
         .zip(&mut sources)
         .zip(&sampled.nodes)
-        .zip(&typed.tiers)
+        .zip(&ctx.features.types)
         .enumerate()
-        .filter_map(|(t, (((nodes, sources), ids), tiers))| {
-            let tiers = tiers.as_ref()?;
+        .filter_map(|(t, (((nodes, sources), ids), features))| {
+            let tiers = &features.as_ref()?.tiers;
             let (mut ids, mut features, mut sources) =
                 (&ids[..], &mut *nodes.features, &mut sources[..]);
             if let Some((_, row)) = own_row.filter(|(own, _)| *own == t) {
@@ -164,8 +160,9 @@ fn fetch_rows(
         .block_on(futures_util::future::join_all(fetches));
     m.stage("fetch").observe(fetching.elapsed().as_secs_f64());
     let mut late = false;
-    for ((nodes, sources), tiers) in cols.nodes.iter_mut().zip(&sources).zip(&typed.tiers) {
-        if tiers.is_none() {
+    let types = &ctx.features.types;
+    for ((nodes, sources), features) in cols.nodes.iter_mut().zip(&sources).zip(types) {
+        if features.is_none() {
             continue;
         }
         for (row, source) in sources.iter().enumerate() {
