@@ -84,8 +84,10 @@ impl TypedSidecar {
             child,
             name: "sidecar",
         };
+        // Ready once a client attaches: the segment's file appears before
+        // its header is written.
         let ready = eventually(Duration::from_secs(60), || {
-            Path::new("/dev/shm").join(&shm_name).exists()
+            RingClient::attach(&shm_name, ClientOptions::default()).is_ok()
                 || matches!(sidecar.child.try_wait(), Ok(Some(_)))
         });
         assert!(

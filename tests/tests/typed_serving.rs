@@ -955,3 +955,87 @@ fn a_typed_new_node_in_one_call_gets_the_answer_it_gets_once_added() {
     assert_eq!(code, 400);
     assert!(answer.contains("already in the graph"), "{answer}");
 }
+
+/// A typed response's contents a call can compare: per node type its ids,
+/// rows and fallback flags and its counts; per edge type its edge_index
+/// and counts (not the tiers, which a second call changes).
+fn contents(response: &protocol::Response, schema: &GraphSchema) -> Vec<Vec<String>> {
+    let tables = response.typed_tables(0).unwrap();
+    let nodes = (0..schema.node_types.len()).map(|t| {
+        let fallback: Vec<bool> = (0..tables.node_ids(t).len())
+            .map(|row| tables.fallback(t, row))
+            .collect();
+        vec![
+            format!("{:?}", tables.node_ids(t)),
+            format!("{:?}", tables.features(t)),
+            format!("{fallback:?}"),
+            format!("{:?}", tables.sampled_nodes(t)),
+        ]
+    });
+    let edges = (0..schema.edge_types.len()).map(|e| {
+        vec![
+            format!("{:?}", tables.edge_index(e)),
+            format!("{:?}", tables.sampled_edges(e)),
+        ]
+    });
+    nodes.chain(edges).collect()
+}
+
+/// Typed requests that reach the sidecar in one ring batch share one fetch
+/// per node type (cross-request batching), and each is answered what it
+/// is answered alone: the same HeteroData, the same rows.
+#[test]
+fn typed_requests_batched_together_answer_what_each_answers_alone() {
+    let sidecar = TypedSidecar::start(&[], &[]);
+    let client = sidecar.client();
+    let schema = client.graph_schema().unwrap();
+    let ask = ask(&schema, 2, 10);
+    // Overlapping neighbourhoods: hub airports among small ones.
+    let targets: Vec<Vec<u64>> = (0..24u64)
+        .map(|k| vec![(k * 37) % 3000, (k * 101 + 5) % 3000])
+        .collect();
+    let alone: Vec<Vec<Vec<String>>> = targets
+        .iter()
+        .map(|t| contents(&call(&client, t, &ask), &schema))
+        .collect();
+    let batched = || -> (f64, f64) {
+        let (code, body) =
+            tests::stack::http_request(&sidecar.metrics, "GET", "/metrics", None).unwrap();
+        assert_eq!(code, 200);
+        let value = |name: &str| -> f64 {
+            body.lines()
+                .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.parse().ok())
+                .unwrap_or_else(|| panic!("no {name} in:\n{body}"))
+        };
+        (
+            value("sidecar_batch_requests_sum"),
+            value("sidecar_batch_requests_count"),
+        )
+    };
+    // Eight callers at once until a ring batch held several typed requests.
+    let until = std::time::Instant::now() + Duration::from_secs(120);
+    let mut rounds = 0;
+    loop {
+        rounds += 1;
+        std::thread::scope(|scope| {
+            for first in 0..8 {
+                let (client, targets, alone, ask) = (sidecar.client(), &targets, &alone, &ask);
+                let schema = &schema;
+                scope.spawn(move || {
+                    for k in (first..targets.len()).step_by(8) {
+                        let got = contents(&call(&client, &targets[k], ask), schema);
+                        assert_eq!(got, alone[k], "targets {:?}", targets[k]);
+                    }
+                });
+            }
+        });
+        let (requests, batches) = batched();
+        if requests > batches {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < until,
+            "{rounds} rounds of eight concurrent callers, and no ring batch held two requests"
+        );
+    }
+}

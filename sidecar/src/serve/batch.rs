@@ -127,8 +127,8 @@ impl BatchServer {
         for (pending, until) in new_nodes {
             self.serve_new_node(ctx, pending, until);
         }
-        for (pending, until) in typed {
-            self.serve_typed(ctx, pending, until);
+        if !typed.is_empty() {
+            self.serve_typed(ctx, typed);
         }
         if groups.is_empty() {
             return;
@@ -567,7 +567,8 @@ fn copy_batch_rows(
 struct Admitted {
     groups: Vec<(SampleKey, Vec<Pending>)>,
     new_nodes: Vec<(Pending, Instant)>,
-    /// Typed graph requests, each its own sampling pass and fetch.
+    /// Typed graph requests, each its own sampling pass, one fetch per
+    /// node type for all of them.
     typed: Vec<(Pending, Instant)>,
     deadline: Option<Instant>,
 }

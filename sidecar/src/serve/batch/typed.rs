@@ -1,31 +1,95 @@
-//! Serving a typed graph's request (docs/protocol.md, "Typed requests"):
-//! one sampling pass per request over every edge type at its fanouts, one
-//! fetch per node type with features through that type's tiers (all types
-//! at once), and the typed response written in place.
+//! Serving a typed graph's requests (docs/protocol.md, "Typed requests"):
+//! one sampling pass per request over every edge type at its fanouts (a
+//! typed response is the HeteroData of its own targets), then one fetch
+//! per node type with features through that type's tiers for every
+//! request of the ring batch (the types at once, each unique row once),
+//! and each typed response written in place. A lone request is fetched
+//! straight into its slot.
 
 use std::time::Instant;
 
 use protocol::payload::schema::tier;
-use protocol::payload::{TypedColumns, TypedShape};
+use protocol::payload::{ResponseMeta, TypedColumns, TypedShape};
+use rustc_hash::FxHashMap;
 
 use super::{respond_outgrew, subgraph_limits, BatchContext, BatchServer, Pending, SAMPLING_SEED};
 use crate::features::RowSource;
 use crate::graph::sampler::{TypedFanouts, TypedSampled};
 
+/// A typed request sampled, waiting for its rows.
+struct Job {
+    pending: Pending,
+    sampled: TypedSampled,
+    shape: TypedShape,
+    meta: ResponseMeta,
+    /// A new node's `(node type, row)`: row 0 of its type, from the
+    /// request (the targets come first).
+    own_row: Option<(usize, Vec<f32>)>,
+}
+
+impl Job {
+    /// Rows of node type `t` the tiers fetch: all but a new node's own.
+    fn fetched(&self, t: usize) -> &[u64] {
+        let skip = usize::from(self.own_row.as_ref().is_some_and(|(own, _)| *own == t));
+        &self.sampled.nodes[t][skip..]
+    }
+}
+
 impl BatchServer {
-    /// Samples, fetches and answers one typed request.
-    pub(super) fn serve_typed(&mut self, ctx: &BatchContext<'_>, pending: Pending, until: Instant) {
+    /// Samples the ring batch's typed requests, each its own pass, fetches
+    /// their rows (a lone request's straight into its slot, several with
+    /// one fetch per node type of the batch's unique rows) and answers
+    /// each.
+    pub(super) fn serve_typed(&mut self, ctx: &BatchContext<'_>, typed: Vec<(Pending, Instant)>) {
+        let m = ctx.metrics;
+        let sampling = Instant::now();
+        let mut deadline: Option<Instant> = None;
+        let mut jobs = Vec::with_capacity(typed.len());
+        for (pending, until) in typed {
+            if let Some(job) = self.sample_typed_request(ctx, pending) {
+                deadline = Some(deadline.map_or(until, |d| d.min(until)));
+                jobs.push(job);
+            }
+        }
+        m.stage("sample").observe(sampling.elapsed().as_secs_f64());
+        let Some(deadline) = deadline else {
+            return;
+        };
+        if jobs.len() == 1 {
+            let Job {
+                pending: Pending {
+                    ticket, request, ..
+                },
+                sampled,
+                shape,
+                meta,
+                own_row,
+            } = jobs.pop().expect("one job");
+            let mut late = false;
+            let written = ticket.respond_typed(request.request_id, meta, shape, |cols| {
+                write_sample(cols, &request.targets, &sampled);
+                late = fetch_rows(ctx, &sampled, own_row.as_ref(), cols, deadline);
+            });
+            count_outcome(ctx, written.is_ok(), late);
+            return;
+        }
+        self.fetch_and_respond_typed(ctx, jobs, deadline);
+    }
+
+    /// Samples one typed request (with its new node, if it carries one);
+    /// a request refused or grown too large is answered here.
+    fn sample_typed_request(&mut self, ctx: &BatchContext<'_>, pending: Pending) -> Option<Job> {
         let m = ctx.metrics;
         let request = &pending.request;
         let ask = request.typed.as_ref().expect("a typed request");
+        let target_type = ask.target_type as usize;
         let fanouts = TypedFanouts::new(ask.hops as usize, ask.fanouts.clone())
             .expect("hops and fanouts checked when the request was decoded");
-        let sampling = Instant::now();
         let with_node;
         let mut graph = ctx.graph;
         if let Some(node) = &request.typed_new_node {
             m.new_node_requests.inc();
-            match graph.with_new_node(ask.target_type as usize, request.targets[0], &node.edges) {
+            match graph.with_new_node(target_type, request.targets[0], &node.edges) {
                 Ok(snapshot) => {
                     with_node = snapshot;
                     graph = &with_node;
@@ -38,13 +102,13 @@ impl BatchServer {
                         request_id,
                         &format!("{e:#}"),
                     );
-                    return;
+                    return None;
                 }
             }
         }
         let sampled = match self.sampler.sample_typed(
             graph,
-            ask.target_type as usize,
+            target_type,
             &request.targets,
             &fanouts,
             SAMPLING_SEED,
@@ -52,9 +116,11 @@ impl BatchServer {
             &[],
         ) {
             Ok(sampled) => sampled,
-            Err(outgrew) => return respond_outgrew(ctx, pending, outgrew),
+            Err(outgrew) => {
+                respond_outgrew(ctx, pending, outgrew);
+                return None;
+            }
         };
-        m.stage("sample").observe(sampling.elapsed().as_secs_f64());
         let n_nodes: usize = sampled.nodes.iter().map(Vec::len).sum();
         m.neighbor_fetch_count.observe(n_nodes as f64);
         let shape = TypedShape {
@@ -63,33 +129,129 @@ impl BatchServer {
             node_rows: sampled.nodes.iter().map(|n| n.len() as u32).collect(),
             edges: sampled.edge_src.iter().map(|e| e.len() as u32).collect(),
         };
-        let meta = protocol::payload::ResponseMeta {
+        let meta = ResponseMeta {
             graph_version: graph.graph_version(),
             change_clock: ctx.changes.clock(),
             change_tick: ctx.change_tick,
-            id_bound: graph.id_bound(ask.target_type as usize),
+            id_bound: graph.id_bound(target_type),
         };
-        let request_id = request.request_id;
-        let targets = request.targets.clone();
-        // A new node is row 0 of its type (the targets come first), with the
-        // row the request carried.
         let own_row = request
             .typed_new_node
             .as_ref()
-            .map(|node| (ask.target_type as usize, node.features.clone()));
-        let mut late = false;
-        let written = pending
-            .ticket
-            .respond_typed(request_id, meta, shape, |cols| {
-                write_sample(cols, &targets, &sampled);
-                late = fetch_rows(ctx, &sampled, cols, until, own_row.as_ref());
+            .map(|node| (target_type, node.features.clone()));
+        Some(Job {
+            pending,
+            sampled,
+            shape,
+            meta,
+            own_row,
+        })
+    }
+
+    /// One fetch per node type of the unique rows of every job, the types
+    /// concurrently, then each job's response written from them.
+    fn fetch_and_respond_typed(
+        &mut self,
+        ctx: &BatchContext<'_>,
+        jobs: Vec<Job>,
+        deadline: Instant,
+    ) {
+        let m = ctx.metrics;
+        let types = &ctx.features.types;
+        // Per node type: its unique ids, and each job's rows among them.
+        let mut unique: Vec<Vec<u64>> = vec![Vec::new(); types.len()];
+        let mut rows: Vec<Vec<Vec<u32>>> = vec![vec![Vec::new(); types.len()]; jobs.len()];
+        for (t, features) in types.iter().enumerate() {
+            if features.is_none() {
+                continue;
+            }
+            let mut index: FxHashMap<u64, u32> = FxHashMap::default();
+            for (job, rows) in jobs.iter().zip(&mut rows) {
+                rows[t] = job
+                    .fetched(t)
+                    .iter()
+                    .map(|&id| {
+                        *index.entry(id).or_insert_with(|| {
+                            unique[t].push(id);
+                            (unique[t].len() - 1) as u32
+                        })
+                    })
+                    .collect();
+            }
+        }
+        let fetching = Instant::now();
+        let mut values: Vec<Vec<f32>> = types
+            .iter()
+            .zip(&unique)
+            .map(|(f, ids)| vec![0f32; f.as_ref().map_or(0, |f| f.feature_dim()) * ids.len()])
+            .collect();
+        let mut sources: Vec<Vec<RowSource>> = unique
+            .iter()
+            .map(|ids| vec![RowSource::default(); ids.len()])
+            .collect();
+        let fetches = types
+            .iter()
+            .zip(&unique)
+            .zip(values.iter_mut().zip(&mut sources))
+            .filter_map(|((features, ids), (values, sources))| {
+                let features = features.as_ref()?;
+                m.rows_fetched.inc_by(ids.len() as u64);
+                Some(
+                    features
+                        .tiers
+                        .fetch_into(ids, Some(deadline), values, sources),
+                )
             });
-        if written.is_err() {
-            m.too_large.inc();
+        ctx.runtime
+            .block_on(futures_util::future::join_all(fetches));
+        m.stage("fetch").observe(fetching.elapsed().as_secs_f64());
+        for (job, rows) in jobs.into_iter().zip(&rows) {
+            let Job {
+                pending: Pending {
+                    ticket, request, ..
+                },
+                sampled,
+                shape,
+                meta,
+                own_row,
+            } = job;
+            let mut late = false;
+            let written = ticket.respond_typed(request.request_id, meta, shape, |cols| {
+                write_sample(cols, &request.targets, &sampled);
+                for (t, nodes) in cols.nodes.iter_mut().enumerate() {
+                    let Some(features) = &types[t] else { continue };
+                    let dim = features.feature_dim();
+                    let mut row = 0;
+                    if let Some((_, own)) = own_row.as_ref().filter(|(own, _)| *own == t) {
+                        nodes.features[..own.len()].copy_from_slice(own);
+                        nodes.tier[0] = tier::L1;
+                        nodes.set_fallback(0, false);
+                        row = 1;
+                    }
+                    for &r in &rows[t] {
+                        let r = r as usize;
+                        nodes.features[row * dim..(row + 1) * dim]
+                            .copy_from_slice(&values[t][r * dim..(r + 1) * dim]);
+                        let source = sources[t][r];
+                        nodes.tier[row] = source.tier;
+                        nodes.set_fallback(row, source.fallback);
+                        late |= source.late;
+                        row += 1;
+                    }
+                }
+            });
+            count_outcome(ctx, written.is_ok(), late);
         }
-        if late {
-            m.deadline_misses.inc();
-        }
+    }
+}
+
+/// Counts a typed response too large for its slot, or late.
+fn count_outcome(ctx: &BatchContext<'_>, written: bool, late: bool) {
+    if !written {
+        ctx.metrics.too_large.inc();
+    }
+    if late {
+        ctx.metrics.deadline_misses.inc();
     }
 }
 
@@ -120,9 +282,9 @@ fn write_sample(cols: &mut TypedColumns<'_>, targets: &[u64], sampled: &TypedSam
 fn fetch_rows(
     ctx: &BatchContext<'_>,
     sampled: &TypedSampled,
+    own_row: Option<&(usize, Vec<f32>)>,
     cols: &mut TypedColumns<'_>,
     until: Instant,
-    own_row: Option<&(usize, Vec<f32>)>,
 ) -> bool {
     let m = ctx.metrics;
     let fetching = Instant::now();
