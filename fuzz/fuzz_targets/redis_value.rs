@@ -3,7 +3,7 @@
 
 use libfuzzer_sys::fuzz_target;
 use sidecar::features::contract::decode_row;
-use sidecar::features::invalidation::parse_ids;
+use sidecar::features::invalidation::parse_nodes;
 
 fuzz_target!(|bytes: &[u8]| {
     let dim = bytes.first().map_or(0, |&b| b as usize);
@@ -11,5 +11,7 @@ fuzz_target!(|bytes: &[u8]| {
     if decode_row(bytes, &mut row) {
         assert_eq!(bytes.len(), dim * 4);
     }
-    let _ = parse_ids(&String::from_utf8_lossy(bytes));
+    let text = String::from_utf8_lossy(bytes);
+    let _ = parse_nodes(&text, &[("node", true)]);
+    let _ = parse_nodes(&text, &[("airport", true), ("country", false)]);
 });

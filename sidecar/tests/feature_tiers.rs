@@ -474,7 +474,7 @@ async fn invalidation_reaches_the_tiers(_redis: &RedisServer, config: RedisConfi
     );
     let stats = Arc::new(InvalidationStats::default());
     let listener = invalidation::spawn_listener(
-        tiers.clone(),
+        invalidation::NodeTypes(vec![("node".into(), Some(tiers.clone()))]),
         &config,
         invalidation::DEFAULT_CHANNEL.into(),
         stats.clone(),

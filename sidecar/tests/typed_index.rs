@@ -339,8 +339,8 @@ fn an_import_whose_edges_leave_their_types_is_refused_by_edge_type_and_id() {
 
 #[test]
 fn a_typed_data_directory_refuses_what_it_does_not_serve_yet_by_name() {
-    // Serving it is tests/tests/typed_serving.rs; the invalidation channel
-    // is for one-type graphs in this release.
+    // Serving it is tests/tests/typed_serving.rs; a seed dataset is for
+    // one-type graphs in this release.
     let data = &openflights_graph().1;
     let output = Command::new(workspace_bin("sidecar"))
         .arg("serve")
@@ -349,20 +349,16 @@ fn a_typed_data_directory_refuses_what_it_does_not_serve_yet_by_name() {
         .args(["--shm-name", "typed-index-not-served", "--admin-socket"])
         .arg(data.join("admin.sock"))
         .args(["--metrics-addr", "127.0.0.1:0"])
-        .args([
-            "--invalidation-channel",
-            "feat:invalidate",
-            "--redis",
-            "redis://127.0.0.1:1",
-        ])
+        .arg("--seed-dataset")
+        .arg(tests::stack::dataset("cora"))
         .output()
         .expect("running sidecar serve");
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert!(!output.status.success());
     assert!(
         stderr.contains(
-            "holds a typed graph; invalidation_channel (--invalidation-channel) is for \
-                         one-type graphs in this release: leave it unset"
+            "holds a typed graph; seed_dataset is for one-type graphs in this release: leave it \
+             unset"
         ),
         "{stderr}"
     );

@@ -1039,3 +1039,60 @@ fn typed_requests_batched_together_answer_what_each_answers_alone() {
         );
     }
 }
+
+/// A typed graph's invalidation channel evicts the rows its tokens name
+/// (`<type>:<id>`) from their type's caches: the next call reads Redis
+/// again. A token naming a type without rows is counted, not applied.
+#[test]
+fn a_typed_graph_s_invalidation_channel_evicts_rows_of_the_named_type() {
+    let redis = RedisServer::start();
+    let url = redis.url();
+    let sidecar = TypedSidecar::start(
+        &["--redis", &url],
+        &[
+            "--redis",
+            &url,
+            "--no-l2",
+            "--deadline-ms",
+            "5000",
+            "--warm-up",
+            "0",
+            "--invalidation-channel",
+            "feat-invalidate",
+        ],
+    );
+    let client = sidecar.client();
+    let schema = client.graph_schema().unwrap();
+    let airport = schema.node_type("airport").unwrap();
+    let ask = ask(&schema, 1, 4);
+    // The target's own row: row 0 of the airport table.
+    let own_row = || {
+        let response = call(&client, &[5], &ask);
+        let tables = response.typed_tables(0).unwrap();
+        (tables.tiers(airport)[0], tables.fallback(airport, 0))
+    };
+    own_row();
+    assert_eq!(own_row(), (tier::L1, false), "cached after the first call");
+    // Gone from Redis, the row is still served from L1 ...
+    assert!(redis.command("DEL feat:airport:5").contains(":1"));
+    assert_eq!(own_row(), (tier::L1, false));
+    // ... until the channel names it: the next call finds no row.
+    let subscribers = redis.command("PUBLISH feat-invalidate airport:5,country:1");
+    assert!(subscribers.contains(":1"), "one subscriber: {subscribers}");
+    assert!(
+        eventually(Duration::from_secs(10), || own_row().1),
+        "airport 5's row was not evicted"
+    );
+    let (code, body) =
+        tests::stack::http_request(&sidecar.metrics, "GET", "/metrics", None).unwrap();
+    assert_eq!(code, 200);
+    for (name, want) in [
+        ("sidecar_invalidation_ids_total", "1"),
+        ("sidecar_invalidation_bad_tokens_total", "1"),
+    ] {
+        assert!(
+            body.lines().any(|l| l == format!("{name} {want}")),
+            "{name} {want} in:\n{body}"
+        );
+    }
+}

@@ -1,9 +1,12 @@
 //! Invalidation: a Redis pub/sub channel carrying node ids evicts them from
-//! L1 and from the L2 cache, so the next request reads the new row from
-//! Redis. A message is node ids in decimal, separated by spaces or commas;
-//! an unparsable token is logged and counted, the rest still applied. If a
-//! message is lost (disconnect), the L2 TTL bounds the staleness; the
-//! listener resubscribes with backoff.
+//! L1 and from the L2 cache of their node type, so the next request reads
+//! the new row from Redis. A message is tokens separated by spaces or
+//! commas, each `<type>:<id>` (`airport:42`) or, where the graph has one
+//! node type (a one-type graph's), a bare `<id>`; ids in decimal. An
+//! unparsable token (a type the graph lacks or that has no rows, a bare id
+//! in a graph of several types, an id that is not a number) is logged and
+//! counted, the rest still applied. If a message is lost (disconnect), the
+//! L2 TTL bounds the staleness; the listener resubscribes with backoff.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -65,7 +68,7 @@ impl daemon_kit::metrics::Telemetry for InvalidationStats {
         )?;
         out.counter(
             "bad_tokens",
-            "tokens of invalidation messages that are not node ids",
+            "tokens of invalidation messages that name no node with rows",
             s.bad_tokens,
         )?;
         out.counter(
@@ -76,30 +79,43 @@ impl daemon_kit::metrics::Telemetry for InvalidationStats {
     }
 }
 
-/// Parses a message into node ids; returns (ids, unparsable tokens).
-pub fn parse_ids(message: &str) -> (Vec<u64>, usize) {
+/// The node types a message may name: each one's name and its tiers
+/// (`None` for a type without rows).
+#[derive(Debug, Clone)]
+pub struct NodeTypes(pub Vec<(String, Option<FeatureTiers>)>);
+
+/// Parses a message into `(node type, id)` pairs of the types `has_rows`
+/// lists (`(name, whether it has rows)`, in the graph's order); returns
+/// them and the unparsable tokens.
+pub fn parse_nodes(message: &str, has_rows: &[(&str, bool)]) -> (Vec<(usize, u64)>, usize) {
     let mut bad = 0;
-    let ids = message
+    let nodes = message
         .split(|c: char| c.is_whitespace() || c == ',')
         .filter(|t| !t.is_empty())
-        .filter_map(|t| match t.parse() {
-            Ok(id) => Some(id),
-            Err(_) => {
-                bad += 1;
-                None
+        .filter_map(|token| {
+            let (t, id) = match token.rsplit_once(':') {
+                Some((name, id)) => (has_rows.iter().position(|(n, _)| *n == name), id),
+                None => ((has_rows.len() == 1).then_some(0), token),
+            };
+            match (t, id.parse::<u64>()) {
+                (Some(t), Ok(id)) if has_rows[t].1 => Some((t, id)),
+                _ => {
+                    bad += 1;
+                    None
+                }
             }
         })
         .collect();
-    (ids, bad)
+    (nodes, bad)
 }
 
 /// Subscribes to `channel` on the first node of `redis` (with its TLS
 /// settings; on a cluster, PUBLISH reaches every node) and applies
-/// invalidations to `tiers` until the task is aborted. Returns once the
+/// invalidations to each node type's tiers until the task is aborted. Returns once the
 /// first subscription is in place (so a test or a readiness check can rely
 /// on it).
 pub async fn spawn_listener(
-    tiers: FeatureTiers,
+    types: NodeTypes,
     redis: &RedisConfig,
     channel: String,
     stats: Arc<InvalidationStats>,
@@ -113,6 +129,13 @@ pub async fn spawn_listener(
     pubsub.subscribe(&channel).await?;
     let shown = redact(url);
     Ok(tokio::spawn(async move {
+        let names: Vec<(String, bool)> = types
+            .0
+            .iter()
+            .map(|(name, tiers)| (name.clone(), tiers.is_some()))
+            .collect();
+        let has_rows: Vec<(&str, bool)> =
+            names.iter().map(|(n, rows)| (n.as_str(), *rows)).collect();
         let mut backoff = Duration::from_millis(50);
         loop {
             {
@@ -122,17 +145,27 @@ pub async fn spawn_listener(
                         stats.bad_tokens.fetch_add(1, Ordering::Relaxed);
                         continue;
                     };
-                    let (ids, bad) = parse_ids(&text);
+                    let (nodes, bad) = parse_nodes(&text, &has_rows);
                     stats.messages.fetch_add(1, Ordering::Relaxed);
-                    stats.ids.fetch_add(ids.len() as u64, Ordering::Relaxed);
+                    stats.ids.fetch_add(nodes.len() as u64, Ordering::Relaxed);
                     if bad > 0 {
                         stats.bad_tokens.fetch_add(bad as u64, Ordering::Relaxed);
                         tracing::warn!(
                             bad_tokens = bad,
-                            "invalidation message with non-numeric ids"
+                            "invalidation message with tokens that name no node with rows \
+                             (`<type>:<id>`, or a bare id of a one-type graph)"
                         );
                     }
-                    tiers.invalidate(&ids).await;
+                    for (t, (_, tiers)) in types.0.iter().enumerate() {
+                        let ids: Vec<u64> = nodes
+                            .iter()
+                            .filter(|&&(of, _)| of == t)
+                            .map(|&(_, id)| id)
+                            .collect();
+                        if let (Some(tiers), false) = (tiers, ids.is_empty()) {
+                            tiers.invalidate(&ids).await;
+                        }
+                    }
                 }
             }
             // The stream ended: the connection dropped. Resubscribe.
@@ -159,12 +192,31 @@ pub async fn spawn_listener(
 
 #[cfg(test)]
 mod tests {
-    use super::parse_ids;
+    use super::parse_nodes;
 
     #[test]
-    fn messages_are_ids_separated_by_spaces_or_commas() {
-        assert_eq!(parse_ids("1 2,3  ,4"), (vec![1, 2, 3, 4], 0));
-        assert_eq!(parse_ids("7 x 8"), (vec![7, 8], 1));
-        assert_eq!(parse_ids(""), (vec![], 0));
+    fn a_one_type_graph_s_messages_are_ids_separated_by_spaces_or_commas() {
+        let one = [("node", true)];
+        assert_eq!(
+            parse_nodes("1 2,3  ,4", &one),
+            (vec![(0, 1), (0, 2), (0, 3), (0, 4)], 0)
+        );
+        assert_eq!(parse_nodes("7 x 8", &one), (vec![(0, 7), (0, 8)], 1));
+        assert_eq!(parse_nodes("", &one), (vec![], 0));
+        assert_eq!(parse_nodes("node:9", &one), (vec![(0, 9)], 0));
+    }
+
+    #[test]
+    fn a_typed_graph_s_tokens_name_their_type() {
+        let types = [("airport", true), ("airline", true), ("country", false)];
+        assert_eq!(
+            parse_nodes("airport:42 airline:3,airport:7", &types),
+            (vec![(0, 42), (1, 3), (0, 7)], 0)
+        );
+        // A bare id, a type without rows, an unknown type, a bad id.
+        assert_eq!(
+            parse_nodes("42 country:1 plane:2 airport:x airport:5", &types),
+            (vec![(0, 5)], 4)
+        );
     }
 }

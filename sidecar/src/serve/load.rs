@@ -8,10 +8,9 @@
 //! `typed-features/<type>/` (RocksDB, or Redis under `<prefix><type>:`,
 //! with an L2 cache per type in `<l2_dir>/<type>`); a one-type one keeps
 //! its one type's at its top (RocksDB, or Redis under `<prefix>`, with the
-//! L2 cache in `<l2_dir>`). Both open through [`open_type`]. The
-//! invalidation channel and a seed dataset are for one-type graphs in this
-//! release, and a typed data directory that asks for them is refused at
-//! start, by name.
+//! L2 cache in `<l2_dir>`). Both open through [`open_type`]. A seed
+//! dataset is for one-type graphs in this release, and a typed data
+//! directory that asks for one is refused at start, by name.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -53,17 +52,10 @@ pub(super) fn load(daemon: &Daemon, runtime: &tokio::runtime::Runtime) -> anyhow
     typed::recover_interrupted_compaction(&config.data_dir)?;
     let is_typed = is_typed_data_dir(config);
     let data_dir_lock = if is_typed {
-        let refused = [
-            (
-                config.invalidation_channel.is_some(),
-                "invalidation_channel (--invalidation-channel)",
-            ),
-            (config.seed_dataset.is_some(), "seed_dataset"),
-        ];
-        if let Some((_, what)) = refused.iter().find(|(set, _)| *set) {
+        if config.seed_dataset.is_some() {
             bail!(
-                "{} holds a typed graph; {what} is for one-type graphs in this release: leave \
-                 it unset (docs/graph-index.md, \"Serving a typed graph\")",
+                "{} holds a typed graph; seed_dataset is for one-type graphs in this release: \
+                 leave it unset (docs/graph-index.md, \"Serving a typed graph\")",
                 config.data_dir.display()
             );
         }
@@ -95,7 +87,6 @@ pub(super) fn load(daemon: &Daemon, runtime: &tokio::runtime::Runtime) -> anyhow
     // folders.
     let snapshot = live.snapshot();
     let mut types = Vec::with_capacity(snapshot.n_node_types());
-    let mut one_type_redis = None;
     for (t, node_type) in snapshot.schema().node_types.iter().enumerate() {
         let place = if is_typed {
             if node_type.feature_dim == 0 {
@@ -118,9 +109,7 @@ pub(super) fn load(daemon: &Daemon, runtime: &tokio::runtime::Runtime) -> anyhow
                 l2: config.l2_cache().map(|l2| l2.path),
             }
         };
-        let (features, redis_config) = open_type(daemon, runtime, &live, t, &place)?;
-        one_type_redis = Some(redis_config);
-        types.push(Some(features));
+        types.push(Some(open_type(daemon, runtime, &live, t, &place)?));
     }
     daemon.latches.store.release();
     let features = GraphFeatures { types };
@@ -129,15 +118,21 @@ pub(super) fn load(daemon: &Daemon, runtime: &tokio::runtime::Runtime) -> anyhow
     daemon
         .metrics
         .register(Some("invalidation"), invalidation.clone());
-    if let (Some(channel), Some(redis_config)) = (&config.invalidation_channel, &one_type_redis) {
-        let tiers = features
-            .of(0)
-            .expect("a one-type graph's features")
-            .tiers
-            .clone();
+    if let Some(channel) = &config.invalidation_channel {
+        let types = invalidation::NodeTypes(
+            snapshot
+                .schema()
+                .node_types
+                .iter()
+                .zip(&features.types)
+                .map(|(t, f)| (t.name.clone(), f.as_ref().map(|f| f.tiers.clone())))
+                .collect(),
+        );
+        // Pub/sub: the feature store's Redis, its keys' prefix aside.
+        let redis_config = RedisConfig::of_feature_store(config, String::new());
         let listener = runtime.block_on(invalidation::spawn_listener(
-            tiers,
-            redis_config,
+            types,
+            &redis_config,
             channel.clone(),
             invalidation.clone(),
         ))?;
@@ -218,15 +213,14 @@ impl TypePlace<'_> {
 
 /// Opens node type `t`'s feature store (of record, or Redis with its
 /// optional L2 cache) and the tiers over it, each registering its
-/// telemetry (labelled `node_type` for a typed graph); returns them with
-/// the Redis configuration of its rows.
+/// telemetry (labelled `node_type` for a typed graph).
 fn open_type(
     daemon: &Daemon,
     runtime: &tokio::runtime::Runtime,
     graph: &LiveGraph,
     t: usize,
     place: &TypePlace<'_>,
-) -> anyhow::Result<(TypeFeatures, RedisConfig)> {
+) -> anyhow::Result<TypeFeatures> {
     let config = &daemon.config;
     let manifest = FeatureManifest::read(&place.dir).with_context(|| match place.name {
         Some(name) => format!(
@@ -308,14 +302,11 @@ fn open_type(
     };
     let tiers = FeatureTiers::new(&tier_config, store.clone(), redis.clone());
     register(daemon, place.name, tiers.clone());
-    Ok((
-        TypeFeatures {
-            tiers,
-            store,
-            redis,
-        },
-        redis_config,
-    ))
+    Ok(TypeFeatures {
+        tiers,
+        store,
+        redis,
+    })
 }
 
 fn open_store_of_record(
