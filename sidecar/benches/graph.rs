@@ -4,6 +4,9 @@
 //! 2. sampling throughput (targets/s) at fanouts [20, 10], batches of 64
 //!    uniformly random targets, one thread, in the dense layout and in the
 //!    subgraph layout (the typed sampler's one-type case);
+//!    The dense batches again, interleaved with the same batches through
+//!    the served graph (a `LiveGraph` snapshot over the same index, as the
+//!    sidecar samples: its node check and delta lookups): the ratio;
 //! 3. per-target sampling latency of the super node against ordinary nodes
 //!    (degree 20 to 60), interleaved, p50 and p99;
 //! 4. typed: a generated users-and-items graph (1M users, 200k items, 12M
@@ -24,7 +27,7 @@ use rand::{Rng, SeedableRng};
 use sidecar::graph::dataset::{import_graph, INDEX_FILE};
 use sidecar::graph::generate::{generate, generate_typed, GenerateOptions, TypedGenerateOptions};
 use sidecar::graph::sampler::SubgraphLimits;
-use sidecar::graph::{CsrIndex, Sampler, TypedFanouts, TypedGraph, TypedNeighborSource};
+use sidecar::graph::{CsrIndex, LiveGraph, Sampler, TypedFanouts, TypedGraph, TypedNeighborSource};
 
 fn main() -> anyhow::Result<()> {
     let quick = std::env::args().any(|a| a == "--quick");
@@ -94,6 +97,24 @@ fn main() -> anyhow::Result<()> {
     }
     let subgraph_throughput = (batches * 64) as f64 / started.elapsed().as_secs_f64();
 
+    // 2b. The served graph against the bare index, batch by batch.
+    let live = LiveGraph::new(TypedGraph::open_one_type(&data_dir.join(INDEX_FILE))?);
+    let served = live.snapshot();
+    let mut rng = SmallRng::seed_from_u64(3);
+    let (mut bare_secs, mut served_secs) = (0f64, 0f64);
+    for b in 0..batches {
+        for t in targets.iter_mut() {
+            *t = rng.random_range(0..u64::from(index.n_nodes()));
+        }
+        let started = Instant::now();
+        let bare = sampler.sample(&index, &targets, [20, 10], b).nodes.len();
+        bare_secs += started.elapsed().as_secs_f64();
+        let started = Instant::now();
+        let through = sampler.sample(&*served, &targets, [20, 10], b).nodes.len();
+        served_secs += started.elapsed().as_secs_f64();
+        anyhow::ensure!(bare == through, "the served graph sampled other nodes");
+    }
+
     // 3. Super node vs ordinary nodes, interleaved.
     let ordinary: Vec<u64> = (1..index.n_nodes())
         .filter(|&v| (20..=60).contains(&index.degree(v)))
@@ -135,6 +156,12 @@ fn main() -> anyhow::Result<()> {
         "sampling [20, 10] in the subgraph layout, the same batches: {:.0} targets/s ({:.1} unique rows per batch)",
         subgraph_throughput,
         subgraph_rows as f64 / batches as f64
+    );
+    println!(
+        "sampling [20, 10] through the served graph (LiveGraph snapshot), interleaved batches: {:.0} targets/s against {:.0} from the bare index ({:.3}x the time)",
+        (batches * 64) as f64 / served_secs,
+        (batches * 64) as f64 / bare_secs,
+        served_secs / bare_secs
     );
     println!(
         "{:<40} {:>10} {:>10}",

@@ -575,14 +575,21 @@ impl TypedNeighborSource for GraphSnapshot {
         self.base.edge_types()
     }
 
+    #[inline]
     fn is_node(&self, node_type: usize, node: u64) -> bool {
-        if node < self.base.id_bound(node_type) {
-            self.base.is_node(node_type, node)
-                || (!self.filled[node_type].is_empty()
-                    && self.filled[node_type].get(node as u32).is_some())
-        } else {
-            node < self.id_bounds[node_type]
+        let bound = self.id_bounds[node_type];
+        if node >= bound {
+            return false;
         }
+        if self.n_nodes[node_type] == bound {
+            // No gaps: every id below the bound is a node.
+            return true;
+        }
+        // Past the index's bound every id is a node (the dense rule); below
+        // it, the index's known-node bitmap, or an update named it.
+        node >= self.base.id_bound(node_type)
+            || self.base.is_node(node_type, node)
+            || self.filled[node_type].get(node as u32).is_some()
     }
 
     fn degree(&self, edge_type: usize, node: u64) -> Option<u32> {
@@ -610,10 +617,16 @@ impl TypedNeighborSource for GraphSnapshot {
 
 /// A one-type graph's view: node type 0, edge type 0 (the 1x1 graph's).
 impl NeighborSource for GraphSnapshot {
+    #[inline]
     fn degree(&self, node: u64) -> Option<u32> {
-        TypedNeighborSource::degree(self, 0, node)
+        if !self.is_node(0, node) {
+            return None;
+        }
+        let node = node as u32;
+        Some(self.base.csr(0).degree(node) + self.added_row(0, node).len() as u32)
     }
 
+    #[inline]
     fn neighbor(&self, node: u64, i: u32) -> u64 {
         TypedNeighborSource::neighbor(self, 0, node, i)
     }
