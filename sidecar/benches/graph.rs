@@ -98,7 +98,7 @@ fn main() -> anyhow::Result<()> {
     let subgraph_throughput = (batches * 64) as f64 / started.elapsed().as_secs_f64();
 
     // 2b. The served graph against the bare index, batch by batch.
-    let live = LiveGraph::new(TypedGraph::open_one_type(&data_dir.join(INDEX_FILE))?);
+    let live = LiveGraph::new(TypedGraph::open_one_type(&data_dir.join(INDEX_FILE), 0)?);
     let served = live.snapshot();
     let mut rng = SmallRng::seed_from_u64(3);
     let (mut bare_secs, mut served_secs) = (0f64, 0f64);

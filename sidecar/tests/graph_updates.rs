@@ -18,7 +18,7 @@ fn cora() -> (tempfile::TempDir, PathBuf, LiveGraph) {
     let dir = tempfile::tempdir().unwrap();
     import_graph(&data, dir.path(), false, 1).unwrap();
     let path = dir.path().join(INDEX_FILE);
-    let graph = LiveGraph::new(TypedGraph::open_one_type(&path).unwrap());
+    let graph = LiveGraph::new(TypedGraph::open_one_type(&path, 0).unwrap());
     (dir, path, graph)
 }
 
@@ -145,7 +145,7 @@ fn a_compaction_keeps_the_nodes_the_generation_and_the_digest() {
     assert_eq!(after.degree(5001), None);
     // A restart maps the compacted file: the same graph, no bitmap.
     assert!(!CsrIndex::open(&path).unwrap().header().has_known_bitmap());
-    let restarted = LiveGraph::new(TypedGraph::open_one_type(&path).unwrap()).snapshot();
+    let restarted = LiveGraph::new(TypedGraph::open_one_type(&path, 0).unwrap()).snapshot();
     assert_eq!(restarted.checksum(), before.checksum());
     assert_eq!(restarted.n_nodes(), 5001);
     assert_eq!(restarted.generation(), before.generation());
@@ -184,8 +184,9 @@ fn updates_during_a_compaction_survive_it_and_the_graph_compacts_by_itself() {
     let dir = tempfile::tempdir().unwrap();
     import_graph(&data, dir.path(), false, 1).unwrap();
     let path = dir.path().join(INDEX_FILE);
-    let graph = LiveGraph::with_auto_compact(TypedGraph::open_one_type(&path).unwrap(), Some(200));
-    let reference = LiveGraph::new(TypedGraph::open_one_type(&path).unwrap());
+    let graph =
+        LiveGraph::with_auto_compact(TypedGraph::open_one_type(&path, 0).unwrap(), Some(200));
+    let reference = LiveGraph::new(TypedGraph::open_one_type(&path, 0).unwrap());
     // Many small updates: the delta passes 200 entries several times over,
     // so compactions run in the background while updates keep coming.
     for k in 0..600u64 {

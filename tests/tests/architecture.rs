@@ -301,10 +301,6 @@ const TYPED_TWINS: &[(&str, &str)] = &[
         "a typed ring request served beside a one-type batch",
     ),
     (
-        "typed_update",
-        "the admin socket's typed graph update beside the one-type one",
-    ),
-    (
         "TypedChange",
         "a typed update-stream entry's change beside `Change`",
     ),

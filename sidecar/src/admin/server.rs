@@ -51,8 +51,9 @@ use crate::admin::wire::{
 use crate::daemon::{Core, Daemon};
 use crate::features::contract::encode_row;
 use crate::features::rocks::Role;
-use crate::graph::{GraphUpdate, TypedNeighborSource};
-use crate::updates::typed_entry::TypedOp;
+use crate::graph::TypedNeighborSource;
+use crate::updates::entry::Op;
+use crate::updates::typed_entry::{TypedChange, TypedOp};
 
 /// Most admin connections served at once.
 pub const MAX_CONNECTIONS: usize = 8;
@@ -690,15 +691,10 @@ fn handle(
             warm(daemon, runtime, &one_type(&ids), progress)?
         }
         AdminRequest::Invalidate { ids } => {
-            let core = daemon.loaded()?;
-            runtime.block_on(core.one_type()?.tiers.invalidate(&ids));
-            daemon
-                .metrics
-                .admin_invalidated_ids
-                .inc_by(ids.len() as u64);
-            AdminResponse::Invalidated {
-                ids: ids.len() as u64,
-            }
+            let n = ids.len() as u64;
+            change(daemon, runtime, vec![TypedOp::from(Op::Invalidate { ids })])?;
+            daemon.metrics.admin_invalidated_ids.inc_by(n);
+            AdminResponse::Invalidated { ids: n }
         }
         AdminRequest::GetFanouts => fanouts(daemon),
         AdminRequest::SetFanouts { fanouts: wanted } => {
@@ -726,68 +722,38 @@ fn handle(
             edges,
             undirected,
         } => {
-            let core = daemon.loaded()?;
-            refuse_while_following(core)?;
-            let features = core.one_type()?;
-            let dim = features.feature_dim();
-            for node in &nodes {
-                ensure!(
-                    node.features.len() == dim,
-                    "node {} has {} features; the sidecar serves rows of {dim}",
-                    node.id,
-                    node.features.len()
-                );
-            }
-            // Rows first, then the graph: a node is never reachable before
-            // its features are stored.
-            let rows: Vec<(u64, Vec<u8>)> = nodes
+            // The nodes with their rows, then the edges: one update.
+            let mut ops: Vec<TypedOp> = nodes
                 .iter()
-                .map(|n| (n.id, encode_row(&n.features)))
+                .map(|n| {
+                    TypedOp::from(Op::AddNode {
+                        id: n.id,
+                        row: Some(encode_row(&n.features)),
+                        neighbors: Vec::new(),
+                        directed: true,
+                    })
+                })
                 .collect();
-            let ids: Vec<u64> = nodes.iter().map(|n| n.id).collect();
-            store_rows(runtime, features, &rows)?;
-            runtime.block_on(features.tiers.invalidate(&ids));
-            let stats = core
-                .graph
-                .update(GraphUpdate::one_type(&ids, &edges, undirected))?;
-            tracing::info!(
-                nodes = ids.len(),
-                edges = stats.edges_added,
-                n_nodes = stats.n_nodes,
-                "graph updated through the admin socket"
-            );
-            AdminResponse::Updated {
-                nodes_added: stats.nodes_added,
-                edges_added: stats.edges_added,
-                n_nodes: stats.n_nodes,
-                generation: stats.generation,
-            }
+            ops.push(TypedOp::from(Op::AddEdges {
+                edges,
+                directed: !undirected,
+            }));
+            change(daemon, runtime, ops)?
         }
-        AdminRequest::AddEdges { edges, undirected } => {
-            let core = daemon.loaded()?;
-            refuse_while_following(core)?;
-            let stats = core
-                .graph
-                .update(GraphUpdate::one_type(&[], &edges, undirected))?;
-            tracing::info!(
-                edges = stats.edges_added,
-                ignored = stats.edges_ignored,
-                n_nodes = stats.n_nodes,
-                "edges added through the admin socket"
-            );
-            AdminResponse::Updated {
-                nodes_added: stats.nodes_added,
-                edges_added: stats.edges_added,
-                n_nodes: stats.n_nodes,
-                generation: stats.generation,
-            }
-        }
+        AdminRequest::AddEdges { edges, undirected } => change(
+            daemon,
+            runtime,
+            vec![TypedOp::from(Op::AddEdges {
+                edges,
+                directed: !undirected,
+            })],
+        )?,
         AdminRequest::TypedAddNode {
             node_type,
             id,
             features,
             edges,
-        } => typed_update(
+        } => change_naming_types(
             daemon,
             runtime,
             TypedOp::AddNode {
@@ -797,7 +763,7 @@ fn handle(
                 edges,
             },
         )?,
-        AdminRequest::TypedAddEdges { edge_type, edges } => typed_update(
+        AdminRequest::TypedAddEdges { edge_type, edges } => change_naming_types(
             daemon,
             runtime,
             TypedOp::AddEdges {
@@ -806,7 +772,7 @@ fn handle(
         )?,
         AdminRequest::TypedInvalidate { node_type, ids } => {
             let n = ids.len() as u64;
-            typed_update(daemon, runtime, TypedOp::Invalidate { node_type, ids })?;
+            change_naming_types(daemon, runtime, TypedOp::Invalidate { node_type, ids })?;
             daemon.metrics.admin_invalidated_ids.inc_by(n);
             AdminResponse::Invalidated { ids: n }
         }
@@ -967,30 +933,61 @@ fn store_rows(
     }
 }
 
-/// Applies one typed operation made through the admin socket: checked
-/// against the graph's types (names, widths) as an update-stream entry is,
-/// rows written to their type's store first, then evicted from its caches,
-/// then the graph change published.
-fn typed_update(
+/// Applies one operation a typed command names (`--type`,
+/// `--edge-type`); refused on a one-type graph, whose commands name no
+/// type.
+fn change_naming_types(
     daemon: &Daemon,
     runtime: &tokio::runtime::Handle,
     op: TypedOp,
 ) -> anyhow::Result<AdminResponse> {
-    let core = daemon.loaded()?;
-    if !core.is_typed() {
+    if !daemon.loaded()?.is_typed() {
         bail!(
             "this sidecar serves a one-type graph: give node ids without a node type or edge \
              type (drop --type / --edge-type)"
         );
     }
-    refuse_while_following(core)?;
+    change(daemon, runtime, vec![op])
+}
+
+/// Applies operations made through the admin socket as one change, for
+/// every graph (a one-type graph's are the 1x1 typed graph's): each
+/// checked against the graph's types (names, widths) as an update-stream
+/// entry is, then the rows written to their type's store, evicted from its
+/// caches, then the graph change published in one snapshot. A change that
+/// writes rows or the graph is refused on a replica that follows an update
+/// stream; an invalidation is not.
+fn change(
+    daemon: &Daemon,
+    runtime: &tokio::runtime::Handle,
+    ops: Vec<TypedOp>,
+) -> anyhow::Result<AdminResponse> {
+    let core = daemon.loaded()?;
+    if ops
+        .iter()
+        .any(|op| !matches!(op, TypedOp::Invalidate { .. }))
+    {
+        refuse_while_following(core)?;
+    }
     let graph = core.graph.snapshot();
-    let change = op.resolve(graph.schema()).map_err(anyhow::Error::msg)?;
+    let schema = graph.schema();
+    let mut change = TypedChange::default();
+    for op in &ops {
+        let one = op.resolve(schema).map_err(anyhow::Error::msg)?;
+        change.rows.extend(one.rows);
+        change.evicted.extend(one.evicted);
+        if let Some(update) = one.update {
+            let merged = change.update.get_or_insert_with(Default::default);
+            merged.nodes.extend(update.nodes);
+            merged.edges.extend(update.edges);
+        }
+    }
     if let Some(update) = &change.update {
         // Refused before any row is written (and checked again when applied).
         graph.check(update)?;
     }
-    let schema = graph.schema();
+    // Rows first, then the graph: a node is never reachable before its
+    // features are stored.
     for (t, id, row) in &change.rows {
         let features = core
             .features
@@ -1020,7 +1017,7 @@ fn typed_update(
         nodes_added = stats.nodes_added,
         edges_added = stats.edges_added,
         n_nodes = stats.n_nodes,
-        "typed graph updated through the admin socket"
+        "graph updated through the admin socket"
     );
     Ok(AdminResponse::Updated {
         nodes_added: stats.nodes_added,

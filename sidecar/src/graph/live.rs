@@ -905,7 +905,7 @@ fn write_compacted(snapshot: &GraphSnapshot) -> anyhow::Result<TypedGraph> {
     match snapshot.base.location() {
         Location::OneType(path) => {
             write_index_file(snapshot, path)?;
-            TypedGraph::open_one_type(path)
+            TypedGraph::open_one_type(path, snapshot.schema().node_types[0].feature_dim)
         }
         Location::Typed(data_dir) => {
             write_index_dir(snapshot, data_dir)?;
@@ -1301,7 +1301,7 @@ mod tests {
     fn a_gap_stays_unknown_until_named_and_ids_past_the_end_fill_in() {
         let dir = tempfile::tempdir().unwrap();
         let path = gapped_one_type(dir.path());
-        let graph = LiveGraph::new(TypedGraph::open_one_type(&path).unwrap());
+        let graph = LiveGraph::new(TypedGraph::open_one_type(&path, 0).unwrap());
         let s = graph.snapshot();
         assert_eq!((s.n_nodes(), s.id_bound(0)), (3, 4));
         assert!(!s.is_node(0, 2), "the bitmap's gap");
@@ -1334,7 +1334,7 @@ mod tests {
         assert_eq!(s.checksum(), filled);
         assert_eq!(s.n_nodes(), 7);
         assert_eq!(s.delta_entries(), 0);
-        let reopened = LiveGraph::new(TypedGraph::open_one_type(&path).unwrap()).snapshot();
+        let reopened = LiveGraph::new(TypedGraph::open_one_type(&path, 0).unwrap()).snapshot();
         assert_eq!(reopened.checksum(), filled);
     }
 }

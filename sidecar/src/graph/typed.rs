@@ -464,6 +464,8 @@ pub struct TypedGraph {
 pub const ONE_TYPE: &str = "node";
 /// The relation of a one-type graph's one edge type.
 pub const ONE_RELATION: &str = "to";
+/// A one-type graph's one edge type, by its key (`src__relation__dst`).
+pub const ONE_EDGE_TYPE: &str = "node__to__node";
 
 /// Where an index lives on disk: what a compaction rewrites.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -521,17 +523,17 @@ impl TypedGraph {
     }
 
     /// A one-type index as the 1x1 graph: node type [`ONE_TYPE`] (as many
-    /// nodes as the index spans; its feature width is the feature store's
-    /// business, 0 here), one edge type `node__to__node` whose row of a
+    /// nodes as the index spans, rows of `feature_dim` f32 as its feature
+    /// store says; 0: none), one edge type [`ONE_EDGE_TYPE`] whose row of a
     /// node lists its neighbours. `path` is where it lives: what a
     /// compaction rewrites.
-    pub fn one_type(index: CsrIndex, path: impl Into<PathBuf>) -> Self {
+    pub fn one_type(index: CsrIndex, path: impl Into<PathBuf>, feature_dim: u32) -> Self {
         let schema = TypedSchema {
             node_types: vec![NodeType {
                 name: ONE_TYPE.into(),
                 num_nodes: u64::from(index.n_nodes()),
-                feature_dim: 0,
-                dtype: None,
+                feature_dim,
+                dtype: (feature_dim > 0).then(|| "f32".to_string()),
             }],
             edge_types: vec![EdgeType {
                 src: ONE_TYPE.into(),
@@ -548,9 +550,10 @@ impl TypedGraph {
         )
     }
 
-    /// Maps the one-type index at `path` as the 1x1 graph.
-    pub fn open_one_type(path: &Path) -> anyhow::Result<Self> {
-        Ok(Self::one_type(CsrIndex::open(path)?, path))
+    /// Maps the one-type index at `path` as the 1x1 graph whose rows have
+    /// `feature_dim` values.
+    pub fn open_one_type(path: &Path, feature_dim: u32) -> anyhow::Result<Self> {
+        Ok(Self::one_type(CsrIndex::open(path)?, path, feature_dim))
     }
 
     fn from_parts(

@@ -30,7 +30,7 @@ use crate::features::rocks::{Opened, RocksStore, Role, StoreTelemetry};
 use crate::features::{DefaultRow, FeatureTiers, TierConfig};
 use crate::graph::live::LiveGraph;
 use crate::graph::typed::{self, TypedGraph};
-use crate::graph::{dataset, TypedNeighborSource};
+use crate::graph::{dataset, CsrIndex, TypedNeighborSource};
 use crate::updates::follower::{self, FollowerStats};
 
 /// What the loading gives the start-up: the core and the schema the ring
@@ -67,13 +67,17 @@ pub(super) fn load(daemon: &Daemon, runtime: &tokio::runtime::Runtime) -> anyhow
         TypedGraph::open(&config.data_dir)?
     } else {
         let index_path = config.data_dir.join(dataset::INDEX_FILE);
-        TypedGraph::open_one_type(&index_path).with_context(|| {
+        let index = CsrIndex::open(&index_path).with_context(|| {
             format!(
                 "opening the graph index {}: run `sidecar import <dataset> --data-dir {}` first",
                 index_path.display(),
                 config.data_dir.display()
             )
-        })?
+        })?;
+        // The one type's width, as its feature store says (checked again
+        // when the store opens).
+        let manifest = FeatureManifest::read(&config.data_dir)?;
+        TypedGraph::one_type(index, &index_path, manifest.feature_dim)
     };
     let graph_version = graph.schema().graph_version;
     let ring_schema = is_typed.then(|| graph.schema().to_ring());

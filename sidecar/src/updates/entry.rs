@@ -3,7 +3,6 @@
 //! text syntax `sidecar publish` reads.
 
 use crate::graph::live::MAX_NODE_ID;
-use crate::graph::GraphUpdate;
 
 /// Most ids one entry may name.
 pub const MAX_IDS_PER_ENTRY: usize = 1_000_000;
@@ -42,23 +41,6 @@ impl Op {
         }
     }
 
-    /// The change to the graph, if the operation makes one.
-    pub fn graph_update(&self) -> Option<GraphUpdate> {
-        match self {
-            Op::AddNode {
-                id,
-                neighbors,
-                directed,
-                ..
-            } => {
-                let edges: Vec<(u64, u64)> = neighbors.iter().map(|&n| (*id, n)).collect();
-                Some(GraphUpdate::one_type(&[*id], &edges, !directed))
-            }
-            Op::AddEdges { edges, directed } => Some(GraphUpdate::one_type(&[], edges, !directed)),
-            Op::SetFeatures { .. } | Op::Invalidate { .. } => None,
-        }
-    }
-
     /// The row the operation stores, with its node.
     pub fn row(&self) -> Option<(u64, &[u8])> {
         match self {
@@ -66,15 +48,6 @@ impl Op {
                 row.as_deref().map(|r| (*id, r))
             }
             _ => None,
-        }
-    }
-
-    /// The ids whose cached rows the operation evicts.
-    pub fn evicted(&self) -> Vec<u64> {
-        match self {
-            Op::AddNode { id, .. } | Op::SetFeatures { id, .. } => vec![*id],
-            Op::Invalidate { ids } => ids.clone(),
-            Op::AddEdges { .. } => Vec::new(),
         }
     }
 

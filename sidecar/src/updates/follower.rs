@@ -251,24 +251,16 @@ impl Targets {
     /// the same judgement on every replica.
     fn parse(&self, fields: &[(Vec<u8>, Vec<u8>)], bounds: &mut [u64]) -> Result<Parsed, String> {
         let graph = self.graph.snapshot();
-        let mut parsed = match self.one_type_row_bytes {
+        // A one-type entry is the 1x1 typed graph's operation: one check
+        // against the graph's types for both.
+        let op = match self.one_type_row_bytes {
             Some(row_bytes) => {
                 if typed_entry::is_typed(fields) {
                     return Err("the entry names a node type or an edge type (`type`, \
                                 `edges:<edge type>`): this replica serves a one-type graph"
                         .into());
                 }
-                let op = Op::from_fields(fields, row_bytes)?;
-                Parsed {
-                    rows: op
-                        .row()
-                        .map(|(id, row)| (0, id, row.to_vec()))
-                        .into_iter()
-                        .collect(),
-                    evicted: op.evicted().into_iter().map(|id| (0, id)).collect(),
-                    graph: op.graph_update(),
-                    op: op_index(op.name()),
-                }
+                TypedOp::from(Op::from_fields(fields, row_bytes)?)
             }
             None => {
                 if !typed_entry::is_typed(fields) {
@@ -279,15 +271,15 @@ impl Targets {
                         graph.schema().node_types.len()
                     ));
                 }
-                let op = TypedOp::from_fields(fields)?;
-                let change = op.resolve(graph.schema())?;
-                Parsed {
-                    rows: change.rows,
-                    evicted: change.evicted,
-                    graph: change.update,
-                    op: op_index(op.name()),
-                }
+                TypedOp::from_fields(fields)?
             }
+        };
+        let change = op.resolve(graph.schema())?;
+        let mut parsed = Parsed {
+            rows: change.rows,
+            evicted: change.evicted,
+            graph: change.update,
+            op: op_index(op.name()),
         };
         // The graph's id rule.
         let mut largest: Vec<Option<u64>> = vec![None; bounds.len()];

@@ -5,8 +5,9 @@
 //! applied; and the text syntax `sidecar publish` reads for it.
 
 use crate::graph::typed::TypedSchema;
+use crate::graph::typed::{ONE_EDGE_TYPE, ONE_TYPE};
 use crate::graph::GraphUpdate;
-use crate::updates::entry::{parse_id, parse_ids as ids, MAX_IDS_PER_ENTRY};
+use crate::updates::entry::{parse_id, parse_ids as ids, Op, MAX_IDS_PER_ENTRY};
 
 /// The prefix of an edge field: `edges:<edge type>`.
 pub const EDGES_FIELD: &str = "edges:";
@@ -52,6 +53,53 @@ pub struct TypedChange {
     pub evicted: Vec<(usize, u64)>,
     /// The graph change, if the operation makes one.
     pub update: Option<GraphUpdate>,
+}
+
+impl From<Op> for TypedOp {
+    /// The operation on the 1x1 typed graph a one-type graph is: node type
+    /// `node`, edge type `node__to__node` (`(src, dst)` there is a message
+    /// from `src` to `dst`, so a one-type edge `(a, b)`, which makes `b` a
+    /// neighbour of `a`, is `(b, a)`, and its reverse `(a, b)` unless
+    /// `directed`). Checked against the graph's types by
+    /// [`TypedOp::resolve`], as a typed graph's operations are.
+    fn from(op: Op) -> Self {
+        let one_type = |edges: &[(u64, u64)], directed: bool| -> Vec<NamedEdges> {
+            let update = GraphUpdate::one_type(&[], edges, !directed);
+            update
+                .edges
+                .into_iter()
+                .map(|(_, pairs)| (ONE_EDGE_TYPE.to_string(), pairs))
+                .collect()
+        };
+        match op {
+            Op::AddNode {
+                id,
+                row,
+                neighbors,
+                directed,
+            } => {
+                let edges: Vec<(u64, u64)> = neighbors.iter().map(|&n| (id, n)).collect();
+                TypedOp::AddNode {
+                    node_type: ONE_TYPE.into(),
+                    id,
+                    row,
+                    edges: one_type(&edges, directed),
+                }
+            }
+            Op::AddEdges { edges, directed } => TypedOp::AddEdges {
+                edges: one_type(&edges, directed),
+            },
+            Op::SetFeatures { id, row } => TypedOp::SetFeatures {
+                node_type: ONE_TYPE.into(),
+                id,
+                row,
+            },
+            Op::Invalidate { ids } => TypedOp::Invalidate {
+                node_type: ONE_TYPE.into(),
+                ids,
+            },
+        }
+    }
 }
 
 /// Whether an entry's fields are a typed operation's: it names a node type

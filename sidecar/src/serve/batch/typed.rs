@@ -73,90 +73,8 @@ impl BatchServer {
             count_outcome(ctx, written.is_ok(), late);
             return;
         }
-        self.fetch_and_respond_typed(ctx, jobs, deadline);
-    }
-
-    /// Samples one typed request (with its new node, if it carries one);
-    /// a request refused or grown too large is answered here.
-    fn sample_typed_request(&mut self, ctx: &BatchContext<'_>, pending: Pending) -> Option<Job> {
-        let m = ctx.metrics;
-        let request = &pending.request;
-        let ask = request.typed.as_ref().expect("a typed request");
-        let target_type = ask.target_type as usize;
-        let fanouts = TypedFanouts::new(ask.hops as usize, ask.fanouts.clone())
-            .expect("hops and fanouts checked when the request was decoded");
-        let with_node;
-        let mut graph = ctx.graph;
-        if let Some(node) = &request.typed_new_node {
-            m.new_node_requests.inc();
-            match graph.with_new_node(target_type, request.targets[0], &node.edges) {
-                Ok(snapshot) => {
-                    with_node = snapshot;
-                    graph = &with_node;
-                }
-                Err(e) => {
-                    m.invalid_requests.inc();
-                    let request_id = request.request_id;
-                    pending.ticket.respond_error(
-                        protocol::layout::status::INVALID_REQUEST,
-                        request_id,
-                        &format!("{e:#}"),
-                    );
-                    return None;
-                }
-            }
-        }
-        let sampled = match self.sampler.sample_typed(
-            graph,
-            target_type,
-            &request.targets,
-            &fanouts,
-            SAMPLING_SEED,
-            subgraph_limits(ctx),
-            &[],
-        ) {
-            Ok(sampled) => sampled,
-            Err(outgrew) => {
-                respond_outgrew(ctx, pending, outgrew);
-                return None;
-            }
-        };
-        let n_nodes: usize = sampled.nodes.iter().map(Vec::len).sum();
-        m.neighbor_fetch_count.observe(n_nodes as f64);
-        let shape = TypedShape {
-            hops: ask.hops,
-            n_targets: request.targets.len() as u32,
-            node_rows: sampled.nodes.iter().map(|n| n.len() as u32).collect(),
-            edges: sampled.edge_src.iter().map(|e| e.len() as u32).collect(),
-        };
-        let meta = ResponseMeta {
-            graph_version: graph.graph_version(),
-            change_clock: ctx.changes.clock(),
-            change_tick: ctx.change_tick,
-            id_bound: graph.id_bound(target_type),
-        };
-        let own_row = request
-            .typed_new_node
-            .as_ref()
-            .map(|node| (target_type, node.features.clone()));
-        Some(Job {
-            pending,
-            sampled,
-            shape,
-            meta,
-            own_row,
-        })
-    }
-
-    /// One fetch per node type of the unique rows of every job, the types
-    /// concurrently, then each job's response written from them.
-    fn fetch_and_respond_typed(
-        &mut self,
-        ctx: &BatchContext<'_>,
-        jobs: Vec<Job>,
-        deadline: Instant,
-    ) {
-        let m = ctx.metrics;
+        // Several: one fetch per node type of their unique rows, the types
+        // concurrently, then each response written from them.
         let types = &ctx.features.types;
         // Per node type: its unique ids, and each job's rows among them.
         let mut unique: Vec<Vec<u64>> = vec![Vec::new(); types.len()];
@@ -242,6 +160,78 @@ impl BatchServer {
             });
             count_outcome(ctx, written.is_ok(), late);
         }
+    }
+
+    /// Samples one typed request (with its new node, if it carries one);
+    /// a request refused or grown too large is answered here.
+    fn sample_typed_request(&mut self, ctx: &BatchContext<'_>, pending: Pending) -> Option<Job> {
+        let m = ctx.metrics;
+        let request = &pending.request;
+        let ask = request.typed.as_ref().expect("a typed request");
+        let target_type = ask.target_type as usize;
+        let fanouts = TypedFanouts::new(ask.hops as usize, ask.fanouts.clone())
+            .expect("hops and fanouts checked when the request was decoded");
+        let with_node;
+        let mut graph = ctx.graph;
+        if let Some(node) = &request.typed_new_node {
+            m.new_node_requests.inc();
+            match graph.with_new_node(target_type, request.targets[0], &node.edges) {
+                Ok(snapshot) => {
+                    with_node = snapshot;
+                    graph = &with_node;
+                }
+                Err(e) => {
+                    m.invalid_requests.inc();
+                    let request_id = request.request_id;
+                    pending.ticket.respond_error(
+                        protocol::layout::status::INVALID_REQUEST,
+                        request_id,
+                        &format!("{e:#}"),
+                    );
+                    return None;
+                }
+            }
+        }
+        let sampled = match self.sampler.sample_typed(
+            graph,
+            target_type,
+            &request.targets,
+            &fanouts,
+            SAMPLING_SEED,
+            subgraph_limits(ctx),
+            &[],
+        ) {
+            Ok(sampled) => sampled,
+            Err(outgrew) => {
+                respond_outgrew(ctx, pending, outgrew);
+                return None;
+            }
+        };
+        let n_nodes: usize = sampled.nodes.iter().map(Vec::len).sum();
+        m.neighbor_fetch_count.observe(n_nodes as f64);
+        let shape = TypedShape {
+            hops: ask.hops,
+            n_targets: request.targets.len() as u32,
+            node_rows: sampled.nodes.iter().map(|n| n.len() as u32).collect(),
+            edges: sampled.edge_src.iter().map(|e| e.len() as u32).collect(),
+        };
+        let meta = ResponseMeta {
+            graph_version: graph.graph_version(),
+            change_clock: ctx.changes.clock(),
+            change_tick: ctx.change_tick,
+            id_bound: graph.id_bound(target_type),
+        };
+        let own_row = request
+            .typed_new_node
+            .as_ref()
+            .map(|node| (target_type, node.features.clone()));
+        Some(Job {
+            pending,
+            sampled,
+            shape,
+            meta,
+            own_row,
+        })
     }
 }
 
