@@ -28,6 +28,36 @@ struct Job {
 }
 
 impl Job {
+    /// Writes the response in place: the sample, then the rows `fill`
+    /// writes (it returns whether one missed the deadline); counts a
+    /// response too large for its slot, or late.
+    fn answer(
+        self,
+        ctx: &BatchContext<'_>,
+        fill: impl FnOnce(&mut TypedColumns<'_>, &TypedSampled, Option<&(usize, Vec<f32>)>) -> bool,
+    ) {
+        let Job {
+            pending: Pending {
+                ticket, request, ..
+            },
+            sampled,
+            shape,
+            meta,
+            own_row,
+        } = self;
+        let mut late = false;
+        let written = ticket.respond_typed(request.request_id, meta, shape, |cols| {
+            write_sample(cols, &request.targets, &sampled);
+            late = fill(cols, &sampled, own_row.as_ref());
+        });
+        if written.is_err() {
+            ctx.metrics.too_large.inc();
+        }
+        if late {
+            ctx.metrics.deadline_misses.inc();
+        }
+    }
+
     /// Rows of node type `t` the tiers fetch: all but a new node's own.
     fn fetched(&self, t: usize) -> &[u64] {
         let skip = usize::from(self.own_row.as_ref().is_some_and(|(own, _)| *own == t));
@@ -56,21 +86,10 @@ impl BatchServer {
             return;
         };
         if jobs.len() == 1 {
-            let Job {
-                pending: Pending {
-                    ticket, request, ..
-                },
-                sampled,
-                shape,
-                meta,
-                own_row,
-            } = jobs.pop().expect("one job");
-            let mut late = false;
-            let written = ticket.respond_typed(request.request_id, meta, shape, |cols| {
-                write_sample(cols, &request.targets, &sampled);
-                late = fetch_rows(ctx, &sampled, own_row.as_ref(), cols, deadline);
+            let job = jobs.pop().expect("one job");
+            job.answer(ctx, |cols, sampled, own_row| {
+                fetch_rows(ctx, sampled, own_row, cols, deadline)
             });
-            count_outcome(ctx, written.is_ok(), late);
             return;
         }
         // Several: one fetch per node type of their unique rows, the types
@@ -124,18 +143,8 @@ impl BatchServer {
             .block_on(futures_util::future::join_all(fetches));
         m.stage("fetch").observe(fetching.elapsed().as_secs_f64());
         for (job, rows) in jobs.into_iter().zip(&rows) {
-            let Job {
-                pending: Pending {
-                    ticket, request, ..
-                },
-                sampled,
-                shape,
-                meta,
-                own_row,
-            } = job;
-            let mut late = false;
-            let written = ticket.respond_typed(request.request_id, meta, shape, |cols| {
-                write_sample(cols, &request.targets, &sampled);
+            job.answer(ctx, |cols, _, own_row| {
+                let mut late = false;
                 for (t, nodes) in cols.nodes.iter_mut().enumerate() {
                     let Some(features) = &types[t] else { continue };
                     let dim = features.feature_dim();
@@ -157,8 +166,8 @@ impl BatchServer {
                         row += 1;
                     }
                 }
+                late
             });
-            count_outcome(ctx, written.is_ok(), late);
         }
     }
 
@@ -232,16 +241,6 @@ impl BatchServer {
             meta,
             own_row,
         })
-    }
-}
-
-/// Counts a typed response too large for its slot, or late.
-fn count_outcome(ctx: &BatchContext<'_>, written: bool, late: bool) {
-    if !written {
-        ctx.metrics.too_large.inc();
-    }
-    if late {
-        ctx.metrics.deadline_misses.inc();
     }
 }
 
