@@ -124,6 +124,11 @@ fn the_kserve_manifests_validate_against_kserves_crds() {
         "name: sidecar\n",
         "medium: Memory",
         "runtime: gnn-serving",
+        // Both of the worker's ports, gRPC named so that KServe marks it
+        // appProtocol grpc.
+        "containerPort: 8080",
+        "containerPort: 8081",
+        "name: grpc\n",
     ] {
         assert!(rendered.contains(needle), "no {needle:?} in:\n{rendered}");
     }

@@ -15,6 +15,10 @@
 //! the pod (SIGTERM, as Kubernetes does) drains the sidecar, which exits 0
 //! and leaves no segment behind; `podman kube down` removes the rest.
 //!
+//! The KServe runtime (k8s/kserve) is played the same way, as KServe's
+//! controller runs it for its InferenceService, and called with
+//! tritonclient over HTTP and gRPC.
+//!
 //! podman runs with a project-local containers.conf (`CONTAINERS_CONF`):
 //! runc, cgroupfs, and ulimits the sandbox allows.
 
@@ -151,6 +155,79 @@ fn import_image(podman: &Podman, root: &Path, tag: &str, changes: &[&str]) -> u6
     size.trim().parse().unwrap()
 }
 
+/// The two images, assembled from this machine's files and imported as
+/// `localhost/gnn-sidecar:<id>` and `localhost/gnn-worker:<id>`: the
+/// sidecar with the shipped cora dataset at the path the configurations'
+/// `seed_dataset` names, the worker with ONNX Runtime where
+/// `onnxruntime_lib` says and `model` (model.onnx, manifest.json) as its
+/// image's model.
+fn assemble_images(podman: &Podman, work: &Path, id: &str, model: &Path) -> (String, String) {
+    let ort = tests::stack::onnxruntime_lib();
+    let sidecar_root = work.join("sidecar-root");
+    base_rootfs(&sidecar_root);
+    copy_with_libraries(
+        &workspace_bin("sidecar"),
+        Path::new("/usr/bin/sidecar"),
+        &sidecar_root,
+    );
+    copy_with_libraries(
+        &workspace_bin("sidecarctl"),
+        Path::new("/usr/bin/sidecarctl"),
+        &sidecar_root,
+    );
+    tests::stack::copy_dir(
+        &shipped_cora(),
+        &sidecar_root.join("usr/share/gnn-serving/datasets/cora"),
+    );
+    let worker_root = work.join("worker-root");
+    base_rootfs(&worker_root);
+    copy_with_libraries(
+        &workspace_bin("gnn-worker"),
+        Path::new("/usr/bin/gnn-worker"),
+        &worker_root,
+    );
+    copy_with_libraries(
+        &ort,
+        Path::new("/usr/lib/gnn-serving/libonnxruntime.so.1.31.1"),
+        &worker_root,
+    );
+    for file in ["model.onnx", "manifest.json"] {
+        let dir = worker_root.join("usr/share/gnn-serving/models/cora");
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::copy(model.join(file), dir.join(file)).unwrap();
+    }
+    let sidecar_image = format!("localhost/gnn-sidecar:{id}");
+    let worker_image = format!("localhost/gnn-worker:{id}");
+    let sidecar_size = import_image(
+        podman,
+        &sidecar_root,
+        &sidecar_image,
+        &[
+            "USER 10001:10001",
+            PATH_ENV,
+            "ENTRYPOINT [\"/usr/bin/sidecar\"]",
+            "CMD [\"serve\", \"--config\", \"/etc/gnn-serving/sidecar.toml\"]",
+        ],
+    );
+    let worker_size = import_image(
+        podman,
+        &worker_root,
+        &worker_image,
+        &[
+            "USER 10001:10001",
+            PATH_ENV,
+            "ENTRYPOINT [\"/usr/bin/gnn-worker\"]",
+            "CMD [\"serve\", \"--config\", \"/etc/gnn-serving/worker.toml\"]",
+        ],
+    );
+    println!(
+        "images: sidecar {:.1} MB, worker {:.1} MB",
+        sidecar_size as f64 / 1e6,
+        worker_size as f64 / 1e6
+    );
+    (sidecar_image, worker_image)
+}
+
 /// Everything the test started, torn down even when it fails.
 struct Cleanup<'a> {
     podman: &'a Podman,
@@ -242,74 +319,12 @@ fn the_dev_pod_pair_runs_under_podman_and_survives_a_sidecar_kill() {
     // 2. Assemble the two images from this machine's files.
     let cora = shipped_cora();
     let model = trained_model_for(&cora);
-    let ort = tests::stack::onnxruntime_lib();
-    let sidecar_root = work.path().join("sidecar-root");
-    base_rootfs(&sidecar_root);
-    copy_with_libraries(
-        &workspace_bin("sidecar"),
-        Path::new("/usr/bin/sidecar"),
-        &sidecar_root,
-    );
-    copy_with_libraries(
-        &workspace_bin("sidecarctl"),
-        Path::new("/usr/bin/sidecarctl"),
-        &sidecar_root,
-    );
-    tests::stack::copy_dir(
-        &cora,
-        &sidecar_root.join("usr/share/gnn-serving/datasets/cora"),
-    );
-    let worker_root = work.path().join("worker-root");
-    base_rootfs(&worker_root);
-    copy_with_libraries(
-        &workspace_bin("gnn-worker"),
-        Path::new("/usr/bin/gnn-worker"),
-        &worker_root,
-    );
-    copy_with_libraries(
-        &ort,
-        Path::new("/usr/lib/gnn-serving/libonnxruntime.so.1.31.1"),
-        &worker_root,
-    );
-    for file in ["model.onnx", "manifest.json"] {
-        let dir = worker_root.join("usr/share/gnn-serving/models/cora");
-        std::fs::create_dir_all(&dir).unwrap();
-        std::fs::copy(model.join(file), dir.join(file)).unwrap();
-    }
-    let sidecar_image = format!("localhost/gnn-sidecar:{id}");
-    let worker_image = format!("localhost/gnn-worker:{id}");
+    let (sidecar_image, worker_image) = assemble_images(&podman, work.path(), &id, &model);
     let mut cleanup = Cleanup {
         podman: &podman,
         played: None,
         images: vec![sidecar_image.clone(), worker_image.clone()],
     };
-    let sidecar_size = import_image(
-        &podman,
-        &sidecar_root,
-        &sidecar_image,
-        &[
-            "USER 10001:10001",
-            PATH_ENV,
-            "ENTRYPOINT [\"/usr/bin/sidecar\"]",
-            "CMD [\"serve\", \"--config\", \"/etc/gnn-serving/sidecar.toml\"]",
-        ],
-    );
-    let worker_size = import_image(
-        &podman,
-        &worker_root,
-        &worker_image,
-        &[
-            "USER 10001:10001",
-            PATH_ENV,
-            "ENTRYPOINT [\"/usr/bin/gnn-worker\"]",
-            "CMD [\"serve\", \"--config\", \"/etc/gnn-serving/worker.toml\"]",
-        ],
-    );
-    println!(
-        "images: sidecar {:.1} MB, worker {:.1} MB",
-        sidecar_size as f64 / 1e6,
-        worker_size as f64 / 1e6
-    );
 
     // 3. The dev overlay with this run's images, names and host ports.
     let (grpc_port, http_port, metrics_port) = (free_port(), free_port(), free_port());
@@ -555,6 +570,163 @@ fn the_dev_pod_pair_runs_under_podman_and_survives_a_sidecar_kill() {
     let exists = podman.cmd().args(["pod", "exists", &pod]).status().unwrap();
     assert!(!exists.success(), "the pod is still there after kube down");
     println!("pod test took {:.1} s", started.elapsed().as_secs_f64());
+}
+
+/// The KServe runtime (k8s/kserve) as KServe's controller runs it for the
+/// InferenceService: the ServingRuntime's containers and volumes as
+/// rendered, `{{.Name}}` the InferenceService's name, the model at
+/// /mnt/models (tests/python/kserve_pod.py), played with `podman kube
+/// play`. The sidecar seeds its empty data volume from the dataset its
+/// image ships; the worker becomes ready over the Open Inference
+/// Protocol; tritonclient calls the model by the InferenceService's name
+/// over HTTP (8080) and gRPC (8081) and gets the native API's answers.
+#[test]
+fn the_kserve_runtime_pod_runs_under_podman_and_answers_tritonclient() {
+    let started = Instant::now();
+    require(
+        "podman",
+        "run scripts/setup.sh (Debian packages podman, runc)",
+    );
+    require("runc", "run scripts/setup.sh (Debian package runc)");
+    require(
+        "kubectl",
+        "install kubectl (with kustomize) or Debian's kubernetes-client",
+    );
+    let work = tempfile::tempdir().unwrap();
+    let podman = Podman::new(work.path());
+    let id = format!("k{}", std::process::id());
+    let cora = shipped_cora();
+    let model = trained_model_for(&cora);
+    let (sidecar_image, worker_image) = assemble_images(&podman, work.path(), &id, &model);
+    let mut cleanup = Cleanup {
+        podman: &podman,
+        played: None,
+        images: vec![sidecar_image.clone(), worker_image.clone()],
+    };
+    // What the storage initializer leaves at /mnt/models: the model
+    // directory, readable by the pod's user.
+    let model_dir = work.path().join("mnt-models");
+    std::fs::create_dir_all(&model_dir).unwrap();
+    for file in ["model.onnx", "manifest.json"] {
+        std::fs::copy(model.join(file), model_dir.join(file)).unwrap();
+    }
+    {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&model_dir, std::fs::Permissions::from_mode(0o755)).unwrap();
+    }
+    let rendered = work.path().join("kserve.yaml");
+    std::fs::write(
+        &rendered,
+        run(Command::new("kubectl")
+            .arg("kustomize")
+            .arg(repo_root().join("k8s/kserve"))),
+    )
+    .unwrap();
+    let (grpc_port, http_port, metrics_port) = (free_port(), free_port(), free_port());
+    let pod = format!("cora-sage-predictor-{id}");
+    let play = run(Command::new(tests::stack::python())
+        .arg(repo_root().join("tests/python/kserve_pod.py"))
+        .arg("--rendered")
+        .arg(&rendered)
+        .args(["--pod", &pod, "--model-dir"])
+        .arg(&model_dir)
+        .args([
+            "--worker-image",
+            &worker_image,
+            "--sidecar-image",
+            &sidecar_image,
+        ])
+        .args(["--http-port", &http_port.to_string()])
+        .args(["--grpc-port", &grpc_port.to_string()])
+        .args(["--metrics-port", &metrics_port.to_string()]));
+    let play_file = work.path().join("play.yaml");
+    std::fs::write(&play_file, &play).unwrap();
+
+    let played_at = Instant::now();
+    podman.run(&["kube", "play", play_file.to_str().unwrap()]);
+    cleanup.played = Some(play_file.clone());
+    let http = format!("127.0.0.1:{http_port}");
+    let grpc = format!("127.0.0.1:{grpc_port}");
+    let ready = eventually(Duration::from_secs(300), || {
+        http_request(&http, "GET", "/v2/health/ready", None).is_ok_and(|(code, _)| code == 200)
+    });
+    if !ready {
+        let logs = |ctr: &str| {
+            let out = podman.cmd().args(["logs", ctr]).output().unwrap();
+            String::from_utf8_lossy(&out.stderr).into_owned()
+        };
+        panic!(
+            "the KServe pod did not become ready.\nsidecar:\n{}\nworker:\n{}",
+            logs(&format!("{pod}-sidecar")),
+            logs(&format!("{pod}-kserve-container"))
+        );
+    }
+    println!(
+        "KServe pod ready {:.1} s after kube play",
+        played_at.elapsed().as_secs_f64()
+    );
+    // The sidecar seeded its empty data volume from the image's dataset.
+    let sidecar_log = podman
+        .cmd()
+        .args(["logs", &format!("{pod}-sidecar")])
+        .output()
+        .unwrap();
+    let sidecar_log = String::from_utf8_lossy(&sidecar_log.stderr).into_owned()
+        + &String::from_utf8_lossy(&sidecar_log.stdout);
+    assert!(
+        sidecar_log.contains("seed"),
+        "the sidecar's log does not say it seeded its data directory:\n{sidecar_log}"
+    );
+
+    // The native answers (gnn.v1 on the same gRPC port), then
+    // tritonclient's over both of the runtime's ports.
+    let split = std::fs::read(cora.join("split.u8")).unwrap();
+    let ids: Vec<u64> = (0..split.len() as u64)
+        .filter(|&i| split[i as usize] == 2)
+        .take(8)
+        .collect();
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let native = runtime
+        .block_on(predict(&format!("http://{grpc}"), &ids))
+        .unwrap();
+    let hex: String = native
+        .iter()
+        .flat_map(|p| p.logits.iter().flat_map(|v| v.to_le_bytes()))
+        .map(|b| format!("{b:02x}"))
+        .collect();
+    let labels: Vec<i32> = native.iter().map(|p| p.label).collect();
+    let said = run(Command::new(tests::stack::python_v2())
+        .arg(repo_root().join("tests/python/triton_call.py"))
+        .args(["--http", &http, "--grpc", &grpc, "--model", "cora-sage"])
+        .args(ids.iter().map(u64::to_string)));
+    let answers: serde_json::Value = serde_json::from_str(said.trim()).unwrap();
+    for protocol in ["http", "grpc"] {
+        let answer = &answers[protocol];
+        assert_eq!(answer["ready"], true, "{protocol}: {answer}");
+        assert_eq!(
+            answer["logits_hex"].as_str(),
+            Some(hex.as_str()),
+            "{protocol}: tritonclient's logits differ from the native answer's"
+        );
+        assert_eq!(answer["label"], serde_json::json!(labels), "{protocol}");
+    }
+
+    // Stopped as Kubernetes stops it (SIGTERM, a grace period): both exit 0.
+    podman.run(&["pod", "stop", "--time", "60", &pod]);
+    for ctr in [format!("{pod}-sidecar"), format!("{pod}-kserve-container")] {
+        let code = podman.run(&["inspect", "--format", "{{.State.ExitCode}}", &ctr]);
+        assert_eq!(code.trim(), "0", "{ctr} did not exit cleanly");
+    }
+    podman.run(&["kube", "down", play_file.to_str().unwrap()]);
+    cleanup.played = None;
+    println!(
+        "KServe pod test took {:.1} s",
+        started.elapsed().as_secs_f64()
+    );
 }
 
 /// Renders `kustomization` (relative to the repository) with `kubectl
