@@ -1,10 +1,12 @@
-"""What every model tool shares (sage.py, pyg_model.py, pyg_hetero.py): the
-one reader of the ../shared/data dataset layout, the neighbour lists as the
-sidecar's index keeps them, the one neighbour sampler (the sidecar's rule),
-onnxruntime sessions, progress lines and file hashes."""
+"""What every model tool shares (sage.py, pyg_model.py): the one reader of
+the dataset layouts (`Graph`: a one-type dataset in the ../shared/data
+layout is the 1x1 typed graph), the neighbour lists as the sidecar's index
+keeps them, the one neighbour sampler (the sidecar's rule), onnxruntime
+sessions, progress lines and file hashes."""
 import hashlib
 import json
 import os
+import re
 import sys
 import time
 
@@ -66,10 +68,10 @@ def sample(ds, target_type, targets, fanouts, rng=None):
     """The one sampler of the model tooling: one batch as
     NeighborLoader(num_neighbors=fanouts, replace=False) builds it from a
     HeteroData for seeds of `target_type`, and as the sidecar writes it
-    (`ds`: anything with `node_types`, `edge_types` and `lists`, each edge
-    type's (indptr, indices) of each destination node's sources; a
-    one-type graph is `one_type_graph`, its one type and one edge type): per type the unique nodes (targets first in
-    theirs, then each hop's newly reached ones), per edge type an
+    (`ds`: a `Graph`, whose `lists` give each edge type's (indptr,
+    indices) of each destination node's sources; a one-type graph is its
+    1x1 case): per type the unique nodes (targets first in theirs, then
+    each hop's newly reached ones), per edge type an
     edge_index in local ids. Each hop, every edge type (src, rel, dst) in
     the dataset's order draws, for each node of type dst reached in the
     hop before (in local order), up to its fanout of sources, uniformly
@@ -116,21 +118,160 @@ def sample(ds, target_type, targets, fanouts, rng=None):
     return n_id, edge_index, num_nodes, num_edges
 
 
-# The names of a one-type graph as the 1x1 typed graph it is.
+# The names of a one-type graph as the 1x1 typed graph it is (the
+# sidecar's names for it too).
 ONE_TYPE = "node"
 ONE_EDGE_TYPE = (ONE_TYPE, "to", ONE_TYPE)
 
+NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_]*$")
 
-class OneTypeGraph:
-    """A one-type graph's neighbour lists (`neighbour_lists`) as the typed
-    sampler reads a graph: one node type, one edge type whose lists are
-    each node's neighbours (who send it messages)."""
 
-    node_types = [ONE_TYPE]
-    edge_types = [ONE_EDGE_TYPE]
+def check_name(kind, name):
+    """A type or relation name usable in an input name: letters, digits
+    and single underscores, starting with a letter (`__` separates the
+    parts of an input name)."""
+    if not NAME.match(name) or "__" in name:
+        sys.exit(f"{kind} {name!r}: use letters, digits and single underscores, starting with a "
+                 "letter ('__' separates the parts of an input name)")
 
-    def __init__(self, indptr, indices):
+
+def edge_key(edge_type):
+    return "__".join(edge_type)
+
+
+class Graph:
+    """A dataset as the model tooling reads it: N node types and E edge
+    types, checked. A typed dataset (docs/graph-index.md, "Typed
+    datasets": meta.json has node_types and edge_types) is read as it is;
+    a one-type dataset (the ../shared/data layout) is the 1x1 case, node
+    type `node` and edge type `node__to__node` whose lists are each node's
+    neighbours as the sidecar keeps them (`one_type` is True). Per node
+    type: `num_nodes`, `feature_dim` (0: no features), `x`; per edge type
+    `edges` ((src, dst) pairs, message src -> dst) and `lists` (each
+    destination node's sources, sorted: what the sampler draws from);
+    `y`, `split`, `target_type` and `num_classes` where it has labels."""
+
+    def __init__(self, path, labels=True):
+        with open(os.path.join(path, "meta.json")) as f:
+            self.meta = meta = json.load(f)
+        self.name = meta.get("name")
+        self.one_type = "node_types" not in meta and "edge_types" not in meta
+        if self.one_type:
+            self._read_one_type(path, labels)
+        else:
+            self._read_typed(path, labels)
+
+    def _read_one_type(self, path, labels):
+        meta, x, edges, y, split = load_dataset(path, labels)
+        n, d = x.shape
+        indptr, indices = neighbour_lists(n, edges)
+        self.num_nodes, self.feature_dim = {ONE_TYPE: n}, {ONE_TYPE: d}
+        self.x = {ONE_TYPE: x} if d else {}
+        self.node_types, self.edge_types = [ONE_TYPE], [ONE_EDGE_TYPE]
+        # Messages u -> v for every neighbour u of v.
+        node = np.repeat(np.arange(n, dtype=np.int64), np.diff(indptr))
+        self.edges = {ONE_EDGE_TYPE: np.stack([indices, node], axis=1)}
         self.lists = {ONE_EDGE_TYPE: (indptr, indices)}
+        self.y, self.split = y, split
+        self.target_type = ONE_TYPE
+        self.num_classes = int(meta["num_classes"]) if y is not None else None
+
+    def _read_typed(self, path, labels):
+        meta = self.meta
+        if "node_types" not in meta or "edge_types" not in meta:
+            sys.exit(f"{path}/meta.json has one of node_types and edge_types: a typed dataset "
+                     "has both (docs/graph-index.md, \"Typed datasets\")")
+        self.num_nodes, self.feature_dim, self.x = {}, {}, {}
+        for t in meta["node_types"]:
+            name = t["name"]
+            check_name("node type", name)
+            n, d = int(t["num_nodes"]), int(t.get("feature_dim", 0))
+            self.num_nodes[name], self.feature_dim[name] = n, d
+            if d:
+                if t.get("dtype", "f32") != "f32":
+                    sys.exit(f"node type {name}: dtype {t['dtype']!r}, the tooling reads f32")
+                file = os.path.join(path, t["features"])
+                x = np.fromfile(file, dtype="<f4")
+                if x.size != n * d:
+                    sys.exit(f"{file}: {x.size} values, {n} x {d} expected")
+                self.x[name] = x.reshape(n, d)
+        self.node_types = list(self.num_nodes)
+        self.edges = {}
+        for e in meta["edge_types"]:
+            et = (e["src"], e["relation"], e["dst"])
+            check_name("relation", et[1])
+            for t in (et[0], et[2]):
+                if t not in self.num_nodes:
+                    sys.exit(f"edge type {et}: node type {t!r} is not in node_types")
+            file = os.path.join(path, e["edges"])
+            pairs = np.fromfile(file, dtype="<u4").reshape(-1, 2).astype(np.int64)
+            if len(pairs) != int(e["num_edges"]):
+                sys.exit(f"{file}: {len(pairs)} edges, meta.json says {e['num_edges']}")
+            if len(pairs) and (pairs[:, 0].max() >= self.num_nodes[et[0]]
+                               or pairs[:, 1].max() >= self.num_nodes[et[2]]):
+                sys.exit(f"{file}: a node id past its type's count")
+            keys = pairs[:, 0] * self.num_nodes[et[2]] + pairs[:, 1]
+            if len(keys) > 1 and not (np.diff(keys) > 0).all():
+                sys.exit(f"{file}: pairs must be unique and sorted by (src, dst)")
+            self.edges[et] = pairs
+        self.edge_types = list(self.edges)
+        self.y = self.split = None
+        self.target_type = self.num_classes = None
+        label = meta.get("labels")
+        if label:
+            self.target_type = label["node_type"]
+            self.num_classes = int(label["num_classes"])
+            n = self.num_nodes[self.target_type]
+            self.y = np.fromfile(os.path.join(path, label["labels"]), dtype="<i4")
+            self.split = np.fromfile(os.path.join(path, label["split"]), dtype="u1")
+            if len(self.y) != n or len(self.split) != n:
+                sys.exit(f"{path}: labels and split need one entry per {self.target_type}")
+        elif labels:
+            sys.exit(f"{path} has no labels: training needs labels and a split")
+        # Each destination node's sources (who sends it messages), sorted.
+        self.lists = {}
+        for et, pairs in self.edges.items():
+            n_dst = self.num_nodes[et[2]]
+            order = np.lexsort((pairs[:, 0], pairs[:, 1]))
+            indptr = np.zeros(n_dst + 1, dtype=np.int64)
+            np.cumsum(np.bincount(pairs[:, 1], minlength=n_dst), out=indptr[1:])
+            self.lists[et] = (indptr, pairs[order, 0])
+
+    @classmethod
+    def from_lists(cls, indptr, indices, x=None):
+        """A one-type graph of neighbour lists (`neighbour_lists`), for the
+        sampler (and `x`'s rows, if given)."""
+        g = cls.__new__(cls)
+        n = len(indptr) - 1
+        d = 0 if x is None else x.shape[1]
+        g.meta, g.name, g.one_type = {}, None, True
+        g.num_nodes, g.feature_dim = {ONE_TYPE: n}, {ONE_TYPE: d}
+        g.x = {ONE_TYPE: x} if d else {}
+        g.node_types, g.edge_types = [ONE_TYPE], [ONE_EDGE_TYPE]
+        g.lists = {ONE_EDGE_TYPE: (indptr, indices)}
+        node = np.repeat(np.arange(n, dtype=np.int64), np.diff(indptr))
+        g.edges = {ONE_EDGE_TYPE: np.stack([indices, node], axis=1)}
+        g.y = g.split = g.target_type = g.num_classes = None
+        return g
+
+    def featured(self, node_type):
+        return self.feature_dim[node_type] > 0
+
+    def num_edges(self):
+        return sum(len(p) for p in self.edges.values())
+
+    def full_graph(self):
+        """x_dict (features, or every id) and edge_index_dict of the whole
+        graph, as numpy."""
+        x = {t: self.x[t] if self.featured(t) else np.arange(self.num_nodes[t], dtype=np.int64)
+             for t in self.node_types}
+        edge_index = {et: np.ascontiguousarray(p.T) for et, p in self.edges.items()}
+        return x, edge_index
+
+    def rows(self, n_id):
+        """x_dict of a sampled subgraph: each type's rows, or its ids."""
+        return {t: np.ascontiguousarray(self.x[t][ids]) if self.featured(t) else ids
+                for t, ids in n_id.items()}
 
 
 def session_of(path):

@@ -1,13 +1,18 @@
 #!/usr/bin/env python3
-"""PyTorch Geometric model tooling for gnn-worker's subgraph layout: train a
-PyG GNN, export any PyG model with torch.onnx.export (opset pinned), check
-onnxruntime against PyG on sampled subgraphs, write the manifest and the
-reference outputs the worker and the tests read.
+"""PyTorch Geometric model tooling for gnn-worker's subgraph layout, one
+for a one-type graph and a typed (heterogeneous) graph: read the dataset
+(`common.Graph`; a one-type dataset is the 1x1 typed graph), sample as
+NeighborLoader samples (`common.sample`), train a PyG GNN, export any PyG
+model with torch.onnx.export (opset pinned), check onnxruntime against PyG
+on sampled and adversarial subgraphs before anything is written, and write
+the manifest and the reference outputs the worker and the tests read.
 
-    python gnn-worker/model/pyg_model.py train --dataset DIR --arch sage --out models/pyg-sage \
-        [--layers 2] [--hidden 64] [--fanouts 20,10] [--mode full|minibatch] [--output classes]
+    python gnn-worker/model/pyg_model.py train --dataset DIR --out models/m \
+        [--arch sage|gcn|gat|gin (one-type) | to_hetero|heteroconv (typed)] \
+        [--layers 2] [--hidden 64] [--fanouts 20,10] [--fanout SRC__REL__DST=A,B ...] \
+        [--mode full|minibatch] [--output classes|embedding]
     python gnn-worker/model/pyg_model.py export --module mymodels:Net --init '{"hidden": 64}' \
-        --state-dict net.pt --dataset DIR --fanouts 20,10 --out models/net
+        --state-dict net.pt --dataset DIR --out models/net [--fanouts 20,10] [--target-type T]
 
 or, from the Python that trained the model:
 
@@ -16,30 +21,42 @@ or, from the Python that trained the model:
     model.eval()
     export(model, dataset="DIR", fanouts=[20, 10], out="models/net")
 
+The dataset's kind decides the call and the names. A one-type model is
+called `model(x, edge_index)`; its ONNX inputs are `x` [n, D] f32 and
+`edge_index` [2, e] int64. A heterogeneous model is called as PyG calls
+one, `model(x_dict, edge_index_dict)`, and returns the target type's rows
+(a tensor, or a dict holding them); a node type with features has its rows
+in `x_dict` (float32 [n, D]), a type without features its global ids
+(int64 [n], PyG's `n_id`); its inputs are named by the rule of
+docs/model.md, "Bring your own heterogeneous model": `x__<type>`,
+`n_id__<type>` and `edge_index__<src>__<relation>__<dst>`. Either way the
+output `out` is [n, C], one row per node (of the target type), the targets
+first.
+
 writes into the model directory:
-  model.onnx            the model as torch.onnx.export wrote it (TorchScript
-                        exporter, opset 18, dynamic node and edge counts):
-                        inputs x [n, D] f32 and edge_index [2, e] int64,
-                        output `out` [n, C] (one row per node); a max or min
-                        scatter the exporter got wrong is corrected
+  model.onnx            TorchScript exporter, opset 18, dynamic sizes; a max
+                        or min scatter the exporter got wrong is corrected
                         (`fix_scatter_extrema`)
-  manifest.json         layout "subgraph", feature dim, fanouts (one per
-                        hop), graph version, opset, output kind and width,
-                        what the check measured, offline accuracy
-  reference/outputs.f32 PyG's full-graph model(x, edge_index) for every
-                        node, N x C, f32 LE
-  reference/subgraph.json + reference/*.bin: one sampled subgraph (node ids,
-                        x, edge_index) and the outputs onnxruntime computed
-                        on it in Python
+  manifest.json         layout "subgraph"; one-type: the feature dim and one
+                        fanout per hop; typed: the node types (features or
+                        ids), the edge types, the target type and the
+                        fanouts per edge type and hop; the inputs, the
+                        output, what the check measured, offline accuracy
+  reference/outputs.f32 PyG's full-graph outputs for every node (of the
+                        target type), f32 LE
+  reference/subgraph.json + reference/*.bin: one sampled subgraph (each
+                        input as <input>.bin, each type's global ids as
+                        global_ids__<type>.bin) and onnxruntime's outputs on
+                        it (ort_outputs.bin)
   weights.safetensors   (train only) the trained state_dict, PyG's names
 
 The subgraphs are laid out as the sidecar lays out a subgraph-layout
 response and as NeighborLoader(num_neighbors=fanouts, replace=False) builds
-a batch: the unique targets first, then each hop's newly reached nodes; an
-edge (neighbour, node) per sampled neighbour (docs/protocol.md, "The
-subgraph layout"). NeighborLoader itself needs pyg-lib or torch-sparse,
-which do not install from PyPI here, so this module samples the same way
-itself (`sample_subgraph`).
+a batch: per type the unique targets first, then each hop's newly reached
+nodes; per edge type an edge (source, destination) per sampled neighbour
+(docs/protocol.md, "The subgraph layout"). NeighborLoader itself needs
+pyg-lib or torch-sparse, which do not install from PyPI here, so the
+tooling samples the same way itself (`common.sample`).
 """
 import argparse
 import importlib
@@ -50,20 +67,29 @@ import time
 
 import numpy as np
 
-from common import (ONE_EDGE_TYPE, ONE_TYPE, OneTypeGraph, file_sha256,  # noqa: F401
-                    load_dataset, neighbour_lists, progress, sample, session_of)
+from common import (ONE_EDGE_TYPE, ONE_TYPE, Graph, edge_key, file_sha256, neighbour_lists,
+                    progress, sample, session_of)
 
 OPSET = 18
-INPUTS = ["x", "edge_index"]
 OUTPUT = "out"
-ARCHS = ("sage", "gcn", "gat", "gin")
+# A one-type model's inputs.
+INPUTS = ["x", "edge_index"]
+ONE_TYPE_ARCHS = ("sage", "gcn", "gat", "gin")
+TYPED_ARCHS = ("to_hetero", "heteroconv")
 # Outputs are compared relative to the row's magnitude: a float32 sum of
 # large terms differs by its own rounding whatever computes it.
 TOLERANCE = 1e-5
+# On features x1,000 an attention softmax over large logits amplifies
+# float32 rounding alone to about 3e-5 (a to_hetero GAT on OpenFlights);
+# the exporter's hazards are 1e-3 and more off there.
+LARGE_TOLERANCE = 1e-4
+# Past this many edges the check does not run the whole graph through
+# onnxruntime (PyG's full-graph outputs are computed either way).
+FULL_GRAPH_CHECK_EDGES = 2_000_000
 
 
 def full_edge_index(n, edges):
-    """PyG's edge_index of the whole graph: message u -> v for every
+    """PyG's edge_index of a one-type graph: message u -> v for every
     neighbour u of v (the sidecar's lists, so sampling with covering fanouts
     reaches exactly these edges)."""
     indptr, indices = neighbour_lists(n, edges)
@@ -72,15 +98,10 @@ def full_edge_index(n, edges):
 
 
 def sample_subgraph(indptr, indices, targets, fanouts, rng=None):
-    """One batch as NeighborLoader(num_neighbors=fanouts, replace=False)
-    builds it for `targets`, and as the sidecar writes a subgraph-layout
-    response: returns (n_id, edge_index [2, E] local, num_sampled_nodes,
-    num_sampled_edges). With `rng` None every neighbour is taken (fanouts
-    that cover the degrees); otherwise up to the fanout, uniformly without
-    replacement. The typed sampler (`common.sample`) on the graph's one
-    type and one edge type."""
+    """`common.sample` on a one-type graph's neighbour lists: (n_id,
+    edge_index [2, E] local, num_sampled_nodes, num_sampled_edges)."""
     n_id, edge_index, num_nodes, num_edges = sample(
-        OneTypeGraph(indptr, indices), ONE_TYPE, targets,
+        Graph.from_lists(indptr, indices), ONE_TYPE, targets,
         {ONE_EDGE_TYPE: [int(f) for f in fanouts]}, rng)
     return (n_id[ONE_TYPE], edge_index[ONE_EDGE_TYPE], num_nodes[ONE_TYPE],
             num_edges[ONE_EDGE_TYPE])
@@ -90,159 +111,97 @@ def torch_modules():
     import warnings
     warnings.filterwarnings("ignore", category=FutureWarning)
     import torch
-    import torch.nn.functional as F
-    from torch_geometric.nn import GATConv, GCNConv, GINConv, SAGEConv
-    return torch, F, SAGEConv, GCNConv, GATConv, GINConv
+    import torch_geometric.nn as pyg_nn
+    return torch, torch.nn.functional, pyg_nn
 
 
-def build_net(arch, in_dim, hidden, out_dim, layers, dropout, heads=8, row_normalise=True,
-              head=False):
-    """A PyG GNN of `layers` message-passing layers: SAGEConv (mean),
-    GCNConv, GATConv (`heads` heads, concatenated, one on the last layer)
-    or GINConv (a 2-layer MLP each). With `row_normalise`, each feature
-    row is divided by its sum (at least 1) first, inside the model, so the
-    stores keep the raw rows. With `head`, the last layer gives `hidden`
-    (an embedding) and a linear layer the `out_dim` classes (`encode`
-    returns the embedding)."""
-    torch, F, SAGEConv, GCNConv, GATConv, GINConv = torch_modules()
+# --- the model's inputs: names, the call, the export ----------------------
 
-    def conv(d_in, d_out, last):
-        if arch == "sage":
-            return SAGEConv(d_in, d_out)
-        if arch == "gcn":
-            return GCNConv(d_in, d_out)
-        if arch == "gat":
-            h = 1 if last else heads
-            return GATConv(d_in, d_out // h if not last else d_out, heads=h)
-        if arch == "gin":
-            mlp = torch.nn.Sequential(torch.nn.Linear(d_in, hidden), torch.nn.ReLU(),
-                                      torch.nn.Linear(hidden, d_out))
-            return GINConv(mlp)
-        raise ValueError(f"arch {arch!r}: one of {', '.join(ARCHS)}")
+def x_input(ds, node_type):
+    if ds.one_type:
+        return "x"
+    return f"x__{node_type}" if ds.featured(node_type) else f"n_id__{node_type}"
 
-    class Net(torch.nn.Module):
+
+def edge_input(ds, edge_type):
+    return "edge_index" if ds.one_type else "edge_index__" + edge_key(edge_type)
+
+
+def input_spec(ds):
+    """(kind, key, input name) of every input a model over `ds` can take:
+    each node type's rows or ids, then each edge type's edge_index."""
+    spec = [("node", t, x_input(ds, t)) for t in ds.node_types]
+    spec += [("edge", et, edge_input(ds, et)) for et in ds.edge_types]
+    return spec
+
+
+def flat_inputs(ds, x, edge_index):
+    """The flat input dict of a (sub)graph, every name of input_spec."""
+    return {name: np.ascontiguousarray(x[key] if kind == "node" else edge_index[key])
+            for kind, key, name in input_spec(ds)}
+
+
+def call(model, ds, x, edge_index, target_type):
+    """The model on torch dicts, called as PyG calls a model of this
+    graph: `model(x, edge_index)` for one type, `model(x_dict,
+    edge_index_dict)` for a typed graph; the target type's rows."""
+    if ds.one_type:
+        out = model(x[ONE_TYPE], edge_index[ONE_EDGE_TYPE])
+    else:
+        out = model(x, edge_index)
+    return out[target_type] if isinstance(out, dict) else out
+
+
+def to_torch(arrays):
+    torch = torch_modules()[0]
+    return {k: torch.from_numpy(np.ascontiguousarray(v)) for k, v in arrays.items()}
+
+
+def pyg_outputs(model, ds, x, edge_index, target_type):
+    torch = torch_modules()[0]
+    with torch.no_grad():
+        return call(model, ds, to_torch(x), to_torch(edge_index), target_type).numpy()
+
+
+def flat_wrapper(model, ds, target_type):
+    """The module torch.onnx.export traces: flat tensors in, in the order
+    of `input_spec(ds)`, the call the model takes built from them, the
+    target type's rows out (dict outputs are exported by neither
+    exporter)."""
+    torch = torch_modules()[0]
+    spec = input_spec(ds)
+
+    class Flat(torch.nn.Module):
         def __init__(self):
             super().__init__()
-            last_out = hidden if head else out_dim
-            dims = [in_dim] + [hidden] * (layers - 1) + [last_out]
-            self.convs = torch.nn.ModuleList(
-                conv(dims[i], dims[i + 1], last=(i == layers - 1) and not head)
-                for i in range(layers))
-            self.head = torch.nn.Linear(hidden, out_dim) if head else None
-            self.row_normalise = row_normalise
-            self.dropout = dropout
+            self.model = model
 
-        def encode(self, x, edge_index):
-            if self.row_normalise:
-                x = x / x.sum(dim=-1, keepdim=True).clamp(min=1.0)
-            for i, c in enumerate(self.convs):
-                x = F.dropout(x, p=self.dropout, training=self.training)
-                x = c(x, edge_index)
-                if i < len(self.convs) - 1:
-                    x = F.elu(x) if arch == "gat" else F.relu(x)
-            return x
+        def forward(self, *tensors):
+            x_dict, edge_index_dict = {}, {}
+            for (kind, key, _), tensor in zip(spec, tensors):
+                (edge_index_dict if kind == "edge" else x_dict)[key] = tensor
+            return call(self.model, ds, x_dict, edge_index_dict, target_type)
 
-        def forward(self, x, edge_index):
-            x = self.encode(x, edge_index)
-            if self.head is not None:
-                x = self.head(F.relu(x))
-            return x
-
-    return Net()
+    return Flat().eval()
 
 
-class Encoder:
-    """Wraps a trained classifier with a head so that its forward is the
-    embedding (what an embedding model's export serves)."""
-
-    @staticmethod
-    def of(net):
-        torch = torch_modules()[0]
-
-        class Wrapped(torch.nn.Module):
-            def __init__(self):
-                super().__init__()
-                self.net = net
-
-            def forward(self, *inputs):  # (x, edge_index), or a typed model's dicts
-                return self.net.encode(*inputs)
-
-        return Wrapped().eval()
-
-
-def train(net, x, edge_index, y, split, *, epochs, lr, weight_decay, mode, fanouts, batch, seed,
-          indptr=None, indices=None):
-    """Trains `net` on the training nodes (split 0), keeping the weights of
-    the epoch with the best validation accuracy (split 1). `full`: the
-    whole graph each epoch; `minibatch`: NeighborLoader-shaped batches of
-    `batch` training nodes at `fanouts`. Returns (best val accuracy,
-    best epoch)."""
-    torch = torch_modules()[0]
-    F = torch_modules()[1]
-    torch.manual_seed(seed)
-    rng = np.random.default_rng(seed)
-    xt, et, yt = torch.from_numpy(x), torch.from_numpy(edge_index), torch.from_numpy(y).long()
-    train_idx = np.flatnonzero(split == 0)
-    val_idx = torch.from_numpy(np.flatnonzero(split == 1))
-    opt = torch.optim.Adam(net.parameters(), lr=lr, weight_decay=weight_decay)
-
-    def train_epoch():
-        if mode == "full":
-            opt.zero_grad()
-            loss = F.cross_entropy(net(xt, et)[train_idx], yt[train_idx])
-            loss.backward()
-            opt.step()
-            return
-        order = rng.permutation(train_idx)
-        for start in range(0, len(order), batch):
-            seeds = order[start:start + batch]
-            n_id, sub, _, _ = sample_subgraph(indptr, indices, seeds, fanouts, rng)
-            opt.zero_grad()
-            out = net(xt[torch.from_numpy(n_id)], torch.from_numpy(sub))
-            loss = F.cross_entropy(out[:len(seeds)], yt[torch.from_numpy(seeds)])
-            loss.backward()
-            opt.step()
-
-    def val_accuracy():
-        pred = net(xt, et).argmax(1)
-        return float((pred[val_idx] == yt[val_idx]).float().mean())
-
-    return keep_best(net, epochs, train_epoch, val_accuracy)
-
-
-def keep_best(net, epochs, train_epoch, val_accuracy):
-    """Runs `train_epoch()` (in training mode) `epochs` times, measures
-    `val_accuracy()` (in eval mode, without gradients) after each, and
-    leaves `net` in eval mode with the weights of the best epoch. Returns
-    (best val accuracy, its epoch)."""
-    torch = torch_modules()[0]
-    best = (-1.0, 0, None)
-    for epoch in range(1, epochs + 1):
-        net.train()
-        train_epoch()
-        net.eval()
-        with torch.no_grad():
-            val = val_accuracy()
-        if val > best[0]:
-            best = (val, epoch, {k: v.detach().clone() for k, v in net.state_dict().items()})
-        if epoch % 20 == 0 or epoch == epochs:
-            progress(f"epoch {epoch}/{epochs}: val {val:.3f} (best {best[0]:.3f} at {best[1]})")
-    net.load_state_dict(best[2])
-    net.eval()
-    return best[0], best[1]
-
-
-def export_onnx(model, path, x_example, edge_example):
+def export_onnx(model, ds, target_type, path, x, edge_index):
     """torch.onnx.export with the TorchScript exporter (the dynamo one fails
-    on GATConv), opset pinned, dynamic node and edge counts."""
+    on GATConv), opset pinned, every node and edge count dynamic."""
     torch = torch_modules()[0]
     import warnings
+    spec = input_spec(ds)
+    feed = flat_inputs(ds, x, edge_index)
+    names = [name for _, _, name in spec]
+    dynamic = {name: {1: f"{name}_e"} if kind == "edge" else {0: f"{name}_n"}
+               for kind, _, name in spec}
+    dynamic[OUTPUT] = {0: "n"}
     with torch.no_grad(), warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        torch.onnx.export(model, (torch.from_numpy(x_example), torch.from_numpy(edge_example)),
-                          path, dynamo=False, opset_version=OPSET, input_names=INPUTS,
-                          output_names=[OUTPUT],
-                          dynamic_axes={"x": {0: "n"}, "edge_index": {1: "e"}, OUTPUT: {0: "n"}})
+        torch.onnx.export(flat_wrapper(model, ds, target_type),
+                          tuple(torch.from_numpy(feed[n]) for n in names), path, dynamo=False,
+                          opset_version=OPSET, input_names=names, output_names=[OUTPUT],
+                          dynamic_axes=dynamic)
 
 
 def _zeros_source(name, producers):
@@ -314,12 +273,6 @@ def fix_scatter_extrema(path):
     return fixed
 
 
-def pyg_outputs(model, x, edge_index):
-    torch = torch_modules()[0]
-    with torch.no_grad():
-        return model(torch.from_numpy(x), torch.from_numpy(edge_index)).numpy()
-
-
 def row_diff(a, b):
     """Largest difference of two output matrices, each row's relative to
     its magnitude (at least 1)."""
@@ -329,195 +282,574 @@ def row_diff(a, b):
     return float((np.abs(a - b) / scale).max())
 
 
-def check_export(model, session, x, indptr, indices, fanouts, seed, subgraphs=8):
-    """onnxruntime against PyG on the same subgraphs: sampled ones at
-    `fanouts` (1 and 16 targets), a covering one around the largest hub,
-    the same with negated and scaled features, and a target without edges.
-    Returns what was measured; exits if a case that ran differs by more
-    than TOLERANCE."""
+# --- fanouts ------------------------------------------------------------------
+
+def fanout_list(text, least=1, what="fanouts"):
+    """"20,10": one fanout per hop, 1 to 3 hops, each at least `least`;
+    exits naming `what` otherwise."""
+    try:
+        fanouts = [int(f) for f in str(text).split(",")]
+    except ValueError:
+        sys.exit(f"{what} {text!r}: give numbers such as 20,10")
+    if not 1 <= len(fanouts) <= 3 or min(fanouts) < least:
+        sys.exit(f"{what} {text!r}: one fanout of {least} or more per hop, 1 to 3 hops")
+    return fanouts
+
+
+def parse_fanouts(ds, default, overrides=None):
+    """Fanouts per edge type and hop: `default` ("10,5" or [10, 5]: every
+    edge type; or a dict edge type -> fanouts) and overrides
+    "src__rel__dst=a,b" (or "rel=a,b" where the relation names one edge
+    type). Every edge type has the same number of hops, 1 to 3; a typed
+    graph's fanout may be 0 (the type is not sampled at that hop), a
+    one-type graph's is at least 1."""
+    least = 1 if ds.one_type else 0
+
+    def numbers(text, what):
+        return fanout_list(text, least=least, what=what)
+
+    if isinstance(default, dict):
+        fanouts = {}
+        for key, values in default.items():
+            et = key if isinstance(key, tuple) else edge_type_named(ds, key)
+            fanouts[et] = numbers(",".join(str(v) for v in values), f"fanout {edge_key(et)}")
+        missing = [edge_key(et) for et in ds.edge_types if et not in fanouts]
+        if missing:
+            sys.exit(f"fanouts: no fanouts for {', '.join(missing)}: give every edge type's")
+    else:
+        if isinstance(default, (list, tuple)):
+            default = ",".join(str(int(f)) for f in default)
+        base = numbers(default, "fanouts")
+        fanouts = {et: list(base) for et in ds.edge_types}
+    for text in overrides or []:
+        key, _, values = text.partition("=")
+        fanouts[edge_type_named(ds, key)] = numbers(values, f"fanout {key}")
+    hops = {len(v) for v in fanouts.values()}
+    if len(hops) != 1 or not 1 <= hops.pop() <= 3:
+        sys.exit("fanouts: every edge type needs the same number of hops, 1 to 3")
+    return fanouts
+
+
+def edge_type_named(ds, key):
+    matches = [et for et in ds.edge_types if key in (edge_key(et), et[1])]
+    if len(matches) != 1:
+        known = ", ".join(edge_key(et) for et in ds.edge_types)
+        sys.exit(f"edge type {key!r}: {'ambiguous' if matches else 'unknown'}; give one of {known}")
+    return matches[0]
+
+
+# --- the check ----------------------------------------------------------------
+
+def pad_inputs(ds, feed, kept):
+    """A subgraph's inputs as the worker runs them (gnn-worker's padding
+    of empty inputs): a node type the model reads with no rows, or at an
+    end of an edge type it reads with no edges, gets one more row (zeros,
+    or node id 0); each such edge type one edge between its ends' extra
+    rows. No edge reaches an extra row from a real one. Returns the padded
+    feed and the inputs that were empty."""
+    padded = dict(feed)
+    dummy, empty = set(), []
+    for kind, key, name in input_spec(ds):
+        if name not in kept:
+            continue
+        if kind == "node" and len(feed[name]) == 0:
+            dummy.add(key)
+            empty.append(name)
+        elif kind == "edge" and feed[name].shape[1] == 0:
+            dummy.update([key[0], key[2]])
+            empty.append(name)
+    for t in dummy:
+        name = x_input(ds, t)
+        rows = feed[name]
+        extra = np.zeros((1,) + rows.shape[1:], dtype=rows.dtype)
+        padded[name] = np.ascontiguousarray(np.concatenate([rows, extra]))
+    for kind, et, name in input_spec(ds):
+        if kind == "edge" and name in empty:
+            src, dst = (len(feed[x_input(ds, t)]) for t in (et[0], et[2]))
+            padded[name] = np.array([[src], [dst]], dtype=np.int64)
+    return padded, empty
+
+
+def emptied(ds, x, edge_index, node_type=None, edge_type=None):
+    """The subgraph with node type `node_type`'s rows and edges (or edge
+    type `edge_type`'s edges) taken out."""
+    x = dict(x)
+    edge_index = dict(edge_index)
+    if node_type is not None:
+        x[node_type] = x[node_type][:0]
+    for et in ds.edge_types:
+        if et == edge_type or node_type in (et[0], et[2]):
+            edge_index[et] = np.zeros((2, 0), dtype=np.int64)
+    return x, edge_index
+
+
+def scaled(ds, x, factor):
+    return {t: (v * np.float32(factor) if ds.featured(t) else v) for t, v in x.items()}
+
+
+def check_export(model, session, ds, target_type, fanouts, seed, subgraphs=8):
+    """onnxruntime against PyG: sampled subgraphs at `fanouts` (1 and 16
+    targets), the whole graph (up to FULL_GRAPH_CHECK_EDGES edges), a
+    target some edge type reaches with no edge, the covering subgraph of
+    the target with the most edges into it, the same with negated and with
+    scaled (x1000) features, that target's sampled subgraph with each other
+    node type emptied and with each edge type emptied, and the target
+    alone (an unknown id; `no_edges` records whether onnxruntime runs it
+    unpadded). A subgraph with an empty input is run padded, as the worker
+    runs it (pad_inputs). Exits if a case differs by more than TOLERANCE
+    (relative to the row; LARGE_TOLERANCE on features x1,000) or cannot run; a case onnxruntime cannot run
+    unpadded while PyG can is recorded in `cannot_run` (some attention
+    models fail so inside onnxruntime 1.31.1), served padded."""
     rng = np.random.default_rng(seed)
-    n = x.shape[0]
-    degree = np.diff(indptr)
-    cases = []
-    for i in range(subgraphs):
-        targets = rng.choice(n, 1 if i % 2 == 0 else 16, replace=False)
-        cases.append((f"sampled-{len(targets)}", targets, rng, 1.0))
-    hub = int(degree.argmax())
-    cases.append(("hub-covering", [hub], None, 1.0))
-    cases.append(("negative-features", [hub], None, -3.0))
-    cases.append(("large-features", [hub], None, 1e3))
-    isolated = np.flatnonzero(degree == 0)
-    results = {"max_rel_diff": 0.0, "cases": {}}
-    for name, targets, case_rng, scale in cases:
-        n_id, sub, _, _ = sample_subgraph(indptr, indices, targets, fanouts, case_rng)
-        xs = np.ascontiguousarray(x[n_id] * np.float32(scale))
-        want = pyg_outputs(model, xs, sub)
-        got = session.run(None, {"x": xs, "edge_index": sub})[0]
-        diff = row_diff(want, got)
-        results["cases"][name] = {"nodes": int(len(n_id)), "edges": int(sub.shape[1]),
-                                  "max_rel_diff": diff}
-        results["max_rel_diff"] = max(results["max_rel_diff"], diff)
-        if diff > TOLERANCE:
-            sys.exit(f"onnxruntime differs from PyG by {diff:.3g} (relative to the row) on the "
-                     f"{name} subgraph ({len(n_id)} nodes, {sub.shape[1]} edges): the export is "
-                     "not faithful (see ../shared/FACTS.md-style hazards in docs/model.md); fix "
-                     "the model or export it another way")
-    # A target with no edge (an unknown id, an isolated node): the worker
-    # runs such a subgraph padded (pad_edgeless), as some exports cannot run
-    # on an empty edge_index; the padded run must give PyG's answer.
-    lone = [int(isolated[0])] if len(isolated) else [hub]
-    xs = np.ascontiguousarray(x[lone])
-    empty = np.zeros((2, 0), dtype=np.int64)
-    want = pyg_outputs(model, xs, empty)
+    n = ds.num_nodes[target_type]
+    kept = [i.name for i in session.get_inputs()]
+    results = {"max_rel_diff": 0.0, "cases": {}, "cannot_run": []}
     import onnxruntime as ort
     quiet = ort.RunOptions()
-    quiet.log_severity_level = 4  # a failure here is expected of some exports
-    try:
-        session.run(None, {"x": xs, "edge_index": empty}, quiet)
+    quiet.log_severity_level = 4  # a failure is reported below, not logged twice
+
+    def compare(name, x, edge_index, tolerance=TOLERANCE):
+        try:
+            want = pyg_outputs(model, ds, x, edge_index, target_type)
+        except Exception as e:  # PyG itself cannot: nothing to compare with
+            results["cases"][name] = {"pyg_error": str(e).splitlines()[0][:300]}
+            progress(f"note: PyG cannot run this model on the {name} subgraph; not compared")
+            return None
+        feed = flat_inputs(ds, x, edge_index)
+        padded, empty = pad_inputs(ds, feed, kept)
         runs_unpadded = True
-    except Exception:  # onnxruntime's own failure: the padding is what serves it
-        runs_unpadded = False
-    px, pedges = pad_edgeless(xs)
-    try:
-        got = session.run(None, {"x": px, "edge_index": pedges})[0][:len(xs)]
-    except Exception as e:
-        sys.exit(f"onnxruntime cannot run the export on a target without edges, even padded "
-                 f"with an unconnected row ({str(e).splitlines()[0][:300]}); PyG can: fix the "
-                 "model or export it another way")
-    diff = row_diff(want, got)
-    results["no_edges"] = {"runs_unpadded": runs_unpadded, "max_rel_diff": diff}
-    if diff > TOLERANCE:
-        sys.exit(f"onnxruntime differs from PyG by {diff:.3g} on a target without edges (run "
-                 "padded as the worker runs it): the model reads nodes it has no edge to; fix "
-                 "the model")
+        if empty:
+            try:
+                session.run(None, {k: feed[k] for k in kept}, quiet)
+            except Exception as e:  # onnxruntime's own failure, recorded
+                error = str(e).splitlines()[0][:300]
+                runs_unpadded = False
+                results["cannot_run"].append({"case": name, "empty_inputs": empty,
+                                              "error": error})
+                progress(f"note: onnxruntime cannot run this model on the {name} subgraph, whose "
+                         f"{', '.join(empty)} are empty; the worker runs it padded")
+        try:
+            got = session.run(None, {k: padded[k] for k in kept}, quiet)[0][:len(want)]
+        except Exception as e:  # onnxruntime's own failure
+            error = str(e).splitlines()[0][:300]
+            how = f" even padded ({', '.join(empty)} were empty)" if empty else ""
+            sys.exit(f"onnxruntime cannot run the export on the {name} subgraph{how} ({error}); "
+                     "PyG can: fix the model or export it another way")
+        diff = row_diff(want, got)
+        sizes = {x_input(ds, t): int(len(v)) for t, v in x.items()}
+        sizes.update({edge_input(ds, et): int(v.shape[1]) for et, v in edge_index.items()})
+        results["cases"][name] = {"sizes": sizes, "max_rel_diff": diff, "padded": empty}
+        if tolerance != TOLERANCE:
+            results["cases"][name]["tolerance"] = tolerance
+        results["max_rel_diff"] = max(results["max_rel_diff"], diff)
+        if diff > tolerance:
+            sys.exit(f"onnxruntime differs from PyG by {diff:.3g} (relative to the row) on the "
+                     f"{name} subgraph: the export is not faithful (docs/model.md lists the "
+                     "exporter's hazards); fix the model or export it another way")
+        return {"runs_unpadded": runs_unpadded, "max_rel_diff": diff}
+
+    for i in range(subgraphs):
+        targets = rng.choice(n, 1 if i % 2 == 0 else min(16, n), replace=False)
+        n_id, edge_index, _, _ = sample(ds, target_type, targets, fanouts, rng)
+        compare(f"sampled-{len(targets)}-{i}", ds.rows(n_id), edge_index)
+    if ds.num_edges() <= FULL_GRAPH_CHECK_EDGES:
+        compare("full-graph", *ds.full_graph())
+    # A target with no edge of some type reaching it (an empty edge set).
+    into = [et for et in ds.edge_types if et[2] == target_type]
+    for et in into:
+        indptr, _ = ds.lists[et]
+        lonely = np.flatnonzero(np.diff(indptr) == 0)
+        if len(lonely):
+            n_id, edge_index, _, _ = sample(ds, target_type, [int(lonely[0])], fanouts, None)
+            compare(f"no-{edge_key(et)}", ds.rows(n_id), edge_index)
+            compare(f"no-{edge_key(et)}-negative-features", scaled(ds, ds.rows(n_id), -3.0),
+                    edge_index)
+            break
+    # The target with the most edges into it: its covering subgraph (every
+    # neighbour, at every hop), with its features as they are, negated and
+    # scaled; then every type and edge type empty in turn around it, and
+    # the target alone (an unknown id's subgraph).
+    degree = sum(np.diff(ds.lists[et][0]) for et in into) if into else np.zeros(n)
+    busy = int(np.argmax(degree))
+    n_id, edge_index, _, _ = sample(ds, target_type, [busy], fanouts, None)
+    x = ds.rows(n_id)
+    compare("busy-covering", x, edge_index)
+    compare("busy-negative-features", scaled(ds, x, -3.0), edge_index)
+    compare("busy-large-features", scaled(ds, x, 1e3), edge_index, LARGE_TOLERANCE)
+    n_id, edge_index, _, _ = sample(ds, target_type, [busy], fanouts,
+                                    np.random.default_rng(seed + 3))
+    x = ds.rows(n_id)
+    for t in ds.node_types:
+        if t != target_type:
+            compare(f"empty-{t}", *emptied(ds, x, edge_index, node_type=t))
+    for et in ds.edge_types:
+        compare(f"empty-{edge_key(et)}", *emptied(ds, x, edge_index, edge_type=et))
+    alone = {t: (v[:1] if t == target_type else v[:0]) for t, v in x.items()}
+    no_edges = {et: np.zeros((2, 0), dtype=np.int64) for et in ds.edge_types}
+    lone = compare("target-alone", alone, no_edges)
+    if lone is not None:
+        results["no_edges"] = lone
     return results
 
 
-def pad_edgeless(x):
-    """A subgraph without edges as the worker runs it (gnn-worker
-    Model::run_subgraph_slices): one more row of zeros and one edge from it
-    to itself, which reaches no other row."""
-    n = len(x)
-    padded = np.concatenate([x, np.zeros((1, x.shape[1]), dtype=x.dtype)])
-    return np.ascontiguousarray(padded), np.array([[n], [n]], dtype=np.int64)
-
-
-def neighbor_loader_accuracy(model, x, indptr, indices, y, idx, fanouts, runs, seed):
-    """Test accuracy as PyG's NeighborLoader inference computes it at
-    `fanouts`, one target per batch, over `runs` seeded runs: (mean, each
-    run's)."""
-    accs = []
-    for run in range(runs):
-        rng = np.random.default_rng(seed + 1000 + run)
-        correct = 0
-        for t in idx:
-            n_id, sub, _, _ = sample_subgraph(indptr, indices, [t], fanouts, rng)
-            out = pyg_outputs(model, np.ascontiguousarray(x[n_id]), sub)
-            correct += int(out[0].argmax() == y[t])
-        accs.append(correct / len(idx))
-    return float(np.mean(accs)), accs
-
-
-def write_reference(out, session, x, indptr, indices, fanouts, full_outputs, seed):
+def write_reference(out, session, ds, target_type, fanouts, full_outputs, seed):
     """reference/outputs.f32 (PyG's full-graph outputs) and one sampled
     subgraph with onnxruntime's outputs on it."""
     ref = os.path.join(out, "reference")
     os.makedirs(ref, exist_ok=True)
     full_outputs.astype("<f4").tofile(os.path.join(ref, "outputs.f32"))
     rng = np.random.default_rng(seed + 7)
-    targets = rng.choice(x.shape[0], min(8, x.shape[0]), replace=False)
-    n_id, sub, num_nodes, num_edges = sample_subgraph(indptr, indices, targets, fanouts, rng)
-    xs = np.ascontiguousarray(x[n_id])
-    got = session.run(None, {"x": xs, "edge_index": sub})[0]
-    n_id.astype("<i8").tofile(os.path.join(ref, "n_id.bin"))
-    xs.astype("<f4").tofile(os.path.join(ref, "x.bin"))
-    sub.astype("<i8").tofile(os.path.join(ref, "edge_index.bin"))
+    targets = rng.choice(ds.num_nodes[target_type], min(8, ds.num_nodes[target_type]),
+                         replace=False)
+    n_id, edge_index, num_nodes, num_edges = sample(ds, target_type, targets, fanouts, rng)
+    feed = flat_inputs(ds, ds.rows(n_id), edge_index)
+    kept = [i.name for i in session.get_inputs()]
+    got = session.run(None, {k: feed[k] for k in kept})[0]
+    files = {}
+    for name, array in feed.items():
+        dtype = "<f4" if array.dtype == np.float32 else "<i8"
+        array.astype(dtype).tofile(os.path.join(ref, f"{name}.bin"))
+        files[name] = {"file": f"{name}.bin", "dtype": "f32" if dtype == "<f4" else "i64",
+                       "shape": list(array.shape)}
+    for t, ids in n_id.items():
+        ids.astype("<i8").tofile(os.path.join(ref, f"global_ids__{t}.bin"))
     got.astype("<f4").tofile(os.path.join(ref, "ort_outputs.bin"))
     with open(os.path.join(ref, "subgraph.json"), "w") as f:
-        json.dump({"targets": [int(t) for t in targets], "nodes": int(len(n_id)),
-                   "edges": int(sub.shape[1]), "feature_dim": int(x.shape[1]),
-                   "width": int(got.shape[1]), "num_sampled_nodes": num_nodes,
-                   "num_sampled_edges": num_edges,
-                   "files": {"n_id": "n_id.bin (i64)", "x": "x.bin (f32, nodes x dim)",
-                             "edge_index": "edge_index.bin (i64, 2 x edges)",
-                             "outputs": "ort_outputs.bin (f32, nodes x width)"}}, f, indent=2)
+        json.dump({"target_type": target_type, "targets": [int(t) for t in targets],
+                   "inputs": files, "global_ids": {t: f"global_ids__{t}.bin" for t in n_id},
+                   "num_sampled_nodes": num_nodes,
+                   "num_sampled_edges": {edge_key(et): v for et, v in num_edges.items()},
+                   "outputs": {"file": "ort_outputs.bin", "shape": list(got.shape)}}, f, indent=2)
 
 
-def export(model, *, dataset, out, fanouts, output="classes", graph_version=1, architecture=None,
-           seed=0, check_subgraphs=8, extra=None):
-    """Exports a trained PyG model (`model(x, edge_index)`, one output row
-    per node) for gnn-worker: runs torch.onnx.export (opset 18, the
-    TorchScript exporter), checks onnxruntime against PyG on sampled and
-    adversarial subgraphs of `dataset` (within 1e-5 of each row's
-    magnitude), and writes model.onnx, manifest.json and reference/ into
-    `out`. `fanouts`: one per hop the sidecar samples (1 to 3; a GCN needs
-    one hop more than its layers for exact degrees, docs/model.md).
-    `output`: "classes" (logits) or "embedding". Returns the manifest."""
+# --- export -------------------------------------------------------------------
+
+def example_graph(ds, target_type, fanouts, seed):
+    """What the export traces: the whole graph (no size is 0 or 1), or
+    past FULL_GRAPH_CHECK_EDGES a sampled subgraph of a few targets with
+    at least two edges of every edge type."""
+    if ds.num_edges() > FULL_GRAPH_CHECK_EDGES:
+        rng = np.random.default_rng(seed)
+        n = ds.num_nodes[target_type]
+        for _ in range(16):
+            n_id, edge_index, _, _ = sample(ds, target_type, rng.choice(n, min(4, n), replace=False),
+                                            fanouts, rng)
+            if all(e.shape[1] >= 2 for e in edge_index.values()) and all(
+                    len(v) >= 2 for v in n_id.values()):
+                return ds.rows(n_id), edge_index
+    return ds.full_graph()
+
+
+def manifest_graph(ds, target_type, fanouts, kept):
+    """The manifest's description of the graph the model reads."""
+    if ds.one_type:
+        return {"feature_dim": ds.feature_dim[ONE_TYPE],
+                "dtype": "f32",
+                "fanouts": fanouts[ONE_EDGE_TYPE],
+                "num_nodes": ds.num_nodes[ONE_TYPE]}
+    node_types = []
+    for t in ds.node_types:
+        entry = {"name": t, "num_nodes": ds.num_nodes[t], "input": x_input(ds, t)}
+        if ds.featured(t):
+            entry.update(feature_dim=ds.feature_dim[t], dtype="f32")
+        node_types.append(entry)
+    return {"node_types": node_types,
+            "edge_types": [{"src": s, "relation": r, "dst": d, "input": edge_input(ds, (s, r, d))}
+                           for s, r, d in ds.edge_types],
+            "target_type": target_type,
+            "fanouts": {edge_key(et): v for et, v in fanouts.items()}}
+
+
+def export(model, *, dataset, out, fanouts, overrides=None, target_type=None, output="classes",
+           graph_version=1, architecture=None, seed=0, check_subgraphs=8, extra=None):
+    """Exports a trained PyG model for gnn-worker's subgraph layout: a
+    one-type model (`model(x, edge_index)`) or a heterogeneous one
+    (`model(x_dict, edge_index_dict)`), as the dataset is. Runs
+    torch.onnx.export (opset 18, the TorchScript exporter, behind a
+    generated flat-input wrapper), checks onnxruntime against PyG on
+    sampled and adversarial subgraphs of `dataset` (within 1e-5 of each
+    row's magnitude: check_export), and writes model.onnx, manifest.json
+    and reference/ into `out`. `fanouts`: one per hop the sidecar samples
+    ("20,10" or [20, 10]: every edge type; or a dict edge type -> fanouts
+    per hop; a GCN needs one hop more than its layers for exact degrees,
+    docs/model.md); `overrides`: "src__rel__dst=a,b" strings. `output`:
+    "classes" (logits) or "embedding". Returns the manifest."""
     torch = torch_modules()[0]
     import torch_geometric
-    fanouts = [int(f) for f in fanouts]
-    if not 1 <= len(fanouts) <= 3 or min(fanouts) < 1:
-        sys.exit(f"fanouts {fanouts}: give one fanout of at least 1 per hop, 1 to 3 hops")
     if output not in ("classes", "embedding"):
         sys.exit(f"output {output!r}: classes or embedding")
+    ds = dataset if isinstance(dataset, Graph) else Graph(dataset, labels=False)
+    target_type = target_type or ds.target_type
+    if target_type not in ds.num_nodes:
+        sys.exit(f"target type {target_type!r}: give one of {', '.join(ds.node_types)}")
+    fanouts = parse_fanouts(ds, fanouts, overrides)
     model.eval()
-    meta, x, edges, y, split = load_dataset(dataset, labels=False)
-    n, d = x.shape
-    indptr, indices = neighbour_lists(n, edges)
-    edge_index = full_edge_index(n, edges)
     os.makedirs(out, exist_ok=True)
     path = os.path.join(out, "model.onnx")
-    rng = np.random.default_rng(seed)
-    # The example batch: a sampled subgraph with edges, so no size is 0 or 1.
-    example_targets = rng.choice(n, min(4, n), replace=False)
-    n_id, sub, _, _ = sample_subgraph(indptr, indices, example_targets, fanouts, rng)
-    if sub.shape[1] < 2:
-        n_id, sub = np.arange(min(n, 8)), edge_index[:, :8] % min(n, 8)
-    export_onnx(model, path, np.ascontiguousarray(x[n_id]), sub)
+    # PyG's full run comes first: it also gives lazy layers (in_channels
+    # -1) their widths, as PyG asks before any other use of such a model.
+    full = pyg_outputs(model, ds, *ds.full_graph(), target_type)
+    export_onnx(model, ds, target_type, path, *example_graph(ds, target_type, fanouts, seed))
     extrema_fixed = fix_scatter_extrema(path)
     session = session_of(path)
-    names = [i.name for i in session.get_inputs()]
-    if names != INPUTS:
-        sys.exit(f"the export takes inputs {names}; gnn-worker feeds exactly {INPUTS}: the model "
+    kept = [i.name for i in session.get_inputs()]
+    dropped = [name for _, _, name in input_spec(ds) if name not in kept]
+    if dropped and ds.one_type:
+        sys.exit(f"the export takes inputs {kept}; gnn-worker feeds exactly {INPUTS}: the model "
                  "must read both x and edge_index (the exporter drops an input it never reads)")
+    if dropped:
+        progress(f"note: the export dropped {', '.join(dropped)} (they cannot reach the output); "
+                 "the worker feeds exactly the inputs the model declares")
     started = time.time()
-    check = check_export(model, session, x, indptr, indices, fanouts, seed, check_subgraphs)
-    full = pyg_outputs(model, x, edge_index)
+    check = check_export(model, session, ds, target_type, fanouts, seed, check_subgraphs)
     width = int(full.shape[1])
-    write_reference(out, session, x, indptr, indices, fanouts, full, seed)
+    write_reference(out, session, ds, target_type, fanouts, full, seed)
     manifest = {
         "format_version": 1,
         "layout": "subgraph",
         "architecture": architecture or type(model).__name__,
-        "dataset": meta.get("name"),
-        "feature_dim": int(d),
-        "dtype": "f32",
+        "dataset": ds.name,
+        **manifest_graph(ds, target_type, fanouts, kept),
         "output": output,
-        "fanouts": fanouts,
         "graph_version": graph_version,
-        "num_nodes": int(n),
         "opset": OPSET,
-        "inputs": INPUTS,
+        "inputs": kept,
         "outputs": [OUTPUT],
         "exporter": {"torch": torch.__version__.split("+")[0],
                      "torch_geometric": torch_geometric.__version__, "onnx_exporter": "torchscript",
-                     "scatter_extrema_fixed": extrema_fixed, "model_sha256": file_sha256(path)},
+                     "scatter_extrema_fixed": extrema_fixed, "dropped_inputs": dropped,
+                     "model_sha256": file_sha256(path)},
         "check": dict(check, seconds=round(time.time() - started, 1), tolerance=TOLERANCE),
     }
-    if output == "classes":
-        manifest["num_classes"] = width
-    else:
-        manifest["embedding_dim"] = width
-    if y is not None and output == "classes":
-        test_idx = np.flatnonzero(split == 2)
+    manifest["num_classes" if output == "classes" else "embedding_dim"] = width
+    if ds.y is not None and output == "classes" and target_type == ds.target_type:
         manifest["offline"] = {
-            "test_accuracy": float((full[test_idx].argmax(1) == y[test_idx]).mean()),
-            "val_accuracy": float((full[split == 1].argmax(1) == y[split == 1]).mean()),
-        }
+            f"{name}_accuracy": float((full[ds.split == code].argmax(1)
+                                       == ds.y[ds.split == code]).mean())
+            for name, code in (("test", 2), ("val", 1))}
     manifest.update(extra or {})
     with open(os.path.join(out, "manifest.json"), "w") as f:
         json.dump(manifest, f, indent=2)
     return manifest
+
+
+# --- training -----------------------------------------------------------------
+
+def build_net(arch, ds, hidden, out_dim, layers, *, dropout=0.5, heads=8, row_normalise=True,
+              embedding_dim=16, head=False):
+    """A PyG GNN over `ds` of `layers` message-passing layers answering for
+    its target type. One-type architectures (called model(x, edge_index)):
+    SAGEConv (mean), GCNConv, GATConv (`heads` heads, concatenated, one on
+    the last layer) or GINConv (a 2-layer MLP each), with `dropout`; with
+    `row_normalise` each feature row is divided by its sum (at least 1)
+    first, inside the model, so the stores keep the raw rows. Typed
+    architectures (called model(x_dict, edge_index_dict)): `to_hetero` of a
+    GraphSAGE (sum over edge types) or a stack of `HeteroConv` of SAGEConv;
+    a type without features gets an embedding table of `embedding_dim` by
+    global id. With `head`, the GNN gives a `hidden` embedding and a linear
+    layer the `out_dim` classes (`encode` returns the embedding)."""
+    if ds.one_type and arch not in ONE_TYPE_ARCHS:
+        sys.exit(f"arch {arch!r}: a one-type graph trains one of {', '.join(ONE_TYPE_ARCHS)}")
+    if not ds.one_type and arch not in TYPED_ARCHS:
+        sys.exit(f"arch {arch!r}: a typed graph trains one of {', '.join(TYPED_ARCHS)}")
+    torch, F, pyg_nn = torch_modules()
+    last_out = hidden if head else out_dim
+    dims = [hidden] * (layers - 1) + [last_out]
+
+    if ds.one_type:
+        def conv(d_in, d_out, last):
+            if arch == "sage":
+                return pyg_nn.SAGEConv(d_in, d_out)
+            if arch == "gcn":
+                return pyg_nn.GCNConv(d_in, d_out)
+            if arch == "gat":
+                h = 1 if last else heads
+                return pyg_nn.GATConv(d_in, d_out // h if not last else d_out, heads=h)
+            mlp = torch.nn.Sequential(torch.nn.Linear(d_in, hidden), torch.nn.ReLU(),
+                                      torch.nn.Linear(hidden, d_out))
+            return pyg_nn.GINConv(mlp)
+
+        class Net(torch.nn.Module):
+            def __init__(self):
+                super().__init__()
+                ins = [ds.feature_dim[ONE_TYPE]] + dims[:-1]
+                self.convs = torch.nn.ModuleList(
+                    conv(ins[i], dims[i], last=(i == layers - 1) and not head)
+                    for i in range(layers))
+                self.head = torch.nn.Linear(hidden, out_dim) if head else None
+                self.row_normalise = row_normalise
+                self.dropout = dropout
+
+            def encode(self, x, edge_index):
+                if self.row_normalise:
+                    x = x / x.sum(dim=-1, keepdim=True).clamp(min=1.0)
+                for i, c in enumerate(self.convs):
+                    x = F.dropout(x, p=self.dropout, training=self.training)
+                    x = c(x, edge_index)
+                    if i < len(self.convs) - 1:
+                        x = F.elu(x) if arch == "gat" else F.relu(x)
+                return x
+
+            def forward(self, x, edge_index):
+                x = self.encode(x, edge_index)
+                return self.head(F.relu(x)) if self.head is not None else x
+
+        return Net()
+
+    metadata = (ds.node_types, ds.edge_types)
+    target = ds.target_type
+
+    class Sage(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.convs = torch.nn.ModuleList(pyg_nn.SAGEConv((-1, -1), d) for d in dims)
+
+        def forward(self, x, edge_index):
+            for i, conv in enumerate(self.convs):
+                x = conv(x, edge_index)
+                if i < len(self.convs) - 1:
+                    x = x.relu()
+            return x
+
+    class HeteroNet(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.embeddings = torch.nn.ModuleDict({
+                t: torch.nn.Embedding(ds.num_nodes[t], embedding_dim)
+                for t in ds.node_types if not ds.featured(t)})
+            if arch == "to_hetero":
+                self.gnn = pyg_nn.to_hetero(Sage(), metadata, aggr="sum")
+                self.convs = None
+            else:
+                self.convs = torch.nn.ModuleList(
+                    pyg_nn.HeteroConv({et: pyg_nn.SAGEConv((-1, -1), d) for et in ds.edge_types},
+                                      aggr="sum")
+                    for d in dims)
+                self.gnn = None
+            self.head = torch.nn.Linear(hidden, out_dim) if head else None
+
+        def encode(self, x_dict, edge_index_dict):
+            x_dict = {t: self.embeddings[t](x) if t in self.embeddings else x
+                      for t, x in x_dict.items()}
+            if self.gnn is not None:
+                return self.gnn(x_dict, edge_index_dict)[target]
+            for i, conv in enumerate(self.convs):
+                out = conv(x_dict, edge_index_dict)
+                # A type no edge type reaches keeps its input (HeteroConv
+                # returns only the types it wrote).
+                x_dict = {t: (out[t].relu() if i < len(self.convs) - 1 else out[t])
+                          if t in out else x_dict[t] for t in x_dict}
+            return x_dict[target]
+
+        def forward(self, x_dict, edge_index_dict):
+            h = self.encode(x_dict, edge_index_dict)
+            return self.head(F.relu(h)) if self.head is not None else h
+
+    net = HeteroNet()
+    # Lazy layers take their widths from a first run.
+    x, edge_index = ds.full_graph()
+    with torch.no_grad():
+        net(to_torch(x), to_torch(edge_index))
+    return net
+
+
+class Encoder:
+    """Wraps a trained classifier with a head so that its forward is the
+    embedding (what an embedding model's export serves)."""
+
+    @staticmethod
+    def of(net):
+        torch = torch_modules()[0]
+
+        class Wrapped(torch.nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.net = net
+
+            def forward(self, *inputs):  # (x, edge_index), or a typed model's dicts
+                return self.net.encode(*inputs)
+
+        return Wrapped().eval()
+
+
+def train(net, ds, *, epochs, lr, weight_decay, mode, fanouts, batch, seed):
+    """Trains `net` on the target type's training nodes (split 0), keeping
+    the weights of the epoch with the best validation accuracy (split 1).
+    `full`: the whole graph each epoch; `minibatch`: NeighborLoader-shaped
+    batches of `batch` training nodes at `fanouts`. Returns (best val
+    accuracy, best epoch)."""
+    torch, F, _ = torch_modules()
+    torch.manual_seed(seed)
+    rng = np.random.default_rng(seed)
+    target = ds.target_type
+    x, edge_index = ds.full_graph()
+    xt, et = to_torch(x), to_torch(edge_index)
+    y = torch.from_numpy(ds.y).long()
+    train_idx = np.flatnonzero(ds.split == 0)
+    val_idx = torch.from_numpy(np.flatnonzero(ds.split == 1))
+    opt = torch.optim.Adam(net.parameters(), lr=lr, weight_decay=weight_decay)
+
+    def train_epoch():
+        if mode == "full":
+            opt.zero_grad()
+            loss = F.cross_entropy(call(net, ds, xt, et, target)[train_idx], y[train_idx])
+            loss.backward()
+            opt.step()
+            return
+        order = rng.permutation(train_idx)
+        for start in range(0, len(order), batch):
+            seeds = order[start:start + batch]
+            n_id, sub, _, _ = sample(ds, target, seeds, fanouts, rng)
+            opt.zero_grad()
+            out = call(net, ds, to_torch(ds.rows(n_id)), to_torch(sub), target)
+            loss = F.cross_entropy(out[:len(seeds)], y[torch.from_numpy(seeds)])
+            loss.backward()
+            opt.step()
+
+    def val_accuracy():
+        pred = call(net, ds, xt, et, target).argmax(1)
+        return float((pred[val_idx] == y[val_idx]).float().mean())
+
+    return keep_best(net, epochs, train_epoch, val_accuracy)
+
+
+def keep_best(net, epochs, train_epoch, val_accuracy):
+    """Runs `train_epoch()` (in training mode) `epochs` times, measures
+    `val_accuracy()` (in eval mode, without gradients) after each, and
+    leaves `net` in eval mode with the weights of the best epoch. Returns
+    (best val accuracy, its epoch)."""
+    torch = torch_modules()[0]
+    best = (-1.0, 0, None)
+    for epoch in range(1, epochs + 1):
+        net.train()
+        train_epoch()
+        net.eval()
+        with torch.no_grad():
+            val = val_accuracy()
+        if val > best[0]:
+            best = (val, epoch, {k: v.detach().clone() for k, v in net.state_dict().items()})
+        if epoch % 20 == 0 or epoch == epochs:
+            progress(f"epoch {epoch}/{epochs}: val {val:.3f} (best {best[0]:.3f} at {best[1]})")
+    net.load_state_dict(best[2])
+    net.eval()
+    return best[0], best[1]
+
+
+def neighbor_loader_accuracy(model, ds, fanouts, runs, seed):
+    """Test accuracy as PyG's NeighborLoader inference computes it at
+    `fanouts`, one target per batch, over `runs` seeded runs: (mean, each
+    run's)."""
+    idx = np.flatnonzero(ds.split == 2)
+    accs = []
+    for run in range(runs):
+        rng = np.random.default_rng(seed + 1000 + run)
+        correct = 0
+        for t in idx:
+            n_id, edge_index, _, _ = sample(ds, ds.target_type, [t], fanouts, rng)
+            out = pyg_outputs(model, ds, ds.rows(n_id), edge_index, ds.target_type)
+            correct += int(out[0].argmax() == ds.y[t])
+        accs.append(correct / len(idx))
+    return float(np.mean(accs)), accs
 
 
 def load_module(spec, init_kwargs):
@@ -548,6 +880,13 @@ def load_state(path):
     return state.get("state_dict", state) if isinstance(state, dict) else state
 
 
+def plain_fanouts(ds, fanouts):
+    """The fanouts as the manifest and the output print them."""
+    if ds.one_type:
+        return fanouts[ONE_EDGE_TYPE]
+    return {edge_key(et): v for et, v in fanouts.items()}
+
+
 def cmd_export(args):
     model = load_module(args.module, json.loads(args.init) if args.init else {})
     if args.state_dict:
@@ -555,112 +894,121 @@ def cmd_export(args):
         if missing or unexpected:
             sys.exit(f"--state-dict {args.state_dict} does not fit {args.module}: missing "
                      f"{list(missing)}, unexpected {list(unexpected)}")
-    manifest = export(model, dataset=args.dataset, out=args.out, fanouts=parse_fanouts(args.fanouts),
-                      output=args.output, graph_version=args.graph_version,
-                      architecture=args.module, seed=args.seed)
+    ds = Graph(args.dataset, labels=False)
+    manifest = export(model, dataset=ds, out=args.out,
+                      fanouts=args.fanouts or ("20,10" if ds.one_type else "10,5"),
+                      overrides=args.fanout, target_type=args.target_type, output=args.output,
+                      graph_version=args.graph_version, architecture=args.module, seed=args.seed)
     print(json.dumps({"out": args.out, "check": manifest["check"]["max_rel_diff"],
-                      "offline": manifest.get("offline")}))
+                      "inputs": manifest["inputs"], "offline": manifest.get("offline")}))
 
 
 def cmd_train(args):
     torch = torch_modules()[0]
     started = time.time()
-    meta, x, edges, y, split = load_dataset(args.dataset)
-    n, d = x.shape
-    c = int(meta["num_classes"])
-    fanouts = parse_fanouts(args.fanouts)
-    torch.manual_seed(args.seed)
-    embedding = args.output == "embedding"
-    net = build_net(args.arch, d, args.hidden, c, args.layers, args.dropout, heads=args.heads,
-                    row_normalise=args.row_normalise, head=embedding)
-    indptr, indices = neighbour_lists(n, edges)
-    edge_index = full_edge_index(n, edges)
+    ds = Graph(args.dataset)
+    one = ds.one_type
+    # Defaults by the graph's kind (the help says which).
+    arch = args.arch or ("sage" if one else "to_hetero")
+    fanouts = parse_fanouts(ds, args.fanouts or ("20,10" if one else "10,5"), args.fanout)
+    epochs = args.epochs or (200 if one else 100)
+    loader_runs = args.loader_runs if args.loader_runs is not None else (3 if one else 1)
     mode = args.mode
     if mode == "auto":
-        mode = "full" if len(edges) <= 2_000_000 else "minibatch"
-    val, epoch = train(net, x, edge_index, y, split, epochs=args.epochs, lr=args.lr,
-                       weight_decay=args.weight_decay, mode=mode, fanouts=fanouts,
-                       batch=args.batch, seed=args.seed, indptr=indptr, indices=indices)
-    test_idx = np.flatnonzero(split == 2)
-    full = pyg_outputs(net, x, edge_index)
-    test_acc = float((full[test_idx].argmax(1) == y[test_idx]).mean())
-    training = {"arch": args.arch, "layers": args.layers, "hidden": args.hidden,
-                "mode": mode, "epochs": args.epochs, "best_epoch": epoch, "lr": args.lr,
-                "weight_decay": args.weight_decay, "dropout": args.dropout, "seed": args.seed,
-                "row_normalise": args.row_normalise, "val_accuracy": val,
-                "test_accuracy": test_acc, "seconds": round(time.time() - started, 1)}
-    served = Encoder.of(net) if embedding else net
+        mode = "full" if ds.num_edges() <= 2_000_000 else "minibatch"
+    torch.manual_seed(args.seed)
+    embedding = args.output == "embedding"
+    net = build_net(arch, ds, args.hidden, ds.num_classes, args.layers, dropout=args.dropout,
+                    heads=args.heads, row_normalise=args.row_normalise,
+                    embedding_dim=args.embedding_dim, head=embedding)
+    val, epoch = train(net, ds, epochs=epochs, lr=args.lr, weight_decay=args.weight_decay,
+                       mode=mode, fanouts=fanouts, batch=args.batch, seed=args.seed)
+    full = pyg_outputs(net, ds, *ds.full_graph(), ds.target_type)
+    test = ds.split == 2
+    test_acc = float((full[test].argmax(1) == ds.y[test]).mean())
+    training = {"arch": arch, "layers": args.layers, "hidden": args.hidden, "mode": mode,
+                "epochs": epochs, "best_epoch": epoch, "lr": args.lr,
+                "weight_decay": args.weight_decay, "seed": args.seed,
+                "val_accuracy": val, "test_accuracy": test_acc,
+                "seconds": round(time.time() - started, 1)}
+    if one:
+        training.update(dropout=args.dropout, row_normalise=args.row_normalise)
+    else:
+        training.update(embedding_dim=args.embedding_dim)
     extra = {"training": training}
-    if not embedding and args.loader_runs > 0:
-        mean, runs = neighbor_loader_accuracy(net, x, indptr, indices, y, test_idx, fanouts,
-                                              args.loader_runs, args.seed)
-        extra["neighbor_loader"] = {"fanouts": fanouts, "batch_size": 1, "runs": runs,
-                                    "mean_test_accuracy": mean}
-    manifest = export(served, dataset=args.dataset, out=args.out, fanouts=fanouts,
-                      output=args.output, graph_version=args.graph_version,
-                      architecture=f"pyg-{args.arch}-{args.layers}layer", seed=args.seed,
-                      extra=extra)
+    if not embedding and loader_runs > 0:
+        mean, runs = neighbor_loader_accuracy(net, ds, fanouts, loader_runs, args.seed)
+        extra["neighbor_loader"] = {"fanouts": plain_fanouts(ds, fanouts), "batch_size": 1,
+                                    "runs": runs, "mean_test_accuracy": mean}
+    name = f"pyg-{arch}-{args.layers}layer" if one else f"pyg-{arch}-sage-{args.layers}layer"
+    manifest = export(Encoder.of(net) if embedding else net, dataset=ds, out=args.out,
+                      fanouts=fanouts, output=args.output, graph_version=args.graph_version,
+                      architecture=name, seed=args.seed, extra=extra)
     # The trained weights as PyG names them (sage.py import-pyg reads a
-    # SAGEConv model's: the same weights in the dense layout).
+    # one-type SAGEConv model's: the same weights in the dense layout).
     from safetensors.torch import save_file
     save_file({k: v.detach().contiguous() for k, v in net.state_dict().items()},
               os.path.join(args.out, "weights.safetensors"))
-    print(json.dumps({"out": args.out, "arch": args.arch, "layers": args.layers,
+    print(json.dumps({"out": args.out, "arch": arch, "layers": args.layers,
                       "test_accuracy": test_acc, "val_accuracy": val, "best_epoch": epoch,
                       "check_max_rel_diff": manifest["check"]["max_rel_diff"],
+                      "inputs": manifest["inputs"],
                       "neighbor_loader": extra.get("neighbor_loader"),
                       "seconds": round(time.time() - started, 1)}))
-
-
-def parse_fanouts(text, least=1, what="fanouts"):
-    """"20,10": one fanout per hop, 1 to 3 hops, each at least `least`;
-    exits naming `what` otherwise."""
-    try:
-        fanouts = [int(f) for f in str(text).split(",")]
-    except ValueError:
-        sys.exit(f"{what} {text!r}: give numbers such as 20,10")
-    if not 1 <= len(fanouts) <= 3 or min(fanouts) < least:
-        sys.exit(f"{what} {text!r}: one fanout of {least} or more per hop, 1 to 3 hops")
-    return fanouts
 
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
+
+    def common(p):
+        p.add_argument("--dataset", required=True,
+                       help="a dataset directory: the ../shared/data layout (one type) or the "
+                            "typed layout")
+        p.add_argument("--out", required=True, help="model directory to write")
+        p.add_argument("--fanouts",
+                       help="fanouts per hop for every edge type, one per hop the sidecar "
+                            "samples (default 20,10 for a one-type graph, 10,5 for a typed one)")
+        p.add_argument("--fanout", action="append", metavar="SRC__REL__DST=A,B",
+                       help="one edge type's fanouts per hop (repeatable; the relation alone "
+                            "where it names one edge type)")
+        p.add_argument("--output", choices=["classes", "embedding"], default="classes",
+                       help="embedding: serve the last GNN layer's output (the classifier's head "
+                            "is used for training only)")
+        p.add_argument("--graph-version", type=int, default=1)
+        p.add_argument("--seed", type=int, default=0)
+
     t = sub.add_parser("train", help="train a PyG GNN, export it, check it, write references")
-    t.add_argument("--dataset", required=True, help="a dataset directory in the ../shared/data layout")
-    t.add_argument("--out", required=True, help="model directory to write")
-    t.add_argument("--arch", choices=ARCHS, default="sage")
+    common(t)
+    t.add_argument("--arch", choices=ONE_TYPE_ARCHS + TYPED_ARCHS,
+                   help="one-type: sage (default), gcn, gat, gin; typed: to_hetero (default), "
+                        "heteroconv")
     t.add_argument("--layers", type=int, default=2, choices=[1, 2, 3])
     t.add_argument("--hidden", type=int, default=64)
     t.add_argument("--heads", type=int, default=8, help="GAT: attention heads of the hidden layers")
-    t.add_argument("--fanouts", default="20,10",
-                   help="serving fanouts, one per hop the sidecar samples (recorded in the manifest)")
-    t.add_argument("--output", choices=["classes", "embedding"], default="classes",
-                   help="embedding: serve the last GNN layer's output (the classifier's head is "
-                        "used for training only)")
-    t.add_argument("--mode", choices=["auto", "full", "minibatch"], default="auto")
+    t.add_argument("--embedding-dim", type=int, default=16,
+                   help="typed: width of the embedding of each node type without features")
+    t.add_argument("--mode", choices=["auto", "full", "minibatch"], default="auto",
+                   help="auto: the whole graph each epoch up to 2M edges, mini-batches past it")
     t.add_argument("--batch", type=int, default=128, help="training nodes per mini-batch")
-    t.add_argument("--epochs", type=int, default=200)
+    t.add_argument("--epochs", type=int,
+                   help="default 200 for a one-type graph, 100 for a typed one")
     t.add_argument("--lr", type=float, default=0.01)
     t.add_argument("--weight-decay", type=float, default=5e-4)
-    t.add_argument("--dropout", type=float, default=0.5)
+    t.add_argument("--dropout", type=float, default=0.5, help="one-type architectures")
     t.add_argument("--no-row-normalise", dest="row_normalise", action="store_false",
-                   help="train on the rows as stored (default: divide each by its sum in the model)")
-    t.add_argument("--loader-runs", type=int, default=3,
-                   help="runs of NeighborLoader-style inference at --fanouts for the manifest")
-    t.add_argument("--graph-version", type=int, default=1)
-    t.add_argument("--seed", type=int, default=0)
+                   help="one-type: train on the rows as stored (default: divide each by its sum "
+                        "in the model)")
+    t.add_argument("--loader-runs", type=int,
+                   help="runs of NeighborLoader-style inference at the fanouts for the manifest "
+                        "(default 3 for a one-type graph, 1 for a typed one)")
     e = sub.add_parser("export", help="export your own PyG module with a state dict")
+    common(e)
     e.add_argument("--module", required=True, help="package.module:Class, importable from here")
     e.add_argument("--init", help="the class's keyword arguments, as JSON")
     e.add_argument("--state-dict", help="its trained weights (torch.save or .safetensors)")
-    e.add_argument("--dataset", required=True, help="the dataset it serves (the check's subgraphs)")
-    e.add_argument("--out", required=True, help="model directory to write")
-    e.add_argument("--fanouts", required=True, help="one per hop the sidecar samples, e.g. 20,10")
-    e.add_argument("--output", choices=["classes", "embedding"], default="classes")
-    e.add_argument("--graph-version", type=int, default=1)
-    e.add_argument("--seed", type=int, default=0)
+    e.add_argument("--target-type", help="typed: the node type it answers for (default: the "
+                                         "labelled one)")
     args = parser.parse_args()
     {"train": cmd_train, "export": cmd_export}[args.command](args)
 

@@ -746,7 +746,7 @@ def time_sessions(named, feeds_pool, runs):
 
 def subgraph_inputs(x, indptr, indices, targets, fanouts, rng):
     """A subgraph-layout model's inputs for `targets` at `fanouts` (one per
-    hop), as the sidecar samples them (pyg_model.sample_subgraph), beside
+    hop), as the sidecar samples them (pyg_model.sample_subgraph, the one sampler on a one-type graph), beside
     the targets' own rows (what a student reads)."""
     from pyg_model import sample_subgraph
     n_id, edge_index, _, _ = sample_subgraph(indptr, indices, targets, fanouts, rng)
@@ -854,15 +854,16 @@ def cmd_quantize(args):
     if subgraph:
         # The FP32 model's reference subgraph, answered by the INT8 one.
         import shutil
-        for name in ("subgraph.json", "n_id.bin", "x.bin", "edge_index.bin"):
-            shutil.copy(os.path.join(ref_in, name), os.path.join(ref_out, name))
         with open(os.path.join(ref_in, "subgraph.json")) as f:
             described = json.load(f)
-        xs = np.fromfile(os.path.join(ref_in, "x.bin"), dtype="<f4").reshape(
-            described["nodes"], described["feature_dim"])
-        sub = np.fromfile(os.path.join(ref_in, "edge_index.bin"), dtype="<i8").reshape(2, -1)
-        int8.run(None, {"x": xs, "edge_index": sub})[0].astype("<f4").tofile(
-            os.path.join(ref_out, "ort_outputs.bin"))
+        files = ["subgraph.json"] + [d["file"] for d in described["inputs"].values()]
+        files += list(described["global_ids"].values())
+        for name in files:
+            shutil.copy(os.path.join(ref_in, name), os.path.join(ref_out, name))
+        feeds = {name: np.fromfile(os.path.join(ref_in, d["file"]),
+                                   dtype="<f4" if d["dtype"] == "f32" else "<i8").reshape(d["shape"])
+                 for name, d in described["inputs"].items()}
+        int8.run(None, feeds)[0].astype("<f4").tofile(os.path.join(ref_out, "ort_outputs.bin"))
         l8.astype(np.float32).tofile(os.path.join(ref_out, "outputs.f32"))
     else:
         l8.astype(np.float32).tofile(os.path.join(ref_out, "logits.f32"))

@@ -18,8 +18,8 @@
 //!
 //! The model tooling (train, export, check, reference outputs; PyTorch)
 //! is `gnn-worker/model/`: `sage.py` (the dense layout), `pyg_model.py`
-//! and `pyg_hetero.py` (PyG models as exported), `common.py` (what they
-//! share).
+//! (PyG models of one-type and typed graphs as exported), `common.py` (what
+//! they share: the dataset reader and the sampler).
 //!
 //! **Architecture invariant:** depends on `protocol`, never on `sidecar`; no
 //! RocksDB, no Redis here. No `unsafe`: the shared memory is reached through

@@ -109,8 +109,7 @@ pub enum ExtremaError {
         "model.onnx's {node} computes the {reduction} of 0 and the messages (ScatterElements on \
          zeros, as the TorchScript exporter writes PyG's scatter(..., reduce=\"{reduction}\")) \
          over {what} values, which the worker cannot correct at load: export the model with \
-         gnn-worker/model/pyg_model.py export (or pyg_hetero.py export), which writes PyG's \
-         {reduction}"
+         gnn-worker/model/pyg_model.py export, which writes PyG's {reduction}"
     )]
     Unfixable {
         node: String,

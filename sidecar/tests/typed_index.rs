@@ -112,7 +112,7 @@ fn each_edge_type_s_index_lists_every_destination_s_sources() {
     }
 }
 
-/// The subgraph of `targets` (airports) as `pyg_hetero.sample_typed` lays
+/// The subgraph of `targets` (airports) as `common.sample` lays
 /// it out with every neighbour taken: per node type its global ids, per
 /// edge type its edge_index, the per-hop counts.
 fn python_sample(targets: &[u64], hops: usize) -> serde_json::Value {
@@ -561,13 +561,13 @@ fn a_generated_typed_graph_is_seeded_imports_and_trains() {
     let model = tempfile::tempdir().unwrap();
     run_ok(
         Command::new(python())
-            .arg(repo_root().join("gnn-worker/model/pyg_hetero.py"))
+            .arg(repo_root().join("gnn-worker/model/pyg_model.py"))
             .args(["train", "--dataset"])
             .arg(&a)
             .arg("--out")
             .arg(model.path())
             .args(["--epochs", "3", "--loader-runs", "0", "--hidden", "16"]),
-        "pyg_hetero.py train on a generated graph",
+        "pyg_model.py train on a generated graph",
     );
 }
 

@@ -1,5 +1,5 @@
 """A to_hetero GAT on OpenFlights (a user's own module, for
-`pyg_hetero.py export --module flights_gat:Net`): onnxruntime 1.31.1 cannot
+`pyg_model.py export --module flights_gat:Net`): onnxruntime 1.31.1 cannot
 run it on a subgraph where a node type has no rows, while PyG can. Used by
 tests/tests/typed_graphs.rs and tests/tests/typed_serving.rs.
 """

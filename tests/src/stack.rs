@@ -357,14 +357,14 @@ pub fn pyg_model_for(dir: &Path, args: &[&str]) -> PathBuf {
 }
 
 /// A heterogeneous model trained and exported by
-/// `gnn-worker/model/pyg_hetero.py train --dataset <dir> <args>`, once per
+/// `gnn-worker/model/pyg_model.py train --dataset <dir> <args>`, once per
 /// suite run and argument list ([`shared_tool_output`]), in a directory of
 /// this process prefixed `tag`.
 pub fn hetero_model_for(dir: &Path, args: &[&str], tag: &str) -> PathBuf {
     let mut tool_args: Vec<&std::ffi::OsStr> =
         vec!["train".as_ref(), "--dataset".as_ref(), dir.as_os_str()];
     tool_args.extend(args.iter().map(std::ffi::OsStr::new));
-    shared_tool_output("pyg_hetero.py", &tool_args, tag)
+    shared_tool_output("pyg_model.py", &tool_args, tag)
 }
 
 /// The demo dataset the repository ships (`demo/data/cora.tar.gz`).
@@ -914,8 +914,8 @@ pub fn openflights_python_sample(targets: &[u64], hops: usize, fanout: u32) -> s
 import json, sys
 sys.path.insert(0, {model_dir:?})
 from common import sample
-from pyg_hetero import TypedDataset
-ds = TypedDataset({dataset:?}, labels=False)
+from common import Graph
+ds = Graph({dataset:?}, labels=False)
 n_id, edge_index, nodes, edges = sample(
     ds, "airport", {targets:?}, {{et: [{fanout}] * {hops} for et in ds.edge_types}}, None)
 print(json.dumps({{

@@ -1,6 +1,6 @@
 //! Typed (heterogeneous) graphs: the shipped OpenFlights dataset in the
 //! typed layout (docs/graph-index.md, "Typed datasets"; its index and
-//! sampler are sidecar/tests/typed_index.rs) and the PyG tooling for heterogeneous models (`gnn-worker/model/pyg_hetero.py`,
+//! sampler are sidecar/tests/typed_index.rs) and the PyG tooling for heterogeneous models (`gnn-worker/model/pyg_model.py`,
 //! docs/model.md, "Bring your own heterogeneous model"). Every model the
 //! tooling writes is run here by the ONNX Runtime the worker links, fed by
 //! the documented input names from the dataset's own files, and must give
@@ -177,7 +177,7 @@ fn the_typed_layout_holds_what_its_meta_says() {
     }
 }
 
-/// A model trained and exported by `pyg_hetero.py train` on OpenFlights.
+/// A model trained and exported by `pyg_model.py train` on OpenFlights.
 fn trained(args: &[&str]) -> PathBuf {
     tests::stack::hetero_model_for(&openflights(), args, "hetero-model")
 }
@@ -402,7 +402,7 @@ class Net(torch.nn.Module):
     let run = |extra: &[&str]| {
         Command::new(python())
             .current_dir(&dir)
-            .arg(repo_root().join("gnn-worker/model/pyg_hetero.py"))
+            .arg(repo_root().join("gnn-worker/model/pyg_model.py"))
             .args([
                 "export",
                 "--module",
@@ -416,7 +416,7 @@ class Net(torch.nn.Module):
             .arg(&out)
             .args(extra)
             .output()
-            .expect("running pyg_hetero.py export")
+            .expect("running pyg_model.py export")
     };
     // An edge type the dataset lacks is refused by name, with the known ones.
     let refused = run(&["--fanout", "flies_to=3"]);
@@ -453,13 +453,13 @@ fn an_attention_model_that_onnxruntime_cannot_run_on_empty_types_is_exported_wit
     let (_, stderr) = run_ok(
         Command::new(python())
             .current_dir(&dir)
-            .arg(repo_root().join("gnn-worker/model/pyg_hetero.py"))
+            .arg(repo_root().join("gnn-worker/model/pyg_model.py"))
             .args(["export", "--module", "flights_gat:Net", "--fanouts", "5,3"])
             .arg("--dataset")
             .arg(openflights())
             .arg("--out")
             .arg(&out),
-        "pyg_hetero.py export of a to_hetero GAT",
+        "pyg_model.py export of a to_hetero GAT",
     );
     assert!(
         stderr.contains("onnxruntime cannot run this model on the"),

@@ -6,7 +6,7 @@
 //! generated users/items graph (`sidecar generate --items`, 3 edge types),
 //! each beside a one-type graph that `sidecar generate` draws with the
 //! same node count and about the same edge count. Each graph gets a 2-layer
-//! PyG SAGE model trained by the tooling at fanouts [10, 5] (`pyg_hetero.py
+//! PyG SAGE model trained by the tooling at fanouts [10, 5] (`pyg_model.py
 //! train`, `to_hetero`; `pyg_model.py train`), one sidecar and one worker
 //! per graph, measured one at a time and in alternating rounds: lone gRPC
 //! calls of one target (latency), a closed loop of one-target calls
@@ -126,13 +126,13 @@ impl Graph {
             eprintln!("training the to_hetero model of {name}");
             run(
                 Command::new(python())
-                    .arg(repo_root().join("gnn-worker/model/pyg_hetero.py"))
+                    .arg(repo_root().join("gnn-worker/model/pyg_model.py"))
                     .args(["train", "--dataset"])
                     .arg(&dataset)
                     .args(["--fanouts", "10,5", "--loader-runs", "0"])
                     .args(["--epochs", &args.epochs.to_string(), "--out"])
                     .arg(&model),
-                "pyg_hetero.py train",
+                "pyg_model.py train",
             )?;
         }
         let (_, _, n_targets) = typed_counts(&dataset)?;

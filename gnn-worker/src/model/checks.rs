@@ -23,7 +23,7 @@ impl Manifest {
         let typed = self.typed.as_ref().expect("a typed model");
         let Some(graph) = graph else {
             return Err(mismatch(
-                "the model is of a typed graph (pyg_hetero.py wrote it); the sidecar serves a \
+                "the model is of a typed graph (pyg_model.py wrote it from a typed dataset); the sidecar serves a \
                  one-type graph: serve it beside a sidecar of its typed graph"
                     .into(),
             ));
@@ -168,7 +168,7 @@ pub(super) fn check_typed_session(
     if names != manifest.inputs {
         return Err(format!(
             "model.onnx takes inputs {names:?}, its manifest lists {:?}: export the model and \
-             its manifest together (pyg_hetero.py)",
+             its manifest together (pyg_model.py)",
             manifest.inputs
         ));
     }

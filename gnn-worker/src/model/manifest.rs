@@ -142,7 +142,7 @@ pub struct Manifest {
     /// Present on a model `sage.py quantize` wrote (INT8 weights).
     #[serde(default)]
     pub quantization: Option<Quantization>,
-    /// A model of a typed graph (`pyg_hetero.py` wrote it): its types,
+    /// A model of a typed graph (`pyg_model.py` wrote it from a typed dataset): its types,
     /// target type and fanouts per edge type.
     #[serde(skip)]
     pub typed: Option<TypedManifest>,
@@ -494,7 +494,7 @@ impl Manifest {
         if manifest.format_version != 1 || manifest.layout != ModelLayout::Subgraph {
             return Err(format!(
                 "format_version {} and layout {:?}: a typed graph's model has 1 and \
-                 \"subgraph\" (export it with pyg_hetero.py)",
+                 \"subgraph\" (export it with pyg_model.py)",
                 manifest.format_version, manifest.layout
             ));
         }
