@@ -284,6 +284,42 @@ fn a_subgraph_response_round_trips_with_edge_index_in_place() {
     assert_eq!(tables.sampled_nodes(), &[1, 0, 0]);
 }
 
+/// A one-type subgraph response read as the 1x1 typed graph's
+/// (`TypedTables::from_subgraph`, what the worker's one run reads): the
+/// same buffers, node type 0 and edge type 0, the counts from the edge
+/// table's `hop_counts`; a dense-layout response is not a subgraph.
+#[test]
+fn a_subgraph_response_reads_as_the_one_by_one_typed_graph_in_place() {
+    for hops in 1..=3 {
+        let mut area = area();
+        write_subgraph(area.as_slice_mut(), 16, 10, hops);
+        let buffer: Buffer = area.into();
+        let tables = payload::decode(&buffer, &limits(16), &SchemaCache::default()).unwrap();
+        let typed = payload::TypedTables::from_subgraph(&tables).expect("a subgraph");
+        assert_eq!(typed.hops(), hops);
+        assert_eq!(typed.n_targets(), 1);
+        assert_eq!(typed.target_ids(), tables.target_ids());
+        assert_eq!(typed.target_rows(), tables.target_rows());
+        assert_eq!(typed.target_status(), tables.target_status());
+        assert_eq!(typed.n_rows(0), 10);
+        assert_eq!(typed.node_ids(0), tables.node_ids());
+        assert_eq!(typed.tiers(0), tables.tiers());
+        assert!((0..10).all(|row| typed.fallback(0, row) == tables.fallback(row)));
+        assert_eq!(typed.sampled_nodes(0), tables.sampled_nodes());
+        assert_eq!(typed.sampled_edges(0), tables.sampled_edges());
+        // Not copied: the very buffers of the response area.
+        assert_eq!(typed.features(0).as_ptr(), tables.features().as_ptr());
+        assert_eq!(typed.edge_index(0).as_ptr(), tables.edge_index().as_ptr());
+        assert_eq!(typed.features(0).len(), 10 * 16);
+        assert_eq!(typed.edge_index(0).len(), 2 * 9);
+    }
+    let mut area = area();
+    write_full(area.as_slice_mut(), 8, [3, 2]);
+    let buffer: Buffer = area.into();
+    let dense = payload::decode(&buffer, &limits(8), &SchemaCache::default()).unwrap();
+    assert!(payload::TypedTables::from_subgraph(&dense).is_none());
+}
+
 /// Every way a peer could make a subgraph response lie is a decode error:
 /// an edge row past the node table, hop counts that do not add up, a hop
 /// count above 3, fanouts past the last hop.

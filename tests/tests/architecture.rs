@@ -227,14 +227,6 @@ const TYPED_TWINS: &[(&str, &str)] = &[
         "the typed manifest's fields parsed beside the one-type manifest's",
     ),
     (
-        "run_one_typed",
-        "the model stage's typed run beside `run_one`",
-    ),
-    (
-        "run_typed",
-        "a typed model run on typed tables beside the dense and subgraph runs",
-    ),
-    (
         "TypedManifest",
         "the typed graph a model reads, beside `Manifest`'s one-type fields",
     ),

@@ -6,8 +6,9 @@ use std::panic::AssertUnwindSafe;
 use std::time::Instant;
 
 use protocol::client::Response;
-use protocol::payload::schema::{target_status, HOP2_CACHED, NO_ROW};
-use protocol::payload::ResponseTables;
+use protocol::graph_schema::GraphSchema;
+use protocol::payload::schema::{target_status, HOP2_CACHED};
+use protocol::payload::{ResponseTables, TypedTables};
 
 use super::ring_stage::{
     ring_call_split, ring_calls, slots_needed, take_live, Ring, RingCall, RingDone,
@@ -16,7 +17,7 @@ use super::sessions::{Session, Sessions};
 use super::{answer, panic_text, Capacity, Job, PredictError, Prediction};
 use crate::ladder::Costs;
 use crate::metrics::WorkerMetrics;
-use crate::model::{AnsweredBy, Model, OutputKind};
+use crate::model::{AnsweredBy, Model, ModelLayout, OutputKind};
 use crate::precomputed::PrecomputedSet;
 use crossbeam_channel::Receiver;
 
@@ -230,7 +231,75 @@ pub(super) fn run_model(
     Ok(out)
 }
 
-/// Runs the model on one response, appending its predictions to `out`.
+/// A response as the model reads it: the dense layout's tables, or a
+/// subgraph (a typed graph's, or a one-type graph's read as the 1x1 typed
+/// graph's) with the segment's schema (`None`: the model's one-type
+/// graph) and the targets' node type.
+enum Read<'r> {
+    Dense(ResponseTables),
+    Subgraph {
+        tables: TypedTables,
+        graph: Option<&'r GraphSchema>,
+        target_type: usize,
+    },
+}
+
+impl Read<'_> {
+    fn target_ids(&self) -> &[u64] {
+        match self {
+            Read::Dense(tables) => tables.target_ids(),
+            Read::Subgraph { tables, .. } => tables.target_ids(),
+        }
+    }
+
+    fn target_status(&self) -> &[u8] {
+        match self {
+            Read::Dense(tables) => tables.target_status(),
+            Read::Subgraph { tables, .. } => tables.target_status(),
+        }
+    }
+}
+
+/// Decodes `response` as `model` reads it; a response of the other kind
+/// (a dense one for a subgraph model, a typed segment under a one-type
+/// model, or the reverse) is a malformed response.
+fn read<'r>(model: &Model, response: &'r Response) -> Result<Read<'r>, PredictError> {
+    let decode = |e: protocol::payload::DecodeError| {
+        PredictError::Internal(format!("decoding the sidecar's response: {e}"))
+    };
+    let malformed = |what: &str| PredictError::Internal(format!("the sidecar's response: {what}"));
+    if model.manifest().layout == ModelLayout::Dense {
+        return Ok(Read::Dense(response.tables().map_err(decode)?));
+    }
+    match (&model.manifest().typed, response.graph_schema()) {
+        (None, None) => {
+            let tables = response.tables().map_err(decode)?;
+            let tables = TypedTables::from_subgraph(&tables)
+                .ok_or_else(|| malformed("a dense-layout response to a subgraph-layout model"))?;
+            Ok(Read::Subgraph {
+                tables,
+                graph: None,
+                target_type: 0,
+            })
+        }
+        (Some(typed), Some(graph)) => {
+            let target_type = graph
+                .node_type(&typed.target_type)
+                .ok_or_else(|| malformed(&format!("no node type {}", typed.target_type)))?;
+            Ok(Read::Subgraph {
+                tables: response.typed_tables(target_type).map_err(decode)?,
+                graph: Some(graph),
+                target_type,
+            })
+        }
+        (None, Some(_)) => Err(malformed("a typed segment under a one-type model")),
+        (Some(_), None) => Err(malformed("a one-type segment under a typed model")),
+    }
+}
+
+/// Runs the model on one response, appending its predictions to `out`:
+/// one path for every model and graph. A target answered `FRESH` gets its
+/// stored answer (`store`); the model runs when some target needs it.
 pub(super) fn run_one(
     model: &mut Model,
     metrics: &WorkerMetrics,
@@ -240,30 +309,26 @@ pub(super) fn run_one(
     store: Option<&PrecomputedSet>,
     out: &mut Vec<Prediction>,
 ) -> Result<(), PredictError> {
-    if model.manifest().typed.is_some() {
-        return run_one_typed(model, metrics, ids, offset, response, out);
-    }
-    let tables = response
-        .tables()
-        .map_err(|e| PredictError::Internal(format!("decoding the sidecar's response: {e}")))?;
+    let read = read(model, response)?;
+    let targets = read.target_ids();
     let start = (*offset).min(ids.len());
-    let asked = &ids[start..(*offset + tables.target_ids().len()).min(ids.len())];
-    if tables.target_ids() != asked || asked.is_empty() {
+    let asked = &ids[start..(*offset + targets.len()).min(ids.len())];
+    if targets != asked || asked.is_empty() {
         return Err(PredictError::Internal(format!(
             "the sidecar answered {} targets that are not the ones asked: a malformed \
              response",
-            tables.target_ids().len()
+            targets.len()
         )));
     }
     *offset += asked.len();
-    let status = tables.target_status();
+    let status = read.target_status();
     // A FRESH target's stored answer stands: the model runs only when some
     // target needs it.
     let stored = |i: usize| -> Option<&[f32]> {
         if status[i] != target_status::FRESH {
             return None;
         }
-        store.and_then(|s| s.logits(tables.target_ids()[i]))
+        store.and_then(|s| s.logits(targets[i]))
     };
     if let Some(i) =
         (0..status.len()).find(|&i| status[i] == target_status::FRESH && stored(i).is_none())
@@ -271,17 +336,25 @@ pub(super) fn run_one(
         return Err(PredictError::Internal(format!(
             "the sidecar answered node {} FRESH, but the worker holds no stored answer for it: \
              a malformed response",
-            tables.target_ids()[i]
+            targets[i]
         )));
     }
     let logits = if (0..status.len()).all(|i| stored(i).is_some()) {
         Vec::new()
     } else {
-        let hop1_h1 = hub_embeddings(&tables, store, model.manifest().hidden)?;
         let running = Instant::now();
-        let logits = model
-            .run_with_hubs(&tables, &hop1_h1)
-            .map_err(model_failed)?;
+        let logits = match &read {
+            Read::Dense(tables) => {
+                let hop1_h1 = hub_embeddings(tables, store, model.manifest().hidden)?;
+                model.run_with_hubs(tables, &hop1_h1)
+            }
+            Read::Subgraph {
+                tables,
+                graph,
+                target_type,
+            } => model.run_subgraph(tables, *graph, *target_type),
+        }
+        .map_err(model_failed)?;
         metrics
             .onnx_run_seconds
             .observe(running.elapsed().as_secs_f64());
@@ -289,76 +362,23 @@ pub(super) fn run_one(
     };
     let width = model.manifest().output_width() as usize;
     let embedding = model.manifest().output == OutputKind::Embedding;
-    let fallbacks = FallbackCounter::new(&tables);
-    for (i, &node_id) in tables.target_ids().iter().enumerate() {
+    let fallbacks = match &read {
+        Read::Dense(tables) => Fallbacks::dense(tables),
+        Read::Subgraph {
+            tables,
+            graph,
+            target_type,
+        } => Fallbacks::subgraph(tables, graph.or(model.one_type_graph()), *target_type),
+    };
+    for (i, &node_id) in targets.iter().enumerate() {
         let (row, answered_by) = match stored(i) {
             Some(row) => (row, AnsweredBy::Precomputed),
             None => (&logits[i * width..(i + 1) * width], model.answered_by()),
         };
         let mut prediction = Prediction::of_row(node_id, row, embedding);
         prediction.known = status[i] != target_status::UNKNOWN_NODE;
-        prediction.fallback_rows = fallbacks.of(&tables, i);
+        prediction.fallback_rows = fallbacks.of(&read, i);
         prediction.answered_by = answered_by;
-        out.push(prediction);
-    }
-    Ok(())
-}
-
-/// Runs a typed graph's model on one typed response, appending its
-/// predictions to `out`. A prediction's `fallback_rows` counts the default
-/// rows of the whole response (every type), which its request's targets
-/// share.
-fn run_one_typed(
-    model: &mut Model,
-    metrics: &WorkerMetrics,
-    ids: &[u64],
-    offset: &mut usize,
-    response: &Response,
-    out: &mut Vec<Prediction>,
-) -> Result<(), PredictError> {
-    let malformed =
-        |what: String| PredictError::Internal(format!("the sidecar's response: {what}"));
-    let graph = response
-        .graph_schema()
-        .ok_or_else(|| malformed("a one-type segment under a typed model".into()))?;
-    let typed = model.manifest().typed.as_ref().expect("a typed model");
-    let target_type = graph
-        .node_type(&typed.target_type)
-        .ok_or_else(|| malformed(format!("no node type {}", typed.target_type)))?;
-    let tables = response
-        .typed_tables(target_type)
-        .map_err(|e| PredictError::Internal(format!("decoding the sidecar's response: {e}")))?;
-    let start = (*offset).min(ids.len());
-    let asked = &ids[start..(*offset + tables.target_ids().len()).min(ids.len())];
-    if tables.target_ids() != asked || asked.is_empty() {
-        return Err(malformed(format!(
-            "{} targets that are not the ones asked",
-            tables.target_ids().len()
-        )));
-    }
-    *offset += asked.len();
-    let running = Instant::now();
-    let rows = model
-        .run_typed(&tables, graph, target_type)
-        .map_err(model_failed)?;
-    metrics
-        .onnx_run_seconds
-        .observe(running.elapsed().as_secs_f64());
-    let width = model.manifest().output_width() as usize;
-    let embedding = model.manifest().output == OutputKind::Embedding;
-    let fallback_rows: u32 = (0..graph.node_types.len())
-        .map(|t| {
-            (0..tables.n_rows(t))
-                .filter(|&r| tables.fallback(t, r))
-                .count() as u32
-        })
-        .sum();
-    for (i, &node_id) in tables.target_ids().iter().enumerate() {
-        let mut prediction =
-            Prediction::of_row(node_id, &rows[i * width..(i + 1) * width], embedding);
-        prediction.known = tables.target_status()[i] != target_status::UNKNOWN_NODE;
-        prediction.fallback_rows = fallback_rows;
-        prediction.answered_by = model.answered_by();
         out.push(prediction);
     }
     Ok(())
@@ -412,55 +432,89 @@ pub fn argmax(values: &[f32]) -> usize {
 }
 
 /// Counts each target's default rows: in the dense layout the rows its hop
-/// arrays reference, in the subgraph layout the rows its output depends on
-/// (those within `hops` edges of it). Free when no row is a default.
-pub(super) struct FallbackCounter {
+/// arrays reference, in a subgraph the rows its output depends on (those
+/// within `hops` edges of it, over every edge type). Free when no row is a
+/// default.
+pub(super) struct Fallbacks<'g> {
     pub(super) any: bool,
+    /// A subgraph's schema and its targets' node type.
+    graph: Option<(&'g GraphSchema, usize)>,
 }
 
-impl FallbackCounter {
-    fn new(tables: &ResponseTables) -> Self {
+impl<'g> Fallbacks<'g> {
+    fn dense(tables: &ResponseTables) -> Self {
         let any = (0..tables.n_nodes()).any(|row| tables.fallback(row));
-        Self { any }
+        Self { any, graph: None }
     }
 
-    fn of(&self, tables: &ResponseTables, t: usize) -> u32 {
-        match (self.any, tables.hops()) {
-            (false, _) => 0,
-            (true, 0) => fallback_rows(tables, t),
-            // A FRESH target of a subgraph response has no row: its stored
-            // answer read none of these.
-            (true, _) if tables.target_rows()[t] == NO_ROW => 0,
-            (true, hops) => subgraph_fallback_rows(tables, t, hops),
+    fn subgraph(tables: &TypedTables, graph: Option<&'g GraphSchema>, target_type: usize) -> Self {
+        let any = (0..tables.nodes.len())
+            .any(|t| (0..tables.n_rows(t)).any(|row| tables.fallback(t, row)));
+        Self {
+            any,
+            graph: graph.map(|g| (g, target_type)),
+        }
+    }
+
+    fn of(&self, read: &Read<'_>, t: usize) -> u32 {
+        if !self.any {
+            return 0;
+        }
+        match (read, self.graph) {
+            (Read::Dense(tables), _) => fallback_rows(tables, t),
+            (Read::Subgraph { tables, .. }, Some((graph, target_type))) => {
+                subgraph_fallback_rows(tables, graph, target_type, t)
+            }
+            (Read::Subgraph { .. }, None) => 0,
         }
     }
 }
 
-/// Default rows within `hops` edges (against their direction) of target
-/// `t`, itself included: the rows a `hops`-layer model's answer reads.
-pub(super) fn subgraph_fallback_rows(tables: &ResponseTables, t: usize, hops: usize) -> u32 {
-    let edges = tables.edge_index();
-    let (src, dst) = edges.split_at(edges.len() / 2);
-    let n = tables.n_nodes();
-    let mut reached = vec![false; n];
-    let mut frontier = vec![false; n];
-    let target = tables.target_rows()[t] as usize;
-    reached[target] = true;
-    frontier[target] = true;
-    for _ in 0..hops {
-        let mut next = vec![false; n];
-        for (&s, &d) in src.iter().zip(dst) {
-            let (s, d) = (s as usize, d as usize);
-            if frontier[d] && !reached[s] {
-                reached[s] = true;
-                next[s] = true;
+/// Default rows within `hops` edges (against their direction, over every
+/// edge type) of target `t`, itself included: the rows a `hops`-layer
+/// model's answer reads. A `FRESH` target has no row: its stored answer
+/// read none of these.
+pub(super) fn subgraph_fallback_rows(
+    tables: &TypedTables,
+    graph: &GraphSchema,
+    target_type: usize,
+    t: usize,
+) -> u32 {
+    let Ok(target) = usize::try_from(tables.target_rows()[t]) else {
+        return 0;
+    };
+    let n_types = tables.nodes.len();
+    let mut reached: Vec<Vec<bool>> = (0..n_types)
+        .map(|k| vec![false; tables.n_rows(k)])
+        .collect();
+    let mut frontier = reached.clone();
+    reached[target_type][target] = true;
+    frontier[target_type][target] = true;
+    for _ in 0..tables.hops() {
+        let mut next: Vec<Vec<bool>> = (0..n_types)
+            .map(|k| vec![false; tables.n_rows(k)])
+            .collect();
+        for (e, ends) in graph.edge_types.iter().enumerate() {
+            let (src_type, dst_type) = (ends.src as usize, ends.dst as usize);
+            let edges = tables.edge_index(e);
+            let (src, dst) = edges.split_at(edges.len() / 2);
+            for (&s, &d) in src.iter().zip(dst) {
+                let (s, d) = (s as usize, d as usize);
+                if frontier[dst_type][d] && !reached[src_type][s] {
+                    reached[src_type][s] = true;
+                    next[src_type][s] = true;
+                }
             }
         }
         frontier = next;
     }
-    (0..reached.len())
-        .filter(|&row| reached[row] && tables.fallback(row))
-        .count() as u32
+    (0..n_types)
+        .map(|k| {
+            (0..tables.n_rows(k))
+                .filter(|&row| reached[k][row] && tables.fallback(k, row))
+                .count() as u32
+        })
+        .sum()
 }
 
 /// Default rows among the rows target `t` references (itself, its sampled

@@ -8,7 +8,10 @@
 //!   table's features) and `edge_index` (2 x n_edges int64, the edge
 //!   table's list values), output one row per node, of which the targets'
 //!   rows are the answers (classes or an embedding). Its aggregation is
-//!   rewritten at load ([`crate::onnx_graph`]).
+//!   rewritten at load ([`crate::onnx_graph`]). A typed graph's model reads
+//!   a typed response's tables by its inputs' names; a one-type model's
+//!   response is read as the 1x1 typed graph's, so both run the one
+//!   [`Model::run_subgraph`].
 //! - **dense** (this project's GraphSAGE, `sage.py`): six inputs, below.
 //!
 //! The dense model's six inputs are the response tables' buffers as they are:
@@ -31,6 +34,11 @@ mod session;
 
 pub use manifest::*;
 pub use run::{bind_inputs, bind_subgraph_inputs, Input, InputSlices};
+
+/// The node type and the edge type of a one-type graph read as the 1x1
+/// typed graph (the sidecar's names for them too).
+pub const ONE_TYPE: &str = "node";
+pub const ONE_RELATION: &str = "to";
 
 use ort::session::Session;
 use serde::Deserialize;
@@ -55,6 +63,10 @@ pub struct Model {
     scatters_rewritten: usize,
     /// Max/min scatters corrected at load ([`crate::onnx_graph::fix_scatter_extrema`]).
     extrema_fixed: usize,
+    /// A one-type subgraph-layout model's graph as the 1x1 typed graph
+    /// (node type `node`, edge type `node__to__node`): what its response
+    /// is read as ([`Model::run_subgraph`]).
+    one_type_graph: Option<protocol::graph_schema::GraphSchema>,
 }
 
 /// How a model is loaded.

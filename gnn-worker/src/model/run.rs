@@ -3,9 +3,10 @@
 
 use super::*;
 use ort::value::TensorRef;
+use protocol::graph_schema::GraphSchema;
 use protocol::layout::MAX_HOPS;
 use protocol::payload::schema::NO_ROW;
-use protocol::payload::ResponseTables;
+use protocol::payload::{ResponseTables, TypedTables};
 
 impl Model {
     /// Runs the model on a response; returns `n_targets x num_classes`
@@ -32,7 +33,10 @@ impl Model {
                     "stored hub embeddings are a dense-layout feature".into(),
                 ));
             }
-            return self.run_subgraph(tables);
+            let subgraph = TypedTables::from_subgraph(tables).ok_or_else(|| {
+                ModelError::Run("a dense-layout response for a subgraph-layout model".into())
+            })?;
+            return self.run_subgraph(&subgraph, None, 0);
         }
         let inputs = bind_inputs(tables).map_err(|e| ModelError::Run(e.to_string()))?;
         if self.answered_by == AnsweredBy::Student {
@@ -47,40 +51,6 @@ impl Model {
         let f1 = tables.fanouts()[0] as usize;
         self.run_inputs(inputs, (tables.n_targets(), f1), hop1_h1, false)
             .map(|(logits, _)| logits)
-    }
-
-    /// Runs a subgraph-layout model on a subgraph response: `x` and
-    /// `edge_index` borrow the node table's features and the edge table's
-    /// values in place; returns each target's output row (`n_targets x
-    /// width`; zeros for a `FRESH` target, which has no row). The model
-    /// does not run when no target has a row.
-    fn run_subgraph(&mut self, tables: &ResponseTables) -> Result<Vec<f32>, ModelError> {
-        if tables.hops() == 0 {
-            return Err(ModelError::Run(
-                "a dense-layout response for a subgraph-layout model".into(),
-            ));
-        }
-        let width = self.manifest.output_width() as usize;
-        let mut rows = vec![0f32; tables.n_targets() * width];
-        if tables.target_rows().iter().all(|&row| row == NO_ROW) {
-            return Ok(rows);
-        }
-        let values = if tables.n_edges() == 0 {
-            // Padded (run_subgraph_slices): no target has a neighbour.
-            self.run_subgraph_slices(tables.features(), &[])?
-        } else {
-            let inputs =
-                bind_subgraph_inputs(tables).map_err(|e| ModelError::Run(e.to_string()))?;
-            self.run_subgraph_inputs(inputs, tables.n_nodes())?
-        };
-        for (t, &row) in tables.target_rows().iter().enumerate() {
-            let Ok(row) = usize::try_from(row) else {
-                continue;
-            };
-            rows[t * width..(t + 1) * width]
-                .copy_from_slice(&values[row * width..(row + 1) * width]);
-        }
-        Ok(rows)
     }
 
     /// Runs a subgraph-layout model on `x` (`n x feature_dim`) and
@@ -142,53 +112,111 @@ impl Model {
         Ok(values.to_vec())
     }
 
-    /// Runs a typed model on a typed response: each input it declares
-    /// borrows its table in place (`x__<type>` the type's features,
-    /// `n_id__<type>` its node ids, `edge_index__<key>` the edge type's
-    /// values); returns each target's output row (`n_targets x width`).
-    /// `graph` is the segment's schema.
+    /// What input `input` reads of a subgraph response over `graph`: a
+    /// one-type model's `x` and `edge_index` are the 1x1 graph's node type
+    /// 0 and edge type 0; a typed model's `x__<type>`, `n_id__<type>` and
+    /// `edge_index__<src>__<relation>__<dst>` name theirs (checked against
+    /// the segment's schema at attach).
+    fn binding(&self, input: &str, graph: &GraphSchema) -> Binding {
+        if self.manifest.typed.is_none() {
+            return if input == "edge_index" {
+                Binding::Edges(0)
+            } else {
+                Binding::Features(0)
+            };
+        }
+        if let Some(name) = input.strip_prefix(typed_inputs::X) {
+            Binding::Features(graph.node_type(name).expect("checked at start"))
+        } else if let Some(name) = input.strip_prefix(typed_inputs::N_ID) {
+            Binding::NodeIds(graph.node_type(name).expect("checked at start"))
+        } else {
+            let key = &input[typed_inputs::EDGE_INDEX.len()..];
+            Binding::Edges(graph.edge_type(key).expect("checked at start"))
+        }
+    }
+
+    /// Runs a subgraph-layout model on a subgraph response, a typed
+    /// graph's or a one-type graph's read as the 1x1 typed graph's
+    /// ([`TypedTables::from_subgraph`]): each input the model declares
+    /// borrows its table in place ([`Model::binding`]); returns each
+    /// target's output row (`n_targets x width`; zeros for a target
+    /// answered `FRESH`, which has no row). The model does not run when no
+    /// target has a row. `graph` is the segment's schema (`None`: the
+    /// model's one-type graph, [`Model::one_type_graph`]).
     ///
     /// A declared node type with no rows, or edge type with no edges, is
-    /// padded ([`TypedPadding`]): some exports cannot run on an empty
-    /// input (an attention model's reduction over zero rows inside
-    /// onnxruntime), and a padded node reaches no target, so the targets'
-    /// answers are those of the subgraph as sampled, whatever else shares
-    /// the batch.
-    pub fn run_typed(
+    /// padded ([`Padding`]): some exports cannot run on an empty input (a
+    /// TransformerConv on an empty `edge_index`, PyG #9808; an attention
+    /// model's reduction over zero rows inside onnxruntime), and a padded
+    /// node reaches no target, so the targets' answers are those of the
+    /// subgraph as sampled, whatever else shares the batch.
+    pub fn run_subgraph(
         &mut self,
-        tables: &protocol::payload::TypedTables,
-        graph: &protocol::graph_schema::GraphSchema,
+        tables: &TypedTables,
+        graph: Option<&GraphSchema>,
+        target_type: usize,
+    ) -> Result<Vec<f32>, ModelError> {
+        if let Some(graph) = graph {
+            return self.run_subgraph_of(tables, graph, target_type);
+        }
+        let graph = self.one_type_graph.take().ok_or_else(|| {
+            ModelError::Run("a one-type graph's response for a typed graph's model".into())
+        })?;
+        let rows = self.run_subgraph_of(tables, &graph, target_type);
+        self.one_type_graph = Some(graph);
+        rows
+    }
+
+    /// A one-type subgraph-layout model's graph as the 1x1 typed graph
+    /// (`None` for a typed graph's model and for the dense layout).
+    pub fn one_type_graph(&self) -> Option<&GraphSchema> {
+        self.one_type_graph.as_ref()
+    }
+
+    fn run_subgraph_of(
+        &mut self,
+        tables: &TypedTables,
+        graph: &GraphSchema,
         target_type: usize,
     ) -> Result<Vec<f32>, ModelError> {
         use ort::session::SessionInputValue;
         let run = |e: ort::Error| ModelError::Run(e.to_string());
         let width = self.manifest.output_width() as usize;
-        let padding = TypedPadding::plan(&self.manifest.inputs, tables, graph);
-        let mut bound: Vec<(String, SessionInputValue<'_>)> = Vec::new();
-        for input in &self.manifest.inputs {
-            let value: SessionInputValue<'_> =
-                if let Some(name) = input.strip_prefix(typed_inputs::X) {
-                    let t = graph.node_type(name).expect("checked at start");
+        let mut rows = vec![0f32; tables.n_targets() * width];
+        if tables.target_rows().iter().all(|&row| row == NO_ROW) {
+            return Ok(rows);
+        }
+        let bindings: Vec<(String, Binding)> = self
+            .manifest
+            .inputs
+            .iter()
+            .map(|input| (input.clone(), self.binding(input, graph)))
+            .collect();
+        let padding = Padding::plan(&bindings, tables, graph);
+        let mut bound: Vec<(String, SessionInputValue<'_>)> = Vec::with_capacity(bindings.len());
+        for (input, binding) in bindings {
+            let value: SessionInputValue<'_> = match binding {
+                Binding::Features(t) => {
                     let dim = graph.node_types[t].feature_dim as usize;
                     let x = padding.features(t, tables);
                     TensorRef::from_array_view(([x.len() / dim.max(1), dim], x))
                         .map_err(run)?
                         .into()
-                } else if let Some(name) = input.strip_prefix(typed_inputs::N_ID) {
-                    let t = graph.node_type(name).expect("checked at start");
+                }
+                Binding::NodeIds(t) => {
                     let ids = padding.node_ids(t, tables);
                     TensorRef::from_array_view(([ids.len()], ids))
                         .map_err(run)?
                         .into()
-                } else {
-                    let key = &input[typed_inputs::EDGE_INDEX.len()..];
-                    let e = graph.edge_type(key).expect("checked at start");
+                }
+                Binding::Edges(e) => {
                     let index = padding.edge_index(e, tables);
                     TensorRef::from_array_view(([2, index.len() / 2], index))
                         .map_err(run)?
                         .into()
-                };
-            bound.push((input.clone(), value));
+                }
+            };
+            bound.push((input, value));
         }
         let outputs = self.session.run(bound).map_err(|e| {
             let hint = if padding.padded.is_empty() {
@@ -212,9 +240,10 @@ impl Model {
                  type)"
             )));
         }
-        let mut rows = vec![0f32; tables.n_targets() * width];
         for (t, &row) in tables.target_rows().iter().enumerate() {
-            let row = row as usize;
+            let Ok(row) = usize::try_from(row) else {
+                continue;
+            };
             rows[t * width..(t + 1) * width]
                 .copy_from_slice(&values[row * width..(row + 1) * width]);
         }
@@ -408,7 +437,19 @@ impl<'a> From<Input<'a>> for ort::session::SessionInputValue<'a> {
     }
 }
 
-/// How [`Model::run_typed`] pads a typed subgraph with an empty input: a
+/// What one input of a subgraph-layout model reads (of a response's
+/// tables, by type index).
+#[derive(Debug, Clone, Copy)]
+enum Binding {
+    /// A node type's feature rows.
+    Features(usize),
+    /// A node type's node ids (a type without features).
+    NodeIds(usize),
+    /// An edge type's `edge_index`.
+    Edges(usize),
+}
+
+/// How [`Model::run_subgraph`] pads a subgraph with an empty input: a
 /// node type the model reads with no rows, or that an edge type the model
 /// reads with no edges ends at, gets one more row (zeros, node id 0) that
 /// no edge of the subgraph reaches; each such edge type gets one edge
@@ -416,7 +457,7 @@ impl<'a> From<Input<'a>> for ort::session::SessionInputValue<'a> {
 /// those rows to any other, so every real row's output is the one of the
 /// subgraph as sampled: the padding changes which inputs are empty, not
 /// an answer.
-struct TypedPadding {
+struct Padding {
     /// Per node type: it has an extra row.
     dummy: Vec<bool>,
     /// Per node type with an extra row: its features, then zeros.
@@ -429,34 +470,28 @@ struct TypedPadding {
     padded: Vec<String>,
 }
 
-impl TypedPadding {
-    fn plan(
-        inputs: &[String],
-        tables: &protocol::payload::TypedTables,
-        graph: &protocol::graph_schema::GraphSchema,
-    ) -> Self {
+impl Padding {
+    fn plan(bindings: &[(String, Binding)], tables: &TypedTables, graph: &GraphSchema) -> Self {
         let n_types = graph.node_types.len();
         let mut dummy = vec![false; n_types];
         let mut empty_edges = vec![false; graph.edge_types.len()];
         let mut padded = Vec::new();
-        for input in inputs {
-            if let Some(name) = input
-                .strip_prefix(typed_inputs::X)
-                .or_else(|| input.strip_prefix(typed_inputs::N_ID))
-            {
-                let t = graph.node_type(name).expect("checked at start");
-                if tables.n_rows(t) == 0 {
-                    dummy[t] = true;
-                    padded.push(input.clone());
+        for (input, binding) in bindings {
+            match *binding {
+                Binding::Features(t) | Binding::NodeIds(t) => {
+                    if tables.n_rows(t) == 0 {
+                        dummy[t] = true;
+                        padded.push(input.clone());
+                    }
                 }
-            } else if let Some(key) = input.strip_prefix(typed_inputs::EDGE_INDEX) {
-                let e = graph.edge_type(key).expect("checked at start");
-                if tables.edge_index(e).is_empty() {
-                    empty_edges[e] = true;
-                    let ends = &graph.edge_types[e];
-                    dummy[ends.src as usize] = true;
-                    dummy[ends.dst as usize] = true;
-                    padded.push(input.clone());
+                Binding::Edges(e) => {
+                    if tables.edge_index(e).is_empty() {
+                        empty_edges[e] = true;
+                        let ends = &graph.edge_types[e];
+                        dummy[ends.src as usize] = true;
+                        dummy[ends.dst as usize] = true;
+                        padded.push(input.clone());
+                    }
                 }
             }
         }
@@ -498,19 +533,19 @@ impl TypedPadding {
         }
     }
 
-    fn features<'a>(&'a self, t: usize, tables: &'a protocol::payload::TypedTables) -> &'a [f32] {
+    fn features<'a>(&'a self, t: usize, tables: &'a TypedTables) -> &'a [f32] {
         self.features[t]
             .as_deref()
             .unwrap_or_else(|| tables.features(t))
     }
 
-    fn node_ids<'a>(&'a self, t: usize, tables: &'a protocol::payload::TypedTables) -> &'a [i64] {
+    fn node_ids<'a>(&'a self, t: usize, tables: &'a TypedTables) -> &'a [i64] {
         self.node_ids[t]
             .as_deref()
             .unwrap_or_else(|| bytemuck::cast_slice(tables.node_ids(t)))
     }
 
-    fn edge_index<'a>(&'a self, e: usize, tables: &'a protocol::payload::TypedTables) -> &'a [i64] {
+    fn edge_index<'a>(&'a self, e: usize, tables: &'a TypedTables) -> &'a [i64] {
         match &self.edges[e] {
             Some(edge) => edge,
             None => tables.edge_index(e),

@@ -131,6 +131,12 @@ impl Model {
                 Some(typed) => check_typed_session(&session, &manifest, typed),
             }
             .map_err(ModelError::Mismatch)?;
+            let one_type_graph = manifest.typed.is_none().then(|| {
+                protocol::graph_schema::GraphSchema::of(
+                    &[(super::ONE_TYPE, manifest.feature_dim)],
+                    &[(0, super::ONE_RELATION, 0)],
+                )
+            });
             return Ok(Self {
                 session,
                 manifest,
@@ -138,6 +144,7 @@ impl Model {
                 no_hubs: Vec::new(),
                 scatters_rewritten: scatters,
                 extrema_fixed,
+                one_type_graph,
             });
         }
         let session = builder
@@ -171,6 +178,7 @@ impl Model {
             no_hubs,
             scatters_rewritten: 0,
             extrema_fixed: 0,
+            one_type_graph: None,
         })
     }
 

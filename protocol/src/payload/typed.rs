@@ -435,6 +435,31 @@ pub fn decode_typed(
 }
 
 impl TypedTables {
+    /// A one-type graph's subgraph-layout response read as the 1x1 typed
+    /// graph's (node type 0, edge type 0): the same record batches, no
+    /// copy, so that one reader serves a subgraph of either kind. The node
+    /// table is type 0's, the edge table's `edge_index` edge type 0's, its
+    /// `hop_counts` the counts (row 0 the nodes', row 1 the edges'). A
+    /// target answered `FRESH` keeps its `NO_ROW`. `None` for a
+    /// dense-layout response, which has no edge table.
+    pub fn from_subgraph(tables: &crate::payload::ResponseTables) -> Option<Self> {
+        let edges = tables.edges.as_ref().filter(|_| tables.hops() > 0)?;
+        let counts = RecordBatch::try_new(
+            crate::payload::schema::counts_schema(),
+            vec![edges.column(1).clone()],
+        )
+        .expect("hop_counts is the counts table's column");
+        Some(Self {
+            header: tables.header,
+            targets: tables.targets.clone(),
+            counts,
+            nodes: vec![tables.nodes.clone()],
+            edges: vec![edges.clone()],
+            has_features: vec![true],
+            n_edge_types: 1,
+        })
+    }
+
     pub fn hops(&self) -> usize {
         self.header.hops as usize
     }
