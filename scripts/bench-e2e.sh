@@ -10,6 +10,8 @@
 #   scripts/bench-e2e.sh --only cora/   # the scenarios whose name contains cora/
 #   scripts/bench-e2e.sh --only cora/embedded/warm/f20x10/t1,rmat-1m/redis/warm/f20x10/t8
 #                                   # several, separated by commas
+#   scripts/bench-e2e.sh --only cora/ --baseline /tmp/prev/target/release
+#                                   # another build's product beside this one's
 #
 # Installs what is missing first (scripts/setup.sh, then .venv-bench with
 # bench/requirements.txt: FastAPI, uvicorn, redis-py, onnxruntime, Feast,

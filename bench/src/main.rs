@@ -56,6 +56,14 @@ struct Args {
     /// several separated by commas).
     #[arg(long, value_delimiter = ',')]
     only: Option<Vec<String>>,
+    /// A directory holding another build's `sidecar`, `sidecarctl` and
+    /// `gnn-worker` (an earlier commit's, say): its product runs beside
+    /// this build's in every scenario, on its own import of the same data,
+    /// as the systems `baseline-grpc` and `baseline-http` (lone calls
+    /// interleaved call by call with this build's; report.md, "Beside
+    /// another build").
+    #[arg(long)]
+    baseline: Option<PathBuf>,
 }
 
 impl Args {
@@ -130,6 +138,8 @@ struct Dataset {
     model: PathBuf,
     embedded: Option<PathBuf>,
     redis_data: PathBuf,
+    /// The other build's imports (`--baseline`): embedded, Redis.
+    beside_data: Option<(Option<PathBuf>, PathBuf)>,
     prefix: String,
     /// The key-by-key design's model server (started once per dataset).
     naive: Option<(Daemon, String)>,
@@ -148,6 +158,17 @@ fn main() -> anyhow::Result<()> {
     );
     let work = absolute(&root, &args.work_dir);
     std::fs::create_dir_all(&work)?;
+    let baseline = args.baseline.as_ref().map(|dir| absolute(&root, dir));
+    if let Some(dir) = &baseline {
+        for name in ["sidecar", "sidecarctl", "gnn-worker"] {
+            ensure!(
+                dir.join(name).is_file(),
+                "--baseline {}: no {name} there; give the directory of another build's \
+                 release binaries (target/release of a checkout of that commit)",
+                dir.display()
+            );
+        }
+    }
     let date = now_utc_date();
     let out = args.out.clone().map_or_else(
         || {
@@ -189,6 +210,7 @@ fn main() -> anyhow::Result<()> {
             None,
             &work,
             &redis_url,
+            baseline.as_deref(),
         )?);
     }
     if wanted(synthetic) {
@@ -198,6 +220,7 @@ fn main() -> anyhow::Result<()> {
             Some(128),
             &work,
             &redis_url,
+            baseline.as_deref(),
         )?);
     }
 
@@ -213,6 +236,8 @@ fn main() -> anyhow::Result<()> {
     let mut results = Vec::new();
     // The product's stack and its sidecar's metrics address.
     let mut product: Option<(String, Stack, String)> = None;
+    // The other build's, with `--baseline`.
+    let mut beside: Option<(String, Stack, String)> = None;
     let mut fastapi: Option<(String, Daemon, String)> = None;
     for (i, scenario) in scenarios.iter().enumerate() {
         say(&format!(
@@ -258,10 +283,20 @@ fn main() -> anyhow::Result<()> {
             if let Some((_, old, _)) = product.take() {
                 old.stop();
             }
-            let (stack, metrics) = start_product(d, scenario, &redis_url)?;
+            let (stack, metrics) = start_product(d, scenario, &redis_url, None)?;
             product = Some((key.clone(), stack, metrics));
         }
         let (_, stack, sidecar_metrics) = product.as_ref().expect("started");
+        if let Some(dir) = &baseline {
+            if beside.as_ref().is_none_or(|(k, _, _)| *k != key) {
+                if let Some((_, old, _)) = beside.take() {
+                    old.stop();
+                }
+                let (stack, metrics) = start_product(d, scenario, &redis_url, Some(dir))?;
+                beside = Some((key.clone(), stack, metrics));
+            }
+        }
+        let beside_stack = beside.as_ref().map(|(_, stack, _)| stack);
 
         // (c) FastAPI: one service per dataset and fanouts.
         let fast_key = format!("{}/{:?}", d.name, scenario.fanouts);
@@ -281,6 +316,7 @@ fn main() -> anyhow::Result<()> {
         let systems = |label: &'static str| {
             callers(
                 stack,
+                beside_stack,
                 &requests,
                 d,
                 scenario.fanouts,
@@ -326,22 +362,30 @@ fn main() -> anyhow::Result<()> {
             };
             let (http, grpc) = (product("product-http")?, product("product-grpc")?);
             let (v2_http, v2_grpc) = (product("product-v2-http")?, product("product-v2-grpc")?);
+            let health_check = HealthCheck(HttpClient::new(&stack.http));
+            let grpc_health_check = GrpcHealthCheck(HealthClient::new(health));
+            let mut interleaved: Vec<&dyn Caller> = vec![
+                &health_check,
+                &grpc_health_check,
+                &*http,
+                &*grpc,
+                &*v2_http,
+                &*v2_grpc,
+            ];
+            // The other build's doors, call by call with this build's.
+            let beside_doors = match beside_stack {
+                Some(_) => Some((product("baseline-http")?, product("baseline-grpc")?)),
+                None => None,
+            };
+            if let Some((b_http, b_grpc)) = &beside_doors {
+                interleaved.push(&**b_http);
+                interleaved.push(&**b_grpc);
+            }
             let before = scrape().await?;
-            let measured = load::interleaved(
-                &[
-                    &HealthCheck(HttpClient::new(&stack.http)),
-                    &GrpcHealthCheck(HealthClient::new(health)),
-                    &*http,
-                    &*grpc,
-                    &*v2_http,
-                    &*v2_grpc,
-                ],
-                timing.lone_calls,
-                20,
-                timing.lone_budget,
-            )
-            .await;
+            let mut measured =
+                load::interleaved(&interleaved, timing.lone_calls, 20, timing.lone_budget).await;
             let after = scrape().await?;
+            let beside_lone = measured.split_off(6);
             let [round_trip, grpc_round_trip, lone_http, lone_grpc, lone_v2_http, lone_v2_grpc] =
                 <[load::Summary; 6]>::try_from(measured)
                     .map_err(|_| anyhow::anyhow!("six summaries"))?;
@@ -353,6 +397,8 @@ fn main() -> anyhow::Result<()> {
                     "product-grpc" => lone_grpc.clone(),
                     "product-v2-http" => lone_v2_http.clone(),
                     "product-v2-grpc" => lone_v2_grpc.clone(),
+                    "baseline-http" => beside_lone[0].clone(),
+                    "baseline-grpc" => beside_lone[1].clone(),
                     _ => load::lone(&**caller, timing.lone_calls, 10, timing.lone_budget).await,
                 });
                 say(&format!(
@@ -376,9 +422,19 @@ fn main() -> anyhow::Result<()> {
                     .map(|d| d.child.id())
                     .collect(),
             };
+            let beside_cpu = load::CpuWatch {
+                pids: beside_stack
+                    .into_iter()
+                    .flat_map(|s| [&s.worker, &s.sidecar])
+                    .flatten()
+                    .map(|d| d.child.id())
+                    .collect(),
+            };
             for ((name, caller), lone) in systems.iter().zip(lone) {
                 let cpu = if name.starts_with("product") {
                     product_cpu.clone()
+                } else if name.starts_with("baseline") {
+                    beside_cpu.clone()
                 } else {
                     load::CpuWatch::default()
                 };
@@ -416,6 +472,9 @@ fn main() -> anyhow::Result<()> {
         results.push(result);
     }
     if let Some((_, stack, _)) = product.take() {
+        stack.stop();
+    }
+    if let Some((_, stack, _)) = beside.take() {
         stack.stop();
     }
     drop(fastapi);
@@ -547,6 +606,7 @@ async fn measure(
 #[allow(clippy::too_many_arguments)]
 async fn callers(
     stack: &Stack,
+    beside: Option<&Stack>,
     requests: &Requests,
     d: &Dataset,
     fanouts: [u32; 2],
@@ -564,7 +624,27 @@ async fn callers(
     let redis_conn = redis::Client::open(redis_url)?
         .get_multiplexed_async_connection()
         .await?;
-    Ok(vec![
+    let mut beside_systems: Vec<(&'static str, Arc<dyn Caller>)> = Vec::new();
+    if let Some(beside) = beside {
+        let client = PredictorClient::connect(beside.grpc.clone())
+            .await
+            .with_context(|| format!("connecting to the other build's gRPC ({label} calls)"))?;
+        beside_systems.push((
+            "baseline-grpc",
+            Arc::new(ProductGrpc {
+                client,
+                requests: requests.clone(),
+            }),
+        ));
+        beside_systems.push((
+            "baseline-http",
+            Arc::new(ProductHttp {
+                http: HttpClient::new(&beside.http),
+                requests: requests.clone(),
+            }),
+        ));
+    }
+    let mut systems: Vec<(&'static str, Arc<dyn Caller>)> = vec![
         (
             "product-grpc",
             Arc::new(ProductGrpc {
@@ -613,7 +693,13 @@ async fn callers(
                 samplers: Mutex::new(Vec::new()),
             }),
         ),
-    ])
+    ];
+    // Each right after this build's door of its transport: measured in
+    // turn, door by door.
+    for (i, system) in beside_systems.into_iter().enumerate() {
+        systems.insert(2 * i + 1, system);
+    }
+    Ok(systems)
 }
 
 /// GET /healthz: an HTTP round trip doing no work.
@@ -736,6 +822,7 @@ fn prepare(
     synthetic_dim: Option<u32>,
     work: &Path,
     redis_url: &str,
+    baseline: Option<&Path>,
 ) -> anyhow::Result<Dataset> {
     let meta: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(dir.join("meta.json"))?)?;
@@ -743,10 +830,12 @@ fn prepare(
         .as_u64()
         .context("meta.json has no feature_dim")? as usize;
     let prefix = format!("{name}:");
-    let import = |data: &Path, extra: &[&str]| -> anyhow::Result<()> {
+    // With `bin` another build's sidecar (`--baseline`): its own imports,
+    // the same Redis rows.
+    let import = |bin: PathBuf, data: &Path, extra: &[&str]| -> anyhow::Result<()> {
         let _ = std::fs::remove_dir_all(data);
         let t = Instant::now();
-        let out = Command::new(stack::workspace_bin("sidecar"))
+        let out = Command::new(bin)
             .arg("import")
             .arg(dir)
             .arg("--data-dir")
@@ -767,18 +856,25 @@ fn prepare(
         ));
         Ok(())
     };
-    let redis_data = work.join(format!("{name}-redis"));
-    import(
-        &redis_data,
-        &["--redis", redis_url, "--redis-prefix", &prefix],
-    )?;
-    let embedded = if synthetic_dim.is_none() {
-        let data = work.join(format!("{name}-embedded"));
-        import(&data, &[])?;
-        Some(data)
-    } else {
-        None
-    };
+    let mut imports = vec![(stack::workspace_bin("sidecar"), String::new())];
+    if let Some(dir) = baseline {
+        imports.push((dir.join("sidecar"), "-baseline".to_string()));
+    }
+    let (mut redis_data, mut embedded) = (Vec::new(), Vec::new());
+    for (bin, suffix) in imports {
+        let data = work.join(format!("{name}-redis{suffix}"));
+        import(
+            bin.clone(),
+            &data,
+            &["--redis", redis_url, "--redis-prefix", &prefix],
+        )?;
+        redis_data.push(data);
+        if synthetic_dim.is_none() {
+            let data = work.join(format!("{name}-embedded{suffix}"));
+            import(bin, &data, &[])?;
+            embedded.push(data);
+        }
+    }
     let model = match synthetic_dim {
         None => stack::trained_model_for(dir),
         Some(dim) => {
@@ -794,6 +890,11 @@ fn prepare(
             model
         }
     };
+    let mut embedded = embedded.into_iter();
+    let mut redis_data = redis_data.into_iter();
+    let (this_embedded, this_redis) = (embedded.next(), redis_data.next().expect("imported"));
+    let beside_data = redis_data.next().map(|redis| (embedded.next(), redis));
+    let (embedded, redis_data) = (this_embedded, this_redis);
     let index = Arc::new(CsrIndex::open(&redis_data.join("graph.csr"))?);
     let features = Arc::new(Features::read(&dir.join("features.f32"), feature_dim)?);
     let super_nodes = meta["generator"]["super_nodes"].as_u64().unwrap_or(0) as u32;
@@ -807,17 +908,20 @@ fn prepare(
         model,
         embedded,
         redis_data,
+        beside_data,
         prefix,
         naive: None,
     })
 }
 
 /// Sidecar + worker for the scenario's store, cache and fanouts.
-/// The product's stack, and its sidecar's metrics address.
+/// The product's stack, and its sidecar's metrics address; with `beside`
+/// another build's binaries (`--baseline`), on that build's imports.
 fn start_product(
     d: &Dataset,
     scenario: &Scenario,
     redis_url: &str,
+    beside: Option<&Path>,
 ) -> anyhow::Result<(Stack, String)> {
     let metrics = format!("127.0.0.1:{}", stack::free_port());
     let mut sidecar_args: Vec<String> = vec![
@@ -826,14 +930,18 @@ fn start_product(
         "--metrics-addr".into(),
         metrics.clone(),
     ];
-    let imported = match scenario.store {
-        Store::Embedded => d
-            .embedded
+    let (embedded, redis_data) = match beside {
+        None => (d.embedded.clone(), d.redis_data.clone()),
+        Some(_) => d
+            .beside_data
             .clone()
-            .context("no embedded import of this dataset")?,
+            .context("no import of this dataset by the other build")?,
+    };
+    let imported = match scenario.store {
+        Store::Embedded => embedded.context("no embedded import of this dataset")?,
         Store::Redis => {
             sidecar_args.extend(["--redis".into(), redis_url.into()]);
-            d.redis_data.clone()
+            redis_data
         }
     };
     match scenario.cache {
@@ -879,12 +987,18 @@ fn start_product(
             "--log-level".into(),
             "warn".into(),
         ],
+        bin_dir: beside.map(Path::to_path_buf),
         ..StackOptions::new(&d.name)
     };
     let t = Instant::now();
     let stack = Stack::start(&options)?;
     say(&format!(
-        "  product started ({}) in {:.1} s",
+        "  {} started ({}) in {:.1} s",
+        if beside.is_some() {
+            "the other build's product"
+        } else {
+            "product"
+        },
         scenario.product_key(),
         t.elapsed().as_secs_f64()
     ));

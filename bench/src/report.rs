@@ -655,6 +655,60 @@ fn v2_doors(md: &mut String, r: &Report) {
     }
 }
 
+/// This build beside another build's binaries (`bench-e2e --baseline`):
+/// per scenario and door, the same requests, lone calls interleaved call
+/// by call, saturation and CPU per call measured the same way.
+fn beside_build(md: &mut String, r: &Report) {
+    const DOORS: [(&str, &str, &str); 2] = [
+        ("gRPC", "product-grpc", "baseline-grpc"),
+        ("HTTP", "product-http", "baseline-http"),
+    ];
+    let rows: Vec<_> = r
+        .scenarios
+        .iter()
+        .flat_map(|s| {
+            DOORS.iter().filter_map(move |(door, this, other)| {
+                Some((s, *door, s.system(this)?, s.system(other)?))
+            })
+        })
+        .collect();
+    if rows.is_empty() {
+        return;
+    }
+    let _ = writeln!(md, "\n## Beside another build\n");
+    let _ = writeln!(
+        md,
+        "This build's product beside another build's (`--baseline`: its own binaries and its \
+         own imports of the same data, the same model and request sequence; lone calls \
+         interleaved call by call). Ratios are this build over the other: below 1 is \
+         faster or cheaper.\n"
+    );
+    let _ = writeln!(md, "| scenario | door | lone p50 this / other | ratio | lone p99 this / other | saturation this / other (calls/s) | ratio | CPU per call this / other | ratio |");
+    let _ = writeln!(md, "|---|---|---:|---:|---:|---:|---:|---:|---:|");
+    for (s, door, this, other) in rows {
+        let cpu = |x: &SystemResult| x.cpu_us_per_call.map_or("-".into(), us);
+        let cpu_ratio = match (this.cpu_us_per_call, other.cpu_us_per_call) {
+            (Some(a), Some(b)) if b > 0.0 => format!("{:.3}x", a / b),
+            _ => "-".into(),
+        };
+        let _ = writeln!(
+            md,
+            "| {} | {door} | {} / {} | {:.3}x | {} / {} | {:.0} / {:.0} | {:.3}x | {} / {} | {cpu_ratio} |",
+            s.scenario.name,
+            us(this.lone.p50_us),
+            us(other.lone.p50_us),
+            this.lone.p50_us / other.lone.p50_us.max(1e-9),
+            us(this.lone.p99_us),
+            us(other.lone.p99_us),
+            this.saturation,
+            other.saturation,
+            this.saturation / other.saturation.max(1e-9),
+            cpu(this),
+            cpu(other)
+        );
+    }
+}
+
 /// The human report.
 pub fn markdown(r: &Report) -> String {
     let mut md = String::new();
@@ -710,6 +764,7 @@ pub fn markdown(r: &Report) -> String {
     }
 
     v2_doors(&mut md, r);
+    beside_build(&mut md, r);
 
     let _ = writeln!(md, "\n## Scenarios\n");
     for s in &r.scenarios {

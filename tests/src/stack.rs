@@ -425,6 +425,10 @@ pub struct StackOptions {
     /// The worker's `--fanouts` when not `fanouts` (a subgraph-layout
     /// model's, one per hop, such as "168,168,168").
     pub worker_fanouts: Option<String>,
+    /// A directory holding another build's `sidecar`, `sidecarctl` and
+    /// `gnn-worker`, run instead of this workspace's (a benchmark beside
+    /// an earlier release).
+    pub bin_dir: Option<PathBuf>,
 }
 
 impl StackOptions {
@@ -446,6 +450,16 @@ impl StackOptions {
             imported: None,
             model: None,
             worker_fanouts: None,
+            bin_dir: None,
+        }
+    }
+
+    /// The daemon binary `name`: from `bin_dir` when set, else this
+    /// workspace's.
+    pub fn bin(&self, name: &str) -> PathBuf {
+        match &self.bin_dir {
+            Some(dir) => dir.join(name),
+            None => workspace_bin(name),
         }
     }
 
@@ -505,6 +519,8 @@ pub struct Stack {
     pub dir: tempfile::TempDir,
     /// `sidecar`'s arguments, to start it again.
     sidecar_command: Vec<std::ffi::OsString>,
+    /// Where its binaries come from ([`StackOptions::bin_dir`]).
+    bin_dir: Option<PathBuf>,
     sidecar_env: Vec<(String, String)>,
 }
 
@@ -519,7 +535,7 @@ impl Stack {
             Some(data) => data.clone(),
             None => {
                 let data = dir.path().join("data");
-                let imported = Command::new(workspace_bin("sidecar"))
+                let imported = Command::new(options.bin("sidecar"))
                     .arg("import")
                     .arg(options.dataset_path())
                     .arg("--data-dir")
@@ -558,7 +574,7 @@ impl Stack {
             sidecar_command.push(arg.into());
         }
         let sidecar = Daemon {
-            child: Command::new(workspace_bin("sidecar"))
+            child: Command::new(options.bin("sidecar"))
                 .args(&sidecar_command)
                 .envs(options.sidecar_env.iter().map(|(k, v)| (k, v)))
                 .spawn()
@@ -566,7 +582,7 @@ impl Stack {
             name: "sidecar",
         };
         let spawn_worker = |grpc: &str, http: &str| {
-            Command::new(workspace_bin("gnn-worker"))
+            Command::new(options.bin("gnn-worker"))
                 .arg("serve")
                 .arg("--model")
                 .arg(&model)
@@ -604,6 +620,7 @@ impl Stack {
             dir,
             sidecar_command,
             sidecar_env: options.sidecar_env.clone(),
+            bin_dir: options.bin_dir.clone(),
         };
         // Ready = the worker's /readyz answers 200. A free port handed out
         // may be taken by another process before the worker binds it (the
@@ -645,7 +662,7 @@ impl Stack {
             let _ = old.child.wait();
         }
         self.sidecar = Some(Daemon {
-            child: Command::new(workspace_bin("sidecar"))
+            child: Command::new(self.bin("sidecar"))
                 .args(&self.sidecar_command)
                 .envs(self.sidecar_env.iter().map(|(k, v)| (k, v)))
                 .spawn()
@@ -676,9 +693,17 @@ impl Stack {
         http_request(&self.http, "GET", path, None)
     }
 
+    /// The daemon binary `name` this stack runs ([`StackOptions::bin`]).
+    pub fn bin(&self, name: &str) -> PathBuf {
+        match &self.bin_dir {
+            Some(dir) => dir.join(name),
+            None => workspace_bin(name),
+        }
+    }
+
     /// `sidecarctl --socket <admin> <args...>`: stdout on success.
     pub fn sidecarctl(&self, args: &[&str]) -> anyhow::Result<String> {
-        let out = Command::new(workspace_bin("sidecarctl"))
+        let out = Command::new(self.bin("sidecarctl"))
             .arg("--socket")
             .arg(&self.admin_socket)
             .args(args)
