@@ -606,105 +606,59 @@ fn us(v: f64) -> String {
     }
 }
 
-/// The cost of the Open Inference Protocol's doors: each beside the
-/// native door of its transport, same model, same requests, lone calls
-/// interleaved call by call, saturation measured the same way.
-fn v2_doors(md: &mut String, r: &Report) {
-    const DOORS: [(&str, &str, &str); 2] = [
-        ("gRPC", "product-grpc", "product-v2-grpc"),
-        ("HTTP", "product-http", "product-v2-http"),
-    ];
+/// Two systems of every scenario side by side, door by door (`doors`:
+/// transport, system A, system B): lone p50 and p99, saturation and CPU
+/// per call, each with the cost of B against A (B over A for latency and
+/// CPU, A over B for saturation: above 1, B costs more). `names` label A
+/// and B in the table's header.
+fn side_by_side(
+    md: &mut String,
+    r: &Report,
+    heading: &str,
+    intro: &str,
+    [a_name, b_name]: [&str; 2],
+    doors: [(&str, &str, &str); 2],
+) {
     let rows: Vec<_> = r
         .scenarios
         .iter()
         .flat_map(|s| {
-            DOORS.iter().filter_map(move |(door, native, v2)| {
-                Some((s, *door, s.system(native)?, s.system(v2)?))
-            })
+            doors
+                .iter()
+                .filter_map(move |(door, a, b)| Some((s, *door, s.system(a)?, s.system(b)?)))
         })
         .collect();
     if rows.is_empty() {
         return;
     }
-    let _ = writeln!(md, "\n## The Open Inference Protocol's door\n");
+    let _ = writeln!(md, "\n## {heading}\n");
+    let _ = writeln!(md, "{intro}\n");
     let _ = writeln!(
         md,
-        "Each V2 door beside the native door of its transport (the same worker, model and \
-         request sequence; lone calls interleaved call by call). Cost: V2 over native for \
-         latency, native over V2 for saturation (above 1: the V2 door costs more).\n"
+        "| scenario | door | lone p50 {a_name} / {b_name} | cost | lone p99 {a_name} / {b_name} | \
+         saturation {a_name} / {b_name} (calls/s) | cost | CPU per call {a_name} / {b_name} | cost |"
     );
-    let _ = writeln!(md, "| scenario | door | lone p50 native / V2 | cost | lone p99 native / V2 | saturation native / V2 (calls/s) | cost | CPU per call native / V2 |");
-    let _ = writeln!(md, "|---|---|---:|---:|---:|---:|---:|---:|");
-    for (s, door, native, v2) in rows {
-        let cpu = |x: &SystemResult| x.cpu_us_per_call.map_or("-".into(), us);
-        let _ = writeln!(
-            md,
-            "| {} | {door} | {} / {} | {:.2}x | {} / {} | {:.0} / {:.0} | {:.2}x | {} / {} |",
-            s.scenario.name,
-            us(native.lone.p50_us),
-            us(v2.lone.p50_us),
-            v2.lone.p50_us / native.lone.p50_us.max(1e-9),
-            us(native.lone.p99_us),
-            us(v2.lone.p99_us),
-            native.saturation,
-            v2.saturation,
-            native.saturation / v2.saturation.max(1e-9),
-            cpu(native),
-            cpu(v2)
-        );
-    }
-}
-
-/// This build beside another build's binaries (`bench-e2e --baseline`):
-/// per scenario and door, the same requests, lone calls interleaved call
-/// by call, saturation and CPU per call measured the same way.
-fn beside_build(md: &mut String, r: &Report) {
-    const DOORS: [(&str, &str, &str); 2] = [
-        ("gRPC", "product-grpc", "baseline-grpc"),
-        ("HTTP", "product-http", "baseline-http"),
-    ];
-    let rows: Vec<_> = r
-        .scenarios
-        .iter()
-        .flat_map(|s| {
-            DOORS.iter().filter_map(move |(door, this, other)| {
-                Some((s, *door, s.system(this)?, s.system(other)?))
-            })
-        })
-        .collect();
-    if rows.is_empty() {
-        return;
-    }
-    let _ = writeln!(md, "\n## Beside another build\n");
-    let _ = writeln!(
-        md,
-        "This build's product beside another build's (`--baseline`: its own binaries and its \
-         own imports of the same data, the same model and request sequence; lone calls \
-         interleaved call by call). Ratios are this build over the other: below 1 is \
-         faster or cheaper.\n"
-    );
-    let _ = writeln!(md, "| scenario | door | lone p50 this / other | ratio | lone p99 this / other | saturation this / other (calls/s) | ratio | CPU per call this / other | ratio |");
     let _ = writeln!(md, "|---|---|---:|---:|---:|---:|---:|---:|---:|");
-    for (s, door, this, other) in rows {
+    for (s, door, a, b) in rows {
         let cpu = |x: &SystemResult| x.cpu_us_per_call.map_or("-".into(), us);
-        let cpu_ratio = match (this.cpu_us_per_call, other.cpu_us_per_call) {
-            (Some(a), Some(b)) if b > 0.0 => format!("{:.3}x", a / b),
+        let cpu_cost = match (a.cpu_us_per_call, b.cpu_us_per_call) {
+            (Some(a), Some(b)) if a > 0.0 => format!("{:.3}x", b / a),
             _ => "-".into(),
         };
         let _ = writeln!(
             md,
-            "| {} | {door} | {} / {} | {:.3}x | {} / {} | {:.0} / {:.0} | {:.3}x | {} / {} | {cpu_ratio} |",
+            "| {} | {door} | {} / {} | {:.3}x | {} / {} | {:.0} / {:.0} | {:.3}x | {} / {} | {cpu_cost} |",
             s.scenario.name,
-            us(this.lone.p50_us),
-            us(other.lone.p50_us),
-            this.lone.p50_us / other.lone.p50_us.max(1e-9),
-            us(this.lone.p99_us),
-            us(other.lone.p99_us),
-            this.saturation,
-            other.saturation,
-            this.saturation / other.saturation.max(1e-9),
-            cpu(this),
-            cpu(other)
+            us(a.lone.p50_us),
+            us(b.lone.p50_us),
+            b.lone.p50_us / a.lone.p50_us.max(1e-9),
+            us(a.lone.p99_us),
+            us(b.lone.p99_us),
+            a.saturation,
+            b.saturation,
+            a.saturation / b.saturation.max(1e-9),
+            cpu(a),
+            cpu(b)
         );
     }
 }
@@ -763,8 +717,32 @@ pub fn markdown(r: &Report) -> String {
         );
     }
 
-    v2_doors(&mut md, r);
-    beside_build(&mut md, r);
+    side_by_side(
+        &mut md,
+        r,
+        "The Open Inference Protocol's door",
+        "Each V2 door beside the native door of its transport (the same worker, model and \
+         request sequence; lone calls interleaved call by call). Cost: of the V2 door.",
+        ["native", "V2"],
+        [
+            ("gRPC", "product-grpc", "product-v2-grpc"),
+            ("HTTP", "product-http", "product-v2-http"),
+        ],
+    );
+    side_by_side(
+        &mut md,
+        r,
+        "Beside another build",
+        "This build's product beside another build's (`--baseline`: its own binaries and its \
+         own imports of the same data, the same model and request sequence; lone calls \
+         interleaved call by call; under load, door by door). Cost: of this build against \
+         the other.",
+        ["other", "this"],
+        [
+            ("gRPC", "baseline-grpc", "product-grpc"),
+            ("HTTP", "baseline-http", "product-http"),
+        ],
+    );
 
     let _ = writeln!(md, "\n## Scenarios\n");
     for s in &r.scenarios {

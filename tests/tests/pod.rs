@@ -62,6 +62,19 @@ fn require(tool: &str, fix: &str) {
     assert!(found, "{tool} is not installed: {fix}");
 }
 
+/// What playing a pod needs: podman, runc and kubectl (with kustomize).
+fn require_pod_tools() {
+    require(
+        "podman",
+        "run scripts/setup.sh (Debian packages podman, runc)",
+    );
+    require("runc", "run scripts/setup.sh (Debian package runc)");
+    require(
+        "kubectl",
+        "install kubectl (with kustomize) or Debian's kubernetes-client",
+    );
+}
+
 /// podman with the project's containers.conf.
 struct Podman {
     conf: PathBuf,
@@ -273,15 +286,7 @@ async fn predict(grpc: &str, ids: &[u64]) -> Result<Vec<pb::Prediction>, tonic::
 #[test]
 fn the_dev_pod_pair_runs_under_podman_and_survives_a_sidecar_kill() {
     let started = Instant::now();
-    require(
-        "podman",
-        "run scripts/setup.sh (Debian packages podman, runc)",
-    );
-    require("runc", "run scripts/setup.sh (Debian package runc)");
-    require(
-        "kubectl",
-        "install kubectl (with kustomize) or Debian's kubernetes-client",
-    );
+    require_pod_tools();
     let validate = repo_root().join(".venv/bin/kubernetes-validate");
     assert!(
         validate.is_file(),
@@ -583,15 +588,7 @@ fn the_dev_pod_pair_runs_under_podman_and_survives_a_sidecar_kill() {
 #[test]
 fn the_kserve_runtime_pod_runs_under_podman_and_answers_tritonclient() {
     let started = Instant::now();
-    require(
-        "podman",
-        "run scripts/setup.sh (Debian packages podman, runc)",
-    );
-    require("runc", "run scripts/setup.sh (Debian package runc)");
-    require(
-        "kubectl",
-        "install kubectl (with kustomize) or Debian's kubernetes-client",
-    );
+    require_pod_tools();
     let work = tempfile::tempdir().unwrap();
     let podman = Podman::new(work.path());
     let id = format!("k{}", std::process::id());

@@ -290,24 +290,28 @@ fn a_typed_sidecar_refuses_one_type_calls_and_commands_by_name() {
     assert_eq!(status["ready"], true);
 }
 
+/// A typed sidecar on OpenFlights whose features are in `redis`: no L2,
+/// a deadline no loaded CI machine misses, and nothing pinned at start
+/// (every row comes from Redis first), with `extra` serve arguments.
+fn redis_sidecar(redis: &RedisServer, extra: &[&str]) -> TypedSidecar {
+    let url = redis.url();
+    let mut serve = vec![
+        "--redis",
+        &url,
+        "--no-l2",
+        "--deadline-ms",
+        "5000",
+        "--warm-up",
+        "0",
+    ];
+    serve.extend_from_slice(extra);
+    TypedSidecar::start(&["--redis", &url], &serve)
+}
+
 #[test]
 fn a_typed_graph_s_rows_come_from_redis_per_type_then_l1() {
     let redis = RedisServer::start();
-    let url = redis.url();
-    // A deadline no loaded CI machine misses, and nothing pinned at start:
-    // every row comes from Redis.
-    let sidecar = TypedSidecar::start(
-        &["--redis", &url],
-        &[
-            "--redis",
-            &url,
-            "--no-l2",
-            "--deadline-ms",
-            "5000",
-            "--warm-up",
-            "0",
-        ],
-    );
+    let sidecar = redis_sidecar(&redis, &[]);
     let client = sidecar.client();
     let schema = client.graph_schema().unwrap();
     let targets = [5u64, 900];
@@ -1059,21 +1063,7 @@ fn typed_requests_batched_together_answer_what_each_answers_alone() {
 #[test]
 fn a_typed_graph_s_invalidation_channel_evicts_rows_of_the_named_type() {
     let redis = RedisServer::start();
-    let url = redis.url();
-    let sidecar = TypedSidecar::start(
-        &["--redis", &url],
-        &[
-            "--redis",
-            &url,
-            "--no-l2",
-            "--deadline-ms",
-            "5000",
-            "--warm-up",
-            "0",
-            "--invalidation-channel",
-            "feat-invalidate",
-        ],
-    );
+    let sidecar = redis_sidecar(&redis, &["--invalidation-channel", "feat-invalidate"]);
     let client = sidecar.client();
     let schema = client.graph_schema().unwrap();
     let airport = schema.node_type("airport").unwrap();
