@@ -62,6 +62,12 @@ fn require(tool: &str, fix: &str) {
     assert!(found, "{tool} is not installed: {fix}");
 }
 
+/// One pod played at a time: the tests of this file run on threads of
+/// one process, and two pods at once would share the host's free ports
+/// (a port `free_port` hands one test can be handed to the other) and its
+/// two cores.
+static ONE_POD: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
 /// What playing a pod needs: podman, runc and kubectl (with kustomize).
 fn require_pod_tools() {
     require(
@@ -286,6 +292,7 @@ async fn predict(grpc: &str, ids: &[u64]) -> Result<Vec<pb::Prediction>, tonic::
 #[test]
 fn the_dev_pod_pair_runs_under_podman_and_survives_a_sidecar_kill() {
     let started = Instant::now();
+    let _one_pod = ONE_POD.lock().unwrap_or_else(|p| p.into_inner());
     require_pod_tools();
     let validate = repo_root().join(".venv/bin/kubernetes-validate");
     assert!(
@@ -588,6 +595,7 @@ fn the_dev_pod_pair_runs_under_podman_and_survives_a_sidecar_kill() {
 #[test]
 fn the_kserve_runtime_pod_runs_under_podman_and_answers_tritonclient() {
     let started = Instant::now();
+    let _one_pod = ONE_POD.lock().unwrap_or_else(|p| p.into_inner());
     require_pod_tools();
     let work = tempfile::tempdir().unwrap();
     let podman = Podman::new(work.path());
