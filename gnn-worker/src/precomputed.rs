@@ -47,6 +47,11 @@ pub struct SetMeta {
     /// request); absent for a dense-layout model's set.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub subgraph: Option<Vec<u32>>,
+    /// A typed graph's model's set: the typed request each node's output
+    /// was computed with (the node alone in it); absent otherwise. A worker
+    /// whose typed request differs does not use the set.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub typed: Option<TypedSet>,
     /// Node ids below this were asked for; `nodes` of them were known.
     pub id_bound: u64,
     pub nodes: u64,
@@ -61,22 +66,50 @@ pub struct SetMeta {
     pub created_unix: u64,
 }
 
+/// The typed request a typed model's set was computed with
+/// ([`protocol::request::TypedAsk`]'s fields).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TypedSet {
+    /// The target type's index in the graph schema.
+    pub target_type: u32,
+    pub hops: u32,
+    /// Per edge type of the graph, one per hop.
+    pub fanouts: Vec<u32>,
+}
+
+impl From<&protocol::request::TypedAsk> for TypedSet {
+    fn from(ask: &protocol::request::TypedAsk) -> Self {
+        Self {
+            target_type: ask.target_type,
+            hops: ask.hops,
+            fanouts: ask.fanouts.clone(),
+        }
+    }
+}
+
 impl SetMeta {
     /// The key prefix of this set's node outputs.
     pub fn node_prefix(&self) -> String {
         node_prefix(&self.model, self.clock, self.tick)
     }
 
-    /// The fanouts the outputs were computed at, one per hop.
+    /// The fanouts the outputs were computed at, one per hop (a typed
+    /// set's: per edge type, one per hop).
     pub fn computed_at(&self) -> Vec<u32> {
-        self.subgraph
-            .clone()
-            .unwrap_or_else(|| self.fanouts.to_vec())
+        match (&self.typed, &self.subgraph) {
+            (Some(typed), _) => typed.fanouts.clone(),
+            (None, Some(subgraph)) => subgraph.clone(),
+            (None, None) => self.fanouts.to_vec(),
+        }
     }
 
-    /// The `FRESH_SINCE` point that vouches for this set's answers.
+    /// The `FRESH_SINCE` point that vouches for this set's answers (a
+    /// typed set's is asked with the set's own typed request).
     pub fn fresh_since(&self) -> protocol::request::FreshSince {
         use protocol::request::{FreshSince, SubgraphFanouts};
+        if self.typed.is_some() {
+            return FreshSince::typed(self.clock, self.tick);
+        }
         match self.subgraph.as_deref().and_then(SubgraphFanouts::new) {
             Some(subgraph) => FreshSince::subgraph(self.clock, self.tick, subgraph),
             None => FreshSince::dense(self.clock, self.tick, self.fanouts),
@@ -269,13 +302,18 @@ impl Precomputed {
     /// Keeps the set in use matching the sidecar: every `period`, if the
     /// sidecar's clock or its set changed, loads the set stored for it (or
     /// drops the old one when there is none), `with_h1` with its layer-1
-    /// embeddings. Runs for ever.
+    /// embeddings. A set computed with another typed request than `typed`
+    /// (the worker's, `None` for a one-type model) is not used: the
+    /// sidecar vouches for a typed set's answers at the request's own
+    /// fanouts. Runs for ever.
+    #[allow(clippy::too_many_arguments)]
     pub async fn follow(
         self: Arc<Self>,
         redis_url: String,
         model: String,
         classes: u32,
         with_h1: bool,
+        typed: Option<TypedSet>,
         period: std::time::Duration,
         loaded: impl Fn(Option<&PrecomputedSet>) + Send + 'static,
     ) {
@@ -285,6 +323,7 @@ impl Precomputed {
         // once, and its end said.
         let shown = daemon_kit::redact::redact_url(&redis_url);
         let mut failing = false;
+        let mut refused_shown = false;
         let failed = |failing: &mut bool, what: &str, e: &dyn std::fmt::Display| {
             if std::mem::replace(failing, true) {
                 tracing::debug!(redis = %shown, error = %e, "{what}");
@@ -345,6 +384,21 @@ impl Precomputed {
             if wanted.as_ref() == current_meta {
                 continue;
             }
+            if let Some(meta) = wanted.as_ref().filter(|m| m.typed != typed) {
+                if !std::mem::replace(&mut refused_shown, true) {
+                    tracing::warn!(
+                        computed_at = ?meta.typed,
+                        served_at = ?typed,
+                        "the precomputed set was computed with another typed request than \
+                         this worker's: serving inductively until gnn-worker precompute runs \
+                         with this model's manifest"
+                    );
+                }
+                self.set(None);
+                loaded(None);
+                continue;
+            }
+            refused_shown = false;
             if wanted.is_none() {
                 if current.is_some() {
                     tracing::warn!(
@@ -362,7 +416,7 @@ impl Precomputed {
                     tracing::info!(
                         nodes = set.len(),
                         tick = set.meta.tick,
-                        fanouts = ?set.meta.fanouts,
+                        fanouts = ?set.meta.computed_at(),
                         "precomputed answers loaded"
                     );
                     loaded(Some(&set));
@@ -385,7 +439,8 @@ pub struct PrecomputeJob {
     pub redis_url: String,
     /// `None`: a dense-layout model's the segment's default fanouts (what
     /// a worker without `fanouts` serves with), a subgraph-layout model's
-    /// its manifest's. One per hop (two for a dense-layout model).
+    /// its manifest's. One per hop (two for a dense-layout model). A typed
+    /// model's are its manifest's, and this must be `None`.
     pub fanouts: Option<Vec<u32>>,
     /// Targets per ring request (at most the segment's `max_targets`); a
     /// subgraph-layout model's nodes go one per request.
@@ -394,14 +449,14 @@ pub struct PrecomputeJob {
     pub threads: usize,
 }
 
-/// Scores every node below the graph's id bound through the sidecar's
-/// ring and the model, stores each known node's output in Redis, then the
-/// set's description, and removes the set it replaces. A dense-layout
-/// model's nodes go `batch` a request (its answers do not depend on the
-/// batch); a subgraph-layout model's one a request, so that each output is
-/// the one its node's own subgraph gives (the one a `FRESH_SINCE` check
-/// draws again). Prints its progress to stderr. Returns the description
-/// written.
+/// Scores every node below the graph's id bound (a typed model's: of its
+/// target type) through the sidecar's ring and the model, stores each
+/// known node's output in Redis, then the set's description, and removes
+/// the set it replaces. A dense-layout model's nodes go `batch` a request
+/// (its answers do not depend on the batch); a subgraph-layout or typed
+/// model's one a request, so that each output is the one its node's own
+/// subgraph gives (the one a `FRESH_SINCE` check draws again). Prints its
+/// progress to stderr. Returns the description written.
 pub fn precompute(job: &PrecomputeJob) -> anyhow::Result<SetMeta> {
     use crate::model::ModelLayout;
     use protocol::request::SubgraphFanouts;
@@ -415,7 +470,7 @@ pub fn precompute(job: &PrecomputeJob) -> anyhow::Result<SetMeta> {
         crate::model::Device::Cpu,
         job.threads.max(1),
     )?;
-    let subgraph = manifest.layout == ModelLayout::Subgraph;
+    let subgraph = manifest.layout == ModelLayout::Subgraph || manifest.typed.is_some();
     anyhow::ensure!(
         subgraph || model.has_h1(),
         "{} has no h1 output: export the model with this release's sage.py (train, init or \
@@ -430,12 +485,26 @@ pub fn precompute(job: &PrecomputeJob) -> anyhow::Result<SetMeta> {
         (None, true) => manifest.fanouts.clone(),
         (None, false) => schema.default_fanouts.to_vec(),
     };
-    manifest.check_segment(&schema, &geometry, &fanouts)?;
-    let shape = if subgraph {
+    let shape = if manifest.typed.is_some() {
+        // A typed model is served at its manifest's fanouts per edge type,
+        // and its set computed at them.
+        anyhow::ensure!(
+            job.fanouts.is_none(),
+            "the model {} is of a typed graph: its answers are computed at its manifest's \
+             fanouts per edge type, as it is served; leave --fanouts out",
+            job.model_dir.display()
+        );
+        let graph = client.client.graph_schema();
+        let ask = manifest.check_typed_segment(&schema, &geometry, graph.as_ref())?;
+        let graph = graph.expect("checked: the sidecar serves a typed graph");
+        Shape::Typed(Box::new((ask, graph)))
+    } else if subgraph {
+        manifest.check_segment(&schema, &geometry, &fanouts)?;
         let hops = SubgraphFanouts::new(&fanouts)
             .with_context(|| format!("fanouts {fanouts:?}: give one to three, one per hop"))?;
         Shape::Subgraph(hops)
     } else {
+        manifest.check_segment(&schema, &geometry, &fanouts)?;
         let dense: [u32; MAX_HOPS] = fanouts.as_slice().try_into().map_err(|_| {
             anyhow::anyhow!(
                 "fanouts {fanouts:?}: the model {} reads the dense layout, which has two hops: \
@@ -446,7 +515,7 @@ pub fn precompute(job: &PrecomputeJob) -> anyhow::Result<SetMeta> {
         Shape::Dense(dense)
     };
     let batch = match shape {
-        Shape::Subgraph(_) => 1,
+        Shape::Subgraph(_) | Shape::Typed(_) => 1,
         Shape::Dense(_) => job.batch.clamp(1, geometry.max_targets as usize),
     };
     let mut store = SetWriter::connect(&job.redis_url, &model_id)?;
@@ -467,7 +536,7 @@ pub fn precompute(job: &PrecomputeJob) -> anyhow::Result<SetMeta> {
         let ids: Vec<u64> = (next..(next + batch as u64).min(bound)).collect();
         let mut queue = vec![ids.as_slice()];
         while let Some(targets) = queue.pop() {
-            let Some(response) = client.call(targets, shape)? else {
+            let Some(response) = client.call(targets, &shape)? else {
                 // Too large: the halves, one after the other.
                 let (a, b) = targets.split_at(targets.len() / 2);
                 queue.push(b);
@@ -476,19 +545,27 @@ pub fn precompute(job: &PrecomputeJob) -> anyhow::Result<SetMeta> {
             };
             let header = response.header();
             store.saw(header.change_clock, header.change_tick, header.id_bound)?;
-            let tables = response
-                .tables()
-                .context("decoding the sidecar's response")?;
-            let (outputs, h1) = match shape {
-                Shape::Dense(_) => model.run_with_h1(&tables)?,
-                Shape::Subgraph(_) => (model.run(&tables)?, Vec::new()),
+            let decoding = "decoding the sidecar's response";
+            let (outputs, h1, ids, statuses) = match &shape {
+                Shape::Typed(typed) => {
+                    let (ask, graph) = &**typed;
+                    let target_type = ask.target_type as usize;
+                    let tables = response.typed_tables(target_type).context(decoding)?;
+                    let outputs = model.run_subgraph(&tables, Some(graph), target_type)?;
+                    let ids = tables.target_ids().to_vec();
+                    (outputs, Vec::new(), ids, tables.target_status().to_vec())
+                }
+                _ => {
+                    let tables = response.tables().context(decoding)?;
+                    let (outputs, h1) = match shape {
+                        Shape::Dense(_) => model.run_with_h1(&tables)?,
+                        _ => (model.run(&tables)?, Vec::new()),
+                    };
+                    let ids = tables.target_ids().to_vec();
+                    (outputs, h1, ids, tables.target_status().to_vec())
+                }
             };
-            for (i, (&id, &status)) in tables
-                .target_ids()
-                .iter()
-                .zip(tables.target_status())
-                .enumerate()
-            {
+            for (i, (&id, &status)) in ids.iter().zip(&statuses).enumerate() {
                 if status != protocol::payload::schema::target_status::OK {
                     continue;
                 }
@@ -517,11 +594,16 @@ pub fn precompute(job: &PrecomputeJob) -> anyhow::Result<SetMeta> {
         model: model_id.clone(),
         clock,
         tick,
-        fanouts: match shape {
-            Shape::Dense(f) => f,
+        fanouts: match &shape {
+            Shape::Dense(f) => *f,
             Shape::Subgraph(s) => [s.padded()[0], s.padded()[1]],
+            Shape::Typed(_) => [0; MAX_HOPS],
         },
-        subgraph: subgraph.then(|| fanouts.clone()),
+        subgraph: matches!(shape, Shape::Subgraph(_)).then(|| fanouts.clone()),
+        typed: match &shape {
+            Shape::Typed(typed) => Some(TypedSet::from(&typed.0)),
+            _ => None,
+        },
         id_bound,
         nodes,
         classes: classes as u32,
@@ -536,10 +618,17 @@ pub fn precompute(job: &PrecomputeJob) -> anyhow::Result<SetMeta> {
 }
 
 /// The layout a precompute asks the sidecar for.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 enum Shape {
     Dense([u32; MAX_HOPS]),
     Subgraph(protocol::request::SubgraphFanouts),
+    /// A typed model's request, and the graph it is of.
+    Typed(
+        Box<(
+            protocol::request::TypedAsk,
+            protocol::graph_schema::GraphSchema,
+        )>,
+    ),
 }
 
 /// The precompute's ring client, with the segment it attached to.
@@ -569,16 +658,18 @@ impl RingClientFor {
     fn call(
         &self,
         targets: &[u64],
-        shape: Shape,
+        shape: &Shape,
     ) -> anyhow::Result<Option<protocol::client::Response>> {
         use protocol::client::{CallError, CallRequest};
-        let (fanouts, subgraph) = match shape {
-            Shape::Dense(f) => (f, None),
-            Shape::Subgraph(s) => (self.schema.default_fanouts, Some(s)),
+        let (fanouts, subgraph, typed) = match shape {
+            Shape::Dense(f) => (*f, None, None),
+            Shape::Subgraph(s) => (self.schema.default_fanouts, Some(*s), None),
+            Shape::Typed(typed) => (self.schema.default_fanouts, None, Some(&typed.0)),
         };
         let request = CallRequest {
             fanouts,
             subgraph,
+            typed,
             timeout: Some(std::time::Duration::from_secs(10)),
             ..CallRequest::new(targets)
         };

@@ -275,7 +275,7 @@ impl Loader {
         batching.fit_to_ring(&geometry);
         let precomputed = match &config.precomputed_redis {
             None => None,
-            Some(url) => Some(self.precomputed(url, &manifest, service)?),
+            Some(url) => Some(self.precomputed(url, &manifest, None, service)?),
         };
         let predictor = Predictor::start(
             client,
@@ -298,9 +298,9 @@ impl Loader {
     }
 
     /// A typed graph's model: checked against the sidecar's typed graph;
-    /// served by the GNN alone (the serving strategies of one-type graphs,
-    /// a student, degraded fanouts, precomputed answers and hub embeddings,
-    /// are refused by name).
+    /// served by the GNN and, with `precomputed_redis`, from precomputed
+    /// answers the sidecar vouches for (the dense layout's strategies, a
+    /// student, degraded fanouts and hub embeddings, are refused by name).
     fn install_typed(
         &self,
         client: Arc<RingClient>,
@@ -314,7 +314,6 @@ impl Loader {
         let refused = [
             (config.fanouts.is_some(), "fanouts (--fanouts)"),
             (config.degrade_fanouts.is_some(), "degrade_fanouts"),
-            (config.precomputed_redis.is_some(), "precomputed_redis"),
             (config.hub_min_degree > 0, "hub_min_degree"),
             (sessions.student.is_some(), "a student"),
         ];
@@ -336,16 +335,24 @@ impl Loader {
             fanouts = ?ask.fanouts,
             "typed model checked against the sidecar's typed graph"
         );
+        let precomputed = match &config.precomputed_redis {
+            None => None,
+            Some(url) => Some(self.precomputed(url, manifest, Some(&ask), service)?),
+        };
         batching.typed = Some(Arc::new(ask));
-        Predictor::start(
+        let predictor = Predictor::start(
             client,
             sessions,
-            None,
+            precomputed.as_ref().map(|(set, _)| set.clone()),
             schema,
             batching,
             service.metrics().clone(),
         )
-        .context("starting the executor threads")
+        .context("starting the executor threads")?;
+        if let Some((_, follower)) = precomputed {
+            predictor.own(follower);
+        }
+        Ok(predictor)
     }
 
     /// The precomputed answers of the model in `config.model` and the task
@@ -354,6 +361,7 @@ impl Loader {
         &self,
         url: &str,
         manifest: &Manifest,
+        typed: Option<&protocol::request::TypedAsk>,
         service: &Service,
     ) -> anyhow::Result<(Arc<Precomputed>, tokio::task::AbortHandle)> {
         let config = &self.config;
@@ -387,6 +395,7 @@ impl Loader {
             model_id,
             manifest.output_width(),
             config.hub_min_degree > 0,
+            typed.map(crate::precomputed::TypedSet::from),
             Duration::from_secs_f64(config.precomputed_check_s),
             move |set| {
                 metrics

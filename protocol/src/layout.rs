@@ -276,8 +276,10 @@ pub mod request_flags {
     /// point of the sidecar's change clock with target status `FRESH`
     /// (docs/protocol.md, "Freshness"): the caller holds their answer
     /// already (precomputed outputs). In the dense layout such a target
-    /// gets its own row alone; in the subgraph layout no row (target_row
-    /// -1), and the subgraph is sampled for the other targets.
+    /// gets its own row alone; in the subgraph and typed layouts no row
+    /// (target_row -1), and the subgraph is sampled for the other targets.
+    /// A typed request's stored answers were computed at its own hops and
+    /// fanouts: it sends `fresh_clock` and `fresh_tick` alone.
     pub const FRESH_SINCE: u32 = 1 << 3;
     /// The caller holds the layer-1 embedding of every node as computed at
     /// `fresh_clock`/`fresh_tick`/`fresh_fanouts`: a sampled hop-1 node of

@@ -312,7 +312,9 @@ pub fn typed_problem(ask: &TypedAsk, geometry: &Geometry, graph: &GraphSchema) -
 /// A `FRESH_SINCE` request's point of the change clock: targets whose
 /// sample at `fanouts` has not changed since `tick` of `clock` come back
 /// `FRESH` (in the dense layout with their own row alone; in the subgraph
-/// layout with no row).
+/// and typed layouts with no row). A typed request's answers were computed
+/// at the request's own hops and fanouts ([`FreshSince::typed`]: `fanouts`
+/// 0 and `subgraph` `None`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct FreshSince {
     /// The sidecar's change clock id ([`crate::layout::ResponseHeader::change_clock`]).
@@ -335,6 +337,17 @@ impl FreshSince {
             clock,
             tick,
             fanouts,
+            subgraph: None,
+        }
+    }
+
+    /// Answers of the typed layout, each computed on its target's own
+    /// subgraph at the typed request's hops and fanouts.
+    pub fn typed(clock: u64, tick: u64) -> Self {
+        Self {
+            clock,
+            tick,
+            fanouts: [0; MAX_HOPS],
             subgraph: None,
         }
     }
@@ -676,6 +689,12 @@ pub enum RequestError {
     )]
     NotForTyped { flag: &'static str },
     #[error(
+        "a typed FRESH_SINCE request's stored answers were computed at the request's own hops \
+         and fanouts: leave fresh_fanouts, fresh_hops and fresh_fanout3 (bytes 56..64 and \
+         72..80) 0, and ask at the fanouts the answers were computed with"
+    )]
+    TypedFreshFanouts,
+    #[error(
         "a typed request carries its fanouts after the target ids: leave fanouts and fanout3 \
          (bytes 20..28 and 68..72) 0"
     )]
@@ -902,10 +921,11 @@ fn decode_typed(
     geometry: &Geometry,
     graph: &GraphSchema,
 ) -> Result<Request, RequestError> {
+    // As in the one-type subgraph layout: OWN_ROWS_ONLY and HUB_H1 are
+    // the dense layout's; a typed new node names each edge's direction.
     let others = [
         (request_flags::OWN_ROWS_ONLY, "OWN_ROWS_ONLY (0x1)"),
         (request_flags::NEW_NODE_DIRECTED, "NEW_NODE_DIRECTED (0x4)"),
-        (request_flags::FRESH_SINCE, "FRESH_SINCE (0x8)"),
         (request_flags::HUB_H1, "HUB_H1 (0x10)"),
     ];
     if let Some((_, flag)) = others.iter().find(|(bit, _)| header.flags & bit != 0) {
@@ -922,17 +942,28 @@ fn decode_typed(
             n_targets: header.n_targets,
         });
     }
-    if header.hub_min_degree != 0
-        || header.fresh_clock != 0
+    if header.hub_min_degree != 0 {
+        return Err(RequestError::NotForTyped {
+            flag: "HUB_H1's hub_min_degree (bytes 36..40)",
+        });
+    }
+    // A typed FRESH_SINCE request's stored answers were computed at the
+    // request's own hops and fanouts: its point of the change clock alone.
+    let fresh = if header.flags & request_flags::FRESH_SINCE != 0 {
+        if header.fresh_fanouts != [0; 2] || header.fresh_hops != 0 || header.fresh_fanout3 != 0 {
+            return Err(RequestError::TypedFreshFanouts);
+        }
+        Some(FreshSince::typed(header.fresh_clock, header.fresh_tick))
+    } else if header.fresh_clock != 0
         || header.fresh_tick != 0
         || header.fresh_fanouts != [0; 2]
         || header.fresh_hops != 0
         || header.fresh_fanout3 != 0
     {
-        return Err(RequestError::NotForTyped {
-            flag: "FRESH_SINCE or HUB_H1 fields (bytes 36..80)",
-        });
-    }
+        return Err(RequestError::FreshWithoutFlag);
+    } else {
+        None
+    };
     if header.fanouts != [0; MAX_HOPS] || header.fanout3 != 0 {
         return Err(RequestError::TypedFanoutFields);
     }
@@ -991,7 +1022,7 @@ fn decode_typed(
         own_rows_only: false,
         targets,
         new_node: None,
-        fresh: None,
+        fresh,
         hub_h1: None,
         hops: header.hops,
         fanout3: 0,

@@ -8,11 +8,11 @@ use arrow_buffer::{Buffer, MutableBuffer};
 use proptest::prelude::*;
 use protocol::graph_schema::GraphSchema;
 use protocol::layout::{dtype, request_flags, FeatureSchema, Geometry};
-use protocol::payload::schema::{target_status, tier};
+use protocol::payload::schema::{target_status, tier, NO_ROW};
 use protocol::payload::{
     decode_typed, DecodeError, DecodeLimits, SchemaCache, TypedResponseWriter, TypedShape,
 };
-use protocol::request::{self, RequestError, TypedAsk, TypedNewNode};
+use protocol::request::{self, FreshSince, RequestError, TypedAsk, TypedNewNode};
 use protocol::{Segment, SegmentConfig};
 
 /// Users (2 features) and items (ids): (user, buys, item), (item,
@@ -189,13 +189,46 @@ fn a_typed_request_is_read_with_its_fanouts_and_bad_ones_are_refused() {
     for (flag, name) in [
         (request_flags::OWN_ROWS_ONLY, "OWN_ROWS_ONLY"),
         (request_flags::NEW_NODE_DIRECTED, "NEW_NODE_DIRECTED"),
-        (request_flags::FRESH_SINCE, "FRESH_SINCE"),
+        (request_flags::HUB_H1, "HUB_H1"),
     ] {
         let mut area = typed_area(&[4], 1, 0, &[1, 1, 1]);
         area[28..32].copy_from_slice(&(request_flags::TYPED | flag).to_le_bytes());
         let error = decode(&area).unwrap_err().to_string();
         assert!(error.contains(name) && error.contains("not defined for a typed request"));
     }
+    // FRESH_SINCE: the point of the change clock alone; the stored
+    // answers were computed at the request's own fanouts.
+    let fresh_area = |fields: &[(usize, u32)]| {
+        let mut area = typed_area(&[4, 9], 2, 0, &fanouts);
+        let flags = request_flags::TYPED | request_flags::FRESH_SINCE;
+        area[28..32].copy_from_slice(&flags.to_le_bytes());
+        area[40..48].copy_from_slice(&0xc10cu64.to_le_bytes());
+        area[48..56].copy_from_slice(&17u64.to_le_bytes());
+        for &(at, value) in fields {
+            area[at..at + 4].copy_from_slice(&value.to_le_bytes());
+        }
+        area
+    };
+    let fresh = decode(&fresh_area(&[])).unwrap();
+    assert_eq!(fresh.fresh, Some(FreshSince::typed(0xc10c, 17)));
+    assert_eq!(fresh.typed.as_ref().unwrap().fanouts, fanouts);
+    // fresh_fanouts, fresh_hops or fresh_fanout3: refused by name.
+    for at in [56, 60, 72, 76] {
+        assert_eq!(
+            decode(&fresh_area(&[(at, 2)])).unwrap_err(),
+            RequestError::TypedFreshFanouts,
+            "byte {at}"
+        );
+    }
+    // The clock without the flag, and hub_min_degree: refused.
+    let mut no_flag = fresh_area(&[]);
+    no_flag[28..32].copy_from_slice(&request_flags::TYPED.to_le_bytes());
+    assert_eq!(
+        decode(&no_flag).unwrap_err(),
+        RequestError::FreshWithoutFlag
+    );
+    let error = decode(&fresh_area(&[(36, 3)])).unwrap_err().to_string();
+    assert!(error.contains("HUB_H1's hub_min_degree"), "{error}");
     // A one-type request to a typed graph names the graph.
     let mut untyped = typed_area(&[4], 1, 0, &[]);
     untyped[28..32].fill(0);
@@ -395,6 +428,67 @@ fn a_typed_response_is_read_in_place_as_it_was_written() {
     let error = decode_typed(&area, &limits(), &graph(), 1, &SchemaCache::default()).unwrap_err();
     assert!(
         error.to_string().contains("node type user has hop-0 nodes"),
+        "{error}"
+    );
+}
+
+/// A typed answer to `FRESH_SINCE` for targets [7, 8] whose first is
+/// `FRESH` (no row) and whose second has row `second_row` of the user
+/// table; `fresh_row` is the first's row as written.
+fn fresh_response(fresh_row: i32, first_status: u8) -> Buffer {
+    let mut area = MutableBuffer::from_len_zeroed(16 * 1024);
+    let shape = TypedShape {
+        hops: 1,
+        n_targets: 2,
+        node_rows: vec![1, 0],
+        edges: vec![0, 0, 0],
+    };
+    let mut writer = TypedResponseWriter::new(
+        area.as_slice_mut(),
+        &graph(),
+        shape,
+        &SchemaCache::default(),
+    )
+    .unwrap();
+    {
+        let mut cols = writer.columns();
+        cols.target_id.copy_from_slice(&[7, 8]);
+        cols.status
+            .copy_from_slice(&[first_status, target_status::OK]);
+        cols.target_row.copy_from_slice(&[fresh_row, 0]);
+        cols.nodes[0].node_id.copy_from_slice(&[8]);
+        cols.nodes[0].features.copy_from_slice(&[1., 2.]);
+        cols.sampled_nodes[0].copy_from_slice(&[1, 0]);
+        cols.sampled_nodes[1].copy_from_slice(&[0, 0]);
+    }
+    writer.finish(0x56, 3, 1000);
+    area.into()
+}
+
+#[test]
+fn a_fresh_target_of_a_typed_response_has_no_row_and_only_it() {
+    let read = |area: &Buffer| decode_typed(area, &limits(), &graph(), 0, &SchemaCache::default());
+    let tables = read(&fresh_response(NO_ROW, target_status::FRESH)).unwrap();
+    assert_eq!(
+        tables.target_status(),
+        [target_status::FRESH, target_status::OK]
+    );
+    assert_eq!(tables.target_rows(), [NO_ROW, 0]);
+    assert_eq!(tables.node_ids(0), [8]);
+    // A FRESH target with a row, an OK one without: refused by name.
+    let error = read(&fresh_response(0, target_status::FRESH)).unwrap_err();
+    assert!(
+        error.to_string().contains("a FRESH target has row 0"),
+        "{error}"
+    );
+    let error = read(&fresh_response(NO_ROW, target_status::OK)).unwrap_err();
+    assert!(
+        error.to_string().contains("a target row is outside"),
+        "{error}"
+    );
+    let error = read(&fresh_response(0, 9)).unwrap_err();
+    assert!(
+        error.to_string().contains("unknown target status 9"),
         "{error}"
     );
 }

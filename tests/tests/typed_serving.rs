@@ -1103,3 +1103,166 @@ fn a_typed_graph_s_invalidation_channel_evicts_rows_of_the_named_type() {
         );
     }
 }
+
+/// The typed request a worker of `model` sends (its manifest's fanouts per
+/// edge type, 0 for an edge type it does not name), as the worker builds it.
+fn manifest_ask(schema: &GraphSchema, model: &std::path::Path) -> TypedAsk {
+    let manifest: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(model.join("manifest.json")).unwrap())
+            .unwrap();
+    let per_edge = manifest["fanouts"].as_object().unwrap();
+    let hops = per_edge.values().next().unwrap().as_array().unwrap().len();
+    let fanouts = (0..schema.edge_types.len())
+        .flat_map(|e| match per_edge.get(&schema.edge_key(e)) {
+            Some(f) => serde_json::from_value::<Vec<u32>>(f.clone()).unwrap(),
+            None => vec![0; hops],
+        })
+        .collect();
+    TypedAsk {
+        target_type: schema.node_type("airport").unwrap() as u32,
+        hops: hops as u32,
+        fanouts,
+    }
+}
+
+/// Precomputed answers for a typed model (docs/serving.md, "Precomputed
+/// answers"): `gnn-worker precompute` computes each airport on its own
+/// typed subgraph at the manifest's fanouts; the worker answers from the
+/// set while the sidecar vouches (a typed `FRESH_SINCE`) that nothing in
+/// that subgraph changed, and through the GNN exactly for the airports
+/// whose subgraph holds a changed row, in batches that mix both.
+#[test]
+fn precomputed_answers_serve_a_typed_model_until_its_subgraph_changes() {
+    let model = trained_to_hetero();
+    let redis = RedisServer::start();
+    let sidecar = TypedSidecar::start(&[], &[]);
+    let client = sidecar.client();
+    let schema = client.graph_schema().unwrap();
+    let airport = schema.node_type("airport").unwrap();
+    let precompute = |extra: &[&str]| {
+        let mut command = Command::new(workspace_bin("gnn-worker"));
+        command
+            .args(["precompute", "--model"])
+            .arg(&model)
+            .args(["--shm-name", &sidecar.shm_name, "--redis", &redis.url()])
+            .arg("--onnxruntime-lib")
+            .arg(tests::stack::onnxruntime_lib())
+            .args(extra);
+        command
+    };
+    // A typed model is computed at its manifest's fanouts, as it is served.
+    let refused = precompute(&["--fanouts", "5,5"]).output().unwrap();
+    assert!(!refused.status.success());
+    let said = String::from_utf8_lossy(&refused.stderr);
+    assert!(
+        said.contains("is of a typed graph") && said.contains("leave --fanouts out"),
+        "{said}"
+    );
+    let n = 7698u64;
+    let (said, _) = run_ok(&mut precompute(&[]), "gnn-worker precompute");
+    assert!(said.contains(&format!("precomputed {n} nodes")), "{said}");
+
+    // The answers each airport gets alone from the GNN.
+    let ids: Vec<u64> = (0..200).chain([3482]).collect();
+    let gnn = tests::typed::Worker::start(&sidecar.shm_name, &model, &[]);
+    let alone: Vec<serde_json::Value> = ids.iter().map(|&id| predict_one(&gnn.http, id)).collect();
+    assert!(gnn.daemon.stop());
+
+    let worker = tests::typed::Worker::start(
+        &sidecar.shm_name,
+        &model,
+        &[
+            "--precomputed-redis",
+            &redis.url(),
+            "--precomputed-check-s",
+            "0.2",
+        ],
+    );
+    assert!(
+        eventually(Duration::from_secs(20), || {
+            // The worker learns the sidecar's clock from a response.
+            predict_one(&worker.http, 0);
+            tests::stack::metric_value(&worker.http, "gnn_worker_precomputed_nodes") == n as f64
+        }),
+        "the set was not loaded"
+    );
+    let logits = |p: &serde_json::Value| -> Vec<f32> {
+        serde_json::from_value(p["logits"].clone()).unwrap()
+    };
+    let close = |a: &serde_json::Value, b: &serde_json::Value| {
+        logits(a)
+            .iter()
+            .zip(logits(b))
+            .all(|(x, y)| (x - y).abs() <= 1e-5 * x.abs().max(1.0))
+    };
+    // Every stored answer is the one the GNN gives the airport alone.
+    let before = predict(&worker.http, &ids);
+    for ((stored, gnn), id) in before.iter().zip(&alone).zip(&ids) {
+        assert_eq!(stored["answered_by"], "precomputed", "airport {id}");
+        assert!(close(stored, gnn), "airport {id}: {stored} vs {gnn}");
+    }
+
+    // A changed row of the largest hub: exactly the airports whose own
+    // subgraph holds it are stale.
+    let ask = manifest_ask(&schema, &model);
+    let hub = 3482u64;
+    let stale: std::collections::BTreeSet<u64> = ids
+        .iter()
+        .copied()
+        .filter(|&id| {
+            let response = call(&client, &[id], &ask);
+            let tables = response.typed_tables(airport).unwrap();
+            tables.node_ids(airport).contains(&hub)
+        })
+        .collect();
+    assert!(stale.contains(&hub) && stale.len() < ids.len(), "{stale:?}");
+    let said = sidecar.sidecarctl(&["invalidate", "--type", "airport", &hub.to_string()]);
+    assert!(said.status.success(), "{said:?}");
+    let mixed = predict(&worker.http, &ids);
+    let by_gnn: std::collections::BTreeSet<u64> = mixed
+        .iter()
+        .filter(|p| p["answered_by"] == "gnn")
+        .map(|p| p["node_id"].as_u64().unwrap())
+        .collect();
+    assert_eq!(
+        by_gnn, stale,
+        "the airports answered by the GNN are not exactly those whose subgraph holds the hub"
+    );
+    // The stored answers served in batches of 16 mixed with stale ones are
+    // still the airports' own, and a stale airport asked alone gets its
+    // answer from the GNN, the one it got before (the hub's row is the
+    // same in the store: an invalidation evicts it from the caches only).
+    for ((answer, gnn), id) in mixed.iter().zip(&alone).zip(&ids) {
+        if stale.contains(id) {
+            let again = predict_one(&worker.http, *id);
+            assert_eq!(again["answered_by"], "gnn", "airport {id}");
+            assert!(close(&again, gnn), "airport {id}: {again} vs {gnn}");
+        } else {
+            assert!(close(answer, gnn), "airport {id}: {answer} vs {gnn}");
+        }
+    }
+    let (code, body) =
+        tests::stack::http_request(&sidecar.metrics, "GET", "/metrics", None).unwrap();
+    assert_eq!(code, 200);
+    let fresh: f64 = body
+        .lines()
+        .find_map(|l| l.strip_prefix("sidecar_fresh_targets_total "))
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0.0);
+    assert!(
+        fresh >= (2 * ids.len() - stale.len()) as f64,
+        "sidecar_fresh_targets_total {fresh}"
+    );
+    eprintln!(
+        "typed precomputed answers: {} airports, {} stale after airport {hub}'s row changed, \
+         sidecar_fresh_targets_total {fresh}",
+        ids.len(),
+        stale.len()
+    );
+    assert!(worker.daemon.stop());
+}
+
+/// The worker's answer for airport `id`, alone in its call.
+fn predict_one(http: &str, id: u64) -> serde_json::Value {
+    predict(http, &[id]).remove(0)
+}

@@ -15,7 +15,7 @@ use crate::graph_schema::GraphSchema;
 use crate::layout::{status, ResponseHeader, MAX_HOPS, MAX_SUBGRAPH_HOPS, MESSAGE_BYTES};
 use crate::payload::ipc::{self, ColumnKind};
 use crate::payload::reader::{decode_table, read_ok_header};
-use crate::payload::schema::{target_status, tier};
+use crate::payload::schema::{target_status, tier, NO_ROW};
 use crate::payload::writer::{
     carve, node_kinds, place_table, set_bit, stream_len, ResponseMeta, SchemaCache, TablePlacement,
     WriteError, SUBGRAPH_TARGET_COLUMNS,
@@ -614,21 +614,22 @@ impl TypedTables {
         if self.sampled_nodes(target_type)[0] > self.n_targets() as i64 {
             return bad("more hop-0 nodes than targets".into());
         }
-        if self
-            .target_rows()
-            .iter()
-            .any(|&r| !(0..n_target_rows).contains(&i64::from(r)))
-        {
-            return bad(format!(
-                "a target row is outside the target type's {n_target_rows} rows"
-            ));
-        }
-        if self
-            .target_status()
-            .iter()
-            .any(|&s| s != target_status::OK && s != target_status::UNKNOWN_NODE)
-        {
-            return bad("a target status other than OK or UNKNOWN_NODE".into());
+        // A FRESH target (the answer to FRESH_SINCE) has no row, and only it.
+        for (&row, &status) in self.target_rows().iter().zip(self.target_status()) {
+            match status {
+                target_status::OK | target_status::UNKNOWN_NODE => {
+                    if !(0..n_target_rows).contains(&i64::from(row)) {
+                        return bad(format!(
+                            "a target row is outside the target type's {n_target_rows} rows"
+                        ));
+                    }
+                }
+                target_status::FRESH if row == NO_ROW => {}
+                target_status::FRESH => {
+                    return bad(format!("a FRESH target has row {row}: it has none (-1)"))
+                }
+                other => return bad(format!("unknown target status {other}")),
+            }
         }
         for (e, table) in self.edges.iter().enumerate() {
             let key = graph.edge_key(e);

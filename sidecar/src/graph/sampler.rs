@@ -146,7 +146,8 @@ pub trait TypedNeighborSource {
 
 /// A one-type graph as a typed one: one node type, one edge type whose
 /// sources of a node are its neighbours.
-struct OneType<'a, G>(&'a G);
+#[derive(Debug)]
+pub struct OneType<'a, G>(pub &'a G);
 
 impl<G: NeighborSource> TypedNeighborSource for OneType<'_, G> {
     fn n_node_types(&self) -> usize {

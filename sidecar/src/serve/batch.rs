@@ -24,7 +24,8 @@ use crate::features::{FeatureTiers, RowSource};
 use crate::graph::changes::Changes;
 use crate::graph::live::{GraphSnapshot, GraphUpdate};
 use crate::graph::sampler::{
-    hop1_of, Sampled, Sampler, SubgraphLimits, SubgraphTooLarge, TypedNeighborSource,
+    hop1_of, OneType, Sampled, Sampler, SubgraphLimits, SubgraphTooLarge, TypedFanouts,
+    TypedNeighborSource,
 };
 use protocol::payload::schema::tier;
 
@@ -312,22 +313,11 @@ impl BatchServer {
                     return false;
                 }
                 if let Some(subgraph) = fresh.subgraph {
-                    // A subgraph too large for a response was never answered.
-                    let Ok(sample) = self.sampler.sample_subgraph(
-                        ctx.graph,
-                        &[target],
-                        subgraph,
-                        SAMPLING_SEED,
-                        subgraph_limits(ctx),
-                        &[],
-                    ) else {
-                        return false;
-                    };
-                    let last_hop = sample.sampled_nodes.last().copied().unwrap_or(0) as usize;
-                    let expanded = &sample.nodes[..sample.nodes.len() - last_hop];
-                    return ctx
-                        .changes
-                        .unchanged_since(fresh.tick, &sample.nodes, expanded);
+                    // The 1x1 typed graph's subgraph, as `sample_subgraph`
+                    // draws it.
+                    let fanouts = TypedFanouts::new(subgraph.hops(), subgraph.as_slice().to_vec())
+                        .expect("one fanout per hop of one edge type");
+                    return self.stands(ctx, &OneType(ctx.graph), 0, target, &fanouts, fresh.tick);
                 }
                 let sample =
                     self.sampler
@@ -341,6 +331,50 @@ impl BatchServer {
                     .unchanged_since(fresh.tick, &sample.nodes, &listed)
             })
             .collect()
+    }
+
+    /// Whether the stored answer of `target`, computed at `tick` on its own
+    /// subgraph at `fanouts` (the target alone in its request), still
+    /// stands (docs/protocol.md, "Freshness"): that subgraph is drawn again
+    /// from the index, and no node of it may have a feature mark after
+    /// `tick`, nor a node it expanded (every node not first reached at its
+    /// last hop) a neighbour-list mark. A target the graph does not have,
+    /// or whose subgraph outgrows a response (never answered), is never
+    /// vouched for. One check for one-type graphs (the 1x1 typed graph)
+    /// and typed ones.
+    pub(super) fn stands(
+        &mut self,
+        ctx: &BatchContext<'_>,
+        graph: &impl TypedNeighborSource,
+        target_type: usize,
+        target: u64,
+        fanouts: &TypedFanouts,
+        tick: u64,
+    ) -> bool {
+        use crate::graph::changes::node_key;
+        if !graph.is_node(target_type, target) {
+            return false;
+        }
+        let Ok(sample) = self.sampler.sample_typed(
+            graph,
+            target_type,
+            &[target],
+            fanouts,
+            SAMPLING_SEED,
+            subgraph_limits(ctx),
+            &[],
+        ) else {
+            return false;
+        };
+        let mut nodes = Vec::new();
+        let mut expanded = Vec::new();
+        for (t, (ids, sampled)) in sample.nodes.iter().zip(&sample.sampled_nodes).enumerate() {
+            let last_hop = sampled.last().copied().unwrap_or(0).max(0) as usize;
+            let keys = ids.iter().map(|&id| node_key(t, id));
+            nodes.extend(keys.clone());
+            expanded.extend(keys.take(ids.len().saturating_sub(last_hop)));
+        }
+        ctx.changes.unchanged_since(tick, &nodes, &expanded)
     }
 
     /// Answers a request carrying a new node: samples the graph as it would

@@ -201,6 +201,26 @@ impl BatchServer {
                 }
             }
         }
+        // Stored answers are vouched for against this sidecar's clock, and
+        // never with a new node (docs/protocol.md, "Freshness").
+        let unchanged = match request.fresh {
+            Some(fresh)
+                if fresh.clock == ctx.changes.clock() && request.typed_new_node.is_none() =>
+            {
+                let unchanged: Vec<bool> = request
+                    .targets
+                    .iter()
+                    .map(|&target| {
+                        self.stands(ctx, graph, target_type, target, &fanouts, fresh.tick)
+                    })
+                    .collect();
+                m.fresh_checked.inc_by(unchanged.len() as u64);
+                m.fresh_targets
+                    .inc_by(unchanged.iter().filter(|&&u| u).count() as u64);
+                unchanged
+            }
+            _ => Vec::new(),
+        };
         let sampled = match self.sampler.sample_typed(
             graph,
             target_type,
@@ -208,7 +228,7 @@ impl BatchServer {
             &fanouts,
             SAMPLING_SEED,
             subgraph_limits(ctx),
-            &[],
+            &unchanged,
         ) {
             Ok(sampled) => sampled,
             Err(outgrew) => {
