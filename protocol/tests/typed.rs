@@ -10,7 +10,8 @@ use protocol::graph_schema::GraphSchema;
 use protocol::layout::{dtype, request_flags, FeatureSchema, Geometry};
 use protocol::payload::schema::{target_status, tier, NO_ROW};
 use protocol::payload::{
-    decode_typed, DecodeError, DecodeLimits, SchemaCache, TypedResponseWriter, TypedShape,
+    decode_typed, DecodeError, DecodeLimits, SchemaCache, TypedColumns, TypedResponseWriter,
+    TypedShape,
 };
 use protocol::request::{self, FreshSince, RequestError, TypedAsk, TypedNewNode};
 use protocol::{Segment, SegmentConfig};
@@ -347,22 +348,13 @@ fn a_typed_new_node_is_read_with_its_row_and_edges_and_bad_ones_are_refused() {
 /// A typed response to targets [7, 8] (users) over two hops: user rows 7,
 /// 8, 3; item rows 40, 41; edges of each type with their counts.
 fn typed_response() -> MutableBuffer {
-    let mut area = MutableBuffer::from_len_zeroed(16 * 1024);
     let shape = TypedShape {
         hops: 2,
         n_targets: 2,
         node_rows: vec![3, 2],
         edges: vec![2, 1, 1],
     };
-    let mut writer = TypedResponseWriter::new(
-        area.as_slice_mut(),
-        &graph(),
-        shape,
-        &SchemaCache::default(),
-    )
-    .unwrap();
-    {
-        let mut cols = writer.columns();
+    written(shape, 0x55, |cols| {
         cols.target_id.copy_from_slice(&[7, 8]);
         cols.status
             .copy_from_slice(&[target_status::OK, target_status::OK]);
@@ -387,8 +379,26 @@ fn typed_response() -> MutableBuffer {
         cols.sampled_edges[0].copy_from_slice(&[0, 2]);
         cols.sampled_edges[1].copy_from_slice(&[1, 0]);
         cols.sampled_edges[2].copy_from_slice(&[1, 0]);
-    }
-    writer.finish(0x55, 3, 1000);
+    })
+}
+
+/// A typed response of `shape` to request `request_id`, its columns
+/// written by `fill`.
+fn written(
+    shape: TypedShape,
+    request_id: u64,
+    fill: impl FnOnce(&mut TypedColumns<'_>),
+) -> MutableBuffer {
+    let mut area = MutableBuffer::from_len_zeroed(16 * 1024);
+    let mut writer = TypedResponseWriter::new(
+        area.as_slice_mut(),
+        &graph(),
+        shape,
+        &SchemaCache::default(),
+    )
+    .unwrap();
+    fill(&mut writer.columns());
+    writer.finish(request_id, 3, 1000);
     area
 }
 
@@ -436,22 +446,13 @@ fn a_typed_response_is_read_in_place_as_it_was_written() {
 /// `FRESH` (no row) and whose second has row `second_row` of the user
 /// table; `fresh_row` is the first's row as written.
 fn fresh_response(fresh_row: i32, first_status: u8) -> Buffer {
-    let mut area = MutableBuffer::from_len_zeroed(16 * 1024);
     let shape = TypedShape {
         hops: 1,
         n_targets: 2,
         node_rows: vec![1, 0],
         edges: vec![0, 0, 0],
     };
-    let mut writer = TypedResponseWriter::new(
-        area.as_slice_mut(),
-        &graph(),
-        shape,
-        &SchemaCache::default(),
-    )
-    .unwrap();
-    {
-        let mut cols = writer.columns();
+    written(shape, 0x56, |cols| {
         cols.target_id.copy_from_slice(&[7, 8]);
         cols.status
             .copy_from_slice(&[first_status, target_status::OK]);
@@ -460,9 +461,8 @@ fn fresh_response(fresh_row: i32, first_status: u8) -> Buffer {
         cols.nodes[0].features.copy_from_slice(&[1., 2.]);
         cols.sampled_nodes[0].copy_from_slice(&[1, 0]);
         cols.sampled_nodes[1].copy_from_slice(&[0, 0]);
-    }
-    writer.finish(0x56, 3, 1000);
-    area.into()
+    })
+    .into()
 }
 
 #[test]
