@@ -273,22 +273,8 @@ impl Loader {
             );
         }
         batching.fit_to_ring(&geometry);
-        let precomputed = match &config.precomputed_redis {
-            None => None,
-            Some(url) => Some(self.precomputed(url, &manifest, None, service)?),
-        };
-        let predictor = Predictor::start(
-            client,
-            sessions,
-            precomputed.as_ref().map(|(set, _)| set.clone()),
-            schema,
-            batching,
-            service.metrics().clone(),
-        )
-        .context("starting the executor threads")?;
-        if let Some((_, follower)) = precomputed {
-            predictor.own(follower);
-        }
+        let predictor =
+            self.start_predictor(client, sessions, schema, batching, &manifest, service)?;
         tracing::info!(
             fanouts = ?fanouts,
             "model checked against the sidecar (fanouts: the configured ones, or a dense-layout \
@@ -335,11 +321,28 @@ impl Loader {
             fanouts = ?ask.fanouts,
             "typed model checked against the sidecar's typed graph"
         );
-        let precomputed = match &config.precomputed_redis {
-            None => None,
-            Some(url) => Some(self.precomputed(url, manifest, Some(&ask), service)?),
-        };
         batching.typed = Some(Arc::new(ask));
+        self.start_predictor(client, sessions, schema, batching, manifest, service)
+    }
+
+    /// The executor threads of a checked model and, with
+    /// `precomputed_redis`, the follower of its precomputed answers (a
+    /// typed model's at its typed request, `batching.typed`).
+    fn start_predictor(
+        &self,
+        client: Arc<RingClient>,
+        sessions: Sessions,
+        schema: protocol::FeatureSchema,
+        batching: BatchConfig,
+        manifest: &Manifest,
+        service: &Service,
+    ) -> anyhow::Result<Predictor> {
+        let precomputed = match &self.config.precomputed_redis {
+            None => None,
+            Some(url) => {
+                Some(self.precomputed(url, manifest, batching.typed.as_deref(), service)?)
+            }
+        };
         let predictor = Predictor::start(
             client,
             sessions,
