@@ -80,9 +80,10 @@ TYPED_ARCHS = ("to_hetero", "heteroconv")
 # large terms differs by its own rounding whatever computes it.
 TOLERANCE = 1e-5
 # On features x1,000 an attention softmax over large logits amplifies
-# float32 rounding alone to about 3e-5 (a to_hetero GAT on OpenFlights);
-# the exporter's hazards are 1e-3 and more off there.
-LARGE_TOLERANCE = 1e-4
+# float32 rounding alone to 3e-5 .. 1.1e-4 (a to_hetero GAT on
+# OpenFlights, the same seed: the sums' order varies between runs on a
+# busy machine); the exporter's hazards are 1e-3 and more off there.
+LARGE_TOLERANCE = 3e-4
 # Past this many edges the check does not run the whole graph through
 # onnxruntime (PyG's full-graph outputs are computed either way).
 FULL_GRAPH_CHECK_EDGES = 2_000_000
