@@ -17,7 +17,7 @@ use arrow_buffer::Buffer;
 
 use crate::layout::{server_state, status, FeatureSchema, Geometry, ResponseHeader, MAX_HOPS};
 use crate::liveness::{self, ClientId, HeartbeatWatch};
-use crate::payload::{self, reader, DecodeError, DecodeLimits, ResponseTables, SchemaCache};
+use crate::payload::{self, DecodeError, DecodeLimits, ResponseTables, SchemaCache};
 use crate::request::{self, NewNode};
 use crate::segment::{server_state_name, AttachError, Segment};
 use crate::slot::{state, AbandonOutcome, SlotWord};
@@ -836,13 +836,13 @@ impl RingClient {
                     slot_idx,
                     word: published,
                 });
-                let response_header = reader::read_header(lease.area())
+                let response_header = payload::read_header(lease.area())
                     .expect("the response area is larger than its header");
                 if response_header.status != status::OK {
                     return Err(CallError::Status {
                         status: response_header.status,
-                        status_name: reader::status_name(response_header.status),
-                        message: reader::header_message(&response_header),
+                        status_name: payload::status_name(response_header.status),
+                        message: payload::header_message(&response_header),
                     });
                 }
                 Ok(Response {

@@ -126,6 +126,12 @@ impl GraphSchema {
         }
     }
 
+    /// A one-type graph as the 1x1 typed graph: node type `node` with
+    /// `feature_dim` features, edge type `node__to__node`.
+    pub fn one_type(feature_dim: u32) -> Self {
+        Self::of(&[("node", feature_dim)], &[(0, "to", 0)])
+    }
+
     /// Edge type `edge_type`'s key, `src__relation__dst` (a model's input
     /// `edge_index__<key>`).
     pub fn edge_key(&self, edge_type: usize) -> String {

@@ -244,14 +244,6 @@ const TYPED_TWINS: &[(&str, &str)] = &[
         "the ring server's typed response beside `respond`",
     ),
     (
-        "typed_edge_schema",
-        "the typed layout's edge table schema beside the subgraph layout's",
-    ),
-    (
-        "typed_edges",
-        "the typed layout's edge writer beside the subgraph layout's",
-    ),
-    (
         "typed_new_node_offsets",
         "a typed new node's request bytes beside a one-type new node's",
     ),
@@ -260,20 +252,12 @@ const TYPED_TWINS: &[(&str, &str)] = &[
         "a typed new node's checks beside a one-type new node's",
     ),
     (
-        "typed_node",
-        "the typed layout's node writer beside the subgraph layout's",
-    ),
-    (
         "typed_tables",
         "the ring client's typed tables beside `tables`",
     ),
     (
         "TypedNewNode",
         "a typed new node in a request beside `NewNode`",
-    ),
-    (
-        "TypedNodeColumns",
-        "the typed layout's node columns beside the subgraph layout's",
     ),
     (
         "TypedResponseWriter",

@@ -11,10 +11,12 @@
 pub(crate) mod ipc;
 pub mod reader;
 pub mod schema;
+pub(crate) mod table;
 pub mod typed;
 pub mod writer;
 
-pub use reader::{decode, DecodeError, DecodeLimits, ResponseTables};
+pub use reader::{decode, DecodeLimits, ResponseTables};
+pub use table::{header_message, read_header, status_name, DecodeError};
 pub use typed::{decode_typed, TypedColumns, TypedResponseWriter, TypedShape, TypedTables};
 pub use writer::{
     write_error, NodeColumns, PayloadShape, ResponseMeta, ResponseWriter, SchemaCache,

@@ -119,10 +119,17 @@ fn var_list(item: DataType) -> DataType {
     DataType::List(Arc::new(Field::new("item", item, false)))
 }
 
-/// The node table's schema for feature rows of `feature_dim` f32.
+/// The node table's schema for feature rows of `feature_dim` f32; with
+/// `feature_dim` 0 (a typed graph's node type without features) the node
+/// ids alone (PyG's `n_id` of that type). A one-type graph's rows always
+/// have features.
 pub fn node_schema(feature_dim: u32) -> SchemaRef {
+    let id = Field::new(node_columns::NODE_ID, DataType::UInt64, false);
+    if feature_dim == 0 {
+        return with_version(vec![id]);
+    }
     with_version(vec![
-        Field::new(node_columns::NODE_ID, DataType::UInt64, false),
+        id,
         Field::new(
             node_columns::FEATURES,
             fixed_list(DataType::Float32, feature_dim),
@@ -169,32 +176,24 @@ pub fn subgraph_target_schema() -> SchemaRef {
     ])
 }
 
-/// The subgraph layout's edge table (two rows, see [`edge_columns`]).
-pub fn edge_schema() -> SchemaRef {
-    with_version(vec![
-        Field::new(edge_columns::EDGE_INDEX, var_list(DataType::Int64), false),
-        Field::new(edge_columns::HOP_COUNTS, var_list(DataType::Int64), false),
-    ])
-}
-
-/// A typed response's node table of a type without features: the node
-/// ids alone (PyG's `n_id` of that type).
-pub fn id_schema() -> SchemaRef {
-    with_version(vec![Field::new(
-        node_columns::NODE_ID,
-        DataType::UInt64,
-        false,
-    )])
-}
-
-/// A typed response's edge table of one edge type: `edge_index` alone (two
-/// rows, as in [`edge_schema`]).
-pub fn typed_edge_schema() -> SchemaRef {
-    with_version(vec![Field::new(
+/// An edge table (two rows, see [`edge_columns`]): `edge_index`, and with
+/// `hop_counts` (the subgraph layout, whose one edge type carries the
+/// counts) the hop counts; a typed response's edge table of one edge type
+/// has `edge_index` alone (its counts are in the counts table).
+pub fn edge_schema(hop_counts: bool) -> SchemaRef {
+    let mut fields = vec![Field::new(
         edge_columns::EDGE_INDEX,
         var_list(DataType::Int64),
         false,
-    )])
+    )];
+    if hop_counts {
+        fields.push(Field::new(
+            edge_columns::HOP_COUNTS,
+            var_list(DataType::Int64),
+            false,
+        ));
+    }
+    with_version(fields)
 }
 
 /// A typed response's counts table (see [`counts_columns`]).

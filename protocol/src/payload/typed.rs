@@ -14,11 +14,11 @@ use arrow_buffer::Buffer;
 use crate::graph_schema::GraphSchema;
 use crate::layout::{status, ResponseHeader, MAX_HOPS, MAX_SUBGRAPH_HOPS, MESSAGE_BYTES};
 use crate::payload::ipc::{self, ColumnKind};
-use crate::payload::reader::{decode_table, read_ok_header};
 use crate::payload::schema::{target_status, tier, NO_ROW};
+use crate::payload::table::{decode_table, read_ok_header};
 use crate::payload::writer::{
-    carve, node_kinds, place_table, set_bit, stream_len, ResponseMeta, SchemaCache, TablePlacement,
-    WriteError, SUBGRAPH_TARGET_COLUMNS,
+    carve, node_kinds, place_table, stream_len, NodeColumns, ResponseMeta, SchemaCache,
+    TablePlacement, WriteError, SUBGRAPH_TARGET_COLUMNS,
 };
 use crate::payload::{DecodeError, DecodeLimits};
 
@@ -36,25 +36,6 @@ pub struct TypedShape {
     pub edges: Vec<u32>,
 }
 
-/// One node type's columns of a response being written; a type without
-/// features has `node_id` alone (the other slices are empty).
-#[derive(Debug)]
-pub struct TypedNodeColumns<'a> {
-    pub node_id: &'a mut [u64],
-    /// `rows x feature_dim`, row-major.
-    pub features: &'a mut [f32],
-    pub tier: &'a mut [u8],
-    /// Bit-packed (LSB first), zeroed when the writer was created.
-    pub fallback: &'a mut [u8],
-}
-
-impl TypedNodeColumns<'_> {
-    /// Sets the fallback flag of `row` (a type with features).
-    pub fn set_fallback(&mut self, row: usize, fallback: bool) {
-        set_bit(self.fallback, row, fallback);
-    }
-}
-
 /// Every column of a typed response being written.
 #[derive(Debug)]
 pub struct TypedColumns<'a> {
@@ -63,7 +44,7 @@ pub struct TypedColumns<'a> {
     /// Each target's row in its type's node table.
     pub target_row: &'a mut [i32],
     /// Per node type.
-    pub nodes: Vec<TypedNodeColumns<'a>>,
+    pub nodes: Vec<NodeColumns<'a>>,
     /// Per edge type: `2 x edges`, row-major; row 0 the sources' rows in
     /// the source type's table, row 1 the destinations' in the
     /// destination type's.
@@ -132,18 +113,15 @@ impl<'a> TypedResponseWriter<'a> {
             ),
         ));
         for (t, &rows) in graph.node_types.iter().zip(&shape.node_rows) {
-            let plan = match t.feature_dim {
-                0 => ipc::plan_body(rows as usize, &[ColumnKind::Fixed { width: 8 }]),
-                dim => ipc::plan_body(rows as usize, &node_kinds(dim)),
-            };
-            tables.push((schemas.typed_node(t.feature_dim), plan));
+            let plan = ipc::plan_body(rows as usize, &node_kinds(t.feature_dim));
+            tables.push((schemas.node(t.feature_dim), plan));
         }
         for &edges in &shape.edges {
             let kinds = [ColumnKind::VarList {
                 width: 8,
                 children: 2 * edges as usize,
             }];
-            tables.push((schemas.typed_edges(), ipc::plan_body(2, &kinds)));
+            tables.push((schemas.edges(false), ipc::plan_body(2, &kinds)));
         }
         let directory_len = DIRECTORY_ENTRY_BYTES * (tables.len() - 2);
         let header_len = size_of::<ResponseHeader>();
@@ -219,9 +197,8 @@ impl<'a> TypedResponseWriter<'a> {
             ranges.push(self.targets.column(idx));
         }
         ranges.push(self.counts.column(0));
-        for (table, &dim) in self.nodes.iter().zip(&self.feature_dims) {
-            let columns = if dim == 0 { 1 } else { 4 };
-            for idx in 0..columns {
+        for table in &self.nodes {
+            for idx in 0..table.plan.values.len() {
                 ranges.push(table.column(idx));
             }
         }
@@ -237,20 +214,7 @@ impl<'a> TypedResponseWriter<'a> {
         let nodes = self
             .feature_dims
             .iter()
-            .map(|&dim| match dim {
-                0 => TypedNodeColumns {
-                    node_id: bytemuck::cast_slice_mut(next()),
-                    features: &mut [],
-                    tier: &mut [],
-                    fallback: &mut [],
-                },
-                _ => TypedNodeColumns {
-                    node_id: bytemuck::cast_slice_mut(next()),
-                    features: bytemuck::cast_slice_mut(next()),
-                    tier: next(),
-                    fallback: next(),
-                },
-            })
+            .map(|&dim| NodeColumns::from_parts(&mut next, dim))
             .collect();
         let edge_index = self
             .edges
@@ -404,20 +368,14 @@ pub fn decode_typed(
     let mut nodes = Vec::with_capacity(graph.node_types.len());
     for (i, t) in graph.node_types.iter().enumerate() {
         let (offset, len) = entry(i);
-        let table = decode_table(
-            area,
-            "node",
-            offset,
-            len,
-            &schemas.typed_node(t.feature_dim),
-        )
-        .map_err(|e| malformed(format!("node type {}: {e}", t.name)))?;
+        let table = decode_table(area, "node", offset, len, &schemas.node(t.feature_dim))
+            .map_err(|e| malformed(format!("node type {}: {e}", t.name)))?;
         nodes.push(table);
     }
     let mut edges = Vec::with_capacity(graph.edge_types.len());
     for e in 0..graph.edge_types.len() {
         let (offset, len) = entry(graph.node_types.len() + e);
-        let table = decode_table(area, "edge", offset, len, &schemas.typed_edges())
+        let table = decode_table(area, "edge", offset, len, &schemas.edges(false))
             .map_err(|err| malformed(format!("edge type {}: {err}", graph.edge_key(e))))?;
         edges.push(table);
     }
@@ -551,7 +509,11 @@ impl TypedTables {
         self.counts_row(self.has_features.len() + e)
     }
 
-    fn validate(&self, graph: &GraphSchema, target_type: usize) -> Result<(), DecodeError> {
+    pub(crate) fn validate(
+        &self,
+        graph: &GraphSchema,
+        target_type: usize,
+    ) -> Result<(), DecodeError> {
         let bad = |what: String| Err(DecodeError::Malformed(what));
         let hops = self.hops() as i32;
         let n_types = graph.node_types.len();

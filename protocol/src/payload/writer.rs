@@ -11,8 +11,7 @@ use arrow_schema::SchemaRef;
 use crate::layout::{status, ResponseHeader, MAX_HOPS, MESSAGE_BYTES};
 use crate::payload::ipc::{self, BodyPlan, ColumnKind, END_OF_STREAM};
 use crate::payload::schema::{
-    counts_schema, edge_schema, id_schema, node_schema, subgraph_target_schema, target_schema,
-    typed_edge_schema,
+    counts_schema, edge_schema, node_schema, subgraph_target_schema, target_schema,
 };
 use crate::request::SubgraphFanouts;
 
@@ -69,20 +68,23 @@ pub enum WriteError {
     Misaligned,
 }
 
-pub(crate) const NODE_COLUMNS: [ColumnKind; 4] = [
-    ColumnKind::Fixed { width: 8 },
-    ColumnKind::List { width: 4, size: 0 }, // size patched with the feature dim
-    ColumnKind::Fixed { width: 1 },
-    ColumnKind::Bool,
-];
-
-pub(crate) fn node_kinds(dim: u32) -> [ColumnKind; 4] {
-    let mut kinds = NODE_COLUMNS;
-    kinds[1] = ColumnKind::List {
-        width: 4,
-        size: dim as usize,
-    };
-    kinds
+/// A node table's columns for rows of `dim` features: id, features, tier,
+/// fallback; with `dim` 0 (a typed graph's node type without features) the
+/// id alone.
+pub(crate) fn node_kinds(dim: u32) -> Vec<ColumnKind> {
+    let id = ColumnKind::Fixed { width: 8 };
+    if dim == 0 {
+        return vec![id];
+    }
+    vec![
+        id,
+        ColumnKind::List {
+            width: 4,
+            size: dim as usize,
+        },
+        ColumnKind::Fixed { width: 1 },
+        ColumnKind::Bool,
+    ]
 }
 
 /// The subgraph layout's target table: id, status, row.
@@ -146,13 +148,12 @@ pub struct SchemaCache {
     targets: Mutex<HashMap<[u32; MAX_HOPS], Arc<CachedSchema>>>,
     subgraph_targets: OnceLock<Arc<CachedSchema>>,
     edges: OnceLock<Arc<CachedSchema>>,
-    ids: OnceLock<Arc<CachedSchema>>,
-    typed_edges: OnceLock<Arc<CachedSchema>>,
+    edge_index: OnceLock<Arc<CachedSchema>>,
     counts: OnceLock<Arc<CachedSchema>>,
 }
 
 impl SchemaCache {
-    /// The node table schema for `dim`.
+    /// The node table schema for `dim` (0: the ids alone, [`node_schema`]).
     pub fn node(&self, dim: u32) -> Arc<CachedSchema> {
         let mut map = self.nodes.lock().unwrap_or_else(|p| p.into_inner());
         map.entry(dim)
@@ -175,29 +176,15 @@ impl SchemaCache {
             .clone()
     }
 
-    /// The subgraph layout's edge table schema.
-    pub fn edges(&self) -> Arc<CachedSchema> {
-        self.edges
-            .get_or_init(|| CachedSchema::new(edge_schema()))
-            .clone()
-    }
-
-    /// A typed response's node table of a type with `dim` features (0: the
-    /// ids alone).
-    pub fn typed_node(&self, dim: u32) -> Arc<CachedSchema> {
-        match dim {
-            0 => self
-                .ids
-                .get_or_init(|| CachedSchema::new(id_schema()))
-                .clone(),
-            dim => self.node(dim),
-        }
-    }
-
-    /// A typed response's edge table schema.
-    pub fn typed_edges(&self) -> Arc<CachedSchema> {
-        self.typed_edges
-            .get_or_init(|| CachedSchema::new(typed_edge_schema()))
+    /// The edge table schema: the subgraph layout's (`hop_counts`), or a
+    /// typed response's of one edge type ([`edge_schema`]).
+    pub fn edges(&self, hop_counts: bool) -> Arc<CachedSchema> {
+        let cell = if hop_counts {
+            &self.edges
+        } else {
+            &self.edge_index
+        };
+        cell.get_or_init(|| CachedSchema::new(edge_schema(hop_counts)))
             .clone()
     }
 
@@ -231,7 +218,8 @@ impl TablePlacement {
     }
 }
 
-/// Node table columns of a response being written.
+/// Node table columns of a response being written; a typed graph's node
+/// type without features has `node_id` alone (the other slices are empty).
 #[derive(Debug)]
 pub struct NodeColumns<'a> {
     pub node_id: &'a mut [u64],
@@ -242,8 +230,27 @@ pub struct NodeColumns<'a> {
     pub fallback: &'a mut [u8],
 }
 
-impl NodeColumns<'_> {
-    /// Sets the fallback flag of `row`.
+impl<'a> NodeColumns<'a> {
+    /// A node table's columns from the parts carved for it, in
+    /// [`node_kinds`]' order (its id alone when `dim` is 0).
+    pub(crate) fn from_parts(next: &mut impl FnMut() -> &'a mut [u8], dim: u32) -> Self {
+        if dim == 0 {
+            return NodeColumns {
+                node_id: bytemuck::cast_slice_mut(next()),
+                features: &mut [],
+                tier: &mut [],
+                fallback: &mut [],
+            };
+        }
+        NodeColumns {
+            node_id: bytemuck::cast_slice_mut(next()),
+            features: bytemuck::cast_slice_mut(next()),
+            tier: next(),
+            fallback: next(),
+        }
+    }
+
+    /// Sets the fallback flag of `row` (rows with features).
     pub fn set_fallback(&mut self, row: usize, fallback: bool) {
         set_bit(self.fallback, row, fallback);
     }
@@ -372,7 +379,7 @@ impl<'a> ResponseWriter<'a> {
             Some(subgraph) => Some((
                 ipc::plan_body(2, &edge_kinds(subgraph))
                     .ok_or(too_large(usize::MAX, area.len()))?,
-                schemas.edges(),
+                schemas.edges(true),
             )),
         };
         let node_batch = ipc::record_batch_message(&node_plan);
@@ -454,7 +461,7 @@ impl<'a> ResponseWriter<'a> {
     pub fn columns(&mut self) -> (NodeColumns<'_>, TargetColumns<'_>) {
         let dense = self.edges.is_none();
         let mut ranges = Vec::with_capacity(11);
-        for idx in 0..4 {
+        for idx in 0..self.nodes.plan.values.len() {
             ranges.push(self.nodes.column(idx));
         }
         for idx in 0..self.targets.plan.values.len() {
@@ -466,12 +473,7 @@ impl<'a> ResponseWriter<'a> {
         }
         let mut parts = carve(self.area, &ranges).into_iter();
         let mut next = || parts.next().expect("one part per carved range");
-        let nodes = NodeColumns {
-            node_id: bytemuck::cast_slice_mut(next()),
-            features: bytemuck::cast_slice_mut(next()),
-            tier: next(),
-            fallback: next(),
-        };
+        let nodes = NodeColumns::from_parts(&mut next, self.shape.feature_dim);
         let (target_id, status, target_row) = (
             bytemuck::cast_slice_mut(next()),
             next(),
