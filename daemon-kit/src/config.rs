@@ -125,105 +125,206 @@ pub trait Validate {
     fn validate(&self) -> Result<(), Invalid>;
 }
 
+/// A fanout of -1, PyG's "every neighbour": the node's whole neighbour
+/// list, up to the hop's cap (the sidecar's `max_fanouts`, which a -1 in
+/// `max_fanouts` itself makes the largest, 32,768). Held as `u32::MAX`
+/// until the cap is known ([`at_cap`]); written back as -1.
+pub const EVERY_NEIGHBOUR: u32 = u32::MAX;
+
+/// `fanout`, or `cap` where it is [`EVERY_NEIGHBOUR`].
+pub fn at_cap(fanout: u32, cap: u32) -> u32 {
+    if fanout == EVERY_NEIGHBOUR {
+        cap
+    } else {
+        fanout
+    }
+}
+
+/// One fanout as written by a user: a count, or -1 ([`EVERY_NEIGHBOUR`]).
+fn fanout_from(value: i64) -> Option<u32> {
+    match value {
+        -1 => Some(EVERY_NEIGHBOUR),
+        v => u32::try_from(v).ok().filter(|&f| f != EVERY_NEIGHBOUR),
+    }
+}
+
+/// Fanouts written `f1,f2,...` (a flag, a variable, a TOML string): each a
+/// count or -1; `None` if a word is neither.
+fn fanouts_from_text(text: &str) -> Option<Vec<u32>> {
+    text.split(',')
+        .map(|w| fanout_from(w.trim().parse().ok()?))
+        .collect()
+}
+
+/// Fanouts as a TOML or JSON list or a `"20,10"` string, each a count or
+/// -1, as serde reads them (`#[serde(deserialize_with = ...)]`, for a
+/// model's manifest as for the daemons' settings).
+pub fn fanout_list<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<u32>, D::Error> {
+    #[derive(Deserialize)]
+    #[serde(untagged)]
+    enum Either {
+        Text(String),
+        List(Vec<i64>),
+    }
+    let bad = |what: String| {
+        serde::de::Error::custom(format!(
+            "fanouts {what}: expected counts or -1 (every neighbour), as [20, 10] or \"20,10\""
+        ))
+    };
+    match Either::deserialize(d).map_err(|_| bad("of another kind".into()))? {
+        Either::Text(text) => fanouts_from_text(&text).ok_or_else(|| bad(format!("{text:?}"))),
+        Either::List(list) => list
+            .iter()
+            .map(|&v| fanout_from(v))
+            .collect::<Option<Vec<u32>>>()
+            .ok_or_else(|| bad(format!("{list:?}"))),
+    }
+}
+
+/// Fanouts as serde writes them: a list, -1 for [`EVERY_NEIGHBOUR`].
+pub fn write_fanout_list<S: Serializer>(fanouts: &[u32], s: S) -> Result<S::Ok, S::Error> {
+    let values: Vec<i64> = fanouts
+        .iter()
+        .map(|&f| match f {
+            EVERY_NEIGHBOUR => -1,
+            f => i64::from(f),
+        })
+        .collect();
+    values.serialize(s)
+}
+
+/// Fanouts as text, `20,10` or `-1,-1`.
+fn fanouts_text(fanouts: &[u32]) -> String {
+    let words: Vec<String> = fanouts
+        .iter()
+        .map(|&f| match f {
+            EVERY_NEIGHBOUR => "-1".to_string(),
+            f => f.to_string(),
+        })
+        .collect();
+    words.join(",")
+}
+
 /// Fanouts per hop: `"20,10"` or `[20, 10]` in TOML, `20,10` in a flag or
-/// variable.
+/// variable; -1 is every neighbour ([`EVERY_NEIGHBOUR`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Fanouts(pub [u32; 2]);
+
+impl Fanouts {
+    /// Each hop's fanout, -1 made that hop's cap.
+    pub fn at_caps(&self, caps: [u32; 2]) -> [u32; 2] {
+        [at_cap(self.0[0], caps[0]), at_cap(self.0[1], caps[1])]
+    }
+}
+
+impl TryFrom<Vec<u32>> for Fanouts {
+    type Error = String;
+
+    fn try_from(fanouts: Vec<u32>) -> Result<Self, String> {
+        let text = fanouts_text(&fanouts);
+        let two: [u32; 2] = fanouts
+            .try_into()
+            .map_err(|_| format!("{text:?}: expected two fanouts such as 20,10"))?;
+        Ok(Fanouts(two))
+    }
+}
 
 impl std::str::FromStr for Fanouts {
     type Err = String;
 
     fn from_str(s: &str) -> Result<Self, String> {
-        let bad = || format!("{s:?}: expected two fanouts such as 20,10");
-        let (a, b) = s.split_once(',').ok_or_else(bad)?;
-        let a = a.trim().parse().map_err(|_| bad())?;
-        let b = b.trim().parse().map_err(|_| bad())?;
-        Ok(Fanouts([a, b]))
+        fanouts_from_text(s)
+            .ok_or_else(|| {
+                format!("{s:?}: expected two fanouts such as 20,10 (-1: every neighbour)")
+            })?
+            .try_into()
     }
 }
 
 impl Serialize for Fanouts {
     fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        self.0.serialize(s)
+        write_fanout_list(&self.0, s)
     }
 }
 
 impl<'de> Deserialize<'de> for Fanouts {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        #[derive(Deserialize)]
-        #[serde(untagged)]
-        enum Either {
-            Text(String),
-            List([u32; 2]),
-        }
-        match Either::deserialize(d).map_err(|_| {
-            serde::de::Error::custom("expected two fanouts, as \"20,10\" or [20, 10]")
-        })? {
-            Either::Text(text) => text.parse().map_err(serde::de::Error::custom),
-            Either::List(list) => Ok(Fanouts(list)),
-        }
+        fanout_list(d)?.try_into().map_err(serde::de::Error::custom)
+    }
+}
+
+impl std::fmt::Display for Fanouts {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&fanouts_text(&self.0))
     }
 }
 
 /// Fanouts of one to three hops, for a model that names its own hop count
 /// (the worker's subgraph-layout models): `"20,10"`, `"15"` or
-/// `"20,10,5"` as text, or a TOML list.
+/// `"20,10,5"` as text, or a TOML list; -1 is every neighbour.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct HopFanouts(pub Vec<u32>);
 
 /// Most hops [`HopFanouts`] holds.
 pub const MAX_HOP_FANOUTS: usize = 3;
 
-impl std::str::FromStr for HopFanouts {
-    type Err = String;
+impl HopFanouts {
+    /// Each hop's fanout, -1 made the cap `cap(hop)`.
+    pub fn at_caps(&self, cap: impl Fn(usize) -> u32) -> HopFanouts {
+        HopFanouts(
+            self.0
+                .iter()
+                .enumerate()
+                .map(|(hop, &f)| at_cap(f, cap(hop)))
+                .collect(),
+        )
+    }
+}
 
-    fn from_str(s: &str) -> Result<Self, String> {
-        let bad =
-            || format!("{s:?}: expected one to {MAX_HOP_FANOUTS} fanouts such as 20,10 or 15,10,5");
-        let fanouts = s
-            .split(',')
-            .map(|f| f.trim().parse::<u32>().map_err(|_| bad()))
-            .collect::<Result<Vec<_>, _>>()?;
+impl TryFrom<Vec<u32>> for HopFanouts {
+    type Error = String;
+
+    fn try_from(fanouts: Vec<u32>) -> Result<Self, String> {
         if fanouts.is_empty() || fanouts.len() > MAX_HOP_FANOUTS {
-            return Err(bad());
+            return Err(format!(
+                "{:?}: expected one to {MAX_HOP_FANOUTS} fanouts such as 20,10 or 15,10,5",
+                fanouts_text(&fanouts)
+            ));
         }
         Ok(HopFanouts(fanouts))
     }
 }
 
+impl std::str::FromStr for HopFanouts {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        fanouts_from_text(s)
+            .ok_or_else(|| {
+                format!(
+                    "{s:?}: expected one to {MAX_HOP_FANOUTS} fanouts such as 20,10 or \
+                     15,10,5 (-1: every neighbour)"
+                )
+            })?
+            .try_into()
+    }
+}
+
 impl Serialize for HopFanouts {
     fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        self.0.serialize(s)
+        write_fanout_list(&self.0, s)
     }
 }
 
 impl<'de> Deserialize<'de> for HopFanouts {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        #[derive(Deserialize)]
-        #[serde(untagged)]
-        enum Either {
-            Text(String),
-            List(Vec<u32>),
-        }
-        let bad = || {
-            serde::de::Error::custom(format!(
-                "expected one to {MAX_HOP_FANOUTS} fanouts, as \"20,10\" or [20, 10]"
-            ))
-        };
-        match Either::deserialize(d).map_err(|_| bad())? {
-            Either::Text(text) => text.parse().map_err(serde::de::Error::custom),
-            Either::List(list) if (1..=MAX_HOP_FANOUTS).contains(&list.len()) => {
-                Ok(HopFanouts(list))
-            }
-            Either::List(_) => Err(bad()),
-        }
+        fanout_list(d)?.try_into().map_err(serde::de::Error::custom)
     }
 }
 
 impl std::fmt::Display for HopFanouts {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let text: Vec<String> = self.0.iter().map(u32::to_string).collect();
-        f.write_str(&text.join(","))
+        f.write_str(&fanouts_text(&self.0))
     }
 }
 
@@ -566,6 +667,34 @@ impl Provider for EnvList {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn fanouts_take_minus_one_for_every_neighbour() {
+        let every = EVERY_NEIGHBOUR;
+        assert_eq!("-1,10".parse::<Fanouts>(), Ok(Fanouts([every, 10])));
+        assert_eq!("20, 10".parse::<Fanouts>(), Ok(Fanouts([20, 10])));
+        for bad in ["-2,10", "20", "20,10,5", "a,b", "4294967295,1"] {
+            let err = bad.parse::<Fanouts>().unwrap_err();
+            assert!(err.contains("two fanouts"), "{bad}: {err}");
+        }
+        assert_eq!(Fanouts([every, 10]).at_caps([50, 50]), [50, 10]);
+        assert_eq!(Fanouts([every, 10]).to_string(), "-1,10");
+        let hops: HopFanouts = "15,-1,-1".parse().unwrap();
+        assert_eq!(hops.0, [15, every, every]);
+        assert_eq!(hops.at_caps(|hop| [40, 30][hop.min(1)]).0, [15, 30, 30]);
+        assert_eq!(hops.to_string(), "15,-1,-1");
+        assert!("".parse::<HopFanouts>().is_err());
+        assert!("1,2,3,4".parse::<HopFanouts>().is_err());
+        // Written back as -1, read again as every neighbour.
+        let json = serde_json::to_string(&hops).unwrap();
+        assert_eq!(json, "[15,-1,-1]");
+        assert_eq!(serde_json::from_str::<HopFanouts>(&json).unwrap(), hops);
+        assert_eq!(
+            serde_json::from_str::<Fanouts>("\"-1,3\"").unwrap(),
+            Fanouts([every, 3])
+        );
+        assert!(serde_json::from_str::<Fanouts>("[-3, 3]").is_err());
+    }
     use serde::{Deserialize, Serialize};
 
     #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

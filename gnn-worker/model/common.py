@@ -55,13 +55,28 @@ def neighbour_lists(n, edges):
 def pick_neighbours(indptr, indices, v, fanout, rng):
     """Up to `fanout` of node `v`'s listed neighbours (`indices[indptr[v]:
     indptr[v + 1]]`), uniformly without replacement (the sidecar's rule,
-    O(fanout) for a node of any degree); all of them with `rng` None or
-    when there are at most `fanout`."""
+    O(fanout) for a node of any degree); all of them with `rng` None,
+    with `fanout` -1 (every neighbour) or when there are at most
+    `fanout`."""
     lo, hi = indptr[v], indptr[v + 1]
     degree = hi - lo
-    if rng is None or degree <= fanout:
+    if rng is None or fanout < 0 or degree <= fanout:
         return indices[lo:hi]
     return indices[lo + rng.choice(degree, fanout, replace=False)]
+
+
+def fanout_list(text, least=1, what="fanouts"):
+    """"20,10": one fanout per hop, 1 to 3 hops, each at least `least` or
+    -1 (every neighbour, PyG's num_neighbors -1); exits naming `what`
+    otherwise."""
+    try:
+        fanouts = [int(f) for f in str(text).split(",")]
+    except ValueError:
+        sys.exit(f"{what} {text!r}: give numbers such as 20,10 (-1: every neighbour)")
+    if not 1 <= len(fanouts) <= 3 or any(f < least and f != -1 for f in fanouts):
+        sys.exit(f"{what} {text!r}: one fanout of {least} or more (or -1, every neighbour) "
+                 "per hop, 1 to 3 hops")
+    return fanouts
 
 
 def sample(ds, target_type, targets, fanouts, rng=None):

@@ -67,8 +67,8 @@ import time
 
 import numpy as np
 
-from common import (ONE_EDGE_TYPE, ONE_TYPE, Graph, edge_key, file_sha256, neighbour_lists,
-                    progress, sample, session_of)
+from common import (ONE_EDGE_TYPE, ONE_TYPE, Graph, edge_key, fanout_list, file_sha256,
+                    neighbour_lists, progress, sample, session_of)
 
 OPSET = 18
 OUTPUT = "out"
@@ -285,25 +285,14 @@ def row_diff(a, b):
 
 # --- fanouts ------------------------------------------------------------------
 
-def fanout_list(text, least=1, what="fanouts"):
-    """"20,10": one fanout per hop, 1 to 3 hops, each at least `least`;
-    exits naming `what` otherwise."""
-    try:
-        fanouts = [int(f) for f in str(text).split(",")]
-    except ValueError:
-        sys.exit(f"{what} {text!r}: give numbers such as 20,10")
-    if not 1 <= len(fanouts) <= 3 or min(fanouts) < least:
-        sys.exit(f"{what} {text!r}: one fanout of {least} or more per hop, 1 to 3 hops")
-    return fanouts
-
-
 def parse_fanouts(ds, default, overrides=None):
     """Fanouts per edge type and hop: `default` ("10,5" or [10, 5]: every
     edge type; or a dict edge type -> fanouts) and overrides
     "src__rel__dst=a,b" (or "rel=a,b" where the relation names one edge
     type). Every edge type has the same number of hops, 1 to 3; a typed
     graph's fanout may be 0 (the type is not sampled at that hop), a
-    one-type graph's is at least 1."""
+    one-type graph's is at least 1; -1 is every neighbour (PyG's
+    num_neighbors -1; served up to the sidecar's max_fanouts)."""
     least = 1 if ds.one_type else 0
 
     def numbers(text, what):

@@ -48,8 +48,8 @@ import time
 
 import numpy as np
 
-from common import (file_sha256, load_dataset, neighbour_lists, peak_rss_mib, pick_neighbours,
-                    progress, session_of)
+from common import (fanout_list, file_sha256, load_dataset, neighbour_lists, peak_rss_mib,
+                    pick_neighbours, progress, session_of)
 
 OPSET = 17
 INPUTS = ["features", "target_row", "hop1_count", "hop1_rows", "hop2_count", "hop2_rows"]
@@ -265,6 +265,19 @@ def export_student(model, out, x):
                                     OUTPUT: {0: "n_targets"}})
     onnx.checker.check_model(onnx.load(path))
     return path
+
+
+def dense_fanouts(text):
+    """The dense layout's two fanouts: its hop arrays are as wide as they
+    are, so each is a number (-1, every neighbour, has no width here: give
+    the sidecar's max_fanouts instead, or export a PyG model with
+    pyg_model.py, whose subgraph layout takes -1)."""
+    fanouts = fanout_list(text, what="--fanouts")
+    if len(fanouts) != 2 or -1 in fanouts:
+        sys.exit(f"--fanouts {text}: the dense layout takes two fanouts of 1 or more, such as "
+                 "20,10 (its arrays are as wide as they are; -1 is for a subgraph-layout "
+                 "model, pyg_model.py)")
+    return fanouts
 
 
 def export_example(x, indptr, indices, fanouts):
@@ -547,7 +560,7 @@ def cmd_train(args):
     indptr, indices = neighbour_lists(n, edges)
     del edges
     mean = mean_operator(n, indptr, indices)
-    fanouts = [int(v) for v in args.fanouts.split(",")]
+    fanouts = dense_fanouts(args.fanouts)
     mode = args.mode
     if mode == "auto":
         mode = "full" if len(indices) <= FULL_GRAPH_MAX_EDGES else "minibatch"
@@ -654,7 +667,7 @@ def cmd_import_pyg(args):
         "b1": w["conv1.lin_l.bias"], "w2_self": w["conv2.lin_r.weight"].T,
         "w2_neigh": w["conv2.lin_l.weight"].T, "b2": w["conv2.lin_l.bias"]}.items()})
     os.makedirs(os.path.join(args.out, "reference"), exist_ok=True)
-    fanouts = [int(v) for v in args.fanouts.split(",")]
+    fanouts = dense_fanouts(args.fanouts)
     checked = None
     name = None
     if args.dataset:
@@ -701,7 +714,7 @@ def cmd_init(args):
     export_dense(DenseSage(d, hidden, c), args.out, synthetic_example(d))
     write_manifest(args.out, dense_manifest(
         dataset=None, feature_dim=d, num_classes=c, hidden=hidden,
-        fanouts=[int(v) for v in args.fanouts.split(",")], graph_version=args.graph_version,
+        fanouts=dense_fanouts(args.fanouts), graph_version=args.graph_version,
         num_nodes=None, training=None, offline=None))
     print(f"untrained model: {d} features, {c} classes, hidden {hidden} -> {args.out}")
 

@@ -370,6 +370,18 @@ impl WorkerConfig {
         Ok(())
     }
 
+    /// This configuration with each -1 fanout (every neighbour) made the
+    /// sidecar's cap of its hop (a third hop capped as the second), as
+    /// the sidecar it serves beside states them.
+    pub fn fanouts_at_caps(&self, caps: [u32; protocol::layout::MAX_HOPS]) -> Self {
+        let cap = |hop: usize| caps[hop.min(caps.len() - 1)];
+        Self {
+            fanouts: self.fanouts.as_ref().map(|f| f.at_caps(cap)),
+            degrade_fanouts: self.degrade_fanouts.as_ref().map(|f| f.at_caps(cap)),
+            ..self.clone()
+        }
+    }
+
     /// The configuration as `--print-config` shows it: the Redis password
     /// of `precomputed_redis` replaced by `***`.
     pub fn redacted(&self) -> Self {
@@ -440,7 +452,7 @@ pub struct WorkerFlags {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub degrade_queue_calls: Option<usize>,
     /// Fanouts of the ladder's reduced GNN rung, e.g. 5,3 [default: none].
-    #[arg(long)]
+    #[arg(long, allow_hyphen_values = true)]
     #[serde(skip_serializing_if = "Option::is_none")]
     pub degrade_fanouts: Option<HopFanouts>,
     /// Redis URL of gnn-worker precompute's answers, served while they
@@ -505,7 +517,7 @@ pub struct WorkerFlags {
     /// Fanouts sent with every request, e.g. 20,10 (a subgraph-layout
     /// model: one per hop) [default: the sidecar's; a subgraph-layout
     /// model's manifest's].
-    #[arg(long)]
+    #[arg(long, allow_hyphen_values = true)]
     #[serde(skip_serializing_if = "Option::is_none")]
     pub fanouts: Option<HopFanouts>,
     /// Rewrite a subgraph-layout model's row scatter-adds at load

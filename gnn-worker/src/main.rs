@@ -54,7 +54,7 @@ enum Command {
         /// Fanouts to compute with, e.g. 20,10 [default: a dense-layout
         /// model's the sidecar's, a subgraph-layout (PyG) model's its
         /// manifest's; one per hop, 1 to 3, for such a model].
-        #[arg(long)]
+        #[arg(long, allow_hyphen_values = true)]
         fanouts: Option<daemon_kit::config::HopFanouts>,
         /// Targets per ring request (at most the sidecar's max_targets); a
         /// subgraph-layout model's nodes are computed one per request.

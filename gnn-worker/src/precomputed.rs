@@ -463,7 +463,7 @@ pub fn precompute(job: &PrecomputeJob) -> anyhow::Result<SetMeta> {
 
     let started = std::time::Instant::now();
     let env = crate::onnxruntime::init(job.onnxruntime_lib.as_deref())?;
-    let manifest = crate::model::Manifest::read(&job.model_dir)?;
+    let mut manifest = crate::model::Manifest::read(&job.model_dir)?;
     let mut model = crate::model::Model::load(
         &env,
         &job.model_dir,
@@ -480,8 +480,14 @@ pub fn precompute(job: &PrecomputeJob) -> anyhow::Result<SetMeta> {
     let model_id = model_id(&job.model_dir)?;
     let client = RingClientFor::attach(&job.shm_name)?;
     let (schema, geometry) = (client.schema, client.geometry);
+    // -1 (every neighbour) is the sidecar's cap of the hop.
+    manifest.fanouts_at_caps(geometry.max_fanouts);
     let fanouts: Vec<u32> = match (&job.fanouts, subgraph) {
-        (Some(f), _) => f.clone(),
+        (Some(f), _) => {
+            daemon_kit::config::HopFanouts(f.clone())
+                .at_caps(|hop| geometry.max_fanouts[hop.min(MAX_HOPS - 1)])
+                .0
+        }
         (None, true) => manifest.fanouts.clone(),
         (None, false) => schema.default_fanouts.to_vec(),
     };

@@ -218,9 +218,10 @@ impl Loader {
         client: Arc<RingClient>,
         service: &Service,
     ) -> anyhow::Result<Predictor> {
-        let config = &self.config;
         let Loaded {
-            manifest, sessions, ..
+            mut manifest,
+            sessions,
+            ..
         } = loaded;
         if let ClientStatus::Lost(why) = client.status() {
             bail!(
@@ -231,8 +232,13 @@ impl Loader {
         let (Some(schema), Some(geometry)) = (client.schema(), client.geometry()) else {
             bail!("no sidecar is attached: a model is checked against its graph before it serves");
         };
+        // -1 (every neighbour) is this sidecar's cap of the hop.
+        manifest.fanouts_at_caps(geometry.max_fanouts);
+        let config = &self.config.fanouts_at_caps(geometry.max_fanouts);
         if manifest.typed.is_some() {
-            return self.install_typed(client, sessions, schema, geometry, &manifest, service);
+            return self.install_typed(
+                config, client, sessions, schema, geometry, &manifest, service,
+            );
         }
         let fanouts = worker_fanouts(config, &manifest, &schema)?;
         manifest.check_segment(&schema, &geometry, &fanouts)?;
@@ -287,8 +293,10 @@ impl Loader {
     /// served by the GNN and, with `precomputed_redis`, from precomputed
     /// answers the sidecar vouches for (the dense layout's strategies, a
     /// student, degraded fanouts and hub embeddings, are refused by name).
+    #[allow(clippy::too_many_arguments)]
     fn install_typed(
         &self,
+        config: &WorkerConfig,
         client: Arc<RingClient>,
         sessions: Sessions,
         schema: protocol::FeatureSchema,
@@ -296,7 +304,6 @@ impl Loader {
         manifest: &Manifest,
         service: &Service,
     ) -> anyhow::Result<Predictor> {
-        let config = &self.config;
         let refused = [
             (config.fanouts.is_some(), "fanouts (--fanouts)"),
             (config.degrade_fanouts.is_some(), "degrade_fanouts"),

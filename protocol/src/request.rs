@@ -1251,13 +1251,3 @@ mod tests {
         assert!(mono_now_ns() > 0);
     }
 }
-
-/// Parses fanouts written as `f1,f2` (command lines of both processes).
-pub fn parse_fanouts(text: &str) -> Result<[u32; MAX_HOPS], String> {
-    let bad = || format!("{text:?}: expected two numbers such as 20,10");
-    let (a, b) = text.split_once(',').ok_or_else(bad)?;
-    match (a.trim().parse(), b.trim().parse()) {
-        (Ok(a), Ok(b)) => Ok([a, b]),
-        _ => Err(bad()),
-    }
-}

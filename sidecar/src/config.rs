@@ -338,8 +338,10 @@ impl Validate for ServeConfig {
                 "set redis too, or remove invalidation_channel",
             ));
         }
+        let caps = self.max_fanouts();
+        let fanouts = self.fanouts();
         for hop in 0..MAX_HOPS {
-            let cap = self.max_fanouts.0[hop];
+            let cap = caps[hop];
             if !(1..=MAX_FANOUT).contains(&cap) {
                 return Err(Invalid::new(
                     "max_fanouts",
@@ -347,7 +349,7 @@ impl Validate for ServeConfig {
                     format!("set each max fanout between 1 and {MAX_FANOUT}"),
                 ));
             }
-            let fanout = self.fanouts.0[hop];
+            let fanout = fanouts[hop];
             if !(1..=cap).contains(&fanout) {
                 return Err(Invalid::new(
                     "fanouts",
@@ -372,7 +374,7 @@ impl Validate for ServeConfig {
         u64_between("response_mib", self.response_mib, 1, MAX_RESPONSE_MIB)?;
         // One target at the caps must fit a response: its hop arrays alone
         // (hop1_rows, hop2_count, hop2_rows: 4 bytes an entry).
-        let [f1, f2] = self.max_fanouts.0.map(u64::from);
+        let [f1, f2] = caps.map(u64::from);
         let hop_bytes = 4 * f1 * (2 + f2);
         if hop_bytes > self.response_bytes() {
             return Err(Invalid::new(
@@ -475,6 +477,18 @@ impl ServeConfig {
         Duration::from_secs_f64(self.drain_timeout_s)
     }
 
+    /// The most a request may ask for per hop; -1 (every neighbour) is the
+    /// largest cap, [`MAX_FANOUT`].
+    pub fn max_fanouts(&self) -> [u32; MAX_HOPS] {
+        self.max_fanouts.at_caps([MAX_FANOUT; MAX_HOPS])
+    }
+
+    /// The fanouts of requests that leave them to the sidecar; -1 (every
+    /// neighbour) is the hop's `max_fanouts`.
+    pub fn fanouts(&self) -> [u32; MAX_HOPS] {
+        self.fanouts.at_caps(self.max_fanouts())
+    }
+
     pub fn response_bytes(&self) -> u64 {
         self.response_mib << 20
     }
@@ -548,11 +562,11 @@ pub struct ServeFlags {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub invalidation_channel: Option<String>,
     /// Fanouts of requests that leave them to the sidecar [default: 20,10].
-    #[arg(long)]
+    #[arg(long, allow_hyphen_values = true)]
     #[serde(skip_serializing_if = "Option::is_none")]
     pub fanouts: Option<Fanouts>,
     /// The most each hop's fanout may be [default: 50,50].
-    #[arg(long)]
+    #[arg(long, allow_hyphen_values = true)]
     #[serde(skip_serializing_if = "Option::is_none")]
     pub max_fanouts: Option<Fanouts>,
     /// Ring slots (requests in flight) [default: 64].
@@ -739,6 +753,28 @@ mod tests {
         assert_eq!(c.validate().unwrap_err().key, "shm_mode");
         c.shm_mode = ShmMode(0o666);
         assert_eq!(c.validate().unwrap_err().key, "shm_mode");
+    }
+
+    /// -1 (every neighbour) is the hop's max_fanouts, and in max_fanouts
+    /// the largest cap; the hop arrays' check then applies to it.
+    #[test]
+    fn a_fanout_of_minus_one_is_the_hops_cap() {
+        let c: ServeConfig = toml::from_str("fanouts = [-1, 4]\nmax_fanouts = \"60,-1\"").unwrap();
+        assert_eq!(c.fanouts, Fanouts([daemon_kit::config::EVERY_NEIGHBOUR, 4]));
+        assert_eq!(c.max_fanouts(), [60, MAX_FANOUT]);
+        assert_eq!(c.fanouts(), [60, 4]);
+        let mut c = ServeConfig {
+            max_fanouts: Fanouts([60, 50]),
+            ..c
+        };
+        c.data_dir = "/d".into();
+        c.shm_name = "ring".into();
+        c.validate().unwrap();
+        c.max_fanouts = "-1,-1".parse().unwrap();
+        let refused = c.validate().unwrap_err();
+        assert_eq!(refused.key, "max_fanouts", "{refused:?}");
+        assert!(refused.problem.contains("32768,32768"), "{refused:?}");
+        assert!(toml::from_str::<ServeConfig>("fanouts = [-2, 4]").is_err());
     }
 
     #[test]

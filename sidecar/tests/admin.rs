@@ -241,6 +241,18 @@ fn runtime_knobs_take_effect_without_a_restart() {
     );
     let e = sidecar.fails(&["fanouts", "set", "60,1"]);
     assert!(e.contains("fanout 60 of hop 1 is outside 1..=50"), "{e}");
+    // -1, every neighbour: the hop's max_fanouts.
+    sidecar.ok(&["fanouts", "set", "-1,4"]);
+    let (fanouts, hop1, _) = call(&client, &[1358]);
+    assert_eq!(fanouts, [50, 4]);
+    assert_eq!(hop1[0].len(), 50);
+    // Another negative number is refused where it is parsed (a usage
+    // error), naming what is taken.
+    let out = sidecar.ctl(&["fanouts", "set", "-2,4"]);
+    let e = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{e}");
+    assert!(e.contains("-1: every neighbour"), "{e}");
+    sidecar.ok(&["fanouts", "set", "5,3"]);
 
     assert!(sidecar
         .ok(&["deadline", "get"])

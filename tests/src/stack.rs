@@ -425,6 +425,9 @@ pub struct StackOptions {
     /// The worker's `--fanouts` when not `fanouts` (a subgraph-layout
     /// model's, one per hop, such as "168,168,168").
     pub worker_fanouts: Option<String>,
+    /// The worker is given no fanouts: a subgraph-layout model is served
+    /// at its manifest's (`worker_fanouts` is then unused).
+    pub manifest_fanouts: bool,
     /// A directory holding another build's `sidecar`, `sidecarctl` and
     /// `gnn-worker`, run instead of this workspace's (a benchmark beside
     /// an earlier release).
@@ -450,6 +453,7 @@ impl StackOptions {
             imported: None,
             model: None,
             worker_fanouts: None,
+            manifest_fanouts: false,
             bin_dir: None,
         }
     }
@@ -587,13 +591,18 @@ impl Stack {
                 .arg("--model")
                 .arg(&model)
                 .args(["--shm-name", &shm_name, "--grpc", grpc, "--http", http])
-                .args([
-                    "--fanouts",
-                    &options
-                        .worker_fanouts
-                        .clone()
-                        .unwrap_or_else(|| format!("{f1},{f2}")),
-                ])
+                .args(
+                    (!options.manifest_fanouts)
+                        .then(|| {
+                            let fanouts = options
+                                .worker_fanouts
+                                .clone()
+                                .unwrap_or_else(|| format!("{f1},{f2}"));
+                            ["--fanouts".to_string(), fanouts]
+                        })
+                        .into_iter()
+                        .flatten(),
+                )
                 .args(["--max-batch", &options.max_batch.to_string()])
                 .args(["--executors", &options.executors.to_string()])
                 .arg("--onnxruntime-lib")

@@ -232,6 +232,40 @@ fn one_and_three_layer_models_are_served_exactly() {
     }
 }
 
+/// -1, PyG's "every neighbour", in the worker's fanouts and in a model's
+/// manifest: each is the sidecar's `max_fanouts` of its hop (here cora's
+/// largest degree), so the served logits equal PyG's full-graph logits.
+#[test]
+fn every_neighbour_fanouts_are_served_at_the_sidecars_caps() {
+    let ids: Vec<u64> = test_nodes().into_iter().step_by(4).collect();
+    // The worker's fanouts -1,-1, for a model trained at [10, 5].
+    let model = model("sage", &[]);
+    let configured = stack(&model, "-1,-1", 8);
+    let worst = worst_difference(&model, &logits_of(&predict(&configured, &ids, 8)));
+    println!("worker fanouts -1,-1 (caps {COVERING}): max difference to PyG {worst:.2e}");
+    assert!(worst <= 1e-5, "worker fanouts -1,-1: {worst:.2e}");
+    assert!(configured.stop());
+    // A model trained and exported at -1,-1, served at its manifest's.
+    let model = pyg_model_for(
+        &shipped_cora(),
+        &["--fanouts=-1,-1", "--epochs", "30", "--loader-runs", "0"],
+    );
+    let manifest = json(&model.join("manifest.json"));
+    assert_eq!(manifest["fanouts"], serde_json::json!([-1, -1]));
+    let mut options = StackOptions::new("cora");
+    options.dataset_dir = Some(shipped_cora());
+    options.model = Some(model.clone());
+    options.max_fanouts = Some([COVERING, COVERING]);
+    options.manifest_fanouts = true;
+    options.max_targets = 8;
+    options.response_mib = 64;
+    let exported = Stack::start(&options).expect("stack");
+    let worst = worst_difference(&model, &logits_of(&predict(&exported, &ids, 8)));
+    println!("manifest fanouts [-1, -1] (caps {COVERING}): max difference to PyG {worst:.2e}");
+    assert!(worst <= 1e-5, "manifest fanouts -1,-1: {worst:.2e}");
+    assert!(exported.stop());
+}
+
 /// The hops of the worker's ring requests, read back from a response the
 /// test asks for the same way.
 fn stack_default_hops(stack: &Stack) -> usize {

@@ -163,7 +163,11 @@ fn run_dataset(name: &str, args: &Args) -> anyhow::Result<DatasetResult> {
     let result = (|| -> anyhow::Result<DatasetResult> {
         let fanouts = match args.precompute_fanouts.as_str() {
             "covering" => [max_degree, max_degree],
-            text => protocol::request::parse_fanouts(text).map_err(anyhow::Error::msg)?,
+            text => {
+                text.parse::<daemon_kit::config::Fanouts>()
+                    .map_err(anyhow::Error::msg)?
+                    .0
+            }
         };
         let out = Command::new(workspace_bin("gnn-worker"))
             .args(["precompute", "--model"])

@@ -129,7 +129,8 @@ pub struct Manifest {
     pub embedding_dim: Option<u32>,
     /// One fanout per hop: two for the dense layout, 1 to 3 for the
     /// subgraph layout (which the worker sends unless `--fanouts` says
-    /// otherwise).
+    /// otherwise); -1 is every neighbour ([`Manifest::fanouts_at_caps`]).
+    #[serde(deserialize_with = "daemon_kit::config::fanout_list")]
     pub fanouts: Vec<u32>,
     pub graph_version: u64,
     pub opset: u32,
@@ -156,7 +157,20 @@ pub struct TypedManifest {
     pub node_types: Vec<TypedNodeType>,
     pub edge_types: Vec<TypedEdgeType>,
     pub target_type: String,
+    /// Per edge type, a fanout per hop; -1 is every neighbour.
+    #[serde(deserialize_with = "typed_fanouts")]
     pub fanouts: std::collections::BTreeMap<String, Vec<u32>>,
+}
+
+/// A typed manifest's `fanouts`: per edge type key, a list as
+/// [`daemon_kit::config::fanout_list`] reads it.
+fn typed_fanouts<'de, D: serde::Deserializer<'de>>(
+    d: D,
+) -> Result<std::collections::BTreeMap<String, Vec<u32>>, D::Error> {
+    #[derive(Deserialize)]
+    struct List(#[serde(deserialize_with = "daemon_kit::config::fanout_list")] Vec<u32>);
+    let lists = std::collections::BTreeMap::<String, List>::deserialize(d)?;
+    Ok(lists.into_iter().map(|(key, List(f))| (key, f)).collect())
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -402,6 +416,21 @@ const MANIFEST_TEMPLATE: &str = r#"{"format_version": 1, "layout": "subgraph", "
 impl Manifest {
     pub const FILE: &'static str = "manifest.json";
     pub const MODEL: &'static str = "model.onnx";
+
+    /// Makes each -1 fanout (every neighbour, PyG's `num_neighbors` -1)
+    /// the sidecar's cap of its hop (a third hop capped as the second),
+    /// the typed fanouts' too: what the model is served at.
+    pub fn fanouts_at_caps(&mut self, caps: [u32; MAX_HOPS]) {
+        let at_caps = |fanouts: &mut Vec<u32>| {
+            for (hop, f) in fanouts.iter_mut().enumerate() {
+                *f = daemon_kit::config::at_cap(*f, caps[hop.min(MAX_HOPS - 1)]);
+            }
+        };
+        at_caps(&mut self.fanouts);
+        if let Some(typed) = &mut self.typed {
+            typed.fanouts.values_mut().for_each(at_caps);
+        }
+    }
 
     /// Parses `<dir>/manifest.json` and checks what every model shares:
     /// the format version and one output.

@@ -130,10 +130,11 @@ enum Command {
 #[derive(Debug, Subcommand)]
 enum FanoutsAction {
     Get,
-    /// e.g. `fanouts set 10,5`.
+    /// e.g. `fanouts set 10,5`; -1 is every neighbour (the hop's
+    /// max_fanouts).
     Set {
-        #[arg(value_parser = protocol::request::parse_fanouts)]
-        fanouts: [u32; 2],
+        #[arg(allow_hyphen_values = true)]
+        fanouts: daemon_kit::config::Fanouts,
     },
 }
 
@@ -319,7 +320,7 @@ fn request_of(command: Command) -> anyhow::Result<AdminRequest> {
         } => AdminRequest::TypedInvalidate { node_type, ids },
         Command::Fanouts { action } => match action {
             FanoutsAction::Get => AdminRequest::GetFanouts,
-            FanoutsAction::Set { fanouts } => AdminRequest::SetFanouts { fanouts },
+            FanoutsAction::Set { fanouts } => AdminRequest::SetFanouts { fanouts: fanouts.0 },
         },
         Command::Deadline { action } => match action {
             DeadlineAction::Get => AdminRequest::GetDeadline,

@@ -87,9 +87,9 @@ impl Knobs {
         let knobs = Self {
             fanouts: AtomicU64::new(0),
             deadline_ns: AtomicU64::new(config.deadline().as_nanos() as u64),
-            max_fanouts: config.max_fanouts.0,
+            max_fanouts: config.max_fanouts(),
         };
-        knobs.store_fanouts(config.fanouts.0);
+        knobs.store_fanouts(config.fanouts());
         knobs
     }
 
@@ -108,8 +108,10 @@ impl Knobs {
         self.max_fanouts
     }
 
-    /// Sets the fanouts; each must be within 1..=its max.
+    /// Sets the fanouts; each must be within 1..=its max, or
+    /// `daemon_kit::config::EVERY_NEIGHBOUR` (-1), which is the max.
     pub fn set_fanouts(&self, fanouts: [u32; MAX_HOPS]) -> anyhow::Result<()> {
+        let fanouts = daemon_kit::config::Fanouts(fanouts).at_caps(self.max_fanouts);
         for (hop, (&fanout, &cap)) in fanouts.iter().zip(&self.max_fanouts).enumerate() {
             ensure!(
                 (1..=cap).contains(&fanout),

@@ -165,7 +165,7 @@ pub(super) fn load(daemon: &Daemon, runtime: &tokio::runtime::Runtime) -> anyhow
         feature_dim: one_type_dim.unwrap_or(0) as u32,
         dtype: dtype::F32,
         graph_version,
-        default_fanouts: config.fanouts.0,
+        default_fanouts: config.fanouts(),
     };
     let core = Core {
         graph: live,

@@ -95,7 +95,7 @@ pub fn run(config: ServeConfig, log: Option<Arc<LogHandle>>, events: Events) -> 
         segment = %daemon.config.shm_name,
         feature_dim = dim,
         graph_version = loaded.schema.graph_version,
-        fanouts = ?daemon.config.fanouts.0,
+        fanouts = ?daemon.config.fanouts(),
         "sidecar ready"
     );
     let server = control.run(server)?;
@@ -167,7 +167,7 @@ fn ring_options(
     segment.mode = config.shm_mode.0;
     segment.slot_count = config.slots;
     segment.max_targets = config.max_targets;
-    segment.max_fanouts = config.max_fanouts.0;
+    segment.max_fanouts = config.max_fanouts();
     segment.max_nodes = config.max_nodes;
     segment.max_new_node_edges = config.max_new_node_edges;
     segment.response_bytes = config.response_bytes();
