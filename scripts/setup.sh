@@ -1,34 +1,50 @@
 #!/usr/bin/env bash
 # Installs what the project needs on a fresh machine, and nothing that is
-# already there: safe to run again. Called by scripts/demo.sh and
-# scripts/test.sh.
+# already there: safe to run again. `scripts/setup.sh --demo` (called by
+# scripts/demo.sh) installs what the demo needs alone; `scripts/setup.sh`
+# (called by scripts/test.sh and the benchmarks) everything.
 #
+# The demo's part:
+# - Debian packages (only if missing): clang and libclang-dev (RocksDB's
+#   build), protobuf-compiler (the worker's gRPC types), python3-venv where
+#   the system Python lacks the venv module;
+# - a project-local Python venv in .venv with requirements-demo.txt
+#   (numpy, onnx, onnxruntime: the ONNX Runtime library the worker loads;
+#   torch: the model tooling, about 5.6 GB and 90 s from PyPI).
+#
+# The test tooling besides:
 # - the Rust toolchain's rustfmt and clippy components, cargo-deny
 #   (`cargo install`, pinned) for the dependency policy in deny.toml, and
 #   cargo-fuzz (pinned) for scripts/fuzz.sh;
-# - Debian packages (only if missing): redis-server and redis-tools (the
-#   tests start their own servers), openssl (test TLS certificates), curl
-#   (the TLS test's HTTPS client), wrk (scripts/bench-traces.sh's load), clang
-#   and libclang-dev (RocksDB's build), protobuf-compiler (the worker's
-#   gRPC types), podman and runc (the pod test runs the Kubernetes
-#   Deployment with `podman kube play`), prometheus (promtool checks and
-#   unit-tests the alert rules; a real server scrapes both daemons in a
-#   test), and kubernetes-client when no
-#   kubectl is on the PATH (`kubectl kustomize` renders k8s/),
-#   python3-venv where the system Python lacks the venv module, iproute2
+# - Debian packages: redis-server and redis-tools (the tests start their
+#   own servers), openssl (test TLS certificates), curl (the TLS test's
+#   HTTPS client), wrk (scripts/bench-traces.sh's load), podman and runc
+#   (the pod tests run the Kubernetes objects with `podman kube play`),
+#   prometheus (promtool checks and unit-tests the alert rules; a real
+#   server scrapes both daemons in a test), and kubernetes-client when no
+#   kubectl is on the PATH (`kubectl kustomize` renders k8s/), iproute2
 #   and util-linux (`ip`, `unshare`: the sandbox the docs' examples run in,
 #   docs/examples.md);
-# - a project-local Python venv in .venv with requirements.txt (numpy,
-#   pyarrow, onnx, onnxruntime: the Python side of the tests and the ONNX
-#   Runtime library the worker loads; torch and torch_geometric: the model
-#   tooling, about 5.6 GB and 90 s from PyPI; kubernetes-validate for the rendered
-#   manifests), reinstalled only when the requirements change;
+# - the rest of requirements.txt in .venv (pyarrow, torch_geometric, the
+#   Python client's gRPC, kubernetes-validate for the rendered manifests);
 # - .venv-v2 with requirements-v2.txt: the Open Inference Protocol's
 #   clients (tritonclient, the kserve SDK) the tests call the worker with.
+#
+# Each step says what it installs and how long it took.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-say() { printf 'setup: %s\n' "$*"; }
+demo=0
+case "${1:-}" in
+    --demo) demo=1 ;;
+    "") ;;
+    *)
+        echo "setup: unknown argument $1 (--demo: what scripts/demo.sh needs alone)" >&2
+        exit 2
+        ;;
+esac
+
+say() { printf 'setup [%ss]: %s\n' "$SECONDS" "$*"; }
 
 CARGO_DENY_VERSION=0.18.6
 CARGO_FUZZ_VERSION=0.13.2
@@ -37,26 +53,6 @@ if ! command -v cargo >/dev/null 2>&1; then
     echo "setup: cargo is not installed; install the Rust toolchain (rustup) first" >&2
     exit 1
 fi
-for component in rustfmt clippy; do
-    if ! cargo "${component/rustfmt/fmt}" --version >/dev/null 2>&1; then
-        say "adding the $component component"
-        rustup component add "$component"
-    fi
-done
-
-# cargo-deny checks the dependency policy (deny.toml) in scripts/test.sh.
-# Built from crates.io once (a few minutes), then found on the PATH.
-if ! cargo deny --version >/dev/null 2>&1; then
-    say "installing cargo-deny $CARGO_DENY_VERSION (built once from crates.io)"
-    cargo install --locked --quiet cargo-deny --version "$CARGO_DENY_VERSION"
-fi
-# cargo-fuzz builds and runs the fuzz targets (scripts/fuzz.sh); under a
-# minute to build.
-if ! cargo fuzz --version >/dev/null 2>&1; then
-    say "installing cargo-fuzz $CARGO_FUZZ_VERSION (built once from crates.io)"
-    cargo install --locked --quiet cargo-fuzz --version "$CARGO_FUZZ_VERSION"
-fi
-
 apt_updated=0
 apt_install() {
     local missing=()
@@ -73,9 +69,31 @@ apt_install() {
     DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null
 }
 
-apt_install redis-server redis-tools clang libclang-dev openssl curl wrk protobuf-compiler podman runc prometheus iproute2 util-linux
-if ! command -v kubectl >/dev/null 2>&1; then
-    apt_install kubernetes-client
+apt_install clang libclang-dev protobuf-compiler
+if [ "$demo" = 0 ]; then
+    for component in rustfmt clippy; do
+        if ! cargo "${component/rustfmt/fmt}" --version >/dev/null 2>&1; then
+            say "adding the $component component"
+            rustup component add "$component"
+        fi
+    done
+
+    # cargo-deny checks the dependency policy (deny.toml) in scripts/test.sh.
+    # Built from crates.io once (a few minutes), then found on the PATH.
+    if ! cargo deny --version >/dev/null 2>&1; then
+        say "installing cargo-deny $CARGO_DENY_VERSION (built once from crates.io)"
+        cargo install --locked --quiet cargo-deny --version "$CARGO_DENY_VERSION"
+    fi
+    # cargo-fuzz builds and runs the fuzz targets (scripts/fuzz.sh); under a
+    # minute to build.
+    if ! cargo fuzz --version >/dev/null 2>&1; then
+        say "installing cargo-fuzz $CARGO_FUZZ_VERSION (built once from crates.io)"
+        cargo install --locked --quiet cargo-fuzz --version "$CARGO_FUZZ_VERSION"
+    fi
+    apt_install redis-server redis-tools openssl curl wrk podman runc prometheus iproute2 util-linux
+    if ! command -v kubectl >/dev/null 2>&1; then
+        apt_install kubernetes-client
+    fi
 fi
 
 python=${PYTHON:-python3}
@@ -87,26 +105,32 @@ if ! "$python" -c 'import venv, ensurepip' >/dev/null 2>&1; then
     apt_install python3-venv
 fi
 
-# venv DIR REQUIREMENTS: creates the venv DIR if missing and installs
-# REQUIREMENTS into it, again only when the file changes (its sha256 is
-# kept in DIR/.requirements.sha256).
+# venv DIR REQUIREMENTS [INCLUDED...]: creates the venv DIR if missing and
+# installs REQUIREMENTS into it, again only when it or a file it includes
+# changes (their sha256 is kept in DIR/.<requirements file>.sha256).
 venv() {
     local dir=$1 requirements=$2
-    local stamp=$dir/.requirements.sha256
+    local stamp=$dir/.$(basename "$requirements").sha256
     local want
-    want=$(sha256sum "$requirements" | cut -d' ' -f1)
+    want=$(cat "${@:2}" | sha256sum | cut -d' ' -f1)
     if [ ! -x "$dir/bin/python" ]; then
         say "creating the Python venv in $dir"
         "$python" -m venv "$dir"
     fi
     if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
-        say "installing $requirements into $dir"
+        say "installing $requirements into $dir (pip's progress below)"
         "$dir/bin/python" -m pip install -q --upgrade pip
-        "$dir/bin/python" -m pip install -q -r "$requirements"
+        "$dir/bin/python" -m pip install --progress-bar on -r "$requirements"
         echo "$want" >"$stamp"
+        say "installed $requirements"
     fi
 }
-venv .venv requirements.txt
+if [ "$demo" = 1 ]; then
+    venv .venv requirements-demo.txt
+    say "ready for the demo"
+    exit 0
+fi
+venv .venv requirements.txt requirements-demo.txt
 # The Open Inference Protocol's clients (tritonclient, kserve) need
 # protobuf < 7: a venv of their own.
 venv .venv-v2 requirements-v2.txt
