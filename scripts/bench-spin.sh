@@ -1,14 +1,14 @@
 #!/usr/bin/env bash
 # What spinning buys and costs (docs/serving.md, "Spinning"): the same
-# sidecar and worker on cora (embedded store, warm), the sidecar's
-# ring_spin_us at each of SPINS in turn, lone HTTP calls (wrk, one
-# connection) and 16 connections, each for SECONDS_EACH. Prints wrk's p50,
-# p99 and calls/s, the CPU per call of the sidecar and of the worker
-# (user + system, /proc), and the worker's own means (ring round trip, ONNX
-# run) per configuration.
+# sidecar and worker on cora (embedded store, warm), both ends'
+# ring_spin_us at each of SPINS in turn (auto: learned, the default; a
+# number: fixed microseconds), at each of CONNS HTTP connections (wrk; 1:
+# lone calls), each for SECONDS_EACH. Prints wrk's p50, p99 and calls/s,
+# the CPU per call of the sidecar and of the worker (user + system, /proc),
+# and the worker's own means (ring round trip, ONNX run) per configuration.
 #
 #   scripts/bench-spin.sh
-#   SPINS="0 50 1000" SECONDS_EACH=5 scripts/bench-spin.sh
+#   SPINS="0 auto 1000" CONNS="1 16" SECONDS_EACH=5 scripts/bench-spin.sh
 #
 # Installs what is missing first (scripts/setup.sh); safe to run again.
 # Not part of the test suite: it takes minutes and wants a quiet machine.
@@ -37,14 +37,15 @@ total = b.get(name + "_sum", 0) - a.get(name + "_sum", 0)
 print(f"{1e6 * total / count:.0f}" if count else "-")
 PY
 }
-for spin in ${SPINS:-0 50 200 1000}; do
-    for c in 1 16; do
+for spin in ${SPINS:-0 50 auto 1000}; do
+    for c in ${CONNS:-1 4 16}; do
         shm="bench-spin-$$"
         "$bin/sidecar" serve --data-dir "$work/data" --shm-name "$shm" --ring-spin-us "$spin" \
             --admin-socket "$work/admin.sock" 2> "$work/sidecar.log" &
         sidecar=$!
         "$bin/gnn-worker" serve --model "$work/model" --shm-name "$shm" --grpc 127.0.0.1:0 \
-            --http 127.0.0.1:58191 --onnxruntime-lib "$ort" 2> "$work/worker.log" &
+            --http 127.0.0.1:58191 --onnxruntime-lib "$ort" --ring-spin-us "$spin" \
+            2> "$work/worker.log" &
         worker=$!
         for _ in $(seq 300); do curl -sf localhost:58191/readyz > /dev/null && break; sleep 0.2; done
         wrk -t1 -c1 -d2s -s "$work/post.lua" http://127.0.0.1:58191/v1/predict > /dev/null

@@ -259,6 +259,97 @@ impl std::fmt::Display for Fanouts {
     }
 }
 
+/// Most microseconds a fixed [`RingSpin`] may spin.
+pub const MAX_RING_SPIN_US: u64 = 1_000_000;
+
+/// How long a ring waiter spins before it parks (`ring_spin_us`): `"auto"`
+/// (learned from the thread's own waits and whether the machine's CPUs are
+/// busy, the default) or a fixed count of microseconds, 0 to 1,000,000, as
+/// an integer or text (docs/serving.md, "Spinning").
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum RingSpin {
+    #[default]
+    Auto,
+    Micros(u64),
+}
+
+impl RingSpin {
+    fn checked(us: u64) -> Result<Self, String> {
+        if us > MAX_RING_SPIN_US {
+            return Err(format!(
+                "{us}: at most {MAX_RING_SPIN_US} microseconds (or auto: learned, the default)"
+            ));
+        }
+        Ok(RingSpin::Micros(us))
+    }
+
+    /// The fixed spin, or `None` for auto.
+    pub fn fixed(&self) -> Option<std::time::Duration> {
+        match self {
+            RingSpin::Auto => None,
+            RingSpin::Micros(us) => Some(std::time::Duration::from_micros(*us)),
+        }
+    }
+}
+
+impl std::str::FromStr for RingSpin {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        let s = s.trim();
+        if s.eq_ignore_ascii_case("auto") {
+            return Ok(RingSpin::Auto);
+        }
+        let us = s.parse::<u64>().map_err(|_| {
+            format!(
+                "{s:?}: expected auto (learned, the default) or microseconds 0 to \
+                 {MAX_RING_SPIN_US}"
+            )
+        })?;
+        RingSpin::checked(us)
+    }
+}
+
+impl Serialize for RingSpin {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        match self {
+            RingSpin::Auto => s.serialize_str("auto"),
+            RingSpin::Micros(us) => s.serialize_u64(*us),
+        }
+    }
+}
+
+impl<'de> Deserialize<'de> for RingSpin {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        #[derive(Deserialize)]
+        #[serde(untagged)]
+        enum Either {
+            Text(String),
+            Number(i64),
+        }
+        let spin = match Either::deserialize(d).map_err(|_| {
+            serde::de::Error::custom(format!(
+                "expected auto or microseconds 0 to {MAX_RING_SPIN_US}"
+            ))
+        })? {
+            Either::Text(text) => text.parse(),
+            Either::Number(us) => u64::try_from(us)
+                .map_err(|_| format!("{us}: expected auto or microseconds 0 to {MAX_RING_SPIN_US}"))
+                .and_then(RingSpin::checked),
+        };
+        spin.map_err(serde::de::Error::custom)
+    }
+}
+
+impl std::fmt::Display for RingSpin {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            RingSpin::Auto => f.write_str("auto"),
+            RingSpin::Micros(us) => write!(f, "{us}"),
+        }
+    }
+}
+
 /// Fanouts of one to three hops, for a model that names its own hop count
 /// (the worker's subgraph-layout models): `"20,10"`, `"15"` or
 /// `"20,10,5"` as text, or a TOML list; -1 is every neighbour.
@@ -667,6 +758,46 @@ impl Provider for EnvList {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn ring_spin_is_auto_or_bounded_microseconds_as_text_or_number() {
+        assert_eq!("auto".parse::<RingSpin>(), Ok(RingSpin::Auto));
+        assert_eq!(" AUTO ".parse::<RingSpin>(), Ok(RingSpin::Auto));
+        assert_eq!("0".parse::<RingSpin>(), Ok(RingSpin::Micros(0)));
+        assert_eq!("200".parse::<RingSpin>(), Ok(RingSpin::Micros(200)));
+        let too_long = "1000001".parse::<RingSpin>().unwrap_err();
+        assert!(too_long.contains("at most 1000000"), "{too_long}");
+        let word = "fast".parse::<RingSpin>().unwrap_err();
+        assert!(word.contains("expected auto"), "{word}");
+        assert_eq!(RingSpin::default(), RingSpin::Auto);
+        assert_eq!(
+            RingSpin::Micros(200).fixed(),
+            Some(std::time::Duration::from_micros(200))
+        );
+        assert_eq!(RingSpin::Auto.fixed(), None);
+
+        #[derive(Debug, Deserialize, Serialize)]
+        struct Keys {
+            spin: RingSpin,
+        }
+        let read = |text: &str| toml::from_str::<Keys>(text).map(|k| k.spin);
+        assert_eq!(read("spin = \"auto\"").unwrap(), RingSpin::Auto);
+        assert_eq!(read("spin = 75").unwrap(), RingSpin::Micros(75));
+        assert_eq!(read("spin = \"75\"").unwrap(), RingSpin::Micros(75));
+        for bad in [
+            "spin = -1",
+            "spin = 2000000",
+            "spin = 1.5",
+            "spin = \"slow\"",
+        ] {
+            let err = read(bad).unwrap_err().to_string();
+            assert!(err.contains("auto"), "{bad}: {err}");
+        }
+        // Written back as it is read.
+        let shown = |spin| toml::to_string(&Keys { spin }).unwrap();
+        assert_eq!(shown(RingSpin::Auto).trim(), "spin = \"auto\"");
+        assert_eq!(shown(RingSpin::Micros(75)).trim(), "spin = 75");
+    }
 
     #[test]
     fn fanouts_take_minus_one_for_every_neighbour() {

@@ -12,7 +12,7 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use daemon_kit::config::{HopFanouts, Invalid, Spec, Validate};
+use daemon_kit::config::{HopFanouts, Invalid, RingSpin, Spec, Validate};
 use daemon_kit::logging::LogFormat;
 use serde::{Deserialize, Serialize};
 
@@ -113,8 +113,8 @@ pub struct WorkerConfig {
     /// Deadline of one ring call, milliseconds.
     pub ring_timeout_ms: f64,
     /// How long a ring call spins, re-checking for its response, before it
-    /// parks, microseconds (docs/serving.md, "Spinning").
-    pub ring_spin_us: u64,
+    /// parks: auto (learned) or microseconds (docs/serving.md, "Spinning").
+    pub ring_spin_us: RingSpin,
     /// The deadline of a client call that brings none, milliseconds: past
     /// it, a call still waiting for the batcher is dropped.
     pub call_timeout_ms: f64,
@@ -172,7 +172,7 @@ impl Default for WorkerConfig {
             executors: 2,
             ring_concurrency: 2,
             run_to_completion: true,
-            ring_spin_us: 50,
+            ring_spin_us: RingSpin::Auto,
             intra_threads: 1,
             ring_timeout_ms: 500.0,
             call_timeout_ms: 30_000.0,
@@ -291,7 +291,6 @@ impl Validate for WorkerConfig {
             ));
         }
         between("max_batch", self.max_batch as f64, 1.0, 65_536.0)?;
-        between("ring_spin_us", self.ring_spin_us as f64, 0.0, 1_000_000.0)?;
         between("max_delay_ms", self.max_delay_ms, 0.0, 1_000.0)?;
         between(
             "max_request_targets",
@@ -551,11 +550,11 @@ pub struct WorkerFlags {
     #[arg(long)]
     #[serde(skip_serializing_if = "Option::is_none")]
     pub run_to_completion: Option<bool>,
-    /// Microseconds a ring call spins for its response before it parks
-    /// [default: 50].
+    /// How long a ring call spins for its response before it parks: auto
+    /// (learned) or microseconds 0 to 1000000 [default: auto].
     #[arg(long)]
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub ring_spin_us: Option<u64>,
+    pub ring_spin_us: Option<RingSpin>,
     /// ONNX Runtime intra-op threads per session [default: 1].
     #[arg(long)]
     #[serde(skip_serializing_if = "Option::is_none")]

@@ -202,7 +202,7 @@ async fn attach(config: &WorkerConfig, service: &Service) -> anyhow::Result<Ring
     loop {
         let name = config.shm_name.clone();
         let mut options = ClientOptions::default();
-        options.wait.spin_for = Duration::from_micros(config.ring_spin_us);
+        options.wait.spin = config.ring_spin_us.fixed().into();
         match tokio::task::spawn_blocking(move || RingClient::attach(&name, options)).await? {
             Ok(client) => return Ok(client),
             Err(e) => {

@@ -23,7 +23,7 @@ use crate::segment::{server_state_name, AttachError, Segment};
 use crate::slot::{state, AbandonOutcome, SlotWord};
 use crate::submit::SubmitQueue;
 use crate::sync::Ordering;
-use crate::wait::{notify, wait_for, WaitPolicy};
+use crate::wait::{notify, wait_for, WaitPolicy, WaitSite};
 
 /// How the worker uses the ring.
 #[derive(Debug, Clone)]
@@ -763,6 +763,9 @@ impl RingClient {
             &header.free_seq,
             &header.free_waiters,
             policy,
+            WaitSite::Claim,
+            // The ring is full: every core is wanted by the calls in it.
+            true,
             Some(deadline),
             || {
                 if att.is_lost() {
@@ -818,7 +821,7 @@ impl RingClient {
         };
         att.queue().push(slot_idx);
         // 3. Wait for the response.
-        let outcome = wait_for(&slot.wake, &slot.waiters, policy, Some(deadline), || {
+        let answered = || {
             let word = slot.load();
             if word.generation != submitted.generation || word.owner != submitted.owner {
                 return Some(Err(()));
@@ -828,7 +831,16 @@ impl RingClient {
                 state::SUBMITTED | state::SERVING if !att.is_lost() => None,
                 _ => Some(Err(())),
             }
-        });
+        };
+        let outcome = wait_for(
+            &slot.wake,
+            &slot.waiters,
+            policy,
+            WaitSite::Response,
+            false,
+            Some(deadline),
+            answered,
+        );
         match outcome {
             Some(Ok(published)) => {
                 let lease = Arc::new(Lease {

@@ -60,7 +60,7 @@ pub use payload::{PayloadShape, ResponseTables};
 pub use segment::{AttachError, CreateError, Segment, SegmentConfig};
 #[cfg(not(loom))]
 pub use server::{RingMonitor, RingServer, ServeTicket, ServerOptions, SlotOccupancy};
-pub use wait::WaitPolicy;
+pub use wait::{Spin, WaitPolicy, WaitSite};
 
 /// Hooks for the loom model tests: the atomics and wait helpers the ring is
 /// made of, exposed only under `--cfg loom`.

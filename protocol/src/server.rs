@@ -32,7 +32,7 @@ use crate::segment::{CreateError, Segment, SegmentConfig};
 use crate::slot::{state, ReclaimOutcome, SlotWord};
 use crate::submit::SubmitQueue;
 use crate::sync::Ordering;
-use crate::wait::{notify, wait_for, WaitPolicy};
+use crate::wait::{notify, wait_for, WaitPolicy, WaitSite};
 
 /// How the sidecar runs the ring.
 #[derive(Debug, Clone)]
@@ -157,6 +157,8 @@ struct Shared {
     serving: Vec<StdAtomicU32>,
     /// Set by housekeeping once the segment file was found truncated.
     damaged: AtomicBool,
+    /// Requests taken by serve threads and not answered yet.
+    taken: StdAtomicU32,
 }
 
 /// The sidecar's handle on its segment. Dropping it stops the sidecar side
@@ -187,6 +189,7 @@ impl RingServer {
             counters: ServerCounters::default(),
             serving,
             damaged: AtomicBool::new(false),
+            taken: StdAtomicU32::new(0),
         });
         let interval = options.segment.heartbeat_interval;
         let client_timeout = options.segment.client_timeout;
@@ -256,6 +259,7 @@ impl RingServer {
                 let slot = self.shared.segment.slot(slot_idx as usize);
                 match slot.take() {
                     Some(word) if liveness::owner_is_live(header, word.owner) => {
+                        self.shared.taken.fetch_add(1, Ordering::Relaxed);
                         out.push(ServeTicket {
                             shared: self.shared.clone(),
                             slot_idx,
@@ -293,10 +297,16 @@ impl RingServer {
                 return out.len() - before;
             }
             let header = self.shared.segment.header();
+            // Adaptive: no spin while another serve thread serves a
+            // request (a lone call's next request comes only after its
+            // answer; a busy ring's work wants the cores).
+            let crowded = self.shared.taken.load(Ordering::Relaxed) > 0;
             let pending = wait_for(
                 &header.doorbell,
                 &header.server_parked,
                 self.wait,
+                WaitSite::Request,
+                crowded,
                 Some(deadline),
                 || queue.any_pending().then_some(()),
             );
@@ -691,6 +701,7 @@ impl ServeTicket {
         let slot = segment.slot(self.slot_idx as usize);
         let published = slot.publish(self.word);
         self.shared.serving[self.slot_idx as usize].fetch_sub(1, Ordering::SeqCst);
+        self.shared.taken.fetch_sub(1, Ordering::Relaxed);
         match published {
             Ok(_) => notify(&slot.wake, &slot.waiters),
             Err(_) => {

@@ -13,19 +13,45 @@
 //! model checker, does not model). Either the notifier sees the waiter and
 //! wakes it, or the waiter reads the bumped word and sees the new state: no
 //! lost wake-up. A wake-up is only a hint; the condition is always re-checked.
+//!
+//! How long a waiter spins before it parks is [`Spin`]: learned by each
+//! thread from its own recent waits and how busy the machine's CPUs are
+//! (the default, [`learn`]), or fixed.
+
+mod learn;
 
 use std::time::{Duration, Instant};
 
 use crate::futex;
 use crate::sync::{spin_hint, AtomicU32, Ordering};
 
-/// How long to busy-wait before parking.
+pub use learn::{WaitSite, FALLBACK_SPIN, SPIN_CAP};
+
+/// How long a waiter busy-waits before it parks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Spin {
+    /// Spin while it pays: about twice this thread's recent wait at the
+    /// same site, at most [`SPIN_CAP`]; not at all while the other
+    /// threads running or ready to run fill the machine's CPUs, or where the
+    /// caller says the wait is crowded (docs/serving.md, "Spinning").
+    #[default]
+    Adaptive,
+    /// Spin this long, every wait. Zero parks at once (lowest CPU use).
+    Fixed(Duration),
+}
+
+impl From<Option<Duration>> for Spin {
+    /// A fixed spin, or adaptive where none is given.
+    fn from(fixed: Option<Duration>) -> Self {
+        fixed.map_or(Spin::Adaptive, Spin::Fixed)
+    }
+}
+
+/// How to wait.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct WaitPolicy {
-    /// Time to spin re-checking the condition before the first park. Zero
-    /// parks at once (lowest CPU use); a few tens of microseconds catch most
-    /// fast answers without a system call.
-    pub spin_for: Duration,
+    /// Time to spin re-checking the condition before the first park.
+    pub spin: Spin,
     /// Longest single park; the waiter wakes at least this often to check
     /// liveness and deadlines.
     pub max_park: Duration,
@@ -34,7 +60,7 @@ pub struct WaitPolicy {
 impl Default for WaitPolicy {
     fn default() -> Self {
         Self {
-            spin_for: Duration::from_micros(50),
+            spin: Spin::Adaptive,
             max_park: Duration::from_millis(50),
         }
     }
@@ -51,11 +77,17 @@ pub fn notify(word: &AtomicU32, waiters: &AtomicU32) {
 }
 
 /// Calls `check` until it returns `Some`, spinning first and then parking on
-/// `word`; gives up (returns `None`) once `deadline` has passed.
+/// `word`; gives up (returns `None`) once `deadline` has passed. `site` says
+/// which kind of wait this is and `crowded` whether the caller knows that
+/// its peers' work wants the cores (a full ring, a sidecar thread serving),
+/// for [`Spin::Adaptive`], which learns from every wait and spins in none
+/// that is crowded.
 pub fn wait_for<T>(
     word: &AtomicU32,
     waiters: &AtomicU32,
     policy: WaitPolicy,
+    site: WaitSite,
+    crowded: bool,
     deadline: Option<Instant>,
     mut check: impl FnMut() -> Option<T>,
 ) -> Option<T> {
@@ -63,15 +95,39 @@ pub fn wait_for<T>(
         return Some(done);
     }
     let started = Instant::now();
+    match policy.spin {
+        Spin::Fixed(spin) => spin_then_park(word, waiters, policy, spin, started, deadline, check),
+        Spin::Adaptive => {
+            let spin = if crowded {
+                Duration::ZERO
+            } else {
+                learn::spin_for(site, started)
+            };
+            let result = spin_then_park(word, waiters, policy, spin, started, deadline, check);
+            learn::waited(site, started.elapsed());
+            result
+        }
+    }
+}
+
+fn spin_then_park<T>(
+    word: &AtomicU32,
+    waiters: &AtomicU32,
+    policy: WaitPolicy,
+    spin: Duration,
+    started: Instant,
+    deadline: Option<Instant>,
+    mut check: impl FnMut() -> Option<T>,
+) -> Option<T> {
     let mut spins: u32 = 0;
-    while !policy.spin_for.is_zero() {
+    while !spin.is_zero() {
         spin_hint();
         if let Some(done) = check() {
             return Some(done);
         }
         spins = spins.wrapping_add(1);
         // Reading the clock costs ~20 ns; do it every 64 spins.
-        if spins.is_multiple_of(64) && started.elapsed() >= policy.spin_for {
+        if spins.is_multiple_of(64) && started.elapsed() >= spin {
             break;
         }
     }

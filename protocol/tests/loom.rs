@@ -19,10 +19,10 @@ use protocol::layout::SlotControl;
 use protocol::loom_hooks::{notify, wait_for};
 use protocol::slot::{state, OwnerTag};
 use protocol::submit::SubmitQueue;
-use protocol::WaitPolicy;
+use protocol::{Spin, WaitPolicy, WaitSite};
 
 const PARK: WaitPolicy = WaitPolicy {
-    spin_for: std::time::Duration::ZERO,
+    spin: Spin::Fixed(std::time::Duration::ZERO),
     max_park: std::time::Duration::from_millis(1),
 };
 
@@ -65,13 +65,21 @@ impl Ring {
 
     /// A client's whole call: claim any slot, write, submit, wait, read, release.
     fn call(&self, client: u16, value: u64) -> u64 {
-        let (idx, claimed) = wait_for(&self.free_seq, &self.free_waiters, PARK, None, || {
-            (0..self.slots.len()).find_map(|i| {
-                self.slots[i]
-                    .try_claim(OwnerTag(client.into()))
-                    .map(|w| (i, w))
-            })
-        })
+        let (idx, claimed) = wait_for(
+            &self.free_seq,
+            &self.free_waiters,
+            PARK,
+            WaitSite::Claim,
+            false,
+            None,
+            || {
+                (0..self.slots.len()).find_map(|i| {
+                    self.slots[i]
+                        .try_claim(OwnerTag(client.into()))
+                        .map(|w| (i, w))
+                })
+            },
+        )
         .expect("no deadline");
         // SAFETY: CLAIMED by this client: nobody else touches the request.
         self.requests[idx].with_mut(|p| unsafe { *p = value });
@@ -80,10 +88,18 @@ impl Ring {
             .expect("only the owner moves CLAIMED");
         self.queue().push(idx);
         let slot = &self.slots[idx];
-        let published = wait_for(&slot.wake, &slot.waiters, PARK, None, || {
-            let word = slot.load();
-            (word.state == state::PUBLISHED).then_some(word)
-        })
+        let published = wait_for(
+            &slot.wake,
+            &slot.waiters,
+            PARK,
+            WaitSite::Response,
+            false,
+            None,
+            || {
+                let word = slot.load();
+                (word.state == state::PUBLISHED).then_some(word)
+            },
+        )
         .expect("no deadline");
         assert_eq!(published.generation, submitted.generation);
         // SAFETY: PUBLISHED and owned by this client until release.
@@ -116,9 +132,15 @@ impl Ring {
                 served += 1;
             }
             if served < n {
-                wait_for(&self.doorbell, &self.parked, PARK, None, || {
-                    self.queue().any_pending().then_some(())
-                });
+                wait_for(
+                    &self.doorbell,
+                    &self.parked,
+                    PARK,
+                    WaitSite::Request,
+                    false,
+                    None,
+                    || self.queue().any_pending().then_some(()),
+                );
             }
         }
     }

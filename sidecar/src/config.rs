@@ -12,7 +12,7 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use daemon_kit::config::{Fanouts, Invalid, Spec, Validate};
+use daemon_kit::config::{Fanouts, Invalid, RingSpin, Spec, Validate};
 use daemon_kit::logging::LogFormat;
 use protocol::layout::{MAX_FANOUT, MAX_HOPS, MAX_SLOTS};
 use protocol::segment::defaults;
@@ -168,8 +168,8 @@ pub struct ServeConfig {
     /// Seconds without a worker heartbeat before its slots are reclaimed.
     pub client_timeout_s: f64,
     /// How long the ring server spins, re-checking for a request, before it
-    /// parks, microseconds (docs/serving.md, "Spinning").
-    pub ring_spin_us: u64,
+    /// parks: auto (learned) or microseconds (docs/serving.md, "Spinning").
+    pub ring_spin_us: RingSpin,
     /// Longest a drain (sidecarctl drain, SIGTERM) waits for submitted
     /// requests to be answered, seconds.
     pub drain_timeout_s: f64,
@@ -228,7 +228,7 @@ impl Default for ServeConfig {
             default_row: DefaultRowKind::Mean,
             admin_socket: None,
             client_timeout_s: defaults::CLIENT_TIMEOUT.as_secs_f64(),
-            ring_spin_us: 50,
+            ring_spin_us: RingSpin::Auto,
             drain_timeout_s: 30.0,
             l2_dir: None,
             l2_mib: 4096,
@@ -400,7 +400,6 @@ impl Validate for ServeConfig {
         u64_between("l1_mib", self.l1_mib, 0, 1 << 20)?;
         u64_between("warm_up", self.warm_up as u64, 0, u32::MAX.into())?;
         finite_between("client_timeout_s", self.client_timeout_s, 0.5, 3600.0, "s")?;
-        u64_between("ring_spin_us", self.ring_spin_us, 0, 1_000_000)?;
         finite_between("drain_timeout_s", self.drain_timeout_s, 0.0, 3600.0, "s")?;
         u64_between("l2_mib", self.l2_mib, 1, 1 << 30)?;
         u64_between("l2_ttl_s", self.l2_ttl_s, 1, 10 * 365 * 86_400)?;
@@ -617,11 +616,11 @@ pub struct ServeFlags {
     #[arg(long)]
     #[serde(skip_serializing_if = "Option::is_none")]
     pub client_timeout_s: Option<f64>,
-    /// Microseconds the ring server spins for the next request before it
-    /// parks [default: 50].
+    /// How long the ring server spins for the next request before it
+    /// parks: auto (learned) or microseconds 0 to 1000000 [default: auto].
     #[arg(long)]
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub ring_spin_us: Option<u64>,
+    pub ring_spin_us: Option<RingSpin>,
     /// Longest a drain waits for submitted requests, seconds [default: 30].
     #[arg(long)]
     #[serde(skip_serializing_if = "Option::is_none")]

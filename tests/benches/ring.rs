@@ -24,7 +24,7 @@ use std::time::{Duration, Instant};
 
 use arrow_buffer::{Buffer, MutableBuffer};
 use protocol::payload::{self, DecodeLimits, SchemaCache};
-use protocol::{CallRequest, ClientOptions, RingClient, WaitPolicy};
+use protocol::{CallRequest, ClientOptions, RingClient, Spin, WaitPolicy};
 use tests::{Latency, ServerProcess};
 
 const SERVER: &str = env!("CARGO_BIN_EXE_ring-test-server");
@@ -53,7 +53,7 @@ fn client(name: &str, spin_for: Duration) -> RingClient {
         name,
         ClientOptions {
             wait: WaitPolicy {
-                spin_for,
+                spin: Spin::Fixed(spin_for),
                 max_park: Duration::from_millis(50),
             },
             ..ClientOptions::default()
@@ -200,7 +200,7 @@ fn futex_ping_pong(stats: &mut Latency, iterations: usize) {
         waiters: AtomicU32,
     }
     let park = WaitPolicy {
-        spin_for: Duration::ZERO,
+        spin: Spin::Fixed(Duration::ZERO),
         max_park: Duration::from_millis(50),
     };
     let turn = Arc::new(AtomicU32::new(0));
@@ -210,9 +210,15 @@ fn futex_ping_pong(stats: &mut Latency, iterations: usize) {
         let (turn, sides) = (turn.clone(), sides.clone());
         std::thread::spawn(move || {
             for _ in 0..total {
-                wait_for(&sides[1].word, &sides[1].waiters, park, None, || {
-                    (turn.load(Ordering::Acquire) == 1).then_some(())
-                });
+                wait_for(
+                    &sides[1].word,
+                    &sides[1].waiters,
+                    park,
+                    protocol::WaitSite::Request,
+                    false,
+                    None,
+                    || (turn.load(Ordering::Acquire) == 1).then_some(()),
+                );
                 turn.store(0, Ordering::Release);
                 notify(&sides[0].word, &sides[0].waiters);
             }
@@ -222,9 +228,15 @@ fn futex_ping_pong(stats: &mut Latency, iterations: usize) {
         let start = Instant::now();
         turn.store(1, Ordering::Release);
         notify(&sides[1].word, &sides[1].waiters);
-        wait_for(&sides[0].word, &sides[0].waiters, park, None, || {
-            (turn.load(Ordering::Acquire) == 0).then_some(())
-        });
+        wait_for(
+            &sides[0].word,
+            &sides[0].waiters,
+            park,
+            protocol::WaitSite::Response,
+            false,
+            None,
+            || (turn.load(Ordering::Acquire) == 0).then_some(()),
+        );
         if i >= iterations / 10 {
             stats.record(start.elapsed());
         }

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use protocol::layout::{server_state, status};
 use protocol::slot::state;
-use protocol::{CallError, CallRequest, ClientOptions, RingClient, Segment, WaitPolicy};
+use protocol::{CallError, CallRequest, ClientOptions, RingClient, Segment, Spin, WaitPolicy};
 use tests::{
     eventually, segment_exists, unique_name, verify_response, ServerProcess, UNKNOWN_FROM,
 };
@@ -26,7 +26,7 @@ fn start_server(name: &str, extra: &[&str]) -> ServerProcess {
 fn fast_client_options() -> ClientOptions {
     ClientOptions {
         wait: WaitPolicy {
-            spin_for: Duration::from_micros(20),
+            spin: Spin::Fixed(Duration::from_micros(20)),
             max_park: Duration::from_millis(20),
         },
         sidecar_timeout: Duration::from_millis(300),

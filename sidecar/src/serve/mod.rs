@@ -173,7 +173,7 @@ fn ring_options(
     segment.response_bytes = config.response_bytes();
     let mut options = ServerOptions::new(segment);
     options.segment.client_timeout = config.client_timeout();
-    options.wait.spin_for = Duration::from_micros(config.ring_spin_us);
+    options.wait.spin = config.ring_spin_us.fixed().into();
     options
 }
 

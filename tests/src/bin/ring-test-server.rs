@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use clap::Parser;
 use protocol::layout::{dtype, FeatureSchema};
-use protocol::{RingServer, SegmentConfig, ServerOptions, WaitPolicy};
+use protocol::{RingServer, SegmentConfig, ServerOptions, Spin, WaitPolicy};
 
 #[derive(Debug, Parser)]
 struct Args {
@@ -86,7 +86,7 @@ fn main() -> anyhow::Result<()> {
     let mut options = ServerOptions::new(segment);
     options.segment.client_timeout = Duration::from_millis(args.client_timeout_ms);
     options.wait = WaitPolicy {
-        spin_for: Duration::from_micros(args.spin_us),
+        spin: Spin::Fixed(Duration::from_micros(args.spin_us)),
         max_park: Duration::from_millis(100),
     };
     let server = Arc::new(RingServer::create(options)?);
