@@ -119,6 +119,10 @@ fn spin_then_park<T>(
     deadline: Option<Instant>,
     mut check: impl FnMut() -> Option<T>,
 ) -> Option<T> {
+    // A spin ends by the deadline: past it the waiter must give up at once.
+    let spin = deadline.map_or(spin, |deadline| {
+        spin.min(deadline.saturating_duration_since(started))
+    });
     let mut spins: u32 = 0;
     while !spin.is_zero() {
         spin_hint();
