@@ -235,101 +235,16 @@ impl Loader {
         // -1 (every neighbour) is this sidecar's cap of the hop.
         manifest.fanouts_at_caps(geometry.max_fanouts);
         let config = &self.config.fanouts_at_caps(geometry.max_fanouts);
-        if manifest.typed.is_some() {
-            return self.install_typed(
-                config, client, sessions, schema, geometry, &manifest, service,
-            );
-        }
-        let fanouts = worker_fanouts(config, &manifest, &schema)?;
-        manifest.check_segment(&schema, &geometry, &fanouts)?;
-        if let Some(reduced) = &config.degrade_fanouts {
-            if manifest.layout == ModelLayout::Dense && reduced.0.len() != MAX_HOPS {
-                bail!(
-                    "degrade_fanouts {reduced} has {} hops; the model {} reads the dense \
-                     layout, which has two: give two fanouts such as 5,3",
-                    reduced.0.len(),
-                    config.model.display()
-                );
+        // What differs between the graph kinds is what is checked and how
+        // the batcher asks; the predictor is one.
+        let mut batching = match manifest.typed.is_some() {
+            true => {
+                check_on_typed_graph(config, &client, &sessions, &schema, &geometry, &manifest)?
             }
-            for (hop, f) in reduced.0.iter().enumerate() {
-                let cap = geometry.max_fanouts[hop.min(MAX_HOPS - 1)];
-                if *f > cap {
-                    bail!(
-                        "degrade_fanouts {reduced}: hop {} is {f}, above the sidecar's max \
-                         fanout {cap}; lower degrade_fanouts (it should be smaller than the \
-                         worker's fanouts)",
-                        hop + 1
-                    );
-                }
-            }
-        }
-        let mut batching = BatchConfig::from_config(config);
-        if manifest.layout == ModelLayout::Subgraph {
-            batching.subgraph = SubgraphFanouts::new(&fanouts);
-            batching.degrade_subgraph = config
-                .degrade_fanouts
-                .as_ref()
-                .and_then(|f| SubgraphFanouts::new(&f.0));
-            anyhow::ensure!(
-                config.hub_min_degree == 0,
-                "hub embeddings are a dense-layout feature (docs/strategies.md, \"PyTorch \
-                 Geometric models\"); the model {} reads the subgraph layout: set \
-                 hub_min_degree 0",
-                config.model.display()
-            );
-        }
+            false => check_on_one_type_graph(config, &schema, &geometry, &manifest)?,
+        };
         batching.fit_to_ring(&geometry);
-        let predictor =
-            self.start_predictor(client, sessions, schema, batching, &manifest, service)?;
-        tracing::info!(
-            fanouts = ?fanouts,
-            "model checked against the sidecar (fanouts: the configured ones, or a dense-layout \
-             model's the sidecar's, a subgraph-layout model's its manifest's)"
-        );
-        Ok(predictor)
-    }
-
-    /// A typed graph's model: checked against the sidecar's typed graph;
-    /// served by the GNN and, with `precomputed_redis`, from precomputed
-    /// answers the sidecar vouches for (the dense layout's strategies, a
-    /// student, degraded fanouts and hub embeddings, are refused by name).
-    #[allow(clippy::too_many_arguments)]
-    fn install_typed(
-        &self,
-        config: &WorkerConfig,
-        client: Arc<RingClient>,
-        sessions: Sessions,
-        schema: protocol::FeatureSchema,
-        geometry: protocol::Geometry,
-        manifest: &Manifest,
-        service: &Service,
-    ) -> anyhow::Result<Predictor> {
-        let refused = [
-            (config.fanouts.is_some(), "fanouts (--fanouts)"),
-            (config.degrade_fanouts.is_some(), "degrade_fanouts"),
-            (config.hub_min_degree > 0, "hub_min_degree"),
-            (sessions.student.is_some(), "a student"),
-        ];
-        if let Some((_, what)) = refused.iter().find(|(set, _)| *set) {
-            bail!(
-                "the model {} is of a typed graph: {what} is for models of one-type graphs in \
-                 this release (a typed model samples at its manifest's fanouts per edge type; \
-                 docs/model.md, \"Serving a heterogeneous model\")",
-                config.model.display()
-            );
-        }
-        let ask =
-            manifest.check_typed_segment(&schema, &geometry, client.graph_schema().as_ref())?;
-        let mut batching = BatchConfig::from_config(config);
-        batching.fit_to_ring(&geometry);
-        tracing::info!(
-            target_type = ask.target_type,
-            hops = ask.hops,
-            fanouts = ?ask.fanouts,
-            "typed model checked against the sidecar's typed graph"
-        );
-        batching.typed = Some(Arc::new(ask));
-        self.start_predictor(client, sessions, schema, batching, manifest, service)
+        self.start_predictor(client, sessions, schema, batching, &manifest, service)
     }
 
     /// The executor threads of a checked model and, with
@@ -641,4 +556,99 @@ async fn rollout(
 /// The stamp and content key of a model loaded at start, for [`watch`].
 pub fn serving_key(loaded: &Loaded) -> (Stamp, String) {
     (loaded.stamp.clone(), loaded.content.clone())
+}
+
+/// A one-type graph's model checked against the sidecar's segment: its
+/// fanouts (the configured ones, or a dense-layout model's the sidecar's,
+/// a subgraph-layout model's its manifest's), its degraded fanouts and hub
+/// embeddings; returns how the batcher asks.
+fn check_on_one_type_graph(
+    config: &WorkerConfig,
+    schema: &protocol::FeatureSchema,
+    geometry: &protocol::Geometry,
+    manifest: &Manifest,
+) -> anyhow::Result<BatchConfig> {
+    let fanouts = worker_fanouts(config, manifest, schema)?;
+    manifest.check_segment(schema, geometry, &fanouts)?;
+    if let Some(reduced) = &config.degrade_fanouts {
+        if manifest.layout == ModelLayout::Dense && reduced.0.len() != MAX_HOPS {
+            bail!(
+                "degrade_fanouts {reduced} has {} hops; the model {} reads the dense \
+                 layout, which has two: give two fanouts such as 5,3",
+                reduced.0.len(),
+                config.model.display()
+            );
+        }
+        for (hop, f) in reduced.0.iter().enumerate() {
+            let cap = geometry.max_fanouts[hop.min(MAX_HOPS - 1)];
+            if *f > cap {
+                bail!(
+                    "degrade_fanouts {reduced}: hop {} is {f}, above the sidecar's max \
+                     fanout {cap}; lower degrade_fanouts (it should be smaller than the \
+                     worker's fanouts)",
+                    hop + 1
+                );
+            }
+        }
+    }
+    let mut batching = BatchConfig::from_config(config);
+    if manifest.layout == ModelLayout::Subgraph {
+        batching.subgraph = SubgraphFanouts::new(&fanouts);
+        batching.degrade_subgraph = config
+            .degrade_fanouts
+            .as_ref()
+            .and_then(|f| SubgraphFanouts::new(&f.0));
+        anyhow::ensure!(
+            config.hub_min_degree == 0,
+            "hub embeddings are a dense-layout feature (docs/strategies.md, \"PyTorch \
+             Geometric models\"); the model {} reads the subgraph layout: set \
+             hub_min_degree 0",
+            config.model.display()
+        );
+    }
+    tracing::info!(
+        fanouts = ?fanouts,
+        "model checked against the sidecar (fanouts: the configured ones, or a dense-layout \
+         model's the sidecar's, a subgraph-layout model's its manifest's)"
+    );
+    Ok(batching)
+}
+
+/// A typed graph's model checked against the sidecar's typed graph; served
+/// by the GNN and, with `precomputed_redis`, from precomputed answers the
+/// sidecar vouches for (the dense layout's strategies, a student, degraded
+/// fanouts and hub embeddings, are refused by name); returns how the
+/// batcher asks.
+fn check_on_typed_graph(
+    config: &WorkerConfig,
+    client: &RingClient,
+    sessions: &Sessions,
+    schema: &protocol::FeatureSchema,
+    geometry: &protocol::Geometry,
+    manifest: &Manifest,
+) -> anyhow::Result<BatchConfig> {
+    let refused = [
+        (config.fanouts.is_some(), "fanouts (--fanouts)"),
+        (config.degrade_fanouts.is_some(), "degrade_fanouts"),
+        (config.hub_min_degree > 0, "hub_min_degree"),
+        (sessions.student.is_some(), "a student"),
+    ];
+    if let Some((_, what)) = refused.iter().find(|(set, _)| *set) {
+        bail!(
+            "the model {} is of a typed graph: {what} is for models of one-type graphs in \
+             this release (a typed model samples at its manifest's fanouts per edge type; \
+             docs/model.md, \"Serving a heterogeneous model\")",
+            config.model.display()
+        );
+    }
+    let ask = manifest.check_typed_segment(schema, geometry, client.graph_schema().as_ref())?;
+    tracing::info!(
+        target_type = ask.target_type,
+        hops = ask.hops,
+        fanouts = ?ask.fanouts,
+        "typed model checked against the sidecar's typed graph"
+    );
+    let mut batching = BatchConfig::from_config(config);
+    batching.typed = Some(Arc::new(ask));
+    Ok(batching)
 }

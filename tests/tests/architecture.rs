@@ -219,10 +219,6 @@ fn a_loop_is_found_when_there_is_one() {
 const TYPED_TWINS: &[(&str, &str)] = &[
     // gnn-worker
     (
-        "install_typed",
-        "rollout: a typed model's predictor installed beside `install`'s",
-    ),
-    (
         "parse_typed",
         "the typed manifest's fields parsed beside the one-type manifest's",
     ),
