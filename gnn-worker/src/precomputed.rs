@@ -553,22 +553,21 @@ pub fn precompute(job: &PrecomputeJob) -> anyhow::Result<SetMeta> {
             store.saw(header.change_clock, header.change_tick, header.id_bound)?;
             let decoding = "decoding the sidecar's response";
             let (outputs, h1, ids, statuses) = match &shape {
-                Shape::Typed(typed) => {
-                    let (ask, graph) = &**typed;
-                    let target_type = ask.target_type as usize;
-                    let tables = response.typed_tables(target_type).context(decoding)?;
-                    let outputs = model.run_subgraph(&tables, Some(graph), target_type)?;
-                    let ids = tables.target_ids().to_vec();
-                    (outputs, Vec::new(), ids, tables.target_status().to_vec())
-                }
-                _ => {
+                Shape::Dense(_) => {
                     let tables = response.tables().context(decoding)?;
-                    let (outputs, h1) = match shape {
-                        Shape::Dense(_) => model.run_with_h1(&tables)?,
-                        _ => (model.run(&tables)?, Vec::new()),
-                    };
+                    let (outputs, h1) = model.run_with_h1(&tables)?;
                     let ids = tables.target_ids().to_vec();
                     (outputs, h1, ids, tables.target_status().to_vec())
+                }
+                graph_shape => {
+                    let (graph, target_type) = match graph_shape {
+                        Shape::Typed(typed) => (Some(&typed.1), typed.0.target_type as usize),
+                        _ => (None, 0),
+                    };
+                    let tables = response.graph_tables(target_type).context(decoding)?;
+                    let outputs = model.run_subgraph(&tables, graph, target_type)?;
+                    let ids = tables.target_ids().to_vec();
+                    (outputs, Vec::new(), ids, tables.target_status().to_vec())
                 }
             };
             for (i, (&id, &status)) in ids.iter().zip(&statuses).enumerate() {

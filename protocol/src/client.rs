@@ -82,7 +82,7 @@ pub struct CallRequest<'a> {
     pub trace: Option<request::TraceContext>,
     /// A typed graph's request (`TYPED`): the targets' node type, the hops
     /// and a fanout per edge type and hop; `subgraph` and `fanouts` are not
-    /// used. Decode the answer with [`Response::typed_tables`].
+    /// used. Decode the answer with [`Response::graph_tables`].
     pub typed: Option<&'a request::TypedAsk>,
     /// With `typed`: the one target is this node of the target type, which
     /// the graph does not have (`NEW_NODE`); `targets` is its id alone.
@@ -938,54 +938,43 @@ impl Response {
         self.lease.slot_idx
     }
 
-    /// Decodes the two tables without copying: their buffers point into the
-    /// shared-memory slot and keep it leased.
-    pub fn tables(&self) -> Result<ResponseTables, DecodeError> {
+    /// This response's area as one Arrow buffer that keeps the slot leased.
+    fn area(&self) -> Buffer {
         let (ptr, len) = self.lease.area_ptr();
         let owner: Arc<dyn arrow_buffer::alloc::Allocation> = self.lease.clone();
         // SAFETY: `ptr..ptr+len` is the response area of a slot this lease
         // holds PUBLISHED: valid, initialised (the sidecar wrote it before
         // publishing, Acquire-synchronised), and not written by anyone until
         // the lease is dropped, which `owner` prevents while the buffer lives.
-        let buffer = unsafe { Buffer::from_custom_allocation(ptr, len, owner) };
-        let segment = &self.lease.attachment.segment;
-        let geometry = segment.geometry();
-        payload::decode(
-            &buffer,
-            &DecodeLimits {
-                feature_dim: segment.schema().feature_dim,
-                max_nodes: geometry.max_nodes,
-                max_targets: geometry.max_targets,
-                max_fanouts: geometry.max_fanouts,
-            },
-            &self.lease.attachment.schemas,
-        )
+        unsafe { Buffer::from_custom_allocation(ptr, len, owner) }
     }
 
-    /// Decodes a typed graph's response (to a request whose targets are of
-    /// node type `target_type`) without copying, like [`Response::tables`].
-    pub fn typed_tables(&self, target_type: usize) -> Result<payload::TypedTables, DecodeError> {
-        let (ptr, len) = self.lease.area_ptr();
-        let owner: Arc<dyn arrow_buffer::alloc::Allocation> = self.lease.clone();
-        // SAFETY: as in `tables`: a PUBLISHED slot this lease holds, not
-        // written until the lease, kept by `owner`, is dropped.
-        let buffer = unsafe { Buffer::from_custom_allocation(ptr, len, owner) };
+    fn limits(&self) -> DecodeLimits {
         let segment = &self.lease.attachment.segment;
-        let Some(graph) = segment.graph_schema() else {
-            return Err(DecodeError::Malformed(
-                "a typed response from a one-type graph's segment".into(),
-            ));
-        };
         let geometry = segment.geometry();
-        payload::decode_typed(
-            &buffer,
-            &DecodeLimits {
-                feature_dim: 0,
-                max_nodes: geometry.max_nodes,
-                max_targets: geometry.max_targets,
-                max_fanouts: geometry.max_fanouts,
-            },
-            graph,
+        DecodeLimits {
+            feature_dim: segment.schema().feature_dim,
+            max_nodes: geometry.max_nodes,
+            max_targets: geometry.max_targets,
+            max_fanouts: geometry.max_fanouts,
+        }
+    }
+
+    /// Decodes a dense-layout response's two tables without copying: their
+    /// buffers point into the shared-memory slot and keep it leased.
+    pub fn tables(&self) -> Result<ResponseTables, DecodeError> {
+        payload::decode(&self.area(), &self.limits(), &self.lease.attachment.schemas)
+    }
+
+    /// Decodes a graph response without copying, like [`Response::tables`]:
+    /// a one-type graph's subgraph layout (read as the 1x1 graph's,
+    /// `target_type` 0) or a typed graph's layout, to a request whose
+    /// targets are of node type `target_type`.
+    pub fn graph_tables(&self, target_type: usize) -> Result<payload::GraphTables, DecodeError> {
+        payload::decode_graph(
+            &self.area(),
+            &self.limits(),
+            self.lease.attachment.segment.graph_schema(),
             target_type,
             &self.lease.attachment.schemas,
         )

@@ -619,9 +619,9 @@ impl ServeTicket {
         )
     }
 
-    /// Writes an OK response in place: `fill` gets mutable views of the final
-    /// Arrow buffers. If the response does not fit, answers `TOO_LARGE` and
-    /// returns the error.
+    /// Writes an OK dense-layout response in place: `fill` gets mutable
+    /// views of the final Arrow buffers. If the response does not fit,
+    /// answers `TOO_LARGE` and returns the error.
     pub fn respond(
         mut self,
         request_id: u64,
@@ -651,24 +651,30 @@ impl ServeTicket {
         }
     }
 
-    /// Writes an OK typed response in place (the segment's graph schema
-    /// gives its tables): `fill` gets mutable views of the final Arrow
-    /// buffers. If the response does not fit, answers `TOO_LARGE` and
+    /// Writes an OK graph response in place (the subgraph layout on a
+    /// one-type graph's segment, the typed layout on a typed graph's, whose
+    /// schema gives its tables): `fill` gets mutable views of the final
+    /// Arrow buffers. If the response does not fit, answers `TOO_LARGE` and
     /// returns the error.
-    pub fn respond_typed(
+    pub fn respond_graph(
         mut self,
         request_id: u64,
         meta: impl Into<payload::ResponseMeta>,
-        shape: payload::TypedShape,
-        fill: impl FnOnce(&mut payload::TypedColumns<'_>),
+        shape: payload::GraphShape,
+        fill: impl FnOnce(&mut payload::GraphColumns<'_>),
     ) -> Result<(), WriteError> {
         let segment = &self.shared.segment;
-        let graph = segment
-            .graph_schema()
-            .expect("a typed response is written to a typed graph's segment");
+        let one_type;
+        let graph = match segment.graph_schema() {
+            Some(graph) => graph,
+            None => {
+                one_type = self.shared.schemas.one_type(segment.schema().feature_dim);
+                &*one_type
+            }
+        };
         // SAFETY: as in `respond`.
         let area = unsafe { segment.response_area(self.slot_idx as usize) };
-        match payload::TypedResponseWriter::new(area, graph, shape, &self.shared.schemas) {
+        match payload::GraphWriter::new(area, graph, shape, &self.shared.schemas) {
             Ok(mut writer) => {
                 fill(&mut writer.columns());
                 let server_ns = self.taken_at.elapsed().as_nanos() as u64;

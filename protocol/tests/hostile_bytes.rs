@@ -152,7 +152,6 @@ fn valid_response() -> MutableBuffer {
         n_nodes: 3,
         feature_dim: 4,
         fanouts: [2, 1],
-        subgraph: None,
     };
     let cache = SchemaCache::default();
     let mut writer = ResponseWriter::new(area.as_slice_mut(), shape, &cache).unwrap();

@@ -376,7 +376,6 @@ fn a_response_held_across_a_truncation_reports_its_segment_damaged() {
             n_nodes: 1,
             feature_dim: 4,
             fanouts: request.fanouts,
-            subgraph: None,
         };
         let [f1, f2] = request.fanouts.map(|f| f as usize);
         ticket

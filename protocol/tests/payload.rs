@@ -34,7 +34,6 @@ fn write_full(area: &mut [u8], dim: u32, fanouts: [u32; 2]) -> PayloadShape {
         n_nodes: n_nodes as u32,
         feature_dim: dim,
         fanouts,
-        subgraph: None,
     };
     let cache = SchemaCache::default();
     let mut writer = ResponseWriter::new(area, shape, &cache).unwrap();
@@ -109,7 +108,6 @@ fn a_response_that_does_not_fit_is_refused_before_any_write() {
         n_nodes: 221,
         feature_dim: 128,
         fanouts: [20, 10],
-        subgraph: None,
     };
     let err =
         ResponseWriter::new(small.as_slice_mut(), shape, &SchemaCache::default()).unwrap_err();
@@ -193,25 +191,19 @@ fn fanout_limits_are_enforced_on_decode() {
 /// A subgraph-layout response as the sidecar writes it: a chain 0 <- 1 <- 2
 /// ... of `n_nodes` rows, one edge per node after the target, split over
 /// `hops` hops as evenly as the chain allows.
-fn write_subgraph(area: &mut [u8], dim: u32, n_nodes: usize, hops: usize) -> PayloadShape {
-    use protocol::payload::SubgraphShape;
+fn write_subgraph(area: &mut [u8], dim: u32, n_nodes: usize, hops: usize) {
+    use protocol::graph_schema::GraphSchema;
+    use protocol::payload::{GraphShape, GraphWriter};
     use protocol::request::SubgraphFanouts;
     let n_edges = n_nodes - 1;
     let fanouts = SubgraphFanouts::new(&vec![3; hops]).unwrap();
-    let shape = PayloadShape {
-        n_targets: 1,
-        n_nodes: n_nodes as u32,
-        feature_dim: dim,
-        fanouts: [0, 0],
-        subgraph: Some(SubgraphShape {
-            fanouts,
-            n_edges: n_edges as u32,
-        }),
-    };
+    let shape = GraphShape::subgraph(fanouts, 1, n_nodes as u32, n_edges as u32);
     let cache = SchemaCache::default();
-    let mut writer = ResponseWriter::new(area, shape, &cache).unwrap();
+    let graph = GraphSchema::one_type(dim);
+    let mut writer = GraphWriter::new(area, &graph, shape, &cache).unwrap();
     {
-        let (mut nodes, targets) = writer.columns();
+        let mut cols = writer.columns();
+        let nodes = &mut cols.nodes[0];
         for row in 0..n_nodes {
             nodes.node_id[row] = 500 + row as u64;
             for j in 0..dim as usize {
@@ -220,104 +212,90 @@ fn write_subgraph(area: &mut [u8], dim: u32, n_nodes: usize, hops: usize) -> Pay
             nodes.tier[row] = tier::L2;
             nodes.set_fallback(row, false);
         }
-        targets.target_id[0] = 500;
-        targets.status[0] = target_status::OK;
-        targets.target_row[0] = 0;
-        let (src, dst) = targets.edge_index.split_at_mut(n_edges);
+        cols.target_id[0] = 500;
+        cols.status[0] = target_status::OK;
+        cols.target_row[0] = 0;
+        let (src, dst) = cols.edge_index[0].split_at_mut(n_edges);
         for e in 0..n_edges {
             src[e] = e as i64 + 1;
             dst[e] = e as i64;
         }
         // Hop k reaches the k-th share of the chain.
         let mut left = n_edges as i64;
-        targets.sampled_nodes[0] = 1;
+        cols.sampled_nodes[0][0] = 1;
         for k in 0..hops {
             let share = if k + 1 == hops {
                 left
             } else {
                 n_edges as i64 / hops as i64
             };
-            targets.sampled_nodes[k + 1] = share;
-            targets.sampled_edges[k] = share;
+            cols.sampled_nodes[0][k + 1] = share;
+            cols.sampled_edges[0][k] = share;
             left -= share;
         }
     }
     writer.finish(42, 3, 0);
-    shape
 }
 
+/// Reads a one-type graph's subgraph-layout response.
+fn decode_subgraph(
+    buffer: &Buffer,
+    dim: u32,
+) -> Result<protocol::payload::GraphTables, payload::DecodeError> {
+    payload::decode_graph(buffer, &limits(dim), None, 0, &SchemaCache::default())
+}
+
+/// A one-type subgraph response reads as the 1x1 graph's (node type 0,
+/// edge type 0, the counts from the edge table's `hop_counts`), its
+/// buffers in place; the dense reader refuses it, and the graph reader a
+/// dense-layout response.
 #[test]
-fn a_subgraph_response_round_trips_with_edge_index_in_place() {
+fn a_subgraph_response_round_trips_as_the_one_by_one_graph_in_place() {
     for hops in 1..=3 {
         let mut area = area();
         write_subgraph(area.as_slice_mut(), 16, 10, hops);
         let buffer: Buffer = area.into();
-        let tables = payload::decode(&buffer, &limits(16), &SchemaCache::default()).unwrap();
+        let tables = decode_subgraph(&buffer, 16).unwrap();
         assert_eq!(tables.hops(), hops);
         assert_eq!(tables.subgraph_fanouts().unwrap().as_slice(), vec![3; hops]);
-        assert_eq!(tables.n_nodes(), 10);
-        assert_eq!(tables.n_edges(), 9);
-        let edges = tables.edge_index();
+        assert_eq!((tables.n_targets(), tables.n_rows(0)), (1, 10));
+        assert_eq!(tables.node_ids(0)[9], 509);
+        let edges = tables.edge_index(0);
         assert_eq!(&edges[..9], &[1, 2, 3, 4, 5, 6, 7, 8, 9]);
         assert_eq!(&edges[9..], &[0, 1, 2, 3, 4, 5, 6, 7, 8]);
-        assert_eq!(tables.sampled_nodes().len(), hops + 1);
-        assert_eq!(tables.sampled_edges().len(), hops);
-        assert_eq!(tables.sampled_nodes().iter().sum::<i64>(), 10);
-        assert_eq!(tables.features()[9 * 16 + 3], 903.0);
-        assert!(tables.hop1_counts().is_empty() && tables.hop2_rows().is_empty());
+        assert_eq!(tables.sampled_nodes(0).len(), hops + 1);
+        assert_eq!(tables.sampled_edges(0).len(), hops);
+        assert_eq!(tables.sampled_nodes(0).iter().sum::<i64>(), 10);
+        assert_eq!(tables.features(0)[9 * 16 + 3], 903.0);
+        assert_eq!(tables.tiers(0), &[tier::L2; 10]);
+        assert!((0..10).all(|row| !tables.fallback(0, row)));
         let range = buffer.as_ptr() as usize..buffer.as_ptr() as usize + buffer.len();
         for start in [
-            tables.features().as_ptr() as usize,
-            tables.edge_index().as_ptr() as usize,
+            tables.features(0).as_ptr() as usize,
+            tables.edge_index(0).as_ptr() as usize,
             tables.target_rows().as_ptr() as usize,
         ] {
             assert!(range.contains(&start), "buffer copied out of the area");
             assert_eq!(start % 64, 0, "buffer not 64-byte aligned");
         }
+        let err = payload::decode(&buffer, &limits(16), &SchemaCache::default()).unwrap_err();
+        assert!(
+            err.to_string().contains("read it with decode_graph"),
+            "{err}"
+        );
     }
     // No edges: targets without neighbours.
-    let mut area = area();
-    write_subgraph(area.as_slice_mut(), 4, 1, 2);
-    let buffer: Buffer = area.into();
-    let tables = payload::decode(&buffer, &limits(4), &SchemaCache::default()).unwrap();
-    assert_eq!((tables.n_edges(), tables.edge_index().len()), (0, 0));
-    assert_eq!(tables.sampled_nodes(), &[1, 0, 0]);
-}
-
-/// A one-type subgraph response read as the 1x1 typed graph's
-/// (`TypedTables::from_subgraph`, what the worker's one run reads): the
-/// same buffers, node type 0 and edge type 0, the counts from the edge
-/// table's `hop_counts`; a dense-layout response is not a subgraph.
-#[test]
-fn a_subgraph_response_reads_as_the_one_by_one_typed_graph_in_place() {
-    for hops in 1..=3 {
-        let mut area = area();
-        write_subgraph(area.as_slice_mut(), 16, 10, hops);
-        let buffer: Buffer = area.into();
-        let tables = payload::decode(&buffer, &limits(16), &SchemaCache::default()).unwrap();
-        let typed = payload::TypedTables::from_subgraph(&tables).expect("a subgraph");
-        assert_eq!(typed.hops(), hops);
-        assert_eq!(typed.n_targets(), 1);
-        assert_eq!(typed.target_ids(), tables.target_ids());
-        assert_eq!(typed.target_rows(), tables.target_rows());
-        assert_eq!(typed.target_status(), tables.target_status());
-        assert_eq!(typed.n_rows(0), 10);
-        assert_eq!(typed.node_ids(0), tables.node_ids());
-        assert_eq!(typed.tiers(0), tables.tiers());
-        assert!((0..10).all(|row| typed.fallback(0, row) == tables.fallback(row)));
-        assert_eq!(typed.sampled_nodes(0), tables.sampled_nodes());
-        assert_eq!(typed.sampled_edges(0), tables.sampled_edges());
-        // Not copied: the very buffers of the response area.
-        assert_eq!(typed.features(0).as_ptr(), tables.features().as_ptr());
-        assert_eq!(typed.edge_index(0).as_ptr(), tables.edge_index().as_ptr());
-        assert_eq!(typed.features(0).len(), 10 * 16);
-        assert_eq!(typed.edge_index(0).len(), 2 * 9);
-    }
-    let mut area = area();
-    write_full(area.as_slice_mut(), 8, [3, 2]);
-    let buffer: Buffer = area.into();
-    let dense = payload::decode(&buffer, &limits(8), &SchemaCache::default()).unwrap();
-    assert!(payload::TypedTables::from_subgraph(&dense).is_none());
+    let mut lone = area();
+    write_subgraph(lone.as_slice_mut(), 4, 1, 2);
+    let buffer: Buffer = lone.into();
+    let tables = decode_subgraph(&buffer, 4).unwrap();
+    assert!(tables.edge_index(0).is_empty());
+    assert_eq!(tables.sampled_nodes(0), &[1, 0, 0]);
+    let mut dense = area();
+    write_full(dense.as_slice_mut(), 8, [3, 2]);
+    let buffer: Buffer = dense.into();
+    let err = decode_subgraph(&buffer, 8).unwrap_err();
+    assert!(err.to_string().contains("hops 0"), "{err}");
 }
 
 /// Every way a peer could make a subgraph response lie is a decode error:
@@ -331,7 +309,7 @@ fn a_subgraph_response_that_lies_is_refused() {
         write_subgraph(area.as_slice_mut(), 4, 6, 2);
         mutate(area.as_slice_mut());
         let buffer: Buffer = area.into();
-        payload::decode(&buffer, &limits(4), &cache).map(|_| ())
+        payload::decode_graph(&buffer, &limits(4), None, 0, &cache).map(|_| ())
     };
     decode(&|_| {}).expect("the unchanged response decodes");
     let u64_at = |area: &[u8], at: usize| u64::from_le_bytes(area[at..at + 8].try_into().unwrap());

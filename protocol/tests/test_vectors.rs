@@ -13,9 +13,7 @@ use arrow_buffer::MutableBuffer;
 use protocol::graph_schema::GraphSchema;
 use protocol::layout::{dtype, FeatureSchema, Header, Preamble};
 use protocol::payload::schema::{target_status, tier};
-use protocol::payload::{
-    PayloadShape, ResponseWriter, SchemaCache, SubgraphShape, TypedResponseWriter, TypedShape,
-};
+use protocol::payload::{GraphShape, GraphWriter, PayloadShape, ResponseWriter, SchemaCache};
 use protocol::request::SubgraphFanouts;
 use protocol::{Segment, SegmentConfig};
 
@@ -66,7 +64,6 @@ fn response_vector() -> Vec<u8> {
         n_nodes: 2,
         feature_dim: 2,
         fanouts: [1, 1],
-        subgraph: None,
     };
     let cache = SchemaCache::default();
     let mut writer = ResponseWriter::new(area.as_slice_mut(), shape, &cache).expect("fits");
@@ -99,20 +96,18 @@ fn response_vector() -> Vec<u8> {
 /// dim 2, graph version 7, server_ns 1000.
 fn subgraph_response_vector() -> Vec<u8> {
     let mut area = MutableBuffer::from_len_zeroed(4096);
-    let shape = PayloadShape {
-        n_targets: 1,
-        n_nodes: 3,
-        feature_dim: 2,
-        fanouts: [0, 0],
-        subgraph: Some(SubgraphShape {
-            fanouts: SubgraphFanouts::new(&[1, 2]).expect("two hops"),
-            n_edges: 3,
-        }),
-    };
+    let shape = GraphShape::subgraph(SubgraphFanouts::new(&[1, 2]).expect("two hops"), 1, 3, 3);
     let cache = SchemaCache::default();
-    let mut writer = ResponseWriter::new(area.as_slice_mut(), shape, &cache).expect("fits");
+    let mut writer = GraphWriter::new(
+        area.as_slice_mut(),
+        &GraphSchema::one_type(2),
+        shape,
+        &cache,
+    )
+    .expect("fits");
     {
-        let (mut nodes, targets) = writer.columns();
+        let mut cols = writer.columns();
+        let nodes = &mut cols.nodes[0];
         nodes.node_id.copy_from_slice(&[5, 9, 4]);
         nodes
             .features
@@ -121,13 +116,13 @@ fn subgraph_response_vector() -> Vec<u8> {
         for row in 0..3 {
             nodes.set_fallback(row, false);
         }
-        targets.target_id[0] = 5;
-        targets.status[0] = target_status::OK;
-        targets.target_row[0] = 0;
+        cols.target_id[0] = 5;
+        cols.status[0] = target_status::OK;
+        cols.target_row[0] = 0;
         // Sources (9, 4, 5), then destinations (5, 9, 9), as rows.
-        targets.edge_index.copy_from_slice(&[1, 2, 0, 0, 1, 1]);
-        targets.sampled_nodes.copy_from_slice(&[1, 1, 1]);
-        targets.sampled_edges.copy_from_slice(&[1, 2]);
+        cols.edge_index[0].copy_from_slice(&[1, 2, 0, 0, 1, 1]);
+        cols.sampled_nodes[0].copy_from_slice(&[1, 1, 1]);
+        cols.sampled_edges[0].copy_from_slice(&[1, 2]);
     }
     writer.finish(0x1122_3344_5566_7788, 7, 1000);
     let bytes = area.as_slice();
@@ -151,15 +146,9 @@ fn typed_graph() -> GraphSchema {
 /// tier L1); item rows 30; graph version 7, server_ns 1000.
 fn typed_response_vector() -> Vec<u8> {
     let mut area = MutableBuffer::from_len_zeroed(8192);
-    let shape = TypedShape {
-        hops: 1,
-        n_targets: 1,
-        node_rows: vec![1, 1],
-        edges: vec![0, 1],
-    };
+    let shape = GraphShape::typed(1, 1, vec![1, 1], vec![0, 1]);
     let cache = SchemaCache::default();
-    let mut writer =
-        TypedResponseWriter::new(area.as_slice_mut(), &typed_graph(), shape, &cache).unwrap();
+    let mut writer = GraphWriter::new(area.as_slice_mut(), &typed_graph(), shape, &cache).unwrap();
     {
         let mut cols = writer.columns();
         cols.target_id[0] = 5;

@@ -10,8 +10,7 @@ use protocol::graph_schema::GraphSchema;
 use protocol::layout::{dtype, request_flags, FeatureSchema, Geometry};
 use protocol::payload::schema::{target_status, tier, NO_ROW};
 use protocol::payload::{
-    decode_typed, DecodeError, DecodeLimits, SchemaCache, TypedColumns, TypedResponseWriter,
-    TypedShape,
+    decode_graph, DecodeError, DecodeLimits, GraphColumns, GraphShape, GraphWriter, SchemaCache,
 };
 use protocol::request::{self, FreshSince, RequestError, TypedAsk, TypedNewNode};
 use protocol::{Segment, SegmentConfig};
@@ -348,12 +347,7 @@ fn a_typed_new_node_is_read_with_its_row_and_edges_and_bad_ones_are_refused() {
 /// A typed response to targets [7, 8] (users) over two hops: user rows 7,
 /// 8, 3; item rows 40, 41; edges of each type with their counts.
 fn typed_response() -> MutableBuffer {
-    let shape = TypedShape {
-        hops: 2,
-        n_targets: 2,
-        node_rows: vec![3, 2],
-        edges: vec![2, 1, 1],
-    };
+    let shape = GraphShape::typed(2, 2, vec![3, 2], vec![2, 1, 1]);
     written(shape, 0x55, |cols| {
         cols.target_id.copy_from_slice(&[7, 8]);
         cols.status
@@ -385,12 +379,12 @@ fn typed_response() -> MutableBuffer {
 /// A typed response of `shape` to request `request_id`, its columns
 /// written by `fill`.
 fn written(
-    shape: TypedShape,
+    shape: GraphShape,
     request_id: u64,
-    fill: impl FnOnce(&mut TypedColumns<'_>),
+    fill: impl FnOnce(&mut GraphColumns<'_>),
 ) -> MutableBuffer {
     let mut area = MutableBuffer::from_len_zeroed(16 * 1024);
-    let mut writer = TypedResponseWriter::new(
+    let mut writer = GraphWriter::new(
         area.as_slice_mut(),
         &graph(),
         shape,
@@ -414,7 +408,8 @@ fn limits() -> DecodeLimits {
 #[test]
 fn a_typed_response_is_read_in_place_as_it_was_written() {
     let area: Buffer = typed_response().into();
-    let tables = decode_typed(&area, &limits(), &graph(), 0, &SchemaCache::default()).unwrap();
+    let tables =
+        decode_graph(&area, &limits(), Some(&graph()), 0, &SchemaCache::default()).unwrap();
     assert_eq!(tables.header.request_id, 0x55);
     assert_eq!(tables.header.n_nodes, 5);
     assert_eq!(tables.hops(), 2);
@@ -435,7 +430,8 @@ fn a_typed_response_is_read_in_place_as_it_was_written() {
     assert!(range.contains(&(tables.features(0).as_ptr() as usize)));
     assert!(range.contains(&(tables.edge_index(0).as_ptr() as usize)));
     // Read for another target type, the hop-0 users are refused.
-    let error = decode_typed(&area, &limits(), &graph(), 1, &SchemaCache::default()).unwrap_err();
+    let error =
+        decode_graph(&area, &limits(), Some(&graph()), 1, &SchemaCache::default()).unwrap_err();
     assert!(
         error.to_string().contains("node type user has hop-0 nodes"),
         "{error}"
@@ -446,12 +442,7 @@ fn a_typed_response_is_read_in_place_as_it_was_written() {
 /// `FRESH` (no row) and whose second has row `second_row` of the user
 /// table; `fresh_row` is the first's row as written.
 fn fresh_response(fresh_row: i32, first_status: u8) -> Buffer {
-    let shape = TypedShape {
-        hops: 1,
-        n_targets: 2,
-        node_rows: vec![1, 0],
-        edges: vec![0, 0, 0],
-    };
+    let shape = GraphShape::typed(1, 2, vec![1, 0], vec![0, 0, 0]);
     written(shape, 0x56, |cols| {
         cols.target_id.copy_from_slice(&[7, 8]);
         cols.status
@@ -467,7 +458,8 @@ fn fresh_response(fresh_row: i32, first_status: u8) -> Buffer {
 
 #[test]
 fn a_fresh_target_of_a_typed_response_has_no_row_and_only_it() {
-    let read = |area: &Buffer| decode_typed(area, &limits(), &graph(), 0, &SchemaCache::default());
+    let read =
+        |area: &Buffer| decode_graph(area, &limits(), Some(&graph()), 0, &SchemaCache::default());
     let tables = read(&fresh_response(NO_ROW, target_status::FRESH)).unwrap();
     assert_eq!(
         tables.target_status(),
@@ -496,13 +488,8 @@ fn a_fresh_target_of_a_typed_response_has_no_row_and_only_it() {
 #[test]
 fn a_typed_response_that_does_not_fit_leaves_the_area_untouched() {
     let mut area = MutableBuffer::from_len_zeroed(4096);
-    let shape = TypedShape {
-        hops: 1,
-        n_targets: 1,
-        node_rows: vec![1000, 0],
-        edges: vec![0, 0, 0],
-    };
-    let error = TypedResponseWriter::new(
+    let shape = GraphShape::typed(1, 1, vec![1000, 0], vec![0, 0, 0]);
+    let error = GraphWriter::new(
         area.as_slice_mut(),
         &graph(),
         shape,
@@ -515,7 +502,7 @@ fn a_typed_response_that_does_not_fit_leaves_the_area_untouched() {
 
 /// Offsets of the i64 values of `edge_index` of edge type `e` in the area.
 fn edge_values_at(area: &Buffer, e: usize) -> usize {
-    let tables = decode_typed(area, &limits(), &graph(), 0, &SchemaCache::default()).unwrap();
+    let tables = decode_graph(area, &limits(), Some(&graph()), 0, &SchemaCache::default()).unwrap();
     tables.edge_index(e).as_ptr() as usize - area.as_ptr() as usize
 }
 
@@ -528,7 +515,7 @@ fn hostile_typed_responses_are_refused_by_what_is_wrong() {
         bytes.as_slice_mut().copy_from_slice(good.as_slice());
         bytes.as_slice_mut()[at..at + 8].copy_from_slice(&value.to_le_bytes());
         let area: Buffer = bytes.into();
-        match decode_typed(&area, &limits(), &graph(), 0, &SchemaCache::default()) {
+        match decode_graph(&area, &limits(), Some(&graph()), 0, &SchemaCache::default()) {
             Err(DecodeError::Malformed(m)) => m,
             other => panic!("accepted or another error: {other:?}"),
         }
@@ -547,7 +534,8 @@ fn hostile_typed_responses_are_refused_by_what_is_wrong() {
     assert!(error.contains("node type user"), "{error}");
     // The hop counts (counts table) no longer add up.
     let counts = {
-        let tables = decode_typed(&good, &limits(), &graph(), 0, &SchemaCache::default()).unwrap();
+        let tables =
+            decode_graph(&good, &limits(), Some(&graph()), 0, &SchemaCache::default()).unwrap();
         tables.sampled_nodes(0).as_ptr() as usize - good.as_ptr() as usize
     };
     let error = damaged(counts, 3);
@@ -568,7 +556,7 @@ proptest! {
         bytes.as_slice_mut()[at] = value;
         let area: Buffer = bytes.into();
         let graph = graph();
-        if let Ok(tables) = decode_typed(&area, &limits(), &graph, 0, &SchemaCache::default()) {
+        if let Ok(tables) = decode_graph(&area, &limits(), Some(&graph), 0, &SchemaCache::default()) {
             for (e, edge_type) in graph.edge_types.iter().enumerate() {
                 let index = tables.edge_index(e);
                 let (src, dst) = index.split_at(index.len() / 2);

@@ -27,7 +27,7 @@ use rand::{Rng, SeedableRng};
 use sidecar::graph::dataset::{import_graph, INDEX_FILE};
 use sidecar::graph::generate::{generate, generate_typed, GenerateOptions, TypedGenerateOptions};
 use sidecar::graph::sampler::SubgraphLimits;
-use sidecar::graph::{CsrIndex, LiveGraph, Sampler, TypedFanouts, TypedGraph, TypedNeighborSource};
+use sidecar::graph::{CsrIndex, GraphFanouts, GraphSource, LiveGraph, Sampler, TypedGraph};
 
 fn main() -> anyhow::Result<()> {
     let quick = std::env::args().any(|a| a == "--quick");
@@ -221,7 +221,7 @@ fn typed(dir: &std::path::Path, quick: bool) -> anyhow::Result<()> {
     let graph = TypedGraph::open(&data_dir)?;
     let user = graph.schema().node_type("user").expect("users");
     let n_edge_types = graph.edge_types().len();
-    let fanouts = TypedFanouts::new(2, [20, 10].repeat(n_edge_types)).expect("two hops");
+    let fanouts = GraphFanouts::new(2, [20, 10].repeat(n_edge_types)).expect("two hops");
     let limits = SubgraphLimits {
         max_nodes: usize::MAX,
         max_edges: usize::MAX,
@@ -237,7 +237,7 @@ fn typed(dir: &std::path::Path, quick: bool) -> anyhow::Result<()> {
             *t = rng.random_range(0..options.users);
         }
         let sample = sampler
-            .sample_typed(&graph, user, &targets, &fanouts, b, limits, &[])
+            .sample_graph(&graph, user, &targets, &fanouts, b, limits, &[])
             .expect("no limits");
         rows += sample.nodes.iter().map(Vec::len).sum::<usize>();
         edges += sample.edge_src.iter().map(Vec::len).sum::<usize>();

@@ -441,7 +441,6 @@ fn a_sample_fills_a_response_that_the_protocol_reader_accepts() {
         n_nodes: s.nodes.len() as u32,
         feature_dim: 2,
         fanouts: [20, 10],
-        subgraph: None,
     };
     let mut area = MutableBuffer::from_len_zeroed(1 << 20);
     let cache = SchemaCache::default();

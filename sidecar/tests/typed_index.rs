@@ -1,7 +1,7 @@
 //! The typed index (one CSR per edge type, rows the destinations) built by
 //! `sidecar import` from the shipped OpenFlights dataset, and the typed
 //! sampler: with covering fanouts it lays out exactly the subgraph that
-//! the PyG tooling's `sample_typed` (NeighborLoader's semantics on a
+//! the PyG tooling's `sample_graph` (NeighborLoader's semantics on a
 //! HeteroData) lays out; at small fanouts it keeps the caps, draws only
 //! real edges, and draws the same for a node whatever its batch.
 
@@ -15,7 +15,7 @@ use sidecar::features::rocks::RocksStore;
 use sidecar::features::store::Role;
 use sidecar::graph::sampler::SubgraphLimits;
 use sidecar::graph::typed::{feature_dir, TYPED_DIR};
-use sidecar::graph::{Sampler, TypedFanouts, TypedGraph, TypedNeighborSource, TypedSampled};
+use sidecar::graph::{GraphFanouts, GraphSampled, GraphSource, Sampler, TypedGraph};
 use tests::redis::RedisServer;
 use tests::stack::{dataset, python, read_u32_pairs, repo_root, run_ok, workspace_bin};
 
@@ -119,8 +119,8 @@ fn python_sample(targets: &[u64], hops: usize) -> serde_json::Value {
     tests::stack::openflights_python_sample(targets, hops, 1_000_000)
 }
 
-fn covering(graph: &TypedGraph, hops: usize) -> TypedFanouts {
-    TypedFanouts::new(hops, vec![1_000_000; hops * graph.edge_types().len()]).unwrap()
+fn covering(graph: &TypedGraph, hops: usize) -> GraphFanouts {
+    GraphFanouts::new(hops, vec![1_000_000; hops * graph.edge_types().len()]).unwrap()
 }
 
 #[test]
@@ -138,7 +138,7 @@ fn with_covering_fanouts_the_typed_sample_is_pyg_tooling_s_subgraph() {
         (vec![7697, 0], 2),
     ] {
         let got = sampler
-            .sample_typed(
+            .sample_graph(
                 &graph,
                 airport,
                 &targets,
@@ -173,7 +173,7 @@ fn with_covering_fanouts_the_typed_sample_is_pyg_tooling_s_subgraph() {
 /// Every edge of `sample` is an edge of its type, each (edge type,
 /// destination) drew at most its fanout of distinct sources, rows are
 /// unique per type.
-fn assert_real_and_capped(graph: &TypedGraph, sample: &TypedSampled, fanout: u32) {
+fn assert_real_and_capped(graph: &TypedGraph, sample: &GraphSampled, fanout: u32) {
     for (e, &(src, dst)) in graph.edge_types().iter().enumerate() {
         let mut per_destination: BTreeMap<i64, HashSet<u64>> = BTreeMap::new();
         for (&s, &d) in sample.edge_src[e].iter().zip(&sample.edge_dst[e]) {
@@ -205,20 +205,20 @@ fn sampled_fanouts_keep_their_caps_draw_real_edges_and_depend_on_the_node_alone(
     let graph = TypedGraph::open(&openflights_graph().1).unwrap();
     let airport = graph.schema().node_type("airport").unwrap();
     let n_edge_types = graph.edge_types().len();
-    let fanouts = TypedFanouts::new(1, vec![3; n_edge_types]).unwrap();
+    let fanouts = GraphFanouts::new(1, vec![3; n_edge_types]).unwrap();
     let mut sampler = Sampler::default();
     let batch = [3482u64, 1, 2000, 3000];
     let together = sampler
-        .sample_typed(&graph, airport, &batch, &fanouts, 11, NO_LIMITS, &[])
+        .sample_graph(&graph, airport, &batch, &fanouts, 11, NO_LIMITS, &[])
         .unwrap();
     assert_real_and_capped(&graph, &together, 3);
     // One hop: each target's draws are its own, whatever its batch.
     for (t, &target) in batch.iter().enumerate() {
         let alone = sampler
-            .sample_typed(&graph, airport, &[target], &fanouts, 11, NO_LIMITS, &[])
+            .sample_graph(&graph, airport, &[target], &fanouts, 11, NO_LIMITS, &[])
             .unwrap();
         for (e, &(src, _)) in graph.edge_types().iter().enumerate() {
-            let of = |s: &TypedSampled, row: i64| -> Vec<u64> {
+            let of = |s: &GraphSampled, row: i64| -> Vec<u64> {
                 s.edge_src[e]
                     .iter()
                     .zip(&s.edge_dst[e])
@@ -230,24 +230,24 @@ fn sampled_fanouts_keep_their_caps_draw_real_edges_and_depend_on_the_node_alone(
         }
     }
     // Two hops, another seed: still capped and real, and repeatable.
-    let fanouts = TypedFanouts::new(2, vec![4; 2 * n_edge_types]).unwrap();
+    let fanouts = GraphFanouts::new(2, vec![4; 2 * n_edge_types]).unwrap();
     let first = sampler
-        .sample_typed(&graph, airport, &batch, &fanouts, 12, NO_LIMITS, &[])
+        .sample_graph(&graph, airport, &batch, &fanouts, 12, NO_LIMITS, &[])
         .unwrap();
     assert_real_and_capped(&graph, &first, 4);
     let again = sampler
-        .sample_typed(&graph, airport, &batch, &fanouts, 12, NO_LIMITS, &[])
+        .sample_graph(&graph, airport, &batch, &fanouts, 12, NO_LIMITS, &[])
         .unwrap();
     assert_eq!(first, again);
     // A fanout of 0 leaves its edge type out at that hop.
     let mut only_routes = vec![0; n_edge_types];
     only_routes[graph.schema().edge_type("route").unwrap()] = 5;
     let routes = sampler
-        .sample_typed(
+        .sample_graph(
             &graph,
             airport,
             &batch,
-            &TypedFanouts::new(1, only_routes).unwrap(),
+            &GraphFanouts::new(1, only_routes).unwrap(),
             12,
             NO_LIMITS,
             &[],
@@ -265,7 +265,7 @@ fn an_unknown_target_gets_a_row_and_no_edges_and_limits_stop_a_large_subgraph() 
     let airport = graph.schema().node_type("airport").unwrap();
     let mut sampler = Sampler::default();
     let sample = sampler
-        .sample_typed(
+        .sample_graph(
             &graph,
             airport,
             &[7698, 1],
@@ -287,7 +287,7 @@ fn an_unknown_target_gets_a_row_and_no_edges_and_limits_stop_a_large_subgraph() 
         max_nodes: 100,
         max_edges: usize::MAX,
     };
-    let refused = sampler.sample_typed(
+    let refused = sampler.sample_graph(
         &graph,
         airport,
         &[3482],

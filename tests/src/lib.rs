@@ -116,7 +116,6 @@ pub fn answer_synthetic(ticket: ServeTicket, feature_dim: u32, full: bool) {
         n_nodes: order.len() as u32,
         feature_dim,
         fanouts: request.fanouts,
-        subgraph: None,
     };
     let dim = feature_dim as usize;
     let (f1, f2) = (f1 as usize, f2 as usize);
@@ -219,33 +218,29 @@ fn answer_synthetic_subgraph(
     full: bool,
 ) {
     let sample = synthetic_subgraph(&request.targets, fanouts.as_slice(), full);
-    let shape = PayloadShape {
-        n_targets: request.targets.len() as u32,
-        n_nodes: sample.nodes.len() as u32,
-        feature_dim,
-        fanouts: [0, 0],
-        subgraph: Some(protocol::payload::SubgraphShape {
-            fanouts,
-            n_edges: sample.src.len() as u32,
-        }),
-    };
+    let shape = protocol::payload::GraphShape::subgraph(
+        fanouts,
+        request.targets.len() as u32,
+        sample.nodes.len() as u32,
+        sample.src.len() as u32,
+    );
     let dim = feature_dim as usize;
-    let result = ticket.respond(request.request_id, 7, shape, |nodes, targets| {
-        fill_synthetic_nodes(nodes, &sample.nodes, dim);
+    let result = ticket.respond_graph(request.request_id, 7, shape, |cols| {
+        fill_synthetic_nodes(&mut cols.nodes[0], &sample.nodes, dim);
         for (t, &target) in request.targets.iter().enumerate() {
-            targets.target_id[t] = target;
-            targets.status[t] = if target >= UNKNOWN_FROM {
+            cols.target_id[t] = target;
+            cols.status[t] = if target >= UNKNOWN_FROM {
                 target_status::UNKNOWN_NODE
             } else {
                 target_status::OK
             };
-            targets.target_row[t] = sample.target_rows[t];
+            cols.target_row[t] = sample.target_rows[t];
         }
-        let (src, dst) = targets.edge_index.split_at_mut(sample.src.len());
+        let (src, dst) = cols.edge_index[0].split_at_mut(sample.src.len());
         src.copy_from_slice(&sample.src);
         dst.copy_from_slice(&sample.dst);
-        targets.sampled_nodes.copy_from_slice(&sample.sampled_nodes);
-        targets.sampled_edges.copy_from_slice(&sample.sampled_edges);
+        cols.sampled_nodes[0].copy_from_slice(&sample.sampled_nodes);
+        cols.sampled_edges[0].copy_from_slice(&sample.sampled_edges);
     });
     if let Err(e) = result {
         tracing::warn!(error = %e, "response did not fit");
@@ -274,7 +269,7 @@ fn fill_synthetic_nodes(nodes: &mut NodeColumns<'_>, order: &[u64], dim: usize) 
 
 /// Checks every value of a synthetic subgraph-layout response.
 pub fn verify_subgraph_response(
-    tables: &ResponseTables,
+    tables: &protocol::payload::GraphTables,
     targets: &[u64],
     feature_dim: usize,
     fanouts: &[u32],
@@ -283,19 +278,21 @@ pub fn verify_subgraph_response(
     let want = synthetic_subgraph(targets, fanouts, full);
     ensure!(tables.hops() == fanouts.len(), "hops");
     ensure!(tables.target_ids() == targets, "target ids differ");
-    ensure!(tables.node_ids() == want.nodes, "node ids or their order");
+    ensure!(tables.node_ids(0) == want.nodes, "node ids or their order");
     ensure!(tables.target_rows() == want.target_rows, "target rows");
-    let (src, dst) = tables.edge_index().split_at(tables.n_edges());
+    let (src, dst) = tables
+        .edge_index(0)
+        .split_at(tables.edge_index(0).len() / 2);
     ensure!(src == want.src && dst == want.dst, "edge_index");
-    ensure!(tables.sampled_nodes() == want.sampled_nodes, "node counts");
-    ensure!(tables.sampled_edges() == want.sampled_edges, "edge counts");
+    ensure!(tables.sampled_nodes(0) == want.sampled_nodes, "node counts");
+    ensure!(tables.sampled_edges(0) == want.sampled_edges, "edge counts");
     for (row, &node) in want.nodes.iter().enumerate() {
         let unknown = node >= UNKNOWN_FROM;
-        ensure!(tables.fallback(row) == unknown, "fallback of row {row}");
+        ensure!(tables.fallback(0, row) == unknown, "fallback of row {row}");
         for j in 0..feature_dim {
             let expected = if unknown { 0.0 } else { feature(node, j) };
             ensure!(
-                tables.features()[row * feature_dim + j] == expected,
+                tables.features(0)[row * feature_dim + j] == expected,
                 "feature {j} of node {node}"
             );
         }
@@ -569,7 +566,6 @@ impl Precomputed {
                 n_nodes: node_ids.len() as u32,
                 feature_dim,
                 fanouts: [f1, f2],
-                subgraph: None,
             },
             target,
             node_ids,

@@ -229,15 +229,12 @@ const TYPED_TWINS: &[(&str, &str)] = &[
     // protocol
     (
         "decode_typed",
-        "the typed request's and response's decoders beside the one-type ones",
+        "a TYPED request's wire form (its target type, per-edge-type fanouts after the ids) \
+         read beside the one-type form's; both produce one `Request`",
     ),
     (
         "request_bytes_for_typed",
         "a typed request's size beside `request_bytes_for`",
-    ),
-    (
-        "respond_typed",
-        "the ring server's typed response beside `respond`",
     ),
     (
         "typed_new_node_offsets",
@@ -248,16 +245,8 @@ const TYPED_TWINS: &[(&str, &str)] = &[
         "a typed new node's checks beside a one-type new node's",
     ),
     (
-        "typed_tables",
-        "the ring client's typed tables beside `tables`",
-    ),
-    (
         "TypedNewNode",
         "a typed new node in a request beside `NewNode`",
-    ),
-    (
-        "TypedResponseWriter",
-        "the typed layout's writer beside `ResponseWriter`",
     ),
     // sidecar
     (
@@ -265,27 +254,13 @@ const TYPED_TWINS: &[(&str, &str)] = &[
         "`sidecar generate` of a typed graph beside a one-type graph",
     ),
     (
-        "sample_typed",
-        "the sampler's typed pass beside the one-type pass (which calls it)",
-    ),
-    (
         "serve_typed",
         "a typed ring request served beside a one-type batch",
-    ),
-    (
-        "TypedChange",
-        "a typed update-stream entry's change beside `Change`",
     ),
     (
         "TypedGenerateOptions",
         "options of a generated typed graph beside `GenerateOptions`",
     ),
-    (
-        "TypedNeighborSource",
-        "the typed sampler's graph view beside `NeighborSource`",
-    ),
-    ("TypedOp", "a typed update-stream operation beside `Op`"),
-    ("TypedSampled", "a typed sample beside `Sampled`"),
 ];
 
 /// Names a crate's product code defines: functions, and types (structs,

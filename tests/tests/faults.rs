@@ -1142,7 +1142,6 @@ fn rogue_sidecar(
                 n_nodes: n,
                 feature_dim: 1433,
                 fanouts: request.fanouts,
-                subgraph: None,
             };
             let [f1, f2] = request.fanouts.map(|f| f as usize);
             ticket

@@ -141,7 +141,7 @@ fn pyarrow_reads_a_subgraph_response_in_place() {
     request.subgraph = protocol::request::SubgraphFanouts::new(&[3, 2, 2]);
     request.timeout = Some(Duration::from_secs(5));
     let response = client.call(&request).unwrap();
-    let tables = response.tables().unwrap();
+    let tables = response.graph_tables(0).unwrap();
     tests::verify_subgraph_response(&tables, &targets, 8, &[3, 2, 2], false).unwrap();
 
     let out = read_segment(&name, response.slot_index());
@@ -150,14 +150,16 @@ fn pyarrow_reads_a_subgraph_response_in_place() {
     assert_eq!(out["buffers_misaligned"], 0);
     assert_eq!(out["edge_index_inside"], true);
     let rows: Vec<Vec<i64>> = serde_json::from_value(out["edge_index"].clone()).unwrap();
-    let (src, dst) = tables.edge_index().split_at(tables.n_edges());
+    let (src, dst) = tables
+        .edge_index(0)
+        .split_at(tables.edge_index(0).len() / 2);
     assert_eq!((rows[0].as_slice(), rows[1].as_slice()), (src, dst));
     let counts: Vec<i64> = serde_json::from_value(out["num_sampled_nodes"].clone()).unwrap();
-    assert_eq!(counts, tables.sampled_nodes());
+    assert_eq!(counts, tables.sampled_nodes(0));
     let counts: Vec<i64> = serde_json::from_value(out["num_sampled_edges"].clone()).unwrap();
-    assert_eq!(counts, tables.sampled_edges());
+    assert_eq!(counts, tables.sampled_edges(0));
     let ids: Vec<u64> = serde_json::from_value(out["node_ids"].clone()).unwrap();
-    assert_eq!(ids, tables.node_ids());
+    assert_eq!(ids, tables.node_ids(0));
 
     drop(tables);
     drop(response);

@@ -280,7 +280,7 @@ fn stack_default_hops(stack: &Stack) -> usize {
     let mut request = CallRequest::new(&[0]);
     request.subgraph = SubgraphFanouts::new(&fanouts);
     let response = client.call(&request).unwrap();
-    let tables = response.tables().unwrap();
+    let tables = response.graph_tables(0).unwrap();
     tables.hops()
 }
 
@@ -406,14 +406,14 @@ fn the_scatter_rewrite_changes_no_answer_and_inputs_stay_in_place() {
     let mut request = CallRequest::new(&targets);
     request.subgraph = SubgraphFanouts::new(&[10, 5]);
     let response = client.call(&request).unwrap();
-    let tables = response.tables().unwrap();
+    let tables = response.graph_tables(0).unwrap();
     assert_eq!(tables.hops(), 2);
-    assert!(tables.n_edges() > 0);
+    assert!(!tables.edge_index(0).is_empty());
     let mapping = response.mapping_range();
     let inputs = bind_subgraph_inputs(&tables).unwrap();
     let buffers = [
-        tables.features().as_ptr() as usize,
-        tables.edge_index().as_ptr() as usize,
+        tables.features(0).as_ptr() as usize,
+        tables.edge_index(0).as_ptr() as usize,
     ];
     for (input, buffer) in inputs.iter().zip(buffers) {
         let address = input.data_address();
@@ -428,7 +428,7 @@ fn the_scatter_rewrite_changes_no_answer_and_inputs_stay_in_place() {
     }
     drop(inputs);
     let mut model = Model::load(ort_env(), &model_dir, Device::Cpu, 1).unwrap();
-    let answers = model.run(&tables).unwrap();
+    let answers = model.run_subgraph(&tables, None, 0).unwrap();
     assert_eq!(answers.len(), targets.len() * CLASSES);
     drop(tables);
     drop(response);

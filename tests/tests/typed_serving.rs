@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use protocol::graph_schema::GraphSchema;
 use protocol::payload::schema::{target_status, tier};
-use protocol::payload::TypedTables;
+use protocol::payload::GraphTables;
 use protocol::request::TypedAsk;
 use protocol::{CallError, CallRequest, RingClient};
 use tests::eventually;
@@ -49,7 +49,7 @@ fn rows(name: &str, dim: usize) -> impl Fn(u64) -> Vec<f32> {
 /// The response holds PyG tooling's subgraph exactly: every type's node
 /// ids in order, every edge type's edge_index, every count; each row of a
 /// type with features is the dataset's row of that node.
-fn assert_is_python_sample(tables: &TypedTables, schema: &GraphSchema, want: &serde_json::Value) {
+fn assert_is_python_sample(tables: &GraphTables, schema: &GraphSchema, want: &serde_json::Value) {
     for (t, node_type) in schema.node_types.iter().enumerate() {
         let ids: Vec<u64> = serde_json::from_value(want["n_id"][&node_type.name].clone()).unwrap();
         assert_eq!(tables.node_ids(t), ids, "{} ids", node_type.name);
@@ -105,7 +105,7 @@ fn a_typed_call_answers_pyg_tooling_s_subgraph_with_each_type_s_rows() {
         (vec![5, 3482, 5, 900, 7000], 2),
     ] {
         let response = call(&client, &targets, &ask(&schema, hops, 2048));
-        let tables = response.typed_tables(0).expect("a valid typed response");
+        let tables = response.graph_tables(0).expect("a valid typed response");
         assert_eq!(tables.hops(), hops as usize);
         assert_eq!(tables.target_ids(), targets);
         assert!(tables
@@ -131,8 +131,8 @@ fn a_typed_call_answers_pyg_tooling_s_subgraph_with_each_type_s_rows() {
     let first = call(&client, &[3482, 17], &small);
     let second = call(&client, &[3482, 17], &small);
     let (a, b) = (
-        first.typed_tables(0).unwrap(),
-        second.typed_tables(0).unwrap(),
+        first.graph_tables(0).unwrap(),
+        second.graph_tables(0).unwrap(),
     );
     for e in 0..schema.edge_types.len() {
         assert_eq!(
@@ -156,7 +156,7 @@ fn an_unknown_target_gets_a_default_row_and_no_edges() {
     let client = sidecar.client();
     let schema = client.graph_schema().unwrap();
     let response = call(&client, &[7698, 1], &ask(&schema, 1, 5));
-    let tables = response.typed_tables(0).unwrap();
+    let tables = response.graph_tables(0).unwrap();
     assert_eq!(
         tables.target_status(),
         [target_status::UNKNOWN_NODE, target_status::OK]
@@ -317,7 +317,7 @@ fn a_typed_graph_s_rows_come_from_redis_per_type_then_l1() {
     let targets = [5u64, 900];
     let want = python_sample(&targets, 2, 100_000);
     let first = call(&client, &targets, &ask(&schema, 2, 2048));
-    let tables = first.typed_tables(0).unwrap();
+    let tables = first.graph_tables(0).unwrap();
     assert_is_python_sample(&tables, &schema, &want);
     assert!(
         tables.tiers(0).iter().all(|&t| t == tier::L3),
@@ -334,7 +334,7 @@ fn a_typed_graph_s_rows_come_from_redis_per_type_then_l1() {
     let mut again = call(&client, &targets, &ask(&schema, 2, 2048));
     let mut calls = 2.0;
     let in_l1 = |response: &protocol::Response| {
-        let tables = response.typed_tables(0).unwrap();
+        let tables = response.graph_tables(0).unwrap();
         tables.tiers(0).iter().all(|&t| t == tier::L1)
     };
     let filled = eventually(Duration::from_secs(10), || {
@@ -343,7 +343,7 @@ fn a_typed_graph_s_rows_come_from_redis_per_type_then_l1() {
         in_l1(&again)
     });
     assert!(filled, "then from L1");
-    let tables = again.typed_tables(0).unwrap();
+    let tables = again.graph_tables(0).unwrap();
     assert_is_python_sample(&tables, &schema, &want);
     // Each type's tiers count their own rows, labelled by type.
     let (code, body) =
@@ -421,7 +421,7 @@ fn pyarrow_reads_a_typed_response_in_place_as_the_client_does() {
     let schema = client.graph_schema().unwrap();
     let targets = [5u64, 3482, 7698];
     let response = call(&client, &targets, &ask(&schema, 2, 7));
-    let tables = response.typed_tables(0).unwrap();
+    let tables = response.graph_tables(0).unwrap();
     let out = read_typed_segment(&sidecar.shm_name, response.slot_index());
     assert_eq!(out["buffers_outside"], 0, "pyarrow copied a buffer: {out}");
     assert_eq!(out["buffers_misaligned"], 0);
@@ -738,7 +738,7 @@ fn a_typed_sidecar_pins_its_busiest_rows_at_start_and_through_the_admin_socket()
     let client = sidecar.client();
     let schema = client.graph_schema().unwrap();
     let response = call(&client, &[3482], &ask(&schema, 1, 5));
-    let tables = response.typed_tables(0).unwrap();
+    let tables = response.graph_tables(0).unwrap();
     assert_eq!(tables.node_ids(0)[0], 3482);
     assert_eq!(tables.tiers(0)[0], tier::L1);
     // `warm --top` ranks the same way: 100 more.
@@ -977,7 +977,7 @@ fn a_typed_new_node_in_one_call_gets_the_answer_it_gets_once_added() {
 /// rows and fallback flags and its counts; per edge type its edge_index
 /// and counts (not the tiers, which a second call changes).
 fn contents(response: &protocol::Response, schema: &GraphSchema) -> Vec<Vec<String>> {
-    let tables = response.typed_tables(0).unwrap();
+    let tables = response.graph_tables(0).unwrap();
     let nodes = (0..schema.node_types.len()).map(|t| {
         let fallback: Vec<bool> = (0..tables.node_ids(t).len())
             .map(|row| tables.fallback(t, row))
@@ -1071,7 +1071,7 @@ fn a_typed_graph_s_invalidation_channel_evicts_rows_of_the_named_type() {
     // The target's own row: row 0 of the airport table.
     let own_row = || {
         let response = call(&client, &[5], &ask);
-        let tables = response.typed_tables(0).unwrap();
+        let tables = response.graph_tables(0).unwrap();
         (tables.tiers(airport)[0], tables.fallback(airport, 0))
     };
     // The first call's fetch puts the row in L1 as it lands, off the
@@ -1211,7 +1211,7 @@ fn precomputed_answers_serve_a_typed_model_until_its_subgraph_changes() {
         .copied()
         .filter(|&id| {
             let response = call(&client, &[id], &ask);
-            let tables = response.typed_tables(airport).unwrap();
+            let tables = response.graph_tables(airport).unwrap();
             tables.node_ids(airport).contains(&hub)
         })
         .collect();

@@ -56,7 +56,7 @@ fn edge(schema: &GraphSchema, name: &str) -> usize {
 fn assert_new_airport_is_served(client: &RingClient, airline_row: Option<[f32; 3]>) {
     let schema = client.graph_schema().unwrap();
     let response = call(client, &[NEW_AIRPORT], &one_hop(&schema, "airport"));
-    let tables = response.typed_tables(0).unwrap();
+    let tables = response.graph_tables(0).unwrap();
     let (airport, airline) = (
         schema.node_type("airport").unwrap(),
         schema.node_type("airline").unwrap(),

@@ -8,7 +8,7 @@ use std::time::Instant;
 use protocol::client::Response;
 use protocol::graph_schema::GraphSchema;
 use protocol::payload::schema::{target_status, HOP2_CACHED};
-use protocol::payload::{ResponseTables, TypedTables};
+use protocol::payload::{GraphTables, ResponseTables};
 
 use super::ring_stage::{
     ring_call_split, ring_calls, slots_needed, take_live, Ring, RingCall, RingDone,
@@ -238,7 +238,7 @@ pub(super) fn run_model(
 enum Read<'r> {
     Dense(ResponseTables),
     Subgraph {
-        tables: TypedTables,
+        tables: GraphTables,
         graph: Option<&'r GraphSchema>,
         target_type: usize,
     },
@@ -272,22 +272,17 @@ fn read<'r>(model: &Model, response: &'r Response) -> Result<Read<'r>, PredictEr
         return Ok(Read::Dense(response.tables().map_err(decode)?));
     }
     match (&model.manifest().typed, response.graph_schema()) {
-        (None, None) => {
-            let tables = response.tables().map_err(decode)?;
-            let tables = TypedTables::from_subgraph(&tables)
-                .ok_or_else(|| malformed("a dense-layout response to a subgraph-layout model"))?;
-            Ok(Read::Subgraph {
-                tables,
-                graph: None,
-                target_type: 0,
-            })
-        }
+        (None, None) => Ok(Read::Subgraph {
+            tables: response.graph_tables(0).map_err(decode)?,
+            graph: None,
+            target_type: 0,
+        }),
         (Some(typed), Some(graph)) => {
             let target_type = graph
                 .node_type(&typed.target_type)
                 .ok_or_else(|| malformed(&format!("no node type {}", typed.target_type)))?;
             Ok(Read::Subgraph {
-                tables: response.typed_tables(target_type).map_err(decode)?,
+                tables: response.graph_tables(target_type).map_err(decode)?,
                 graph: Some(graph),
                 target_type,
             })
@@ -447,7 +442,7 @@ impl<'g> Fallbacks<'g> {
         Self { any, graph: None }
     }
 
-    fn subgraph(tables: &TypedTables, graph: Option<&'g GraphSchema>, target_type: usize) -> Self {
+    fn subgraph(tables: &GraphTables, graph: Option<&'g GraphSchema>, target_type: usize) -> Self {
         let any = (0..tables.nodes.len())
             .any(|t| (0..tables.n_rows(t)).any(|row| tables.fallback(t, row)));
         Self {
@@ -475,7 +470,7 @@ impl<'g> Fallbacks<'g> {
 /// model's answer reads. A `FRESH` target has no row: its stored answer
 /// read none of these.
 pub(super) fn subgraph_fallback_rows(
-    tables: &TypedTables,
+    tables: &GraphTables,
     graph: &GraphSchema,
     target_type: usize,
     t: usize,

@@ -6,7 +6,7 @@ use ort::value::TensorRef;
 use protocol::graph_schema::GraphSchema;
 use protocol::layout::MAX_HOPS;
 use protocol::payload::schema::NO_ROW;
-use protocol::payload::{ResponseTables, TypedTables};
+use protocol::payload::{GraphTables, ResponseTables};
 
 impl Model {
     /// Runs the model on a response; returns `n_targets x num_classes`
@@ -28,15 +28,11 @@ impl Model {
             return Ok(Vec::new());
         }
         if self.manifest.layout == ModelLayout::Subgraph {
-            if !hop1_h1.is_empty() {
-                return Err(ModelError::Run(
-                    "stored hub embeddings are a dense-layout feature".into(),
-                ));
-            }
-            let subgraph = TypedTables::from_subgraph(tables).ok_or_else(|| {
-                ModelError::Run("a dense-layout response for a subgraph-layout model".into())
-            })?;
-            return self.run_subgraph(&subgraph, None, 0);
+            return Err(ModelError::Run(
+                "a dense-layout response for a subgraph-layout model: run it on the graph \
+                 layout's tables (Model::run_subgraph)"
+                    .into(),
+            ));
         }
         let inputs = bind_inputs(tables).map_err(|e| ModelError::Run(e.to_string()))?;
         if self.answered_by == AnsweredBy::Student {
@@ -137,7 +133,7 @@ impl Model {
 
     /// Runs a subgraph-layout model on a subgraph response, a typed
     /// graph's or a one-type graph's read as the 1x1 typed graph's
-    /// ([`TypedTables::from_subgraph`]): each input the model declares
+    /// ([`protocol::payload::decode_graph`]): each input the model declares
     /// borrows its table in place ([`Model::binding`]); returns each
     /// target's output row (`n_targets x width`; zeros for a target
     /// answered `FRESH`, which has no row). The model does not run when no
@@ -152,7 +148,7 @@ impl Model {
     /// subgraph as sampled, whatever else shares the batch.
     pub fn run_subgraph(
         &mut self,
-        tables: &TypedTables,
+        tables: &GraphTables,
         graph: Option<&GraphSchema>,
         target_type: usize,
     ) -> Result<Vec<f32>, ModelError> {
@@ -175,7 +171,7 @@ impl Model {
 
     fn run_subgraph_of(
         &mut self,
-        tables: &TypedTables,
+        tables: &GraphTables,
         graph: &GraphSchema,
         target_type: usize,
     ) -> Result<Vec<f32>, ModelError> {
@@ -471,7 +467,7 @@ struct Padding {
 }
 
 impl Padding {
-    fn plan(bindings: &[(String, Binding)], tables: &TypedTables, graph: &GraphSchema) -> Self {
+    fn plan(bindings: &[(String, Binding)], tables: &GraphTables, graph: &GraphSchema) -> Self {
         let n_types = graph.node_types.len();
         let mut dummy = vec![false; n_types];
         let mut empty_edges = vec![false; graph.edge_types.len()];
@@ -533,19 +529,19 @@ impl Padding {
         }
     }
 
-    fn features<'a>(&'a self, t: usize, tables: &'a TypedTables) -> &'a [f32] {
+    fn features<'a>(&'a self, t: usize, tables: &'a GraphTables) -> &'a [f32] {
         self.features[t]
             .as_deref()
             .unwrap_or_else(|| tables.features(t))
     }
 
-    fn node_ids<'a>(&'a self, t: usize, tables: &'a TypedTables) -> &'a [i64] {
+    fn node_ids<'a>(&'a self, t: usize, tables: &'a GraphTables) -> &'a [i64] {
         self.node_ids[t]
             .as_deref()
             .unwrap_or_else(|| bytemuck::cast_slice(tables.node_ids(t)))
     }
 
-    fn edge_index<'a>(&'a self, e: usize, tables: &'a TypedTables) -> &'a [i64] {
+    fn edge_index<'a>(&'a self, e: usize, tables: &'a GraphTables) -> &'a [i64] {
         match &self.edges[e] {
             Some(edge) => edge,
             None => tables.edge_index(e),
@@ -553,17 +549,18 @@ impl Padding {
     }
 }
 
-/// A subgraph-layout model's two inputs as tensors that borrow the
-/// response's buffers in shared memory: `x` the node table's features
+/// A one-type subgraph-layout model's two inputs as tensors that borrow
+/// the response's buffers in shared memory: `x` the node table's features
 /// (`n_nodes x D`), `edge_index` the edge table's `2 x n_edges` values.
-pub fn bind_subgraph_inputs(tables: &ResponseTables) -> ort::Result<[Input<'_>; 2]> {
-    let n = tables.n_nodes();
-    let dim = tables.features().len().checked_div(n).unwrap_or(0);
+pub fn bind_subgraph_inputs(tables: &GraphTables) -> ort::Result<[Input<'_>; 2]> {
+    let n = tables.n_rows(0);
+    let dim = tables.features(0).len().checked_div(n).unwrap_or(0);
+    let edge_index = tables.edge_index(0);
     Ok([
-        Input::F32(TensorRef::from_array_view(([n, dim], tables.features()))?),
+        Input::F32(TensorRef::from_array_view(([n, dim], tables.features(0)))?),
         Input::I64(TensorRef::from_array_view((
-            [2, tables.n_edges()],
-            tables.edge_index(),
+            [2, edge_index.len() / 2],
+            edge_index,
         ))?),
     ])
 }

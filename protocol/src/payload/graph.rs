@@ -1,8 +1,15 @@
-//! A typed graph's response (docs/protocol.md, section 4.4): a table
-//! directory after the response header, the target table, the counts
-//! table, one node table per node type and one edge table per edge type,
-//! in the graph schema's order; written in place and read without copying
-//! like the one-type layouts.
+//! The graph layouts: a sampled subgraph as PyG's `Data` or `HeteroData`
+//! (one node table per node type, one `edge_index` per edge type, the
+//! nodes and edges sampled at each hop), written in place by one writer
+//! ([`GraphWriter`]) and read without copying by one reader
+//! ([`decode_graph`]), in either of two wire forms:
+//! - the subgraph layout (docs/protocol.md, "The subgraph layout"), a
+//!   one-type graph's, the 1x1 graph: its node table, the target table and
+//!   one edge table whose `hop_counts` column holds the counts, the
+//!   fanouts in the response header;
+//! - the typed layout (section 4.4): a table directory after the response
+//!   header, the target table, the counts table, one node table per node
+//!   type and one edge table per edge type, in the graph schema's order.
 
 use std::mem::size_of;
 
@@ -12,23 +19,45 @@ use arrow_array::RecordBatch;
 use arrow_buffer::Buffer;
 
 use crate::graph_schema::GraphSchema;
-use crate::layout::{status, ResponseHeader, MAX_HOPS, MAX_SUBGRAPH_HOPS, MESSAGE_BYTES};
+use crate::layout::{
+    status, ResponseHeader, MAX_FANOUT, MAX_HOPS, MAX_SUBGRAPH_HOPS, MESSAGE_BYTES,
+};
 use crate::payload::ipc::{self, ColumnKind};
-use crate::payload::schema::{target_status, tier, NO_ROW};
+use crate::payload::schema::{counts_schema, target_status, tier, NO_ROW};
 use crate::payload::table::{decode_table, read_ok_header};
 use crate::payload::writer::{
-    carve, node_kinds, place_table, stream_len, NodeColumns, ResponseMeta, SchemaCache,
-    TablePlacement, WriteError, SUBGRAPH_TARGET_COLUMNS,
+    carve, node_kinds, place_table, stream_len, CachedSchema, NodeColumns, ResponseMeta,
+    SchemaCache, TablePlacement, WriteError, SUBGRAPH_TARGET_COLUMNS,
 };
 use crate::payload::{DecodeError, DecodeLimits};
+use crate::request::SubgraphFanouts;
 
 /// Bytes of one table directory entry: the table's offset and length.
 pub const DIRECTORY_ENTRY_BYTES: usize = 16;
 
-/// The size of a typed response.
+/// Which wire form a graph response takes, and its hops.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum GraphForm {
+    /// The subgraph layout of a one-type graph (the 1x1 graph), sampled at
+    /// these fanouts, one per hop (the response header states them).
+    Subgraph(SubgraphFanouts),
+    /// The typed layout, `hops` hops (1 to [`MAX_SUBGRAPH_HOPS`]).
+    Typed { hops: u32 },
+}
+
+impl GraphForm {
+    pub fn hops(&self) -> usize {
+        match self {
+            GraphForm::Subgraph(fanouts) => fanouts.hops(),
+            GraphForm::Typed { hops } => *hops as usize,
+        }
+    }
+}
+
+/// The size of a graph response.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct TypedShape {
-    pub hops: u32,
+pub struct GraphShape {
+    pub form: GraphForm,
     pub n_targets: u32,
     /// Per node type: its rows.
     pub node_rows: Vec<u32>,
@@ -36,9 +65,48 @@ pub struct TypedShape {
     pub edges: Vec<u32>,
 }
 
-/// Every column of a typed response being written.
+impl GraphShape {
+    /// A one-type graph's subgraph-layout response: `n_nodes` rows of its
+    /// one node type, `n_edges` edges of its one edge type.
+    pub fn subgraph(fanouts: SubgraphFanouts, n_targets: u32, n_nodes: u32, n_edges: u32) -> Self {
+        Self {
+            form: GraphForm::Subgraph(fanouts),
+            n_targets,
+            node_rows: vec![n_nodes],
+            edges: vec![n_edges],
+        }
+    }
+
+    /// A typed graph's response of `hops` hops.
+    pub fn typed(hops: u32, n_targets: u32, node_rows: Vec<u32>, edges: Vec<u32>) -> Self {
+        Self {
+            form: GraphForm::Typed { hops },
+            n_targets,
+            node_rows,
+            edges,
+        }
+    }
+
+    pub fn hops(&self) -> usize {
+        self.form.hops()
+    }
+
+    /// The fanouts the response header states: the subgraph layout's first
+    /// two (0 past its last hop) and its third; all 0 in the typed layout.
+    fn header_fanouts(&self) -> ([u32; MAX_HOPS], u32) {
+        match self.form {
+            GraphForm::Subgraph(fanouts) => {
+                let [f1, f2, f3] = fanouts.padded();
+                ([f1, f2], f3)
+            }
+            GraphForm::Typed { .. } => ([0; MAX_HOPS], 0),
+        }
+    }
+}
+
+/// Every column of a graph response being written.
 #[derive(Debug)]
-pub struct TypedColumns<'a> {
+pub struct GraphColumns<'a> {
     pub target_id: &'a mut [u64],
     pub status: &'a mut [u8],
     /// Each target's row in its type's node table.
@@ -46,8 +114,9 @@ pub struct TypedColumns<'a> {
     /// Per node type.
     pub nodes: Vec<NodeColumns<'a>>,
     /// Per edge type: `2 x edges`, row-major; row 0 the sources' rows in
-    /// the source type's table, row 1 the destinations' in the
-    /// destination type's.
+    /// the source type's table (the sampled neighbours), row 1 the
+    /// destinations' in the destination type's (the nodes they were
+    /// sampled for).
     pub edge_index: Vec<&'a mut [i64]>,
     /// Per node type: `hops + 1` counts (PyG's `num_sampled_nodes_dict`).
     pub sampled_nodes: Vec<&'a mut [i64]>,
@@ -55,34 +124,45 @@ pub struct TypedColumns<'a> {
     pub sampled_edges: Vec<&'a mut [i64]>,
 }
 
-/// A typed response being written into a slot's response area.
+/// Where each part of a graph response went in the area.
 #[derive(Debug)]
-pub struct TypedResponseWriter<'a> {
-    area: &'a mut [u8],
-    shape: TypedShape,
-    feature_dims: Vec<u32>,
-    directory_len: usize,
+struct Placed {
     targets: TablePlacement,
-    counts: TablePlacement,
+    /// The counts table (typed layout); `None` in the subgraph layout,
+    /// whose counts are its edge table's second column.
+    counts: Option<TablePlacement>,
     nodes: Vec<TablePlacement>,
     edges: Vec<TablePlacement>,
 }
 
-impl<'a> TypedResponseWriter<'a> {
+/// A graph response being written into a slot's response area.
+#[derive(Debug)]
+pub struct GraphWriter<'a> {
+    area: &'a mut [u8],
+    shape: GraphShape,
+    feature_dims: Vec<u32>,
+    placed: Placed,
+}
+
+impl<'a> GraphWriter<'a> {
     /// Lays the response out in `area` (checking first that it fits, so a
     /// response that does not leaves the area untouched), writes its Arrow
-    /// metadata, the list offsets and the directory, zeroes the fallback
-    /// bitmaps, and returns the writer for the values. `shape` has one
-    /// entry per node type and per edge type of `graph`.
+    /// metadata, the list offsets and (typed layout) the directory, zeroes
+    /// the fallback bitmaps, and returns the writer for the values.
+    /// `shape` has one entry per node type and per edge type of `graph`
+    /// (the 1x1 graph for the subgraph layout).
     pub fn new(
         area: &'a mut [u8],
         graph: &GraphSchema,
-        shape: TypedShape,
+        shape: GraphShape,
         schemas: &SchemaCache,
     ) -> Result<Self, WriteError> {
         assert_eq!(shape.node_rows.len(), graph.node_types.len());
         assert_eq!(shape.edges.len(), graph.edge_types.len());
-        assert!((1..=MAX_SUBGRAPH_HOPS as u32).contains(&shape.hops));
+        let hops = shape.hops();
+        assert!((1..=MAX_SUBGRAPH_HOPS).contains(&hops));
+        let subgraph = matches!(shape.form, GraphForm::Subgraph(_));
+        assert!(!subgraph || (graph.node_types.len(), graph.edge_types.len()) == (1, 1));
         if !(area.as_ptr() as usize).is_multiple_of(64) {
             return Err(WriteError::Misaligned);
         }
@@ -91,42 +171,62 @@ impl<'a> TypedResponseWriter<'a> {
             needed,
             available,
             n_nodes: n_nodes.min(u64::from(u32::MAX)) as u32,
-            feature_dim: 0,
+            feature_dim: if subgraph {
+                graph.node_types[0].feature_dim
+            } else {
+                0
+            },
         };
-        let hops = shape.hops as usize;
-        let n_counts = graph.node_types.len() * (hops + 1) + graph.edge_types.len() * hops;
-        // (schema, plan) of each table, in the order they are placed.
-        let mut tables = Vec::with_capacity(2 + shape.node_rows.len() + shape.edges.len());
-        tables.push((
+        // Each table's schema and plan, in the order they are placed.
+        let target = (
             schemas.subgraph_target(),
             ipc::plan_body(shape.n_targets as usize, &SUBGRAPH_TARGET_COLUMNS),
-        ));
+        );
+        let node_tables = graph
+            .node_types
+            .iter()
+            .zip(&shape.node_rows)
+            .map(|(t, &rows)| {
+                let plan = ipc::plan_body(rows as usize, &node_kinds(t.feature_dim));
+                (schemas.node(t.feature_dim), plan)
+            });
+        let edge_list = |edges: u32| ColumnKind::VarList {
+            width: 8,
+            children: 2 * edges as usize,
+        };
         let counts_rows = graph.node_types.len() + graph.edge_types.len();
-        tables.push((
-            schemas.counts(),
-            ipc::plan_body(
-                counts_rows,
-                &[ColumnKind::VarList {
-                    width: 8,
-                    children: n_counts,
-                }],
-            ),
-        ));
-        for (t, &rows) in graph.node_types.iter().zip(&shape.node_rows) {
-            let plan = ipc::plan_body(rows as usize, &node_kinds(t.feature_dim));
-            tables.push((schemas.node(t.feature_dim), plan));
+        let n_counts = graph.node_types.len() * (hops + 1) + graph.edge_types.len() * hops;
+        let counts_list = ColumnKind::VarList {
+            width: 8,
+            children: n_counts,
+        };
+        let mut tables: Vec<(std::sync::Arc<CachedSchema>, _)> = Vec::new();
+        if subgraph {
+            // Node table, target table, edge table (edge_index, hop_counts).
+            tables.extend(node_tables);
+            tables.push(target);
+            let kinds = [edge_list(shape.edges[0]), counts_list];
+            tables.push((schemas.edges(true), ipc::plan_body(2, &kinds)));
+        } else {
+            tables.push(target);
+            tables.push((
+                schemas.counts(),
+                ipc::plan_body(counts_rows, &[counts_list]),
+            ));
+            tables.extend(node_tables);
+            for &edges in &shape.edges {
+                tables.push((schemas.edges(false), ipc::plan_body(2, &[edge_list(edges)])));
+            }
         }
-        for &edges in &shape.edges {
-            let kinds = [ColumnKind::VarList {
-                width: 8,
-                children: 2 * edges as usize,
-            }];
-            tables.push((schemas.edges(false), ipc::plan_body(2, &kinds)));
-        }
-        let directory_len = DIRECTORY_ENTRY_BYTES * (tables.len() - 2);
+        let directory_len = if subgraph {
+            0
+        } else {
+            DIRECTORY_ENTRY_BYTES * counts_rows
+        };
         let header_len = size_of::<ResponseHeader>();
+        let first = header_len + directory_len.next_multiple_of(64);
         let mut planned = Vec::with_capacity(tables.len());
-        let mut needed = Some(header_len + directory_len.next_multiple_of(64));
+        let mut needed = Some(first);
         for (schema, plan) in tables {
             let plan = plan.ok_or(too_large(usize::MAX, area.len()))?;
             let batch = ipc::record_batch_message(&plan);
@@ -138,7 +238,7 @@ impl<'a> TypedResponseWriter<'a> {
         if needed > area.len() {
             return Err(too_large(needed, area.len()));
         }
-        let mut at = header_len + directory_len.next_multiple_of(64);
+        let mut at = first;
         let mut placed = Vec::with_capacity(planned.len());
         for (schema, batch, plan) in planned {
             let table = place_table(area, at, &schema.message, &batch, plan);
@@ -146,39 +246,61 @@ impl<'a> TypedResponseWriter<'a> {
             placed.push(table);
         }
         let mut placed = placed.into_iter();
-        let targets = placed.next().expect("the target table");
-        let counts = placed.next().expect("the counts table");
-        let nodes: Vec<TablePlacement> = placed.by_ref().take(shape.node_rows.len()).collect();
-        let edges: Vec<TablePlacement> = placed.collect();
-        // The list offsets follow from the shape.
+        let n_types = graph.node_types.len();
+        let placed = if subgraph {
+            let nodes = vec![placed.next().expect("the node table")];
+            let targets = placed.next().expect("the target table");
+            let edges = vec![placed.next().expect("the edge table")];
+            Placed {
+                targets,
+                counts: None,
+                nodes,
+                edges,
+            }
+        } else {
+            let targets = placed.next().expect("the target table");
+            let counts = Some(placed.next().expect("the counts table"));
+            let nodes = placed.by_ref().take(n_types).collect();
+            Placed {
+                targets,
+                counts,
+                nodes,
+                edges: placed.collect(),
+            }
+        };
+        // The list offsets follow from the shape: each edge_index's two
+        // rows are equal halves; the counts are each node type's hops + 1
+        // and each edge type's hops.
         let mut count_offsets = Vec::with_capacity(counts_rows + 1);
         count_offsets.push(0i32);
-        let per_row = std::iter::repeat_n(hops + 1, graph.node_types.len())
+        let per_row = std::iter::repeat_n(hops + 1, n_types)
             .chain(std::iter::repeat_n(hops, graph.edge_types.len()));
         for n in per_row {
             count_offsets.push(count_offsets.last().expect("one") + n as i32);
         }
-        let range = counts.offsets(0).expect("a list column");
+        let counts_at = match &placed.counts {
+            Some(counts) => counts.offsets(0),
+            None => placed.edges[0].offsets(1),
+        };
+        let range = counts_at.expect("a list column");
         bytemuck::cast_slice_mut::<u8, i32>(&mut area[range]).copy_from_slice(&count_offsets);
-        for (table, &n) in edges.iter().zip(&shape.edges) {
+        for (table, &n) in placed.edges.iter().zip(&shape.edges) {
             let range = table.offsets(0).expect("a list column");
             let n = n as i32;
             bytemuck::cast_slice_mut::<u8, i32>(&mut area[range]).copy_from_slice(&[0, n, 2 * n]);
         }
-        for (i, table) in nodes.iter().chain(&edges).enumerate() {
-            let at = header_len + DIRECTORY_ENTRY_BYTES * i;
-            area[at..at + 8].copy_from_slice(&(table.stream.start as u64).to_le_bytes());
-            area[at + 8..at + 16].copy_from_slice(&(table.stream.len() as u64).to_le_bytes());
+        if !subgraph {
+            for (i, table) in placed.nodes.iter().chain(&placed.edges).enumerate() {
+                let at = header_len + DIRECTORY_ENTRY_BYTES * i;
+                area[at..at + 8].copy_from_slice(&(table.stream.start as u64).to_le_bytes());
+                area[at + 8..at + 16].copy_from_slice(&(table.stream.len() as u64).to_le_bytes());
+            }
         }
         let mut writer = Self {
             area,
             shape,
             feature_dims: graph.node_types.iter().map(|t| t.feature_dim).collect(),
-            directory_len,
-            targets,
-            counts,
-            nodes,
-            edges,
+            placed,
         };
         for nodes in writer.columns().nodes {
             nodes.fallback.fill(0);
@@ -186,27 +308,42 @@ impl<'a> TypedResponseWriter<'a> {
         Ok(writer)
     }
 
-    pub fn shape(&self) -> &TypedShape {
+    pub fn shape(&self) -> &GraphShape {
         &self.shape
     }
 
     /// Mutable views of every column.
-    pub fn columns(&mut self) -> TypedColumns<'_> {
+    pub fn columns(&mut self) -> GraphColumns<'_> {
+        let placed = &self.placed;
+        // Every column in the order they are handed out below: the
+        // target table's three, the counts, each node table's, each
+        // edge_index.
         let mut ranges = Vec::new();
         for idx in 0..3 {
-            ranges.push(self.targets.column(idx));
+            ranges.push(placed.targets.column(idx));
         }
-        ranges.push(self.counts.column(0));
-        for table in &self.nodes {
+        ranges.push(match &placed.counts {
+            Some(counts) => counts.column(0),
+            None => placed.edges[0].column(1),
+        });
+        for table in &placed.nodes {
             for idx in 0..table.plan.values.len() {
                 ranges.push(table.column(idx));
             }
         }
-        for table in &self.edges {
+        for table in &placed.edges {
             ranges.push(table.column(0));
         }
-        let mut parts = carve(self.area, &ranges).into_iter();
-        let mut next = || parts.next().expect("one part per carved range");
+        // Carved in address order, handed out in the order above.
+        let mut order: Vec<usize> = (0..ranges.len()).collect();
+        order.sort_by_key(|&i| ranges[i].start);
+        let sorted: Vec<_> = order.iter().map(|&i| ranges[i].clone()).collect();
+        let mut parts: Vec<Option<&mut [u8]>> = (0..ranges.len()).map(|_| None).collect();
+        for (part, &i) in carve(self.area, &sorted).into_iter().zip(&order) {
+            parts[i] = Some(part);
+        }
+        let mut parts = parts.into_iter();
+        let mut next = || parts.next().flatten().expect("one part per carved range");
         let target_id = bytemuck::cast_slice_mut(next());
         let status = next();
         let target_row = bytemuck::cast_slice_mut(next());
@@ -217,11 +354,12 @@ impl<'a> TypedResponseWriter<'a> {
             .map(|&dim| NodeColumns::from_parts(&mut next, dim))
             .collect();
         let edge_index = self
+            .shape
             .edges
             .iter()
             .map(|_| bytemuck::cast_slice_mut(next()))
             .collect();
-        let hops = self.shape.hops as usize;
+        let hops = self.shape.hops();
         let mut take = |n: usize| {
             let (head, rest) = std::mem::take(&mut counts).split_at_mut(n);
             counts = rest;
@@ -231,7 +369,7 @@ impl<'a> TypedResponseWriter<'a> {
             .map(|_| take(hops + 1))
             .collect();
         let sampled_edges = (0..self.shape.edges.len()).map(|_| take(hops)).collect();
-        TypedColumns {
+        GraphColumns {
             target_id,
             status,
             target_row,
@@ -247,42 +385,63 @@ impl<'a> TypedResponseWriter<'a> {
         let meta = meta.into();
         let header_len = size_of::<ResponseHeader>();
         let n_nodes: u32 = self.shape.node_rows.iter().sum();
+        let placed = &self.placed;
+        let (fanouts, fanout3) = self.shape.header_fanouts();
+        // The subgraph layout's header points at its node and edge tables;
+        // the typed layout's at its directory and counts table.
+        let (node_table, edge_table) = match &placed.counts {
+            None => (
+                placed.nodes[0].stream.clone(),
+                placed.edges[0].stream.clone(),
+            ),
+            Some(counts) => (
+                header_len
+                    ..header_len
+                        + DIRECTORY_ENTRY_BYTES * (placed.nodes.len() + placed.edges.len()),
+                counts.stream.clone(),
+            ),
+        };
         let header = ResponseHeader {
             status: status::OK,
             n_targets: self.shape.n_targets,
             n_nodes,
-            fanouts: [0; MAX_HOPS],
+            fanouts,
             message_len: 0,
             request_id,
             graph_version: meta.graph_version,
-            node_table_offset: header_len as u64,
-            node_table_len: self.directory_len as u64,
-            target_table_offset: self.targets.stream.start as u64,
-            target_table_len: self.targets.stream.len() as u64,
+            node_table_offset: node_table.start as u64,
+            node_table_len: node_table.len() as u64,
+            target_table_offset: placed.targets.stream.start as u64,
+            target_table_len: placed.targets.stream.len() as u64,
             server_ns,
             change_clock: meta.change_clock,
             change_tick: meta.change_tick,
             id_bound: meta.id_bound,
-            edge_table_offset: self.counts.stream.start as u64,
-            edge_table_len: self.counts.stream.len() as u64,
-            hops: self.shape.hops,
-            fanout3: 0,
+            edge_table_offset: edge_table.start as u64,
+            edge_table_len: edge_table.len() as u64,
+            hops: self.shape.hops() as u32,
+            fanout3,
             message: [0; MESSAGE_BYTES],
         };
         self.area[..header_len].copy_from_slice(bytemuck::bytes_of(&header));
-        let last = self
-            .edges
-            .last()
-            .or(self.nodes.last())
-            .unwrap_or(&self.counts);
-        last.stream.end
+        [&placed.targets]
+            .into_iter()
+            .chain(&placed.counts)
+            .chain(&placed.nodes)
+            .chain(&placed.edges)
+            .map(|t| t.stream.end)
+            .max()
+            .expect("a target table")
     }
 }
 
-/// The decoded tables of an OK typed response; the arrays' buffers point
-/// into the response area.
+/// The decoded tables of an OK graph response, in either form; the
+/// arrays' buffers point into the response area. A subgraph-layout
+/// response reads as the 1x1 graph's: node type 0 its node table, edge
+/// type 0 its edge table's `edge_index`, the counts its `hop_counts` (row
+/// 0 the nodes', row 1 the edges').
 #[derive(Debug, Clone)]
-pub struct TypedTables {
+pub struct GraphTables {
     pub header: ResponseHeader,
     pub targets: RecordBatch,
     pub counts: RecordBatch,
@@ -295,34 +454,33 @@ pub struct TypedTables {
     n_edge_types: usize,
 }
 
-/// Decodes a typed response (`area`: the whole response area) to a
-/// request whose targets are of node type `target_type`. Every table is
-/// checked against its documented schema and every index against the
-/// table it points into. No copy.
-pub fn decode_typed(
+/// Decodes a graph response (`area`: the whole response area) to a
+/// request whose targets are of node type `target_type`: the typed layout
+/// of `graph`, or with `graph` `None` (a one-type graph's segment) the
+/// subgraph layout, read as the 1x1 graph's (`target_type` 0). Every
+/// table is checked against its documented schema and every index against
+/// the table it points into. No copy.
+pub fn decode_graph(
     area: &Buffer,
     limits: &DecodeLimits,
-    graph: &GraphSchema,
+    graph: Option<&GraphSchema>,
     target_type: usize,
     schemas: &SchemaCache,
-) -> Result<TypedTables, DecodeError> {
+) -> Result<GraphTables, DecodeError> {
     let malformed = |m: String| DecodeError::Malformed(m);
     let header = read_ok_header(area)?;
+    let one_type;
+    let (graph, subgraph) = match graph {
+        Some(graph) => (graph, false),
+        None => {
+            one_type = schemas.one_type(limits.feature_dim);
+            (&*one_type, true)
+        }
+    };
     if target_type >= graph.node_types.len() {
         return Err(malformed(format!(
             "target type {target_type}; the graph has {} node types",
             graph.node_types.len()
-        )));
-    }
-    let hops = header.hops as usize;
-    if !(1..=MAX_SUBGRAPH_HOPS).contains(&hops)
-        || header.fanouts != [0; MAX_HOPS]
-        || header.fanout3 != 0
-    {
-        return Err(malformed(format!(
-            "a typed response has hops {hops} (1 to {MAX_SUBGRAPH_HOPS}) and fanouts {:?}, {} \
-             (all 0)",
-            header.fanouts, header.fanout3
         )));
     }
     if header.n_targets > limits.max_targets || header.n_nodes > limits.max_nodes {
@@ -331,26 +489,34 @@ pub fn decode_typed(
             header.n_targets, header.n_nodes, limits.max_targets, limits.max_nodes
         )));
     }
-    let n_tables = graph.node_types.len() + graph.edge_types.len();
-    let header_len = size_of::<ResponseHeader>() as u64;
-    if header.node_table_offset != header_len
-        || header.node_table_len != (DIRECTORY_ENTRY_BYTES * n_tables) as u64
-        || area.len() < header_len as usize + DIRECTORY_ENTRY_BYTES * n_tables
-    {
+    let hops = header.hops as usize;
+    if !(1..=MAX_SUBGRAPH_HOPS).contains(&hops) {
         return Err(malformed(format!(
-            "table directory at {}+{}; expected {header_len}+{}",
-            header.node_table_offset,
-            header.node_table_len,
-            DIRECTORY_ENTRY_BYTES * n_tables
+            "a graph response has hops {hops} (1 to {MAX_SUBGRAPH_HOPS})"
         )));
     }
-    let entry = |i: usize| {
-        let at = header_len as usize + DIRECTORY_ENTRY_BYTES * i;
-        let word = |at: usize| {
-            u64::from_le_bytes(area.as_slice()[at..at + 8].try_into().expect("8 bytes"))
-        };
-        (word(at), word(at + 8))
-    };
+    let all = [header.fanouts[0], header.fanouts[1], header.fanout3];
+    if subgraph {
+        // Each of its hops' fanout (hop 3 capped as hop 2), 0 past its last.
+        for (hop, &fanout) in all.iter().enumerate() {
+            let cap = limits.max_fanouts[hop.min(MAX_HOPS - 1)].min(MAX_FANOUT);
+            let ok = if hop < hops {
+                (1..=cap).contains(&fanout)
+            } else {
+                fanout == 0
+            };
+            if !ok {
+                return Err(malformed(format!(
+                    "fanout {fanout} of hop {} outside 1..={cap} (0 past the last of {hops} hops)",
+                    hop + 1,
+                )));
+            }
+        }
+    } else if all != [0; 3] {
+        return Err(malformed(format!(
+            "a typed response has fanouts {all:?} (all 0)"
+        )));
+    }
     let targets = decode_table(
         area,
         "target",
@@ -358,28 +524,75 @@ pub fn decode_typed(
         header.target_table_len,
         &schemas.subgraph_target(),
     )?;
-    let counts = decode_table(
-        area,
-        "counts",
-        header.edge_table_offset,
-        header.edge_table_len,
-        &schemas.counts(),
-    )?;
-    let mut nodes = Vec::with_capacity(graph.node_types.len());
-    for (i, t) in graph.node_types.iter().enumerate() {
-        let (offset, len) = entry(i);
-        let table = decode_table(area, "node", offset, len, &schemas.node(t.feature_dim))
-            .map_err(|e| malformed(format!("node type {}: {e}", t.name)))?;
-        nodes.push(table);
-    }
-    let mut edges = Vec::with_capacity(graph.edge_types.len());
-    for e in 0..graph.edge_types.len() {
-        let (offset, len) = entry(graph.node_types.len() + e);
-        let table = decode_table(area, "edge", offset, len, &schemas.edges(false))
-            .map_err(|err| malformed(format!("edge type {}: {err}", graph.edge_key(e))))?;
-        edges.push(table);
-    }
-    let tables = TypedTables {
+    let (counts, nodes, edges) = if subgraph {
+        let node = decode_table(
+            area,
+            "node",
+            header.node_table_offset,
+            header.node_table_len,
+            &schemas.node(limits.feature_dim),
+        )?;
+        let edge = decode_table(
+            area,
+            "edge",
+            header.edge_table_offset,
+            header.edge_table_len,
+            &schemas.edges(true),
+        )?;
+        if edge.num_rows() != 2 {
+            return Err(malformed(format!(
+                "the edge table has {} rows: two",
+                edge.num_rows()
+            )));
+        }
+        let counts = RecordBatch::try_new(counts_schema(), vec![edge.column(1).clone()])
+            .expect("hop_counts is the counts table's column");
+        (counts, vec![node], vec![edge])
+    } else {
+        let n_tables = graph.node_types.len() + graph.edge_types.len();
+        let header_len = size_of::<ResponseHeader>() as u64;
+        if header.node_table_offset != header_len
+            || header.node_table_len != (DIRECTORY_ENTRY_BYTES * n_tables) as u64
+            || area.len() < header_len as usize + DIRECTORY_ENTRY_BYTES * n_tables
+        {
+            return Err(malformed(format!(
+                "table directory at {}+{}; expected {header_len}+{}",
+                header.node_table_offset,
+                header.node_table_len,
+                DIRECTORY_ENTRY_BYTES * n_tables
+            )));
+        }
+        let entry = |i: usize| {
+            let at = header_len as usize + DIRECTORY_ENTRY_BYTES * i;
+            let word = |at: usize| {
+                u64::from_le_bytes(area.as_slice()[at..at + 8].try_into().expect("8 bytes"))
+            };
+            (word(at), word(at + 8))
+        };
+        let counts = decode_table(
+            area,
+            "counts",
+            header.edge_table_offset,
+            header.edge_table_len,
+            &schemas.counts(),
+        )?;
+        let mut nodes = Vec::with_capacity(graph.node_types.len());
+        for (i, t) in graph.node_types.iter().enumerate() {
+            let (offset, len) = entry(i);
+            let table = decode_table(area, "node", offset, len, &schemas.node(t.feature_dim))
+                .map_err(|e| malformed(format!("node type {}: {e}", t.name)))?;
+            nodes.push(table);
+        }
+        let mut edges = Vec::with_capacity(graph.edge_types.len());
+        for e in 0..graph.edge_types.len() {
+            let (offset, len) = entry(graph.node_types.len() + e);
+            let table = decode_table(area, "edge", offset, len, &schemas.edges(false))
+                .map_err(|err| malformed(format!("edge type {}: {err}", graph.edge_key(e))))?;
+            edges.push(table);
+        }
+        (counts, nodes, edges)
+    };
+    let tables = GraphTables {
         header,
         targets,
         counts,
@@ -392,34 +605,21 @@ pub fn decode_typed(
     Ok(tables)
 }
 
-impl TypedTables {
-    /// A one-type graph's subgraph-layout response read as the 1x1 typed
-    /// graph's (node type 0, edge type 0): the same record batches, no
-    /// copy, so that one reader serves a subgraph of either kind. The node
-    /// table is type 0's, the edge table's `edge_index` edge type 0's, its
-    /// `hop_counts` the counts (row 0 the nodes', row 1 the edges'). A
-    /// target answered `FRESH` keeps its `NO_ROW`. `None` for a
-    /// dense-layout response, which has no edge table.
-    pub fn from_subgraph(tables: &crate::payload::ResponseTables) -> Option<Self> {
-        let edges = tables.edges.as_ref().filter(|_| tables.hops() > 0)?;
-        let counts = RecordBatch::try_new(
-            crate::payload::schema::counts_schema(),
-            vec![edges.column(1).clone()],
-        )
-        .expect("hop_counts is the counts table's column");
-        Some(Self {
-            header: tables.header,
-            targets: tables.targets.clone(),
-            counts,
-            nodes: vec![tables.nodes.clone()],
-            edges: vec![edges.clone()],
-            has_features: vec![true],
-            n_edge_types: 1,
-        })
-    }
-
+impl GraphTables {
     pub fn hops(&self) -> usize {
         self.header.hops as usize
+    }
+
+    /// The subgraph layout's fanouts, one per hop, as its header states
+    /// them; `None` for the typed layout (whose fanouts are per edge type,
+    /// the request's).
+    pub fn subgraph_fanouts(&self) -> Option<SubgraphFanouts> {
+        let all = [
+            self.header.fanouts[0],
+            self.header.fanouts[1],
+            self.header.fanout3,
+        ];
+        SubgraphFanouts::new(&all[..self.hops().min(all.len())])
     }
 
     pub fn n_targets(&self) -> usize {

@@ -7,26 +7,23 @@
 //! row index is checked against the node table before anyone gathers with it.
 
 use arrow_array::cast::AsArray;
-use arrow_array::types::{Float32Type, Int32Type, Int64Type, UInt64Type, UInt8Type};
+use arrow_array::types::{Float32Type, Int32Type, UInt64Type, UInt8Type};
 use arrow_array::RecordBatch;
 use arrow_buffer::Buffer;
 
-use crate::graph_schema::GraphSchema;
-use crate::layout::{ResponseHeader, MAX_FANOUT, MAX_HOPS, MAX_SUBGRAPH_HOPS};
+use crate::layout::{ResponseHeader, MAX_FANOUT, MAX_HOPS};
 use crate::payload::schema::{target_status, tier, HOP2_CACHED};
 use crate::payload::table::{decode_table, read_ok_header, DecodeError};
-use crate::payload::typed::TypedTables;
 use crate::payload::writer::SchemaCache;
 
-/// The decoded tables of an OK response. The arrays' buffers point into the
+/// The decoded tables of an OK dense-layout response (the graph layouts'
+/// are [`crate::payload::GraphTables`]). The arrays' buffers point into the
 /// response area they were decoded from.
 #[derive(Debug, Clone)]
 pub struct ResponseTables {
     pub header: ResponseHeader,
     pub nodes: RecordBatch,
     pub targets: RecordBatch,
-    /// The subgraph layout's edge table; `None` in the dense layout.
-    pub edges: Option<RecordBatch>,
 }
 
 /// Limits the reader enforces, from the segment the response came from.
@@ -38,8 +35,9 @@ pub struct DecodeLimits {
     pub max_fanouts: [u32; MAX_HOPS],
 }
 
-/// Decodes the response in `area` (the whole response area as one Arrow
-/// buffer). The returned arrays share `area`'s allocation: no copy.
+/// Decodes the dense-layout response in `area` (the whole response area as
+/// one Arrow buffer; a graph layout's is read by
+/// [`crate::payload::decode_graph`]). The returned arrays share `area`'s allocation: no copy.
 /// `schemas` caches the expected schemas between calls.
 pub fn decode(
     area: &Buffer,
@@ -60,26 +58,22 @@ pub fn decode(
             header.n_nodes, limits.max_nodes
         )));
     }
-    let hops = header.hops as usize;
-    if hops > MAX_SUBGRAPH_HOPS {
+    if header.hops != 0
+        || header.fanout3 != 0
+        || header.edge_table_offset != 0
+        || header.edge_table_len != 0
+    {
         return Err(malformed(format!(
-            "hops {hops}, more than {MAX_SUBGRAPH_HOPS}"
+            "a graph-layout response ({} hops, an edge table) where the dense layout was \
+             expected: read it with decode_graph",
+            header.hops
         )));
     }
-    // Dense: both hops; subgraph: each of its hops (hop 3 capped as hop 2),
-    // 0 past its last.
-    let all = [header.fanouts[0], header.fanouts[1], header.fanout3];
-    let used = if hops == 0 { MAX_HOPS } else { hops };
-    for (hop, &fanout) in all.iter().enumerate() {
-        let cap = limits.max_fanouts[hop.min(MAX_HOPS - 1)].min(MAX_FANOUT);
-        let ok = if hop < used {
-            (1..=cap).contains(&fanout)
-        } else {
-            fanout == 0
-        };
-        if !ok {
+    for (hop, &fanout) in header.fanouts.iter().enumerate() {
+        let cap = limits.max_fanouts[hop].min(MAX_FANOUT);
+        if !(1..=cap).contains(&fanout) {
             return Err(malformed(format!(
-                "fanout {fanout} of hop {} outside 1..={cap} (0 past the last of {used} hops)",
+                "fanout {fanout} of hop {} outside 1..={cap}",
                 hop + 1,
             )));
         }
@@ -91,41 +85,18 @@ pub fn decode(
         header.node_table_len,
         &schemas.node(limits.feature_dim),
     )?;
-    let target_schema = if hops == 0 {
-        schemas.target(header.fanouts)
-    } else {
-        schemas.subgraph_target()
-    };
     let targets = decode_table(
         area,
         "target",
         header.target_table_offset,
         header.target_table_len,
-        &target_schema,
+        &schemas.target(header.fanouts),
     )?;
-    let edges = if hops == 0 {
-        if header.edge_table_offset != 0 || header.edge_table_len != 0 {
-            return Err(malformed(
-                "a dense-layout response with an edge table".into(),
-            ));
-        }
-        None
-    } else {
-        Some(decode_table(
-            area,
-            "edge",
-            header.edge_table_offset,
-            header.edge_table_len,
-            &schemas.edges(true),
-        )?)
-    };
     if nodes.num_rows() != header.n_nodes as usize
         || targets.num_rows() != header.n_targets as usize
-        || edges.as_ref().is_some_and(|e| e.num_rows() != 2)
     {
         return Err(malformed(format!(
-            "tables have {} nodes and {} targets, header says {} and {} (and an edge table \
-             has two rows)",
+            "tables have {} nodes and {} targets, header says {} and {}",
             nodes.num_rows(),
             targets.num_rows(),
             header.n_nodes,
@@ -136,9 +107,8 @@ pub fn decode(
         header,
         nodes,
         targets,
-        edges,
     };
-    tables.validate_indices(limits.feature_dim)?;
+    tables.validate_indices()?;
     Ok(tables)
 }
 
@@ -153,61 +123,6 @@ impl ResponseTables {
 
     pub fn fanouts(&self) -> [u32; MAX_HOPS] {
         self.header.fanouts
-    }
-
-    /// The subgraph layout's hops; 0 for the dense layout.
-    pub fn hops(&self) -> usize {
-        self.header.hops as usize
-    }
-
-    /// The subgraph layout's fanouts, one per hop; `None` for the dense
-    /// layout.
-    pub fn subgraph_fanouts(&self) -> Option<crate::request::SubgraphFanouts> {
-        let all = [
-            self.header.fanouts[0],
-            self.header.fanouts[1],
-            self.header.fanout3,
-        ];
-        match self.hops() {
-            0 => None,
-            hops => crate::request::SubgraphFanouts::new(&all[..hops]),
-        }
-    }
-
-    fn edge_list(&self, column: usize) -> &[i64] {
-        match &self.edges {
-            None => &[],
-            Some(edges) => edges
-                .column(column)
-                .as_list::<i32>()
-                .values()
-                .as_primitive::<Int64Type>()
-                .values(),
-        }
-    }
-
-    /// Subgraph layout: PyG's `edge_index`, `2 x n_edges` node-table rows,
-    /// row-major (row 0 the sampled neighbours, row 1 the nodes they were
-    /// sampled for), inside the slot; empty in the dense layout.
-    pub fn edge_index(&self) -> &[i64] {
-        self.edge_list(0)
-    }
-
-    /// Subgraph layout: the edges of the subgraph.
-    pub fn n_edges(&self) -> usize {
-        self.edge_index().len() / 2
-    }
-
-    /// Subgraph layout: PyG's `num_sampled_nodes`, `hops + 1` counts.
-    pub fn sampled_nodes(&self) -> &[i64] {
-        let counts = self.edge_list(1);
-        &counts[..counts.len().min(self.hops() + 1)]
-    }
-
-    /// Subgraph layout: PyG's `num_sampled_edges`, `hops` counts.
-    pub fn sampled_edges(&self) -> &[i64] {
-        let counts = self.edge_list(1);
-        &counts[counts.len().min(self.hops() + 1)..]
     }
 
     pub fn node_ids(&self) -> &[u64] {
@@ -266,34 +181,28 @@ impl ResponseTables {
         self.i32_column(2)
     }
 
-    /// Dense layout (empty in the subgraph layout).
     pub fn hop1_counts(&self) -> &[i32] {
         self.i32_column(3)
     }
 
-    /// Dense layout: `n_targets x f1` (empty in the subgraph layout).
+    /// `n_targets x f1`.
     pub fn hop1_rows(&self) -> &[i32] {
         self.i32_list_column(4)
     }
 
-    /// Dense layout: `n_targets x f1` (empty in the subgraph layout).
+    /// `n_targets x f1`.
     pub fn hop2_counts(&self) -> &[i32] {
         self.i32_list_column(5)
     }
 
-    /// Dense layout: `n_targets x f1 x f2` (empty in the subgraph layout).
+    /// `n_targets x f1 x f2`.
     pub fn hop2_rows(&self) -> &[i32] {
         self.i32_list_column(6)
     }
 
     /// Every row index in range, every count within its fanout, every code
     /// known: what a consumer needs before it gathers with these indices.
-    fn validate_indices(&self, feature_dim: u32) -> Result<(), DecodeError> {
-        // The subgraph layout is the 1x1 typed graph's response: one check
-        // of its tables for both.
-        if let Some(typed) = TypedTables::from_subgraph(self) {
-            return typed.validate(&GraphSchema::one_type(feature_dim), 0);
-        }
+    fn validate_indices(&self) -> Result<(), DecodeError> {
         let n_nodes = self.n_nodes() as i64;
         let [f1, f2] = self.header.fanouts.map(|f| f as i32);
         let bad = |what: String| Err(DecodeError::Malformed(what));

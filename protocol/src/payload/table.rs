@@ -445,7 +445,6 @@ mod tests {
             n_nodes: 2,
             feature_dim: 4,
             fanouts: [1, 1],
-            subgraph: None,
         };
         let mut writer = ResponseWriter::new(area.as_slice_mut(), shape, &cache).unwrap();
         {

@@ -8,46 +8,21 @@ use std::sync::{Arc, Mutex, OnceLock};
 
 use arrow_schema::SchemaRef;
 
+use crate::graph_schema::GraphSchema;
 use crate::layout::{status, ResponseHeader, MAX_HOPS, MESSAGE_BYTES};
 use crate::payload::ipc::{self, BodyPlan, ColumnKind, END_OF_STREAM};
 use crate::payload::schema::{
     counts_schema, edge_schema, node_schema, subgraph_target_schema, target_schema,
 };
-use crate::request::SubgraphFanouts;
 
-/// Size of one response.
+/// Size of one dense-layout response (the graph layouts' is
+/// [`crate::payload::GraphShape`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct PayloadShape {
     pub n_targets: u32,
     pub n_nodes: u32,
     pub feature_dim: u32,
-    /// The dense layout's fanouts (ignored with `subgraph`).
     pub fanouts: [u32; MAX_HOPS],
-    /// The subgraph layout (docs/protocol.md, "The subgraph layout");
-    /// `None`: the dense layout.
-    pub subgraph: Option<SubgraphShape>,
-}
-
-/// The subgraph layout's part of a response's shape.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub struct SubgraphShape {
-    /// The fanouts used, one per hop.
-    pub fanouts: SubgraphFanouts,
-    pub n_edges: u32,
-}
-
-impl PayloadShape {
-    /// The fanouts the response header states: the dense layout's, or the
-    /// subgraph layout's first two (0 past its last hop) and its third.
-    pub fn header_fanouts(&self) -> ([u32; MAX_HOPS], u32) {
-        match self.subgraph {
-            None => (self.fanouts, 0),
-            Some(subgraph) => {
-                let [f1, f2, f3] = subgraph.fanouts.padded();
-                ([f1, f2], f3)
-            }
-        }
-    }
 }
 
 /// Why a response could not be written.
@@ -94,21 +69,6 @@ pub(crate) const SUBGRAPH_TARGET_COLUMNS: [ColumnKind; 3] = [
     ColumnKind::Fixed { width: 4 },
 ];
 
-/// The edge table's two list columns: `edge_index` (2 x `n_edges`) and
-/// `hop_counts` (`hops + 1` node counts, `hops` edge counts).
-fn edge_kinds(shape: &SubgraphShape) -> [ColumnKind; 2] {
-    [
-        ColumnKind::VarList {
-            width: 8,
-            children: 2 * shape.n_edges as usize,
-        },
-        ColumnKind::VarList {
-            width: 8,
-            children: 2 * shape.fanouts.hops() + 1,
-        },
-    ]
-}
-
 fn target_kinds([f1, f2]: [u32; MAX_HOPS]) -> [ColumnKind; 7] {
     let (f1, f2) = (f1 as usize, f2 as usize);
     [
@@ -150,6 +110,7 @@ pub struct SchemaCache {
     edges: OnceLock<Arc<CachedSchema>>,
     edge_index: OnceLock<Arc<CachedSchema>>,
     counts: OnceLock<Arc<CachedSchema>>,
+    one_type: Mutex<HashMap<u32, Arc<GraphSchema>>>,
 }
 
 impl SchemaCache {
@@ -185,6 +146,15 @@ impl SchemaCache {
             &self.edge_index
         };
         cell.get_or_init(|| CachedSchema::new(edge_schema(hop_counts)))
+            .clone()
+    }
+
+    /// The 1x1 graph whose layout a one-type graph's subgraph response is,
+    /// for rows of `dim` features ([`GraphSchema::one_type`]).
+    pub fn one_type(&self, dim: u32) -> Arc<GraphSchema> {
+        let mut map = self.one_type.lock().unwrap_or_else(|p| p.into_inner());
+        map.entry(dim)
+            .or_insert_with(|| Arc::new(GraphSchema::one_type(dim)))
             .clone()
     }
 
@@ -266,10 +236,8 @@ pub(crate) fn set_bit(bitmap: &mut [u8], row: usize, value: bool) {
     }
 }
 
-/// The sampled neighbourhoods of a response being written: the target
-/// table, and the edge table of the subgraph layout. In the dense layout
-/// the edge table's columns are empty; in the subgraph layout the hop
-/// arrays are.
+/// The sampled neighbourhoods of a dense-layout response being written:
+/// its target table.
 #[derive(Debug)]
 pub struct TargetColumns<'a> {
     pub target_id: &'a mut [u64],
@@ -282,26 +250,16 @@ pub struct TargetColumns<'a> {
     pub hop2_count: &'a mut [i32],
     /// `n_targets x f1 x f2`; entries past the counts hold the target's own row.
     pub hop2_rows: &'a mut [i32],
-    /// Subgraph layout: `2 x n_edges`, row-major; row 0 the sampled
-    /// neighbours' node-table rows, row 1 those of the nodes they were
-    /// sampled for.
-    pub edge_index: &'a mut [i64],
-    /// Subgraph layout: `hops + 1` counts of the nodes first reached at each
-    /// hop (hop 0: the targets).
-    pub sampled_nodes: &'a mut [i64],
-    /// Subgraph layout: `hops` counts of the edges sampled at each hop.
-    pub sampled_edges: &'a mut [i64],
 }
 
-/// A response being written into a slot's response area.
+/// A dense-layout response being written into a slot's response area (the
+/// graph layouts' writer is [`crate::payload::GraphWriter`]).
 #[derive(Debug)]
 pub struct ResponseWriter<'a> {
     area: &'a mut [u8],
     shape: PayloadShape,
     nodes: TablePlacement,
     targets: TablePlacement,
-    /// The subgraph layout's edge table.
-    edges: Option<TablePlacement>,
 }
 
 /// Writes a table's messages and end-of-stream marker at `start`; returns its
@@ -362,35 +320,15 @@ impl<'a> ResponseWriter<'a> {
         let node_plan = ipc::plan_body(shape.n_nodes as usize, &node_kinds(shape.feature_dim))
             .ok_or(too_large(usize::MAX, area.len()))?;
         let node_schema = schemas.node(shape.feature_dim);
-        // The target table (and the edge table) of the layout.
-        let (target_plan, target_schema) = match &shape.subgraph {
-            None => (
-                ipc::plan_body(shape.n_targets as usize, &target_kinds(shape.fanouts)),
-                schemas.target(shape.fanouts),
-            ),
-            Some(_) => (
-                ipc::plan_body(shape.n_targets as usize, &SUBGRAPH_TARGET_COLUMNS),
-                schemas.subgraph_target(),
-            ),
-        };
-        let target_plan = target_plan.ok_or(too_large(usize::MAX, area.len()))?;
-        let edge_plan = match &shape.subgraph {
-            None => None,
-            Some(subgraph) => Some((
-                ipc::plan_body(2, &edge_kinds(subgraph))
-                    .ok_or(too_large(usize::MAX, area.len()))?,
-                schemas.edges(true),
-            )),
-        };
+        let target_plan = ipc::plan_body(shape.n_targets as usize, &target_kinds(shape.fanouts))
+            .ok_or(too_large(usize::MAX, area.len()))?;
+        let target_schema = schemas.target(shape.fanouts);
         let node_batch = ipc::record_batch_message(&node_plan);
         let target_batch = ipc::record_batch_message(&target_plan);
-        let edge_batch = edge_plan
-            .as_ref()
-            .map(|(plan, _)| ipc::record_batch_message(plan));
         let header_len = size_of::<ResponseHeader>();
         // The exact size, checked before any write, so a response that does
         // not fit leaves the area untouched.
-        let mut needed = stream_len(node_schema.message.len(), node_batch.len(), &node_plan)
+        let needed = stream_len(node_schema.message.len(), node_batch.len(), &node_plan)
             .and_then(|n| {
                 n.checked_add(stream_len(
                     target_schema.message.len(),
@@ -398,12 +336,8 @@ impl<'a> ResponseWriter<'a> {
                     &target_plan,
                 )?)
             })
-            .and_then(|n| n.checked_add(header_len));
-        if let (Some((plan, schema)), Some(batch)) = (&edge_plan, &edge_batch) {
-            needed = needed
-                .and_then(|n| n.checked_add(stream_len(schema.message.len(), batch.len(), plan)?));
-        }
-        let needed = needed.unwrap_or(usize::MAX);
+            .and_then(|n| n.checked_add(header_len))
+            .unwrap_or(usize::MAX);
         if needed > area.len() {
             return Err(too_large(needed, area.len()));
         }
@@ -422,31 +356,11 @@ impl<'a> ResponseWriter<'a> {
             &target_batch,
             target_plan,
         );
-        let edges = match (edge_plan, edge_batch) {
-            (Some((plan, schema)), Some(batch)) => {
-                let start = targets.stream.end.next_multiple_of(64);
-                let edges = place_table(area, start, &schema.message, &batch, plan);
-                // The lists' offsets follow from the shape: each column's
-                // two rows are equal halves (edge_index) or hops + 1 and
-                // hops values (hop_counts).
-                let subgraph = shape.subgraph.expect("an edge table is a subgraph's");
-                let n_edges = subgraph.n_edges as i32;
-                let hops = subgraph.fanouts.hops() as i32;
-                for (column, ends) in [(0, [n_edges, 2 * n_edges]), (1, [hops + 1, 2 * hops + 1])] {
-                    let range = edges.offsets(column).expect("list columns have offsets");
-                    let offsets: &mut [i32] = bytemuck::cast_slice_mut(&mut area[range]);
-                    offsets.copy_from_slice(&[0, ends[0], ends[1]]);
-                }
-                Some(edges)
-            }
-            _ => None,
-        };
         let mut writer = Self {
             area,
             shape,
             nodes,
             targets,
-            edges,
         };
         writer.columns().0.fallback.fill(0);
         Ok(writer)
@@ -457,9 +371,8 @@ impl<'a> ResponseWriter<'a> {
     }
 
     /// Mutable views of every column: the node table, then the target
-    /// table and, in the subgraph layout, the edge table.
+    /// table.
     pub fn columns(&mut self) -> (NodeColumns<'_>, TargetColumns<'_>) {
-        let dense = self.edges.is_none();
         let mut ranges = Vec::with_capacity(11);
         for idx in 0..self.nodes.plan.values.len() {
             ranges.push(self.nodes.column(idx));
@@ -467,48 +380,17 @@ impl<'a> ResponseWriter<'a> {
         for idx in 0..self.targets.plan.values.len() {
             ranges.push(self.targets.column(idx));
         }
-        if let Some(edges) = &self.edges {
-            ranges.push(edges.column(0));
-            ranges.push(edges.column(1));
-        }
         let mut parts = carve(self.area, &ranges).into_iter();
         let mut next = || parts.next().expect("one part per carved range");
         let nodes = NodeColumns::from_parts(&mut next, self.shape.feature_dim);
-        let (target_id, status, target_row) = (
-            bytemuck::cast_slice_mut(next()),
-            next(),
-            bytemuck::cast_slice_mut(next()),
-        );
-        let targets = if dense {
-            TargetColumns {
-                target_id,
-                status,
-                target_row,
-                hop1_count: bytemuck::cast_slice_mut(next()),
-                hop1_rows: bytemuck::cast_slice_mut(next()),
-                hop2_count: bytemuck::cast_slice_mut(next()),
-                hop2_rows: bytemuck::cast_slice_mut(next()),
-                edge_index: &mut [],
-                sampled_nodes: &mut [],
-                sampled_edges: &mut [],
-            }
-        } else {
-            let edge_index = bytemuck::cast_slice_mut(next());
-            let counts: &mut [i64] = bytemuck::cast_slice_mut(next());
-            let hops = self.shape.subgraph.map_or(0, |s| s.fanouts.hops());
-            let (sampled_nodes, sampled_edges) = counts.split_at_mut(hops + 1);
-            TargetColumns {
-                target_id,
-                status,
-                target_row,
-                hop1_count: &mut [],
-                hop1_rows: &mut [],
-                hop2_count: &mut [],
-                hop2_rows: &mut [],
-                edge_index,
-                sampled_nodes,
-                sampled_edges,
-            }
+        let targets = TargetColumns {
+            target_id: bytemuck::cast_slice_mut(next()),
+            status: next(),
+            target_row: bytemuck::cast_slice_mut(next()),
+            hop1_count: bytemuck::cast_slice_mut(next()),
+            hop1_rows: bytemuck::cast_slice_mut(next()),
+            hop2_count: bytemuck::cast_slice_mut(next()),
+            hop2_rows: bytemuck::cast_slice_mut(next()),
         };
         (nodes, targets)
     }
@@ -516,16 +398,11 @@ impl<'a> ResponseWriter<'a> {
     /// Writes the response header (status OK). Returns the bytes used.
     pub fn finish(self, request_id: u64, meta: impl Into<ResponseMeta>, server_ns: u64) -> usize {
         let meta = meta.into();
-        let (fanouts, fanout3) = self.shape.header_fanouts();
-        let (edge_table_offset, edge_table_len) = self
-            .edges
-            .as_ref()
-            .map_or((0, 0), |e| (e.stream.start as u64, e.stream.len() as u64));
         let header = ResponseHeader {
             status: status::OK,
             n_targets: self.shape.n_targets,
             n_nodes: self.shape.n_nodes,
-            fanouts,
+            fanouts: self.shape.fanouts,
             message_len: 0,
             request_id,
             graph_version: meta.graph_version,
@@ -537,16 +414,14 @@ impl<'a> ResponseWriter<'a> {
             change_clock: meta.change_clock,
             change_tick: meta.change_tick,
             id_bound: meta.id_bound,
-            edge_table_offset,
-            edge_table_len,
-            hops: self.shape.subgraph.map_or(0, |s| s.fanouts.hops() as u32),
-            fanout3,
+            edge_table_offset: 0,
+            edge_table_len: 0,
+            hops: 0,
+            fanout3: 0,
             message: [0; MESSAGE_BYTES],
         };
         self.area[..size_of::<ResponseHeader>()].copy_from_slice(bytemuck::bytes_of(&header));
-        self.edges
-            .as_ref()
-            .map_or(self.targets.stream.end, |e| e.stream.end)
+        self.targets.stream.end
     }
 }
 

@@ -51,9 +51,9 @@ use crate::admin::wire::{
 use crate::daemon::{Core, Daemon};
 use crate::features::contract::encode_row;
 use crate::features::rocks::Role;
-use crate::graph::TypedNeighborSource;
+use crate::graph::GraphSource;
 use crate::updates::entry::Op;
-use crate::updates::typed_entry::{TypedChange, TypedOp};
+use crate::updates::typed_entry::{GraphChange, GraphOp};
 
 /// Most admin connections served at once.
 pub const MAX_CONNECTIONS: usize = 8;
@@ -692,7 +692,7 @@ fn handle(
         }
         AdminRequest::Invalidate { ids } => {
             let n = ids.len() as u64;
-            change(daemon, runtime, vec![TypedOp::from(Op::Invalidate { ids })])?;
+            change(daemon, runtime, vec![GraphOp::from(Op::Invalidate { ids })])?;
             daemon.metrics.admin_invalidated_ids.inc_by(n);
             AdminResponse::Invalidated { ids: n }
         }
@@ -723,10 +723,10 @@ fn handle(
             undirected,
         } => {
             // The nodes with their rows, then the edges: one update.
-            let mut ops: Vec<TypedOp> = nodes
+            let mut ops: Vec<GraphOp> = nodes
                 .iter()
                 .map(|n| {
-                    TypedOp::from(Op::AddNode {
+                    GraphOp::from(Op::AddNode {
                         id: n.id,
                         row: Some(encode_row(&n.features)),
                         neighbors: Vec::new(),
@@ -734,7 +734,7 @@ fn handle(
                     })
                 })
                 .collect();
-            ops.push(TypedOp::from(Op::AddEdges {
+            ops.push(GraphOp::from(Op::AddEdges {
                 edges,
                 directed: !undirected,
             }));
@@ -743,7 +743,7 @@ fn handle(
         AdminRequest::AddEdges { edges, undirected } => change(
             daemon,
             runtime,
-            vec![TypedOp::from(Op::AddEdges {
+            vec![GraphOp::from(Op::AddEdges {
                 edges,
                 directed: !undirected,
             })],
@@ -756,7 +756,7 @@ fn handle(
         } => change_naming_types(
             daemon,
             runtime,
-            TypedOp::AddNode {
+            GraphOp::AddNode {
                 node_type,
                 id,
                 row: (!features.is_empty()).then(|| encode_row(&features)),
@@ -766,13 +766,13 @@ fn handle(
         AdminRequest::TypedAddEdges { edge_type, edges } => change_naming_types(
             daemon,
             runtime,
-            TypedOp::AddEdges {
+            GraphOp::AddEdges {
                 edges: vec![(edge_type, edges)],
             },
         )?,
         AdminRequest::TypedInvalidate { node_type, ids } => {
             let n = ids.len() as u64;
-            change_naming_types(daemon, runtime, TypedOp::Invalidate { node_type, ids })?;
+            change_naming_types(daemon, runtime, GraphOp::Invalidate { node_type, ids })?;
             daemon.metrics.admin_invalidated_ids.inc_by(n);
             AdminResponse::Invalidated { ids: n }
         }
@@ -939,7 +939,7 @@ fn store_rows(
 fn change_naming_types(
     daemon: &Daemon,
     runtime: &tokio::runtime::Handle,
-    op: TypedOp,
+    op: GraphOp,
 ) -> anyhow::Result<AdminResponse> {
     if !daemon.loaded()?.is_typed() {
         bail!(
@@ -960,18 +960,18 @@ fn change_naming_types(
 fn change(
     daemon: &Daemon,
     runtime: &tokio::runtime::Handle,
-    ops: Vec<TypedOp>,
+    ops: Vec<GraphOp>,
 ) -> anyhow::Result<AdminResponse> {
     let core = daemon.loaded()?;
     if ops
         .iter()
-        .any(|op| !matches!(op, TypedOp::Invalidate { .. }))
+        .any(|op| !matches!(op, GraphOp::Invalidate { .. }))
     {
         refuse_while_following(core)?;
     }
     let graph = core.graph.snapshot();
     let schema = graph.schema();
-    let mut change = TypedChange::default();
+    let mut change = GraphChange::default();
     for op in &ops {
         let one = op.resolve(schema).map_err(anyhow::Error::msg)?;
         change.rows.extend(one.rows);

@@ -44,7 +44,7 @@ use crate::graph::build::{self, BuildOptions, EdgeFile, TypedEdges};
 use crate::graph::changes::{node_key, Changes};
 use crate::graph::delta::{Delta, Row};
 use crate::graph::format::StreamPosition;
-use crate::graph::sampler::{NeighborSource, TypedNeighborSource};
+use crate::graph::sampler::{GraphSource, NeighborSource};
 use crate::graph::typed::{self, Location, TypedGraph, TypedSchema};
 
 /// How far past a node type's id bound one update may add nodes
@@ -566,7 +566,7 @@ pub(crate) fn merge_sorted(a: &[u32], b: &[u32], mut each: impl FnMut(u32)) {
     }
 }
 
-impl TypedNeighborSource for GraphSnapshot {
+impl GraphSource for GraphSnapshot {
     fn n_node_types(&self) -> usize {
         self.id_bounds.len()
     }
@@ -628,7 +628,7 @@ impl NeighborSource for GraphSnapshot {
 
     #[inline]
     fn neighbor(&self, node: u64, i: u32) -> u64 {
-        TypedNeighborSource::neighbor(self, 0, node, i)
+        GraphSource::neighbor(self, 0, node, i)
     }
 }
 
@@ -1182,11 +1182,11 @@ mod tests {
         assert_eq!(after.id_bound(0), 5);
         assert_eq!(after.id_bound(1), 3);
         assert_eq!(after.sources(0, 0), vec![0, 1, 2]);
-        assert_eq!(TypedNeighborSource::degree(&*after, 0, 0), Some(3));
-        assert_eq!(TypedNeighborSource::neighbor(&*after, 0, 0, 2), 2);
+        assert_eq!(GraphSource::degree(&*after, 0, 0), Some(3));
+        assert_eq!(GraphSource::neighbor(&*after, 0, 0, 2), 2);
         assert_eq!(after.sources(0, 2), vec![4]);
         assert_eq!(
-            TypedNeighborSource::degree(&*after, 0, 3),
+            GraphSource::degree(&*after, 0, 3),
             None,
             "item 3 is not a node"
         );

@@ -30,7 +30,5 @@ pub use changes::Changes;
 pub use format::{CsrHeader, FormatError, StreamPosition};
 pub use index::CsrIndex;
 pub use live::{Compacted, GraphSnapshot, GraphUpdate, LiveGraph, UpdateStats};
-pub use sampler::{
-    NeighborSource, Sampled, Sampler, TypedFanouts, TypedNeighborSource, TypedSampled,
-};
+pub use sampler::{GraphFanouts, GraphSampled, GraphSource, NeighborSource, Sampled, Sampler};
 pub use typed::{TypedGraph, TypedSchema};

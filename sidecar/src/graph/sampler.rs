@@ -18,7 +18,7 @@ use rustc_hash::FxHashMap;
 
 use protocol::layout::MAX_HOPS;
 use protocol::payload::schema::{target_status, HOP2_CACHED, NO_ROW};
-use protocol::payload::TargetColumns;
+use protocol::payload::{GraphColumns, TargetColumns};
 use protocol::request::SubgraphFanouts;
 
 /// Read access to a graph by neighbour index.
@@ -95,9 +95,9 @@ impl Sampled {
         self.status.len()
     }
 
-    /// Copies the sample into a response's target table, and in the
-    /// subgraph layout its edge table (the columns have exactly these
-    /// shapes; the node table's ids are [`Sampled::nodes`]).
+    /// Copies a dense-layout sample into a response's target table (the
+    /// columns have exactly these shapes; the node table's ids are
+    /// [`Sampled::nodes`]).
     pub fn write_targets(&self, targets: &[u64], columns: &mut TargetColumns<'_>) {
         columns.target_id.copy_from_slice(targets);
         columns.status.copy_from_slice(&self.status);
@@ -106,16 +106,58 @@ impl Sampled {
         columns.hop1_rows.copy_from_slice(&self.hop1_rows);
         columns.hop2_count.copy_from_slice(&self.hop2_count);
         columns.hop2_rows.copy_from_slice(&self.hop2_rows);
-        let (src, dst) = columns.edge_index.split_at_mut(self.edge_src.len());
-        src.copy_from_slice(&self.edge_src);
-        dst.copy_from_slice(&self.edge_dst);
-        columns.sampled_nodes.copy_from_slice(&self.sampled_nodes);
-        columns.sampled_edges.copy_from_slice(&self.sampled_edges);
+    }
+
+    /// A subgraph-layout sample as the 1x1 graph's.
+    pub fn graph(&self) -> GraphSample<'_> {
+        GraphSample {
+            status: &self.status,
+            target_row: &self.target_row,
+            edge_src: std::slice::from_ref(&self.edge_src),
+            edge_dst: std::slice::from_ref(&self.edge_dst),
+            sampled_nodes: std::slice::from_ref(&self.sampled_nodes),
+            sampled_edges: std::slice::from_ref(&self.sampled_edges),
+        }
     }
 
     /// Edges of a subgraph-layout sample (0 in the dense layout).
     pub fn n_edges(&self) -> usize {
         self.edge_src.len()
+    }
+}
+
+/// What a graph response holds of a sample besides its node tables: the
+/// targets' status and rows, per edge type its edges, per node type and
+/// edge type its counts.
+#[derive(Debug, Clone, Copy)]
+pub struct GraphSample<'s> {
+    pub status: &'s [u8],
+    pub target_row: &'s [i32],
+    pub edge_src: &'s [Vec<i64>],
+    pub edge_dst: &'s [Vec<i64>],
+    pub sampled_nodes: &'s [Vec<i64>],
+    pub sampled_edges: &'s [Vec<i64>],
+}
+
+impl GraphSample<'_> {
+    /// Copies the sample into a graph response's target table, edge lists
+    /// and counts (the columns have exactly these shapes; the node tables
+    /// are the caller's to fill).
+    pub fn write(&self, targets: &[u64], cols: &mut GraphColumns<'_>) {
+        cols.target_id.copy_from_slice(targets);
+        cols.status.copy_from_slice(self.status);
+        cols.target_row.copy_from_slice(self.target_row);
+        for (e, index) in cols.edge_index.iter_mut().enumerate() {
+            let (src, dst) = index.split_at_mut(self.edge_src[e].len());
+            src.copy_from_slice(&self.edge_src[e]);
+            dst.copy_from_slice(&self.edge_dst[e]);
+        }
+        for (counts, sampled) in cols.sampled_nodes.iter_mut().zip(self.sampled_nodes) {
+            counts.copy_from_slice(sampled);
+        }
+        for (counts, sampled) in cols.sampled_edges.iter_mut().zip(self.sampled_edges) {
+            counts.copy_from_slice(sampled);
+        }
     }
 }
 
@@ -131,7 +173,7 @@ pub struct Sampler {
 /// Read access to a typed graph: for each edge type `(src, relation, dst)`
 /// (by index), each `dst` node's sources by index, as the typed index keeps
 /// them (docs/graph-index.md, "Typed datasets").
-pub trait TypedNeighborSource {
+pub trait GraphSource {
     fn n_node_types(&self) -> usize;
     /// Each edge type's (source type, destination type).
     fn edge_types(&self) -> &[(usize, usize)];
@@ -149,7 +191,7 @@ pub trait TypedNeighborSource {
 #[derive(Debug)]
 pub struct OneType<'a, G>(pub &'a G);
 
-impl<G: NeighborSource> TypedNeighborSource for OneType<'_, G> {
+impl<G: NeighborSource> GraphSource for OneType<'_, G> {
     fn n_node_types(&self) -> usize {
         1
     }
@@ -178,13 +220,13 @@ const EDGE_TYPE_SALT: u64 = 0xd6e8_feb8_6659_fd93;
 /// Fanouts of a typed sample: for each edge type, one per hop (1 to
 /// [`protocol::layout::MAX_SUBGRAPH_HOPS`]), 0 for "not at this hop".
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct TypedFanouts {
+pub struct GraphFanouts {
     hops: usize,
     /// Edge type `e`, hop `h` at `e * hops + h`.
     fanouts: Vec<u32>,
 }
 
-impl TypedFanouts {
+impl GraphFanouts {
     /// `None` unless `hops` is 1 to the most hops a subgraph has and
     /// `fanouts` holds `hops` values per edge type.
     pub fn new(hops: usize, fanouts: Vec<u32>) -> Option<Self> {
@@ -207,9 +249,9 @@ impl TypedFanouts {
     }
 }
 
-/// One typed sample (see [`Sampler::sample_typed`]).
+/// One typed sample (see [`Sampler::sample_graph`]).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct TypedSampled {
+pub struct GraphSampled {
     /// Per node type: its unique node ids, in row order.
     pub nodes: Vec<Vec<u64>>,
     /// Per target: `OK`, `UNKNOWN_NODE` or `FRESH`.
@@ -228,6 +270,20 @@ pub struct TypedSampled {
     pub sampled_edges: Vec<Vec<i64>>,
     /// Random draws and set probes spent.
     pub work: u64,
+}
+
+impl GraphSampled {
+    /// What its response holds besides the node tables.
+    pub fn graph(&self) -> GraphSample<'_> {
+        GraphSample {
+            status: &self.status,
+            target_row: &self.target_row,
+            edge_src: &self.edge_src,
+            edge_dst: &self.edge_dst,
+            sampled_nodes: &self.sampled_nodes,
+            sampled_edges: &self.sampled_edges,
+        }
+    }
 }
 
 impl Sampler {
@@ -301,9 +357,9 @@ impl Sampler {
     ) -> Result<Sampled, SubgraphTooLarge> {
         // The one-type case of the typed sampler: one node type, one edge
         // type whose sources of a node are its neighbours.
-        let typed_fanouts = TypedFanouts::new(fanouts.hops(), fanouts.as_slice().to_vec())
+        let typed_fanouts = GraphFanouts::new(fanouts.hops(), fanouts.as_slice().to_vec())
             .expect("one fanout per hop of one edge type");
-        let mut typed = self.sample_typed(
+        let mut typed = self.sample_graph(
             &OneType(graph),
             0,
             targets,
@@ -346,16 +402,16 @@ impl Sampler {
     /// row). Stops, with what outgrew, once the nodes of all types or the
     /// edges of all types pass `limits`.
     #[allow(clippy::too_many_arguments)]
-    pub fn sample_typed(
+    pub fn sample_graph(
         &mut self,
-        graph: &impl TypedNeighborSource,
+        graph: &impl GraphSource,
         target_type: usize,
         targets: &[u64],
-        fanouts: &TypedFanouts,
+        fanouts: &GraphFanouts,
         seed: u64,
         limits: SubgraphLimits,
         fresh: &[bool],
-    ) -> Result<TypedSampled, SubgraphTooLarge> {
+    ) -> Result<GraphSampled, SubgraphTooLarge> {
         let ends = graph.edge_types();
         let n_types = graph.n_node_types();
         assert_eq!(
@@ -363,7 +419,7 @@ impl Sampler {
             ends.len(),
             "one fanout list per edge type"
         );
-        let mut out = TypedSampled {
+        let mut out = GraphSampled {
             nodes: vec![Vec::new(); n_types],
             status: Vec::with_capacity(targets.len()),
             target_row: Vec::with_capacity(targets.len()),

@@ -19,7 +19,7 @@ use anyhow::{bail, ensure, Context};
 use serde::{Deserialize, Serialize};
 
 use crate::graph::build::{self, BuildOptions, BuildStats, EdgeFile, TypedEdges};
-use crate::graph::sampler::TypedNeighborSource;
+use crate::graph::sampler::GraphSource;
 use crate::graph::CsrIndex;
 
 /// The typed index's folder inside a data directory.
@@ -612,7 +612,7 @@ impl TypedGraph {
     }
 }
 
-impl TypedNeighborSource for TypedGraph {
+impl GraphSource for TypedGraph {
     fn n_node_types(&self) -> usize {
         self.schema.node_types.len()
     }

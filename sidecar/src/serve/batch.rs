@@ -12,7 +12,7 @@ use std::borrow::Cow;
 use std::time::Instant;
 
 use protocol::layout::{status, MAX_HOPS};
-use protocol::payload::{NodeColumns, PayloadShape, SubgraphShape, TargetColumns};
+use protocol::payload::{GraphShape, NodeColumns, PayloadShape, TargetColumns};
 use protocol::request::{FreshSince, HubH1, Request, SubgraphFanouts};
 use protocol::server::ServeTicket;
 use rustc_hash::FxHashMap;
@@ -24,8 +24,7 @@ use crate::features::{FeatureTiers, RowSource};
 use crate::graph::changes::Changes;
 use crate::graph::live::{GraphSnapshot, GraphUpdate};
 use crate::graph::sampler::{
-    hop1_of, OneType, Sampled, Sampler, SubgraphLimits, SubgraphTooLarge, TypedFanouts,
-    TypedNeighborSource,
+    hop1_of, GraphFanouts, GraphSource, OneType, Sampled, Sampler, SubgraphLimits, SubgraphTooLarge,
 };
 use protocol::payload::schema::tier;
 
@@ -315,7 +314,7 @@ impl BatchServer {
                 if let Some(subgraph) = fresh.subgraph {
                     // The 1x1 typed graph's subgraph, as `sample_subgraph`
                     // draws it.
-                    let fanouts = TypedFanouts::new(subgraph.hops(), subgraph.as_slice().to_vec())
+                    let fanouts = GraphFanouts::new(subgraph.hops(), subgraph.as_slice().to_vec())
                         .expect("one fanout per hop of one edge type");
                     return self.stands(ctx, &OneType(ctx.graph), 0, target, &fanouts, fresh.tick);
                 }
@@ -345,17 +344,17 @@ impl BatchServer {
     pub(super) fn stands(
         &mut self,
         ctx: &BatchContext<'_>,
-        graph: &impl TypedNeighborSource,
+        graph: &impl GraphSource,
         target_type: usize,
         target: u64,
-        fanouts: &TypedFanouts,
+        fanouts: &GraphFanouts,
         tick: u64,
     ) -> bool {
         use crate::graph::changes::node_key;
         if !graph.is_node(target_type, target) {
             return false;
         }
-        let Ok(sample) = self.sampler.sample_typed(
+        let Ok(sample) = self.sampler.sample_graph(
             graph,
             target_type,
             &[target],
@@ -485,16 +484,6 @@ impl BatchServer {
             );
             return;
         }
-        let shape = PayloadShape {
-            n_targets: n as u32,
-            n_nodes: n_nodes as u32,
-            feature_dim: ctx.tiers().feature_dim() as u32,
-            fanouts: sampled.fanouts,
-            subgraph: sampled.subgraph.map(|fanouts| SubgraphShape {
-                fanouts,
-                n_edges: sampled.n_edges() as u32,
-            }),
-        };
         let meta = protocol::payload::ResponseMeta {
             graph_version: ctx.graph.graph_version(),
             change_clock: ctx.changes.clock(),
@@ -503,29 +492,58 @@ impl BatchServer {
         };
         let targets = &pending.request.targets;
         let mut late = false;
-        let written = pending
-            .ticket
-            .respond(request_id, meta, shape, |nodes, out| {
-                match &cols {
-                    Some(cols) => cols.write(targets, out),
-                    None => sampled.write_targets(targets, out),
+        // The node table: the ids and rows of the group's sample this
+        // request holds, copied from the batch's fetch or fetched into the
+        // slot.
+        let write_nodes = |nodes: &mut NodeColumns<'_>| {
+            let sources = match batch {
+                None => {
+                    nodes.node_id.copy_from_slice(&sampled.nodes);
+                    let mut sources = vec![RowSource::default(); n_nodes];
+                    fetch(&sampled.nodes, nodes.features, &mut sources);
+                    sources
                 }
-                match batch {
-                    None => {
-                        nodes.node_id.copy_from_slice(&sampled.nodes);
-                        let mut sources = vec![RowSource::default(); n_nodes];
-                        fetch(&sampled.nodes, nodes.features, &mut sources);
-                        late = sources.iter().any(|s| s.late);
-                        write_sources(nodes, &sources);
-                    }
-                    Some(batch) => {
-                        let rows = |i: usize| if whole { i } else { local[i] as usize };
-                        let sources = copy_batch_rows(nodes, &batch, sampled, rows, n_nodes);
-                        late = sources.iter().any(|s| s.late);
-                        write_sources(nodes, &sources);
-                    }
+                Some(batch) => {
+                    let rows = |i: usize| if whole { i } else { local[i] as usize };
+                    copy_batch_rows(nodes, &batch, sampled, rows, n_nodes)
                 }
-            });
+            };
+            late = sources.iter().any(|s| s.late);
+            write_sources(nodes, &sources);
+        };
+        let written = match sampled.subgraph {
+            None => {
+                let shape = PayloadShape {
+                    n_targets: n as u32,
+                    n_nodes: n_nodes as u32,
+                    feature_dim: ctx.tiers().feature_dim() as u32,
+                    fanouts: sampled.fanouts,
+                };
+                pending
+                    .ticket
+                    .respond(request_id, meta, shape, |nodes, out| {
+                        match &cols {
+                            Some(cols) => cols.write(targets, out),
+                            None => sampled.write_targets(targets, out),
+                        }
+                        write_nodes(nodes);
+                    })
+            }
+            Some(fanouts) => {
+                let shape = GraphShape::subgraph(
+                    fanouts,
+                    n as u32,
+                    n_nodes as u32,
+                    sampled.n_edges() as u32,
+                );
+                pending
+                    .ticket
+                    .respond_graph(request_id, meta, shape, |cols| {
+                        sampled.graph().write(targets, cols);
+                        write_nodes(&mut cols.nodes[0]);
+                    })
+            }
+        };
         if written.is_err() {
             ctx.metrics.too_large.inc();
         }

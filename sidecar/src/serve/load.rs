@@ -30,7 +30,7 @@ use crate::features::rocks::{Opened, RocksStore, Role, StoreTelemetry};
 use crate::features::{DefaultRow, FeatureTiers, TierConfig};
 use crate::graph::live::LiveGraph;
 use crate::graph::typed::{self, TypedGraph};
-use crate::graph::{dataset, CsrIndex, TypedNeighborSource};
+use crate::graph::{dataset, CsrIndex, GraphSource};
 use crate::updates::follower::{self, FollowerStats};
 
 /// What the loading gives the start-up: the core and the schema the ring

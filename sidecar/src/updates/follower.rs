@@ -18,7 +18,7 @@ use crate::features::FeatureTiers;
 use crate::graph::live::{MAX_ID_GROWTH, MAX_NODE_ID};
 use crate::graph::{GraphUpdate, LiveGraph, StreamPosition};
 use crate::updates::entry::Op;
-use crate::updates::typed_entry::{self, TypedOp};
+use crate::updates::typed_entry::{self, GraphOp};
 
 /// Entries read per XREAD.
 pub const BATCH: usize = 1_000;
@@ -260,7 +260,7 @@ impl Targets {
                                 `edges:<edge type>`): this replica serves a one-type graph"
                         .into());
                 }
-                TypedOp::from(Op::from_fields(fields, row_bytes)?)
+                GraphOp::from(Op::from_fields(fields, row_bytes)?)
             }
             None => {
                 if !typed_entry::is_typed(fields) {
@@ -271,7 +271,7 @@ impl Targets {
                         graph.schema().node_types.len()
                     ));
                 }
-                TypedOp::from_fields(fields)?
+                GraphOp::from_fields(fields)?
             }
         };
         let change = op.resolve(graph.schema())?;

@@ -10,7 +10,7 @@ use crate::features::import::FeatureManifest;
 use crate::features::redis_tier::{RedisConfig, RedisTier};
 use crate::graph::typed::{self, TypedSchema};
 use crate::updates::entry::Op;
-use crate::updates::typed_entry::{TypedOp, EDGES_FIELD};
+use crate::updates::typed_entry::{GraphOp, EDGES_FIELD};
 
 /// Operations appended per pipelined round trip.
 const PIPELINE: usize = 512;
@@ -105,7 +105,7 @@ impl PublishTarget {
 #[derive(Debug, Clone, PartialEq)]
 pub enum Entry {
     OneType(Op),
-    Typed(TypedOp),
+    Typed(GraphOp),
 }
 
 impl Entry {
@@ -122,7 +122,7 @@ impl Entry {
     }
 
     /// Parses one operation in the text syntax of `sidecar publish`: the
-    /// typed syntax ([`TypedOp::from_words`]) when it names a node type
+    /// typed syntax ([`GraphOp::from_words`]) when it names a node type
     /// (a word where the one-type syntax has an id) or `edges:`, the
     /// one-type one ([`Op::from_words`]) otherwise.
     pub fn from_words(words: &[&str], dim: Option<usize>) -> Result<Entry, String> {
@@ -131,7 +131,7 @@ impl Entry {
                 .get(1)
                 .is_some_and(|w| !w.contains('=') && *w != "directed" && w.parse::<u64>().is_err());
         if typed {
-            TypedOp::from_words(words).map(Entry::Typed)
+            GraphOp::from_words(words).map(Entry::Typed)
         } else {
             Op::from_words(words, dim).map(Entry::OneType)
         }

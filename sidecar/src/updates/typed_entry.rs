@@ -21,7 +21,7 @@ type IndexedEdges = (usize, Vec<(u64, u64)>);
 
 /// One operation on a typed graph.
 #[derive(Debug, Clone, PartialEq)]
-pub enum TypedOp {
+pub enum GraphOp {
     AddNode {
         node_type: String,
         id: u64,
@@ -46,7 +46,7 @@ pub enum TypedOp {
 /// A typed operation resolved against a graph's types: indices, rows
 /// checked against their type's width.
 #[derive(Debug, Clone, PartialEq, Default)]
-pub struct TypedChange {
+pub struct GraphChange {
     /// `(node type, id, row)` to store.
     pub rows: Vec<(usize, u64, Vec<u8>)>,
     /// `(node type, id)` to evict from the caches.
@@ -55,13 +55,13 @@ pub struct TypedChange {
     pub update: Option<GraphUpdate>,
 }
 
-impl From<Op> for TypedOp {
+impl From<Op> for GraphOp {
     /// The operation on the 1x1 typed graph a one-type graph is: node type
     /// `node`, edge type `node__to__node` (`(src, dst)` there is a message
     /// from `src` to `dst`, so a one-type edge `(a, b)`, which makes `b` a
     /// neighbour of `a`, is `(b, a)`, and its reverse `(a, b)` unless
     /// `directed`). Checked against the graph's types by
-    /// [`TypedOp::resolve`], as a typed graph's operations are.
+    /// [`GraphOp::resolve`], as a typed graph's operations are.
     fn from(op: Op) -> Self {
         let one_type = |edges: &[(u64, u64)], directed: bool| -> Vec<NamedEdges> {
             let update = GraphUpdate::one_type(&[], edges, !directed);
@@ -79,22 +79,22 @@ impl From<Op> for TypedOp {
                 directed,
             } => {
                 let edges: Vec<(u64, u64)> = neighbors.iter().map(|&n| (id, n)).collect();
-                TypedOp::AddNode {
+                GraphOp::AddNode {
                     node_type: ONE_TYPE.into(),
                     id,
                     row,
                     edges: one_type(&edges, directed),
                 }
             }
-            Op::AddEdges { edges, directed } => TypedOp::AddEdges {
+            Op::AddEdges { edges, directed } => GraphOp::AddEdges {
                 edges: one_type(&edges, directed),
             },
-            Op::SetFeatures { id, row } => TypedOp::SetFeatures {
+            Op::SetFeatures { id, row } => GraphOp::SetFeatures {
                 node_type: ONE_TYPE.into(),
                 id,
                 row,
             },
-            Op::Invalidate { ids } => TypedOp::Invalidate {
+            Op::Invalidate { ids } => GraphOp::Invalidate {
                 node_type: ONE_TYPE.into(),
                 ids,
             },
@@ -110,24 +110,24 @@ pub fn is_typed(fields: &[(Vec<u8>, Vec<u8>)]) -> bool {
         .any(|(k, _)| k.as_slice() == b"type" || k.starts_with(EDGES_FIELD.as_bytes()))
 }
 
-impl TypedOp {
+impl GraphOp {
     /// The `op` field's value.
     pub fn name(&self) -> &'static str {
         match self {
-            TypedOp::AddNode { .. } => "add_node",
-            TypedOp::AddEdges { .. } => "add_edges",
-            TypedOp::SetFeatures { .. } => "set_features",
-            TypedOp::Invalidate { .. } => "invalidate",
+            GraphOp::AddNode { .. } => "add_node",
+            GraphOp::AddEdges { .. } => "add_edges",
+            GraphOp::SetFeatures { .. } => "set_features",
+            GraphOp::Invalidate { .. } => "invalidate",
         }
     }
 
     /// The node type whose row the operation stores, the id and the row.
     pub fn row(&self) -> Option<(&str, u64, &[u8])> {
         match self {
-            TypedOp::AddNode {
+            GraphOp::AddNode {
                 node_type, id, row, ..
             }
-            | TypedOp::SetFeatures { node_type, id, row } => {
+            | GraphOp::SetFeatures { node_type, id, row } => {
                 row.as_deref().map(|r| (node_type.as_str(), *id, r))
             }
             _ => None,
@@ -152,7 +152,7 @@ impl TypedOp {
             }
         };
         match self {
-            TypedOp::AddNode {
+            GraphOp::AddNode {
                 node_type,
                 id,
                 row,
@@ -165,15 +165,15 @@ impl TypedOp {
                 }
                 edges(&mut fields, named);
             }
-            TypedOp::AddEdges { edges: named } => edges(&mut fields, named),
-            TypedOp::SetFeatures { node_type, id, row } => {
+            GraphOp::AddEdges { edges: named } => edges(&mut fields, named),
+            GraphOp::SetFeatures { node_type, id, row } => {
                 fields.push(("type".into(), node_type.as_bytes().to_vec()));
                 fields.push(("id".into(), id.to_string().into_bytes()));
                 if let Some(row) = row {
                     fields.push(("row".into(), row.clone()));
                 }
             }
-            TypedOp::Invalidate { node_type, ids } => {
+            GraphOp::Invalidate { node_type, ids } => {
                 fields.push(("type".into(), node_type.as_bytes().to_vec()));
                 fields.push(("ids".into(), list(&mut ids.iter().copied())));
             }
@@ -181,10 +181,10 @@ impl TypedOp {
         fields
     }
 
-    /// Parses a typed entry's fields (the syntax; [`TypedOp::resolve`]
+    /// Parses a typed entry's fields (the syntax; [`GraphOp::resolve`]
     /// checks them against the graph's types). The error names the rule
     /// broken.
-    pub fn from_fields(fields: &[(Vec<u8>, Vec<u8>)]) -> Result<TypedOp, String> {
+    pub fn from_fields(fields: &[(Vec<u8>, Vec<u8>)]) -> Result<GraphOp, String> {
         let text = |name: &str, value: &[u8]| -> Result<String, String> {
             String::from_utf8(value.to_vec()).map_err(|_| format!("field `{name}` is not text"))
         };
@@ -246,7 +246,7 @@ impl TypedOp {
         let parsed = match op.as_str() {
             "add_node" => {
                 allowed(&["op", "type", "id", "row"], true)?;
-                TypedOp::AddNode {
+                GraphOp::AddNode {
                     node_type: node_type()?,
                     id: id()?,
                     row: row(),
@@ -260,11 +260,11 @@ impl TypedOp {
                         "op add_edges on a typed graph needs `{EDGES_FIELD}<edge type>` fields"
                     ));
                 }
-                TypedOp::AddEdges { edges }
+                GraphOp::AddEdges { edges }
             }
             "set_features" => {
                 allowed(&["op", "type", "id", "row"], false)?;
-                TypedOp::SetFeatures {
+                GraphOp::SetFeatures {
                     node_type: node_type()?,
                     id: id()?,
                     row: row(),
@@ -274,7 +274,7 @@ impl TypedOp {
                 allowed(&["op", "type", "ids"], false)?;
                 let list = ids(&text("ids", get("ids").ok_or("no `ids` field")?)?, "ids")?;
                 n_ids += list.len();
-                TypedOp::Invalidate {
+                GraphOp::Invalidate {
                     node_type: node_type()?,
                     ids: list,
                 }
@@ -296,7 +296,7 @@ impl TypedOp {
     /// Checks the operation against `schema`: its node type and edge types
     /// exist, a row has its type's width (and a type without features
     /// takes none). The error names the type and the fix.
-    pub fn resolve(&self, schema: &TypedSchema) -> Result<TypedChange, String> {
+    pub fn resolve(&self, schema: &TypedSchema) -> Result<GraphChange, String> {
         let node_type = |name: &str| -> Result<usize, String> {
             schema.node_type(name).ok_or_else(|| {
                 let names: Vec<&str> = schema.node_types.iter().map(|t| t.name.as_str()).collect();
@@ -344,9 +344,9 @@ impl TypedOp {
                 })
                 .collect()
         };
-        let mut change = TypedChange::default();
+        let mut change = GraphChange::default();
         match self {
-            TypedOp::AddNode {
+            GraphOp::AddNode {
                 node_type: name,
                 id,
                 row,
@@ -364,13 +364,13 @@ impl TypedOp {
                     edges: edges_of(edges)?,
                 });
             }
-            TypedOp::AddEdges { edges } => {
+            GraphOp::AddEdges { edges } => {
                 change.update = Some(GraphUpdate {
                     nodes: Vec::new(),
                     edges: edges_of(edges)?,
                 });
             }
-            TypedOp::SetFeatures {
+            GraphOp::SetFeatures {
                 node_type: name,
                 id,
                 row,
@@ -387,7 +387,7 @@ impl TypedOp {
                 }
                 change.evicted.push((t, *id));
             }
-            TypedOp::Invalidate {
+            GraphOp::Invalidate {
                 node_type: name,
                 ids,
             } => {
@@ -411,7 +411,7 @@ impl TypedOp {
     /// - `invalidate TYPE ID [ID...]`
     ///
     /// `row=` may also be `row-file=PATH` (raw little-endian f32).
-    pub fn from_words(words: &[&str]) -> Result<TypedOp, String> {
+    pub fn from_words(words: &[&str]) -> Result<GraphOp, String> {
         let (&verb, rest) = words.split_first().ok_or("an empty operation")?;
         let mut plain = Vec::new();
         let mut row = None;
@@ -450,7 +450,7 @@ impl TypedOp {
         Ok(match verb {
             "add-node" => {
                 let (node_type, id) = typed_id(&plain)?;
-                TypedOp::AddNode {
+                GraphOp::AddNode {
                     node_type,
                     id,
                     row,
@@ -463,14 +463,14 @@ impl TypedOp {
                         "add-edges on a typed graph takes {EDGES_FIELD}EDGE_TYPE=SRC,DST,... only"
                     ));
                 }
-                TypedOp::AddEdges { edges }
+                GraphOp::AddEdges { edges }
             }
             "set-features" => {
                 let (node_type, id) = typed_id(&plain)?;
                 if row.is_none() || !edges.is_empty() {
                     return Err("set-features needs TYPE ID and its row (row=...)".into());
                 }
-                TypedOp::SetFeatures { node_type, id, row }
+                GraphOp::SetFeatures { node_type, id, row }
             }
             "invalidate" => {
                 let Some((node_type, ids)) = plain.split_first() else {
@@ -479,7 +479,7 @@ impl TypedOp {
                 if ids.is_empty() || row.is_some() || !edges.is_empty() {
                     return Err("invalidate on a typed graph takes TYPE ID... only".into());
                 }
-                TypedOp::Invalidate {
+                GraphOp::Invalidate {
                     node_type: node_type.to_string(),
                     ids: ids
                         .iter()
@@ -533,7 +533,7 @@ mod tests {
         }
     }
 
-    fn wire(op: &TypedOp) -> Vec<(Vec<u8>, Vec<u8>)> {
+    fn wire(op: &GraphOp) -> Vec<(Vec<u8>, Vec<u8>)> {
         op.to_fields()
             .into_iter()
             .map(|(k, v)| (k.into_bytes(), v))
@@ -543,7 +543,7 @@ mod tests {
     #[test]
     fn every_typed_op_round_trips_and_resolves() {
         let row = vec![0u8, 0, 128, 63, 0, 0, 0, 64];
-        let add = TypedOp::AddNode {
+        let add = GraphOp::AddNode {
             node_type: "user".into(),
             id: 3,
             row: Some(row.clone()),
@@ -554,22 +554,22 @@ mod tests {
         };
         for op in [
             add.clone(),
-            TypedOp::AddEdges {
+            GraphOp::AddEdges {
                 edges: vec![("user__buys__item".into(), vec![(1, 1), (2, 0)])],
             },
-            TypedOp::SetFeatures {
+            GraphOp::SetFeatures {
                 node_type: "user".into(),
                 id: 1,
                 row: Some(row.clone()),
             },
-            TypedOp::Invalidate {
+            GraphOp::Invalidate {
                 node_type: "user".into(),
                 ids: vec![0, 2],
             },
         ] {
             let fields = wire(&op);
             assert!(is_typed(&fields));
-            assert_eq!(TypedOp::from_fields(&fields), Ok(op.clone()));
+            assert_eq!(GraphOp::from_fields(&fields), Ok(op.clone()));
             op.resolve(&schema()).unwrap();
         }
         let change = add.resolve(&schema()).unwrap();
@@ -586,7 +586,7 @@ mod tests {
 
     #[test]
     fn an_entry_naming_what_the_graph_lacks_is_refused_by_name() {
-        let op = |node_type: &str, row: Option<Vec<u8>>, edges: Vec<NamedEdges>| TypedOp::AddNode {
+        let op = |node_type: &str, row: Option<Vec<u8>>, edges: Vec<NamedEdges>| GraphOp::AddNode {
             node_type: node_type.into(),
             id: 5,
             row,
@@ -642,7 +642,7 @@ mod tests {
                 "unknown field `neighbors`",
             ),
         ] {
-            let err = TypedOp::from_fields(&f).unwrap_err();
+            let err = GraphOp::from_fields(&f).unwrap_err();
             assert!(err.contains(expected), "{err}");
         }
     }
@@ -650,8 +650,8 @@ mod tests {
     #[test]
     fn the_text_syntax_reads_typed_ops() {
         assert_eq!(
-            TypedOp::from_words(&["add-node", "user", "7", "row=1,2", "edges:buys=7,0,7,1"]),
-            Ok(TypedOp::AddNode {
+            GraphOp::from_words(&["add-node", "user", "7", "row=1,2", "edges:buys=7,0,7,1"]),
+            Ok(GraphOp::AddNode {
                 node_type: "user".into(),
                 id: 7,
                 row: Some(vec![0, 0, 128, 63, 0, 0, 0, 64]),
@@ -659,13 +659,13 @@ mod tests {
             })
         );
         assert_eq!(
-            TypedOp::from_words(&["invalidate", "user", "1", "2"]),
-            Ok(TypedOp::Invalidate {
+            GraphOp::from_words(&["invalidate", "user", "1", "2"]),
+            Ok(GraphOp::Invalidate {
                 node_type: "user".into(),
                 ids: vec![1, 2]
             })
         );
-        assert!(TypedOp::from_words(&["add-edges", "edges:buys=1"]).is_err());
-        assert!(TypedOp::from_words(&["add-node", "user"]).is_err());
+        assert!(GraphOp::from_words(&["add-edges", "edges:buys=1"]).is_err());
+        assert!(GraphOp::from_words(&["add-node", "user"]).is_err());
     }
 }

@@ -9,18 +9,18 @@
 use std::time::Instant;
 
 use protocol::payload::schema::tier;
-use protocol::payload::{ResponseMeta, TypedColumns, TypedShape};
+use protocol::payload::{GraphColumns, GraphShape, ResponseMeta};
 use rustc_hash::FxHashMap;
 
 use super::{respond_outgrew, subgraph_limits, BatchContext, BatchServer, Pending, SAMPLING_SEED};
 use crate::features::RowSource;
-use crate::graph::sampler::{TypedFanouts, TypedSampled};
+use crate::graph::sampler::{GraphFanouts, GraphSampled};
 
 /// A typed request sampled, waiting for its rows.
 struct Job {
     pending: Pending,
-    sampled: TypedSampled,
-    shape: TypedShape,
+    sampled: GraphSampled,
+    shape: GraphShape,
     meta: ResponseMeta,
     /// A new node's `(node type, row)`: row 0 of its type, from the
     /// request (the targets come first).
@@ -34,7 +34,7 @@ impl Job {
     fn answer(
         self,
         ctx: &BatchContext<'_>,
-        fill: impl FnOnce(&mut TypedColumns<'_>, &TypedSampled, Option<&(usize, Vec<f32>)>) -> bool,
+        fill: impl FnOnce(&mut GraphColumns<'_>, &GraphSampled, Option<&(usize, Vec<f32>)>) -> bool,
     ) {
         let Job {
             pending: Pending {
@@ -46,7 +46,7 @@ impl Job {
             own_row,
         } = self;
         let mut late = false;
-        let written = ticket.respond_typed(request.request_id, meta, shape, |cols| {
+        let written = ticket.respond_graph(request.request_id, meta, shape, |cols| {
             write_sample(cols, &request.targets, &sampled);
             late = fill(cols, &sampled, own_row.as_ref());
         });
@@ -178,7 +178,7 @@ impl BatchServer {
         let request = &pending.request;
         let ask = request.typed.as_ref().expect("a typed request");
         let target_type = ask.target_type as usize;
-        let fanouts = TypedFanouts::new(ask.hops as usize, ask.fanouts.clone())
+        let fanouts = GraphFanouts::new(ask.hops as usize, ask.fanouts.clone())
             .expect("hops and fanouts checked when the request was decoded");
         let with_node;
         let mut graph = ctx.graph;
@@ -221,7 +221,7 @@ impl BatchServer {
             }
             _ => Vec::new(),
         };
-        let sampled = match self.sampler.sample_typed(
+        let sampled = match self.sampler.sample_graph(
             graph,
             target_type,
             &request.targets,
@@ -238,12 +238,12 @@ impl BatchServer {
         };
         let n_nodes: usize = sampled.nodes.iter().map(Vec::len).sum();
         m.neighbor_fetch_count.observe(n_nodes as f64);
-        let shape = TypedShape {
-            hops: ask.hops,
-            n_targets: request.targets.len() as u32,
-            node_rows: sampled.nodes.iter().map(|n| n.len() as u32).collect(),
-            edges: sampled.edge_src.iter().map(|e| e.len() as u32).collect(),
-        };
+        let shape = GraphShape::typed(
+            ask.hops,
+            request.targets.len() as u32,
+            sampled.nodes.iter().map(|n| n.len() as u32).collect(),
+            sampled.edge_src.iter().map(|e| e.len() as u32).collect(),
+        );
         let meta = ResponseMeta {
             graph_version: graph.graph_version(),
             change_clock: ctx.changes.clock(),
@@ -265,23 +265,10 @@ impl BatchServer {
 }
 
 /// The target table, the node ids, the edges and the counts.
-fn write_sample(cols: &mut TypedColumns<'_>, targets: &[u64], sampled: &TypedSampled) {
-    cols.target_id.copy_from_slice(targets);
-    cols.status.copy_from_slice(&sampled.status);
-    cols.target_row.copy_from_slice(&sampled.target_row);
+fn write_sample(cols: &mut GraphColumns<'_>, targets: &[u64], sampled: &GraphSampled) {
+    sampled.graph().write(targets, cols);
     for (nodes, ids) in cols.nodes.iter_mut().zip(&sampled.nodes) {
         nodes.node_id.copy_from_slice(ids);
-    }
-    for (e, index) in cols.edge_index.iter_mut().enumerate() {
-        let (src, dst) = index.split_at_mut(sampled.edge_src[e].len());
-        src.copy_from_slice(&sampled.edge_src[e]);
-        dst.copy_from_slice(&sampled.edge_dst[e]);
-    }
-    for (counts, sampled) in cols.sampled_nodes.iter_mut().zip(&sampled.sampled_nodes) {
-        counts.copy_from_slice(sampled);
-    }
-    for (counts, sampled) in cols.sampled_edges.iter_mut().zip(&sampled.sampled_edges) {
-        counts.copy_from_slice(sampled);
     }
 }
 
@@ -290,9 +277,9 @@ fn write_sample(cols: &mut TypedColumns<'_>, targets: &[u64], sampled: &TypedSam
 /// row's tier and fallback flag. Returns whether a row missed the deadline.
 fn fetch_rows(
     ctx: &BatchContext<'_>,
-    sampled: &TypedSampled,
+    sampled: &GraphSampled,
     own_row: Option<&(usize, Vec<f32>)>,
-    cols: &mut TypedColumns<'_>,
+    cols: &mut GraphColumns<'_>,
     until: Instant,
 ) -> bool {
     let m = ctx.metrics;
