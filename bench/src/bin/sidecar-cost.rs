@@ -19,7 +19,9 @@
 //! - the ratios, per target.
 //!
 //! With `--perf <dir>`, `perf record -g` samples the sidecar during each
-//! T's calls (`<dir>/perf-t<T>.data`) for `perf report`.
+//! T's calls (`<dir>/perf-t<T>.data`) for `perf report`. With `--baseline
+//! <dir>`, another build's `sidecar` is measured in the same run on the
+//! same import, the two taking `--rounds` turns each.
 //!
 //! Run: `scripts/bench-sidecar-cost.sh` (`--quick`: 100k nodes, 5M
 //! edges). Goal (printed, not asserted): the sidecar's CPU per target at 8
@@ -55,6 +57,13 @@ struct Args {
     /// Record the sidecar with `perf record -g` into this folder.
     #[arg(long)]
     perf: Option<PathBuf>,
+    /// Another build's binaries (its `sidecar`), measured in the same run
+    /// on the same import, the builds taking turns.
+    #[arg(long)]
+    baseline: Option<PathBuf>,
+    /// Turns each build takes (with --baseline).
+    #[arg(long, default_value_t = 2)]
+    rounds: usize,
 }
 
 fn run(command: &mut Command, what: &str) -> anyhow::Result<()> {
@@ -229,14 +238,93 @@ fn main() -> anyhow::Result<()> {
         .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
         .collect();
     drop(bytes);
+    let max_targets = args.targets.iter().copied().max().unwrap_or(64).max(1);
+    let mut builds = vec![("this build", workspace_bin("sidecar"))];
+    if let Some(dir) = &args.baseline {
+        builds.push(("baseline", dir.join("sidecar")));
+    }
+    let rounds = if builds.len() > 1 {
+        args.rounds.max(1)
+    } else {
+        1
+    };
+    println!(
+        "sidecar-cost: {} ({nodes} nodes), every row in L1, dense layout at [20, 10], \
+         {} requests a setting, one caller thread{}",
+        dataset.display(),
+        args.calls,
+        if builds.len() > 1 {
+            format!(
+                "; this build and {} take {rounds} turns each",
+                builds[1].1.display()
+            )
+        } else {
+            String::new()
+        }
+    );
+    println!();
+    println!(
+        "| build | targets | rows a request | sidecar time p50 | p99 | sidecar CPU a request | \
+         gather floor p50 | CPU a target | floor a target | CPU / floor |"
+    );
+    println!("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
+    let mut goal = None;
+    for round in 0..rounds {
+        for k in 0..builds.len() {
+            // The builds alternate which goes first from one round to the next.
+            let (name, bin) = &builds[(k + round) % builds.len()];
+            let (sidecar, client, _dir) = start(bin, &data, nodes, dim, max_targets)?;
+            for &t in &args.targets {
+                let f = measure(&client, &features, dim, nodes, t, &args, sidecar.0.id())?;
+                let ratio = f.cpu / f.gather_p50;
+                println!(
+                    "| {name} | {} | {:.0} | {:.1} us | {:.1} us | {:.1} us | {:.1} us | {:.2} us | \
+                     {:.2} us | {:.2}x |",
+                    f.targets,
+                    f.rows,
+                    f.server_p50,
+                    f.server_p99,
+                    f.cpu,
+                    f.gather_p50,
+                    f.cpu / t as f64,
+                    f.gather_p50 / t as f64,
+                    ratio
+                );
+                if t == 8 && *name == "this build" {
+                    goal = Some(ratio);
+                }
+            }
+            drop(client);
+            drop(sidecar);
+        }
+    }
+    println!();
+    if let Some(ratio) = goal {
+        println!(
+            "goal: sidecar CPU per target at 8 targets <= 1.5x the gather floor's: {ratio:.2}x \
+             (this build, last turn), {}",
+            if ratio <= 1.5 { "met" } else { "missed" }
+        );
+    }
+    Ok(())
+}
+
+/// A `sidecar serve` of `data` by `bin`, every row pinned, and a client
+/// attached to its ring.
+fn start(
+    bin: &std::path::Path,
+    data: &std::path::Path,
+    nodes: u64,
+    dim: usize,
+    max_targets: usize,
+) -> anyhow::Result<(Sidecar, RingClient, tempfile::TempDir)> {
     let shm = tests::unique_name("cost");
     let dir = tempfile::tempdir()?;
-    let max_targets = args.targets.iter().copied().max().unwrap_or(64).max(1);
     let l1_mib = ((nodes * dim as u64 * 4) >> 20) + 64;
-    let child = Command::new(workspace_bin("sidecar"))
+    let child = Command::new(bin)
         .arg("serve")
         .arg("--data-dir")
-        .arg(&data)
+        .arg(data)
         .args(["--shm-name", &shm, "--admin-socket"])
         .arg(dir.path().join("admin.sock"))
         .args(["--fanouts", "20,10", "--max-fanouts", "50,50"])
@@ -251,9 +339,8 @@ fn main() -> anyhow::Result<()> {
         .args(["--ring-spin-us", "0", "--log-level", "warn"])
         .args(["--metrics-addr", &format!("127.0.0.1:{}", free_port())])
         .spawn()
-        .context("starting sidecar serve")?;
+        .with_context(|| format!("starting {} serve", bin.display()))?;
     let sidecar = Sidecar(child);
-    let pid = sidecar.0.id();
     let started = Instant::now();
     let client = loop {
         match RingClient::attach(&shm, ClientOptions::default()) {
@@ -264,47 +351,8 @@ fn main() -> anyhow::Result<()> {
             Err(e) => return Err(e).context("attaching to the sidecar's ring"),
         }
     };
-    println!(
-        "sidecar-cost: {} ({nodes} nodes), every row in L1, dense layout at [20, 10], \
-         {} requests a setting, one caller thread; ready in {:.1} s",
-        dataset.display(),
-        args.calls,
-        started.elapsed().as_secs_f64()
-    );
-    println!();
-    println!(
-        "| targets | rows a request | sidecar time p50 | p99 | sidecar CPU a request | \
-         gather floor p50 | CPU a target | floor a target | CPU / floor |"
-    );
-    println!("|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
-    let mut goal = None;
-    for &t in &args.targets {
-        let f = measure(&client, &features, dim, nodes, t, &args, pid)?;
-        let ratio = f.cpu / f.gather_p50;
-        println!(
-            "| {} | {:.0} | {:.1} us | {:.1} us | {:.1} us | {:.1} us | {:.2} us | {:.2} us | {:.2}x |",
-            f.targets,
-            f.rows,
-            f.server_p50,
-            f.server_p99,
-            f.cpu,
-            f.gather_p50,
-            f.cpu / t as f64,
-            f.gather_p50 / t as f64,
-            ratio
-        );
-        if t == 8 {
-            goal = Some(ratio);
-        }
-    }
-    println!();
-    if let Some(ratio) = goal {
-        println!(
-            "goal: sidecar CPU per target at 8 targets <= 1.5x the gather floor's: {ratio:.2}x, {}",
-            if ratio <= 1.5 { "met" } else { "missed" }
-        );
-    }
-    drop(client);
-    drop(sidecar);
-    Ok(())
+    // The warm-up pins every row before the ring opens; give it a moment
+    // to settle its threads.
+    std::thread::sleep(Duration::from_millis(500));
+    Ok((sidecar, client, dir))
 }

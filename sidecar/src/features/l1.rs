@@ -53,12 +53,30 @@ fn shard_of(id: u64) -> usize {
 }
 
 /// The pinned hot set: rows that are never evicted.
+///
+/// An id's row is found in an id-indexed table while the ids are dense
+/// (the warm-up pins the top-degree nodes of a graph whose ids run from 0:
+/// with every node pinned, one load and no hash per row; the hash lookup
+/// was an eighth of the sidecar's time at 8 targets a request,
+/// docs/serving.md), and in a hash map past it. The table covers ids
+/// below four slots per pinned row (at least [`DENSE_MIN`]), so it never
+/// holds more than 16 bytes per pinned row beyond that minimum.
 #[derive(Debug, Default)]
 pub struct Pinned {
     dim: usize,
-    index: FxHashMap<u64, u32>,
+    /// The row of each id below its length; [`NOT_PINNED`] where none.
+    dense: Vec<u32>,
+    /// The row of each pinned id at or past `dense.len()`.
+    sparse: FxHashMap<u64, u32>,
     rows: Vec<f32>,
+    len: usize,
 }
+
+/// Ids the dense table may always cover (256 KiB of slots).
+const DENSE_MIN: usize = 1 << 16;
+
+/// A dense slot without a row.
+const NOT_PINNED: u32 = u32::MAX;
 
 impl Pinned {
     /// An empty set of rows of `dim` values.
@@ -69,17 +87,56 @@ impl Pinned {
         }
     }
 
+    /// The row index of `id`, if pinned.
+    #[inline]
+    fn slot(&self, id: u64) -> Option<u32> {
+        match self.dense.get(id as usize) {
+            Some(&NOT_PINNED) => None,
+            Some(&idx) => Some(idx),
+            None => self.sparse.get(&id).copied(),
+        }
+    }
+
     /// Adds (or replaces) the row of `id`.
     pub fn insert(&mut self, id: u64, row: &[f32]) {
         assert_eq!(row.len(), self.dim, "pinned row has the feature dim");
-        match self.index.get(&id) {
-            Some(&idx) => self.row_mut(idx).copy_from_slice(row),
-            None => {
-                let idx = u32::try_from(self.index.len()).expect("fewer than 2^32 pinned rows");
-                self.index.insert(id, idx);
-                self.rows.extend_from_slice(row);
+        if let Some(idx) = self.slot(id) {
+            self.row_mut(idx).copy_from_slice(row);
+            return;
+        }
+        let idx = u32::try_from(self.len)
+            .ok()
+            .filter(|&i| i != NOT_PINNED)
+            .expect("fewer than 2^32 - 1 pinned rows");
+        self.rows.extend_from_slice(row);
+        self.len += 1;
+        let limit = (4 * self.len).max(DENSE_MIN);
+        match usize::try_from(id) {
+            Ok(at) if at < limit => {
+                if at >= self.dense.len() {
+                    self.grow_dense((at + 1).max(2 * self.dense.len()).min(limit));
+                }
+                self.dense[at] = idx;
+            }
+            _ => {
+                self.sparse.insert(id, idx);
             }
         }
+    }
+
+    /// Extends the dense table to `len` slots, moving the sparse ids it
+    /// now covers into it (every pinned id below its length is in it).
+    fn grow_dense(&mut self, len: usize) {
+        self.dense.resize(len, NOT_PINNED);
+        let dense = &mut self.dense;
+        self.sparse
+            .retain(|&id, &mut idx| match dense.get_mut(id as usize) {
+                Some(slot) => {
+                    *slot = idx;
+                    false
+                }
+                None => true,
+            });
     }
 
     fn row_mut(&mut self, idx: u32) -> &mut [f32] {
@@ -90,27 +147,38 @@ impl Pinned {
     /// The row of `id`, if pinned.
     #[inline]
     pub fn get(&self, id: u64) -> Option<&[f32]> {
-        let start = *self.index.get(&id)? as usize * self.dim;
+        let start = self.slot(id)? as usize * self.dim;
         Some(&self.rows[start..start + self.dim])
     }
 
     pub fn contains(&self, id: u64) -> bool {
-        self.index.contains_key(&id)
+        self.slot(id).is_some()
     }
 
     pub fn len(&self) -> usize {
-        self.index.len()
+        self.len
     }
 
     pub fn is_empty(&self) -> bool {
-        self.index.is_empty()
+        self.len == 0
+    }
+
+    /// Every pinned id with its row index.
+    fn entries(&self) -> impl Iterator<Item = (u64, u32)> + '_ {
+        let dense = self
+            .dense
+            .iter()
+            .enumerate()
+            .filter(|(_, &idx)| idx != NOT_PINNED)
+            .map(|(id, &idx)| (id as u64, idx));
+        dense.chain(self.sparse.iter().map(|(&id, &idx)| (id, idx)))
     }
 
     /// A copy without the rows of `ids`.
     pub fn without(&self, ids: &[u64]) -> Self {
         let mut next = Self::new(self.dim);
         let drop: rustc_hash::FxHashSet<u64> = ids.iter().copied().collect();
-        for (&id, &idx) in &self.index {
+        for (id, idx) in self.entries() {
             if !drop.contains(&id) {
                 let start = idx as usize * self.dim;
                 next.insert(id, &self.rows[start..start + self.dim]);
@@ -301,6 +369,55 @@ mod tests {
         let reader = cache.reader();
         assert_eq!(reader.get(7), None);
         assert_eq!(reader.get(21), Some(&row(21, dim)[..]));
+    }
+
+    /// Ids in the dense table, past it, and moved into it as it grows all
+    /// read back their own rows; a replaced row is replaced in place;
+    /// `without` keeps the others.
+    #[test]
+    fn pinned_rows_read_back_dense_sparse_and_moved() {
+        let dim = 3;
+        let mut pinned = Pinned::new(dim);
+        // Past the dense table at first (far ids), then enough rows that
+        // the table grows over some of them.
+        let far: Vec<u64> = (0..50).map(|i| 300_000 + i * 7).collect();
+        for &id in &far {
+            pinned.insert(id, &row(id, dim));
+        }
+        assert!(!pinned.sparse.is_empty());
+        let near: Vec<u64> = (0..100_000).rev().collect();
+        for &id in &near {
+            pinned.insert(id, &row(id, dim));
+        }
+        assert!(pinned.dense.len() < 300_000);
+        // An id the table may now cover (four slots a row) grows it over
+        // the far ids, which move into it.
+        let grow = 350_000;
+        pinned.insert(grow, &row(grow, dim));
+        assert!(pinned.dense.len() > grow as usize, "the table grew");
+        assert!(pinned.sparse.is_empty(), "the far ids moved into the table");
+        let huge = u64::MAX - 1;
+        pinned.insert(huge, &row(5, dim));
+        assert_eq!(pinned.sparse.len(), 1);
+        assert_eq!(pinned.len(), far.len() + near.len() + 2);
+        for &id in far.iter().chain(&near).chain(&[grow]) {
+            assert_eq!(pinned.get(id), Some(&row(id, dim)[..]), "id {id}");
+        }
+        assert_eq!(pinned.get(huge), Some(&row(5, dim)[..]));
+        for absent in [100_000, 299_999, 349_999, 400_000, u64::MAX] {
+            assert_eq!(pinned.get(absent), None, "id {absent}");
+            assert!(!pinned.contains(absent));
+        }
+        pinned.insert(7, &row(70, dim));
+        assert_eq!(pinned.get(7), Some(&row(70, dim)[..]));
+        assert_eq!(pinned.len(), far.len() + near.len() + 2);
+        let fewer = pinned.without(&[7, far[0], huge]);
+        assert_eq!(fewer.len(), pinned.len() - 3);
+        assert_eq!(fewer.get(7), None);
+        assert_eq!(fewer.get(far[0]), None);
+        assert_eq!(fewer.get(huge), None);
+        assert_eq!(fewer.get(8), Some(&row(8, dim)[..]));
+        assert_eq!(fewer.get(far[1]), Some(&row(far[1], dim)[..]));
     }
 
     #[test]
