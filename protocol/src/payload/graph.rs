@@ -19,14 +19,12 @@ use arrow_array::RecordBatch;
 use arrow_buffer::Buffer;
 
 use crate::graph_schema::GraphSchema;
-use crate::layout::{
-    status, ResponseHeader, MAX_FANOUT, MAX_HOPS, MAX_SUBGRAPH_HOPS, MESSAGE_BYTES,
-};
+use crate::layout::{ResponseHeader, MAX_FANOUT, MAX_HOPS, MAX_SUBGRAPH_HOPS};
 use crate::payload::ipc::{self, ColumnKind};
 use crate::payload::schema::{counts_schema, target_status, tier, NO_ROW};
 use crate::payload::table::{decode_table, read_ok_header};
 use crate::payload::writer::{
-    carve, node_kinds, place_table, stream_len, CachedSchema, NodeColumns, ResponseMeta,
+    carve, node_kinds, ok_header, place_table, stream_len, CachedSchema, NodeColumns, ResponseMeta,
     SchemaCache, TablePlacement, WriteError, SUBGRAPH_TARGET_COLUMNS,
 };
 use crate::payload::{DecodeError, DecodeLimits};
@@ -402,26 +400,18 @@ impl<'a> GraphWriter<'a> {
             ),
         };
         let header = ResponseHeader {
-            status: status::OK,
             n_targets: self.shape.n_targets,
             n_nodes,
             fanouts,
-            message_len: 0,
-            request_id,
-            graph_version: meta.graph_version,
             node_table_offset: node_table.start as u64,
             node_table_len: node_table.len() as u64,
             target_table_offset: placed.targets.stream.start as u64,
             target_table_len: placed.targets.stream.len() as u64,
-            server_ns,
-            change_clock: meta.change_clock,
-            change_tick: meta.change_tick,
-            id_bound: meta.id_bound,
             edge_table_offset: edge_table.start as u64,
             edge_table_len: edge_table.len() as u64,
             hops: self.shape.hops() as u32,
             fanout3,
-            message: [0; MESSAGE_BYTES],
+            ..ok_header(request_id, meta, server_ns)
         };
         self.area[..header_len].copy_from_slice(bytemuck::bytes_of(&header));
         [&placed.targets]

@@ -399,26 +399,14 @@ impl<'a> ResponseWriter<'a> {
     pub fn finish(self, request_id: u64, meta: impl Into<ResponseMeta>, server_ns: u64) -> usize {
         let meta = meta.into();
         let header = ResponseHeader {
-            status: status::OK,
             n_targets: self.shape.n_targets,
             n_nodes: self.shape.n_nodes,
             fanouts: self.shape.fanouts,
-            message_len: 0,
-            request_id,
-            graph_version: meta.graph_version,
             node_table_offset: self.nodes.stream.start as u64,
             node_table_len: self.nodes.stream.len() as u64,
             target_table_offset: self.targets.stream.start as u64,
             target_table_len: self.targets.stream.len() as u64,
-            server_ns,
-            change_clock: meta.change_clock,
-            change_tick: meta.change_tick,
-            id_bound: meta.id_bound,
-            edge_table_offset: 0,
-            edge_table_len: 0,
-            hops: 0,
-            fanout3: 0,
-            message: [0; MESSAGE_BYTES],
+            ..ok_header(request_id, meta, server_ns)
         };
         self.area[..size_of::<ResponseHeader>()].copy_from_slice(bytemuck::bytes_of(&header));
         self.targets.stream.end
@@ -445,6 +433,22 @@ impl From<u64> for ResponseMeta {
     }
 }
 
+/// An OK response's header with what every layout states alike (the
+/// request, the graph's version and change clock, the serving time); the
+/// writer adds its shape and where its tables are.
+pub(crate) fn ok_header(request_id: u64, meta: ResponseMeta, server_ns: u64) -> ResponseHeader {
+    ResponseHeader {
+        status: status::OK,
+        request_id,
+        graph_version: meta.graph_version,
+        server_ns,
+        change_clock: meta.change_clock,
+        change_tick: meta.change_tick,
+        id_bound: meta.id_bound,
+        ..bytemuck::Zeroable::zeroed()
+    }
+}
+
 /// Writes an error response: a header with `status` and `message`, no tables.
 pub fn write_error(area: &mut [u8], status_code: u32, request_id: u64, message: &str) {
     let mut text = [0u8; MESSAGE_BYTES];
@@ -456,25 +460,10 @@ pub fn write_error(area: &mut [u8], status_code: u32, request_id: u64, message: 
     text[..len].copy_from_slice(&message.as_bytes()[..len]);
     let header = ResponseHeader {
         status: status_code,
-        n_targets: 0,
-        n_nodes: 0,
-        fanouts: [0; MAX_HOPS],
         message_len: len as u32,
         request_id,
-        graph_version: 0,
-        node_table_offset: 0,
-        node_table_len: 0,
-        target_table_offset: 0,
-        target_table_len: 0,
-        server_ns: 0,
-        change_clock: 0,
-        change_tick: 0,
-        id_bound: 0,
-        edge_table_offset: 0,
-        edge_table_len: 0,
-        hops: 0,
-        fanout3: 0,
         message: text,
+        ..bytemuck::Zeroable::zeroed()
     };
     area[..size_of::<ResponseHeader>()].copy_from_slice(bytemuck::bytes_of(&header));
 }
