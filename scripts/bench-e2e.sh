@@ -31,8 +31,8 @@ if [ ! -x .venv-bench/bin/python ]; then
 fi
 if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
     echo "bench-e2e: installing $requirements into .venv-bench"
-    .venv-bench/bin/python -m pip install -q --upgrade pip
-    .venv-bench/bin/python -m pip install -q -r "$requirements"
+    .venv-bench/bin/python -m pip install -q --no-cache-dir --upgrade pip
+    .venv-bench/bin/python -m pip install -q --no-cache-dir -r "$requirements"
     echo "$want" >"$stamp"
 fi
 

@@ -105,9 +105,48 @@ if ! "$python" -c 'import venv, ensurepip' >/dev/null 2>&1; then
     apt_install python3-venv
 fi
 
+# free_mib PATH: the MiB free on PATH's filesystem, then its mount point.
+free_mib() {
+    local avail mount
+    { read -r _; read -r _ _ _ avail _ mount; } < <(df -Pm "$1")
+    echo "$avail $mount"
+}
+
+# room_for_torch DIR REQUIREMENTS: refuses, before pip starts, to install
+# PyPI's torch (the CUDA build) where it cannot fit, instead of failing
+# half-way with "No space left on device". Measured on 2026-12-07 (pip
+# --no-cache-dir, requirements.txt into a new venv): the venv ends at
+# 5.9 GB and pip holds 3.0 GB of wheels in TMPDIR until it has installed
+# them all, 8.8 GB at the peak. A venv that already has torch skips it.
+room_for_torch() {
+    local dir=$1 requirements=$2
+    compgen -G "$dir/lib/python3*/site-packages/torch" >/dev/null && return 0
+    local tmp=${TMPDIR:-/tmp} venv_need=6144 wheels_need=3072
+    local venv_free venv_mount tmp_free tmp_mount
+    read -r venv_free venv_mount < <(free_mib "$dir")
+    read -r tmp_free tmp_mount < <(free_mib "$tmp")
+    local problem=""
+    if [ "$venv_mount" = "$tmp_mount" ]; then
+        if [ "$venv_free" -lt $((venv_need + wheels_need)) ]; then
+            problem="$((venv_need + wheels_need)) MiB free on $venv_mount ($venv_need for torch's CUDA build in $dir, $wheels_need for its wheels in $tmp while pip installs); it has $venv_free"
+        fi
+    elif [ "$venv_free" -lt "$venv_need" ]; then
+        problem="$venv_need MiB free on $venv_mount for torch's CUDA build in $dir; it has $venv_free"
+    elif [ "$tmp_free" -lt "$wheels_need" ]; then
+        problem="$wheels_need MiB free on $tmp_mount for torch's wheels in $tmp while pip installs; it has $tmp_free"
+    fi
+    if [ -n "$problem" ]; then
+        echo "setup: installing $requirements into $dir needs about $problem." >&2
+        echo "setup: free space there, or set TMPDIR to a filesystem with room for the wheels; nothing was installed." >&2
+        exit 1
+    fi
+}
+
 # venv DIR REQUIREMENTS [INCLUDED...]: creates the venv DIR if missing and
 # installs REQUIREMENTS into it, again only when it or a file it includes
 # changes (their sha256 is kept in DIR/.<requirements file>.sha256).
+# pip keeps no cache (--no-cache-dir): a cached copy of torch's wheels
+# would hold 3 GB more for as long as the machine lives.
 venv() {
     local dir=$1 requirements=$2
     local stamp=$dir/.$(basename "$requirements").sha256
@@ -119,8 +158,11 @@ venv() {
     fi
     if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
         say "installing $requirements into $dir (pip's progress below)"
-        "$dir/bin/python" -m pip install -q --upgrade pip
-        "$dir/bin/python" -m pip install --progress-bar on -r "$requirements"
+        case " ${*:2} " in
+            *" requirements-demo.txt "*) room_for_torch "$dir" "$requirements" ;;
+        esac
+        "$dir/bin/python" -m pip install -q --no-cache-dir --upgrade pip
+        "$dir/bin/python" -m pip install --no-cache-dir --progress-bar on -r "$requirements"
         echo "$want" >"$stamp"
         say "installed $requirements"
     fi

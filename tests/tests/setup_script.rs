@@ -64,6 +64,14 @@ impl Sandbox {
                 RECORDER.replace("$(basename \"$0\")", "$0")
             ),
         );
+        // One filesystem with the MiB free written in $HOME/free-mib
+        // (plenty when it is absent), mounted at /.
+        script(
+            "df",
+            "#!/bin/bash\nfree=100000\n[ -f \"$HOME/free-mib\" ] && free=$(< \"$HOME/free-mib\")\n\
+             echo 'Filesystem 1048576-blocks Used Available Capacity Mounted on'\n\
+             echo \"/dev/vda 200000 1000 $free 1% /\"\n",
+        );
         // The few tools the script itself runs.
         for tool in [
             "sha256sum",
@@ -212,4 +220,38 @@ fn the_full_setup_adds_the_test_tooling_and_a_bad_argument_is_named() {
         "{output:?}"
     );
     assert!(calls.is_empty(), "{calls:#?}");
+}
+
+/// Where torch's CUDA build cannot fit, the setup says how much room it
+/// needs and where before pip starts, instead of pip failing half-way;
+/// with room, the same sandbox installs.
+#[test]
+fn a_disk_without_room_for_torch_is_refused_before_pip_starts() {
+    let sandbox = Sandbox::new();
+    std::fs::write(sandbox.path("free-mib"), "7000").unwrap();
+    let (output, calls) = sandbox.run(&["--demo"]);
+    assert_eq!(output.status.code(), Some(1), "{output:?}");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        stderr.contains("installing requirements-demo.txt into .venv needs about 9216 MiB free on /")
+            && stderr.contains("it has 7000")
+            && stderr.contains("TMPDIR"),
+        "{stderr}"
+    );
+    assert!(pip_installs(&calls).is_empty(), "{calls:#?}");
+    std::fs::write(sandbox.path("free-mib"), "9216").unwrap();
+    let (output, calls) = sandbox.run(&["--demo"]);
+    succeeded(&output);
+    assert_eq!(
+        pip_installs(&calls),
+        [".venv requirements-demo.txt"],
+        "{calls:#?}"
+    );
+    assert!(
+        calls
+            .iter()
+            .filter(|c| c.contains(" -m pip install"))
+            .all(|c| c.contains("--no-cache-dir")),
+        "pip keeps no cache of torch's wheels: {calls:#?}"
+    );
 }
