@@ -60,6 +60,7 @@ async fn main() -> anyhow::Result<()> {
             super_degree: 0,
             feature_dim: 0,
             classes: 0,
+            items: None,
         },
         &dir.path().join("g"),
     )?;

@@ -25,7 +25,7 @@ use hdrhistogram::Histogram;
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 use sidecar::graph::dataset::{import_graph, INDEX_FILE};
-use sidecar::graph::generate::{generate, generate_typed, GenerateOptions, TypedGenerateOptions};
+use sidecar::graph::generate::{generate, GenerateOptions, Items};
 use sidecar::graph::sampler::SubgraphLimits;
 use sidecar::graph::{CsrIndex, GraphFanouts, GraphSource, LiveGraph, Sampler, TypedGraph};
 
@@ -47,6 +47,7 @@ fn main() -> anyhow::Result<()> {
             super_degree,
             feature_dim: 0,
             classes: 0,
+            items: None,
         },
         &dataset,
     )?;
@@ -203,18 +204,22 @@ fn main() -> anyhow::Result<()> {
 /// Part 4: a typed graph generated, imported and sampled.
 fn typed(dir: &std::path::Path, quick: bool) -> anyhow::Result<()> {
     let scale = if quick { 10 } else { 1 };
-    let options = TypedGenerateOptions {
-        users: 1_000_000 / scale,
-        items: 200_000 / scale,
-        interactions: 12_000_000 / scale,
-        follows: 2_000_000 / scale,
+    let options = GenerateOptions {
+        nodes: 1_000_000 / scale,
+        edges: 12_000_000 / scale,
         seed: 1,
-        user_feature_dim: 0,
-        item_feature_dim: 0,
+        super_nodes: 0,
+        super_degree: 0,
+        feature_dim: 0,
         classes: 0,
+        items: Some(Items {
+            count: 200_000 / scale,
+            feature_dim: 0,
+            follows: 2_000_000 / scale,
+        }),
     };
     let dataset = dir.join("users-items");
-    let generated = generate_typed(&options, &dataset)?;
+    let generated = generate(&options, &dataset)?;
     let data_dir = dir.join("users-items-data");
     let imported = sidecar::graph::typed::import_typed(&dataset, &data_dir, 1)?;
     std::fs::remove_dir_all(&dataset)?;
@@ -234,7 +239,7 @@ fn typed(dir: &std::path::Path, quick: bool) -> anyhow::Result<()> {
     let started = Instant::now();
     for b in 0..batches {
         for t in targets.iter_mut() {
-            *t = rng.random_range(0..options.users);
+            *t = rng.random_range(0..options.nodes);
         }
         let sample = sampler
             .sample_graph(&graph, user, &targets, &fanouts, b, limits, &[])
@@ -247,7 +252,11 @@ fn typed(dir: &std::path::Path, quick: bool) -> anyhow::Result<()> {
     println!(
         "typed: {} users, {} items, {} edges of {n_edge_types} types generated in {:.1} s, \
          imported in {:.2} s",
-        options.users, options.items, generated.edges_written, generated.seconds, imported.seconds
+        options.nodes,
+        options.items.map_or(0, |i| i.count),
+        generated.edges_written,
+        generated.seconds,
+        imported.seconds
     );
     println!(
         "typed sampling [20, 10] on every edge type, batches of 64 random users: {throughput:.0} \

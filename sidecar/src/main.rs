@@ -356,33 +356,8 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             follows,
             item_feature_dim,
         } => {
-            if let Some(items) = items {
-                anyhow::ensure!(
-                    super_nodes == 0 && super_degree == 0,
-                    "--super-nodes and --super-degree are for one-type graphs: leave them out \
-                     with --items"
-                );
-                let options = generate::TypedGenerateOptions {
-                    users: nodes,
-                    items,
-                    interactions: edges,
-                    follows,
-                    seed,
-                    user_feature_dim: feature_dim,
-                    item_feature_dim,
-                    classes,
-                };
-                let done = generate::generate_typed(&options, &out)?;
-                println!(
-                    "typed dataset {}: {nodes} users, {items} items, {} edges in {:.2} s",
-                    out.display(),
-                    done.edges_written,
-                    done.seconds
-                );
-                return Ok(());
-            }
             anyhow::ensure!(
-                follows == 0 && item_feature_dim == 0,
+                items.is_some() || (follows == 0 && item_feature_dim == 0),
                 "--follows and --item-feature-dim are for a typed graph: give --items too"
             );
             let options = generate::GenerateOptions {
@@ -393,14 +368,23 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                 super_degree,
                 feature_dim,
                 classes,
+                items: items.map(|count| generate::Items {
+                    count,
+                    feature_dim: item_feature_dim,
+                    follows,
+                }),
             };
             let done = generate::generate(&options, &out)?;
+            let nodes = match items {
+                Some(items) => format!(
+                    "typed dataset {}: {nodes} users, {items} items",
+                    out.display()
+                ),
+                None => format!("dataset {}: {nodes} nodes", out.display()),
+            };
             println!(
-                "dataset {}: {} nodes, {} edges in {:.2} s",
-                out.display(),
-                nodes,
-                done.edges_written,
-                done.seconds
+                "{nodes}, {} edges in {:.2} s",
+                done.edges_written, done.seconds
             );
             Ok(())
         }

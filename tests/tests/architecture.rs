@@ -250,16 +250,8 @@ const TYPED_TWINS: &[(&str, &str)] = &[
     ),
     // sidecar
     (
-        "generate_typed",
-        "`sidecar generate` of a typed graph beside a one-type graph",
-    ),
-    (
         "serve_typed",
         "a typed ring request served beside a one-type batch",
-    ),
-    (
-        "TypedGenerateOptions",
-        "options of a generated typed graph beside `GenerateOptions`",
     ),
 ];
 

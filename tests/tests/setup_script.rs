@@ -233,7 +233,8 @@ fn a_disk_without_room_for_torch_is_refused_before_pip_starts() {
     assert_eq!(output.status.code(), Some(1), "{output:?}");
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert!(
-        stderr.contains("installing requirements-demo.txt into .venv needs about 9216 MiB free on /")
+        stderr
+            .contains("installing requirements-demo.txt into .venv needs about 9216 MiB free on /")
             && stderr.contains("it has 7000")
             && stderr.contains("TMPDIR"),
         "{stderr}"

@@ -16,11 +16,12 @@
 //! model tooling can train on it.
 //! Edges are unsorted and may repeat; the importer sorts and deduplicates.
 //!
-//! [`generate_typed`] writes a typed dataset instead (docs/graph-index.md,
-//! "Typed datasets"): users and items, user-item interactions placed by
-//! R-MAT over both id spaces (power-law degrees on both sides) with their
-//! reverse type, and optionally user-user follows, each edge type sorted
-//! and without repeats.
+//! With [`GenerateOptions::items`] it writes a typed dataset instead
+//! (docs/graph-index.md, "Typed datasets"): the nodes are users beside
+//! items, the edges user-item interactions placed by R-MAT over both id
+//! spaces (power-law degrees on both sides) with their reverse type, and
+//! optionally user-user follows, each edge type sorted and without
+//! repeats.
 
 use std::fs::File;
 use std::io::{BufWriter, Write};
@@ -31,20 +32,37 @@ use anyhow::{ensure, Context};
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 
-/// What to generate.
+/// What to generate: a one-type graph, or with `items` a typed graph of
+/// users and items.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct GenerateOptions {
+    /// Nodes; with `items`, the users.
     pub nodes: u64,
-    /// R-MAT edges (super-node edges come on top).
+    /// R-MAT edges (super-node edges come on top); with `items`, the
+    /// user-item interactions drawn (repeats are dropped).
     pub edges: u64,
     pub seed: u64,
+    /// One-type only.
     pub super_nodes: u64,
     pub super_degree: u64,
-    /// Features per node (0: no `features.f32`).
+    /// Features per node, with `items` per user (0: none).
     pub feature_dim: u32,
-    /// Classes of `labels.i32` (with `split.u8`); 0: neither. Needs
+    /// Classes of the labels (with the split); 0: neither. Needs
     /// `feature_dim` > 0.
     pub classes: u32,
+    /// A typed graph of users (`nodes`) and these items.
+    pub items: Option<Items>,
+}
+
+/// The items of a users-items graph ([`GenerateOptions::items`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Items {
+    pub count: u64,
+    /// Features per item (0: items have none).
+    pub feature_dim: u32,
+    /// User-user follows drawn (repeats and self loops are dropped); 0: no
+    /// follows edge type.
+    pub follows: u64,
 }
 
 /// What was generated.
@@ -158,23 +176,45 @@ fn write_features_to(
     Ok(())
 }
 
-/// Writes `<out>/edges.u32` and `<out>/meta.json` (and `features.f32`).
+/// Writes the dataset `options` describe into `out`: a one-type graph's
+/// `edges.u32` and `meta.json` (and `features.f32`, `labels.i32`,
+/// `split.u8`), or with `items` a typed dataset ([`users_items`]).
 pub fn generate(options: &GenerateOptions, out: &Path) -> anyhow::Result<Generated> {
     let started = Instant::now();
     let n = options.nodes;
-    ensure!(
-        (2..=u64::from(u32::MAX)).contains(&n),
-        "--nodes {n} must be between 2 and 2^32 - 1"
-    );
-    ensure!(
-        options.super_nodes <= n,
-        "--super-nodes {} exceeds --nodes {n}",
-        options.super_nodes
-    );
+    let sides = [
+        ("--nodes", Some(n)),
+        ("--items", options.items.map(|i| i.count)),
+    ];
+    for (flag, count) in sides {
+        if let Some(count) = count {
+            ensure!(
+                (2..=u64::from(u32::MAX)).contains(&count),
+                "{flag} {count} must be between 2 and 2^32 - 1"
+            );
+        }
+    }
     ensure!(
         options.classes == 0 || options.feature_dim > 0,
         "--classes {} needs --feature-dim: the labels are drawn from the features",
         options.classes
+    );
+    if let Some(items) = &options.items {
+        ensure!(
+            options.super_nodes == 0 && options.super_degree == 0,
+            "--super-nodes and --super-degree are for one-type graphs: leave them out with \
+             --items"
+        );
+        let written = users_items(options, items, out)?;
+        return Ok(Generated {
+            edges_written: written,
+            seconds: started.elapsed().as_secs_f64(),
+        });
+    }
+    ensure!(
+        options.super_nodes <= n,
+        "--super-nodes {} exceeds --nodes {n}",
+        options.super_nodes
     );
     ensure!(
         options.super_degree < n,
@@ -251,24 +291,6 @@ pub fn generate(options: &GenerateOptions, out: &Path) -> anyhow::Result<Generat
     })
 }
 
-/// A typed graph to generate: users and items.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct TypedGenerateOptions {
-    pub users: u64,
-    pub items: u64,
-    /// User-item interactions drawn (repeats are dropped).
-    pub interactions: u64,
-    /// User-user follows drawn (repeats and self loops are dropped); 0: no
-    /// follows edge type.
-    pub follows: u64,
-    pub seed: u64,
-    /// Features per user and per item (0: the type has none).
-    pub user_feature_dim: u32,
-    pub item_feature_dim: u32,
-    /// Classes of the users' labels (needs user features); 0: none.
-    pub classes: u32,
-}
-
 /// R-MAT pairs over `n_src x n_dst` (ids past a side wrap modulo it),
 /// without `src == dst` when `no_loops`, sorted and unique, as u64 keys
 /// `src * n_dst + dst`.
@@ -316,35 +338,24 @@ fn write_pairs(path: &Path, keys: &[u64], n_dst: u64, reversed: bool) -> anyhow:
 /// `edges/user__follows__user.u32`, `nodes/<type>.f32` for a type with
 /// features, and with `classes` the users' `labels.i32` and `split.u8`.
 /// Memory: 8 bytes per edge of the largest edge type while it is sorted.
-pub fn generate_typed(options: &TypedGenerateOptions, out: &Path) -> anyhow::Result<Generated> {
-    let started = Instant::now();
-    let (users, items) = (options.users, options.items);
-    for (flag, n) in [("--nodes", users), ("--items", items)] {
-        ensure!(
-            (2..=u64::from(u32::MAX)).contains(&n),
-            "{flag} {n} must be between 2 and 2^32 - 1"
-        );
-    }
-    ensure!(
-        options.classes == 0 || options.user_feature_dim > 0,
-        "--classes {} needs --feature-dim: the users' labels are drawn from their features",
-        options.classes
-    );
+/// Returns the edges written.
+fn users_items(options: &GenerateOptions, items: &Items, out: &Path) -> anyhow::Result<u64> {
+    let (users, n_items) = (options.nodes, items.count);
     std::fs::create_dir_all(out.join("edges"))
         .with_context(|| format!("creating {}", out.display()))?;
     std::fs::create_dir_all(out.join("nodes"))?;
     let mut rng = SmallRng::seed_from_u64(options.seed);
-    let interactions = rmat_keys(&mut rng, options.interactions, users, items, false);
+    let interactions = rmat_keys(&mut rng, options.edges, users, n_items, false);
     write_pairs(
         &out.join("edges/user__interacts__item.u32"),
         &interactions,
-        items,
+        n_items,
         false,
     )?;
     write_pairs(
         &out.join("edges/item__rev_interacts__user.u32"),
         &interactions,
-        items,
+        n_items,
         true,
     )?;
     let n_interactions = interactions.len() as u64;
@@ -356,8 +367,8 @@ pub fn generate_typed(options: &TypedGenerateOptions, out: &Path) -> anyhow::Res
             "num_edges": n_interactions, "edges": "edges/item__rev_interacts__user.u32"}),
     ];
     let mut written = 2 * n_interactions;
-    if options.follows > 0 {
-        let follows = rmat_keys(&mut rng, options.follows, users, users, true);
+    if items.follows > 0 {
+        let follows = rmat_keys(&mut rng, items.follows, users, users, true);
         write_pairs(
             &out.join("edges/user__follows__user.u32"),
             &follows,
@@ -372,14 +383,8 @@ pub fn generate_typed(options: &TypedGenerateOptions, out: &Path) -> anyhow::Res
     }
     let mut node_types = Vec::new();
     for (name, n, dim, classes, salt) in [
-        (
-            "user",
-            users,
-            options.user_feature_dim,
-            options.classes,
-            1u64,
-        ),
-        ("item", items, options.item_feature_dim, 0, 2),
+        ("user", users, options.feature_dim, options.classes, 1u64),
+        ("item", n_items, items.feature_dim, 0, 2),
     ] {
         let mut entry = serde_json::json!({"name": name, "num_nodes": n, "feature_dim": dim});
         if dim > 0 {
@@ -391,14 +396,14 @@ pub fn generate_typed(options: &TypedGenerateOptions, out: &Path) -> anyhow::Res
         node_types.push(entry);
     }
     let mut meta = serde_json::json!({
-        "name": format!("users-items-u{users}-i{items}-e{}-s{}", options.interactions, options.seed),
+        "name": format!("users-items-u{users}-i{n_items}-e{}-s{}", options.edges, options.seed),
         "node_types": node_types,
         "edge_types": edge_types,
         "generator": {
             "kind": "R-MAT (a, b, c, d) = (0.57, 0.19, 0.19, 0.05) over each edge type's two id spaces",
             "seed": options.seed,
-            "interactions_drawn": options.interactions,
-            "follows_drawn": options.follows,
+            "interactions_drawn": options.edges,
+            "follows_drawn": items.follows,
         },
         "format": "docs/graph-index.md, \"Typed datasets\": each edge file u32 LE (src, dst) pairs, unique, sorted",
     });
@@ -410,10 +415,7 @@ pub fn generate_typed(options: &TypedGenerateOptions, out: &Path) -> anyhow::Res
         });
     }
     std::fs::write(out.join("meta.json"), serde_json::to_string_pretty(&meta)?)?;
-    Ok(Generated {
-        edges_written: written,
-        seconds: started.elapsed().as_secs_f64(),
-    })
+    Ok(written)
 }
 
 #[cfg(test)]
@@ -435,6 +437,7 @@ mod tests {
             super_degree: 100,
             feature_dim: 8,
             classes: 3,
+            items: None,
         };
         generate(&options, &dir.path().join("a")).unwrap();
         generate(&options, &dir.path().join("b")).unwrap();
@@ -476,5 +479,71 @@ mod tests {
             unlabelled.to_string().contains("--feature-dim"),
             "{unlabelled}"
         );
+    }
+
+    #[test]
+    fn items_make_a_typed_dataset_and_one_type_flags_are_refused_with_them() {
+        let dir = tempfile::tempdir().unwrap();
+        let options = GenerateOptions {
+            nodes: 500,
+            edges: 4_000,
+            seed: 7,
+            super_nodes: 0,
+            super_degree: 0,
+            feature_dim: 4,
+            classes: 2,
+            items: Some(Items {
+                count: 300,
+                feature_dim: 0,
+                follows: 1_000,
+            }),
+        };
+        let out = dir.path().join("users-items");
+        let generated = generate(&options, &out).unwrap();
+        let meta: serde_json::Value = serde_json::from_slice(&read(&out, "meta.json")).unwrap();
+        let names: Vec<&str> = meta["node_types"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|t| t["name"].as_str().unwrap())
+            .collect();
+        assert_eq!(names, ["user", "item"]);
+        let edges: u64 = meta["edge_types"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|e| {
+                let file = read(&out, e["edges"].as_str().unwrap());
+                assert_eq!(file.len() as u64, 8 * e["num_edges"].as_u64().unwrap());
+                e["num_edges"].as_u64().unwrap()
+            })
+            .sum();
+        assert_eq!(edges, generated.edges_written);
+        assert_eq!(read(&out, "nodes/user.f32").len(), 500 * 4 * 4);
+        assert_eq!(read(&out, "labels.i32").len(), 500 * 4);
+
+        for (wrong, flag) in [
+            (
+                GenerateOptions {
+                    super_nodes: 1,
+                    super_degree: 10,
+                    ..options.clone()
+                },
+                "--super-nodes",
+            ),
+            (
+                GenerateOptions {
+                    items: Some(Items {
+                        count: 1,
+                        ..options.items.unwrap()
+                    }),
+                    ..options.clone()
+                },
+                "--items 1",
+            ),
+        ] {
+            let e = generate(&wrong, &dir.path().join("refused")).unwrap_err();
+            assert!(e.to_string().contains(flag), "{e}");
+        }
     }
 }
