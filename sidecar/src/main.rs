@@ -327,7 +327,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                 (Some(file), true) => publish::read_ops(&file, &target)?,
                 (None, false) => {
                     let words: Vec<&str> = op.iter().map(String::as_str).collect();
-                    vec![Entry::from_words(&words, target.feature_dim)
+                    vec![Entry::from_words(&words, target.feature_dim())
                         .map_err(anyhow::Error::msg)?]
                 }
                 (Some(_), false) => anyhow::bail!("give --file or one operation, not both"),

@@ -328,6 +328,36 @@ fn malformed_entries_are_skipped_whole_and_counted() {
             metrics.clone(),
         ],
     );
+    // `sidecar publish --data-dir` refuses what the replicas would skip,
+    // checked as they check it, and appends nothing.
+    let short_row = work.path().join("short.f32");
+    std::fs::write(&short_row, [0u8; 8]).unwrap();
+    let (url, data_arg) = (redis.url(), data.display().to_string());
+    let row_file = format!("row-file={}", short_row.display());
+    for (op, expected) in [
+        (
+            vec!["set-features", "5", row_file.as_str()],
+            "the row has 2 values; this graph's rows have 1433",
+        ),
+        (
+            vec!["add-node", "airport", "1"],
+            "the data directory holds a one-type graph",
+        ),
+    ] {
+        let mut args = vec!["publish", "--redis", &url, "--data-dir", &data_arg];
+        args.extend(&op);
+        let out = Command::new(workspace_bin("sidecar"))
+            .args(&args)
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{op:?} was published");
+        assert!(stderr.contains(expected), "{op:?}: {stderr}");
+    }
+    assert!(
+        redis.command("XLEN gnn:updates").contains(":0"),
+        "nothing appended"
+    );
     let before = ctl_json(&stack, &["graph", "checksum"]);
     for bad in [
         "XADD gnn:updates * op drop_node id 5",

@@ -83,6 +83,26 @@ pub struct TypedSchema {
 pub use protocol::graph_schema::valid_name;
 
 impl TypedSchema {
+    /// The 1x1 graph's types a one-type graph has: node type [`ONE_TYPE`]
+    /// (`num_nodes` nodes, rows of `feature_dim` f32; 0: none) and edge
+    /// type [`ONE_EDGE_TYPE`].
+    pub fn one_type(num_nodes: u64, feature_dim: u32, graph_version: u64) -> Self {
+        TypedSchema {
+            node_types: vec![NodeType {
+                name: ONE_TYPE.into(),
+                num_nodes,
+                feature_dim,
+                dtype: (feature_dim > 0).then(|| "f32".to_string()),
+            }],
+            edge_types: vec![EdgeType {
+                src: ONE_TYPE.into(),
+                relation: ONE_RELATION.into(),
+                dst: ONE_TYPE.into(),
+            }],
+            graph_version,
+        }
+    }
+
     /// Checks names, uniqueness, that every edge type's ends are node
     /// types, and that counts fit the index's u32 ids. The error names the
     /// type and the fix.
@@ -528,20 +548,11 @@ impl TypedGraph {
     /// node lists its neighbours. `path` is where it lives: what a
     /// compaction rewrites.
     pub fn one_type(index: CsrIndex, path: impl Into<PathBuf>, feature_dim: u32) -> Self {
-        let schema = TypedSchema {
-            node_types: vec![NodeType {
-                name: ONE_TYPE.into(),
-                num_nodes: u64::from(index.n_nodes()),
-                feature_dim,
-                dtype: (feature_dim > 0).then(|| "f32".to_string()),
-            }],
-            edge_types: vec![EdgeType {
-                src: ONE_TYPE.into(),
-                relation: ONE_RELATION.into(),
-                dst: ONE_TYPE.into(),
-            }],
-            graph_version: index.graph_version(),
-        };
+        let schema = TypedSchema::one_type(
+            u64::from(index.n_nodes()),
+            feature_dim,
+            index.graph_version(),
+        );
         Self::from_parts(
             schema,
             vec![(0, 0)],

@@ -41,16 +41,6 @@ impl Op {
         }
     }
 
-    /// The row the operation stores, with its node.
-    pub fn row(&self) -> Option<(u64, &[u8])> {
-        match self {
-            Op::AddNode { id, row, .. } | Op::SetFeatures { id, row } => {
-                row.as_deref().map(|r| (*id, r))
-            }
-            _ => None,
-        }
-    }
-
     /// The entry's fields, as `XADD` takes them.
     pub fn to_fields(&self) -> Vec<(&'static str, Vec<u8>)> {
         let list = |ids: &mut dyn Iterator<Item = u64>| -> Vec<u8> {

@@ -21,20 +21,25 @@ pub struct PublishTarget {
     /// The stream's Redis.
     pub redis: RedisConfig,
     pub stream: String,
-    /// The feature store's Redis, when the features live in Redis: rows are
-    /// written there before their entry is appended.
-    pub features: Option<RedisConfig>,
-    /// Values per row, when known (a one-type data directory was given).
-    pub feature_dim: Option<usize>,
-    /// A typed data directory's types and, per node type, its feature
-    /// store's Redis when its rows live in Redis.
-    pub typed: Option<(TypedSchema, Vec<Option<RedisConfig>>)>,
+    /// The data directory's graph, when one was given.
+    pub graph: Option<PublishGraph>,
+}
+
+/// The graph of a data directory `sidecar publish` was given: its types
+/// (a one-type graph's are the 1x1 graph's, [`TypedSchema::one_type`]),
+/// which syntax its entries take, and per node type the feature store's
+/// Redis where its rows live in Redis (rows are written there before
+/// their entry is appended).
+#[derive(Debug, Clone)]
+pub struct PublishGraph {
+    pub schema: TypedSchema,
+    pub one_type: bool,
+    pub features: Vec<Option<RedisConfig>>,
 }
 
 impl PublishTarget {
-    /// The stream on `redis`; with a data directory, its feature stores
-    /// (rows go to Redis first where the features live there), its row
-    /// sizes and, for a typed graph, its types.
+    /// The stream on `redis`; with a data directory, its graph's types and
+    /// feature stores.
     pub fn new(redis: RedisConfig, stream: &str, data_dir: Option<&Path>) -> anyhow::Result<Self> {
         let in_redis = |manifest: &FeatureManifest, default_prefix: String| {
             (manifest.store == "redis").then(|| RedisConfig {
@@ -42,60 +47,72 @@ impl PublishTarget {
                 ..redis.clone()
             })
         };
-        let mut target = Self {
-            redis: redis.clone(),
-            stream: stream.to_string(),
-            features: None,
-            feature_dim: None,
-            typed: None,
-        };
-        let Some(dir) = data_dir else {
-            return Ok(target);
-        };
-        if !dir.join(crate::graph::dataset::INDEX_FILE).exists()
-            && dir.join(typed::TYPED_DIR).is_dir()
-        {
-            let schema = TypedSchema::read(dir)?;
-            let mut features = Vec::with_capacity(schema.node_types.len());
-            for t in &schema.node_types {
-                features.push(if t.feature_dim == 0 {
-                    None
-                } else {
-                    let manifest = FeatureManifest::read(&typed::feature_dir(dir, &t.name))?;
-                    in_redis(&manifest, typed::redis_prefix("feat:", &t.name))
-                });
+        let graph = match data_dir {
+            None => None,
+            Some(dir)
+                if !dir.join(crate::graph::dataset::INDEX_FILE).exists()
+                    && dir.join(typed::TYPED_DIR).is_dir() =>
+            {
+                let schema = TypedSchema::read(dir)?;
+                let mut features = Vec::with_capacity(schema.node_types.len());
+                for t in &schema.node_types {
+                    features.push(if t.feature_dim == 0 {
+                        None
+                    } else {
+                        let manifest = FeatureManifest::read(&typed::feature_dir(dir, &t.name))?;
+                        in_redis(&manifest, typed::redis_prefix("feat:", &t.name))
+                    });
+                }
+                Some(PublishGraph {
+                    schema,
+                    one_type: false,
+                    features,
+                })
             }
-            target.typed = Some((schema, features));
-            return Ok(target);
-        }
-        let manifest = FeatureManifest::read(dir)?;
-        target.features = in_redis(&manifest, crate::features::contract::DEFAULT_PREFIX.into());
-        target.feature_dim = Some(manifest.feature_dim as usize);
-        Ok(target)
+            Some(dir) => {
+                let manifest = FeatureManifest::read(dir)?;
+                Some(PublishGraph {
+                    schema: TypedSchema::one_type(manifest.num_nodes, manifest.feature_dim, 0),
+                    one_type: true,
+                    features: vec![in_redis(
+                        &manifest,
+                        crate::features::contract::DEFAULT_PREFIX.into(),
+                    )],
+                })
+            }
+        };
+        Ok(Self {
+            redis,
+            stream: stream.to_string(),
+            graph,
+        })
+    }
+
+    /// Values per row of a one-type graph, when its data directory was
+    /// given (the one-type text syntax reads rows with it).
+    pub fn feature_dim(&self) -> Option<usize> {
+        let graph = self.graph.as_ref().filter(|g| g.one_type)?;
+        Some(graph.schema.node_types[0].feature_dim as usize)
     }
 
     /// Refuses an entry the data directory's graph would skip as
     /// malformed: a typed entry for a one-type graph and the reverse, an
-    /// unknown type or relation, a row of the wrong width.
+    /// unknown type or relation, a row of the wrong width. One check for
+    /// both graph kinds: the replicas' ([`GraphOp::resolve`]).
     fn check(&self, entry: &Entry) -> Result<(), String> {
-        match (entry, &self.typed) {
-            (Entry::Typed(op), Some((schema, _))) => op.resolve(schema).map(|_| ()),
-            (Entry::OneType(_), Some(_)) => Err(
+        let Some(graph) = &self.graph else {
+            return Ok(());
+        };
+        match (entry, graph.one_type) {
+            (Entry::OneType(_), false) => Err(
                 "the data directory holds a typed graph: name the node type (`add-node TYPE ID \
                  ...`) or the edge type (`edges:EDGE_TYPE=SRC,DST`)"
                     .into(),
             ),
-            (Entry::Typed(_), None) if self.feature_dim.is_some() => Err(
+            (Entry::Typed(_), true) => Err(
                 "the data directory holds a one-type graph: give ids without a node type".into(),
             ),
-            (Entry::Typed(_), None) => Ok(()),
-            (Entry::OneType(op), None) => match (op.row(), self.feature_dim) {
-                (Some((id, row)), Some(dim)) if row.len() != 4 * dim => Err(format!(
-                    "node {id}: the row has {} values; this graph's rows have {dim}",
-                    row.len() / 4
-                )),
-                _ => Ok(()),
-            },
+            _ => entry.op().resolve(&graph.schema).map(|_| ()),
         }
     }
 }
@@ -118,6 +135,14 @@ impl Entry {
                 .map(|(k, v)| (k.to_string(), v))
                 .collect(),
             Entry::Typed(op) => op.to_fields(),
+        }
+    }
+
+    /// The operation on the graph: a one-type entry's is the 1x1 graph's.
+    pub fn op(&self) -> GraphOp {
+        match self {
+            Entry::OneType(op) => GraphOp::from(op.clone()),
+            Entry::Typed(op) => op.clone(),
         }
     }
 
@@ -151,7 +176,7 @@ pub fn read_ops(path: &Path, target: &PublishTarget) -> anyhow::Result<Vec<Entry
             continue;
         }
         let words: Vec<&str> = content.split_whitespace().collect();
-        let op = Entry::from_words(&words, target.feature_dim)
+        let op = Entry::from_words(&words, target.feature_dim())
             .and_then(|op| target.check(&op).map(|()| op))
             .map_err(|e| anyhow::anyhow!("{}:{}: {e}", path.display(), n + 1))?;
         ops.push(op);
@@ -180,15 +205,11 @@ pub async fn publish(target: &PublishTarget, ops: &[Entry]) -> anyhow::Result<Op
                 .context("connecting to the feature store")
         }
     };
-    let features = match &target.features {
-        Some(config) => Some(connect(config).await?),
-        None => None,
-    };
-    // A typed graph: one connection per node type whose rows live in Redis.
-    let mut typed_features: Vec<Option<RedisTier>> = Vec::new();
-    if let Some((_, configs)) = &target.typed {
-        for config in configs {
-            typed_features.push(match config {
+    // One connection per node type whose rows live in Redis.
+    let mut features: Vec<Option<RedisTier>> = Vec::new();
+    if let Some(graph) = &target.graph {
+        for config in &graph.features {
+            features.push(match config {
                 Some(config) => Some(connect(config).await?),
                 None => None,
             });
@@ -196,39 +217,26 @@ pub async fn publish(target: &PublishTarget, ops: &[Entry]) -> anyhow::Result<Op
     }
     let mut last = None;
     for chunk in ops.chunks(PIPELINE) {
-        if let Some(features) = &features {
-            let rows: Vec<(u64, Vec<u8>)> = chunk
-                .iter()
-                .filter_map(|op| match op {
-                    Entry::OneType(op) => op.row().map(|(id, row)| (id, row.to_vec())),
-                    Entry::Typed(_) => None,
-                })
-                .collect();
-            if !rows.is_empty() {
-                features
-                    .set_many(&rows)
-                    .await
-                    .context("writing rows to the feature store")?;
-            }
-        }
-        if let Some((schema, _)) = &target.typed {
-            let mut rows: Vec<Vec<(u64, Vec<u8>)>> = vec![Vec::new(); typed_features.len()];
+        if let Some(graph) = &target.graph {
+            let mut rows: Vec<Vec<(u64, Vec<u8>)>> = vec![Vec::new(); features.len()];
             for op in chunk {
-                if let Entry::Typed(op) = op {
-                    if let Some((node_type, id, row)) = op.row() {
-                        let t = schema.node_type(node_type).expect("checked above");
-                        rows[t].push((id, row.to_vec()));
-                    }
+                let op = op.op();
+                if let Some((node_type, id, row)) = op.row() {
+                    let t = graph.schema.node_type(node_type).expect("checked above");
+                    rows[t].push((id, row.to_vec()));
                 }
             }
             for (t, rows) in rows.iter().enumerate() {
-                if let (Some(tier), false) = (&typed_features[t], rows.is_empty()) {
-                    tier.set_many(rows).await.with_context(|| {
-                        format!(
-                            "writing node type {}'s rows to the feature store",
-                            schema.node_types[t].name
-                        )
-                    })?;
+                if let (Some(tier), false) = (&features[t], rows.is_empty()) {
+                    tier.set_many(rows)
+                        .await
+                        .with_context(|| match graph.one_type {
+                            true => "writing rows to the feature store".to_string(),
+                            false => format!(
+                                "writing node type {}'s rows to the feature store",
+                                graph.schema.node_types[t].name
+                            ),
+                        })?;
                 }
             }
         }
