@@ -26,7 +26,7 @@ use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 use sidecar::graph::dataset::{import_graph, INDEX_FILE};
 use sidecar::graph::generate::{generate, GenerateOptions, Items};
-use sidecar::graph::sampler::SubgraphLimits;
+use sidecar::graph::sampler::{OneType, SubgraphLimits};
 use sidecar::graph::{CsrIndex, GraphFanouts, GraphSource, LiveGraph, Sampler, TypedGraph};
 
 fn main() -> anyhow::Result<()> {
@@ -82,7 +82,7 @@ fn main() -> anyhow::Result<()> {
     let secs = started.elapsed().as_secs_f64();
     let throughput = (batches * 64) as f64 / secs;
     let mut rng = SmallRng::seed_from_u64(2);
-    let fanouts = protocol::request::SubgraphFanouts::new(&[20, 10]).expect("two hops");
+    let fanouts = GraphFanouts::new(2, vec![20, 10]).expect("two hops");
     let limits = SubgraphLimits {
         max_nodes: usize::MAX,
         max_edges: usize::MAX,
@@ -93,8 +93,8 @@ fn main() -> anyhow::Result<()> {
         for t in targets.iter_mut() {
             *t = rng.random_range(0..u64::from(index.n_nodes()));
         }
-        let sample = sampler.sample_subgraph(&index, &targets, fanouts, b, limits, &[]);
-        subgraph_rows += sample.expect("no limits").nodes.len();
+        let sample = sampler.sample_graph(&OneType(&index), 0, &targets, &fanouts, b, limits, &[]);
+        subgraph_rows += sample.expect("no limits").nodes[0].len();
     }
     let subgraph_throughput = (batches * 64) as f64 / started.elapsed().as_secs_f64();
 

@@ -484,7 +484,6 @@ fn the_hot_set_is_the_top_degree_nodes() {
 /// sampled neighbour, a node expanded once at the hop that reached it).
 #[test]
 fn a_subgraph_is_laid_out_as_neighbor_loader_lays_out_a_batch() {
-    use protocol::request::SubgraphFanouts;
     use sidecar::graph::sampler::SubgraphLimits;
     // 0-1, 0-2, 1-3, 2-3, 3-4, 5 alone (undirected).
     let (_dir, index) = import_text("0 1\n0 2\n1 3\n2 3\n3 4\n5 5\n", true);
@@ -492,10 +491,17 @@ fn a_subgraph_is_laid_out_as_neighbor_loader_lays_out_a_batch() {
         max_nodes: 100,
         max_edges: 100,
     };
-    let fanouts = SubgraphFanouts::new(&[10, 10]).unwrap();
-    let s = Sampler::default()
-        .sample_subgraph(&index, &[2, 0, 2, 77], fanouts, 1, limits, &[])
-        .unwrap();
+    let fanouts = [10, 10];
+    let s = subgraph(
+        &mut Sampler::default(),
+        &index,
+        &[2, 0, 2, 77],
+        fanouts,
+        1,
+        limits,
+        &[],
+    )
+    .unwrap();
     // Hop 0: the unique targets (2 repeated; 77 unknown).
     // Hop 1: 2's neighbours 0 (a target), 3 (new); 0's neighbours 1 (new),
     // 2 (a target); 77 has none.
@@ -516,26 +522,24 @@ fn a_subgraph_is_laid_out_as_neighbor_loader_lays_out_a_batch() {
     assert_eq!(s.sampled_nodes, vec![3, 2, 1]);
     assert_eq!(s.sampled_edges, vec![4, 5]);
     // One hop: the targets' own edges only.
-    let one = Sampler::default()
-        .sample_subgraph(
-            &index,
-            &[3],
-            SubgraphFanouts::new(&[10]).unwrap(),
-            1,
-            limits,
-            &[],
-        )
-        .unwrap();
+    let one = subgraph(&mut Sampler::default(), &index, &[3], [10], 1, limits, &[]).unwrap();
     assert_eq!(one.nodes, vec![3, 1, 2, 4]);
     assert_eq!(
         (one.edge_src.clone(), one.edge_dst.clone()),
         (vec![1, 2, 3], vec![0, 0, 0])
     );
     // A node without neighbours: no edges at all.
-    let alone = Sampler::default()
-        .sample_subgraph(&index, &[5], fanouts, 1, limits, &[])
-        .unwrap();
-    assert_eq!((alone.nodes.clone(), alone.n_edges()), (vec![5], 0));
+    let alone = subgraph(
+        &mut Sampler::default(),
+        &index,
+        &[5],
+        fanouts,
+        1,
+        limits,
+        &[],
+    )
+    .unwrap();
+    assert_eq!((alone.nodes.clone(), alone.edge_src.len()), (vec![5], 0));
     assert_eq!(alone.sampled_nodes, vec![1, 0, 0]);
 }
 
@@ -545,7 +549,6 @@ fn a_subgraph_is_laid_out_as_neighbor_loader_lays_out_a_batch() {
 /// targets; a super node costs what a small one costs.
 #[test]
 fn subgraph_samples_respect_fanouts_and_are_deterministic() {
-    use protocol::request::SubgraphFanouts;
     use sidecar::graph::sampler::SubgraphLimits;
     let (_dir, path) = cora_index_file();
     let index = CsrIndex::open(&path).unwrap();
@@ -553,13 +556,11 @@ fn subgraph_samples_respect_fanouts_and_are_deterministic() {
         max_nodes: 100_000,
         max_edges: 1_000_000,
     };
-    let fanouts = SubgraphFanouts::new(&[5, 3, 2]).unwrap();
+    let fanouts = [5, 3, 2];
     let targets = [1358u64, 0, 5, 99];
     let mut sampler = Sampler::default();
-    let s = sampler
-        .sample_subgraph(&index, &targets, fanouts, 9, limits, &[])
-        .unwrap();
-    assert_eq!(s.n_edges() as i64, s.sampled_edges.iter().sum::<i64>());
+    let s = subgraph(&mut sampler, &index, &targets, fanouts, 9, limits, &[]).unwrap();
+    assert_eq!(s.edge_src.len() as i64, s.sampled_edges.iter().sum::<i64>());
     assert_eq!(s.nodes.len() as i64, s.sampled_nodes.iter().sum::<i64>());
     assert!(
         s.edge_dst.windows(2).all(|w| w[0] <= w[1]),
@@ -580,7 +581,7 @@ fn subgraph_samples_respect_fanouts_and_are_deterministic() {
         let hop = hop_of[dst as usize];
         assert!(hop < 3, "nodes of the last hop are not expanded");
         let degree = index.degree(node as u32);
-        let fanout = fanouts.as_slice()[hop];
+        let fanout = fanouts[hop];
         assert_eq!(sampled.len() as u32, degree.min(fanout), "node {node}");
         let real: HashSet<u64> = index
             .neighbors(node as u32)
@@ -594,18 +595,32 @@ fn subgraph_samples_respect_fanouts_and_are_deterministic() {
             "node {node}: drawn without replacement"
         );
     }
-    let again = Sampler::default()
-        .sample_subgraph(&index, &targets, fanouts, 9, limits, &[])
-        .unwrap();
+    let again = subgraph(
+        &mut Sampler::default(),
+        &index,
+        &targets,
+        fanouts,
+        9,
+        limits,
+        &[],
+    )
+    .unwrap();
     assert_eq!(
         (again.nodes, again.edge_src),
         (s.nodes.clone(), s.edge_src.clone())
     );
     // Target 1358's own hop-1 draws are the same alone as beside others.
-    let alone = Sampler::default()
-        .sample_subgraph(&index, &[1358], fanouts, 9, limits, &[])
-        .unwrap();
-    let hop1 = |s: &Sampled, row: i64| -> Vec<u64> {
+    let alone = subgraph(
+        &mut Sampler::default(),
+        &index,
+        &[1358],
+        fanouts,
+        9,
+        limits,
+        &[],
+    )
+    .unwrap();
+    let hop1 = |s: &Subgraph, row: i64| -> Vec<u64> {
         s.edge_src
             .iter()
             .zip(&s.edge_dst)
@@ -617,12 +632,26 @@ fn subgraph_samples_respect_fanouts_and_are_deterministic() {
     // FRESH targets (FRESH_SINCE) have no row and are left out: the
     // subgraph is the one the others get alone, in the same order.
     let fresh = [false, true, false, true];
-    let without = Sampler::default()
-        .sample_subgraph(&index, &targets, fanouts, 9, limits, &fresh)
-        .unwrap();
-    let others = Sampler::default()
-        .sample_subgraph(&index, &[1358, 5], fanouts, 9, limits, &[])
-        .unwrap();
+    let without = subgraph(
+        &mut Sampler::default(),
+        &index,
+        &targets,
+        fanouts,
+        9,
+        limits,
+        &fresh,
+    )
+    .unwrap();
+    let others = subgraph(
+        &mut Sampler::default(),
+        &index,
+        &[1358, 5],
+        fanouts,
+        9,
+        limits,
+        &[],
+    )
+    .unwrap();
     assert_eq!(
         (&without.nodes, &without.edge_src, &without.edge_dst),
         (&others.nodes, &others.edge_src, &others.edge_dst)
@@ -638,19 +667,63 @@ fn subgraph_samples_respect_fanouts_and_are_deterministic() {
         max_nodes: 10,
         max_edges: 1_000,
     };
-    assert!(Sampler::default()
-        .sample_subgraph(&index, &targets, fanouts, 9, tight, &[])
-        .is_err());
+    assert!(subgraph(
+        &mut Sampler::default(),
+        &index,
+        &targets,
+        fanouts,
+        9,
+        tight,
+        &[]
+    )
+    .is_err());
     // A super node costs its fanout, not its degree.
     let (_d1, big) = star(1_000_000);
     let (_d2, small) = star(30);
-    let one_hop = SubgraphFanouts::new(&[20]).unwrap();
-    let on_big = sampler
-        .sample_subgraph(&big, &[0], one_hop, 4, limits, &[])
-        .unwrap();
-    let on_small = sampler
-        .sample_subgraph(&small, &[0], one_hop, 4, limits, &[])
-        .unwrap();
-    assert_eq!((on_big.n_edges(), on_small.n_edges()), (20, 20));
+    let one_hop = [20];
+    let on_big = subgraph(&mut sampler, &big, &[0], one_hop, 4, limits, &[]).unwrap();
+    let on_small = subgraph(&mut sampler, &small, &[0], one_hop, 4, limits, &[]).unwrap();
+    assert_eq!((on_big.edge_src.len(), on_small.edge_src.len()), (20, 20));
     assert_eq!(on_big.work, on_small.work, "same work for degree 1M and 30");
+}
+
+/// A one-type graph's sample in the subgraph layout: the 1x1 graph's
+/// (node type 0, edge type 0), as the sidecar samples a subgraph-layout
+/// request.
+#[derive(Debug)]
+struct Subgraph {
+    nodes: Vec<u64>,
+    target_row: Vec<i32>,
+    status: Vec<u8>,
+    edge_src: Vec<i64>,
+    edge_dst: Vec<i64>,
+    sampled_nodes: Vec<i64>,
+    sampled_edges: Vec<i64>,
+    work: u64,
+}
+
+fn subgraph(
+    sampler: &mut Sampler,
+    index: &CsrIndex,
+    targets: &[u64],
+    fanouts: impl AsRef<[u32]>,
+    seed: u64,
+    limits: sidecar::graph::sampler::SubgraphLimits,
+    fresh: &[bool],
+) -> Result<Subgraph, sidecar::graph::sampler::SubgraphTooLarge> {
+    use sidecar::graph::sampler::{GraphFanouts, OneType};
+    let fanouts = fanouts.as_ref();
+    let fanouts = GraphFanouts::new(fanouts.len(), fanouts.to_vec()).unwrap();
+    let mut s = sampler.sample_graph(&OneType(index), 0, targets, &fanouts, seed, limits, fresh)?;
+    let one = |v: &mut Vec<Vec<i64>>| std::mem::take(&mut v[0]);
+    Ok(Subgraph {
+        edge_src: one(&mut s.edge_src),
+        edge_dst: one(&mut s.edge_dst),
+        sampled_nodes: one(&mut s.sampled_nodes),
+        sampled_edges: one(&mut s.sampled_edges),
+        nodes: std::mem::take(&mut s.nodes[0]),
+        target_row: s.target_row,
+        status: s.status,
+        work: s.work,
+    })
 }

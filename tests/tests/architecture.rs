@@ -248,11 +248,6 @@ const TYPED_TWINS: &[(&str, &str)] = &[
         "TypedNewNode",
         "a typed new node in a request beside `NewNode`",
     ),
-    // sidecar
-    (
-        "serve_typed",
-        "a typed ring request served beside a one-type batch",
-    ),
 ];
 
 /// Names a crate's product code defines: functions, and types (structs,

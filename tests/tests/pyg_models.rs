@@ -435,6 +435,77 @@ fn the_scatter_rewrite_changes_no_answer_and_inputs_stay_in_place() {
     assert!(stack.stop());
 }
 
+/// Subgraph-layout requests that reach the sidecar in one ring batch
+/// share one fetch of their unique rows (cross-request batching, as typed
+/// requests do: the subgraph layout is the 1x1 typed graph's), and each is
+/// answered what it is answered alone: the same nodes, edges and rows.
+#[test]
+fn subgraph_requests_batched_together_answer_what_each_answers_alone() {
+    let metrics = format!("127.0.0.1:{}", tests::stack::free_port());
+    let mut options = StackOptions::new("cora");
+    options.dataset_dir = Some(shipped_cora());
+    options.model = Some(model("sage", &[]));
+    options.max_fanouts = Some([COVERING, COVERING]);
+    options.max_targets = 8;
+    options.response_mib = 64;
+    options.sidecar_args = vec!["--metrics-addr".into(), metrics.clone()];
+    let stack = Stack::start(&options).expect("stack");
+    let client = RingClient::attach(&stack.shm_name, ClientOptions::default()).unwrap();
+    // Overlapping neighbourhoods: cora's hubs among small nodes.
+    let targets: Vec<Vec<u64>> = (0..24u64)
+        .map(|k| vec![(k * 37) % 2708, (k * 101 + 5) % 2708, 1358])
+        .collect();
+    type Contents = (Vec<u64>, Vec<i64>, Vec<u32>);
+    let contents = |client: &RingClient, targets: &[u64]| -> Contents {
+        let mut request = CallRequest::new(targets);
+        request.subgraph = SubgraphFanouts::new(&[10, 5]);
+        let response = client.call(&request).unwrap();
+        let tables = response.graph_tables(0).unwrap();
+        (
+            tables.node_ids(0).to_vec(),
+            tables.edge_index(0).to_vec(),
+            tables.features(0).iter().map(|f| f.to_bits()).collect(),
+        )
+    };
+    let alone: Vec<Contents> = targets.iter().map(|t| contents(&client, t)).collect();
+    let batched = || -> (f64, f64) {
+        let value = |name: &str| tests::stack::metric_value(&metrics, name);
+        (
+            value("sidecar_batch_requests_sum"),
+            value("sidecar_batch_requests_count"),
+        )
+    };
+    let (requests_before, batches_before) = batched();
+    // Eight callers at once until a ring batch held several requests.
+    let until = std::time::Instant::now() + std::time::Duration::from_secs(120);
+    let mut rounds = 0;
+    loop {
+        rounds += 1;
+        std::thread::scope(|scope| {
+            for first in 0..8 {
+                let (targets, alone, contents) = (&targets, &alone, &contents);
+                let shm_name = &stack.shm_name;
+                scope.spawn(move || {
+                    let client = RingClient::attach(shm_name, ClientOptions::default()).unwrap();
+                    for k in (first..targets.len()).step_by(8) {
+                        let got = contents(&client, &targets[k]);
+                        assert!(got == alone[k], "targets {:?}", targets[k]);
+                    }
+                });
+            }
+        });
+        let (requests, batches) = batched();
+        if requests - requests_before > batches - batches_before {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < until,
+            "{rounds} rounds of eight concurrent callers, and no ring batch held two requests"
+        );
+    }
+    assert!(stack.stop());
+}
+
 /// A node the graph does not have, in one call, in the subgraph layout: its
 /// answer is the one it gets once added with the same row and edges; with
 /// no edges at all (an empty edge_index) it is answered too.

@@ -6,11 +6,12 @@
 //! edges costs what a node with twenty costs). Nodes are deduplicated across
 //! hops and across the targets of a batch: each unique node gets one row. The
 //! output has the shape of the response's target table: the dense layout's
-//! per-target hop arrays ([`Sampler::sample`]), or the subgraph layout's
-//! edge list, shaped as PyTorch Geometric's `NeighborLoader` shapes a batch
-//! ([`Sampler::sample_subgraph`]). Both draw a node's neighbours with the
-//! same [`pick`] from a generator seeded by the node's id, and share the
-//! row deduplication.
+//! per-target hop arrays ([`Sampler::sample`]), or a graph layout's edge
+//! lists per edge type, shaped as PyTorch Geometric's `NeighborLoader`
+//! shapes a batch ([`Sampler::sample_graph`]; a one-type graph's subgraph
+//! layout is the 1x1 graph's, through [`OneType`]). Both draw a node's
+//! neighbours with the same [`pick`] from a generator seeded by the node's
+//! id, and share the row deduplication.
 
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
@@ -19,7 +20,6 @@ use rustc_hash::FxHashMap;
 use protocol::layout::MAX_HOPS;
 use protocol::payload::schema::{target_status, HOP2_CACHED, NO_ROW};
 use protocol::payload::{GraphColumns, TargetColumns};
-use protocol::request::SubgraphFanouts;
 
 /// Read access to a graph by neighbour index.
 pub trait NeighborSource {
@@ -58,20 +58,6 @@ pub struct Sampled {
     /// Random draws and set probes spent: the sampling work, for tests that
     /// prove it does not grow with degree.
     pub work: u64,
-    /// The subgraph layout's hops and fanouts; `None`: the dense layout
-    /// (the hop arrays above), and the edge lists below are empty.
-    pub subgraph: Option<SubgraphFanouts>,
-    /// Subgraph layout: each edge's sampled neighbour (a node-table row),
-    /// in sampling order.
-    pub edge_src: Vec<i64>,
-    /// Subgraph layout: the node-table row each edge's neighbour was
-    /// sampled for (non-decreasing: hop by hop, node by node).
-    pub edge_dst: Vec<i64>,
-    /// Subgraph layout: the nodes first reached at each hop (hop 0: the
-    /// unique targets), `hops + 1` counts.
-    pub sampled_nodes: Vec<i64>,
-    /// Subgraph layout: the edges sampled at each hop, `hops` counts.
-    pub sampled_edges: Vec<i64>,
 }
 
 /// Why a subgraph was not sampled whole: it outgrew a response.
@@ -106,23 +92,6 @@ impl Sampled {
         columns.hop1_rows.copy_from_slice(&self.hop1_rows);
         columns.hop2_count.copy_from_slice(&self.hop2_count);
         columns.hop2_rows.copy_from_slice(&self.hop2_rows);
-    }
-
-    /// A subgraph-layout sample as the 1x1 graph's.
-    pub fn graph(&self) -> GraphSample<'_> {
-        GraphSample {
-            status: &self.status,
-            target_row: &self.target_row,
-            edge_src: std::slice::from_ref(&self.edge_src),
-            edge_dst: std::slice::from_ref(&self.edge_dst),
-            sampled_nodes: std::slice::from_ref(&self.sampled_nodes),
-            sampled_edges: std::slice::from_ref(&self.sampled_edges),
-        }
-    }
-
-    /// Edges of a subgraph-layout sample (0 in the dense layout).
-    pub fn n_edges(&self) -> usize {
-        self.edge_src.len()
     }
 }
 
@@ -330,63 +299,6 @@ impl Sampler {
         self.sample_hops(graph, targets, [1, 1], 0, false, &[], &mut |_, _| false)
     }
 
-    /// Samples the targets' neighbourhood as PyTorch Geometric's
-    /// `NeighborLoader(num_neighbors=fanouts, replace=False)` builds one
-    /// batch (docs/protocol.md, "The subgraph layout"): the unique targets
-    /// first, in request order; then hop by hop, for each node first
-    /// reached at the previous hop (in row order), up to that hop's fanout
-    /// of its neighbours, uniformly without replacement, each a row of its
-    /// own the first time it is reached and an edge (neighbour, node) every
-    /// time. A node is expanded once, at the hop that first reached it.
-    /// Its draws come from a generator seeded by `seed` and its id alone, so
-    /// they are those [`hop1_of`] makes at its fanout. Unknown targets get
-    /// a row, status `UNKNOWN_NODE` and no edges. The targets whose `fresh`
-    /// entry is true (the request flag `FRESH_SINCE`: their caller holds
-    /// their answer) get status `FRESH` and no row ([`NO_ROW`]), and are
-    /// left out of the sample: the subgraph is the one the other targets
-    /// get alone. Stops, with what outgrew, once the nodes or edges pass
-    /// `limits`.
-    pub fn sample_subgraph(
-        &mut self,
-        graph: &impl NeighborSource,
-        targets: &[u64],
-        fanouts: SubgraphFanouts,
-        seed: u64,
-        limits: SubgraphLimits,
-        fresh: &[bool],
-    ) -> Result<Sampled, SubgraphTooLarge> {
-        // The one-type case of the typed sampler: one node type, one edge
-        // type whose sources of a node are its neighbours.
-        let typed_fanouts = GraphFanouts::new(fanouts.hops(), fanouts.as_slice().to_vec())
-            .expect("one fanout per hop of one edge type");
-        let mut typed = self.sample_graph(
-            &OneType(graph),
-            0,
-            targets,
-            &typed_fanouts,
-            seed,
-            limits,
-            fresh,
-        )?;
-        let take = |v: &mut Vec<Vec<i64>>| std::mem::take(&mut v[0]);
-        Ok(Sampled {
-            fanouts: [
-                fanouts.as_slice()[0],
-                fanouts.as_slice().get(1).copied().unwrap_or(0),
-            ],
-            nodes: std::mem::take(&mut typed.nodes[0]),
-            status: typed.status,
-            target_row: typed.target_row,
-            work: typed.work,
-            subgraph: Some(fanouts),
-            edge_src: take(&mut typed.edge_src),
-            edge_dst: take(&mut typed.edge_dst),
-            sampled_nodes: take(&mut typed.sampled_nodes),
-            sampled_edges: take(&mut typed.sampled_edges),
-            ..Sampled::default()
-        })
-    }
-
     /// Samples a typed subgraph as PyG's `NeighborLoader` samples a
     /// `HeteroData` for seeds of one node type (`target_type`): per node
     /// type its unique nodes (the targets first in theirs, then each hop's
@@ -397,10 +309,18 @@ impl Sampler {
     /// replacement ([`pick`], O(fanout)); a fanout of 0 draws nothing. A
     /// node's draws for an edge type come from a generator seeded by
     /// `seed`, the edge type and the node's id alone (edge type 0: the
-    /// one-type sampler's seed). Targets as in
-    /// [`Sampler::sample_subgraph`] (unknown: a row and no edges; fresh: no
-    /// row). Stops, with what outgrew, once the nodes of all types or the
-    /// edges of all types pass `limits`.
+    /// one-type sampler's seed), so they are those [`hop1_of`] makes at its
+    /// fanout. The unique targets come first, in request order; an unknown
+    /// target gets a row, status `UNKNOWN_NODE` and no edges. The targets
+    /// whose `fresh` entry is true (the request flag `FRESH_SINCE`: their
+    /// caller holds their answer) get status `FRESH` and no row
+    /// ([`NO_ROW`]), and are left out of the sample: the subgraph is the
+    /// one the other targets get alone. A one-type graph's subgraph layout
+    /// is this sample of the 1x1 graph ([`OneType`]), shaped as
+    /// `NeighborLoader(num_neighbors=fanouts, replace=False)` builds a
+    /// batch (docs/protocol.md, "The subgraph layout"). Stops, with what
+    /// outgrew, once the nodes of all types or the edges of all types pass
+    /// `limits`.
     #[allow(clippy::too_many_arguments)]
     pub fn sample_graph(
         &mut self,

@@ -12,8 +12,8 @@ use std::borrow::Cow;
 use std::time::Instant;
 
 use protocol::layout::{status, MAX_HOPS};
-use protocol::payload::{GraphShape, NodeColumns, PayloadShape, TargetColumns};
-use protocol::request::{FreshSince, HubH1, Request, SubgraphFanouts};
+use protocol::payload::{NodeColumns, PayloadShape, TargetColumns};
+use protocol::request::{FreshSince, HubH1, Request};
 use protocol::server::ServeTicket;
 use rustc_hash::FxHashMap;
 
@@ -24,11 +24,11 @@ use crate::features::{FeatureTiers, RowSource};
 use crate::graph::changes::Changes;
 use crate::graph::live::{GraphSnapshot, GraphUpdate};
 use crate::graph::sampler::{
-    hop1_of, GraphFanouts, GraphSource, OneType, Sampled, Sampler, SubgraphLimits, SubgraphTooLarge,
+    hop1_of, GraphFanouts, GraphSource, Sampled, Sampler, SubgraphLimits, SubgraphTooLarge,
 };
 use protocol::payload::schema::tier;
 
-mod typed;
+mod graph;
 
 /// Most of a request's remaining time kept back from the feature fetch for
 /// writing its response (docs/serving.md, "Deadlines").
@@ -81,16 +81,10 @@ impl BatchContext<'_> {
 /// What one sampling pass is for: the fanouts, whether the requests want
 /// their targets' own rows only (`OWN_ROWS_ONLY`), and the point of the
 /// change clock unchanged targets are answered `FRESH` against
-/// (`FRESH_SINCE`), the hubs the caller holds layer-1 embeddings of
-/// (`HUB_H1`), and the subgraph layout's fanouts (such a request is a
-/// sampling pass of its own: a `NeighborLoader` batch is its targets').
-type SampleKey = (
-    [u32; MAX_HOPS],
-    bool,
-    Option<FreshSince>,
-    Option<HubH1>,
-    Option<SubgraphFanouts>,
-);
+/// (`FRESH_SINCE`), and the hubs the caller holds layer-1 embeddings of
+/// (`HUB_H1`). (A graph-layout request is a sampling pass of its own: a
+/// `NeighborLoader` batch is its targets'.)
+type SampleKey = ([u32; MAX_HOPS], bool, Option<FreshSince>, Option<HubH1>);
 
 struct Pending {
     ticket: ServeTicket,
@@ -117,18 +111,18 @@ impl BatchServer {
         let Admitted {
             groups,
             new_nodes,
-            typed,
+            graph,
             deadline,
         } = admit(ctx, tickets);
         // Traced: the batch's spans nest under its first sampled request's
         // worker span (docs/protocol.md, "Trace context").
-        let span = batch_span(&groups, &new_nodes);
+        let span = batch_span(&groups, &new_nodes, &graph);
         let _traced = span.enter();
         for (pending, until) in new_nodes {
             self.serve_new_node(ctx, pending, until);
         }
-        if !typed.is_empty() {
-            self.serve_typed(ctx, typed);
+        if !graph.is_empty() {
+            self.serve_graph(ctx, graph);
         }
         if groups.is_empty() {
             return;
@@ -144,8 +138,7 @@ impl BatchServer {
         }
     }
 
-    /// One sampling pass per group; a group whose subgraph outgrew the
-    /// response is answered TOO_LARGE here and left out of what returns.
+    /// One sampling pass per group.
     fn sample_groups(
         &mut self,
         ctx: &BatchContext<'_>,
@@ -158,31 +151,18 @@ impl BatchServer {
                 p.first_target = targets.len();
                 targets.extend_from_slice(&p.request.targets);
             }
-            match self.sample_group(ctx, key, &targets) {
-                Ok(sampled) => samples.push(sampled),
-                Err(outgrew) => {
-                    for p in pending.drain(..) {
-                        respond_outgrew(ctx, p, outgrew);
-                    }
-                    samples.push(Sampled::default());
-                }
-            }
+            samples.push(self.sample_group(ctx, key, &targets));
         }
-        // Subgraph requests refused as too large left their groups empty.
-        groups
-            .into_iter()
-            .zip(samples)
-            .filter(|((_, pending), _)| !pending.is_empty())
-            .unzip()
+        (groups, samples)
     }
 
     /// The sample of one group's `targets`, as its key asks.
     fn sample_group(
         &mut self,
         ctx: &BatchContext<'_>,
-        (fanouts, own_rows_only, fresh, hub_h1, subgraph): &SampleKey,
+        (fanouts, own_rows_only, fresh, hub_h1): &SampleKey,
         targets: &[u64],
-    ) -> Result<Sampled, SubgraphTooLarge> {
+    ) -> Sampled {
         let m = ctx.metrics;
         let unchanged = match fresh {
             None => Vec::new(),
@@ -194,18 +174,8 @@ impl BatchServer {
                 unchanged
             }
         };
-        if let Some(subgraph) = subgraph {
-            return self.sampler.sample_subgraph(
-                ctx.graph,
-                targets,
-                *subgraph,
-                SAMPLING_SEED,
-                subgraph_limits(ctx),
-                &unchanged,
-            );
-        }
         if *own_rows_only {
-            return Ok(self.sampler.own_rows(ctx.graph, targets));
+            return self.sampler.own_rows(ctx.graph, targets);
         }
         let mut hubs = hub_h1.map(|ask| HubCheck::new(ctx, ask));
         let sampled = self.sampler.sample_unless(
@@ -220,7 +190,7 @@ impl BatchServer {
             m.hub_slots.inc_by(hubs.slots);
             m.hub_cached_slots.inc_by(hubs.cached_slots);
         }
-        Ok(sampled)
+        sampled
     }
 
     /// Fetches the sampled rows and answers every request: a lone request
@@ -293,12 +263,12 @@ impl BatchServer {
         }
     }
 
-    /// Which targets' samples at the stored answers' fanouts hold no change
-    /// since the stored answers' tick (docs/protocol.md, "Freshness"): the
-    /// same sample is drawn again, from the index alone (in the subgraph
-    /// layout the target's own subgraph, the target alone in its request),
+    /// Which targets' dense samples at the stored answers' fanouts hold no
+    /// change since the stored answers' tick (docs/protocol.md,
+    /// "Freshness"): the same sample is drawn again, from the index alone,
     /// and its nodes' marks are checked: every node's row, and the
-    /// neighbour list of every node the sample expanded.
+    /// neighbour list of every node the sample expanded. (A graph-layout
+    /// request's answers are checked by [`BatchServer::stands`].)
     fn unchanged(
         &mut self,
         ctx: &BatchContext<'_>,
@@ -310,13 +280,6 @@ impl BatchServer {
             .map(|&target| {
                 if !ctx.graph.is_node(0, target) {
                     return false;
-                }
-                if let Some(subgraph) = fresh.subgraph {
-                    // The 1x1 typed graph's subgraph, as `sample_subgraph`
-                    // draws it.
-                    let fanouts = GraphFanouts::new(subgraph.hops(), subgraph.as_slice().to_vec())
-                        .expect("one fanout per hop of one edge type");
-                    return self.stands(ctx, &OneType(ctx.graph), 0, target, &fanouts, fresh.tick);
                 }
                 let sample =
                     self.sampler
@@ -376,8 +339,10 @@ impl BatchServer {
         ctx.changes.unchanged_since(tick, &nodes, &expanded)
     }
 
-    /// Answers a request carrying a new node: samples the graph as it would
-    /// be with the node added (nothing is published), fetches its
+    /// Answers a dense-layout request carrying a new node (a graph-layout
+    /// one is served with the others, [`BatchServer::serve_graph`]):
+    /// samples the graph as it would be with the node added (nothing is
+    /// published), fetches its
     /// neighbours' rows through the tiers, and writes the node's own row
     /// from the request (tier L1, not a fallback).
     fn serve_new_node(&mut self, ctx: &BatchContext<'_>, pending: Pending, deadline: Instant) {
@@ -402,20 +367,9 @@ impl BatchServer {
             }
         };
         let sampling = Instant::now();
-        let sampled = match request.subgraph() {
-            Some(subgraph) => match self.sampler.sample_subgraph(
-                &graph,
-                &request.targets,
-                subgraph,
-                SAMPLING_SEED,
-                subgraph_limits(ctx),
-                &[],
-            ) {
-                Ok(sampled) => sampled,
-                Err(outgrew) => return respond_outgrew(ctx, pending, outgrew),
-            },
-            None if request.own_rows_only => self.sampler.own_rows(&graph, &request.targets),
-            None => self
+        let sampled = match request.own_rows_only {
+            true => self.sampler.own_rows(&graph, &request.targets),
+            false => self
                 .sampler
                 .sample(&graph, &request.targets, request.fanouts, SAMPLING_SEED),
         };
@@ -460,8 +414,6 @@ impl BatchServer {
         let n = pending.request.targets.len();
         let t0 = pending.first_target;
         let whole = t0 == 0 && n == sampled.n_targets();
-        // A subgraph is its request's own sampling pass: written whole.
-        debug_assert!(sampled.subgraph.is_none() || whole);
         let (cols, local) = self.local_columns(sampled, t0, n, whole);
         let n_nodes = if whole {
             sampled.nodes.len()
@@ -511,39 +463,18 @@ impl BatchServer {
             late = sources.iter().any(|s| s.late);
             write_sources(nodes, &sources);
         };
-        let written = match sampled.subgraph {
-            None => {
-                let shape = PayloadShape {
-                    n_targets: n as u32,
-                    n_nodes: n_nodes as u32,
-                    feature_dim: ctx.tiers().feature_dim() as u32,
-                    fanouts: sampled.fanouts,
-                };
-                pending
-                    .ticket
-                    .respond(request_id, meta, shape, |nodes, out| {
-                        match &cols {
-                            Some(cols) => cols.write(targets, out),
-                            None => sampled.write_targets(targets, out),
-                        }
-                        write_nodes(nodes);
-                    })
-            }
-            Some(fanouts) => {
-                let shape = GraphShape::subgraph(
-                    fanouts,
-                    n as u32,
-                    n_nodes as u32,
-                    sampled.n_edges() as u32,
-                );
-                pending
-                    .ticket
-                    .respond_graph(request_id, meta, shape, |cols| {
-                        sampled.graph().write(targets, cols);
-                        write_nodes(&mut cols.nodes[0]);
-                    })
-            }
+        let shape = PayloadShape {
+            n_targets: n as u32,
+            n_nodes: n_nodes as u32,
+            feature_dim: ctx.tiers().feature_dim() as u32,
+            fanouts: sampled.fanouts,
         };
+        let written = pending
+            .ticket
+            .respond(request_id, meta, shape, |nodes, out| {
+                cols.write(targets, out);
+                write_nodes(nodes);
+            });
         if written.is_err() {
             ctx.metrics.too_large.inc();
         }
@@ -555,22 +486,18 @@ impl BatchServer {
     /// The columns of the request's `n` targets from `t0` of its group's
     /// sample, with rows renumbered to the request's own node table, and
     /// that table's group rows in order of first reference (empty, and the
-    /// rows unchanged, when the request is the whole group). `None` for a
-    /// subgraph, written from the sample itself.
+    /// rows unchanged, when the request is the whole group).
     fn local_columns<'s>(
         &mut self,
         sampled: &'s Sampled,
         t0: usize,
         n: usize,
         whole: bool,
-    ) -> (Option<SampleSlice<'s>>, Vec<u32>) {
+    ) -> (SampleSlice<'s>, Vec<u32>) {
         let [f1, f2] = sampled.fanouts.map(|f| f as usize);
         let mut local: Vec<u32> = Vec::new();
-        let mut cols = sampled
-            .subgraph
-            .is_none()
-            .then(|| SampleSlice::of(sampled, t0, n, f1, f2));
-        if let (false, Some(cols)) = (whole, cols.as_mut()) {
+        let mut cols = SampleSlice::of(sampled, t0, n, f1, f2);
+        if !whole {
             self.remap.clear();
             self.remap.resize(sampled.nodes.len(), -1);
             let remap = &mut self.remap;
@@ -613,33 +540,33 @@ fn copy_batch_rows(
     sources
 }
 
-/// A batch's requests once checked: the groups that share a sampling pass,
-/// the requests carrying a new node (each with its own fetch deadline),
-/// and the earliest fetch deadline of the groups' requests.
+/// A batch's requests once checked: the dense-layout groups that share a
+/// sampling pass, the dense-layout requests carrying a new node and the
+/// graph-layout requests (each with its own fetch deadline), and the
+/// earliest fetch deadline of the groups' requests.
 struct Admitted {
     groups: Vec<(SampleKey, Vec<Pending>)>,
     new_nodes: Vec<(Pending, Instant)>,
-    /// Typed graph requests, each its own sampling pass, one fetch per
-    /// node type for all of them.
-    typed: Vec<(Pending, Instant)>,
+    /// A typed graph's requests and a one-type graph's in the subgraph
+    /// layout, each its own sampling pass, one fetch per node type for
+    /// all of them.
+    graph: Vec<(Pending, Instant)>,
     deadline: Option<Instant>,
 }
 
-/// Decodes and checks every ticket (a refusal is answered here), resolves
-/// the fanouts a request leaves to the sidecar, and groups the requests
-/// that share a sampling pass.
 /// The span of a batch with a sampled trace context among its requests: a
 /// child of the first one's worker span; a disabled span otherwise (no
 /// trace, or traces off).
 fn batch_span(
     groups: &[(SampleKey, Vec<Pending>)],
     new_nodes: &[(Pending, Instant)],
+    graph: &[(Pending, Instant)],
 ) -> tracing::Span {
     let requests = || {
         groups
             .iter()
             .flat_map(|(_, p)| p)
-            .chain(new_nodes.iter().map(|(p, _)| p))
+            .chain(new_nodes.iter().chain(graph).map(|(p, _)| p))
     };
     let Some(first) = requests().find(|p| p.request.trace.is_some_and(|t| t.sampled)) else {
         return tracing::Span::none();
@@ -655,12 +582,15 @@ fn batch_span(
     span
 }
 
+/// Decodes and checks every ticket (a refusal is answered here), resolves
+/// the fanouts a request leaves to the sidecar, and groups the dense-layout
+/// requests that share a sampling pass.
 fn admit(ctx: &BatchContext<'_>, tickets: Vec<ServeTicket>) -> Admitted {
     let now = Instant::now();
     let mut admitted = Admitted {
         groups: Vec::new(),
         new_nodes: Vec::new(),
-        typed: Vec::new(),
+        graph: Vec::new(),
         deadline: None,
     };
     for ticket in tickets {
@@ -672,24 +602,21 @@ fn admit(ctx: &BatchContext<'_>, tickets: Vec<ServeTicket>) -> Admitted {
             request,
             first_target: 0,
         };
-        if pending.request.new_node.is_some() {
+        let request = &pending.request;
+        if request.new_node.is_some() || request.typed_new_node.is_some() {
             ctx.metrics.new_node_requests.inc();
+        }
+        if request.typed.is_some() || request.subgraph().is_some() {
+            admitted.graph.push((pending, until));
+            continue;
+        }
+        if request.new_node.is_some() {
             admitted.new_nodes.push((pending, until));
             continue;
         }
-        if pending.request.typed.is_some() {
-            admitted.typed.push((pending, until));
-            continue;
-        }
         admitted.deadline = Some(admitted.deadline.map_or(until, |d: Instant| d.min(until)));
-        let key = sample_key(ctx, &pending.request);
-        // A subgraph-layout request is a sampling pass of its own.
-        let shared = key
-            .4
-            .is_none()
-            .then(|| admitted.groups.iter().position(|(k, _)| *k == key))
-            .flatten();
-        match shared {
+        let key = sample_key(ctx, request);
+        match admitted.groups.iter().position(|(k, _)| *k == key) {
             Some(i) => admitted.groups[i].1.push(pending),
             None => admitted.groups.push((key, vec![pending])),
         }
@@ -793,13 +720,7 @@ fn sample_key(ctx: &BatchContext<'_>, request: &Request) -> SampleKey {
     let hub_h1 = request
         .hub_h1
         .filter(|h| h.since.clock == clock && !request.own_rows_only);
-    (
-        request.fanouts,
-        request.own_rows_only,
-        fresh,
-        hub_h1,
-        request.subgraph(),
-    )
+    (request.fanouts, request.own_rows_only, fresh, hub_h1)
 }
 
 /// How large a subgraph may grow before it cannot be a response: the

@@ -1,10 +1,12 @@
-//! Serving a typed graph's requests (docs/protocol.md, "Typed requests"):
-//! one sampling pass per request over every edge type at its fanouts (a
-//! typed response is the HeteroData of its own targets), then one fetch
-//! per node type with features through that type's tiers for every
-//! request of the ring batch (the types at once, each unique row once),
-//! and each typed response written in place. A lone request is fetched
-//! straight into its slot.
+//! Serving a ring batch's graph-layout requests: a typed graph's
+//! (docs/protocol.md, "Typed requests") and a one-type graph's subgraph
+//! layout, which is the 1x1 typed graph's (node type 0, edge type 0), with
+//! or without a new node. One sampling pass per request over every edge
+//! type at its fanouts (a response is the `HeteroData`, or the `Data`, of
+//! its own targets), then one fetch per node type with features through
+//! that type's tiers for every request of the ring batch (the types at
+//! once, each unique row once), and each response written in place. A
+//! lone request is fetched straight into its slot.
 
 use std::time::Instant;
 
@@ -15,8 +17,12 @@ use rustc_hash::FxHashMap;
 use super::{respond_outgrew, subgraph_limits, BatchContext, BatchServer, Pending, SAMPLING_SEED};
 use crate::features::RowSource;
 use crate::graph::sampler::{GraphFanouts, GraphSampled};
+use crate::graph::GraphUpdate;
 
-/// A typed request sampled, waiting for its rows.
+/// A new node's edges: per edge type, `(src, dst)` pairs.
+type EdgeLists = [Vec<(u64, u64)>];
+
+/// A graph-layout request sampled, waiting for its rows.
 struct Job {
     pending: Pending,
     sampled: GraphSampled,
@@ -45,6 +51,8 @@ impl Job {
             meta,
             own_row,
         } = self;
+        let _span =
+            daemon_kit::child_span!("write_response", request_id = request.request_id).entered();
         let mut late = false;
         let written = ticket.respond_graph(request.request_id, meta, shape, |cols| {
             write_sample(cols, &request.targets, &sampled);
@@ -66,19 +74,26 @@ impl Job {
 }
 
 impl BatchServer {
-    /// Samples the ring batch's typed requests, each its own pass, fetches
-    /// their rows (a lone request's straight into its slot, several with
-    /// one fetch per node type of the batch's unique rows) and answers
-    /// each.
-    pub(super) fn serve_typed(&mut self, ctx: &BatchContext<'_>, typed: Vec<(Pending, Instant)>) {
+    /// Samples the ring batch's graph-layout requests, each its own pass,
+    /// fetches their rows (a lone request's straight into its slot,
+    /// several with one fetch per node type of the batch's unique rows)
+    /// and answers each.
+    pub(super) fn serve_graph(
+        &mut self,
+        ctx: &BatchContext<'_>,
+        requests: Vec<(Pending, Instant)>,
+    ) {
         let m = ctx.metrics;
         let sampling = Instant::now();
         let mut deadline: Option<Instant> = None;
-        let mut jobs = Vec::with_capacity(typed.len());
-        for (pending, until) in typed {
-            if let Some(job) = self.sample_typed_request(ctx, pending) {
-                deadline = Some(deadline.map_or(until, |d| d.min(until)));
-                jobs.push(job);
+        let mut jobs = Vec::with_capacity(requests.len());
+        {
+            let _span = daemon_kit::child_span!("sample").entered();
+            for (pending, until) in requests {
+                if let Some(job) = self.sample_request(ctx, pending) {
+                    deadline = Some(deadline.map_or(until, |d| d.min(until)));
+                    jobs.push(job);
+                }
             }
         }
         m.stage("sample").observe(sampling.elapsed().as_secs_f64());
@@ -171,20 +186,46 @@ impl BatchServer {
         }
     }
 
-    /// Samples one typed request (with its new node, if it carries one);
-    /// a request refused or grown too large is answered here.
-    fn sample_typed_request(&mut self, ctx: &BatchContext<'_>, pending: Pending) -> Option<Job> {
+    /// Samples one graph-layout request (with its new node, if it carries
+    /// one); a request refused or grown too large is answered here. A
+    /// one-type graph's request is the 1x1 graph's: target type 0, its
+    /// fanouts those of edge type 0, a new node's neighbours its edges of
+    /// edge type 0 (both ways unless `directed`).
+    fn sample_request(&mut self, ctx: &BatchContext<'_>, pending: Pending) -> Option<Job> {
         let m = ctx.metrics;
         let request = &pending.request;
-        let ask = request.typed.as_ref().expect("a typed request");
-        let target_type = ask.target_type as usize;
-        let fanouts = GraphFanouts::new(ask.hops as usize, ask.fanouts.clone())
-            .expect("hops and fanouts checked when the request was decoded");
+        let (target_type, fanouts, subgraph) = match (&request.typed, request.subgraph()) {
+            (Some(ask), _) => (
+                ask.target_type as usize,
+                GraphFanouts::new(ask.hops as usize, ask.fanouts.clone())
+                    .expect("hops and fanouts checked when the request was decoded"),
+                None,
+            ),
+            (None, Some(subgraph)) => (
+                0,
+                GraphFanouts::new(subgraph.hops(), subgraph.as_slice().to_vec())
+                    .expect("one fanout per hop of one edge type"),
+                Some(subgraph),
+            ),
+            (None, None) => unreachable!("admitted as a graph-layout request"),
+        };
+        let one_type_edges;
+        let new_node: Option<(&[f32], &EdgeLists)> =
+            match (&request.typed_new_node, &request.new_node) {
+                (Some(node), _) => Some((&node.features, &node.edges)),
+                (None, Some(node)) => {
+                    let id = request.targets[0];
+                    let pairs: Vec<(u64, u64)> = node.neighbors.iter().map(|&n| (id, n)).collect();
+                    let update = GraphUpdate::one_type(&[], &pairs, !node.directed);
+                    one_type_edges = update.edges.into_iter().map(|(_, p)| p).collect::<Vec<_>>();
+                    Some((&node.features, &one_type_edges))
+                }
+                (None, None) => None,
+            };
         let with_node;
         let mut graph = ctx.graph;
-        if let Some(node) = &request.typed_new_node {
-            m.new_node_requests.inc();
-            match graph.with_new_node(target_type, request.targets[0], &node.edges) {
+        if let Some((_, edges)) = new_node {
+            match graph.with_new_node(target_type, request.targets[0], edges) {
                 Ok(snapshot) => {
                     with_node = snapshot;
                     graph = &with_node;
@@ -202,17 +243,20 @@ impl BatchServer {
             }
         }
         // Stored answers are vouched for against this sidecar's clock, and
-        // never with a new node (docs/protocol.md, "Freshness").
+        // never with a new node (docs/protocol.md, "Freshness"), at the
+        // fanouts they were computed at: a typed request's own, a one-type
+        // request's `fresh_hops` and fanouts.
         let unchanged = match request.fresh {
-            Some(fresh)
-                if fresh.clock == ctx.changes.clock() && request.typed_new_node.is_none() =>
-            {
+            Some(fresh) if fresh.clock == ctx.changes.clock() && new_node.is_none() => {
+                let at = match fresh.subgraph {
+                    Some(s) => GraphFanouts::new(s.hops(), s.as_slice().to_vec())
+                        .expect("one fanout per hop of one edge type"),
+                    None => fanouts.clone(),
+                };
                 let unchanged: Vec<bool> = request
                     .targets
                     .iter()
-                    .map(|&target| {
-                        self.stands(ctx, graph, target_type, target, &fanouts, fresh.tick)
-                    })
+                    .map(|&target| self.stands(ctx, graph, target_type, target, &at, fresh.tick))
                     .collect();
                 m.fresh_checked.inc_by(unchanged.len() as u64);
                 m.fresh_targets
@@ -238,22 +282,28 @@ impl BatchServer {
         };
         let n_nodes: usize = sampled.nodes.iter().map(Vec::len).sum();
         m.neighbor_fetch_count.observe(n_nodes as f64);
-        let shape = GraphShape::typed(
-            ask.hops,
-            request.targets.len() as u32,
-            sampled.nodes.iter().map(|n| n.len() as u32).collect(),
-            sampled.edge_src.iter().map(|e| e.len() as u32).collect(),
-        );
+        let n_targets = request.targets.len() as u32;
+        let shape = match subgraph {
+            Some(subgraph) => GraphShape::subgraph(
+                subgraph,
+                n_targets,
+                n_nodes as u32,
+                sampled.edge_src[0].len() as u32,
+            ),
+            None => GraphShape::typed(
+                fanouts.hops() as u32,
+                n_targets,
+                sampled.nodes.iter().map(|n| n.len() as u32).collect(),
+                sampled.edge_src.iter().map(|e| e.len() as u32).collect(),
+            ),
+        };
         let meta = ResponseMeta {
             graph_version: graph.graph_version(),
             change_clock: ctx.changes.clock(),
             change_tick: ctx.change_tick,
             id_bound: graph.id_bound(target_type),
         };
-        let own_row = request
-            .typed_new_node
-            .as_ref()
-            .map(|node| (target_type, node.features.clone()));
+        let own_row = new_node.map(|(row, _)| (target_type, row.to_vec()));
         Some(Job {
             pending,
             sampled,
