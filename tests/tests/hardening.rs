@@ -487,7 +487,9 @@ fn silent_and_pinging_connections_cannot_lock_the_grpc_port() {
 /// call waited for the sidecar's deadline, not its own. Now each call is
 /// answered by its deadline, its missing rows flagged as fallbacks, or
 /// DEADLINE_EXCEEDED at it (the bound checked is 1.5 s, far below the 10 s
-/// the old path took, so a loaded machine does not fail it).
+/// the old path took, so a loaded machine does not fail it). A gRPC call
+/// whose message comes after its headers is still OK or DEADLINE_EXCEEDED,
+/// never CANCELLED by gRPC's own timer.
 #[test]
 fn a_calls_deadline_bounds_its_wait_for_a_frozen_redis() {
     let redis = tests::redis::RedisServer::start();
@@ -562,7 +564,58 @@ fn a_calls_deadline_bounds_its_wait_for_a_frozen_redis() {
         }
         codes
     });
+    // A call whose message comes 30 ms after its headers: its deadline
+    // counts from the headers, when tonic's own timer (CANCELLED) starts,
+    // so the worker's answer still comes first. Before, the worker counted
+    // from the message and answered 20 ms after tonic had cancelled it.
+    let late_message = runtime().block_on(async {
+        let channel = tonic::transport::Channel::from_shared(stack.grpc.clone())
+            .unwrap()
+            .connect()
+            .await
+            .unwrap();
+        let mut grpc = tonic::client::Grpc::new(channel);
+        let mut outcomes = Vec::new();
+        for k in 0..5u64 {
+            let (tx, rx) = tokio::sync::mpsc::channel(1);
+            tokio::spawn(async move {
+                tokio::time::sleep(Duration::from_millis(30)).await;
+                let message = pb::PredictRequest {
+                    node_ids: vec![700 + k],
+                    request_id: k,
+                    new_node: None,
+                };
+                let _ = tx.send(message).await;
+            });
+            let mut request = tonic::Request::new(tokio_stream::wrappers::ReceiverStream::new(rx));
+            request.set_timeout(Duration::from_millis(200));
+            grpc.ready().await.unwrap();
+            let started = Instant::now();
+            let outcome = grpc
+                .client_streaming(
+                    request,
+                    tonic::codegen::http::uri::PathAndQuery::from_static(
+                        "/gnn.v1.Predictor/Predict",
+                    ),
+                    tonic_prost::ProstCodec::<pb::PredictRequest, pb::PredictResponse>::default(),
+                )
+                .await;
+            outcomes.push((
+                outcome
+                    .map(|_| tonic::Code::Ok)
+                    .unwrap_or_else(|s| s.code()),
+                started.elapsed(),
+            ));
+        }
+        outcomes
+    });
     redis.thaw();
+    for (code, took) in &late_message {
+        assert!(
+            matches!(code, tonic::Code::Ok | tonic::Code::DeadlineExceeded),
+            "a call whose message came 30 ms late: {code:?} after {took:?}"
+        );
+    }
     let slowest = *slowest.lock().unwrap();
     assert!(
         slowest < Duration::from_millis(1500),

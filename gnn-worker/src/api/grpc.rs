@@ -308,11 +308,12 @@ impl pb::predictor_server::Predictor for PredictService {
         request: Request<pb::PredictRequest>,
     ) -> Result<Response<pb::PredictResponse>, Status> {
         use tracing::Instrument;
-        let left = request
+        let timeout = request
             .metadata()
             .get("grpc-timeout")
             .and_then(|v| v.to_str().ok())
             .and_then(crate::ladder::parse_grpc_timeout);
+        let left = crate::api::grpc_connections::time_left(request.extensions(), timeout);
         let span = crate::service::call_span(
             "gnn.v1.Predictor/Predict",
             request

@@ -495,6 +495,25 @@ impl Drop for CallGuard {
 #[derive(Debug, Clone, Copy, Default)]
 pub struct ActivityLayer;
 
+/// When a call reached the server: stamped by [`ActivityLayer`], the
+/// outermost of the worker's layers, in the same step in which tonic
+/// starts its own timer of the call's `grpc-timeout` (which would end the
+/// call CANCELLED). A call's time left is counted from here, not from when
+/// its handler ran, so that the worker's DEADLINE_EXCEEDED comes first
+/// also when reading and decoding the call was slow (a loaded machine).
+#[derive(Debug, Clone, Copy)]
+pub struct Arrived(pub Instant);
+
+/// A call's time left of its `grpc-timeout` (`timeout`), counted from when
+/// it reached the server ([`Arrived`]; from now when it was not stamped).
+pub fn time_left(extensions: &tonic::Extensions, timeout: Option<Duration>) -> Option<Duration> {
+    let timeout = timeout?;
+    Some(match extensions.get::<Arrived>() {
+        Some(Arrived(at)) => timeout.saturating_sub(at.elapsed()),
+        None => timeout,
+    })
+}
+
 impl<S> tower::Layer<S> for ActivityLayer {
     type Service = Activity<S>;
 
@@ -522,7 +541,8 @@ where
         self.0.poll_ready(cx)
     }
 
-    fn call(&mut self, request: ::http::Request<B>) -> Self::Future {
+    fn call(&mut self, mut request: ::http::Request<B>) -> Self::Future {
+        request.extensions_mut().insert(Arrived(Instant::now()));
         let guard = request.extensions().get::<ConnInfo>().map(CallGuard::begin);
         let response = self.0.call(request);
         Box::pin(async move {

@@ -238,6 +238,8 @@ impl pb::grpc_inference_service_server::GrpcInferenceService for InferenceServic
             .get("grpc-timeout")
             .and_then(|v| v.to_str().ok())
             .and_then(crate::ladder::parse_grpc_timeout);
+        let grpc_timeout =
+            crate::api::grpc_connections::time_left(request.extensions(), grpc_timeout);
         let span = crate::service::call_span(
             "inference.GRPCInferenceService/ModelInfer",
             request
