@@ -116,12 +116,13 @@ free_mib() {
 # PyPI's torch (the CUDA build) where it cannot fit, instead of failing
 # half-way with "No space left on device". Measured on 2026-12-07 (pip
 # --no-cache-dir, requirements.txt into a new venv): the venv ends at
-# 5.9 GB and pip holds 3.0 GB of wheels in TMPDIR until it has installed
-# them all, 8.8 GB at the peak. A venv that already has torch skips it.
+# 5,866 MiB and pip holds 2,981 MiB of wheels in TMPDIR until it has
+# installed them all, 8,847 MiB at the peak; asked for: 5,900 and 3,000.
+# A venv that already has torch skips it.
 room_for_torch() {
     local dir=$1 requirements=$2
     compgen -G "$dir/lib/python3*/site-packages/torch" >/dev/null && return 0
-    local tmp=${TMPDIR:-/tmp} venv_need=6144 wheels_need=3072
+    local tmp=${TMPDIR:-/tmp} venv_need=5900 wheels_need=3000
     local venv_free venv_mount tmp_free tmp_mount
     read -r venv_free venv_mount < <(free_mib "$dir")
     read -r tmp_free tmp_mount < <(free_mib "$tmp")
