@@ -350,10 +350,7 @@ impl BatchServer {
         let request = &pending.request;
         let node = request.new_node.as_ref().expect("a new-node request");
         let id = request.targets[0];
-        let edges: Vec<(u64, u64)> = node.neighbors.iter().map(|&n| (id, n)).collect();
-        let update = GraphUpdate::one_type(&[], &edges, !node.directed);
-        let edges: Vec<Vec<(u64, u64)>> = update.edges.into_iter().map(|(_, p)| p).collect();
-        let graph = match ctx.graph.with_new_node(0, id, &edges) {
+        let graph = match ctx.graph.with_new_node(0, id, &new_node_edges(id, node)) {
             Ok(graph) => graph,
             Err(e) => {
                 m.invalid_requests.inc();
@@ -721,6 +718,14 @@ fn sample_key(ctx: &BatchContext<'_>, request: &Request) -> SampleKey {
         .hub_h1
         .filter(|h| h.since.clock == clock && !request.own_rows_only);
     (request.fanouts, request.own_rows_only, fresh, hub_h1)
+}
+
+/// A one-type new node's edges as the 1x1 graph's (edge type 0): its
+/// neighbours, both ways unless `directed`.
+fn new_node_edges(id: u64, node: &protocol::request::NewNode) -> Vec<Vec<(u64, u64)>> {
+    let pairs: Vec<(u64, u64)> = node.neighbors.iter().map(|&n| (id, n)).collect();
+    let update = GraphUpdate::one_type(&[], &pairs, !node.directed);
+    update.edges.into_iter().map(|(_, p)| p).collect()
 }
 
 /// How large a subgraph may grow before it cannot be a response: the

@@ -14,10 +14,12 @@ use protocol::payload::schema::tier;
 use protocol::payload::{GraphColumns, GraphShape, ResponseMeta};
 use rustc_hash::FxHashMap;
 
-use super::{respond_outgrew, subgraph_limits, BatchContext, BatchServer, Pending, SAMPLING_SEED};
+use super::{
+    new_node_edges, respond_outgrew, subgraph_limits, BatchContext, BatchServer, Pending,
+    SAMPLING_SEED,
+};
 use crate::features::RowSource;
 use crate::graph::sampler::{GraphFanouts, GraphSampled};
-use crate::graph::GraphUpdate;
 
 /// A new node's edges: per edge type, `(src, dst)` pairs.
 type EdgeLists = [Vec<(u64, u64)>];
@@ -214,10 +216,7 @@ impl BatchServer {
             match (&request.typed_new_node, &request.new_node) {
                 (Some(node), _) => Some((&node.features, &node.edges)),
                 (None, Some(node)) => {
-                    let id = request.targets[0];
-                    let pairs: Vec<(u64, u64)> = node.neighbors.iter().map(|&n| (id, n)).collect();
-                    let update = GraphUpdate::one_type(&[], &pairs, !node.directed);
-                    one_type_edges = update.edges.into_iter().map(|(_, p)| p).collect::<Vec<_>>();
+                    one_type_edges = new_node_edges(request.targets[0], node);
                     Some((&node.features, &one_type_edges))
                 }
                 (None, None) => None,
