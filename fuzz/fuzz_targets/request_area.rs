@@ -1,11 +1,13 @@
 //! A slot's request area, as the sidecar decodes it (docs/protocol.md 3.3),
-//! for a one-type graph and for a typed one.
+//! for a typed graph and for a one-type graph (the 1x1 graph).
 #![no_main]
 
 mod common;
 
 use libfuzzer_sys::fuzz_target;
+use protocol::graph_schema::GraphSchema;
 use protocol::layout::{dtype, FeatureSchema, Geometry};
+use protocol::request::{decode, occupied_bytes, Decoding};
 
 fuzz_target!(|bytes: &[u8]| {
     let geometry = Geometry {
@@ -27,64 +29,57 @@ fuzz_target!(|bytes: &[u8]| {
         default_fanouts: [10, 5],
     };
     let typed = common::typed_graph();
-    if let Ok(request) = protocol::request::decode(bytes, &geometry, &schema, Some(&typed)) {
-        let ask = request.typed.as_ref().expect("a typed graph takes typed requests only");
-        assert!((ask.target_type as usize) < typed.node_types.len());
-        assert!((1..=3).contains(&ask.hops));
-        assert_eq!(ask.fanouts.len(), typed.edge_types.len() * ask.hops as usize);
-        for (i, &fanout) in ask.fanouts.iter().enumerate() {
-            let hop = i % ask.hops as usize;
-            assert!(fanout <= geometry.max_fanouts[hop.min(1)]);
-        }
-        assert!(request.targets.len() <= geometry.max_targets as usize);
-        if let Some(node) = &request.typed_new_node {
-            assert_eq!(request.targets.len(), 1, "a typed new node is the one target");
-            let target = &typed.node_types[ask.target_type as usize];
-            assert_eq!(node.features.len(), target.feature_dim as usize);
-            assert!(node.features.iter().all(|v| v.is_finite()));
-            assert_eq!(node.edges.len(), typed.edge_types.len());
-            for (e, pairs) in node.edges.iter().enumerate() {
-                let desc = &typed.edge_types[e];
-                for &(src, dst) in pairs {
-                    assert!(
-                        (desc.src == ask.target_type && src == request.targets[0])
-                            || (desc.dst == ask.target_type && dst == request.targets[0])
-                    );
+    let one_type = GraphSchema::one_type(schema.feature_dim);
+    for (graph, is_typed) in [(&typed, true), (&one_type, false)] {
+        let on = Decoding {
+            geometry: &geometry,
+            schema: &schema,
+            graph,
+            typed: is_typed,
+        };
+        if let Ok(request) = decode(bytes, on) {
+            assert!(request.targets.len() <= geometry.max_targets as usize);
+            let target_type = match &request.graph {
+                Some(ask) => {
+                    assert!((ask.target_type as usize) < graph.node_types.len());
+                    assert!((1..=3).contains(&ask.hops));
+                    assert_eq!(ask.fanouts.len(), graph.edge_types.len() * ask.hops as usize);
+                    for (i, &fanout) in ask.fanouts.iter().enumerate() {
+                        let hop = i % ask.hops as usize;
+                        assert!(fanout <= geometry.max_fanouts[hop.min(1)]);
+                    }
+                    ask.target_type
+                }
+                None => {
+                    assert!(!is_typed, "a typed graph takes graph-layout requests only");
+                    for (fanout, cap) in request.fanouts.iter().zip(geometry.max_fanouts) {
+                        assert!(*fanout >= 1 && *fanout <= cap, "fanout {fanout} cap {cap}");
+                    }
+                    0
+                }
+            };
+            if let Some(node) = &request.new_node {
+                assert_eq!(request.targets.len(), 1, "a new node is the one target");
+                let target = &graph.node_types[target_type as usize];
+                assert_eq!(node.features.len(), target.feature_dim as usize);
+                assert!(node.features.iter().all(|v| v.is_finite()));
+                assert_eq!(node.edges.len(), graph.edge_types.len());
+                for (e, pairs) in node.edges.iter().enumerate() {
+                    let desc = &graph.edge_types[e];
+                    for &(src, dst) in pairs {
+                        assert!(
+                            (desc.src == target_type && src == request.targets[0])
+                                || (desc.dst == target_type && dst == request.targets[0])
+                        );
+                    }
                 }
             }
         }
-    }
-    let occupied = protocol::request::occupied_bytes(bytes, &geometry, &schema, Some(&typed));
-    assert!(occupied <= geometry.request_bytes as usize);
-    if let Some(head) = bytes.get(..occupied) {
-        assert_eq!(
-            protocol::request::decode(head, &geometry, &schema, Some(&typed)).is_ok(),
-            protocol::request::decode(bytes, &geometry, &schema, Some(&typed)).is_ok()
-        );
-    }
-    if let Ok(request) = protocol::request::decode(bytes, &geometry, &schema, None) {
-        assert!(request.typed.is_none());
-        assert!(request.targets.len() <= geometry.max_targets as usize);
-        for (fanout, cap) in request.fanouts.iter().zip(geometry.max_fanouts) {
-            assert!(*fanout >= 1 && *fanout <= cap, "fanout {fanout} cap {cap}");
+        let occupied = occupied_bytes(bytes, on);
+        assert!(occupied <= geometry.request_bytes as usize);
+        if let Some(head) = bytes.get(..occupied) {
+            // What the sidecar copies out decodes as the whole area does.
+            assert_eq!(decode(head, on).is_ok(), decode(bytes, on).is_ok());
         }
-        if let Some(node) = &request.new_node {
-            assert_eq!(request.targets.len(), 1);
-            assert_eq!(node.features.len(), schema.feature_dim as usize);
-            assert!(node.features.iter().all(|v| v.is_finite()));
-            assert!(
-                node.neighbors.len() as u64
-                    <= protocol::request::max_new_node_edges(&geometry, &schema)
-            );
-        }
-    }
-    let occupied = protocol::request::occupied_bytes(bytes, &geometry, &schema, None);
-    assert!(occupied <= geometry.request_bytes as usize);
-    if let Some(head) = bytes.get(..occupied) {
-        // What the sidecar copies out decodes as the whole area does.
-        assert_eq!(
-            protocol::request::decode(head, &geometry, &schema, None).is_ok(),
-            protocol::request::decode(bytes, &geometry, &schema, None).is_ok()
-        );
     }
 });

@@ -66,8 +66,8 @@ pub struct SetMeta {
     pub created_unix: u64,
 }
 
-/// The typed request a typed model's set was computed with
-/// ([`protocol::request::TypedAsk`]'s fields).
+/// The graph-layout request a set was computed with
+/// ([`protocol::request::GraphAsk`]'s fields).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct TypedSet {
     /// The target type's index in the graph schema.
@@ -77,8 +77,8 @@ pub struct TypedSet {
     pub fanouts: Vec<u32>,
 }
 
-impl From<&protocol::request::TypedAsk> for TypedSet {
-    fn from(ask: &protocol::request::TypedAsk) -> Self {
+impl From<&protocol::request::GraphAsk> for TypedSet {
+    fn from(ask: &protocol::request::GraphAsk) -> Self {
         Self {
             target_type: ask.target_type,
             hops: ask.hops,
@@ -103,15 +103,27 @@ impl SetMeta {
         }
     }
 
-    /// The `FRESH_SINCE` point that vouches for this set's answers (a
-    /// typed set's is asked with the set's own typed request).
-    pub fn fresh_since(&self) -> protocol::request::FreshSince {
-        use protocol::request::{FreshSince, SubgraphFanouts};
-        if self.typed.is_some() {
-            return FreshSince::typed(self.clock, self.tick);
+    /// The graph-layout request the set was computed with: a typed set's,
+    /// or a subgraph-layout set's as the 1x1 graph's; `None` for a dense
+    /// set.
+    pub fn computed_with(&self) -> Option<TypedSet> {
+        match (&self.typed, &self.subgraph) {
+            (Some(typed), _) => Some(typed.clone()),
+            (None, Some(fanouts)) => Some(TypedSet {
+                target_type: 0,
+                hops: fanouts.len() as u32,
+                fanouts: fanouts.clone(),
+            }),
+            (None, None) => None,
         }
-        match self.subgraph.as_deref().and_then(SubgraphFanouts::new) {
-            Some(subgraph) => FreshSince::subgraph(self.clock, self.tick, subgraph),
+    }
+
+    /// The `FRESH_SINCE` point that vouches for this set's answers (a
+    /// graph-layout set's is asked with the set's own request).
+    pub fn fresh_since(&self) -> protocol::request::FreshSince {
+        use protocol::request::FreshSince;
+        match self.computed_with() {
+            Some(_) => FreshSince::graph(self.clock, self.tick),
             None => FreshSince::dense(self.clock, self.tick, self.fanouts),
         }
     }
@@ -302,10 +314,10 @@ impl Precomputed {
     /// Keeps the set in use matching the sidecar: every `period`, if the
     /// sidecar's clock or its set changed, loads the set stored for it (or
     /// drops the old one when there is none), `with_h1` with its layer-1
-    /// embeddings. A set computed with another typed request than `typed`
-    /// (the worker's, `None` for a one-type model) is not used: the
-    /// sidecar vouches for a typed set's answers at the request's own
-    /// fanouts. Runs for ever.
+    /// embeddings. A set computed with another graph-layout request than
+    /// `served` (the worker's, `None` for a dense-layout model) is not
+    /// used: the sidecar vouches for a graph-layout set's answers at the
+    /// request's own hops and fanouts. Runs for ever.
     #[allow(clippy::too_many_arguments)]
     pub async fn follow(
         self: Arc<Self>,
@@ -313,7 +325,7 @@ impl Precomputed {
         model: String,
         classes: u32,
         with_h1: bool,
-        typed: Option<TypedSet>,
+        served: Option<TypedSet>,
         period: std::time::Duration,
         loaded: impl Fn(Option<&PrecomputedSet>) + Send + 'static,
     ) {
@@ -384,14 +396,14 @@ impl Precomputed {
             if wanted.as_ref() == current_meta {
                 continue;
             }
-            if let Some(meta) = wanted.as_ref().filter(|m| m.typed != typed) {
+            if let Some(meta) = wanted.as_ref().filter(|m| m.computed_with() != served) {
                 if !std::mem::replace(&mut refused_shown, true) {
                     tracing::warn!(
-                        computed_at = ?meta.typed,
-                        served_at = ?typed,
-                        "the precomputed set was computed with another typed request than \
-                         this worker's: serving inductively until gnn-worker precompute runs \
-                         with this model's manifest"
+                        computed_at = ?meta.computed_with(),
+                        served_at = ?served,
+                        "the precomputed set was computed with another graph-layout request \
+                         than this worker's (other hops or fanouts): serving inductively until \
+                         gnn-worker precompute runs with this model's manifest and fanouts"
                     );
                 }
                 self.set(None);
@@ -459,7 +471,7 @@ pub struct PrecomputeJob {
 /// progress to stderr. Returns the description written.
 pub fn precompute(job: &PrecomputeJob) -> anyhow::Result<SetMeta> {
     use crate::model::ModelLayout;
-    use protocol::request::SubgraphFanouts;
+    use protocol::request::GraphAsk;
 
     let started = std::time::Instant::now();
     let env = crate::onnxruntime::init(job.onnxruntime_lib.as_deref())?;
@@ -506,9 +518,11 @@ pub fn precompute(job: &PrecomputeJob) -> anyhow::Result<SetMeta> {
         Shape::Typed(Box::new((ask, graph)))
     } else if subgraph {
         manifest.check_segment(&schema, &geometry, &fanouts)?;
-        let hops = SubgraphFanouts::new(&fanouts)
-            .with_context(|| format!("fanouts {fanouts:?}: give one to three, one per hop"))?;
-        Shape::Subgraph(hops)
+        anyhow::ensure!(
+            (1..=protocol::layout::MAX_SUBGRAPH_HOPS).contains(&fanouts.len()),
+            "fanouts {fanouts:?}: give one to three, one per hop"
+        );
+        Shape::Subgraph(GraphAsk::one_type(&fanouts))
     } else {
         manifest.check_segment(&schema, &geometry, &fanouts)?;
         let dense: [u32; MAX_HOPS] = fanouts.as_slice().try_into().map_err(|_| {
@@ -601,7 +615,7 @@ pub fn precompute(job: &PrecomputeJob) -> anyhow::Result<SetMeta> {
         tick,
         fanouts: match &shape {
             Shape::Dense(f) => *f,
-            Shape::Subgraph(s) => [s.padded()[0], s.padded()[1]],
+            Shape::Subgraph(_) => [0, 1].map(|hop| fanouts.get(hop).copied().unwrap_or(0)),
             Shape::Typed(_) => [0; MAX_HOPS],
         },
         subgraph: matches!(shape, Shape::Subgraph(_)).then(|| fanouts.clone()),
@@ -626,11 +640,12 @@ pub fn precompute(job: &PrecomputeJob) -> anyhow::Result<SetMeta> {
 #[derive(Debug, Clone)]
 enum Shape {
     Dense([u32; MAX_HOPS]),
-    Subgraph(protocol::request::SubgraphFanouts),
+    /// A one-type graph's graph-layout model's request.
+    Subgraph(protocol::request::GraphAsk),
     /// A typed model's request, and the graph it is of.
     Typed(
         Box<(
-            protocol::request::TypedAsk,
+            protocol::request::GraphAsk,
             protocol::graph_schema::GraphSchema,
         )>,
     ),
@@ -666,15 +681,14 @@ impl RingClientFor {
         shape: &Shape,
     ) -> anyhow::Result<Option<protocol::client::Response>> {
         use protocol::client::{CallError, CallRequest};
-        let (fanouts, subgraph, typed) = match shape {
-            Shape::Dense(f) => (*f, None, None),
-            Shape::Subgraph(s) => (self.schema.default_fanouts, Some(*s), None),
-            Shape::Typed(typed) => (self.schema.default_fanouts, None, Some(&typed.0)),
+        let (fanouts, graph) = match shape {
+            Shape::Dense(f) => (*f, None),
+            Shape::Subgraph(ask) => (self.schema.default_fanouts, Some(ask)),
+            Shape::Typed(typed) => (self.schema.default_fanouts, Some(&typed.0)),
         };
         let request = CallRequest {
             fanouts,
-            subgraph,
-            typed,
+            graph,
             timeout: Some(std::time::Duration::from_secs(10)),
             ..CallRequest::new(targets)
         };

@@ -32,7 +32,7 @@ use std::time::{Duration, Instant, SystemTime};
 use anyhow::{bail, Context};
 use protocol::client::{ClientStatus, RingClient};
 use protocol::layout::MAX_HOPS;
-use protocol::request::SubgraphFanouts;
+use protocol::request::GraphAsk;
 
 use crate::batcher::{BatchConfig, Predictor, Sessions};
 use crate::config::WorkerConfig;
@@ -262,7 +262,7 @@ impl Loader {
         let precomputed = match &self.config.precomputed_redis {
             None => None,
             Some(url) => {
-                Some(self.precomputed(url, manifest, batching.typed.as_deref(), service)?)
+                Some(self.precomputed(url, manifest, batching.graph.as_deref(), service)?)
             }
         };
         let predictor = Predictor::start(
@@ -286,7 +286,7 @@ impl Loader {
         &self,
         url: &str,
         manifest: &Manifest,
-        typed: Option<&protocol::request::TypedAsk>,
+        graph: Option<&protocol::request::GraphAsk>,
         service: &Service,
     ) -> anyhow::Result<(Arc<Precomputed>, tokio::task::AbortHandle)> {
         let config = &self.config;
@@ -320,7 +320,7 @@ impl Loader {
             model_id,
             manifest.output_width(),
             config.hub_min_degree > 0,
-            typed.map(crate::precomputed::TypedSet::from),
+            graph.map(crate::precomputed::TypedSet::from),
             Duration::from_secs_f64(config.precomputed_check_s),
             move |set| {
                 metrics
@@ -593,11 +593,11 @@ fn check_on_one_type_graph(
     }
     let mut batching = BatchConfig::from_config(config);
     if manifest.layout == ModelLayout::Subgraph {
-        batching.subgraph = SubgraphFanouts::new(&fanouts);
-        batching.degrade_subgraph = config
+        batching.graph = Some(Arc::new(GraphAsk::one_type(&fanouts)));
+        batching.degrade_graph = config
             .degrade_fanouts
             .as_ref()
-            .and_then(|f| SubgraphFanouts::new(&f.0));
+            .map(|f| Arc::new(GraphAsk::one_type(&f.0)));
         anyhow::ensure!(
             config.hub_min_degree == 0,
             "hub embeddings are a dense-layout feature (docs/strategies.md, \"PyTorch \
@@ -649,6 +649,6 @@ fn check_on_typed_graph(
         "typed model checked against the sidecar's typed graph"
     );
     let mut batching = BatchConfig::from_config(config);
-    batching.typed = Some(Arc::new(ask));
+    batching.graph = Some(Arc::new(ask));
     Ok(batching)
 }

@@ -16,14 +16,10 @@ use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
 use arc_swap::ArcSwapOption;
-use protocol::request::NewNode;
 
-use crate::batcher::{PredictError, Prediction, Predictor};
+use crate::batcher::{NamedEdges, NewEdges, PredictError, Prediction, Predictor};
 use crate::metrics::{Health, WorkerMetrics};
 use crate::model::ModelIdentity;
-
-/// A typed new node's edges: `(edge type, [(src, dst)])`.
-pub type TypedEdges = Vec<(String, Vec<(u64, u64)>)>;
 
 /// What a client call asks for, whichever door it came through (native
 /// gRPC and HTTP build it with [`Call::of`], the Open Inference Protocol
@@ -32,15 +28,17 @@ pub type TypedEdges = Vec<(String, Vec<(u64, u64)>)>;
 pub enum Call {
     /// Nodes of the graph, by id.
     Known(Vec<u64>),
-    /// A node the graph does not have: its id, row and edges.
-    New(u64, NewNode),
-    /// A node of a typed graph's target type that the graph does not have:
-    /// its id, row and edges per named edge type.
-    TypedNew(u64, Vec<f32>, TypedEdges),
+    /// A node the graph does not have (of the model's target type): its
+    /// id, row and edges.
+    New {
+        id: u64,
+        features: Vec<f32>,
+        edges: NewEdges,
+    },
 }
 
-/// A new node as the native doors carry it: `neighbors` (and `directed`)
-/// for a one-type graph, or `edges` per edge type for a typed one.
+/// A new node as the native doors carry it: `neighbors` (and `directed`),
+/// or `edges` per edge type.
 #[derive(Debug, Clone, Default)]
 pub struct NewNodeCall {
     pub id: u64,
@@ -48,7 +46,7 @@ pub struct NewNodeCall {
     pub neighbors: Vec<u64>,
     pub directed: bool,
     /// `(edge type, [(src, dst)])`; `None` when the call gave none.
-    pub edges: Option<TypedEdges>,
+    pub edges: Option<NamedEdges>,
 }
 
 impl Call {
@@ -65,24 +63,25 @@ impl Call {
                     .into(),
             ));
         }
-        match node.edges {
+        let edges = match node.edges {
             Some(_) if !node.neighbors.is_empty() || node.directed => {
-                Err(PredictError::InvalidArgument(
-                    "a new node gives `edges` per edge type (a typed graph) or `neighbors` (and \
-                     `directed`), not both"
+                return Err(PredictError::InvalidArgument(
+                    "a new node gives `edges` per edge type or `neighbors` (and `directed`), \
+                     not both"
                         .into(),
                 ))
             }
-            Some(edges) => Ok(Call::TypedNew(node.id, node.features, edges)),
-            None => Ok(Call::New(
-                node.id,
-                NewNode {
-                    features: node.features,
-                    neighbors: node.neighbors,
-                    directed: node.directed,
-                },
-            )),
-        }
+            Some(named) => NewEdges::Named(named),
+            None => NewEdges::Neighbors {
+                neighbors: node.neighbors,
+                directed: node.directed,
+            },
+        };
+        Ok(Call::New {
+            id: node.id,
+            features: node.features,
+            edges,
+        })
     }
 }
 
@@ -246,12 +245,11 @@ impl Service {
         let result = match self.inner.predictor.load_full() {
             Some(predictor) => match call {
                 Call::Known(ids) => predictor.predict(ids, left).await,
-                Call::New(id, node) => predictor.predict_new_node(id, node, left).await,
-                Call::TypedNew(id, features, edges) => {
-                    predictor
-                        .predict_typed_new_node(id, features, edges, left)
-                        .await
-                }
+                Call::New {
+                    id,
+                    features,
+                    edges,
+                } => predictor.predict_new_node(id, features, edges, left).await,
             }
             .map(|predictions| Answer {
                 predictions,

@@ -59,8 +59,9 @@ pub struct CallRequest<'a> {
     pub request_id: u64,
     /// Only the targets' own rows, no neighbours (`OWN_ROWS_ONLY`).
     pub own_rows_only: bool,
-    /// The one target is this node, which the graph does not have
-    /// (`NEW_NODE`); `targets` is its id alone.
+    /// The one target is this node (of `graph`'s target type; the dense
+    /// layout's: node type 0), which the graph does not have (`NEW_NODE`);
+    /// `targets` is its id alone.
     pub new_node: Option<&'a NewNode>,
     /// Unchanged targets come back `FRESH` with their own row alone
     /// (`FRESH_SINCE`).
@@ -69,9 +70,12 @@ pub struct CallRequest<'a> {
     /// neighbours (`HUB_H1`); with `fresh` as well, both carry the same
     /// point of the change clock.
     pub hub_h1: Option<request::HubH1>,
-    /// The subgraph layout at these fanouts, one per hop (docs/protocol.md,
-    /// "The subgraph layout"); `None`: the dense layout at `fanouts`.
-    pub subgraph: Option<request::SubgraphFanouts>,
+    /// The graph layout (docs/protocol.md, "Graph requests"): the targets'
+    /// node type, the hops and a fanout per edge type and hop (a one-type
+    /// graph's: [`request::GraphAsk::one_type`]); `fanouts` is not used.
+    /// Decode the answer with [`Response::graph_tables`]. `None`: the dense
+    /// layout at `fanouts`.
+    pub graph: Option<&'a request::GraphAsk>,
     /// The call this request is part of, accepted while the sidecar was
     /// READY ([`RingClient::accept`]): submitted even once it is DRAINING,
     /// if the sidecar is the one it was accepted on. `None`: submitted only
@@ -80,13 +84,6 @@ pub struct CallRequest<'a> {
     /// The trace this request is part of (docs/protocol.md, "Trace
     /// context"); `None`: untraced.
     pub trace: Option<request::TraceContext>,
-    /// A typed graph's request (`TYPED`): the targets' node type, the hops
-    /// and a fanout per edge type and hop; `subgraph` and `fanouts` are not
-    /// used. Decode the answer with [`Response::graph_tables`].
-    pub typed: Option<&'a request::TypedAsk>,
-    /// With `typed`: the one target is this node of the target type, which
-    /// the graph does not have (`NEW_NODE`); `targets` is its id alone.
-    pub typed_new_node: Option<&'a request::TypedNewNode>,
 }
 
 impl<'a> CallRequest<'a> {
@@ -100,11 +97,9 @@ impl<'a> CallRequest<'a> {
             new_node: None,
             fresh: None,
             hub_h1: None,
-            subgraph: None,
+            graph: None,
             accepted: None,
             trace: None,
-            typed: None,
-            typed_new_node: None,
         }
     }
 
@@ -152,10 +147,10 @@ pub enum CallError {
     TooManyTargets { n_targets: usize, max_targets: u32 },
     #[error("{0}")]
     NewNode(String),
-    /// A typed request the graph cannot serve, or a request of the other
-    /// kind (docs/protocol.md, "Typed requests").
+    /// A graph-layout request the graph cannot serve, or a dense one to a
+    /// typed graph (docs/protocol.md, "Graph requests").
     #[error("{0}")]
-    Typed(String),
+    Graph(String),
     #[error(
         "all {0} client entries of the segment are in use: too many worker processes attached"
     )]
@@ -180,52 +175,34 @@ fn request_header(
         "FRESH_SINCE and HUB_H1 share the request's point of the change clock"
     );
     let since = request.fresh.or(request.hub_h1.map(|h| h.since));
-    let (hops, fanouts, fanout3) = match (request.typed, request.subgraph) {
-        (Some(typed), _) => (typed.hops, [0; MAX_HOPS], 0),
-        (None, None) => (0, request.fanouts, 0),
-        (None, Some(subgraph)) => {
-            let [f1, f2, f3] = subgraph.padded();
-            (subgraph.hops() as u32, [f1, f2], f3)
-        }
-    };
     crate::layout::RequestHeader {
         request_id: request.request_id,
         deadline_mono_ns,
         n_targets: request.targets.len() as u32,
-        fanouts,
-        flags: request_flags(request),
-        new_node_edges: match (request.new_node, request.typed_new_node) {
-            (Some(node), _) => node.neighbors.len() as u32,
-            (None, Some(node)) => node.n_edges() as u32,
-            (None, None) => 0,
+        fanouts: match request.graph {
+            Some(_) => [0; MAX_HOPS],
+            None => request.fanouts,
         },
+        flags: request_flags(request),
+        new_node_edges: request.new_node.map_or(0, |node| node.n_edges() as u32),
         hub_min_degree: request.hub_h1.map_or(0, |h| h.min_degree),
         fresh_clock: since.map_or(0, |f| f.clock),
         fresh_tick: since.map_or(0, |f| f.tick),
         fresh_fanouts: since.map_or([0; MAX_HOPS], |f| f.fanouts),
-        hops,
-        fanout3,
-        fresh_hops: since
-            .and_then(|f| f.subgraph)
-            .map_or(0, |s| s.hops() as u32),
-        fresh_fanout3: since.and_then(|f| f.subgraph).map_or(0, |s| s.padded()[2]),
+        hops: request.graph.map_or(0, |g| g.hops),
+        _reserved_68: [0; 3],
         trace_id: request.trace.map_or([0; 16], |t| t.trace_id),
         trace_parent: request.trace.map_or([0; 8], |t| t.parent),
         trace_flags: request.trace.map_or(0, |t| u32::from(t.sampled)),
-        target_type: request.typed.map_or(0, |t| t.target_type),
+        target_type: request.graph.map_or(0, |g| g.target_type),
         _reserved: [0; 16],
     }
 }
 
 /// The flag bits of a call.
 fn request_flags(request: &CallRequest<'_>) -> u32 {
-    use crate::layout::request_flags::{
-        FRESH_SINCE, HUB_H1, NEW_NODE, NEW_NODE_DIRECTED, OWN_ROWS_ONLY, TYPED,
-    };
+    use crate::layout::request_flags::{FRESH_SINCE, HUB_H1, NEW_NODE, OWN_ROWS_ONLY};
     let mut flags = 0;
-    if request.typed.is_some() {
-        flags |= TYPED;
-    }
     if request.fresh.is_some() {
         flags |= FRESH_SINCE;
     }
@@ -235,37 +212,10 @@ fn request_flags(request: &CallRequest<'_>) -> u32 {
     if request.own_rows_only {
         flags |= OWN_ROWS_ONLY;
     }
-    if let Some(node) = request.new_node {
-        flags |= NEW_NODE;
-        if node.directed {
-            flags |= NEW_NODE_DIRECTED;
-        }
-    }
-    if request.typed_new_node.is_some() {
+    if request.new_node.is_some() {
         flags |= NEW_NODE;
     }
     flags
-}
-
-/// What the sidecar would refuse in a new node, refused before a slot is
-/// claimed: one target, a row of the segment's width, finite values, edges
-/// that fit the request area.
-fn check_new_node(
-    targets: &[u64],
-    node: &NewNode,
-    geometry: &Geometry,
-    schema: &FeatureSchema,
-) -> Result<(), CallError> {
-    if targets.len() != 1 {
-        return Err(CallError::NewNode(format!(
-            "a new-node call has {} target ids; it carries exactly one (the new node's)",
-            targets.len()
-        )));
-    }
-    match request::new_node_problem(node, geometry, schema) {
-        Some(problem) => Err(CallError::NewNode(problem)),
-        None => Ok(()),
-    }
 }
 
 /// What [`RingClient::status`] reports.
@@ -618,6 +568,15 @@ impl RingClient {
             .and_then(|a| a.segment.graph_schema().cloned())
     }
 
+    /// The graph of the current segment (`None`: not attached): a typed
+    /// graph's, or a one-type graph's as the 1x1 graph.
+    pub fn graph(&self) -> Option<crate::graph_schema::GraphSchema> {
+        self.current
+            .load()
+            .as_ref()
+            .map(|a| a.segment.graph().clone())
+    }
+
     /// Submits one request and waits for its response. Retries on a new
     /// sidecar if the current one is lost, until the deadline.
     pub fn call(&self, request: &CallRequest<'_>) -> Result<Response, CallError> {
@@ -697,51 +656,33 @@ impl RingClient {
                 max_targets: geometry.max_targets,
             });
         }
-        if let Some(node) = request.new_node {
-            check_new_node(request.targets, node, &geometry, segment.schema())?;
-        }
-        if request.typed_new_node.is_some()
-            && (request.typed.is_none() || request.new_node.is_some())
-        {
-            return Err(CallError::NewNode(
-                "a typed new node goes with a typed request (`typed`) and without a one-type \
-                 `new_node`"
-                    .into(),
-            ));
-        }
-        match (request.typed, segment.graph_schema()) {
-            (Some(typed), Some(graph)) => {
-                if let Some(problem) = request::typed_problem(typed, &geometry, graph) {
-                    return Err(CallError::Typed(problem));
+        match (request.graph, segment.graph_schema()) {
+            (Some(ask), _) => {
+                if let Some(problem) = request::graph_problem(ask, &geometry, segment.graph()) {
+                    return Err(CallError::Graph(problem));
                 }
-                if let Some(node) = request.typed_new_node {
-                    let problem = match request.targets {
-                        [id] => request::typed_new_node_problem(*id, node, typed, &geometry, graph),
-                        _ => Some(format!(
-                            "a new-node call has {} target ids; it carries exactly one (the new \
-                             node's)",
-                            request.targets.len()
-                        )),
-                    };
-                    if let Some(problem) = problem {
-                        return Err(CallError::NewNode(problem));
-                    }
-                }
-            }
-            (Some(_), None) => {
-                return Err(CallError::Typed(
-                    "a typed request to a sidecar that serves a one-type graph: send the \
-                     one-type request"
-                        .into(),
-                ))
             }
             (None, Some(graph)) => {
-                return Err(CallError::Typed(format!(
-                    "the sidecar serves a typed graph ({}): send a typed request",
+                return Err(CallError::Graph(format!(
+                    "the sidecar serves a typed graph ({}): send a graph-layout request                      (`graph`)",
                     graph.describe()
                 )))
             }
             (None, None) => {}
+        }
+        if let Some(node) = request.new_node {
+            let problem = match request.targets {
+                [id] => {
+                    request::new_node_problem(*id, node, request.graph, &geometry, segment.graph())
+                }
+                _ => Some(format!(
+                    "a new-node call has {} target ids; it carries exactly one (the new node's)",
+                    request.targets.len()
+                )),
+            };
+            if let Some(problem) = problem {
+                return Err(CallError::NewNode(problem));
+            }
         }
         let header = segment.header();
         // The client rule of DRAINING (docs/protocol.md): submit nothing
@@ -801,9 +742,8 @@ impl RingClient {
             &request::encoded(
                 &request_header(request, deadline_ns),
                 request.targets,
+                request.graph,
                 request.new_node,
-                request.typed,
-                request.typed_new_node.zip(segment.graph_schema()),
             ),
         );
         // The client rule of DRAINING, again: the sidecar may have begun

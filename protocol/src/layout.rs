@@ -36,7 +36,7 @@ pub unsafe trait ShmSafe: Sized {}
 pub const MAGIC: [u8; 8] = *b"GNNRING\0";
 /// Version of everything in this module and of the payload schema. Any change
 /// to a shared type, an offset, a state code or a payload column bumps it.
-pub const LAYOUT_VERSION: u32 = 3;
+pub const LAYOUT_VERSION: u32 = 4;
 /// Hops of the dense layout (GraphSAGE 2-hop), and of the fanouts a
 /// segment's geometry caps.
 pub const MAX_HOPS: usize = 2;
@@ -265,21 +265,19 @@ pub mod request_flags {
     /// reads the target alone, such as an MLP student, needs).
     pub const OWN_ROWS_ONLY: u32 = 1;
     /// The request's one target is a node the graph does not have: its
-    /// feature row and its edges to known nodes follow the target id
-    /// (docs/protocol.md, "A new node in the request"). Sampled as if it had
-    /// been added with those edges in both directions, without adding it.
+    /// feature row and its edges follow the target id (and, in the graph
+    /// layout, the fanouts), each edge a (src, dst) pair with the new node
+    /// at an end (docs/protocol.md, "A new node in the request"). Sampled
+    /// as if it had been added with those edges, without adding it.
     pub const NEW_NODE: u32 = 1 << 1;
-    /// With `NEW_NODE`: the edges go from the new node to its neighbours
-    /// only (as `sidecarctl graph add-node --directed` would add them).
-    pub const NEW_NODE_DIRECTED: u32 = 1 << 2;
     /// Answer targets whose sampled neighbourhood has not changed since a
     /// point of the sidecar's change clock with target status `FRESH`
     /// (docs/protocol.md, "Freshness"): the caller holds their answer
     /// already (precomputed outputs). In the dense layout such a target
-    /// gets its own row alone; in the subgraph and typed layouts no row
-    /// (target_row -1), and the subgraph is sampled for the other targets.
-    /// A typed request's stored answers were computed at its own hops and
-    /// fanouts: it sends `fresh_clock` and `fresh_tick` alone.
+    /// gets its own row alone, its answers computed at `fresh_fanouts`; in
+    /// the graph layout no row (target_row -1), its answers computed at the
+    /// request's own hops and fanouts, and the subgraph is sampled for the
+    /// other targets.
     pub const FRESH_SINCE: u32 = 1 << 3;
     /// The caller holds the layer-1 embedding of every node as computed at
     /// `fresh_clock`/`fresh_tick`/`fresh_fanouts`: a sampled hop-1 node of
@@ -288,13 +286,11 @@ pub mod request_flags {
     /// ([`crate::payload::schema::HOP2_CACHED`]); docs/protocol.md, "Hub
     /// layer-1 embeddings".
     pub const HUB_H1: u32 = 1 << 4;
-    /// Every defined bit; a sidecar refuses others.
-    /// A request to a typed graph (docs/protocol.md, "Typed requests"):
-    /// `target_type` names the targets' node type and a fanout per edge
-    /// type and hop follows the target ids.
-    pub const TYPED: u32 = 1 << 5;
-    pub const KNOWN: u32 =
-        OWN_ROWS_ONLY | NEW_NODE | NEW_NODE_DIRECTED | FRESH_SINCE | HUB_H1 | TYPED;
+    /// Every defined bit; a sidecar refuses others. Bits 2 and 5
+    /// (`NEW_NODE_DIRECTED`, `TYPED`) were retired in layout version 4: a
+    /// new node's edges name their direction, and `hops` alone chooses the
+    /// layout.
+    pub const KNOWN: u32 = OWN_ROWS_ONLY | NEW_NODE | FRESH_SINCE | HUB_H1;
 }
 
 /// The fixed part of a request, at the start of a slot's data region; the
@@ -308,7 +304,8 @@ pub struct RequestHeader {
     /// sidecar's default deadline.
     pub deadline_mono_ns: u64,
     pub n_targets: u32,
-    /// Per-request fanouts; 0 = the segment's default for that hop.
+    /// The dense layout's fanouts; 0 = the segment's default for that hop.
+    /// Zero in the graph layout, whose fanouts follow the target ids.
     pub fanouts: [u32; MAX_HOPS],
     /// Bits of [`request_flags`].
     pub flags: u32,
@@ -320,26 +317,19 @@ pub struct RequestHeader {
     pub hub_min_degree: u32,
     /// With `FRESH_SINCE` or `HUB_H1`: the change clock
     /// ([`ResponseHeader::change_clock`]) and tick the caller's stored
-    /// outputs were computed at, and the fanouts they were computed with; 0
-    /// otherwise.
+    /// outputs were computed at and, in the dense layout, the fanouts they
+    /// were computed with; 0 otherwise.
     pub fresh_clock: u64,
     pub fresh_tick: u64,
     pub fresh_fanouts: [u32; MAX_HOPS],
     /// The response layout: 0 the dense layout (two hops, `fanouts`); 1 to
-    /// [`MAX_SUBGRAPH_HOPS`] the subgraph layout with that many hops
-    /// (docs/protocol.md, "The subgraph layout").
+    /// [`MAX_SUBGRAPH_HOPS`] the graph layout with that many hops, a fanout
+    /// per edge type and hop after the target ids (docs/protocol.md, "Graph
+    /// requests").
     pub hops: u32,
-    /// With `hops` 3: the third hop's fanout (0 = the sidecar's current
-    /// hop-2 fanout); 0 otherwise.
-    pub fanout3: u32,
-    /// With `FRESH_SINCE` in the subgraph layout (`hops` 1 to 3): the hops
-    /// of the subgraph the caller's answers were computed on, each alone
-    /// (1 to [`MAX_SUBGRAPH_HOPS`]; `fresh_fanouts` holds the first two
-    /// hops' fanouts, 0 past the last); 0 otherwise.
-    pub fresh_hops: u32,
-    /// With `fresh_hops` 3: the third hop's fanout of those answers; 0
-    /// otherwise.
-    pub fresh_fanout3: u32,
+    /// Zero (a sidecar refuses other bytes; a third hop's fanout and the
+    /// subgraph layout's fresh fanouts until layout version 3).
+    pub _reserved_68: [u32; 3],
     /// The W3C trace context of the call this request serves
     /// (docs/protocol.md, "Trace context"): its trace id, the worker's span
     /// the sidecar's spans nest under, and the trace flags (bit 0:
@@ -347,8 +337,9 @@ pub struct RequestHeader {
     pub trace_id: [u8; 16],
     pub trace_parent: [u8; 8],
     pub trace_flags: u32,
-    /// With `TYPED`: the targets' node type (its index in the segment's
-    /// graph schema); 0 otherwise.
+    /// In the graph layout: the targets' node type (its index in the
+    /// segment's graph schema; 0 on a one-type graph); 0 in the dense
+    /// layout.
     pub target_type: u32,
     /// Zero (a sidecar refuses other bytes).
     pub _reserved: [u8; 16],
@@ -527,9 +518,7 @@ mod tests {
 
         assert_eq!(size_of::<RequestHeader>(), 128);
         assert_eq!(offset_of!(RequestHeader, hops), 64);
-        assert_eq!(offset_of!(RequestHeader, fanout3), 68);
-        assert_eq!(offset_of!(RequestHeader, fresh_hops), 72);
-        assert_eq!(offset_of!(RequestHeader, fresh_fanout3), 76);
+        assert_eq!(offset_of!(RequestHeader, _reserved_68), 68);
         assert_eq!(offset_of!(RequestHeader, trace_id), 80);
         assert_eq!(offset_of!(RequestHeader, trace_parent), 96);
         assert_eq!(offset_of!(RequestHeader, trace_flags), 104);

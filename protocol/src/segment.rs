@@ -294,23 +294,16 @@ fn plan_layout(cfg: &SegmentConfig) -> Result<(Geometry, u64, (u64, u64)), Strin
     };
     let data_offset =
         align_up(control_end + graph_schema.1, SLOT_ALIGN as u64).ok_or("overflow")?;
-    let mut request_bytes = request_bytes_with_new_node(
-        cfg.max_targets,
-        cfg.schema.feature_dim,
-        cfg.max_new_node_edges,
-    )
-    .ok_or("max targets or new-node edges too large")?;
-    if let Some(graph) = &cfg.graph {
-        request_bytes = request_bytes
-            .max(
-                request::request_bytes_for_typed(cfg.max_targets, graph.edge_types.len())
-                    .ok_or("max targets too large")?,
-            )
-            .max(
-                request::request_bytes_for_typed_new_node(graph, cfg.max_new_node_edges)
-                    .ok_or("new-node edges too large")?,
-            );
-    }
+    let one_type;
+    let graph = match &cfg.graph {
+        Some(graph) => graph,
+        None => {
+            one_type = GraphSchema::one_type(cfg.schema.feature_dim);
+            &one_type
+        }
+    };
+    let request_bytes = request_bytes_with_new_node(cfg.max_targets, graph, cfg.max_new_node_edges)
+        .ok_or("max targets or new-node edges too large")?;
     let response_bytes = align_up(cfg.response_bytes, BUFFER_ALIGN as u64).ok_or("overflow")?;
     let stride = align_up(
         request_bytes
@@ -352,7 +345,10 @@ pub struct Segment {
     geometry: Geometry,
     schema: FeatureSchema,
     /// A typed graph's types, validated (a local copy).
-    graph: Option<GraphSchema>,
+    /// Its graph: a typed graph's types, or the 1x1 graph of a one-type
+    /// graph (`typed` false).
+    graph: GraphSchema,
+    typed: bool,
     epoch: u64,
     /// (device, inode) of the file, for a safe unlink.
     identity: (u64, u64),
@@ -441,7 +437,11 @@ impl Segment {
                 map,
                 geometry,
                 schema: cfg.schema,
-                graph: cfg.graph.clone(),
+                graph: cfg
+                    .graph
+                    .clone()
+                    .unwrap_or_else(|| GraphSchema::one_type(cfg.schema.feature_dim)),
+                typed: cfg.graph.is_some(),
                 epoch,
                 identity: (meta.dev(), meta.ino()),
                 created: true,
@@ -508,7 +508,7 @@ impl Segment {
             (&raw mut (*h).graph_schema_offset).write(schema_offset);
             (&raw mut (*h).graph_schema_bytes).write(schema_bytes);
         }
-        if let Some(graph) = &self.graph {
+        if let Some(graph) = self.graph_schema() {
             let bytes = graph.encode();
             debug_assert_eq!(bytes.len() as u64, schema_bytes);
             // SAFETY: plan_layout placed `schema_bytes` bytes at
@@ -599,7 +599,8 @@ impl Segment {
             map,
             geometry: snapshot.geometry,
             schema: snapshot.schema,
-            graph,
+            typed: graph.is_some(),
+            graph: graph.unwrap_or_else(|| GraphSchema::one_type(snapshot.schema.feature_dim)),
             epoch: snapshot.epoch,
             identity: (meta.dev(), meta.ino()),
             created: false,
@@ -619,7 +620,24 @@ impl Segment {
 
     /// A typed graph's node and edge types; `None` for a one-type graph.
     pub fn graph_schema(&self) -> Option<&GraphSchema> {
-        self.graph.as_ref()
+        self.typed.then_some(&self.graph)
+    }
+
+    /// Its graph's node and edge types: a typed graph's, or a one-type
+    /// graph's as the 1x1 graph (node type 0 of the segment's feature
+    /// width, edge type 0).
+    pub fn graph(&self) -> &GraphSchema {
+        &self.graph
+    }
+
+    /// How requests to this segment are read.
+    pub fn decoding(&self) -> request::Decoding<'_> {
+        request::Decoding {
+            geometry: &self.geometry,
+            schema: &self.schema,
+            graph: &self.graph,
+            typed: self.typed,
+        }
     }
 
     /// The validated geometry (a local copy).
@@ -1180,7 +1198,7 @@ fn validate_geometry(g: &Geometry, file_len: u64) -> Result<(), String> {
             g.slot_stride
         ));
     }
-    let need_request = request_bytes_for(g.max_targets).ok_or("max targets too large")?;
+    let need_request = request_bytes_for(g.max_targets, 1).ok_or("max targets too large")?;
     if g.request_bytes < need_request || !g.request_bytes.is_multiple_of(BUFFER_ALIGN as u64) {
         return Err(format!(
             "request area {} bytes is too small for {} targets or not {BUFFER_ALIGN}-aligned",

@@ -599,24 +599,14 @@ impl ServeTicket {
         segment.read_request(slot_idx, 0, &mut area);
         // The header says how much follows (targets, a new node), bounded by
         // the area; `decode` checks it all on the copy.
-        let len = request::occupied_bytes(
-            &area,
-            segment.geometry(),
-            segment.schema(),
-            segment.graph_schema(),
-        );
+        let len = request::occupied_bytes(&area, segment.decoding());
         area.resize(len.next_multiple_of(8), 0);
         segment.read_request(
             slot_idx,
             request::TARGETS_OFFSET,
             &mut area[request::TARGETS_OFFSET..],
         );
-        request::decode(
-            &area,
-            segment.geometry(),
-            segment.schema(),
-            segment.graph_schema(),
-        )
+        request::decode(&area, segment.decoding())
     }
 
     /// Writes an OK dense-layout response in place: `fill` gets mutable
@@ -664,14 +654,7 @@ impl ServeTicket {
         fill: impl FnOnce(&mut payload::GraphColumns<'_>),
     ) -> Result<(), WriteError> {
         let segment = &self.shared.segment;
-        let one_type;
-        let graph = match segment.graph_schema() {
-            Some(graph) => graph,
-            None => {
-                one_type = self.shared.schemas.one_type(segment.schema().feature_dim);
-                &*one_type
-            }
-        };
+        let graph = segment.graph();
         // SAFETY: as in `respond`.
         let area = unsafe { segment.response_area(self.slot_idx as usize) };
         match payload::GraphWriter::new(area, graph, shape, &self.shared.schemas) {

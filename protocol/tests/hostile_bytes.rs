@@ -51,6 +51,22 @@ fn attach_bytes(bytes: &[u8], tag: u64) -> Result<Segment, protocol::AttachError
     result
 }
 
+/// `bytes` decoded as a request to a one-type graph's segment of
+/// [`schema`] and `geometry`.
+fn decode(bytes: &[u8], geometry: &Geometry) -> Result<request::Request, request::RequestError> {
+    let schema = schema();
+    let graph = protocol::graph_schema::GraphSchema::one_type(schema.feature_dim);
+    request::decode(
+        bytes,
+        request::Decoding {
+            geometry,
+            schema: &schema,
+            graph: &graph,
+            typed: false,
+        },
+    )
+}
+
 fn check_attached(segment: &Segment) {
     // Whatever was accepted must describe slots inside the mapping.
     let g: &Geometry = segment.geometry();
@@ -92,9 +108,12 @@ proptest! {
     ) {
         let segment_bytes = valid_segment_bytes();
         let geometry: Geometry = bytemuck_geometry(segment_bytes);
-        if let Ok(req) = request::decode(&bytes, &geometry, &schema(), None) {
+        if let Ok(req) = decode(&bytes, &geometry) {
             prop_assert!(req.targets.len() <= geometry.max_targets as usize);
-            prop_assert!(req.fanouts.iter().zip(geometry.max_fanouts).all(|(f, cap)| *f >= 1 && *f <= cap));
+            match &req.graph {
+                None => prop_assert!(req.fanouts.iter().zip(geometry.max_fanouts).all(|(f, cap)| *f >= 1 && *f <= cap)),
+                Some(ask) => prop_assert!(ask.fanouts.iter().all(|f| *f <= geometry.max_fanouts[0].max(geometry.max_fanouts[1]))),
+            }
         }
     }
 
@@ -234,7 +253,7 @@ fn the_own_rows_flag_is_read_and_other_bits_are_refused() {
     let with_flags = |flags: u32| {
         let mut area = area.clone();
         area[28..32].copy_from_slice(&flags.to_le_bytes());
-        request::decode(&area, &geometry, &schema(), None)
+        decode(&area, &geometry)
     };
     let plain = with_flags(0).unwrap();
     assert!(!plain.own_rows_only);
@@ -244,9 +263,13 @@ fn the_own_rows_flag_is_read_and_other_bits_are_refused() {
     let err = with_flags(64).unwrap_err();
     assert_eq!(err, request::RequestError::UnknownFlags { flags: 64 });
     assert!(err.to_string().contains("0x40"), "{err}");
-    // TYPED (0x20) is for a typed graph's segment.
-    let err = with_flags(protocol::layout::request_flags::TYPED).unwrap_err();
-    assert_eq!(err, request::RequestError::TypedForOneTypeGraph);
+    // NEW_NODE_DIRECTED (0x4) and TYPED (0x20) were retired in layout
+    // version 4: refused naming what replaced them.
+    for retired in [0x4, 0x20] {
+        let err = with_flags(retired).unwrap_err();
+        assert_eq!(err, request::RequestError::RetiredFlags { flags: retired });
+        assert!(err.to_string().contains("layout version 4"), "{err}");
+    }
 }
 
 /// `FRESH_SINCE`: the clock, tick and fanouts at 40..64 are read with the
@@ -267,7 +290,7 @@ fn the_fresh_since_fields_are_read_with_their_flag_only() {
         area[128..136].copy_from_slice(&3u64.to_le_bytes());
         area
     };
-    let decode = |bytes: &[u8]| request::decode(bytes, &geometry, &schema(), None);
+    let decode = |bytes: &[u8]| decode(bytes, &geometry);
     let caps = geometry.max_fanouts;
     let got = decode(&area(FRESH_SINCE, 0xabc, 17, caps)).unwrap();
     assert_eq!(got.fresh, Some(request::FreshSince::dense(0xabc, 17, caps)));
@@ -303,7 +326,7 @@ fn the_hub_fields_are_read_with_their_flag_only() {
         area[128..136].copy_from_slice(&3u64.to_le_bytes());
         area
     };
-    let decode = |bytes: &[u8]| request::decode(bytes, &geometry, &schema(), None);
+    let decode = |bytes: &[u8]| decode(bytes, &geometry);
     let since = request::FreshSince::dense(0xabc, 9, caps);
     let hub = decode(&area(HUB_H1, 20, 9)).unwrap();
     assert_eq!(
@@ -329,21 +352,30 @@ fn the_hub_fields_are_read_with_their_flag_only() {
     assert!(err.to_string().contains("hub_min_degree 0"), "{err}");
 }
 
-/// `NEW_NODE`: the row and the edges after the one target id are read as
-/// docs/protocol.md lays them out; every way of getting them wrong is
-/// refused by name, never read past the area.
+/// `NEW_NODE`: the row, the edge counts and the edges after the one target
+/// id (and a graph-layout request's fanouts) are read as docs/protocol.md
+/// lays them out; every way of getting them wrong is refused by name, never
+/// read past the area.
 #[test]
 fn a_new_node_is_read_after_its_id_and_bad_ones_are_refused() {
-    use protocol::layout::request_flags::{NEW_NODE, NEW_NODE_DIRECTED};
+    use protocol::layout::request_flags::NEW_NODE;
     use request::RequestError;
     let geometry: Geometry = bytemuck_geometry(valid_segment_bytes());
     let dim = schema().feature_dim;
-    let (row_at, edges_at) = request::new_node_offsets(dim).unwrap();
-    assert_eq!((row_at, edges_at), (136, 152), "docs/protocol.md's offsets");
-    let max = request::max_new_node_edges(&geometry, &schema());
-    assert_eq!(max, (geometry.request_bytes - 152) / 8);
+    let (row_at, counts_at, edges_at) = request::new_node_offsets(0, dim, 1).unwrap();
+    assert_eq!(
+        (row_at, counts_at, edges_at),
+        (136, 152, 160),
+        "docs/protocol.md's offsets"
+    );
+    assert_eq!(
+        request::new_node_offsets(2, dim, 1).unwrap(),
+        (144, 160, 168),
+        "after two fanouts"
+    );
+    let max = (geometry.request_bytes - 160) / 16;
     assert!(max >= 1024, "sized for the default max_new_node_edges");
-    let area = |flags: u32, n_targets: u32, edges: u32, row: [f32; 4], ids: &[u64]| {
+    let area = |flags: u32, n_targets: u32, edges: u32, row: [f32; 4], pairs: &[(u64, u64)]| {
         let mut area = vec![0u8; geometry.request_bytes as usize];
         area[0..8].copy_from_slice(&9u64.to_le_bytes());
         area[16..20].copy_from_slice(&n_targets.to_le_bytes());
@@ -353,33 +385,43 @@ fn a_new_node_is_read_after_its_id_and_bad_ones_are_refused() {
         for (i, v) in row.iter().enumerate() {
             area[136 + 4 * i..140 + 4 * i].copy_from_slice(&v.to_le_bytes());
         }
-        for (i, id) in ids.iter().enumerate() {
-            area[152 + 8 * i..160 + 8 * i].copy_from_slice(&id.to_le_bytes());
+        area[152..156].copy_from_slice(&(pairs.len() as u32).to_le_bytes());
+        for (i, (src, dst)) in pairs.iter().enumerate() {
+            area[160 + 16 * i..168 + 16 * i].copy_from_slice(&src.to_le_bytes());
+            area[168 + 16 * i..176 + 16 * i].copy_from_slice(&dst.to_le_bytes());
         }
         area
     };
-    let decode = |bytes: &[u8]| request::decode(bytes, &geometry, &schema(), None);
+    let decode = |bytes: &[u8]| decode(bytes, &geometry);
     let row = [1.0, -2.5, 0.0, 3.25];
-    let got = decode(&area(NEW_NODE | NEW_NODE_DIRECTED, 1, 3, row, &[4, 7, 11])).unwrap();
+    let pairs = [(5000, 4), (7, 5000), (5000, 11)];
+    let got = decode(&area(NEW_NODE, 1, 3, row, &pairs)).unwrap();
     assert_eq!(got.targets, vec![5000]);
     let node = got.new_node.expect("the new node");
     assert_eq!(node.features, row.to_vec());
-    assert_eq!(node.neighbors, vec![4, 7, 11]);
-    assert!(node.directed);
-    assert!(
-        !decode(&area(NEW_NODE, 1, 0, row, &[]))
-            .unwrap()
-            .new_node
-            .unwrap()
-            .directed
+    assert_eq!(node.edges, vec![pairs.to_vec()]);
+    // A one-type new node's neighbours: each a source of the new node's
+    // messages, and unless directed the new node one of theirs.
+    assert_eq!(
+        request::NewNode::one_type(5000, row.to_vec(), &[4, 11], false).edges,
+        vec![vec![(4, 5000), (11, 5000), (5000, 4), (5000, 11)]]
+    );
+    assert_eq!(
+        request::NewNode::one_type(5000, row.to_vec(), &[4], true).edges,
+        vec![vec![(4, 5000)]]
     );
     assert!(decode(&area(0, 1, 0, row, &[])).unwrap().new_node.is_none());
     // What the sidecar copies out of the slot covers exactly this much.
-    let bytes = area(NEW_NODE, 1, 3, row, &[4, 7, 11]);
-    assert_eq!(
-        request::occupied_bytes(&bytes, &geometry, &schema(), None),
-        152 + 24
-    );
+    let bytes = area(NEW_NODE, 1, 3, row, &pairs);
+    let schema = schema();
+    let graph = protocol::graph_schema::GraphSchema::one_type(schema.feature_dim);
+    let on = request::Decoding {
+        geometry: &geometry,
+        schema: &schema,
+        graph: &graph,
+        typed: false,
+    };
+    assert_eq!(request::occupied_bytes(&bytes, on), 160 + 48);
 
     assert_eq!(
         decode(&area(NEW_NODE, 2, 0, row, &[])).unwrap_err(),
@@ -387,105 +429,118 @@ fn a_new_node_is_read_after_its_id_and_bad_ones_are_refused() {
     );
     let too_many = (max + 1) as u32;
     let err = decode(&area(NEW_NODE, 1, too_many, row, &[])).unwrap_err();
+    assert!(err.to_string().contains("add up to 0"), "{err}");
+    let mut counted = area(NEW_NODE, 1, too_many, row, &[]);
+    counted[152..156].copy_from_slice(&too_many.to_le_bytes());
+    let err = decode(&counted).unwrap_err();
     assert!(err.to_string().contains("max_new_node_edges"), "{err}");
+    counted[32..36].copy_from_slice(&u32::MAX.to_le_bytes());
+    counted[152..156].copy_from_slice(&u32::MAX.to_le_bytes());
     assert!(matches!(
-        decode(&area(NEW_NODE, 1, u32::MAX, row, &[])).unwrap_err(),
-        RequestError::NewNodeTooManyEdges { .. }
+        decode(&counted).unwrap_err(),
+        RequestError::Graph(_)
     ));
+    // An edge without the new node at an end is refused by name.
+    let err = decode(&area(NEW_NODE, 1, 1, row, &[(4, 7)])).unwrap_err();
+    assert!(err.to_string().contains("edge (4, 7)"), "{err}");
     // An area cut short (a hostile peer's geometry) is refused, not indexed.
-    let short = area(NEW_NODE, 1, 3, row, &[4, 7, 11]);
-    assert!(decode(&short[..160]).is_err());
+    let short = area(NEW_NODE, 1, 3, row, &pairs);
+    assert!(decode(&short[..170]).is_err());
     let err = decode(&area(NEW_NODE, 1, 0, [1.0, f32::NAN, 0.0, 0.0], &[])).unwrap_err();
-    assert_eq!(
-        err,
-        RequestError::NewNodeFeatureNotFinite {
-            index: 1,
-            value: "NaN".into()
-        }
+    assert!(
+        err.to_string()
+            .contains("feature 1 is NaN: every feature must be a finite number"),
+        "{err}"
     );
     assert_eq!(
         decode(&area(0, 1, 2, row, &[])).unwrap_err(),
         RequestError::EdgesWithoutNewNode { edges: 2 }
     );
-    assert_eq!(
-        decode(&area(NEW_NODE_DIRECTED, 1, 0, row, &[])).unwrap_err(),
-        RequestError::DirectedWithoutNewNode
-    );
 }
 
-/// The subgraph layout's fields: `hops` at 64 and `fanout3` at 68 are read
-/// (hop 3 capped as hop 2, 0 meaning hop 2's default); more than three
-/// hops, a third fanout without a third hop, a dense-only flag with hops,
-/// and non-zero reserved bytes (80..128) are refused by name.
+/// The graph layout's fields: `hops` at 64 and a fanout per edge type and
+/// hop after the target ids (here one edge type) are read; more than three
+/// hops, fanouts in the header, a dense-only flag with hops, a fanout above
+/// its cap, a target type in the dense layout and non-zero reserved bytes
+/// (68..80, 112..128) are refused by name.
 #[test]
-fn the_subgraph_fields_are_read_and_bad_ones_are_refused() {
+fn the_graph_fields_are_read_and_bad_ones_are_refused() {
     use protocol::layout::request_flags::{HUB_H1, NEW_NODE, OWN_ROWS_ONLY};
-    use request::RequestError;
+    use request::{GraphAsk, RequestError};
     let geometry: Geometry = bytemuck_geometry(valid_segment_bytes());
     let caps = geometry.max_fanouts;
-    let area = |hops: u32, fanouts: [u32; 3], flags: u32| {
-        let mut area = vec![0u8; 136];
+    let area = |hops: u32, fanouts: &[u32], flags: u32| {
+        let mut area = vec![0u8; 136 + 4 * fanouts.len()];
         area[16..20].copy_from_slice(&1u32.to_le_bytes());
-        area[20..24].copy_from_slice(&fanouts[0].to_le_bytes());
-        area[24..28].copy_from_slice(&fanouts[1].to_le_bytes());
         area[28..32].copy_from_slice(&flags.to_le_bytes());
         area[64..68].copy_from_slice(&hops.to_le_bytes());
-        area[68..72].copy_from_slice(&fanouts[2].to_le_bytes());
         area[128..136].copy_from_slice(&3u64.to_le_bytes());
+        for (i, f) in fanouts.iter().enumerate() {
+            area[136 + 4 * i..140 + 4 * i].copy_from_slice(&f.to_le_bytes());
+        }
         area
     };
-    let decode = |bytes: &[u8]| request::decode(bytes, &geometry, &schema(), None);
-    let dense = decode(&area(0, [2, 1, 0], 0)).unwrap();
-    assert_eq!(dense.subgraph(), None);
-    let three = decode(&area(3, [2, 1, 1], 0)).unwrap();
-    assert_eq!(three.subgraph().unwrap().as_slice(), &[2, 1, 1]);
-    let one = decode(&area(1, [2, 0, 0], 0)).unwrap();
-    assert_eq!(one.subgraph().unwrap().hops(), 1);
-    // Hop 3 left at 0 takes the segment's default hop-2 fanout.
-    let defaulted = decode(&area(3, [2, 1, 0], 0)).unwrap();
-    assert!(defaulted.fanout3_defaulted);
-    assert_eq!(defaulted.fanout3, schema().default_fanouts[1]);
+    let decode = |bytes: &[u8]| decode(bytes, &geometry);
+    let dense = decode(&area(0, &[], 0)).unwrap();
+    assert_eq!(dense.graph, None);
+    let three = decode(&area(3, &[2, 1, 1], 0)).unwrap();
+    assert_eq!(three.graph, Some(GraphAsk::one_type(&[2, 1, 1])));
+    assert_eq!(three.fanouts, [0, 0], "the dense fanouts are not used");
+    let one = decode(&area(1, &[2], 0)).unwrap();
+    assert_eq!(one.graph.unwrap().one_type_fanouts().unwrap().hops(), 1);
     assert_eq!(
-        decode(&area(4, [1, 1, 1], 0)).unwrap_err(),
-        RequestError::SubgraphHops { hops: 4 }
+        decode(&area(4, &[1, 1, 1, 1], 0)).unwrap_err(),
+        RequestError::Hops { hops: 4 }
     );
+    let mut in_header = area(2, &[1, 1], 0);
+    in_header[20..24].copy_from_slice(&1u32.to_le_bytes());
     assert_eq!(
-        decode(&area(2, [1, 1, 1], 0)).unwrap_err(),
-        RequestError::Fanout3WithoutThirdHop {
-            fanout3: 1,
-            hops: 2
-        }
+        decode(&in_header).unwrap_err(),
+        RequestError::GraphFanoutFields
     );
-    let err = decode(&area(3, [1, 1, caps[1] + 1], 0)).unwrap_err();
+    let err = decode(&area(3, &[1, 1, caps[1] + 1], 0)).unwrap_err();
     assert!(
-        matches!(err, RequestError::FanoutAboveCap { hop: 3, .. }),
+        err.to_string().contains("at hop 3 exceeds the cap"),
         "{err}"
     );
+    // The fanouts cut off by the area's end are refused, not read.
+    assert!(matches!(
+        decode(&area(3, &[1, 1, 1], 0)[..140]).unwrap_err(),
+        RequestError::Graph(_)
+    ));
     for flag in [OWN_ROWS_ONLY, HUB_H1] {
-        let err = decode(&area(2, [1, 1, 0], flag)).unwrap_err();
+        let err = decode(&area(2, &[1, 1], flag)).unwrap_err();
         assert!(
-            matches!(err, RequestError::NotForSubgraph { .. }),
+            matches!(err, RequestError::NotForGraph { .. }),
             "flag {flag:#x}: {err}"
         );
         assert!(err.to_string().contains("dense layout only"), "{err}");
     }
     // A new node is sampled in either layout.
-    let mut new_node = area(2, [1, 1, 0], NEW_NODE);
+    let mut new_node = area(2, &[1, 1], NEW_NODE);
     new_node.resize(geometry.request_bytes as usize, 0);
     assert!(decode(&new_node).unwrap().new_node.is_some());
-    let mut reserved = area(2, [1, 1, 0], 0);
-    reserved[120] = 1;
-    assert_eq!(decode(&reserved).unwrap_err(), RequestError::Reserved);
-    // Bytes 108..112 are a typed request's target type.
-    let mut target_type = area(2, [1, 1, 0], 0);
+    for at in [68, 72, 76, 120] {
+        let mut reserved = area(2, &[1, 1], 0);
+        reserved[at] = 1;
+        assert_eq!(decode(&reserved).unwrap_err(), RequestError::Reserved);
+    }
+    // Bytes 108..112 are a graph-layout request's target type.
+    let mut target_type = area(0, &[], 0);
     target_type[108] = 1;
     assert_eq!(
         decode(&target_type).unwrap_err(),
-        RequestError::TargetTypeWithoutTyped { target_type: 1 }
+        RequestError::TargetTypeForDense { target_type: 1 }
     );
+    let mut target_type = area(2, &[1, 1], 0);
+    target_type[108] = 1;
+    assert!(decode(&target_type)
+        .unwrap_err()
+        .to_string()
+        .contains("target type 1 is not a node type"));
     // Bytes 80..108 are the trace context (docs/protocol.md, "Trace
     // context"): read when both ids are set, never refused.
-    let mut traced = area(2, [1, 1, 0], 0);
+    let mut traced = area(2, &[1, 1], 0);
     traced[80..96].copy_from_slice(&[0xab; 16]);
     traced[96..104].copy_from_slice(&[0xcd; 8]);
     traced[104] = 0xff;
@@ -502,74 +557,37 @@ fn the_subgraph_fields_are_read_and_bad_ones_are_refused() {
     );
 }
 
-/// `FRESH_SINCE` in the subgraph layout: `fresh_hops` at 72 and
-/// `fresh_fanout3` at 76 name the stored answers' own subgraph (1 to 3
-/// hops, each fanout within its cap, 0 past the last hop); both are
-/// refused in the dense layout and without the flag.
+/// `FRESH_SINCE` in the graph layout: the stored answers were computed at
+/// the request's own hops and fanouts, so the clock and tick alone are
+/// read; `fresh_fanouts` is refused by name, and the fields without the
+/// flag.
 #[test]
-fn a_subgraph_fresh_since_names_its_hops() {
+fn a_graph_fresh_since_is_at_the_requests_own_fanouts() {
     use protocol::layout::request_flags::FRESH_SINCE;
-    use request::{FreshSince, RequestError, SubgraphFanouts};
+    use request::{FreshSince, RequestError};
     let geometry: Geometry = bytemuck_geometry(valid_segment_bytes());
-    let caps = geometry.max_fanouts;
-    let area = |hops: u32, flags: u32, fresh_hops: u32, fresh: [u32; 3]| {
-        let mut area = vec![0u8; 136];
+    let area = |flags: u32, fresh: [u32; 2]| {
+        let mut area = vec![0u8; 144];
         area[16..20].copy_from_slice(&1u32.to_le_bytes());
-        area[20..24].copy_from_slice(&2u32.to_le_bytes());
-        area[24..28].copy_from_slice(&1u32.to_le_bytes());
         area[28..32].copy_from_slice(&flags.to_le_bytes());
         area[40..48].copy_from_slice(&0xabcu64.to_le_bytes());
         area[48..56].copy_from_slice(&5u64.to_le_bytes());
         area[56..60].copy_from_slice(&fresh[0].to_le_bytes());
         area[60..64].copy_from_slice(&fresh[1].to_le_bytes());
-        area[64..68].copy_from_slice(&hops.to_le_bytes());
-        area[72..76].copy_from_slice(&fresh_hops.to_le_bytes());
-        area[76..80].copy_from_slice(&fresh[2].to_le_bytes());
+        area[64..68].copy_from_slice(&2u32.to_le_bytes());
         area[128..136].copy_from_slice(&3u64.to_le_bytes());
+        area[136..140].copy_from_slice(&2u32.to_le_bytes());
+        area[140..144].copy_from_slice(&1u32.to_le_bytes());
         area
     };
-    let decode = |bytes: &[u8]| request::decode(bytes, &geometry, &schema(), None);
-    for (fresh_hops, fresh) in [(1, [3, 0, 0]), (2, [3, 2, 0]), (3, [3, 2, 1])] {
-        let got = decode(&area(2, FRESH_SINCE, fresh_hops, fresh)).unwrap();
-        let subgraph = SubgraphFanouts::new(&fresh[..fresh_hops as usize]).unwrap();
-        assert_eq!(got.fresh, Some(FreshSince::subgraph(0xabc, 5, subgraph)));
-    }
-    // The stored answers' depth need not be the request's.
-    let deeper = decode(&area(1, FRESH_SINCE, 3, [1, 1, 1])).unwrap();
-    assert_eq!(deeper.fresh.unwrap().subgraph.unwrap().hops(), 3);
-    for (fresh_hops, fresh) in [
-        (0, [1, 1, 0]),
-        (4, [1, 1, 1]),
-        (1, [1, 1, 0]),
-        (2, [1, 0, 0]),
-        (2, [1, 1, 1]),
-        (3, [1, 1, 0]),
-        (2, [caps[0] + 1, 1, 0]),
-        (3, [1, 1, caps[1] + 1]),
-    ] {
-        let err = decode(&area(2, FRESH_SINCE, fresh_hops, fresh)).unwrap_err();
-        assert!(
-            matches!(err, RequestError::FreshSubgraph { .. }),
-            "fresh_hops {fresh_hops} {fresh:?}: {err}"
-        );
-        assert!(err.to_string().contains("fresh_hops"), "{err}");
-    }
-    let err = decode(&area(0, FRESH_SINCE, 2, caps_with_zero(caps))).unwrap_err();
+    let decode = |bytes: &[u8]| decode(bytes, &geometry);
+    let got = decode(&area(FRESH_SINCE, [0, 0])).unwrap();
+    assert_eq!(got.fresh, Some(FreshSince::graph(0xabc, 5)));
+    let err = decode(&area(FRESH_SINCE, [2, 1])).unwrap_err();
+    assert_eq!(err, RequestError::GraphFreshFanouts);
+    assert!(err.to_string().contains("own hops and fanouts"), "{err}");
     assert_eq!(
-        err,
-        RequestError::FreshHopsForDense {
-            fresh_hops: 2,
-            fresh_fanout3: 0
-        }
-    );
-    let mut unflagged = area(2, 0, 2, [0, 0, 0]);
-    unflagged[40..56].fill(0);
-    assert_eq!(
-        decode(&unflagged).unwrap_err(),
+        decode(&area(0, [0, 0])).unwrap_err(),
         RequestError::FreshWithoutFlag
     );
-}
-
-fn caps_with_zero(caps: [u32; 2]) -> [u32; 3] {
-    [caps[0], caps[1], 0]
 }

@@ -12,7 +12,7 @@ use protocol::payload::schema::{target_status, tier, NO_ROW};
 use protocol::payload::{
     decode_graph, DecodeError, DecodeLimits, GraphColumns, GraphShape, GraphWriter, SchemaCache,
 };
-use protocol::request::{self, FreshSince, RequestError, TypedAsk, TypedNewNode};
+use protocol::request::{self, FreshSince, GraphAsk, NewNode, RequestError};
 use protocol::{Segment, SegmentConfig};
 
 /// Users (2 features) and items (ids): (user, buys, item), (item,
@@ -114,7 +114,6 @@ fn typed_area(targets: &[u64], hops: u32, target_type: u32, fanouts: &[u32]) -> 
     let mut area = vec![0u8; 4096];
     area[0..8].copy_from_slice(&7u64.to_le_bytes());
     area[16..20].copy_from_slice(&(targets.len() as u32).to_le_bytes());
-    area[28..32].copy_from_slice(&request_flags::TYPED.to_le_bytes());
     area[64..68].copy_from_slice(&hops.to_le_bytes());
     area[108..112].copy_from_slice(&target_type.to_le_bytes());
     let mut at = 128;
@@ -132,32 +131,41 @@ fn typed_area(targets: &[u64], hops: u32, target_type: u32, fanouts: &[u32]) -> 
 #[test]
 fn a_typed_request_is_read_with_its_fanouts_and_bad_ones_are_refused() {
     let (geometry, schema, graph) = (geometry(), feature_schema(), graph());
-    let decode = |area: &[u8]| request::decode(area, &geometry, &schema, Some(&graph));
+    let on = request::Decoding {
+        geometry: &geometry,
+        schema: &schema,
+        graph: &graph,
+        typed: true,
+    };
+    let decode = |area: &[u8]| request::decode(area, on);
     // Two hops: buys [2, 0], rev_buys [1, 1], follows [5, 3].
     let fanouts = [2, 0, 1, 1, 5, 3];
     let request = decode(&typed_area(&[4, 9], 2, 0, &fanouts)).unwrap();
     assert_eq!(request.targets, [4, 9]);
     assert_eq!(
-        request.typed,
-        Some(TypedAsk {
+        request.graph,
+        Some(GraphAsk {
             target_type: 0,
             hops: 2,
             fanouts: fanouts.to_vec()
         })
     );
-    assert_eq!(request.typed.as_ref().unwrap().fanout(2, 1), 3);
+    assert_eq!(request.graph.as_ref().unwrap().fanout(2, 1), 3);
     // What the sidecar copies out is exactly the header, ids and fanouts.
     let area = typed_area(&[4, 9], 2, 0, &fanouts);
-    let occupied = request::occupied_bytes(&area, &geometry, &schema, Some(&graph));
+    let occupied = request::occupied_bytes(&area, on);
     assert_eq!(occupied, 128 + 16 + 24);
     assert!(decode(&area[..occupied]).is_ok());
 
     let problem = |area: Vec<u8>| decode(&area).unwrap_err().to_string();
     let cases = [
-        (typed_area(&[4], 0, 0, &[]), "0 hops; it samples 1 to 3"),
+        (
+            typed_area(&[4], 0, 0, &[]),
+            "send graph-layout requests (hops 1 to 3)",
+        ),
         (
             typed_area(&[4], 4, 0, &[1; 12]),
-            "4 hops; it samples 1 to 3",
+            "request hops 4: 0 asks for the dense layout, 1 to 3",
         ),
         (
             typed_area(&[4], 1, 2, &[1, 1, 1]),
@@ -184,23 +192,22 @@ fn a_typed_request_is_read_with_its_fanouts_and_bad_ones_are_refused() {
     fanout_fields[20] = 1;
     assert_eq!(
         decode(&fanout_fields).unwrap_err(),
-        RequestError::TypedFanoutFields
+        RequestError::GraphFanoutFields
     );
     for (flag, name) in [
         (request_flags::OWN_ROWS_ONLY, "OWN_ROWS_ONLY"),
-        (request_flags::NEW_NODE_DIRECTED, "NEW_NODE_DIRECTED"),
         (request_flags::HUB_H1, "HUB_H1"),
     ] {
         let mut area = typed_area(&[4], 1, 0, &[1, 1, 1]);
-        area[28..32].copy_from_slice(&(request_flags::TYPED | flag).to_le_bytes());
+        area[28..32].copy_from_slice(&flag.to_le_bytes());
         let error = decode(&area).unwrap_err().to_string();
-        assert!(error.contains(name) && error.contains("not defined for a typed request"));
+        assert!(error.contains(name) && error.contains("dense layout only"));
     }
     // FRESH_SINCE: the point of the change clock alone; the stored
     // answers were computed at the request's own fanouts.
     let fresh_area = |fields: &[(usize, u32)]| {
         let mut area = typed_area(&[4, 9], 2, 0, &fanouts);
-        let flags = request_flags::TYPED | request_flags::FRESH_SINCE;
+        let flags = request_flags::FRESH_SINCE;
         area[28..32].copy_from_slice(&flags.to_le_bytes());
         area[40..48].copy_from_slice(&0xc10cu64.to_le_bytes());
         area[48..56].copy_from_slice(&17u64.to_le_bytes());
@@ -210,28 +217,34 @@ fn a_typed_request_is_read_with_its_fanouts_and_bad_ones_are_refused() {
         area
     };
     let fresh = decode(&fresh_area(&[])).unwrap();
-    assert_eq!(fresh.fresh, Some(FreshSince::typed(0xc10c, 17)));
-    assert_eq!(fresh.typed.as_ref().unwrap().fanouts, fanouts);
-    // fresh_fanouts, fresh_hops or fresh_fanout3: refused by name.
-    for at in [56, 60, 72, 76] {
+    assert_eq!(fresh.fresh, Some(FreshSince::graph(0xc10c, 17)));
+    assert_eq!(fresh.graph.as_ref().unwrap().fanouts, fanouts);
+    // fresh_fanouts: refused by name; bytes 68..80 are reserved.
+    for at in [56, 60] {
         assert_eq!(
             decode(&fresh_area(&[(at, 2)])).unwrap_err(),
-            RequestError::TypedFreshFanouts,
+            RequestError::GraphFreshFanouts,
+            "byte {at}"
+        );
+    }
+    for at in [72, 76] {
+        assert_eq!(
+            decode(&fresh_area(&[(at, 2)])).unwrap_err(),
+            RequestError::Reserved,
             "byte {at}"
         );
     }
     // The clock without the flag, and hub_min_degree: refused.
     let mut no_flag = fresh_area(&[]);
-    no_flag[28..32].copy_from_slice(&request_flags::TYPED.to_le_bytes());
+    no_flag[28..32].fill(0);
     assert_eq!(
         decode(&no_flag).unwrap_err(),
         RequestError::FreshWithoutFlag
     );
     let error = decode(&fresh_area(&[(36, 3)])).unwrap_err().to_string();
     assert!(error.contains("HUB_H1's hub_min_degree"), "{error}");
-    // A one-type request to a typed graph names the graph.
-    let mut untyped = typed_area(&[4], 1, 0, &[]);
-    untyped[28..32].fill(0);
+    // A dense-layout request to a typed graph names the graph.
+    let untyped = typed_area(&[4], 0, 0, &[]);
     let error = decode(&untyped).unwrap_err().to_string();
     assert!(
         error.contains("serves a typed graph (user (2 f32), item (ids); user__buys__item"),
@@ -250,7 +263,7 @@ fn a_typed_request_is_read_with_its_fanouts_and_bad_ones_are_refused() {
 /// next multiple of 8; `new_node_edges` (bytes 32..36) their total.
 fn new_user_area(id: u64, row: &[f32], edges: &[&[(u64, u64)]]) -> Vec<u8> {
     let mut area = typed_area(&[id], 1, 0, &[1, 1, 1]);
-    let flags = request_flags::TYPED | request_flags::NEW_NODE;
+    let flags = request_flags::NEW_NODE;
     area[28..32].copy_from_slice(&flags.to_le_bytes());
     let total: usize = edges.iter().map(|e| e.len()).sum();
     area[32..36].copy_from_slice(&(total as u32).to_le_bytes());
@@ -281,26 +294,29 @@ fn new_user_area(id: u64, row: &[f32], edges: &[&[(u64, u64)]]) -> Vec<u8> {
 #[test]
 fn a_typed_new_node_is_read_with_its_row_and_edges_and_bad_ones_are_refused() {
     let (geometry, schema, graph) = (geometry(), feature_schema(), graph());
-    let decode = |area: &[u8]| request::decode(area, &geometry, &schema, Some(&graph));
+    let on = request::Decoding {
+        geometry: &geometry,
+        schema: &schema,
+        graph: &graph,
+        typed: true,
+    };
+    let decode = |area: &[u8]| request::decode(area, on);
     // The offsets of the doc: fanouts end at 148, the row at 152, the
     // counts at 160, the edges at 176.
-    assert_eq!(
-        request::typed_new_node_offsets(3, 2, 3),
-        Some((152, 160, 176))
-    );
+    assert_eq!(request::new_node_offsets(3, 2, 3), Some((152, 160, 176)));
     // User 12 buys item 1, item 1 points back, user 3 follows user 12.
     let edges: [&[(u64, u64)]; 3] = [&[(12, 1)], &[(1, 12)], &[(3, 12), (12, 4)]];
     let area = new_user_area(12, &[0.5, -1.5], &edges);
     let request = decode(&area).unwrap();
     assert_eq!(request.targets, [12]);
     assert_eq!(
-        request.typed_new_node,
-        Some(TypedNewNode {
+        request.new_node,
+        Some(NewNode {
             features: vec![0.5, -1.5],
             edges: edges.iter().map(|e| e.to_vec()).collect(),
         })
     );
-    let occupied = request::occupied_bytes(&area, &geometry, &schema, Some(&graph));
+    let occupied = request::occupied_bytes(&area, on);
     assert_eq!(occupied, 176 + 4 * 16);
     assert!(decode(&area[..occupied]).is_ok());
     assert!(
@@ -310,7 +326,7 @@ fn a_typed_new_node_is_read_with_its_row_and_edges_and_bad_ones_are_refused() {
 
     let problem = |area: Vec<u8>| decode(&area).unwrap_err().to_string();
     let mut two_targets = typed_area(&[12, 13], 1, 0, &[1, 1, 1]);
-    let flags = request_flags::TYPED | request_flags::NEW_NODE;
+    let flags = request_flags::NEW_NODE;
     two_targets[28..32].copy_from_slice(&flags.to_le_bytes());
     let mut counts_off = new_user_area(12, &[0.5, 1.5], &edges);
     counts_off[32..36].copy_from_slice(&3u32.to_le_bytes());
@@ -577,12 +593,13 @@ proptest! {
     ) {
         let mut area = bytes;
         if area.len() >= 68 {
-            area[28..32].copy_from_slice(&request_flags::TYPED.to_le_bytes());
             area[64..68].copy_from_slice(&hops.to_le_bytes());
         }
         let graph = graph();
-        if let Ok(request) = request::decode(&area, &geometry(), &feature_schema(), Some(&graph)) {
-            let ask = request.typed.unwrap();
+        let (geometry, schema) = (geometry(), feature_schema());
+        let on = request::Decoding { geometry: &geometry, schema: &schema, graph: &graph, typed: true };
+        if let Ok(request) = request::decode(&area, on) {
+            let ask = request.graph.unwrap();
             prop_assert!((1..=3).contains(&ask.hops));
             prop_assert_eq!(ask.fanouts.len(), 3 * ask.hops as usize);
             prop_assert!((ask.target_type as usize) < 2);

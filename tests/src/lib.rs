@@ -71,7 +71,7 @@ pub fn answer_synthetic(ticket: ServeTicket, feature_dim: u32, full: bool) {
         );
         return;
     }
-    if let Some(fanouts) = request.subgraph() {
+    if let Some(fanouts) = request.graph.as_ref().and_then(|g| g.one_type_fanouts()) {
         answer_synthetic_subgraph(ticket, &request, fanouts, feature_dim, full);
         return;
     }

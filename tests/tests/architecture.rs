@@ -226,28 +226,6 @@ const TYPED_TWINS: &[(&str, &str)] = &[
         "TypedManifest",
         "the typed graph a model reads, beside `Manifest`'s one-type fields",
     ),
-    // protocol
-    (
-        "decode_typed",
-        "a TYPED request's wire form (its target type, per-edge-type fanouts after the ids) \
-         read beside the one-type form's; both produce one `Request`",
-    ),
-    (
-        "request_bytes_for_typed",
-        "a typed request's size beside `request_bytes_for`",
-    ),
-    (
-        "typed_new_node_offsets",
-        "a typed new node's request bytes beside a one-type new node's",
-    ),
-    (
-        "typed_new_node_problem",
-        "a typed new node's checks beside a one-type new node's",
-    ),
-    (
-        "TypedNewNode",
-        "a typed new node in a request beside `NewNode`",
-    ),
 ];
 
 /// Names a crate's product code defines: functions, and types (structs,

@@ -137,8 +137,9 @@ fn pyarrow_reads_a_subgraph_response_in_place() {
     .unwrap();
     let client = RingClient::attach(&name, ClientOptions::default()).unwrap();
     let targets = [5u64, 17, 5, tests::UNKNOWN_FROM + 1];
+    let ask = protocol::request::GraphAsk::one_type(&[3, 2, 2]);
     let mut request = CallRequest::new(&targets);
-    request.subgraph = protocol::request::SubgraphFanouts::new(&[3, 2, 2]);
+    request.graph = Some(&ask);
     request.timeout = Some(Duration::from_secs(5));
     let response = client.call(&request).unwrap();
     let tables = response.graph_tables(0).unwrap();

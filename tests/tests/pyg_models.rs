@@ -13,7 +13,7 @@ use std::process::Command;
 use gnn_worker::api::grpc::{pb, PredictorClient};
 use gnn_worker::model::{bind_subgraph_inputs, Device, Model};
 use protocol::client::{CallRequest, ClientOptions, RingClient};
-use protocol::request::SubgraphFanouts;
+use protocol::request::GraphAsk;
 use support::{ort_env, runtime};
 use tests::stack::{
     onnxruntime_lib, pyg_model_for, python, read_f32, read_i32, repo_root, run_ok, shipped_cora,
@@ -277,8 +277,9 @@ fn stack_default_hops(stack: &Stack) -> usize {
         .map(|f| f.as_u64().unwrap() as u32)
         .collect();
     let client = RingClient::attach(&stack.shm_name, ClientOptions::default()).unwrap();
+    let ask = GraphAsk::one_type(&fanouts);
     let mut request = CallRequest::new(&[0]);
-    request.subgraph = SubgraphFanouts::new(&fanouts);
+    request.graph = Some(&ask);
     let response = client.call(&request).unwrap();
     let tables = response.graph_tables(0).unwrap();
     tables.hops()
@@ -403,8 +404,9 @@ fn the_scatter_rewrite_changes_no_answer_and_inputs_stay_in_place() {
     let stack = stack(&model_dir, "10,5", 8);
     let client = RingClient::attach(&stack.shm_name, ClientOptions::default()).unwrap();
     let targets = [0u64, 1358, 5];
+    let ask = GraphAsk::one_type(&[10, 5]);
     let mut request = CallRequest::new(&targets);
-    request.subgraph = SubgraphFanouts::new(&[10, 5]);
+    request.graph = Some(&ask);
     let response = client.call(&request).unwrap();
     let tables = response.graph_tables(0).unwrap();
     assert_eq!(tables.hops(), 2);
@@ -457,8 +459,9 @@ fn subgraph_requests_batched_together_answer_what_each_answers_alone() {
         .collect();
     type Contents = (Vec<u64>, Vec<i64>, Vec<u32>);
     let contents = |client: &RingClient, targets: &[u64]| -> Contents {
+        let ask = GraphAsk::one_type(&[10, 5]);
         let mut request = CallRequest::new(targets);
-        request.subgraph = SubgraphFanouts::new(&[10, 5]);
+        request.graph = Some(&ask);
         let response = client.call(&request).unwrap();
         let tables = response.graph_tables(0).unwrap();
         (

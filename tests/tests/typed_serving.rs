@@ -12,7 +12,7 @@ use std::time::Duration;
 use protocol::graph_schema::GraphSchema;
 use protocol::payload::schema::{target_status, tier};
 use protocol::payload::GraphTables;
-use protocol::request::TypedAsk;
+use protocol::request::GraphAsk;
 use protocol::{CallError, CallRequest, RingClient};
 use tests::eventually;
 use tests::redis::RedisServer;
@@ -25,17 +25,17 @@ fn python_sample(targets: &[u64], hops: usize, fanout: u32) -> serde_json::Value
     tests::stack::openflights_python_sample(targets, hops, fanout)
 }
 
-fn ask(schema: &GraphSchema, hops: u32, fanout: u32) -> TypedAsk {
-    TypedAsk {
+fn ask(schema: &GraphSchema, hops: u32, fanout: u32) -> GraphAsk {
+    GraphAsk {
         target_type: schema.node_type("airport").unwrap() as u32,
         hops,
         fanouts: vec![fanout; schema.edge_types.len() * hops as usize],
     }
 }
 
-fn call(client: &RingClient, targets: &[u64], ask: &TypedAsk) -> protocol::Response {
+fn call(client: &RingClient, targets: &[u64], ask: &GraphAsk) -> protocol::Response {
     let mut request = CallRequest::new(targets);
-    request.typed = Some(ask);
+    request.graph = Some(ask);
     request.timeout = Some(Duration::from_secs(10));
     client.call(&request).expect("a typed call")
 }
@@ -227,14 +227,14 @@ fn a_typed_sidecar_refuses_one_type_calls_and_commands_by_name() {
     // A one-type call, refused before a slot is claimed.
     let error = client.call(&CallRequest::new(&[1])).unwrap_err();
     assert!(
-        matches!(&error, CallError::Typed(m) if m.contains("serves a typed graph (airport (11 f32)")),
+        matches!(&error, CallError::Graph(m) if m.contains("serves a typed graph (airport (11 f32)")),
         "{error}"
     );
     // Fanouts of the wrong count, a type the graph lacks, a fanout past the cap.
     let mut wrong = ask(&schema, 2, 3);
     wrong.fanouts.pop();
     let mut request = CallRequest::new(&[1]);
-    request.typed = Some(&wrong);
+    request.graph = Some(&wrong);
     let error = client.call(&request).unwrap_err().to_string();
     assert!(
         error.contains("17 fanouts; this graph has 9 edge types, so 2 hops need 18"),
@@ -242,14 +242,14 @@ fn a_typed_sidecar_refuses_one_type_calls_and_commands_by_name() {
     );
     let mut unknown_type = ask(&schema, 1, 3);
     unknown_type.target_type = 4;
-    request.typed = Some(&unknown_type);
+    request.graph = Some(&unknown_type);
     let error = client.call(&request).unwrap_err().to_string();
     assert!(
         error.contains("target type 4 is not a node type of this graph"),
         "{error}"
     );
     let above = ask(&schema, 1, 5000);
-    request.typed = Some(&above);
+    request.graph = Some(&above);
     let error = client.call(&request).unwrap_err().to_string();
     assert!(
         error.contains(
@@ -1106,7 +1106,7 @@ fn a_typed_graph_s_invalidation_channel_evicts_rows_of_the_named_type() {
 
 /// The typed request a worker of `model` sends (its manifest's fanouts per
 /// edge type, 0 for an edge type it does not name), as the worker builds it.
-fn manifest_ask(schema: &GraphSchema, model: &std::path::Path) -> TypedAsk {
+fn manifest_ask(schema: &GraphSchema, model: &std::path::Path) -> GraphAsk {
     let manifest: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(model.join("manifest.json")).unwrap())
             .unwrap();
@@ -1118,7 +1118,7 @@ fn manifest_ask(schema: &GraphSchema, model: &std::path::Path) -> TypedAsk {
             None => vec![0; hops],
         })
         .collect();
-    TypedAsk {
+    GraphAsk {
         target_type: schema.node_type("airport").unwrap() as u32,
         hops: hops as u32,
         fanouts,

@@ -11,7 +11,7 @@ use std::process::Command;
 use std::time::Duration;
 
 use protocol::graph_schema::GraphSchema;
-use protocol::request::TypedAsk;
+use protocol::request::GraphAsk;
 use protocol::{CallRequest, RingClient};
 use tests::eventually;
 use tests::redis::RedisServer;
@@ -28,17 +28,17 @@ fn row_text(row: &[f32]) -> String {
 }
 
 /// One hop over every edge type at a covering fanout, from `target_type`.
-fn one_hop(schema: &GraphSchema, target_type: &str) -> TypedAsk {
-    TypedAsk {
+fn one_hop(schema: &GraphSchema, target_type: &str) -> GraphAsk {
+    GraphAsk {
         target_type: schema.node_type(target_type).unwrap() as u32,
         hops: 1,
         fanouts: vec![2048; schema.edge_types.len()],
     }
 }
 
-fn call(client: &RingClient, targets: &[u64], ask: &TypedAsk) -> protocol::Response {
+fn call(client: &RingClient, targets: &[u64], ask: &GraphAsk) -> protocol::Response {
     let mut request = CallRequest::new(targets);
-    request.typed = Some(ask);
+    request.graph = Some(ask);
     request.timeout = Some(Duration::from_secs(10));
     client.call(&request).expect("a typed call")
 }

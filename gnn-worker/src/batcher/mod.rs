@@ -54,7 +54,7 @@ use std::time::{Duration, Instant};
 
 use protocol::client::{Accepted, ClientStatus, RingClient};
 use protocol::layout::{FeatureSchema, MAX_HOPS};
-use protocol::request::{NewNode, SubgraphFanouts, TypedNewNode};
+use protocol::request::{GraphAsk, NewNode};
 use tokio::sync::{mpsc, oneshot};
 
 use crate::config::WorkerConfig;
@@ -106,12 +106,11 @@ pub struct BatchConfig {
     /// Fanouts sent with every dense-layout ring request; `[0, 0]` leaves
     /// them to the sidecar.
     pub fanouts: [u32; MAX_HOPS],
-    /// A subgraph-layout model's fanouts, one per hop: its GNN requests ask
-    /// for the subgraph layout at these (`None`: a dense-layout model).
-    pub subgraph: Option<SubgraphFanouts>,
-    /// A typed graph's model: its requests are this typed request (target
-    /// type, fanouts per edge type and hop).
-    pub typed: Option<std::sync::Arc<protocol::request::TypedAsk>>,
+    /// A graph-layout model's ask (a typed graph's: target type, fanouts
+    /// per edge type and hop; a one-type graph's: one fanout per hop): its
+    /// GNN requests ask for the graph layout at it (`None`: a dense-layout
+    /// model).
+    pub graph: Option<std::sync::Arc<GraphAsk>>,
     /// Deadline of one ring call (sampling + features).
     pub ring_timeout: Duration,
     /// The deadline of a call that brings none.
@@ -129,8 +128,8 @@ pub struct BatchConfig {
     /// The fanouts of the ladder's reduced GNN rung (dense layout); `None`:
     /// no such rung.
     pub degrade_fanouts: Option<[u32; MAX_HOPS]>,
-    /// The reduced rung of a subgraph-layout model.
-    pub degrade_subgraph: Option<SubgraphFanouts>,
+    /// The reduced rung of a one-type graph's graph-layout model.
+    pub degrade_graph: Option<std::sync::Arc<GraphAsk>>,
     /// With a precomputed set: whether its answers are served (otherwise
     /// it only feeds the hub embeddings).
     pub precomputed_answers: bool,
@@ -146,8 +145,7 @@ impl BatchConfig {
             max_batch: config.max_batch.max(1),
             max_delay: config.max_delay(),
             fanouts: dense_fanouts(config.fanouts.as_ref()).unwrap_or([0; MAX_HOPS]),
-            subgraph: None,
-            typed: None,
+            graph: None,
             ring_timeout: config.ring_timeout(),
             call_timeout: config.call_timeout(),
             max_request_targets: config.max_request_targets,
@@ -155,7 +153,7 @@ impl BatchConfig {
             run_to_completion: config.run_to_completion,
             degrade_queue_calls: config.degrade_queue_calls,
             degrade_fanouts: dense_fanouts(config.degrade_fanouts.as_ref()),
-            degrade_subgraph: None,
+            degrade_graph: None,
             precomputed_answers: config.precomputed_answers,
             hub_min_degree: config.hub_min_degree,
         }
@@ -203,8 +201,8 @@ impl BatchConfig {
 
     /// Whether the ladder has a reduced GNN rung.
     fn has_reduced(&self) -> bool {
-        match self.subgraph {
-            Some(_) => self.degrade_subgraph.is_some(),
+        match self.graph {
+            Some(_) => self.degrade_graph.is_some(),
             None => self.degrade_fanouts.is_some(),
         }
     }
@@ -314,19 +312,79 @@ impl PredictError {
 
 pub use crate::queue::MAX_QUEUED_CALLS;
 
-/// A node the graph does not have, as a call carries it: of a one-type
-/// graph (`NEW_NODE`), or of a typed graph's target type (`TYPED` with
-/// `NEW_NODE`).
-#[derive(Debug, Clone)]
-enum NewNodeCall {
-    OneType(NewNode),
-    Typed(TypedNewNode),
+/// A new node's edges as a call gives them (docs/serving.md, "A new node in
+/// one call").
+#[derive(Debug, Clone, PartialEq)]
+pub enum NewEdges {
+    /// A one-type graph's: an edge to each neighbour, from the new node and,
+    /// unless `directed`, back to it.
+    Neighbors { neighbors: Vec<u64>, directed: bool },
+    /// Per edge type, named by its key `src__relation__dst` or a relation
+    /// only one edge type has, `(src, dst)` pairs (a one-type graph's one
+    /// edge type is `node__to__node`).
+    Named(NamedEdges),
+}
+
+/// A new node's edges per named edge type: `(edge type, [(src, dst)])`.
+pub type NamedEdges = Vec<(String, Vec<(u64, u64)>)>;
+
+impl NewEdges {
+    /// New node `id` with `features` and these edges as `graph`'s (a
+    /// one-type graph's: the 1x1 graph's; `typed`: a typed graph's), or
+    /// what is wrong, named.
+    pub fn resolve(
+        self,
+        id: u64,
+        features: Vec<f32>,
+        graph: &protocol::graph_schema::GraphSchema,
+        typed: bool,
+    ) -> Result<NewNode, String> {
+        let named = match self {
+            NewEdges::Neighbors { .. } if typed => {
+                return Err(
+                    "this model's graph is typed: a new node gives its edges per edge \
+                            type (`edges`, docs/serving.md, \"A new node in one call\"), not \
+                            `neighbors`"
+                        .into(),
+                )
+            }
+            NewEdges::Neighbors {
+                neighbors,
+                directed,
+            } => return Ok(NewNode::one_type(id, features, &neighbors, directed)),
+            NewEdges::Named(named) => named,
+        };
+        let n_edge_types = graph.edge_types.len();
+        let mut edges = vec![Vec::new(); n_edge_types];
+        for (name, pairs) in named {
+            let e = (0..n_edge_types)
+                .find(|&e| graph.edge_key(e) == name)
+                .or_else(|| {
+                    let mut by_relation =
+                        (0..n_edge_types).filter(|&e| graph.edge_types[e].relation == name);
+                    match (by_relation.next(), by_relation.next()) {
+                        (Some(e), None) => Some(e),
+                        _ => None,
+                    }
+                })
+                .ok_or_else(|| {
+                    let keys: Vec<String> = (0..n_edge_types).map(|e| graph.edge_key(e)).collect();
+                    format!(
+                        "the new node's edges name edge type {name:?}; this graph's edge types \
+                         are {} (or a relation only one of them has)",
+                        keys.join(", ")
+                    )
+                })?;
+            edges[e].extend(pairs);
+        }
+        Ok(NewNode { features, edges })
+    }
 }
 
 struct Job {
     ids: Vec<u64>,
     /// A node the graph does not have; `ids` is its id alone.
-    new_node: Option<NewNodeCall>,
+    new_node: Option<NewNode>,
     /// `Full` or `Reduced` (the student's calls never queue).
     rung: Rung,
     enqueued: Instant,
@@ -669,90 +727,33 @@ impl Predictor {
         self.enqueue(ids, None, left).await
     }
 
-    /// Predicts a node the graph does not have, from its feature row and
-    /// its edges to known nodes, without adding it (docs/serving.md, "A new
-    /// node in one call"): the sidecar samples as if it had been added
-    /// (`NEW_NODE`), so the answer is the one the node gets once added with
-    /// the same edges.
+    /// Predicts a node the graph does not have (of the model's target
+    /// type), from its feature row and its edges, without adding it
+    /// (docs/serving.md, "A new node in one call"): the sidecar samples as
+    /// if it had been added (`NEW_NODE`), so the answer is the one the node
+    /// gets once added with the same edges.
     pub async fn predict_new_node(
         &self,
         id: u64,
-        node: NewNode,
-        left: Option<Duration>,
-    ) -> Result<Vec<Prediction>, PredictError> {
-        if self.schema.feature_dim == 0 {
-            // A typed graph's segment (docs/protocol.md, section 2.7).
-            return Err(PredictError::InvalidArgument(
-                "this model's graph is typed: a new node gives its edges per edge type \
-                 (`edges`, docs/serving.md, \"A new node in one call\"), not `neighbors`"
-                    .into(),
-            ));
-        }
-        let problem = self.client.geometry().and_then(|geometry| {
-            protocol::request::new_node_problem(&node, &geometry, &self.schema)
-        });
-        if let Some(problem) = problem {
-            return Err(PredictError::InvalidArgument(problem));
-        }
-        self.enqueue(vec![id], Some(NewNodeCall::OneType(node)), left)
-            .await
-    }
-
-    /// Predicts a node of a typed graph's target type that the graph does
-    /// not have, from its row and its edges per edge type (each named by
-    /// its key `src__relation__dst` or a relation only one edge type has),
-    /// without adding it (docs/serving.md, "A new node in one call").
-    pub async fn predict_typed_new_node(
-        &self,
-        id: u64,
         features: Vec<f32>,
-        edges: Vec<(String, Vec<(u64, u64)>)>,
+        edges: NewEdges,
         left: Option<Duration>,
     ) -> Result<Vec<Prediction>, PredictError> {
-        let (Some(ask), Some(graph)) = (self.config.typed.as_deref(), self.client.graph_schema())
-        else {
-            return Err(PredictError::InvalidArgument(
-                "`edges` per edge type are for models of typed graphs; this model's graph has \
-                 one type: give `neighbors`"
-                    .into(),
+        let (Some(graph), Some(geometry)) = (self.client.graph(), self.client.geometry()) else {
+            return Err(PredictError::Unavailable(
+                "no sidecar is attached: retry once it is up".into(),
             ));
         };
-        let mut per_type = vec![Vec::new(); graph.edge_types.len()];
-        for (name, pairs) in edges {
-            let e = (0..graph.edge_types.len())
-                .find(|&e| graph.edge_key(e) == name)
-                .or_else(|| {
-                    let mut by_relation = (0..graph.edge_types.len())
-                        .filter(|&e| graph.edge_types[e].relation == name);
-                    match (by_relation.next(), by_relation.next()) {
-                        (Some(e), None) => Some(e),
-                        _ => None,
-                    }
-                })
-                .ok_or_else(|| {
-                    let keys: Vec<String> = (0..graph.edge_types.len())
-                        .map(|e| graph.edge_key(e))
-                        .collect();
-                    PredictError::InvalidArgument(format!(
-                        "the new node's edges name edge type {name:?}; this graph's edge types \
-                         are {} (or a relation only one of them has)",
-                        keys.join(", ")
-                    ))
-                })?;
-            per_type[e].extend(pairs);
-        }
-        let node = TypedNewNode {
-            features,
-            edges: per_type,
-        };
-        let problem = self.client.geometry().and_then(|geometry| {
-            protocol::request::typed_new_node_problem(id, &node, ask, &geometry, &graph)
-        });
-        if let Some(problem) = problem {
+        let ask = self.config.graph.as_deref();
+        let node = edges
+            .resolve(id, features, &graph, self.client.graph_schema().is_some())
+            .map_err(PredictError::InvalidArgument)?;
+        if let Some(problem) =
+            protocol::request::new_node_problem(id, &node, ask, &geometry, &graph)
+        {
             return Err(PredictError::InvalidArgument(problem));
         }
-        self.enqueue(vec![id], Some(NewNodeCall::Typed(node)), left)
-            .await
+        self.enqueue(vec![id], Some(node), left).await
     }
 
     /// Answers a checked call on the rung the ladder picks (docs/serving.md,
@@ -761,7 +762,7 @@ impl Predictor {
     async fn enqueue(
         &self,
         ids: Vec<u64>,
-        new_node: Option<NewNodeCall>,
+        new_node: Option<NewNode>,
         left: Option<Duration>,
     ) -> Result<Vec<Prediction>, PredictError> {
         if let Err(why) = self.readiness() {
@@ -782,7 +783,7 @@ impl Predictor {
     async fn climb(
         &self,
         ids: Vec<u64>,
-        new_node: Option<NewNodeCall>,
+        new_node: Option<NewNode>,
         left: Option<Duration>,
     ) -> Result<Vec<Prediction>, PredictError> {
         let rungs = Rungs {

@@ -182,10 +182,7 @@ pub(super) fn student_stage(
             for job in batch.iter().filter(|j| j.new_node.is_some()) {
                 let call = RingCall {
                     // A typed model has no student (refused at install).
-                    new_node: match &job.new_node {
-                        Some(super::NewNodeCall::OneType(node)) => Some(node),
-                        _ => None,
-                    },
+                    new_node: job.new_node.as_ref(),
                     ..own_rows
                 };
                 ring_call_split(ring, &job.ids, call, &mut responses)?;

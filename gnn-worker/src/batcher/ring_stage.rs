@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use protocol::client::{Accepted, CallError, CallRequest, ClientStatus, Response, RingClient};
 use protocol::layout::{status, FeatureSchema, MAX_HOPS};
-use protocol::request::{NewNode, SubgraphFanouts, TypedNewNode};
+use protocol::request::{GraphAsk, NewNode};
 
 use super::{answer, panic_text, BatchConfig, Capacity, Job, PredictError};
 use crate::ladder::{Costs, Rung};
@@ -376,8 +376,7 @@ pub(super) fn jobs_ring_calls(
         });
     // A subgraph-layout model's GNN requests ask for its layout.
     let gnn = RingCall {
-        subgraph: ring.config.subgraph,
-        typed: ring.config.typed.as_deref(),
+        graph: ring.config.graph.as_deref(),
         accepted: jobs.first().map(|job| &job.accepted),
         deadline: jobs.iter().filter_map(|job| job.own_deadline).min(),
         ..RingCall::default()
@@ -395,22 +394,18 @@ pub(super) fn jobs_ring_calls(
     responses.extend(ring_calls(ring, &ids_of(1), known)?);
     let reduced = RingCall {
         fanouts: ring.config.degrade_fanouts,
-        subgraph: ring.config.degrade_subgraph,
+        graph: ring.config.degrade_graph.as_deref(),
         hub_h1,
         ..gnn
     };
     responses.extend(ring_calls(ring, &ids_of(2), reduced)?);
     for job in jobs {
-        let call = match &job.new_node {
-            Some(super::NewNodeCall::OneType(node)) => RingCall {
-                new_node: Some(node),
-                ..gnn
-            },
-            Some(super::NewNodeCall::Typed(node)) => RingCall {
-                typed_new_node: Some(node),
-                ..gnn
-            },
-            None => continue,
+        let Some(node) = &job.new_node else {
+            continue;
+        };
+        let call = RingCall {
+            new_node: Some(node),
+            ..gnn
         };
         ring_call_split(ring, &job.ids, call, &mut responses)?;
     }
@@ -424,23 +419,17 @@ pub(super) struct RingCall<'a> {
     pub(super) own_rows_only: bool,
     /// `NEW_NODE`: the one target is this node.
     pub(super) new_node: Option<&'a NewNode>,
-    /// `TYPED` with `NEW_NODE`: the one target is this node of the target
-    /// type.
-    pub(super) typed_new_node: Option<&'a TypedNewNode>,
     /// `FRESH_SINCE`: unchanged targets come back `FRESH`.
     pub(super) fresh: Option<protocol::request::FreshSince>,
     /// `HUB_H1`: unchanged hubs come without their neighbourhood.
     pub(super) hub_h1: Option<protocol::request::HubH1>,
     /// Fanouts other than the worker's (the ladder's reduced rung).
     pub(super) fanouts: Option<[u32; MAX_HOPS]>,
-    /// The subgraph layout at these fanouts (a subgraph-layout model's
-    /// GNN requests).
-    pub(super) subgraph: Option<SubgraphFanouts>,
+    /// The graph layout at this ask (a graph-layout model's GNN requests).
+    pub(super) graph: Option<&'a GraphAsk>,
     /// One of the batch's calls, accepted on the sidecar: the requests are
     /// submitted while it drains.
     pub(super) accepted: Option<&'a Accepted>,
-    /// A typed graph's request (a typed model's calls).
-    pub(super) typed: Option<&'a protocol::request::TypedAsk>,
     /// The earliest deadline a caller of the batch gave: the requests'
     /// timeout, and so the sidecar's feature wait, end by it.
     pub(super) deadline: Option<Instant>,
@@ -531,10 +520,8 @@ pub(super) fn ring_call_split(
         fresh: call.fresh,
         hub_h1: call.hub_h1,
         new_node: call.new_node,
-        subgraph: call.subgraph,
+        graph: call.graph,
         accepted: call.accepted,
-        typed: call.typed,
-        typed_new_node: call.typed_new_node,
     };
     metrics.ring_requests.inc();
     let calling = Instant::now();
@@ -585,9 +572,7 @@ pub(super) fn ring_call_split(
             status: status::INVALID_REQUEST,
             message,
             ..
-        }) if call.new_node.is_some() || call.typed_new_node.is_some() => {
-            return Err(PredictError::InvalidArgument(message))
-        }
+        }) if call.new_node.is_some() => return Err(PredictError::InvalidArgument(message)),
         Err(e) => return Err(PredictError::Unavailable(e.to_string())),
     };
     if let Some(precomputed) = ring.precomputed {

@@ -18,7 +18,7 @@ impl Manifest {
         schema: &FeatureSchema,
         geometry: &Geometry,
         graph: Option<&protocol::graph_schema::GraphSchema>,
-    ) -> Result<protocol::request::TypedAsk, ModelError> {
+    ) -> Result<protocol::request::GraphAsk, ModelError> {
         let mismatch = ModelError::Mismatch;
         let typed = self.typed.as_ref().expect("a typed model");
         let Some(graph) = graph else {
@@ -97,7 +97,7 @@ impl Manifest {
                 fanouts[e * hops + hop] = fanout;
             }
         }
-        Ok(protocol::request::TypedAsk {
+        Ok(protocol::request::GraphAsk {
             target_type: target_type as u32,
             hops: hops as u32,
             fanouts,

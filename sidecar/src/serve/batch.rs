@@ -22,7 +22,7 @@ use crate::daemon::GraphFeatures;
 use crate::daemon::Knobs;
 use crate::features::{FeatureTiers, RowSource};
 use crate::graph::changes::Changes;
-use crate::graph::live::{GraphSnapshot, GraphUpdate};
+use crate::graph::live::GraphSnapshot;
 use crate::graph::sampler::{
     hop1_of, GraphFanouts, GraphSource, Sampled, Sampler, SubgraphLimits, SubgraphTooLarge,
 };
@@ -350,7 +350,7 @@ impl BatchServer {
         let request = &pending.request;
         let node = request.new_node.as_ref().expect("a new-node request");
         let id = request.targets[0];
-        let graph = match ctx.graph.with_new_node(0, id, &new_node_edges(id, node)) {
+        let graph = match ctx.graph.with_new_node(0, id, &node.edges) {
             Ok(graph) => graph,
             Err(e) => {
                 m.invalid_requests.inc();
@@ -600,10 +600,10 @@ fn admit(ctx: &BatchContext<'_>, tickets: Vec<ServeTicket>) -> Admitted {
             first_target: 0,
         };
         let request = &pending.request;
-        if request.new_node.is_some() || request.typed_new_node.is_some() {
+        if request.new_node.is_some() {
             ctx.metrics.new_node_requests.inc();
         }
-        if request.typed.is_some() || request.subgraph().is_some() {
+        if request.graph.is_some() {
             admitted.graph.push((pending, until));
             continue;
         }
@@ -661,10 +661,6 @@ fn admit_one(
             *fanout = knob;
         }
     }
-    if request.fanout3_defaulted {
-        // Hop 3 of a subgraph request follows hop 2's setting.
-        request.fanout3 = knob_fanouts[1];
-    }
     if request.own_rows_only {
         // The targets alone: the smallest hop arrays (every count 0).
         request.fanouts = [1, 1];
@@ -676,7 +672,7 @@ fn admit_one(
     // the response.)
     let [f1, f2] = request.fanouts.map(u64::from);
     let hop_bytes = request.targets.len() as u64 * f1 * (2 + f2) * 4;
-    if request.hops == 0 && hop_bytes > ctx.response_bytes {
+    if request.graph.is_none() && hop_bytes > ctx.response_bytes {
         m.too_large.inc();
         ticket.respond_error(
             status::TOO_LARGE,
@@ -718,14 +714,6 @@ fn sample_key(ctx: &BatchContext<'_>, request: &Request) -> SampleKey {
         .hub_h1
         .filter(|h| h.since.clock == clock && !request.own_rows_only);
     (request.fanouts, request.own_rows_only, fresh, hub_h1)
-}
-
-/// A one-type new node's edges as the 1x1 graph's (edge type 0): its
-/// neighbours, both ways unless `directed`.
-fn new_node_edges(id: u64, node: &protocol::request::NewNode) -> Vec<Vec<(u64, u64)>> {
-    let pairs: Vec<(u64, u64)> = node.neighbors.iter().map(|&n| (id, n)).collect();
-    let update = GraphUpdate::one_type(&[], &pairs, !node.directed);
-    update.edges.into_iter().map(|(_, p)| p).collect()
 }
 
 /// How large a subgraph may grow before it cannot be a response: the

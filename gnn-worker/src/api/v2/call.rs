@@ -696,8 +696,8 @@ pub struct Inferred {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::batcher::NewEdges;
     use crate::model::AnsweredBy;
-    use protocol::request::NewNode;
 
     fn tensors(output: OutputKind, typed: bool) -> ModelTensors {
         ModelTensors {
@@ -804,14 +804,14 @@ mod tests {
         .unwrap();
         assert_eq!(
             call,
-            Call::New(
-                100,
-                NewNode {
-                    features: vec![0.5, 1.5],
+            Call::New {
+                id: 100,
+                features: vec![0.5, 1.5],
+                edges: NewEdges::Neighbors {
                     neighbors: vec![3, 4],
                     directed: true
                 }
-            )
+            }
         );
         let typed = tensors(OutputKind::Classes, true);
         let call = call_of(
@@ -830,11 +830,11 @@ mod tests {
         .unwrap();
         assert_eq!(
             call,
-            Call::TypedNew(
-                5,
-                vec![1.0, 2.0],
-                vec![("paper__cites__paper".into(), vec![(5, 1), (2, 5)])]
-            )
+            Call::New {
+                id: 5,
+                features: vec![1.0, 2.0],
+                edges: NewEdges::Named(vec![("paper__cites__paper".into(), vec![(5, 1), (2, 5)])])
+            }
         );
         // A typed model's new node has no `neighbors`.
         let m = invalid(call_of(

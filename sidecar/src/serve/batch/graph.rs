@@ -1,5 +1,5 @@
 //! Serving a ring batch's graph-layout requests: a typed graph's
-//! (docs/protocol.md, "Typed requests") and a one-type graph's subgraph
+//! (docs/protocol.md, "Graph requests") and a one-type graph's subgraph
 //! layout, which is the 1x1 typed graph's (node type 0, edge type 0), with
 //! or without a new node. One sampling pass per request over every edge
 //! type at its fanouts (a response is the `HeteroData`, or the `Data`, of
@@ -14,10 +14,7 @@ use protocol::payload::schema::tier;
 use protocol::payload::{GraphColumns, GraphShape, ResponseMeta};
 use rustc_hash::FxHashMap;
 
-use super::{
-    new_node_edges, respond_outgrew, subgraph_limits, BatchContext, BatchServer, Pending,
-    SAMPLING_SEED,
-};
+use super::{respond_outgrew, subgraph_limits, BatchContext, BatchServer, Pending, SAMPLING_SEED};
 use crate::features::RowSource;
 use crate::graph::sampler::{GraphFanouts, GraphSampled};
 
@@ -191,36 +188,29 @@ impl BatchServer {
     /// Samples one graph-layout request (with its new node, if it carries
     /// one); a request refused or grown too large is answered here. A
     /// one-type graph's request is the 1x1 graph's: target type 0, its
-    /// fanouts those of edge type 0, a new node's neighbours its edges of
-    /// edge type 0 (both ways unless `directed`).
+    /// fanouts and a new node's edges those of edge type 0.
     fn sample_request(&mut self, ctx: &BatchContext<'_>, pending: Pending) -> Option<Job> {
         let m = ctx.metrics;
         let request = &pending.request;
-        let (target_type, fanouts, subgraph) = match (&request.typed, request.subgraph()) {
-            (Some(ask), _) => (
-                ask.target_type as usize,
-                GraphFanouts::new(ask.hops as usize, ask.fanouts.clone())
-                    .expect("hops and fanouts checked when the request was decoded"),
-                None,
-            ),
-            (None, Some(subgraph)) => (
-                0,
-                GraphFanouts::new(subgraph.hops(), subgraph.as_slice().to_vec())
-                    .expect("one fanout per hop of one edge type"),
-                Some(subgraph),
-            ),
-            (None, None) => unreachable!("admitted as a graph-layout request"),
-        };
-        let one_type_edges;
-        let new_node: Option<(&[f32], &EdgeLists)> =
-            match (&request.typed_new_node, &request.new_node) {
-                (Some(node), _) => Some((&node.features, &node.edges)),
-                (None, Some(node)) => {
-                    one_type_edges = new_node_edges(request.targets[0], node);
-                    Some((&node.features, &one_type_edges))
-                }
-                (None, None) => None,
-            };
+        let ask = request
+            .graph
+            .as_ref()
+            .expect("admitted as a graph-layout request");
+        let target_type = ask.target_type as usize;
+        let fanouts = GraphFanouts::new(ask.hops as usize, ask.fanouts.clone())
+            .expect("hops and fanouts checked when the request was decoded");
+        // A one-type graph answers in the subgraph layout (the 1x1 graph's
+        // tables without a directory), a typed graph in the typed layout.
+        let subgraph = ctx
+            .graph
+            .base()
+            .is_one_type()
+            .then(|| ask.one_type_fanouts())
+            .flatten();
+        let new_node: Option<(&[f32], &EdgeLists)> = request
+            .new_node
+            .as_ref()
+            .map(|node| (&node.features[..], &node.edges[..]));
         let with_node;
         let mut graph = ctx.graph;
         if let Some((_, edges)) = new_node {
@@ -243,19 +233,15 @@ impl BatchServer {
         }
         // Stored answers are vouched for against this sidecar's clock, and
         // never with a new node (docs/protocol.md, "Freshness"), at the
-        // fanouts they were computed at: a typed request's own, a one-type
-        // request's `fresh_hops` and fanouts.
+        // request's own hops and fanouts, which they were computed at.
         let unchanged = match request.fresh {
             Some(fresh) if fresh.clock == ctx.changes.clock() && new_node.is_none() => {
-                let at = match fresh.subgraph {
-                    Some(s) => GraphFanouts::new(s.hops(), s.as_slice().to_vec())
-                        .expect("one fanout per hop of one edge type"),
-                    None => fanouts.clone(),
-                };
                 let unchanged: Vec<bool> = request
                     .targets
                     .iter()
-                    .map(|&target| self.stands(ctx, graph, target_type, target, &at, fresh.tick))
+                    .map(|&target| {
+                        self.stands(ctx, graph, target_type, target, &fanouts, fresh.tick)
+                    })
                     .collect();
                 m.fresh_checked.inc_by(unchanged.len() as u64);
                 m.fresh_targets
