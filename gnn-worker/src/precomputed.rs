@@ -119,13 +119,37 @@ impl SetMeta {
     }
 
     /// The `FRESH_SINCE` point that vouches for this set's answers (a
-    /// graph-layout set's is asked with the set's own request).
+    /// graph-layout set's hops and fanouts go apart,
+    /// [`SetMeta::computed_with`]).
     pub fn fresh_since(&self) -> protocol::request::FreshSince {
         use protocol::request::FreshSince;
         match self.computed_with() {
             Some(_) => FreshSince::graph(self.clock, self.tick),
             None => FreshSince::dense(self.clock, self.tick, self.fanouts),
         }
+    }
+}
+
+/// Whether the sidecar can vouch for a set computed with `computed` beside
+/// the worker's requests `served` (each `None` for the dense layout): both
+/// dense (the dense layout names the set's fanouts), or both graph-layout
+/// requests of one target type over as many edge types (a set computed at
+/// other hops or fanouts is vouched for at its own, `fresh_hops`).
+pub fn vouchable(computed: Option<&TypedSet>, served: Option<&TypedSet>) -> bool {
+    match (computed, served) {
+        (None, None) => true,
+        (Some(c), Some(s)) => {
+            let edge_types = |t: &TypedSet| {
+                let hops = t.hops as usize;
+                ((1..=protocol::layout::MAX_SUBGRAPH_HOPS).contains(&hops)
+                    && t.fanouts.len().is_multiple_of(hops))
+                .then(|| t.fanouts.len() / hops)
+            };
+            c.target_type == s.target_type
+                && edge_types(c).is_some()
+                && edge_types(c) == edge_types(s)
+        }
+        _ => false,
     }
 }
 
@@ -314,10 +338,9 @@ impl Precomputed {
     /// Keeps the set in use matching the sidecar: every `period`, if the
     /// sidecar's clock or its set changed, loads the set stored for it (or
     /// drops the old one when there is none), `with_h1` with its layer-1
-    /// embeddings. A set computed with another graph-layout request than
-    /// `served` (the worker's, `None` for a dense-layout model) is not
-    /// used: the sidecar vouches for a graph-layout set's answers at the
-    /// request's own hops and fanouts. Runs for ever.
+    /// embeddings. A set the sidecar cannot vouch for beside `served` (the
+    /// worker's graph-layout request, `None` for a dense-layout model) is
+    /// not used ([`vouchable`]). Runs for ever.
     #[allow(clippy::too_many_arguments)]
     pub async fn follow(
         self: Arc<Self>,
@@ -396,14 +419,18 @@ impl Precomputed {
             if wanted.as_ref() == current_meta {
                 continue;
             }
-            if let Some(meta) = wanted.as_ref().filter(|m| m.computed_with() != served) {
+            if let Some(meta) = wanted
+                .as_ref()
+                .filter(|m| !vouchable(m.computed_with().as_ref(), served.as_ref()))
+            {
                 if !std::mem::replace(&mut refused_shown, true) {
                     tracing::warn!(
                         computed_at = ?meta.computed_with(),
                         served_at = ?served,
-                        "the precomputed set was computed with another graph-layout request \
-                         than this worker's (other hops or fanouts): serving inductively until \
-                         gnn-worker precompute runs with this model's manifest and fanouts"
+                        "the precomputed set was computed in another layout, for another \
+                         target type or over another number of edge types than this worker \
+                         asks for: serving inductively until gnn-worker precompute runs with \
+                         this model"
                     );
                 }
                 self.set(None);
@@ -822,5 +849,74 @@ impl SetWriter {
             }
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn set(target_type: u32, fanouts: &[u32], hops: u32) -> TypedSet {
+        TypedSet {
+            target_type,
+            hops,
+            fanouts: fanouts.to_vec(),
+        }
+    }
+
+    /// A set is used where the sidecar can vouch for it: the same layout,
+    /// and in the graph layout the same target type over as many edge
+    /// types, at any hops and fanouts (named apart with `fresh_hops`).
+    #[test]
+    fn a_set_is_vouchable_in_its_layout_at_any_fanouts() {
+        let served = set(0, &[20, 10], 2);
+        assert!(vouchable(None, None));
+        assert!(!vouchable(Some(&served), None));
+        assert!(!vouchable(None, Some(&served)));
+        assert!(vouchable(Some(&served), Some(&served)));
+        // A one-type set at covering fanouts, or three hops.
+        assert!(vouchable(Some(&set(0, &[168, 168], 2)), Some(&served)));
+        assert!(vouchable(Some(&set(0, &[5, 5, 5], 3)), Some(&served)));
+        // Another target type, or another count of edge types.
+        assert!(!vouchable(Some(&set(1, &[20, 10], 2)), Some(&served)));
+        assert!(!vouchable(Some(&set(0, &[1, 2, 3, 4], 2)), Some(&served)));
+        // A description no request could have.
+        assert!(!vouchable(Some(&set(0, &[1, 2, 3], 2)), Some(&served)));
+        assert!(!vouchable(Some(&set(0, &[], 0)), Some(&set(0, &[], 0))));
+        assert!(!vouchable(Some(&set(0, &[1; 4], 4)), Some(&served)));
+    }
+
+    /// A subgraph-layout set is the 1x1 graph's request; its FRESH_SINCE
+    /// names the clock alone.
+    #[test]
+    fn a_subgraph_set_is_computed_with_the_one_type_graphs_request() {
+        let meta = SetMeta {
+            model: "m".into(),
+            clock: 3,
+            tick: 9,
+            fanouts: [168, 168],
+            subgraph: Some(vec![168, 168]),
+            typed: None,
+            id_bound: 10,
+            nodes: 10,
+            classes: 7,
+            hidden: 0,
+            seconds: 0.0,
+            created_unix: 0,
+        };
+        assert_eq!(meta.computed_with(), Some(set(0, &[168, 168], 2)));
+        assert_eq!(
+            meta.fresh_since(),
+            protocol::request::FreshSince::graph(3, 9)
+        );
+        let dense = SetMeta {
+            subgraph: None,
+            ..meta
+        };
+        assert_eq!(dense.computed_with(), None);
+        assert_eq!(
+            dense.fresh_since(),
+            protocol::request::FreshSince::dense(3, 9, [168, 168])
+        );
     }
 }

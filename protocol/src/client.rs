@@ -76,6 +76,10 @@ pub struct CallRequest<'a> {
     /// Decode the answer with [`Response::graph_tables`]. `None`: the dense
     /// layout at `fanouts`.
     pub graph: Option<&'a request::GraphAsk>,
+    /// With `fresh` and `graph`: the hops and fanouts the caller's answers
+    /// were computed at, when not `graph`'s own (`fresh_hops`, docs/protocol.md,
+    /// "Freshness").
+    pub fresh_at: Option<&'a request::GraphAsk>,
     /// The call this request is part of, accepted while the sidecar was
     /// READY ([`RingClient::accept`]): submitted even once it is DRAINING,
     /// if the sidecar is the one it was accepted on. `None`: submitted only
@@ -98,6 +102,7 @@ impl<'a> CallRequest<'a> {
             fresh: None,
             hub_h1: None,
             graph: None,
+            fresh_at: None,
             accepted: None,
             trace: None,
         }
@@ -190,7 +195,12 @@ fn request_header(
         fresh_tick: since.map_or(0, |f| f.tick),
         fresh_fanouts: since.map_or([0; MAX_HOPS], |f| f.fanouts),
         hops: request.graph.map_or(0, |g| g.hops),
-        _reserved_68: [0; 3],
+        _reserved_68: 0,
+        fresh_hops: request
+            .fresh_at
+            .filter(|_| request.fresh.is_some() && request.graph.is_some())
+            .map_or(0, |g| g.hops),
+        _reserved_76: 0,
         trace_id: request.trace.map_or([0; 16], |t| t.trace_id),
         trace_parent: request.trace.map_or([0; 8], |t| t.parent),
         trace_flags: request.trace.map_or(0, |t| u32::from(t.sampled)),
@@ -661,6 +671,20 @@ impl RingClient {
                 if let Some(problem) = request::graph_problem(ask, &geometry, segment.graph()) {
                     return Err(CallError::Graph(problem));
                 }
+                let fresh_at = request.fresh_at.filter(|_| request.fresh.is_some());
+                if let Some(at) = fresh_at {
+                    if at.target_type != ask.target_type {
+                        return Err(CallError::Graph(format!(
+                            "the stored answers' target type {} is not the request's {}",
+                            at.target_type, ask.target_type
+                        )));
+                    }
+                    if let Some(problem) = request::graph_problem(at, &geometry, segment.graph()) {
+                        return Err(CallError::Graph(format!(
+                            "the stored answers' (fresh_at): {problem}"
+                        )));
+                    }
+                }
             }
             (None, Some(graph)) => {
                 return Err(CallError::Graph(format!(
@@ -743,6 +767,9 @@ impl RingClient {
                 &request_header(request, deadline_ns),
                 request.targets,
                 request.graph,
+                request
+                    .fresh_at
+                    .filter(|_| request.fresh.is_some() && request.graph.is_some()),
                 request.new_node,
             ),
         );

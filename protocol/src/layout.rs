@@ -327,9 +327,16 @@ pub struct RequestHeader {
     /// per edge type and hop after the target ids (docs/protocol.md, "Graph
     /// requests").
     pub hops: u32,
-    /// Zero (a sidecar refuses other bytes; a third hop's fanout and the
-    /// subgraph layout's fresh fanouts until layout version 3).
-    pub _reserved_68: [u32; 3],
+    /// Zero (a sidecar refuses other bytes; a third hop's fanout until
+    /// layout version 3).
+    pub _reserved_68: u32,
+    /// With `FRESH_SINCE` in the graph layout: the hops the caller's
+    /// answers were computed at, their fanouts (a fanout per edge type and
+    /// hop) after the request's own; 0: at the request's own hops and
+    /// fanouts. 0 otherwise.
+    pub fresh_hops: u32,
+    /// Zero (a sidecar refuses other bytes).
+    pub _reserved_76: u32,
     /// The W3C trace context of the call this request serves
     /// (docs/protocol.md, "Trace context"): its trace id, the worker's span
     /// the sidecar's spans nest under, and the trace flags (bit 0:
@@ -519,6 +526,8 @@ mod tests {
         assert_eq!(size_of::<RequestHeader>(), 128);
         assert_eq!(offset_of!(RequestHeader, hops), 64);
         assert_eq!(offset_of!(RequestHeader, _reserved_68), 68);
+        assert_eq!(offset_of!(RequestHeader, fresh_hops), 72);
+        assert_eq!(offset_of!(RequestHeader, _reserved_76), 76);
         assert_eq!(offset_of!(RequestHeader, trace_id), 80);
         assert_eq!(offset_of!(RequestHeader, trace_parent), 96);
         assert_eq!(offset_of!(RequestHeader, trace_flags), 104);

@@ -275,7 +275,8 @@ pub fn graph_problem(ask: &GraphAsk, geometry: &Geometry, graph: &GraphSchema) -
 /// sample has not changed since `tick` of `clock` come back `FRESH` (in the
 /// dense layout with their own row alone, in the graph layout with no row).
 /// Dense answers were computed at `fanouts`; graph-layout answers at the
-/// request's own hops and fanouts ([`FreshSince::graph`]: `fanouts` 0).
+/// request's own hops and fanouts, or those the request names apart
+/// ([`Request::fresh_at`]; [`FreshSince::graph`]: `fanouts` 0).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct FreshSince {
     /// The sidecar's change clock id ([`crate::layout::ResponseHeader::change_clock`]).
@@ -356,8 +357,9 @@ impl SubgraphFanouts {
 }
 
 /// The bytes of a request area holding `header` (whose `n_targets`,
-/// `hops` and `new_node_edges` are those of `targets`, `graph` and
-/// `new_node`), the target ids after it, the graph layout's fanouts and,
+/// `hops`, `fresh_hops` and `new_node_edges` are those of `targets`,
+/// `graph`, `fresh_at` and `new_node`), the target ids after it, the graph
+/// layout's fanouts (the request's, then the stored answers') and,
 /// with a new node, its row, edge counts and edges: for the client to copy
 /// in. The caller has already checked `targets.len() <= max_targets` and the
 /// new node against the segment, which the area was sized for.
@@ -366,9 +368,14 @@ pub(crate) fn encoded(
     header: &RequestHeader,
     targets: &[u64],
     graph: Option<&GraphAsk>,
+    fresh_at: Option<&GraphAsk>,
     new_node: Option<&NewNode>,
 ) -> Vec<u8> {
-    let fanouts: &[u32] = graph.map_or(&[], |g| &g.fanouts);
+    let fanouts: Vec<u32> = [graph, fresh_at]
+        .into_iter()
+        .flatten()
+        .flat_map(|g| g.fanouts.iter().copied())
+        .collect();
     // Copied in eight bytes at a time: the u32 fanouts are padded to a
     // whole word.
     let mut len =
@@ -387,7 +394,7 @@ pub(crate) fn encoded(
         chunk.copy_from_slice(&id.to_le_bytes());
     }
     let at = fanouts_offset(targets.len() as u32) as usize;
-    for (chunk, fanout) in area[at..].chunks_exact_mut(4).zip(fanouts) {
+    for (chunk, fanout) in area[at..].chunks_exact_mut(4).zip(&fanouts) {
         chunk.copy_from_slice(&fanout.to_le_bytes());
     }
     if let (Some(node), Some((row_at, counts_at, edges_at))) = (new_node, offsets) {
@@ -433,6 +440,10 @@ pub struct Request {
     pub trace: Option<TraceContext>,
     /// The graph layout's ask (`hops` 1 to 3); `None`: the dense layout.
     pub graph: Option<GraphAsk>,
+    /// With `FRESH_SINCE` in the graph layout: the hops and fanouts the
+    /// caller's answers were computed at (`fresh_hops`), when not the
+    /// request's own.
+    pub fresh_at: Option<GraphAsk>,
 }
 
 /// A request's W3C trace context (docs/protocol.md, "Trace context").
@@ -535,9 +546,9 @@ pub enum RequestError {
     )]
     Hops { hops: u32 },
     #[error(
-        "request bytes 68..80 and 112..128 are reserved and must be zero (bytes 68..80 held the \
-         third hop's fanout and the subgraph layout's fresh hops until layout version 4: a \
-         graph-layout request's fanouts follow its target ids)"
+        "request bytes 68..72, 76..80 and 112..128 are reserved and must be zero (bytes 68..72 \
+         held the third hop's fanout until layout version 4: a graph-layout request's fanouts \
+         follow its target ids)"
     )]
     Reserved,
     #[error(
@@ -566,6 +577,11 @@ pub enum RequestError {
          (bytes 20..28) 0"
     )]
     GraphFanoutFields,
+    #[error(
+        "request fresh_hops is {fresh_hops}: it names the stored answers' hops of a \
+         graph-layout FRESH_SINCE request (hops 1 to 3 with flag 0x8) only; leave it 0"
+    )]
+    FreshHopsWithoutGraphFresh { fresh_hops: u32 },
     /// A graph-layout request or a new node the graph cannot serve, named.
     #[error("{0}")]
     Graph(String),
@@ -595,7 +611,11 @@ pub fn occupied_bytes(head: &[u8], on: Decoding<'_>) -> usize {
     let targets = header.n_targets.min(on.geometry.max_targets);
     let hops = u64::from(header.hops.min(MAX_SUBGRAPH_HOPS as u32));
     let n_edge_types = on.graph.edge_types.len();
-    let n_fanouts = n_edge_types as u64 * hops;
+    let fresh_hops = match header.flags & request_flags::FRESH_SINCE {
+        0 => 0,
+        _ => u64::from(header.fresh_hops.min(MAX_SUBGRAPH_HOPS as u32)),
+    };
+    let n_fanouts = n_edge_types as u64 * (hops + fresh_hops);
     let mut end = fanouts_offset(targets) + n_fanouts * 4;
     if header.flags & request_flags::NEW_NODE != 0 && header.n_targets == 1 {
         let dim = on
@@ -639,7 +659,10 @@ pub fn decode(area: &[u8], on: Decoding<'_>) -> Result<Request, RequestError> {
             },
         });
     }
-    if header._reserved.iter().any(|&b| b != 0) || header._reserved_68 != [0; 3] {
+    if header._reserved.iter().any(|&b| b != 0)
+        || header._reserved_68 != 0
+        || header._reserved_76 != 0
+    {
         return Err(RequestError::Reserved);
     }
     let hops = header.hops as usize;
@@ -720,19 +743,37 @@ pub fn decode(area: &[u8], on: Decoding<'_>) -> Result<Request, RequestError> {
         });
     };
     let targets = read_u64s(ids);
+    if header.fresh_hops != 0 && (fresh.is_none() || !graph_layout) {
+        return Err(RequestError::FreshHopsWithoutGraphFresh {
+            fresh_hops: header.fresh_hops,
+        });
+    }
     let (fanouts, defaulted, ask) = match graph_layout {
         true => (
             [0; MAX_HOPS],
             [false; MAX_HOPS],
-            Some(decode_ask(area, &header, on)?),
+            Some(read_ask(area, &header, on, ids_end, header.hops, "")?),
         ),
         false => {
             let (fanouts, defaulted) = dense_fanouts(&header, geometry, schema)?;
             (fanouts, defaulted, None)
         }
     };
+    let n_fanouts = ask.as_ref().map_or(0, |a| a.fanouts.len());
+    let fresh_at = match header.fresh_hops {
+        0 => None,
+        fresh_hops => Some(read_ask(
+            area,
+            &header,
+            on,
+            ids_end + n_fanouts * 4,
+            fresh_hops,
+            "the stored answers' (fresh_hops): ",
+        )?),
+    };
+    let n_fanouts = n_fanouts + fresh_at.as_ref().map_or(0, |a| a.fanouts.len());
     let new_node = if new_node {
-        let node = decode_new_node(area, &header, ask.as_ref(), graph)?;
+        let node = decode_new_node(area, &header, ask.as_ref(), n_fanouts, graph)?;
         if let Some(problem) = new_node_problem(targets[0], &node, ask.as_ref(), geometry, graph) {
             return Err(RequestError::Graph(problem));
         }
@@ -752,6 +793,7 @@ pub fn decode(area: &[u8], on: Decoding<'_>) -> Result<Request, RequestError> {
         hub_h1,
         trace: TraceContext::of(&header),
         graph: ask,
+        fresh_at,
     })
 }
 
@@ -784,43 +826,54 @@ fn dense_fanouts(
     Ok((fanouts, defaulted))
 }
 
-/// A graph-layout request's ask: its target type, its hops and the fanouts
-/// after its target ids, checked against the graph.
-fn decode_ask(
+/// A graph-layout ask of `hops` hops with the request's target type: the
+/// fanouts at `at` (the request's own after the target ids, or the stored
+/// answers' after those), checked against the graph; a refusal starts with
+/// `what`.
+fn read_ask(
     area: &[u8],
     header: &RequestHeader,
     on: Decoding<'_>,
+    at: usize,
+    hops: u32,
+    what: &str,
 ) -> Result<GraphAsk, RequestError> {
-    let hops = header.hops as usize;
-    let n_edge_types = on.graph.edge_types.len();
-    let ids_end = fanouts_offset(header.n_targets) as usize;
-    let Some(fanouts) = area.get(ids_end..ids_end + n_edge_types * hops * 4) else {
+    if !(1..=MAX_SUBGRAPH_HOPS as u32).contains(&hops) {
         return Err(RequestError::Graph(format!(
-            "a graph-layout request of {} targets and {hops} hops over {n_edge_types} edge \
-             types does not fit the {} byte request area",
+            "{what}a graph-layout request has {hops} hops; it samples 1 to {MAX_SUBGRAPH_HOPS}"
+        )));
+    }
+    let n_edge_types = on.graph.edge_types.len();
+    let n = n_edge_types * hops as usize;
+    let Some(fanouts) = area.get(at..at + n * 4) else {
+        return Err(RequestError::Graph(format!(
+            "{what}a graph-layout request of {} targets and {hops} hops over {n_edge_types} \
+             edge types does not fit the {} byte request area",
             header.n_targets, on.geometry.request_bytes
         )));
     };
     let ask = GraphAsk {
         target_type: header.target_type,
-        hops: header.hops,
+        hops,
         fanouts: fanouts
             .chunks_exact(4)
             .map(|c| u32::from_le_bytes(c.try_into().expect("chunks of 4")))
             .collect(),
     };
     match graph_problem(&ask, on.geometry, on.graph) {
-        Some(problem) => Err(RequestError::Graph(problem)),
+        Some(problem) => Err(RequestError::Graph(format!("{what}{problem}"))),
         None => Ok(ask),
     }
 }
 
 /// A request's new node: its row, its edge counts and its edges, in the
-/// area after the target id and the fanouts, their total `new_node_edges`.
+/// area after the target id and the `n_fanouts` fanouts, their total
+/// `new_node_edges`.
 fn decode_new_node(
     area: &[u8],
     header: &RequestHeader,
     ask: Option<&GraphAsk>,
+    n_fanouts: usize,
     graph: &GraphSchema,
 ) -> Result<NewNode, RequestError> {
     let target_type = ask.map_or(0, |a| a.target_type) as usize;
@@ -835,7 +888,6 @@ fn decode_new_node(
             area.len()
         ))
     };
-    let n_fanouts = ask.map_or(0, |a| a.fanouts.len());
     let (row_at, counts_at, edges_at) =
         new_node_offsets(n_fanouts, dim, n_edge_types).ok_or_else(too_small)?;
     let (row_at, counts_at, edges_at) = (row_at as usize, counts_at as usize, edges_at as usize);
@@ -963,6 +1015,7 @@ mod tests {
             hub_h1: None,
             trace: None,
             graph: None,
+            fresh_at: None,
         };
         assert_eq!(request.remaining_at(5_000), None, "no deadline");
         request.deadline_mono_ns = 8_000;

@@ -520,11 +520,17 @@ fn the_graph_fields_are_read_and_bad_ones_are_refused() {
     let mut new_node = area(2, &[1, 1], NEW_NODE);
     new_node.resize(geometry.request_bytes as usize, 0);
     assert!(decode(&new_node).unwrap().new_node.is_some());
-    for at in [68, 72, 76, 120] {
+    for at in [68, 76, 120] {
         let mut reserved = area(2, &[1, 1], 0);
         reserved[at] = 1;
         assert_eq!(decode(&reserved).unwrap_err(), RequestError::Reserved);
     }
+    let mut fresh_hops = area(2, &[1, 1], 0);
+    fresh_hops[72] = 1;
+    assert_eq!(
+        decode(&fresh_hops).unwrap_err(),
+        RequestError::FreshHopsWithoutGraphFresh { fresh_hops: 1 }
+    );
     // Bytes 108..112 are a graph-layout request's target type.
     let mut target_type = area(0, &[], 0);
     target_type[108] = 1;
@@ -589,5 +595,23 @@ fn a_graph_fresh_since_is_at_the_requests_own_fanouts() {
     assert_eq!(
         decode(&area(0, [0, 0])).unwrap_err(),
         RequestError::FreshWithoutFlag
+    );
+    // fresh_hops (byte 72): answers computed at other hops and fanouts,
+    // which follow the request's own (here 3 hops at [5, 4, 3]).
+    let mut deeper = area(FRESH_SINCE, [0, 0]);
+    deeper[72..76].copy_from_slice(&3u32.to_le_bytes());
+    for f in [5u32, 4, 3] {
+        deeper.extend_from_slice(&f.to_le_bytes());
+    }
+    let got = decode(&deeper).unwrap();
+    assert_eq!(got.fresh_at, Some(request::GraphAsk::one_type(&[5, 4, 3])));
+    assert_eq!(got.graph, Some(request::GraphAsk::one_type(&[2, 1])));
+    assert!(decode(&deeper[..150]).is_err(), "fanouts cut short");
+    let mut unflagged = deeper.clone();
+    unflagged[28..32].fill(0);
+    unflagged[40..56].fill(0);
+    assert_eq!(
+        decode(&unflagged).unwrap_err(),
+        RequestError::FreshHopsWithoutGraphFresh { fresh_hops: 3 }
     );
 }

@@ -227,13 +227,44 @@ fn a_typed_request_is_read_with_its_fanouts_and_bad_ones_are_refused() {
             "byte {at}"
         );
     }
-    for at in [72, 76] {
+    for at in [68, 76] {
         assert_eq!(
             decode(&fresh_area(&[(at, 2)])).unwrap_err(),
             RequestError::Reserved,
             "byte {at}"
         );
     }
+    // fresh_hops (byte 72): the stored answers' hops, their fanouts (per
+    // edge type and hop) after the request's own.
+    let mut at_other = fresh_area(&[(72, 1)]);
+    let after = 128 + 16 + 4 * fanouts.len();
+    for (i, f) in [4u32, 0, 2].iter().enumerate() {
+        at_other[after + 4 * i..after + 4 * i + 4].copy_from_slice(&f.to_le_bytes());
+    }
+    let got = decode(&at_other).unwrap();
+    assert_eq!(
+        got.fresh_at,
+        Some(GraphAsk {
+            target_type: 0,
+            hops: 1,
+            fanouts: vec![4, 0, 2]
+        })
+    );
+    assert_eq!(
+        request::occupied_bytes(&at_other, on),
+        after + 12,
+        "the sidecar copies the stored answers' fanouts too"
+    );
+    at_other[after..after + 4].copy_from_slice(&9u32.to_le_bytes());
+    let error = decode(&at_other).unwrap_err().to_string();
+    assert!(
+        error.starts_with(
+            "the stored answers' (fresh_hops): fanout 9 of edge type user__buys__item"
+        ),
+        "{error}"
+    );
+    let error = decode(&fresh_area(&[(72, 4)])).unwrap_err().to_string();
+    assert!(error.contains("4 hops; it samples 1 to 3"), "{error}");
     // The clock without the flag, and hub_min_degree: refused.
     let mut no_flag = fresh_area(&[]);
     no_flag[28..32].fill(0);

@@ -35,7 +35,7 @@ def main() -> int:
         return struct.unpack_from("<Q", mm, off)[0]
 
     assert mm[0:8] == MAGIC, "magic"
-    assert u32(8) == 3, "layout version"
+    assert u32(8) == 4, "layout version"
     assert u64(16) == size, "segment size"
     # Geometry at 720, feature schema at 784.
     slot_count, max_targets = u32(720), u32(724)

@@ -42,7 +42,7 @@ def main() -> int:
         return mm[off:off + 32].rstrip(b"\x00").decode("ascii")
 
     assert mm[0:8] == MAGIC, "magic"
-    assert u32(8) == 3, "layout version"
+    assert u32(8) == 4, "layout version"
     slot_count = u32(720)
     control_off, data_off, stride, request_bytes = u64(744), u64(752), u64(760), u64(768)
     assert u32(784) == 0, "a typed graph's segment has feature_dim 0"

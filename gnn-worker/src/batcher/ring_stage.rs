@@ -381,11 +381,22 @@ pub(super) fn jobs_ring_calls(
         deadline: jobs.iter().filter_map(|job| job.own_deadline).min(),
         ..RingCall::default()
     };
+    // A graph-layout set computed at other hops or fanouts than the
+    // worker asks at names its own (`fresh_hops`).
+    let fresh_at = store
+        .and_then(|s| s.meta.computed_with())
+        .map(|set| GraphAsk {
+            target_type: set.target_type,
+            hops: set.hops,
+            fanouts: set.fanouts,
+        })
+        .filter(|at| Some(at) != gnn.graph);
     let mut responses = ring_calls(
         ring,
         &ids_of(0),
         RingCall {
             fresh: since,
+            fresh_at: fresh_at.as_ref(),
             hub_h1,
             ..gnn
         },
@@ -421,6 +432,9 @@ pub(super) struct RingCall<'a> {
     pub(super) new_node: Option<&'a NewNode>,
     /// `FRESH_SINCE`: unchanged targets come back `FRESH`.
     pub(super) fresh: Option<protocol::request::FreshSince>,
+    /// With `fresh`, a graph-layout set's hops and fanouts when not
+    /// `graph`'s own.
+    pub(super) fresh_at: Option<&'a GraphAsk>,
     /// `HUB_H1`: unchanged hubs come without their neighbourhood.
     pub(super) hub_h1: Option<protocol::request::HubH1>,
     /// Fanouts other than the worker's (the ladder's reduced rung).
@@ -521,6 +535,7 @@ pub(super) fn ring_call_split(
         hub_h1: call.hub_h1,
         new_node: call.new_node,
         graph: call.graph,
+        fresh_at: call.fresh_at,
         accepted: call.accepted,
     };
     metrics.ring_requests.inc();

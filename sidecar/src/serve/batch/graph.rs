@@ -233,15 +233,19 @@ impl BatchServer {
         }
         // Stored answers are vouched for against this sidecar's clock, and
         // never with a new node (docs/protocol.md, "Freshness"), at the
-        // request's own hops and fanouts, which they were computed at.
+        // hops and fanouts they were computed at: the request's own, or
+        // those it names apart (`fresh_hops`).
         let unchanged = match request.fresh {
             Some(fresh) if fresh.clock == ctx.changes.clock() && new_node.is_none() => {
+                let at = match &request.fresh_at {
+                    Some(at) => GraphFanouts::new(at.hops as usize, at.fanouts.clone())
+                        .expect("hops and fanouts checked when the request was decoded"),
+                    None => fanouts.clone(),
+                };
                 let unchanged: Vec<bool> = request
                     .targets
                     .iter()
-                    .map(|&target| {
-                        self.stands(ctx, graph, target_type, target, &fanouts, fresh.tick)
-                    })
+                    .map(|&target| self.stands(ctx, graph, target_type, target, &at, fresh.tick))
                     .collect();
                 m.fresh_checked.inc_by(unchanged.len() as u64);
                 m.fresh_targets
