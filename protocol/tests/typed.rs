@@ -109,6 +109,20 @@ fn feature_schema() -> FeatureSchema {
     }
 }
 
+/// How a typed graph's segment reads its requests.
+fn typed_decoding<'a>(
+    geometry: &'a Geometry,
+    schema: &'a FeatureSchema,
+    graph: &'a GraphSchema,
+) -> request::Decoding<'a> {
+    request::Decoding {
+        geometry,
+        schema,
+        graph,
+        typed: true,
+    }
+}
+
 /// A typed request area: request 7, targets, hops, target type, fanouts.
 fn typed_area(targets: &[u64], hops: u32, target_type: u32, fanouts: &[u32]) -> Vec<u8> {
     let mut area = vec![0u8; 4096];
@@ -131,12 +145,7 @@ fn typed_area(targets: &[u64], hops: u32, target_type: u32, fanouts: &[u32]) -> 
 #[test]
 fn a_typed_request_is_read_with_its_fanouts_and_bad_ones_are_refused() {
     let (geometry, schema, graph) = (geometry(), feature_schema(), graph());
-    let on = request::Decoding {
-        geometry: &geometry,
-        schema: &schema,
-        graph: &graph,
-        typed: true,
-    };
+    let on = typed_decoding(&geometry, &schema, &graph);
     let decode = |area: &[u8]| request::decode(area, on);
     // Two hops: buys [2, 0], rev_buys [1, 1], follows [5, 3].
     let fanouts = [2, 0, 1, 1, 5, 3];
@@ -325,12 +334,7 @@ fn new_user_area(id: u64, row: &[f32], edges: &[&[(u64, u64)]]) -> Vec<u8> {
 #[test]
 fn a_typed_new_node_is_read_with_its_row_and_edges_and_bad_ones_are_refused() {
     let (geometry, schema, graph) = (geometry(), feature_schema(), graph());
-    let on = request::Decoding {
-        geometry: &geometry,
-        schema: &schema,
-        graph: &graph,
-        typed: true,
-    };
+    let on = typed_decoding(&geometry, &schema, &graph);
     let decode = |area: &[u8]| request::decode(area, on);
     // The offsets of the doc: fanouts end at 148, the row at 152, the
     // counts at 160, the edges at 176.
@@ -628,7 +632,7 @@ proptest! {
         }
         let graph = graph();
         let (geometry, schema) = (geometry(), feature_schema());
-        let on = request::Decoding { geometry: &geometry, schema: &schema, graph: &graph, typed: true };
+        let on = typed_decoding(&geometry, &schema, &graph);
         if let Ok(request) = request::decode(&area, on) {
             let ask = request.graph.unwrap();
             prop_assert!((1..=3).contains(&ask.hops));
