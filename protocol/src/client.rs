@@ -688,7 +688,7 @@ impl RingClient {
             }
             (None, Some(graph)) => {
                 return Err(CallError::Graph(format!(
-                    "the sidecar serves a typed graph ({}): send a graph-layout request                      (`graph`)",
+                    "the sidecar serves a typed graph ({}): send a graph-layout request (`graph`)",
                     graph.describe()
                 )))
             }

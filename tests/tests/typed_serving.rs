@@ -227,7 +227,8 @@ fn a_typed_sidecar_refuses_one_type_calls_and_commands_by_name() {
     // A one-type call, refused before a slot is claimed.
     let error = client.call(&CallRequest::new(&[1])).unwrap_err();
     assert!(
-        matches!(&error, CallError::Graph(m) if m.contains("serves a typed graph (airport (11 f32)")),
+        matches!(&error, CallError::Graph(m) if m.contains("serves a typed graph (airport (11 f32)")
+            && m.ends_with("): send a graph-layout request (`graph`)")),
         "{error}"
     );
     // Fanouts of the wrong count, a type the graph lacks, a fanout past the cap.
