@@ -477,9 +477,10 @@ pub struct PrecomputeJob {
     pub shm_name: String,
     pub redis_url: String,
     /// `None`: a dense-layout model's the segment's default fanouts (what
-    /// a worker without `fanouts` serves with), a subgraph-layout model's
-    /// its manifest's. One per hop (two for a dense-layout model). A typed
-    /// model's are its manifest's, and this must be `None`.
+    /// a worker without `fanouts` serves with), a graph-layout model's its
+    /// manifest's. One per hop (two for a dense-layout model); a
+    /// graph-layout model's for every edge type it samples, as a worker's
+    /// `fanouts` are.
     pub fanouts: Option<Vec<u32>>,
     /// Targets per ring request (at most the segment's `max_targets`); a
     /// subgraph-layout model's nodes go one per request.
@@ -498,7 +499,6 @@ pub struct PrecomputeJob {
 /// progress to stderr. Returns the description written.
 pub fn precompute(job: &PrecomputeJob) -> anyhow::Result<SetMeta> {
     use crate::model::ModelLayout;
-    use protocol::request::GraphAsk;
 
     let started = std::time::Instant::now();
     let env = crate::onnxruntime::init(job.onnxruntime_lib.as_deref())?;
@@ -509,7 +509,7 @@ pub fn precompute(job: &PrecomputeJob) -> anyhow::Result<SetMeta> {
         crate::model::Device::Cpu,
         job.threads.max(1),
     )?;
-    let subgraph = manifest.layout == ModelLayout::Subgraph || manifest.typed.is_some();
+    let subgraph = manifest.layout == ModelLayout::Subgraph;
     anyhow::ensure!(
         subgraph || model.has_h1(),
         "{} has no h1 output: export the model with this release's sage.py (train, init or \
@@ -521,37 +521,28 @@ pub fn precompute(job: &PrecomputeJob) -> anyhow::Result<SetMeta> {
     let (schema, geometry) = (client.schema, client.geometry);
     // -1 (every neighbour) is the sidecar's cap of the hop.
     manifest.fanouts_at_caps(geometry.max_fanouts);
-    let fanouts: Vec<u32> = match (&job.fanouts, subgraph) {
-        (Some(f), _) => {
-            daemon_kit::config::HopFanouts(f.clone())
-                .at_caps(|hop| geometry.max_fanouts[hop.min(MAX_HOPS - 1)])
-                .0
-        }
-        (None, true) => manifest.fanouts.clone(),
-        (None, false) => schema.default_fanouts.to_vec(),
-    };
-    let shape = if manifest.typed.is_some() {
-        // A typed model is served at its manifest's fanouts per edge type,
-        // and its set computed at them.
-        anyhow::ensure!(
-            job.fanouts.is_none(),
-            "the model {} is of a typed graph: its answers are computed at its manifest's \
-             fanouts per edge type, as it is served; leave --fanouts out",
-            job.model_dir.display()
-        );
-        let graph = client.client.graph_schema();
-        let ask = manifest.check_typed_segment(&schema, &geometry, graph.as_ref())?;
-        let graph = graph.expect("checked: the sidecar serves a typed graph");
-        Shape::Typed(Box::new((ask, graph)))
-    } else if subgraph {
-        manifest.check_segment(&schema, &geometry, &fanouts)?;
-        anyhow::ensure!(
-            (1..=protocol::layout::MAX_SUBGRAPH_HOPS).contains(&fanouts.len()),
-            "fanouts {fanouts:?}: give one to three, one per hop"
-        );
-        Shape::Subgraph(GraphAsk::one_type(&fanouts))
+    let fanouts: Option<Vec<u32>> = job.fanouts.as_ref().map(|f| {
+        daemon_kit::config::HopFanouts(f.clone())
+            .at_caps(|hop| geometry.max_fanouts[hop.min(MAX_HOPS - 1)])
+            .0
+    });
+    let shape = if subgraph {
+        // Computed at the request the worker serves with these fanouts.
+        let graph = client
+            .client
+            .graph()
+            .context("the sidecar went away while attaching")?;
+        let configured = fanouts.as_deref().map(|f| ("--fanouts", f));
+        let ask = manifest.check_graph_segment(&schema, &geometry, &graph, configured)?;
+        let one_type = manifest.graph.as_ref().is_some_and(|g| g.one_type);
+        Shape::Graph(Box::new(GraphShape {
+            ask,
+            graph,
+            one_type,
+        }))
     } else {
-        manifest.check_segment(&schema, &geometry, &fanouts)?;
+        let fanouts = fanouts.unwrap_or_else(|| schema.default_fanouts.to_vec());
+        manifest.check_dense_segment(&schema, &geometry, &fanouts)?;
         let dense: [u32; MAX_HOPS] = fanouts.as_slice().try_into().map_err(|_| {
             anyhow::anyhow!(
                 "fanouts {fanouts:?}: the model {} reads the dense layout, which has two hops: \
@@ -562,7 +553,7 @@ pub fn precompute(job: &PrecomputeJob) -> anyhow::Result<SetMeta> {
         Shape::Dense(dense)
     };
     let batch = match shape {
-        Shape::Subgraph(_) | Shape::Typed(_) => 1,
+        Shape::Graph(_) => 1,
         Shape::Dense(_) => job.batch.clamp(1, geometry.max_targets as usize),
     };
     let mut store = SetWriter::connect(&job.redis_url, &model_id)?;
@@ -600,13 +591,10 @@ pub fn precompute(job: &PrecomputeJob) -> anyhow::Result<SetMeta> {
                     let ids = tables.target_ids().to_vec();
                     (outputs, h1, ids, tables.target_status().to_vec())
                 }
-                graph_shape => {
-                    let (graph, target_type) = match graph_shape {
-                        Shape::Typed(typed) => (Some(&typed.1), typed.0.target_type as usize),
-                        _ => (None, 0),
-                    };
+                Shape::Graph(shape) => {
+                    let target_type = shape.ask.target_type as usize;
                     let tables = response.graph_tables(target_type).context(decoding)?;
-                    let outputs = model.run_subgraph(&tables, graph, target_type)?;
+                    let outputs = model.run_subgraph(&tables, &shape.graph, target_type)?;
                     let ids = tables.target_ids().to_vec();
                     (outputs, Vec::new(), ids, tables.target_status().to_vec())
                 }
@@ -642,12 +630,18 @@ pub fn precompute(job: &PrecomputeJob) -> anyhow::Result<SetMeta> {
         tick,
         fanouts: match &shape {
             Shape::Dense(f) => *f,
-            Shape::Subgraph(_) => [0, 1].map(|hop| fanouts.get(hop).copied().unwrap_or(0)),
-            Shape::Typed(_) => [0; MAX_HOPS],
+            // A one-type set's first two hops (docs/serving.md).
+            Shape::Graph(g) if g.one_type => {
+                [0, 1].map(|hop| g.ask.fanouts.get(hop).copied().unwrap_or(0))
+            }
+            Shape::Graph(_) => [0; MAX_HOPS],
         },
-        subgraph: matches!(shape, Shape::Subgraph(_)).then(|| fanouts.clone()),
+        subgraph: match &shape {
+            Shape::Graph(g) if g.one_type => Some(g.ask.fanouts.clone()),
+            _ => None,
+        },
         typed: match &shape {
-            Shape::Typed(typed) => Some(TypedSet::from(&typed.0)),
+            Shape::Graph(g) if !g.one_type => Some(TypedSet::from(&g.ask)),
             _ => None,
         },
         id_bound,
@@ -667,15 +661,18 @@ pub fn precompute(job: &PrecomputeJob) -> anyhow::Result<SetMeta> {
 #[derive(Debug, Clone)]
 enum Shape {
     Dense([u32; MAX_HOPS]),
-    /// A one-type graph's graph-layout model's request.
-    Subgraph(protocol::request::GraphAsk),
-    /// A typed model's request, and the graph it is of.
-    Typed(
-        Box<(
-            protocol::request::GraphAsk,
-            protocol::graph_schema::GraphSchema,
-        )>,
-    ),
+    /// A graph-layout model's request and the graph it is of.
+    Graph(Box<GraphShape>),
+}
+
+/// A graph-layout model's request, the segment's graph (a one-type graph's
+/// as the 1x1 graph), and whether the model is a one-type graph's (whose
+/// set is described by its fanouts, [`SetMeta::subgraph`]).
+#[derive(Debug, Clone)]
+struct GraphShape {
+    ask: protocol::request::GraphAsk,
+    graph: protocol::graph_schema::GraphSchema,
+    one_type: bool,
 }
 
 /// The precompute's ring client, with the segment it attached to.
@@ -710,8 +707,7 @@ impl RingClientFor {
         use protocol::client::{CallError, CallRequest};
         let (fanouts, graph) = match shape {
             Shape::Dense(f) => (*f, None),
-            Shape::Subgraph(ask) => (self.schema.default_fanouts, Some(ask)),
-            Shape::Typed(typed) => (self.schema.default_fanouts, Some(&typed.0)),
+            Shape::Graph(shape) => (self.schema.default_fanouts, Some(&shape.ask)),
         };
         let request = CallRequest {
             fanouts,

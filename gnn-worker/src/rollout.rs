@@ -32,7 +32,6 @@ use std::time::{Duration, Instant, SystemTime};
 use anyhow::{bail, Context};
 use protocol::client::{ClientStatus, RingClient};
 use protocol::layout::MAX_HOPS;
-use protocol::request::GraphAsk;
 
 use crate::batcher::{BatchConfig, Predictor, Sessions};
 use crate::config::WorkerConfig;
@@ -237,11 +236,11 @@ impl Loader {
         let config = &self.config.fanouts_at_caps(geometry.max_fanouts);
         // What differs between the graph kinds is what is checked and how
         // the batcher asks; the predictor is one.
-        let mut batching = match manifest.typed.is_some() {
-            true => {
-                check_on_typed_graph(config, &client, &sessions, &schema, &geometry, &manifest)?
+        let mut batching = match manifest.layout {
+            ModelLayout::Subgraph => {
+                check_on_graph(config, &client, &sessions, &schema, &geometry, &manifest)?
             }
-            false => check_on_one_type_graph(config, &schema, &geometry, &manifest)?,
+            ModelLayout::Dense => check_on_dense(config, &schema, &geometry, &manifest)?,
         };
         batching.fit_to_ring(&geometry);
         self.start_predictor(client, sessions, schema, batching, &manifest, service)
@@ -249,7 +248,7 @@ impl Loader {
 
     /// The executor threads of a checked model and, with
     /// `precomputed_redis`, the follower of its precomputed answers (a
-    /// typed model's at its typed request, `batching.typed`).
+    /// graph-layout model's at its request, `batching.graph`).
     fn start_predictor(
         &self,
         client: Arc<RingClient>,
@@ -332,47 +331,40 @@ impl Loader {
     }
 }
 
-/// The fanouts the worker asks for: a dense-layout model's are the
-/// configured two, or the sidecar's default; a subgraph-layout model's the
-/// configured ones, or its manifest's, one per hop of the model.
+/// The fanouts a dense-layout model is served at: the configured two, or
+/// the sidecar's default.
 ///
 /// A dense model leaves them to the sidecar so that `sidecarctl fanouts
 /// set` steers it at run time; where its manifest says it was trained at
 /// others, that is logged, since its answers then differ from the
 /// offline model's (docs/model.md, "The manifest").
-fn worker_fanouts(
+fn dense_fanouts(
     config: &WorkerConfig,
     manifest: &Manifest,
     schema: &protocol::FeatureSchema,
 ) -> anyhow::Result<Vec<u32>> {
-    let configured = config.fanouts.as_ref().map(|f| f.0.clone());
-    match manifest.layout {
-        ModelLayout::Dense => match configured {
-            None => {
-                let sidecar = schema.default_fanouts.to_vec();
-                if manifest.fanouts != sidecar {
-                    tracing::warn!(
-                        model = %config.model.display(),
-                        trained = ?manifest.fanouts,
-                        sidecar = ?sidecar,
-                        "the dense model was trained at other fanouts than the sidecar's, \
-                         which it is served at: set the worker's fanouts to the trained ones, \
-                         or the sidecar's"
-                    );
-                }
-                Ok(sidecar)
+    match config.fanouts.as_ref().map(|f| f.0.clone()) {
+        None => {
+            let sidecar = schema.default_fanouts.to_vec();
+            if manifest.fanouts != sidecar {
+                tracing::warn!(
+                    model = %config.model.display(),
+                    trained = ?manifest.fanouts,
+                    sidecar = ?sidecar,
+                    "the dense model was trained at other fanouts than the sidecar's, \
+                     which it is served at: set the worker's fanouts to the trained ones, \
+                     or the sidecar's"
+                );
             }
-            Some(f) if f.len() == MAX_HOPS => Ok(f),
-            Some(f) => bail!(
-                "fanouts {f:?} has {} hops; the model {} reads the dense layout, which has two: \
-                 give two fanouts such as 20,10",
-                f.len(),
-                config.model.display()
-            ),
-        },
-        // Any number of hops the layout carries: a GCN, say, is exact with
-        // one hop more than its layers (docs/model.md).
-        ModelLayout::Subgraph => Ok(configured.unwrap_or_else(|| manifest.fanouts.clone())),
+            Ok(sidecar)
+        }
+        Some(f) if f.len() == MAX_HOPS => Ok(f),
+        Some(f) => bail!(
+            "fanouts {f:?} has {} hops; the model {} reads the dense layout, which has two: \
+             give two fanouts such as 20,10",
+            f.len(),
+            config.model.display()
+        ),
     }
 }
 
@@ -558,20 +550,19 @@ pub fn serving_key(loaded: &Loaded) -> (Stamp, String) {
     (loaded.stamp.clone(), loaded.content.clone())
 }
 
-/// A one-type graph's model checked against the sidecar's segment: its
-/// fanouts (the configured ones, or a dense-layout model's the sidecar's,
-/// a subgraph-layout model's its manifest's), its degraded fanouts and hub
-/// embeddings; returns how the batcher asks.
-fn check_on_one_type_graph(
+/// A dense-layout model checked against the sidecar's segment: its
+/// fanouts (the configured ones, or the sidecar's) and its degraded
+/// fanouts; returns how the batcher asks.
+fn check_on_dense(
     config: &WorkerConfig,
     schema: &protocol::FeatureSchema,
     geometry: &protocol::Geometry,
     manifest: &Manifest,
 ) -> anyhow::Result<BatchConfig> {
-    let fanouts = worker_fanouts(config, manifest, schema)?;
-    manifest.check_segment(schema, geometry, &fanouts)?;
+    let fanouts = dense_fanouts(config, manifest, schema)?;
+    manifest.check_dense_segment(schema, geometry, &fanouts)?;
     if let Some(reduced) = &config.degrade_fanouts {
-        if manifest.layout == ModelLayout::Dense && reduced.0.len() != MAX_HOPS {
+        if reduced.0.len() != MAX_HOPS {
             bail!(
                 "degrade_fanouts {reduced} has {} hops; the model {} reads the dense \
                  layout, which has two: give two fanouts such as 5,3",
@@ -580,7 +571,7 @@ fn check_on_one_type_graph(
             );
         }
         for (hop, f) in reduced.0.iter().enumerate() {
-            let cap = geometry.max_fanouts[hop.min(MAX_HOPS - 1)];
+            let cap = geometry.max_fanouts[hop];
             if *f > cap {
                 bail!(
                     "degrade_fanouts {reduced}: hop {} is {f}, above the sidecar's max \
@@ -591,35 +582,20 @@ fn check_on_one_type_graph(
             }
         }
     }
-    let mut batching = BatchConfig::from_config(config);
-    if manifest.layout == ModelLayout::Subgraph {
-        batching.graph = Some(Arc::new(GraphAsk::one_type(&fanouts)));
-        batching.degrade_graph = config
-            .degrade_fanouts
-            .as_ref()
-            .map(|f| Arc::new(GraphAsk::one_type(&f.0)));
-        anyhow::ensure!(
-            config.hub_min_degree == 0,
-            "hub embeddings are a dense-layout feature (docs/strategies.md, \"PyTorch \
-             Geometric models\"); the model {} reads the subgraph layout: set \
-             hub_min_degree 0",
-            config.model.display()
-        );
-    }
     tracing::info!(
         fanouts = ?fanouts,
-        "model checked against the sidecar (fanouts: the configured ones, or a dense-layout \
-         model's the sidecar's, a subgraph-layout model's its manifest's)"
+        "model checked against the sidecar (fanouts: the configured ones, or the sidecar's)"
     );
-    Ok(batching)
+    Ok(BatchConfig::from_config(config))
 }
 
-/// A typed graph's model checked against the sidecar's typed graph; served
-/// by the GNN and, with `precomputed_redis`, from precomputed answers the
-/// sidecar vouches for (the dense layout's strategies, a student, degraded
-/// fanouts and hub embeddings, are refused by name); returns how the
-/// batcher asks.
-fn check_on_typed_graph(
+/// A graph-layout model (a typed graph's, or a one-type graph's as the 1x1
+/// graph) checked against the sidecar's graph: at its manifest's fanouts,
+/// or the configured `fanouts` for every edge type it samples (PyG's
+/// `num_neighbors` list on a HeteroData), and `degrade_fanouts` likewise;
+/// returns how the batcher asks. Hub embeddings are the dense layout's; a
+/// student is distilled from a one-type graph's model.
+fn check_on_graph(
     config: &WorkerConfig,
     client: &RingClient,
     sessions: &Sessions,
@@ -627,28 +603,46 @@ fn check_on_typed_graph(
     geometry: &protocol::Geometry,
     manifest: &Manifest,
 ) -> anyhow::Result<BatchConfig> {
-    let refused = [
-        (config.fanouts.is_some(), "fanouts (--fanouts)"),
-        (config.degrade_fanouts.is_some(), "degrade_fanouts"),
-        (config.hub_min_degree > 0, "hub_min_degree"),
-        (sessions.student.is_some(), "a student"),
-    ];
-    if let Some((_, what)) = refused.iter().find(|(set, _)| *set) {
-        bail!(
-            "the model {} is of a typed graph: {what} is for models of one-type graphs in \
-             this release (a typed model samples at its manifest's fanouts per edge type; \
-             docs/model.md, \"Serving a heterogeneous model\")",
-            config.model.display()
-        );
-    }
-    let ask = manifest.check_typed_segment(schema, geometry, client.graph_schema().as_ref())?;
+    anyhow::ensure!(
+        config.hub_min_degree == 0,
+        "hub embeddings are a dense-layout feature (docs/strategies.md, \"PyTorch \
+         Geometric models\"); the model {} reads the graph layout: set hub_min_degree 0",
+        config.model.display()
+    );
+    let one_type = manifest.graph.as_ref().is_some_and(|g| g.one_type);
+    anyhow::ensure!(
+        one_type || sessions.student.is_none(),
+        "the model {} is of a typed graph: a student (sage.py distill) stands in for a model of \
+         a one-type graph, reading its one feature table; serve a typed model without one \
+         (docs/model.md, \"Serving a heterogeneous model\")",
+        config.model.display()
+    );
+    let graph = client
+        .graph()
+        .context("the sidecar went away while the model was checked")?;
+    let configured = config
+        .fanouts
+        .as_ref()
+        .map(|f| ("fanouts (--fanouts)", f.0.as_slice()));
+    let ask = manifest.check_graph_segment(schema, geometry, &graph, configured)?;
+    let degrade = match &config.degrade_fanouts {
+        None => None,
+        Some(f) => Some(Arc::new(manifest.check_graph_segment(
+            schema,
+            geometry,
+            &graph,
+            Some(("degrade_fanouts", f.0.as_slice())),
+        )?)),
+    };
     tracing::info!(
         target_type = ask.target_type,
         hops = ask.hops,
         fanouts = ?ask.fanouts,
-        "typed model checked against the sidecar's typed graph"
+        "model checked against the sidecar's graph (fanouts: per edge type of the graph and \
+         hop)"
     );
     let mut batching = BatchConfig::from_config(config);
     batching.graph = Some(Arc::new(ask));
+    batching.degrade_graph = degrade;
     Ok(batching)
 }

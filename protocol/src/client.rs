@@ -953,6 +953,12 @@ impl Response {
         self.lease.attachment.segment.graph_schema()
     }
 
+    /// The graph of the segment this response came from: a typed graph's,
+    /// or a one-type graph's as the 1x1 graph.
+    pub fn graph(&self) -> &crate::graph_schema::GraphSchema {
+        self.lease.attachment.segment.graph()
+    }
+
     /// The address range of the mapping this response lives in.
     pub fn mapping_range(&self) -> std::ops::Range<usize> {
         self.lease.attachment.segment.address_range()

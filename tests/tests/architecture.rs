@@ -216,17 +216,7 @@ fn a_loop_is_found_when_there_is_one() {
 /// (the test below fails on an entry that is no longer a twin), and a new
 /// twin fails the test until it is built once for both graph kinds or
 /// listed here with its reason.
-const TYPED_TWINS: &[(&str, &str)] = &[
-    // gnn-worker
-    (
-        "parse_typed",
-        "the typed manifest's fields parsed beside the one-type manifest's",
-    ),
-    (
-        "TypedManifest",
-        "the typed graph a model reads, beside `Manifest`'s one-type fields",
-    ),
-];
+const TYPED_TWINS: &[(&str, &str)] = &[];
 
 /// Names a crate's product code defines: functions, and types (structs,
 /// enums, traits, aliases), each as `(is_fn, name)`.

@@ -585,16 +585,13 @@ fn a_pyg_to_hetero_model_is_served_with_pyg_s_answers() {
     assert!(text.contains("this model's graph is typed"), "{text}");
     assert!(worker.stop(), "the worker stops cleanly");
 
-    // Covering fanouts (every source at every hop): the same model, asked
-    // at 2048 on every edge type, gives PyG's full-graph outputs.
-    let covering = tests::stack::process_dir("typed-serving-covering");
-    tests::stack::copy_dir(&model, &covering);
-    let mut wide = manifest.clone();
-    for fanouts in wide["fanouts"].as_object_mut().unwrap().values_mut() {
-        *fanouts = serde_json::json!([2048, 2048]);
-    }
-    std::fs::write(covering.join("manifest.json"), wide.to_string()).unwrap();
-    let (worker, http) = start_worker(&sidecar, &covering);
+    // Covering fanouts (every source at every hop): the same model, served
+    // with `--fanouts 2048,2048`, which a typed model's worker applies to
+    // every edge type it samples (PyG's `num_neighbors` list on a
+    // HeteroData), gives PyG's full-graph outputs.
+    let covering =
+        tests::typed::Worker::start(&sidecar.shm_name, &model, &["--fanouts", "2048,2048"]);
+    let http = covering.http;
     // Every test airport of the first 400 ids, the largest hub (3482)
     // among them, in calls of 16.
     let mut ids: Vec<u64> = test.iter().copied().filter(|&i| i < 400).collect();
@@ -612,7 +609,7 @@ fn a_pyg_to_hetero_model_is_served_with_pyg_s_answers() {
         test.len(),
         ids.len()
     );
-    assert!(worker.stop());
+    assert!(covering.daemon.stop());
 }
 
 /// A worker of `model` (with `args`) beside `sidecar` that exits at
@@ -675,11 +672,34 @@ fn a_typed_model_that_needs_what_the_graph_lacks_is_refused_by_name() {
         stderr.contains("\"x__airport\"") && stderr.contains("12"),
         "{stderr}"
     );
-    // Settings of one-type models.
-    let stderr = refused_worker(&sidecar, &model, &["--fanouts", "5,5"]);
+    // Fanouts for every edge type it samples: one above the sidecar's cap
+    // is refused naming the setting.
+    for (args, said) in [
+        (
+            ["--fanouts", "100000,5"],
+            "at hop 1 (fanouts (--fanouts)) exceeds the sidecar's max_fanouts",
+        ),
+        (
+            ["--degrade-fanouts", "3,100000"],
+            "at hop 2 (degrade_fanouts) exceeds the sidecar's max_fanouts",
+        ),
+    ] {
+        let stderr = refused_worker(&sidecar, &model, &args);
+        assert!(stderr.contains(said), "{args:?}: {stderr}");
+    }
+    // Hub embeddings are the dense layout's.
+    let stderr = refused_worker(
+        &sidecar,
+        &model,
+        &[
+            "--hub-min-degree",
+            "50",
+            "--precomputed-redis",
+            "redis://127.0.0.1:1",
+        ],
+    );
     assert!(
-        stderr
-            .contains("is of a typed graph: fanouts (--fanouts) is for models of one-type graphs"),
+        stderr.contains("hub embeddings are a dense-layout feature"),
         "{stderr}"
     );
 }
@@ -1151,12 +1171,13 @@ fn precomputed_answers_serve_a_typed_model_until_its_subgraph_changes() {
             .args(extra);
         command
     };
-    // A typed model is computed at its manifest's fanouts, as it is served.
-    let refused = precompute(&["--fanouts", "5,5"]).output().unwrap();
+    // Fanouts for every edge type, as a worker's: one above the sidecar's
+    // cap is refused by name.
+    let refused = precompute(&["--fanouts", "5,100000"]).output().unwrap();
     assert!(!refused.status.success());
     let said = String::from_utf8_lossy(&refused.stderr);
     assert!(
-        said.contains("is of a typed graph") && said.contains("leave --fanouts out"),
+        said.contains("at hop 2 (--fanouts) exceeds the sidecar's max_fanouts"),
         "{said}"
     );
     let n = 7698u64;
@@ -1259,6 +1280,60 @@ fn precomputed_answers_serve_a_typed_model_until_its_subgraph_changes() {
          sidecar_fresh_targets_total {fresh}",
         ids.len(),
         stale.len()
+    );
+    assert!(worker.daemon.stop());
+}
+
+/// The covering strategy for a typed model (docs/strategies.md): a set
+/// computed at covering fanouts (`precompute --fanouts 2048,2048`, every
+/// edge type) is vouched for beside a worker serving at the manifest's
+/// smaller ones (its `FRESH_SINCE` names the set's hops and fanouts,
+/// `fresh_hops`), so the worker answers PyG's full-graph outputs from it.
+#[test]
+fn a_typed_set_at_covering_fanouts_serves_pyg_s_full_graph_outputs() {
+    let model = trained_to_hetero();
+    let redis = RedisServer::start();
+    let sidecar = TypedSidecar::start(&[], &[]);
+    let mut precompute = Command::new(workspace_bin("gnn-worker"));
+    precompute
+        .args(["precompute", "--model"])
+        .arg(&model)
+        .args(["--shm-name", &sidecar.shm_name, "--redis", &redis.url()])
+        .args(["--fanouts", "2048,2048"])
+        .arg("--onnxruntime-lib")
+        .arg(tests::stack::onnxruntime_lib());
+    let (said, _) = run_ok(&mut precompute, "gnn-worker precompute --fanouts 2048,2048");
+    let n = 7698u64;
+    assert!(said.contains(&format!("precomputed {n} nodes")), "{said}");
+    let worker = tests::typed::Worker::start(
+        &sidecar.shm_name,
+        &model,
+        &[
+            "--precomputed-redis",
+            &redis.url(),
+            "--precomputed-check-s",
+            "0.2",
+        ],
+    );
+    assert!(
+        eventually(Duration::from_secs(20), || {
+            predict_one(&worker.http, 0);
+            tests::stack::metric_value(&worker.http, "gnn_worker_precomputed_nodes") == n as f64
+        }),
+        "the set was not loaded"
+    );
+    let ids: Vec<u64> = (0..200).chain([3482]).collect();
+    let answers = predict(&worker.http, &ids);
+    for (answer, id) in answers.iter().zip(&ids) {
+        assert_eq!(
+            answer["answered_by"], "precomputed",
+            "airport {id}: {answer}"
+        );
+    }
+    let worst = worst_difference(&answers, &ids, &model);
+    assert!(
+        worst <= 1e-5,
+        "stored answers differ from PyG's full graph by {worst:e}"
     );
     assert!(worker.daemon.stop());
 }

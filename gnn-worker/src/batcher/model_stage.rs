@@ -229,14 +229,13 @@ pub(super) fn run_model(
 }
 
 /// A response as the model reads it: the dense layout's tables, or a
-/// subgraph (a typed graph's, or a one-type graph's read as the 1x1 typed
-/// graph's) with the segment's schema (`None`: the model's one-type
-/// graph) and the targets' node type.
+/// subgraph (a typed graph's, or a one-type graph's read as the 1x1
+/// graph's) with the segment's graph and the targets' node type.
 enum Read<'r> {
     Dense(ResponseTables),
     Subgraph {
         tables: GraphTables,
-        graph: Option<&'r GraphSchema>,
+        graph: &'r GraphSchema,
         target_type: usize,
     },
 }
@@ -257,9 +256,9 @@ impl Read<'_> {
     }
 }
 
-/// Decodes `response` as `model` reads it; a response of the other kind
-/// (a dense one for a subgraph model, a typed segment under a one-type
-/// model, or the reverse) is a malformed response.
+/// Decodes `response` as `model` reads it; a graph without the model's
+/// target type is a malformed response (the model was checked against the
+/// segment's graph at attach).
 fn read<'r>(model: &Model, response: &'r Response) -> Result<Read<'r>, PredictError> {
     let decode = |e: protocol::payload::DecodeError| {
         PredictError::Internal(format!("decoding the sidecar's response: {e}"))
@@ -268,25 +267,21 @@ fn read<'r>(model: &Model, response: &'r Response) -> Result<Read<'r>, PredictEr
     if model.manifest().layout == ModelLayout::Dense {
         return Ok(Read::Dense(response.tables().map_err(decode)?));
     }
-    match (&model.manifest().typed, response.graph_schema()) {
-        (None, None) => Ok(Read::Subgraph {
-            tables: response.graph_tables(0).map_err(decode)?,
-            graph: None,
-            target_type: 0,
-        }),
-        (Some(typed), Some(graph)) => {
-            let target_type = graph
-                .node_type(&typed.target_type)
-                .ok_or_else(|| malformed(&format!("no node type {}", typed.target_type)))?;
-            Ok(Read::Subgraph {
-                tables: response.graph_tables(target_type).map_err(decode)?,
-                graph: Some(graph),
-                target_type,
-            })
-        }
-        (None, Some(_)) => Err(malformed("a typed segment under a one-type model")),
-        (Some(_), None) => Err(malformed("a one-type segment under a typed model")),
-    }
+    let target = &model
+        .manifest()
+        .graph
+        .as_ref()
+        .ok_or_else(|| malformed("a graph-layout response under a dense model"))?
+        .target_type;
+    let graph = response.graph();
+    let target_type = graph
+        .node_type(target)
+        .ok_or_else(|| malformed(&format!("no node type {target}")))?;
+    Ok(Read::Subgraph {
+        tables: response.graph_tables(target_type).map_err(decode)?,
+        graph,
+        target_type,
+    })
 }
 
 /// Runs the model on one response, appending its predictions to `out`:
@@ -344,7 +339,7 @@ pub(super) fn run_one(
                 tables,
                 graph,
                 target_type,
-            } => model.run_subgraph(tables, *graph, *target_type),
+            } => model.run_subgraph(tables, graph, *target_type),
         }
         .map_err(model_failed)?;
         metrics
@@ -360,7 +355,7 @@ pub(super) fn run_one(
             tables,
             graph,
             target_type,
-        } => Fallbacks::subgraph(tables, graph.or(model.one_type_graph()), *target_type),
+        } => Fallbacks::subgraph(tables, graph, *target_type),
     };
     for (i, &node_id) in targets.iter().enumerate() {
         let (row, answered_by) = match stored(i) {
@@ -439,12 +434,12 @@ impl<'g> Fallbacks<'g> {
         Self { any, graph: None }
     }
 
-    fn subgraph(tables: &GraphTables, graph: Option<&'g GraphSchema>, target_type: usize) -> Self {
+    fn subgraph(tables: &GraphTables, graph: &'g GraphSchema, target_type: usize) -> Self {
         let any = (0..tables.nodes.len())
             .any(|t| (0..tables.n_rows(t)).any(|row| tables.fallback(t, row)));
         Self {
             any,
-            graph: graph.map(|g| (g, target_type)),
+            graph: Some((graph, target_type)),
         }
     }
 

@@ -4,30 +4,47 @@
 use super::*;
 use ort::session::Session;
 use ort::value::{TensorElementType, ValueType};
+use protocol::graph_schema::GraphSchema;
 use protocol::layout::{dtype, FeatureSchema, Geometry, MAX_HOPS};
+use protocol::request::GraphAsk;
 
 impl Manifest {
-    /// A typed model against the sidecar's typed graph: every type and
-    /// edge type whose input the model declares, with its width, and the
-    /// target type, must be the graph's; the graph version must match;
-    /// every fanout within its hop's cap. Returns the request the worker
-    /// sends: the target type and a fanout per graph edge type and hop (0
-    /// for an edge type the model does not sample).
-    pub fn check_typed_segment(
-        &self,
-        schema: &FeatureSchema,
-        geometry: &Geometry,
-        graph: Option<&protocol::graph_schema::GraphSchema>,
-    ) -> Result<protocol::request::GraphAsk, ModelError> {
+    /// What every model is checked for against the segment: f32 rows, a
+    /// graph of its kind (a typed graph's model beside a typed graph, a
+    /// one-type graph's beside a one-type graph), a one-type model's
+    /// feature width, and the graph version.
+    fn check_rows(&self, schema: &FeatureSchema) -> Result<(), ModelError> {
         let mismatch = ModelError::Mismatch;
-        let typed = self.typed.as_ref().expect("a typed model");
-        let Some(graph) = graph else {
+        if self.dtype != "f32" || schema.dtype != dtype::F32 {
+            return Err(mismatch(format!(
+                "dtype {} in model manifest, code {} in segment header: only f32 is served",
+                self.dtype, schema.dtype
+            )));
+        }
+        let typed_model = self.graph.as_ref().is_some_and(|g| !g.one_type);
+        let typed_sidecar = schema.feature_dim == 0;
+        if typed_sidecar && !typed_model {
+            return Err(mismatch(format!(
+                "the sidecar serves a typed graph (feature_dim 0 in segment header, its node \
+                 and edge types in the graph schema); this model reads one-type rows of \
+                 {} features: serve it beside a sidecar of a one-type graph",
+                self.feature_dim
+            )));
+        }
+        if typed_model && !typed_sidecar {
             return Err(mismatch(
-                "the model is of a typed graph (pyg_model.py wrote it from a typed dataset); the sidecar serves a \
-                 one-type graph: serve it beside a sidecar of its typed graph"
+                "the model is of a typed graph (pyg_model.py wrote it from a typed dataset); the \
+                 sidecar serves a one-type graph: serve it beside a sidecar of its typed graph"
                     .into(),
             ));
-        };
+        }
+        if !typed_model && self.feature_dim != schema.feature_dim {
+            return Err(mismatch(format!(
+                "feature_dim {} in model manifest, {} in segment header: re-export the model \
+                 or re-import the data",
+                self.feature_dim, schema.feature_dim
+            )));
+        }
         if self.graph_version != schema.graph_version {
             return Err(mismatch(format!(
                 "graph_version {} in model manifest, {} in segment header: serve the model \
@@ -35,113 +52,20 @@ impl Manifest {
                 self.graph_version, schema.graph_version, self.graph_version
             )));
         }
-        let node_type = |name: &str| {
-            graph.node_type(name).ok_or_else(|| {
-                mismatch(format!(
-                    "the model needs node type {name:?}; the sidecar's graph has {}: serve \
-                     the model with the graph it was trained on",
-                    graph.describe()
-                ))
-            })
-        };
-        let target_type = node_type(&typed.target_type)?;
-        for input in &self.inputs {
-            if let Some(name) = input.strip_prefix(typed_inputs::X) {
-                let t = node_type(name)?;
-                let want = typed
-                    .node_types
-                    .iter()
-                    .find(|n| n.name == name)
-                    .map_or(0, |n| n.feature_dim);
-                let have = graph.node_types[t].feature_dim;
-                if want != have {
-                    return Err(mismatch(format!(
-                        "input {input:?} takes {want} features of node type {name}; the \
-                         sidecar's graph has {have}: re-export the model or re-import the \
-                         data"
-                    )));
-                }
-            } else if let Some(name) = input.strip_prefix(typed_inputs::N_ID) {
-                node_type(name)?;
-            } else if let Some(key) = input.strip_prefix(typed_inputs::EDGE_INDEX) {
-                if graph.edge_type(key).is_none() {
-                    return Err(mismatch(format!(
-                        "input {input:?} needs edge type {key}; the sidecar's graph has {}: \
-                         serve the model with the graph it was trained on",
-                        graph.describe()
-                    )));
-                }
-            }
-        }
-        let hops = typed.hops();
-        let mut fanouts = vec![0u32; graph.edge_types.len() * hops];
-        for (key, per_hop) in &typed.fanouts {
-            let Some(e) = graph.edge_type(key) else {
-                // An edge type the model samples but the graph lacks; the
-                // model does not read it (else its input was refused).
-                return Err(mismatch(format!(
-                    "the model samples edge type {key}; the sidecar's graph has {}: serve \
-                     the model with the graph it was trained on",
-                    graph.describe()
-                )));
-            };
-            for (hop, &fanout) in per_hop.iter().enumerate() {
-                let cap = geometry.max_fanouts[hop.min(MAX_HOPS - 1)];
-                if fanout > cap {
-                    return Err(mismatch(format!(
-                        "fanout {fanout} of edge type {key} at hop {} exceeds the sidecar's \
-                         max_fanouts {cap}: raise the sidecar's --max-fanouts",
-                        hop + 1
-                    )));
-                }
-                fanouts[e * hops + hop] = fanout;
-            }
-        }
-        Ok(protocol::request::GraphAsk {
-            target_type: target_type as u32,
-            hops: hops as u32,
-            fanouts,
-        })
+        Ok(())
     }
 
-    /// Refuses a model trained for other data than the sidecar serves,
-    /// naming the field and the fix.
-    pub fn check_segment(
+    /// A dense-layout model against the sidecar's segment: its rows
+    /// ([`Manifest::check_rows`]) and each of `fanouts` within its hop's
+    /// cap.
+    pub fn check_dense_segment(
         &self,
         schema: &FeatureSchema,
         geometry: &Geometry,
         fanouts: &[u32],
     ) -> Result<(), ModelError> {
-        if self.dtype != "f32" || schema.dtype != dtype::F32 {
-            return Err(ModelError::Mismatch(format!(
-                "dtype {} in model manifest, code {} in segment header: only f32 is served",
-                self.dtype, schema.dtype
-            )));
-        }
-        if schema.feature_dim == 0 {
-            return Err(ModelError::Mismatch(format!(
-                "the sidecar serves a typed graph (feature_dim 0 in segment header, its node \
-                 and edge types in the graph schema); this model reads one-type rows of \
-                 {} features: serve it beside a sidecar of a one-type graph",
-                self.feature_dim
-            )));
-        }
-        if self.feature_dim != schema.feature_dim {
-            return Err(ModelError::Mismatch(format!(
-                "feature_dim {} in model manifest, {} in segment header: re-export the model \
-                 or re-import the data",
-                self.feature_dim, schema.feature_dim
-            )));
-        }
-        if self.graph_version != schema.graph_version {
-            return Err(ModelError::Mismatch(format!(
-                "graph_version {} in model manifest, {} in segment header: serve the model \
-                 trained on this graph, or re-import the graph with --graph-version {}",
-                self.graph_version, schema.graph_version, self.graph_version
-            )));
-        }
+        self.check_rows(schema)?;
         for (hop, &fanout) in fanouts.iter().enumerate() {
-            // A subgraph's third hop is capped as its second.
             let cap = geometry.max_fanouts[hop.min(MAX_HOPS - 1)];
             if fanout == 0 || fanout > cap {
                 return Err(ModelError::Mismatch(format!(
@@ -154,129 +78,209 @@ impl Manifest {
         }
         Ok(())
     }
+
+    /// A graph-layout model (a typed graph's, or a one-type graph's as the
+    /// 1x1 graph) against the sidecar's `graph`: its rows
+    /// ([`Manifest::check_rows`]); every node type and edge type whose
+    /// input the model declares, with its width, and the target type, must
+    /// be the graph's; every fanout within its hop's cap. `fanouts`, when
+    /// given (named by where it came from: `--fanouts`,
+    /// `degrade_fanouts`), replaces the manifest's for every edge type the
+    /// model samples, as PyG's `num_neighbors` list does on a HeteroData.
+    /// Returns the request the worker sends: the target type and a fanout
+    /// per graph edge type and hop (0 for an edge type the model does not
+    /// sample).
+    pub fn check_graph_segment(
+        &self,
+        schema: &FeatureSchema,
+        geometry: &Geometry,
+        graph: &GraphSchema,
+        fanouts: Option<(&str, &[u32])>,
+    ) -> Result<GraphAsk, ModelError> {
+        let mismatch = ModelError::Mismatch;
+        let Some(model) = self.graph.as_ref() else {
+            return Err(mismatch(
+                "a dense-layout model reads no graph-layout response".into(),
+            ));
+        };
+        self.check_rows(schema)?;
+        let node_type = |name: &str| {
+            graph.node_type(name).ok_or_else(|| {
+                mismatch(format!(
+                    "the model needs node type {name:?}; the sidecar's graph has {}: serve \
+                     the model with the graph it was trained on",
+                    graph.describe()
+                ))
+            })
+        };
+        let target_type = node_type(&model.target_type)?;
+        for input in &self.inputs {
+            match model.role(input) {
+                Some(InputRole::Features(name)) => {
+                    let t = node_type(name)?;
+                    let want = model.feature_dim(name);
+                    let have = graph.node_types[t].feature_dim;
+                    if want != have {
+                        return Err(mismatch(format!(
+                            "input {input:?} takes {want} features of node type {name}; the \
+                             sidecar's graph has {have}: re-export the model or re-import the \
+                             data"
+                        )));
+                    }
+                }
+                Some(InputRole::NodeIds(name)) => {
+                    node_type(name)?;
+                }
+                Some(InputRole::Edges(key)) if graph.edge_type(key).is_none() => {
+                    return Err(mismatch(format!(
+                        "input {input:?} needs edge type {key}; the sidecar's graph has {}: \
+                         serve the model with the graph it was trained on",
+                        graph.describe()
+                    )));
+                }
+                Some(InputRole::Edges(_)) | None => {}
+            }
+        }
+        let (source, replaced) = match fanouts {
+            Some((source, f)) => {
+                if !(1..=protocol::layout::MAX_SUBGRAPH_HOPS).contains(&f.len()) || f.contains(&0) {
+                    return Err(mismatch(format!(
+                        "{source} {f:?}: give 1 to {} fanouts of at least 1, one per hop",
+                        protocol::layout::MAX_SUBGRAPH_HOPS
+                    )));
+                }
+                (source, Some(f))
+            }
+            None => ("the model manifest's fanouts", None),
+        };
+        let hops = replaced.map_or_else(|| model.hops(), <[u32]>::len);
+        let mut asked = vec![0u32; graph.edge_types.len() * hops];
+        for (key, per_hop) in &model.fanouts {
+            let Some(e) = graph.edge_type(key) else {
+                // An edge type the model samples but the graph lacks; the
+                // model does not read it (else its input was refused).
+                return Err(mismatch(format!(
+                    "the model samples edge type {key}; the sidecar's graph has {}: serve \
+                     the model with the graph it was trained on",
+                    graph.describe()
+                )));
+            };
+            for (hop, &fanout) in replaced.unwrap_or(per_hop).iter().enumerate() {
+                let cap = geometry.max_fanouts[hop.min(MAX_HOPS - 1)];
+                if fanout > cap {
+                    return Err(mismatch(format!(
+                        "fanout {fanout} of edge type {key} at hop {} ({source}) exceeds the \
+                         sidecar's max_fanouts {cap}: lower it, or raise the sidecar's \
+                         --max-fanouts",
+                        hop + 1
+                    )));
+                }
+                asked[e * hops + hop] = fanout;
+            }
+        }
+        Ok(GraphAsk {
+            target_type: target_type as u32,
+            hops: hops as u32,
+            fanouts: asked,
+        })
+    }
 }
 
-/// A typed model's session takes exactly the manifest's inputs, each of its
-/// kind (`x__<type>` f32 [n, D], `n_id__<type>` int64 [n],
-/// `edge_index__<key>` int64 [2, e]), and gives one output.
-pub(super) fn check_typed_session(
+/// A graph-layout session takes exactly the manifest's inputs, each of
+/// its role ([`GraphManifest::role`]): a node type's features f32
+/// `[n, D]`, its node ids int64 `[n]`, an edge type's `edge_index` int64
+/// `[2, e]`, the node and edge counts dynamic; and gives the manifest's
+/// output as f32 `[n, width]`. The message names the input, the dtype, the
+/// width and the fix.
+pub(super) fn check_graph_session(
     session: &Session,
     manifest: &Manifest,
-    typed: &TypedManifest,
+    graph: &GraphManifest,
 ) -> Result<(), String> {
     let names: Vec<&str> = session.inputs().iter().map(|i| i.name()).collect();
     if names != manifest.inputs {
-        return Err(format!(
-            "model.onnx takes inputs {names:?}, its manifest lists {:?}: export the model and \
-             its manifest together (pyg_model.py)",
-            manifest.inputs
-        ));
-    }
-    for input in session.inputs() {
-        let name = input.name();
-        let ValueType::Tensor { ty, shape, .. } = input.dtype() else {
-            return Err(format!("input {name:?} is not a tensor"));
-        };
-        let dims: &[i64] = shape;
-        let ok = if let Some(t) = name.strip_prefix(typed_inputs::X) {
-            let dim = typed
-                .node_types
-                .iter()
-                .find(|n| n.name == t)
-                .map_or(0, |n| i64::from(n.feature_dim));
-            *ty == TensorElementType::Float32
-                && dims.len() == 2
-                && (dims[1] == dim || dims[1] == -1)
-        } else if name.starts_with(typed_inputs::N_ID) {
-            *ty == TensorElementType::Int64 && dims.len() == 1
+        return Err(if graph.one_type {
+            format!(
+                "model.onnx takes inputs {names:?}; a subgraph-layout model takes exactly \
+                 {SUBGRAPH_INPUTS:?}: export model(x, edge_index) with input_names=[\"x\", \
+                 \"edge_index\"] (an input the model never reads is dropped by the exporter: it \
+                 must use edge_index)"
+            )
         } else {
-            *ty == TensorElementType::Int64 && dims.len() == 2 && (dims[0] == 2 || dims[0] == -1)
-        };
-        if !ok {
-            return Err(format!(
-                "input {name:?} is {ty:?} {dims:?}; a typed model takes x__<type> f32 [n, D], \
-                 n_id__<type> int64 [n] and edge_index__<key> int64 [2, e]"
-            ));
-        }
-    }
-    if session.outputs().len() != 1 || session.outputs()[0].name() != manifest.outputs[0] {
-        return Err(format!(
-            "model.onnx has outputs {:?}; its manifest names {:?}",
-            session
-                .outputs()
-                .iter()
-                .map(|o| o.name().to_string())
-                .collect::<Vec<_>>(),
-            manifest.outputs
-        ));
-    }
-    Ok(())
-}
-
-/// A subgraph-layout session must take exactly `x` (f32, [n, D]) and
-/// `edge_index` (int64, [2, e]) with dynamic node and edge counts, and give
-/// the manifest's output as f32 [n, width]. The message names the input,
-/// the dtype, the width and the fix.
-pub(super) fn check_subgraph_session(session: &Session, manifest: &Manifest) -> Result<(), String> {
-    let names: Vec<&str> = session.inputs().iter().map(|i| i.name()).collect();
-    if names != SUBGRAPH_INPUTS {
-        return Err(format!(
-            "model.onnx takes inputs {names:?}; a subgraph-layout model takes exactly \
-             {SUBGRAPH_INPUTS:?}: export model(x, edge_index) with input_names=[\"x\", \
-             \"edge_index\"] (an input the model never reads is dropped by the exporter: it \
-             must use edge_index)"
-        ));
+            format!(
+                "model.onnx takes inputs {names:?}, its manifest lists {:?}: export the model \
+                 and its manifest together (pyg_model.py)",
+                manifest.inputs
+            )
+        });
     }
     let describe = |ty: &ValueType| -> Option<(TensorElementType, Vec<i64>)> {
         Some((ty.tensor_type()?, ty.tensor_shape()?.to_vec()))
     };
-    let dynamic = "export with dynamic_axes={\"x\": {0: \"n\"}, \"edge_index\": {1: \"e\"}, \
-                   <output>: {0: \"n\"}}";
+    let dynamic = if graph.one_type {
+        "export with dynamic_axes={\"x\": {0: \"n\"}, \"edge_index\": {1: \"e\"}, \
+         <output>: {0: \"n\"}}"
+    } else {
+        "export with dynamic_axes making every node count and edge count dynamic \
+         (pyg_model.py export does)"
+    };
     for input in session.inputs() {
-        let Some((ty, shape)) = describe(input.dtype()) else {
-            return Err(format!("input {:?} is not a tensor", input.name()));
-        };
         let name = input.name();
-        let (want_ty, want) = if name == "x" {
-            (
+        let Some((ty, shape)) = describe(input.dtype()) else {
+            return Err(format!("input {name:?} is not a tensor"));
+        };
+        let role = graph
+            .role(name)
+            .ok_or_else(|| format!("input {name:?} is none the manifest declares"))?;
+        let (want_ty, sent, export) = match role {
+            InputRole::Features(_) => (
                 TensorElementType::Float32,
-                [-1, i64::from(manifest.feature_dim)],
-            )
-        } else {
-            (TensorElementType::Int64, [2, -1])
+                "f32 feature rows",
+                "float32 features",
+            ),
+            InputRole::NodeIds(_) => (TensorElementType::Int64, "int64 node ids", "int64 ids"),
+            InputRole::Edges(_) => (
+                TensorElementType::Int64,
+                "PyG's int64 edge_index",
+                "an int64 (torch.long) edge_index",
+            ),
         };
         if ty != want_ty {
             return Err(format!(
-                "input {name:?} is {ty:?}; the sidecar sends {want_ty:?} ({}): export with {}",
-                if name == "x" {
-                    "f32 feature rows"
-                } else {
-                    "PyG's int64 edge_index"
-                },
-                if name == "x" {
-                    "float32 x"
-                } else {
-                    "an int64 (torch.long) edge_index"
-                }
+                "input {name:?} is {ty:?}; the sidecar sends {want_ty:?} ({sent}): export with \
+                 {export}"
             ));
         }
         // -1 is a dynamic dimension: the node and edge counts must be.
-        let fits = match (name, shape.as_slice()) {
-            ("x", &[-1, d]) => d == -1 || d == want[1],
-            ("edge_index", &[two, -1]) => two == 2 || two == -1,
-            _ => false,
+        let (fits, want) = match (role, shape.as_slice()) {
+            (InputRole::Features(t), dims) => {
+                let dim = i64::from(graph.feature_dim(t));
+                (
+                    matches!(dims, &[-1, d] if d == -1 || d == dim),
+                    format!("[-1, {dim}]"),
+                )
+            }
+            (InputRole::NodeIds(_), dims) => (dims == [-1], "[-1]".to_string()),
+            (InputRole::Edges(_), dims) => (
+                matches!(dims, &[two, -1] if two == 2 || two == -1),
+                "[2, -1]".to_string(),
+            ),
         };
         if !fits {
-            let hint = match shape.as_slice() {
-                &[_, d] if name == "x" && d != -1 && d != want[1] => format!(
-                    "its width {d} is not the segment's feature_dim {}: train on these \
-                     features, or re-import the data",
-                    manifest.feature_dim
-                ),
+            let hint = match (role, shape.as_slice()) {
+                (InputRole::Features(t), &[_, d])
+                    if d != -1 && d != i64::from(graph.feature_dim(t)) =>
+                {
+                    format!(
+                        "its width {d} is not the segment's feature_dim {} (node type {t}): \
+                         train on these features, or re-import the data",
+                        graph.feature_dim(t)
+                    )
+                }
                 _ => dynamic.to_string(),
             };
             return Err(format!(
-                "input {name:?} has shape {shape:?}; expected {want:?} with -1 a dynamic \
+                "input {name:?} has shape {shape:?}; expected {want} with -1 a dynamic \
                  dimension: {hint}"
             ));
         }

@@ -1,10 +1,9 @@
 //! A model directory's manifest: its layout, inputs and outputs, the
-//! typed graph it reads, and the model's identity.
+//! graph a graph-layout model reads, and the model's identity.
 
 use std::path::{Path, PathBuf};
 
 use protocol::layout::{MAX_HOPS, MAX_SUBGRAPH_HOPS};
-use protocol::request::SubgraphFanouts;
 use serde::Deserialize;
 
 /// Input names, in the order of the response's columns.
@@ -143,28 +142,35 @@ pub struct Manifest {
     /// Present on a model `sage.py quantize` wrote (INT8 weights).
     #[serde(default)]
     pub quantization: Option<Quantization>,
-    /// A model of a typed graph (`pyg_model.py` wrote it from a typed dataset): its types,
-    /// target type and fanouts per edge type.
+    /// A graph-layout model's graph: the types, target type and fanouts
+    /// per edge type a typed manifest declares, or a one-type manifest's
+    /// `feature_dim` and `fanouts` as the 1x1 graph's
+    /// ([`GraphManifest::one_type`]); `None` for the dense layout.
     #[serde(skip)]
-    pub typed: Option<TypedManifest>,
+    pub graph: Option<GraphManifest>,
 }
 
-/// What a typed graph's model declares (docs/model.md, "Serving a
+/// The graph a graph-layout model reads (docs/model.md, "Serving a
 /// heterogeneous model"): `manifest.json`'s `node_types`, `edge_types`,
-/// `target_type` and `fanouts` (one list per edge type key).
+/// `target_type` and `fanouts` (one list per edge type key); a one-type
+/// model's is the 1x1 graph.
 #[derive(Debug, Clone, Deserialize)]
-pub struct TypedManifest {
-    pub node_types: Vec<TypedNodeType>,
-    pub edge_types: Vec<TypedEdgeType>,
+pub struct GraphManifest {
+    pub node_types: Vec<NodeTypeDecl>,
+    pub edge_types: Vec<EdgeTypeDecl>,
     pub target_type: String,
     /// Per edge type, a fanout per hop; -1 is every neighbour.
-    #[serde(deserialize_with = "typed_fanouts")]
+    #[serde(deserialize_with = "fanouts_per_edge_type")]
     pub fanouts: std::collections::BTreeMap<String, Vec<u32>>,
+    /// Read from a one-type manifest: its inputs `x` and `edge_index` are
+    /// the 1x1 graph's node type and edge type.
+    #[serde(skip)]
+    pub one_type: bool,
 }
 
 /// A typed manifest's `fanouts`: per edge type key, a list as
 /// [`daemon_kit::config::fanout_list`] reads it.
-fn typed_fanouts<'de, D: serde::Deserializer<'de>>(
+fn fanouts_per_edge_type<'de, D: serde::Deserializer<'de>>(
     d: D,
 ) -> Result<std::collections::BTreeMap<String, Vec<u32>>, D::Error> {
     #[derive(Deserialize)]
@@ -174,7 +180,7 @@ fn typed_fanouts<'de, D: serde::Deserializer<'de>>(
 }
 
 #[derive(Debug, Clone, Deserialize)]
-pub struct TypedNodeType {
+pub struct NodeTypeDecl {
     pub name: String,
     /// 0 (absent): no features; the model takes the type's node ids.
     #[serde(default)]
@@ -182,13 +188,13 @@ pub struct TypedNodeType {
 }
 
 #[derive(Debug, Clone, Deserialize)]
-pub struct TypedEdgeType {
+pub struct EdgeTypeDecl {
     pub src: String,
     pub relation: String,
     pub dst: String,
 }
 
-impl TypedEdgeType {
+impl EdgeTypeDecl {
     /// `src__relation__dst`.
     pub fn key(&self) -> String {
         format!("{}__{}__{}", self.src, self.relation, self.dst)
@@ -197,18 +203,91 @@ impl TypedEdgeType {
 
 /// A typed model's input names: `x__<type>`, `n_id__<type>`,
 /// `edge_index__<src>__<relation>__<dst>` (docs/model.md).
-pub mod typed_inputs {
+pub mod graph_inputs {
     pub const X: &str = "x__";
     pub const N_ID: &str = "n_id__";
     pub const EDGE_INDEX: &str = "edge_index__";
 }
 
-impl TypedManifest {
+/// What a graph-layout model's input reads: a node type's feature rows or
+/// node ids, or an edge type's `edge_index`, by name.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum InputRole<'a> {
+    Features(&'a str),
+    NodeIds(&'a str),
+    Edges(&'a str),
+}
+
+/// The 1x1 graph's edge type key (`node__to__node`).
+pub const ONE_EDGE_TYPE: &str = "node__to__node";
+
+impl GraphManifest {
+    /// A one-type graph's model as the 1x1 graph's: node type `node` of
+    /// `feature_dim`, edge type `node__to__node` at `fanouts`.
+    pub fn one_type(feature_dim: u32, fanouts: &[u32]) -> Self {
+        Self {
+            node_types: vec![NodeTypeDecl {
+                name: super::ONE_TYPE.to_string(),
+                feature_dim,
+            }],
+            edge_types: vec![EdgeTypeDecl {
+                src: super::ONE_TYPE.to_string(),
+                relation: super::ONE_RELATION.to_string(),
+                dst: super::ONE_TYPE.to_string(),
+            }],
+            target_type: super::ONE_TYPE.to_string(),
+            fanouts: [(ONE_EDGE_TYPE.to_string(), fanouts.to_vec())].into(),
+            one_type: true,
+        }
+    }
+
     /// The hops of its fanouts (every edge type's list has as many).
     pub fn hops(&self) -> usize {
         self.fanouts.values().map(Vec::len).max().unwrap_or(0)
     }
 
+    /// What input `name` reads: a one-type model's `x` and `edge_index`
+    /// are the 1x1 graph's; a typed model's `x__<type>`, `n_id__<type>`
+    /// and `edge_index__<src>__<relation>__<dst>` name theirs. `None`: the
+    /// input is none of these.
+    pub fn role<'a>(&self, name: &'a str) -> Option<InputRole<'a>> {
+        if self.one_type {
+            return match name {
+                "x" => Some(InputRole::Features(super::ONE_TYPE)),
+                "edge_index" => Some(InputRole::Edges(ONE_EDGE_TYPE)),
+                _ => None,
+            };
+        }
+        if let Some(t) = name.strip_prefix(graph_inputs::X) {
+            Some(InputRole::Features(t))
+        } else if let Some(t) = name.strip_prefix(graph_inputs::N_ID) {
+            Some(InputRole::NodeIds(t))
+        } else {
+            name.strip_prefix(graph_inputs::EDGE_INDEX)
+                .map(InputRole::Edges)
+        }
+    }
+
+    /// The feature width the model declares for node type `name` (0: none
+    /// or no such type).
+    pub fn feature_dim(&self, name: &str) -> u32 {
+        self.node_types
+            .iter()
+            .find(|n| n.name == name)
+            .map_or(0, |n| n.feature_dim)
+    }
+
+    /// The edge types a new node of the target type can have (keys
+    /// `src__relation__dst`).
+    pub fn target_edge_types(&self) -> Vec<String> {
+        self.edge_types
+            .iter()
+            .filter(|e| e.src == self.target_type || e.dst == self.target_type)
+            .map(EdgeTypeDecl::key)
+            .collect()
+    }
+
+    /// A typed manifest's types, target, fanouts and inputs agree.
     fn check(&self, inputs: &[String]) -> Result<(), String> {
         let hops = self.hops();
         if !(1..=MAX_SUBGRAPH_HOPS).contains(&hops)
@@ -232,16 +311,11 @@ impl TypedManifest {
             }
         }
         for input in inputs {
-            let known = if let Some(t) = input.strip_prefix(typed_inputs::X) {
-                self.node_types
-                    .iter()
-                    .any(|n| n.name == t && n.feature_dim > 0)
-            } else if let Some(t) = input.strip_prefix(typed_inputs::N_ID) {
-                self.node_types.iter().any(|n| n.name == t)
-            } else if let Some(k) = input.strip_prefix(typed_inputs::EDGE_INDEX) {
-                self.edge_types.iter().any(|e| e.key() == k)
-            } else {
-                false
+            let known = match self.role(input) {
+                Some(InputRole::Features(t)) => self.feature_dim(t) > 0,
+                Some(InputRole::NodeIds(t)) => self.node_types.iter().any(|n| n.name == t),
+                Some(InputRole::Edges(k)) => self.edge_types.iter().any(|e| e.key() == k),
+                None => false,
             };
             if !known {
                 return Err(format!(
@@ -319,23 +393,12 @@ pub struct ModelTensors {
 impl ModelTensors {
     /// A manifest's tensors.
     pub fn of(manifest: &Manifest) -> Self {
-        let (feature_dim, typed_edges) = match &manifest.typed {
-            None => (manifest.feature_dim, None),
-            Some(typed) => (
-                typed
-                    .node_types
-                    .iter()
-                    .find(|t| t.name == typed.target_type)
-                    .map_or(0, |t| t.feature_dim),
-                Some(
-                    typed
-                        .edge_types
-                        .iter()
-                        .filter(|e| e.src == typed.target_type || e.dst == typed.target_type)
-                        .map(TypedEdgeType::key)
-                        .collect(),
-                ),
+        let (feature_dim, typed_edges) = match &manifest.graph {
+            Some(graph) if !graph.one_type => (
+                graph.feature_dim(&graph.target_type),
+                Some(graph.target_edge_types()),
             ),
+            _ => (manifest.feature_dim, None),
         };
         Self {
             output: manifest.output,
@@ -427,8 +490,8 @@ impl Manifest {
             }
         };
         at_caps(&mut self.fanouts);
-        if let Some(typed) = &mut self.typed {
-            typed.fanouts.values_mut().for_each(at_caps);
+        if let Some(graph) = &mut self.graph {
+            graph.fanouts.values_mut().for_each(at_caps);
         }
     }
 
@@ -450,7 +513,7 @@ impl Manifest {
             )),
             _ => error(e.to_string()),
         })?;
-        let value: serde_json::Value =
+        let mut value: serde_json::Value =
             serde_json::from_str(&text).map_err(|e| error(e.to_string()))?;
         for key in ["name", "version"] {
             if let Some(field) = value.get(key) {
@@ -466,19 +529,55 @@ impl Manifest {
                     })?;
             }
         }
-        if value.get("node_types").is_some() || value.get("edge_types").is_some() {
-            return Self::parse_typed(value).map_err(error);
-        }
-        let manifest: Manifest = serde_json::from_value(value).map_err(|e| error(e.to_string()))?;
+        // A typed manifest declares its types in place of one-type rows
+        // and fanouts.
+        let graph: Option<GraphManifest> = if value.get("node_types").is_some()
+            || value.get("edge_types").is_some()
+        {
+            let graph = serde_json::from_value(value.clone()).map_err(|e| error(e.to_string()))?;
+            for (key, fill) in [
+                ("feature_dim", serde_json::json!(0)),
+                ("dtype", serde_json::json!("f32")),
+                ("fanouts", serde_json::json!([])),
+            ] {
+                value[key] = fill;
+            }
+            Some(graph)
+        } else {
+            None
+        };
+        let mut manifest: Manifest =
+            serde_json::from_value(value).map_err(|e| error(e.to_string()))?;
         if manifest.format_version != 1 {
             return Err(error(format!(
                 "format_version {} is not 1: export the model with this release's tooling",
                 manifest.format_version
             )));
         }
-        if manifest.layout == ModelLayout::Subgraph {
-            manifest.check_subgraph().map_err(error)?;
-            return Ok(manifest);
+        match (graph, manifest.layout) {
+            (Some(graph), ModelLayout::Subgraph) => {
+                graph.check(&manifest.inputs).map_err(error)?;
+                manifest.check_output().map_err(error)?;
+                manifest.graph = Some(graph);
+                return Ok(manifest);
+            }
+            (Some(_), ModelLayout::Dense) => {
+                return Err(error(
+                    "layout \"dense\": a typed graph's model has layout \"subgraph\" (export \
+                     it with pyg_model.py)"
+                        .into(),
+                ))
+            }
+            (None, ModelLayout::Subgraph) => {
+                manifest.check_one_type_graph().map_err(error)?;
+                manifest.check_output().map_err(error)?;
+                manifest.graph = Some(GraphManifest::one_type(
+                    manifest.feature_dim,
+                    &manifest.fanouts,
+                ));
+                return Ok(manifest);
+            }
+            (None, ModelLayout::Dense) => {}
         }
         if manifest.fanouts.len() != MAX_HOPS || manifest.output != OutputKind::Classes {
             return Err(error(format!(
@@ -506,58 +605,14 @@ impl Manifest {
         Ok(manifest)
     }
 
-    /// A typed graph's model: the common fields (no one-type feature width
-    /// or fanouts), its types, and the subgraph layout's checks of output
-    /// and opset.
-    fn parse_typed(mut value: serde_json::Value) -> Result<Self, String> {
-        let typed: TypedManifest =
-            serde_json::from_value(value.clone()).map_err(|e| e.to_string())?;
-        for (key, fill) in [
-            ("feature_dim", serde_json::json!(0)),
-            ("dtype", serde_json::json!("f32")),
-            ("fanouts", serde_json::json!([])),
-        ] {
-            value[key] = fill;
-        }
-        let mut manifest: Manifest = serde_json::from_value(value).map_err(|e| e.to_string())?;
-        if manifest.format_version != 1 || manifest.layout != ModelLayout::Subgraph {
-            return Err(format!(
-                "format_version {} and layout {:?}: a typed graph's model has 1 and \
-                 \"subgraph\" (export it with pyg_model.py)",
-                manifest.format_version, manifest.layout
-            ));
-        }
-        typed.check(&manifest.inputs)?;
-        manifest.fanouts = vec![1; typed.hops()];
-        manifest.inputs_checked_as_typed()?;
-        manifest.typed = Some(typed);
-        Ok(manifest)
-    }
-
-    /// The subgraph layout's output, opset and output width checks, for a
-    /// typed model (whose inputs are its own).
-    fn inputs_checked_as_typed(&self) -> Result<(), String> {
-        let one_type = Manifest {
-            inputs: SUBGRAPH_INPUTS.iter().map(|s| s.to_string()).collect(),
-            ..self.clone()
-        };
-        one_type.check_subgraph()
-    }
-
-    /// What a subgraph-layout manifest must say: PyG's two inputs, one
-    /// output, 1 to 3 fanouts, a supported opset, the output's width.
-    fn check_subgraph(&self) -> Result<(), String> {
+    /// What a one-type graph-layout manifest must say: PyG's two inputs,
+    /// and 1 to 3 fanouts of at least 1.
+    fn check_one_type_graph(&self) -> Result<(), String> {
         if self.inputs != SUBGRAPH_INPUTS {
             return Err(format!(
                 "inputs {:?}: a subgraph-layout model takes {SUBGRAPH_INPUTS:?}; export it with \
                  input_names=[\"x\", \"edge_index\"] (gnn-worker/model/pyg_model.py export does)",
                 self.inputs
-            ));
-        }
-        if self.outputs.len() != 1 {
-            return Err(format!(
-                "outputs {:?}: a subgraph-layout model has one output (a row per node)",
-                self.outputs
             ));
         }
         if self.fanouts.is_empty()
@@ -568,6 +623,18 @@ impl Manifest {
                 "fanouts {:?}: give one fanout of at least 1 per hop, 1 to {MAX_SUBGRAPH_HOPS} \
                  hops",
                 self.fanouts
+            ));
+        }
+        Ok(())
+    }
+
+    /// What every graph-layout manifest must say of its output and opset:
+    /// one output, a supported opset, the output's width.
+    fn check_output(&self) -> Result<(), String> {
+        if self.outputs.len() != 1 {
+            return Err(format!(
+                "outputs {:?}: a subgraph-layout model has one output (a row per node)",
+                self.outputs
             ));
         }
         if !SUBGRAPH_OPSETS.contains(&self.opset) {
@@ -599,13 +666,6 @@ impl Manifest {
             OutputKind::Classes => self.num_classes,
             OutputKind::Embedding => self.embedding_dim.unwrap_or(0),
         }
-    }
-
-    /// The subgraph layout's fanouts (`None` for a dense model).
-    pub fn subgraph_fanouts(&self) -> Option<SubgraphFanouts> {
-        (self.layout == ModelLayout::Subgraph)
-            .then(|| SubgraphFanouts::new(&self.fanouts))
-            .flatten()
     }
 
     /// The manifest of an MLP student (`sage.py distill`), checked against
@@ -753,6 +813,68 @@ mod tests {
         assert!(
             not_a_student.contains("is not an MLP student"),
             "{not_a_student}"
+        );
+    }
+
+    /// A one-type PyG manifest is read as the 1x1 graph's, a typed one as
+    /// its own graph: one set of roles for the inputs of both.
+    #[test]
+    fn a_one_type_manifest_is_the_1x1_graph_s() {
+        let dir = student_dir("one-type-graph");
+        std::fs::write(
+            dir.join(Manifest::FILE),
+            r#"{"format_version": 1, "layout": "subgraph", "architecture": "pyg",
+                "feature_dim": 1433, "dtype": "f32", "fanouts": [10, 5], "graph_version": 1,
+                "opset": 18, "inputs": ["x", "edge_index"], "outputs": ["out"],
+                "num_classes": 7}"#,
+        )
+        .unwrap();
+        let one_type = Manifest::read(&dir).unwrap();
+        std::fs::write(
+            dir.join(Manifest::FILE),
+            r#"{"format_version": 1, "layout": "subgraph", "architecture": "to_hetero",
+                "graph_version": 1, "opset": 18, "outputs": ["out"], "num_classes": 4,
+                "node_types": [{"name": "airport", "feature_dim": 11}, {"name": "city"}],
+                "edge_types": [{"src": "city", "relation": "has", "dst": "airport"}],
+                "target_type": "airport", "fanouts": {"city__has__airport": [3, -1]},
+                "inputs": ["x__airport", "n_id__city", "edge_index__city__has__airport"]}"#,
+        )
+        .unwrap();
+        let typed = Manifest::read(&dir).unwrap();
+        std::fs::remove_dir_all(&dir).unwrap();
+
+        let graph = one_type.graph.as_ref().unwrap();
+        assert!(graph.one_type);
+        assert_eq!(graph.target_type, "node");
+        assert_eq!(graph.feature_dim("node"), 1433);
+        assert_eq!(graph.fanouts[ONE_EDGE_TYPE], vec![10, 5]);
+        assert_eq!(graph.role("x"), Some(InputRole::Features("node")));
+        assert_eq!(
+            graph.role("edge_index"),
+            Some(InputRole::Edges(ONE_EDGE_TYPE))
+        );
+        assert_eq!(graph.role("x__node"), None);
+        assert_eq!(ModelTensors::of(&one_type).typed_edges, None);
+        assert_eq!(ModelTensors::of(&one_type).feature_dim, 1433);
+
+        let graph = typed.graph.as_ref().unwrap();
+        assert!(!graph.one_type);
+        assert_eq!(graph.hops(), 2);
+        assert_eq!(
+            graph.role("x__airport"),
+            Some(InputRole::Features("airport"))
+        );
+        assert_eq!(graph.role("n_id__city"), Some(InputRole::NodeIds("city")));
+        assert_eq!(
+            graph.role("edge_index__city__has__airport"),
+            Some(InputRole::Edges("city__has__airport"))
+        );
+        assert_eq!(graph.role("x"), None);
+        let tensors = ModelTensors::of(&typed);
+        assert_eq!(tensors.feature_dim, 11);
+        assert_eq!(
+            tensors.typed_edges,
+            Some(vec!["city__has__airport".to_string()])
         );
     }
 

@@ -63,10 +63,6 @@ pub struct Model {
     scatters_rewritten: usize,
     /// Max/min scatters corrected at load ([`crate::onnx_graph::fix_scatter_extrema`]).
     extrema_fixed: usize,
-    /// A one-type subgraph-layout model's graph as the 1x1 typed graph
-    /// (node type `node`, edge type `node__to__node`): what its response
-    /// is read as ([`Model::run_subgraph`]).
-    one_type_graph: Option<protocol::graph_schema::GraphSchema>,
 }
 
 /// How a model is loaded.

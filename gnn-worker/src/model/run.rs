@@ -108,37 +108,36 @@ impl Model {
         Ok(values.to_vec())
     }
 
-    /// What input `input` reads of a subgraph response over `graph`: a
-    /// one-type model's `x` and `edge_index` are the 1x1 graph's node type
-    /// 0 and edge type 0; a typed model's `x__<type>`, `n_id__<type>` and
-    /// `edge_index__<src>__<relation>__<dst>` name theirs (checked against
-    /// the segment's schema at attach).
+    /// What input `input` reads of a graph-layout response over `graph`
+    /// ([`GraphManifest::role`], checked against the segment's graph at
+    /// attach).
     fn binding(&self, input: &str, graph: &GraphSchema) -> Binding {
-        if self.manifest.typed.is_none() {
-            return if input == "edge_index" {
-                Binding::Edges(0)
-            } else {
-                Binding::Features(0)
-            };
-        }
-        if let Some(name) = input.strip_prefix(typed_inputs::X) {
-            Binding::Features(graph.node_type(name).expect("checked at start"))
-        } else if let Some(name) = input.strip_prefix(typed_inputs::N_ID) {
-            Binding::NodeIds(graph.node_type(name).expect("checked at start"))
-        } else {
-            let key = &input[typed_inputs::EDGE_INDEX.len()..];
-            Binding::Edges(graph.edge_type(key).expect("checked at start"))
+        let role = self
+            .manifest
+            .graph
+            .as_ref()
+            .and_then(|model| model.role(input))
+            .expect("a graph-layout model's inputs are checked at load");
+        match role {
+            InputRole::Features(name) => {
+                Binding::Features(graph.node_type(name).expect("checked at start"))
+            }
+            InputRole::NodeIds(name) => {
+                Binding::NodeIds(graph.node_type(name).expect("checked at start"))
+            }
+            InputRole::Edges(key) => {
+                Binding::Edges(graph.edge_type(key).expect("checked at start"))
+            }
         }
     }
 
-    /// Runs a subgraph-layout model on a subgraph response, a typed
-    /// graph's or a one-type graph's read as the 1x1 typed graph's
-    /// ([`protocol::payload::decode_graph`]): each input the model declares
-    /// borrows its table in place ([`Model::binding`]); returns each
-    /// target's output row (`n_targets x width`; zeros for a target
+    /// Runs a graph-layout model on a graph-layout response over `graph`
+    /// (the segment's: a typed graph's, or a one-type graph's as the 1x1
+    /// graph, [`protocol::payload::decode_graph`]): each input the model
+    /// declares borrows its table in place ([`Model::binding`]); returns
+    /// each target's output row (`n_targets x width`; zeros for a target
     /// answered `FRESH`, which has no row). The model does not run when no
-    /// target has a row. `graph` is the segment's schema (`None`: the
-    /// model's one-type graph, [`Model::one_type_graph`]).
+    /// target has a row.
     ///
     /// A declared node type with no rows, or edge type with no edges, is
     /// padded ([`Padding`]): some exports cannot run on an empty input (a
@@ -147,29 +146,6 @@ impl Model {
     /// node reaches no target, so the targets' answers are those of the
     /// subgraph as sampled, whatever else shares the batch.
     pub fn run_subgraph(
-        &mut self,
-        tables: &GraphTables,
-        graph: Option<&GraphSchema>,
-        target_type: usize,
-    ) -> Result<Vec<f32>, ModelError> {
-        if let Some(graph) = graph {
-            return self.run_subgraph_of(tables, graph, target_type);
-        }
-        let graph = self.one_type_graph.take().ok_or_else(|| {
-            ModelError::Run("a one-type graph's response for a typed graph's model".into())
-        })?;
-        let rows = self.run_subgraph_of(tables, &graph, target_type);
-        self.one_type_graph = Some(graph);
-        rows
-    }
-
-    /// A one-type subgraph-layout model's graph as the 1x1 typed graph
-    /// (`None` for a typed graph's model and for the dense layout).
-    pub fn one_type_graph(&self) -> Option<&GraphSchema> {
-        self.one_type_graph.as_ref()
-    }
-
-    fn run_subgraph_of(
         &mut self,
         tables: &GraphTables,
         graph: &GraphSchema,

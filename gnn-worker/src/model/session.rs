@@ -1,7 +1,7 @@
 //! Loading a model: its ONNX Runtime session, checked against its
 //! manifest, rewritten where the export needs it.
 
-use super::checks::{check_subgraph_session, check_typed_session};
+use super::checks::check_graph_session;
 use super::*;
 use std::path::Path;
 
@@ -126,17 +126,11 @@ impl Model {
             let session = builder
                 .commit_from_memory(&bytes)
                 .map_err(|e| load(e.to_string()))?;
-            match &manifest.typed {
-                None => check_subgraph_session(&session, &manifest),
-                Some(typed) => check_typed_session(&session, &manifest, typed),
-            }
-            .map_err(ModelError::Mismatch)?;
-            let one_type_graph = manifest.typed.is_none().then(|| {
-                protocol::graph_schema::GraphSchema::of(
-                    &[(super::ONE_TYPE, manifest.feature_dim)],
-                    &[(0, super::ONE_RELATION, 0)],
-                )
-            });
+            let graph = manifest
+                .graph
+                .as_ref()
+                .expect("a graph-layout manifest has its graph");
+            check_graph_session(&session, &manifest, graph).map_err(ModelError::Mismatch)?;
             return Ok(Self {
                 session,
                 manifest,
@@ -144,7 +138,6 @@ impl Model {
                 no_hubs: Vec::new(),
                 scatters_rewritten: scatters,
                 extrema_fixed,
-                one_type_graph,
             });
         }
         let session = builder
@@ -178,7 +171,6 @@ impl Model {
             no_hubs,
             scatters_rewritten: 0,
             extrema_fixed: 0,
-            one_type_graph: None,
         })
     }
 
