@@ -1190,24 +1190,7 @@ fn precomputed_answers_serve_a_typed_model_until_its_subgraph_changes() {
     let alone: Vec<serde_json::Value> = ids.iter().map(|&id| predict_one(&gnn.http, id)).collect();
     assert!(gnn.daemon.stop());
 
-    let worker = tests::typed::Worker::start(
-        &sidecar.shm_name,
-        &model,
-        &[
-            "--precomputed-redis",
-            &redis.url(),
-            "--precomputed-check-s",
-            "0.2",
-        ],
-    );
-    assert!(
-        eventually(Duration::from_secs(20), || {
-            // The worker learns the sidecar's clock from a response.
-            predict_one(&worker.http, 0);
-            tests::stack::metric_value(&worker.http, "gnn_worker_precomputed_nodes") == n as f64
-        }),
-        "the set was not loaded"
-    );
+    let worker = worker_with_set(&sidecar, &model, &redis, n);
     let logits = |p: &serde_json::Value| -> Vec<f32> {
         serde_json::from_value(p["logits"].clone()).unwrap()
     };
@@ -1305,23 +1288,7 @@ fn a_typed_set_at_covering_fanouts_serves_pyg_s_full_graph_outputs() {
     let (said, _) = run_ok(&mut precompute, "gnn-worker precompute --fanouts 2048,2048");
     let n = 7698u64;
     assert!(said.contains(&format!("precomputed {n} nodes")), "{said}");
-    let worker = tests::typed::Worker::start(
-        &sidecar.shm_name,
-        &model,
-        &[
-            "--precomputed-redis",
-            &redis.url(),
-            "--precomputed-check-s",
-            "0.2",
-        ],
-    );
-    assert!(
-        eventually(Duration::from_secs(20), || {
-            predict_one(&worker.http, 0);
-            tests::stack::metric_value(&worker.http, "gnn_worker_precomputed_nodes") == n as f64
-        }),
-        "the set was not loaded"
-    );
+    let worker = worker_with_set(&sidecar, &model, &redis, n);
     let ids: Vec<u64> = (0..200).chain([3482]).collect();
     let answers = predict(&worker.http, &ids);
     for (answer, id) in answers.iter().zip(&ids) {
@@ -1336,6 +1303,35 @@ fn a_typed_set_at_covering_fanouts_serves_pyg_s_full_graph_outputs() {
         "stored answers differ from PyG's full graph by {worst:e}"
     );
     assert!(worker.daemon.stop());
+}
+
+/// A worker of `model` beside `sidecar` answering from the precomputed set
+/// in `redis`, once it has loaded the set's `n` nodes.
+fn worker_with_set(
+    sidecar: &TypedSidecar,
+    model: &std::path::Path,
+    redis: &RedisServer,
+    n: u64,
+) -> tests::typed::Worker {
+    let worker = tests::typed::Worker::start(
+        &sidecar.shm_name,
+        model,
+        &[
+            "--precomputed-redis",
+            &redis.url(),
+            "--precomputed-check-s",
+            "0.2",
+        ],
+    );
+    assert!(
+        eventually(Duration::from_secs(20), || {
+            // The worker learns the sidecar's clock from a response.
+            predict_one(&worker.http, 0);
+            tests::stack::metric_value(&worker.http, "gnn_worker_precomputed_nodes") == n as f64
+        }),
+        "the set was not loaded"
+    );
+    worker
 }
 
 /// The worker's answer for airport `id`, alone in its call.
