@@ -610,27 +610,58 @@ fn a_calls_deadline_bounds_its_wait_for_a_frozen_redis() {
         outcomes
     });
     redis.thaw();
-    for (code, took) in &late_message {
-        assert!(
-            matches!(code, tonic::Code::Ok | tonic::Code::DeadlineExceeded),
-            "a call whose message came 30 ms late: {code:?} after {took:?}"
-        );
-    }
+    assert_worker_ends_grpc_calls(
+        &late_message,
+        Duration::from_millis(200),
+        "a call whose message came 30 ms late",
+    );
     let slowest = *slowest.lock().unwrap();
     assert!(
         slowest < Duration::from_millis(1500),
         "an HTTP call with a 100 ms deadline took {slowest:?}; outcomes {:?}",
         outcomes.lock().unwrap()
     );
+    assert_worker_ends_grpc_calls(
+        &grpc_codes,
+        Duration::from_millis(100),
+        "a call with a 100 ms grpc-timeout",
+    );
     for (code, took) in &grpc_codes {
-        assert!(
-            matches!(code, tonic::Code::Ok | tonic::Code::DeadlineExceeded),
-            "{code:?} after {took:?}"
-        );
         assert!(
             *took < Duration::from_millis(1500),
             "{code:?} after {took:?}"
         );
     }
     assert!(stack.stop());
+}
+
+/// gRPC calls with a `grpc-timeout` of `timeout` that the worker ended
+/// itself: answered, or DEADLINE_EXCEEDED (docs/serving.md, "The
+/// ladder"). The worker answers a moment before the deadline counted from
+/// the call's headers, but the client's own timer starts earlier, when it
+/// sends them: on a loaded machine the client's process may not read the
+/// answer before its timer ends the call CANCELLED, at the deadline. So a
+/// CANCELLED is the client's timer only if it came at the deadline or
+/// after, and only for a minority of the calls: a worker that overran its
+/// deadline (as one that counted from the message did) gets every call
+/// CANCELLED.
+fn assert_worker_ends_grpc_calls(
+    outcomes: &[(tonic::Code, Duration)],
+    timeout: Duration,
+    what: &str,
+) {
+    let mut cancelled = 0;
+    for (code, took) in outcomes {
+        match code {
+            tonic::Code::Ok | tonic::Code::DeadlineExceeded => {}
+            tonic::Code::Cancelled if *took >= timeout => cancelled += 1,
+            _ => panic!("{what}: {code:?} after {took:?}"),
+        }
+    }
+    assert!(
+        cancelled * 2 < outcomes.len(),
+        "{what}: {cancelled} of {} ended CANCELLED by the client's timer, not answered by the \
+         worker: {outcomes:?}",
+        outcomes.len()
+    );
 }
