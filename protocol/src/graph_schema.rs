@@ -150,8 +150,21 @@ impl GraphSchema {
     }
 
     /// The index of the edge type whose key is `key`.
+    /// Compared in place, without building each key: a model's run looks
+    /// its inputs up by key.
     pub fn edge_type(&self, key: &str) -> Option<usize> {
-        (0..self.edge_types.len()).find(|&e| self.edge_key(e) == key)
+        let name = |t: u32| {
+            self.node_types
+                .get(t as usize)
+                .map_or("?", |t| t.name.as_str())
+        };
+        self.edge_types.iter().position(|e| {
+            key.strip_prefix(name(e.src))
+                .and_then(|rest| rest.strip_prefix("__"))
+                .and_then(|rest| rest.strip_prefix(e.relation.as_str()))
+                .and_then(|rest| rest.strip_prefix("__"))
+                == Some(name(e.dst))
+        })
     }
 
     /// Bytes of the encoded schema.
@@ -309,6 +322,19 @@ mod tests {
         assert_eq!(GraphSchema::decode(&bytes).unwrap(), schema);
         assert_eq!(schema.edge_key(1), "plane__used_at__airport");
         assert_eq!(schema.edge_type("plane__used_at__airport"), Some(1));
+        for e in 0..schema.edge_types.len() {
+            assert_eq!(schema.edge_type(&schema.edge_key(e)), Some(e));
+        }
+        for near in [
+            "plane__used_at__airpor",
+            "plane__used_at__airports",
+            "plane_used_at__airport",
+            "plane__used_at_airport",
+            "plane__used__airport",
+            "",
+        ] {
+            assert_eq!(schema.edge_type(near), None, "{near:?}");
+        }
         assert_eq!(schema.node_type("plane"), Some(1));
         assert_eq!(
             schema.describe(),
