@@ -313,6 +313,20 @@ impl CpuWatch {
         self.seconds_each().map(|each| each.iter().sum())
     }
 
+    /// Each process's CPU per call, microseconds, over `calls` answered
+    /// since `before` (what [`CpuWatch::seconds_each`] gave then); `None`
+    /// when nothing was answered or a process cannot be read.
+    pub fn per_call_since(&self, before: Option<Vec<f64>>, calls: u64) -> Option<Vec<f64>> {
+        let (before, after) = (before?, self.seconds_each()?);
+        (calls > 0).then(|| {
+            after
+                .iter()
+                .zip(&before)
+                .map(|(a, b)| (a - b) * 1e6 / calls as f64)
+                .collect()
+        })
+    }
+
     /// The same per process, in the order of `pids`.
     pub fn seconds_each(&self) -> Option<Vec<f64>> {
         if self.pids.is_empty() {
@@ -333,6 +347,129 @@ impl CpuWatch {
         }
         Some(each)
     }
+}
+
+/// Two systems' CPU per call at one offered rate, measured in alternating
+/// slices (pair `i` runs A then B when `i` is even, B then A when it is
+/// odd), so that what the machine does at any moment falls on both alike
+/// and each pair's ratio compares them under the same conditions.
+#[derive(Debug, Clone, Serialize)]
+pub struct Paired {
+    /// The transport both were called through (`gRPC`, `HTTP`).
+    pub door: String,
+    /// The offered rate of every slice, calls per second.
+    pub offered: f64,
+    /// Each slice's length, seconds.
+    pub slice_s: f64,
+    /// A's CPU (user + system of its watched processes) per call answered,
+    /// microseconds, one per pair.
+    pub a_us: Vec<f64>,
+    /// B's, the same pairs.
+    pub b_us: Vec<f64>,
+    /// A's per watched process (in the order of its `CpuWatch`), pair by
+    /// pair.
+    pub a_each_us: Vec<Vec<f64>>,
+    /// B's, the same.
+    pub b_each_us: Vec<Vec<f64>>,
+    /// Calls that failed or were not answered in time: A's, B's.
+    pub errors: [u64; 2],
+}
+
+impl Paired {
+    /// The median over the pairs of each watched process's CPU per call:
+    /// A's (`b` false) or B's.
+    pub fn median_each(&self, b: bool) -> Vec<f64> {
+        let each = if b { &self.b_each_us } else { &self.a_each_us };
+        let processes = each.first().map_or(0, Vec::len);
+        (0..processes)
+            .filter_map(|i| {
+                median(
+                    &each
+                        .iter()
+                        .filter_map(|p| p.get(i).copied())
+                        .collect::<Vec<_>>(),
+                )
+            })
+            .collect()
+    }
+
+    /// B's CPU per call over A's, pair by pair.
+    pub fn ratios(&self) -> Vec<f64> {
+        self.a_us
+            .iter()
+            .zip(&self.b_us)
+            .filter(|(a, _)| **a > 0.0)
+            .map(|(a, b)| b / a)
+            .collect()
+    }
+}
+
+/// The median of `values` (the mean of the middle two for an even count);
+/// `None` when there are none.
+pub fn median(values: &[f64]) -> Option<f64> {
+    let mut v: Vec<f64> = values.iter().copied().filter(|x| x.is_finite()).collect();
+    if v.is_empty() {
+        return None;
+    }
+    v.sort_by(f64::total_cmp);
+    let mid = v.len() / 2;
+    Some(if v.len().is_multiple_of(2) {
+        (v[mid - 1] + v[mid]) / 2.0
+    } else {
+        v[mid]
+    })
+}
+
+/// [`Paired`]: `pairs` pairs of `slice`-long open-loop runs of `a` and `b`
+/// at `rate`, each slice's CPU per call from its processes in `a_cpu` and
+/// `b_cpu`. A pair where either slice answered nothing is left out.
+pub async fn paired_cpu(
+    door: &str,
+    (a, a_cpu): (Arc<dyn Caller>, &CpuWatch),
+    (b, b_cpu): (Arc<dyn Caller>, &CpuWatch),
+    rate: f64,
+    slice: Duration,
+    pairs: usize,
+) -> Paired {
+    async fn one(
+        caller: &Arc<dyn Caller>,
+        cpu: &CpuWatch,
+        rate: f64,
+        slice: Duration,
+    ) -> (Option<Vec<f64>>, u64) {
+        let before = cpu.seconds_each();
+        let summary = open(caller.clone(), rate, slice, Duration::from_secs(20)).await;
+        (cpu.per_call_since(before, summary.calls), summary.errors)
+    }
+    let mut paired = Paired {
+        door: door.to_string(),
+        offered: rate,
+        slice_s: slice.as_secs_f64(),
+        a_us: Vec::new(),
+        b_us: Vec::new(),
+        a_each_us: Vec::new(),
+        b_each_us: Vec::new(),
+        errors: [0, 0],
+    };
+    for i in 0..pairs {
+        let (a_run, b_run) = if i % 2 == 0 {
+            let a_run = one(&a, a_cpu, rate, slice).await;
+            (a_run, one(&b, b_cpu, rate, slice).await)
+        } else {
+            let b_run = one(&b, b_cpu, rate, slice).await;
+            (one(&a, a_cpu, rate, slice).await, b_run)
+        };
+        paired.errors[0] += a_run.1;
+        paired.errors[1] += b_run.1;
+        tracing::info!(door, pair = i, a_us = ?a_run.0, b_us = ?b_run.0, "paired CPU");
+        if let (Some(a_each), Some(b_each)) = (a_run.0, b_run.0) {
+            paired.a_us.push(a_each.iter().sum());
+            paired.b_us.push(b_each.iter().sum());
+            paired.a_each_us.push(a_each);
+            paired.b_each_us.push(b_each);
+        }
+    }
+    paired
 }
 
 /// Open-loop steps at `fractions` of `saturation`, each `step` long (longer,
@@ -364,16 +501,7 @@ pub async fn sweep(
             errors = summary.errors,
             "sweep step"
         );
-        let cpu_us_per_call_each = match (cpu_before, cpu.seconds_each()) {
-            (Some(before), Some(after)) if summary.calls > 0 => Some(
-                after
-                    .iter()
-                    .zip(&before)
-                    .map(|(a, b)| (a - b) * 1e6 / summary.calls as f64)
-                    .collect::<Vec<f64>>(),
-            ),
-            _ => None,
-        };
+        let cpu_us_per_call_each = cpu.per_call_since(cpu_before, summary.calls);
         let cpu_us_per_call = cpu_us_per_call_each.as_ref().map(|each| each.iter().sum());
         steps.push(Step {
             offered,

@@ -90,6 +90,9 @@ struct Timing {
     floor_throughput_for: Duration,
     fetch_requests: usize,
     naive_fetch_calls: usize,
+    /// With `--baseline`: pairs of slices (each `step` long) in which the
+    /// two builds' CPU per call is measured at one rate, alternating.
+    pairs: usize,
 }
 
 impl Timing {
@@ -107,6 +110,7 @@ impl Timing {
                 floor_throughput_for: Duration::from_secs(1),
                 fetch_requests: 60,
                 naive_fetch_calls: 20,
+                pairs: 2,
             }
         } else {
             Self {
@@ -121,6 +125,7 @@ impl Timing {
                 floor_throughput_for: Duration::from_secs(2),
                 fetch_requests: 300,
                 naive_fetch_calls: 100,
+                pairs: 8,
             }
         }
     }
@@ -440,6 +445,62 @@ fn main() -> anyhow::Result<()> {
                 };
                 measured.push(measure(name, caller.clone(), lone, &timing, &cpu).await);
             }
+            // With another build beside this one: both builds' CPU per
+            // call at one rate (70% of the lower of their saturations),
+            // door by door, in alternating slices, which a saturation
+            // step's CPU (each at its own rate, measured minutes apart)
+            // cannot give on a shared machine.
+            let mut paired = Vec::new();
+            if beside_stack.is_some() {
+                for (door, other, this) in [
+                    ("gRPC", "baseline-grpc", "product-grpc"),
+                    ("HTTP", "baseline-http", "product-http"),
+                ] {
+                    let caller = |name: &str| {
+                        systems
+                            .iter()
+                            .find(|(n, _)| *n == name)
+                            .map(|(_, caller)| caller.clone())
+                    };
+                    let saturation = |name: &str| {
+                        measured
+                            .iter()
+                            .find(|s| s.system == name)
+                            .map(|s| s.saturation)
+                    };
+                    if let (Some(a), Some(b), Some(sa), Some(sb)) = (
+                        caller(other),
+                        caller(this),
+                        saturation(other),
+                        saturation(this),
+                    ) {
+                        let rate = 0.7 * sa.min(sb);
+                        if rate > 0.0 {
+                            let result = load::paired_cpu(
+                                door,
+                                (a, &beside_cpu),
+                                (b, &product_cpu),
+                                rate,
+                                timing.step,
+                                timing.pairs,
+                            )
+                            .await;
+                            say(&format!(
+                                "  {door:<5} paired at {rate:.0} calls/s: CPU per call other {} \
+                                 us, this {} us, this over other {} (median of {} pairs)",
+                                load::median(&result.a_us)
+                                    .map_or("-".into(), |v| format!("{v:.0}")),
+                                load::median(&result.b_us)
+                                    .map_or("-".into(), |v| format!("{v:.0}")),
+                                load::median(&result.ratios())
+                                    .map_or("-".into(), |v| format!("{v:.3}x")),
+                                result.a_us.len()
+                            ));
+                            paired.push(result);
+                        }
+                    }
+                }
+            }
             // (c) at equal p99: the product's HTTP front end at 5x the rate
             // the FastAPI service sustains within its p99 at 70% load.
             let fast = measured.iter().find(|s| s.system == "fastapi");
@@ -467,6 +528,7 @@ fn main() -> anyhow::Result<()> {
                 grpc_round_trip,
                 breakdown,
                 systems: measured,
+                paired,
             })
         })?;
         results.push(result);

@@ -259,6 +259,9 @@ pub struct ScenarioResult {
     /// Lone HTTP calls to the product, with the worker's view of them.
     pub breakdown: Breakdown,
     pub systems: Vec<SystemResult>,
+    /// With `--baseline`: the other build's CPU per call (A) and this
+    /// build's (B) at one rate, in alternating slices, door by door.
+    pub paired: Vec<crate::load::Paired>,
 }
 
 impl ScenarioResult {
@@ -663,6 +666,65 @@ fn side_by_side(
     }
 }
 
+/// "Beside another build", at one rate: each build's CPU per call in
+/// alternating slices and the ratio of each pair, where `--baseline` ran.
+fn paired(md: &mut String, r: &Report) {
+    let rows: Vec<_> = r
+        .scenarios
+        .iter()
+        .flat_map(|s| s.paired.iter().map(move |p| (s, p)))
+        .collect();
+    if rows.is_empty() {
+        return;
+    }
+    let _ = writeln!(
+        md,
+        "\nCPU per call at one rate (70% of the lower of the two saturations), both builds in \
+         alternating open-loop slices (other then this, this then other, ...), the worker's \
+         and the sidecar's user + system time over the calls each slice answered (of it, the \
+         medians of each: worker + sidecar). The cost is the median of the pairs' ratios \
+         (this over other); min and max show the spread between pairs.\n"
+    );
+    let _ = writeln!(
+        md,
+        "| scenario | door | rate (calls/s) | pairs x slice | CPU per call other / this \
+         (medians) | of it: other / this | cost | min - max | errors other / this |"
+    );
+    let _ = writeln!(md, "|---|---|---:|---:|---:|---:|---:|---:|---:|");
+    for (s, p) in rows {
+        let ratios = p.ratios();
+        let fmt = |v: Option<f64>| v.map_or("-".into(), us);
+        let cost = |v: Option<f64>| v.map_or("-".into(), |v| format!("{v:.3}x"));
+        let parts = |b: bool| {
+            p.median_each(b)
+                .iter()
+                .map(|v| us(*v))
+                .collect::<Vec<_>>()
+                .join(" + ")
+        };
+        let lowest = ratios.iter().copied().reduce(f64::min);
+        let highest = ratios.iter().copied().reduce(f64::max);
+        let _ = writeln!(
+            md,
+            "| {} | {} | {:.0} | {} x {:.0} s | {} / {} | {} / {} | {} | {} - {} | {} / {} |",
+            s.scenario.name,
+            p.door,
+            p.offered,
+            ratios.len(),
+            p.slice_s,
+            fmt(crate::load::median(&p.a_us)),
+            fmt(crate::load::median(&p.b_us)),
+            parts(false),
+            parts(true),
+            cost(crate::load::median(&ratios)),
+            cost(lowest),
+            cost(highest),
+            p.errors[0],
+            p.errors[1]
+        );
+    }
+}
+
 /// The human report.
 pub fn markdown(r: &Report) -> String {
     let mut md = String::new();
@@ -743,6 +805,8 @@ pub fn markdown(r: &Report) -> String {
             ("HTTP", "baseline-http", "product-http"),
         ],
     );
+
+    paired(&mut md, r);
 
     let _ = writeln!(md, "\n## Scenarios\n");
     for s in &r.scenarios {

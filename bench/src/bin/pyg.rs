@@ -148,9 +148,9 @@ fn dense_twin(args: &Args, sage: &Path) -> anyhow::Result<PathBuf> {
     Ok(out)
 }
 
-fn median(mut values: Vec<f64>) -> f64 {
-    values.sort_by(f64::total_cmp);
-    values[values.len() / 2]
+/// The median of one figure over the rounds (at least one round runs).
+fn median(values: Vec<f64>) -> f64 {
+    load::median(&values).unwrap_or(0.0)
 }
 
 async fn measure(
