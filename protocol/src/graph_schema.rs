@@ -136,12 +136,20 @@ impl GraphSchema {
     /// `edge_index__<key>`).
     pub fn edge_key(&self, edge_type: usize) -> String {
         let e = &self.edge_types[edge_type];
-        let name = |t: u32| {
-            self.node_types
-                .get(t as usize)
-                .map_or("?", |t| t.name.as_str())
-        };
-        format!("{}__{}__{}", name(e.src), e.relation, name(e.dst))
+        format!(
+            "{}__{}__{}",
+            self.type_name(e.src),
+            e.relation,
+            self.type_name(e.dst)
+        )
+    }
+
+    /// Node type `t`'s name in an edge type's key (`?` past the types,
+    /// which a checked schema never has).
+    fn type_name(&self, t: u32) -> &str {
+        self.node_types
+            .get(t as usize)
+            .map_or("?", |t| t.name.as_str())
     }
 
     /// The index of the node type named `name`.
@@ -153,17 +161,12 @@ impl GraphSchema {
     /// Compared in place, without building each key: a model's run looks
     /// its inputs up by key.
     pub fn edge_type(&self, key: &str) -> Option<usize> {
-        let name = |t: u32| {
-            self.node_types
-                .get(t as usize)
-                .map_or("?", |t| t.name.as_str())
-        };
         self.edge_types.iter().position(|e| {
-            key.strip_prefix(name(e.src))
+            key.strip_prefix(self.type_name(e.src))
                 .and_then(|rest| rest.strip_prefix("__"))
                 .and_then(|rest| rest.strip_prefix(e.relation.as_str()))
                 .and_then(|rest| rest.strip_prefix("__"))
-                == Some(name(e.dst))
+                == Some(self.type_name(e.dst))
         })
     }
 
