@@ -218,13 +218,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             if typed {
                 let done = typed::import_typed(&input, &data_dir, graph_version)?;
                 for (edge_type, stats) in done.schema.edge_types.iter().zip(&done.edge_types) {
-                    println!(
-                        "edge type {}: {} edges ({} duplicates and {} self loops dropped)",
-                        edge_type.key(),
-                        stats.n_edges,
-                        stats.duplicates_dropped,
-                        stats.self_loops_dropped
-                    );
+                    println!("edge type {}: {}", edge_type.key(), stats.edges_summary());
                 }
                 println!(
                     "typed graph index {}: {} node types, {} edge types in {:.2} s",
@@ -267,13 +261,10 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             }
             let stats = dataset::import_graph(&input, &data_dir, undirected, graph_version)?;
             println!(
-                "graph index {}: {} nodes, {} edges ({} duplicates and {} self loops dropped) \
-                 in {:.2} s ({:.1} M input edges/s)",
+                "graph index {}: {} nodes, {} in {:.2} s ({:.1} M input edges/s)",
                 data_dir.join(dataset::INDEX_FILE).display(),
                 stats.n_nodes,
-                stats.n_edges,
-                stats.duplicates_dropped,
-                stats.self_loops_dropped,
+                stats.edges_summary(),
                 stats.seconds,
                 stats.input_edges as f64 / stats.seconds / 1e6
             );

@@ -53,7 +53,7 @@ use crate::features::contract::encode_row;
 use crate::features::rocks::Role;
 use crate::graph::GraphSource;
 use crate::updates::entry::Op;
-use crate::updates::typed_entry::{GraphChange, GraphOp};
+use crate::updates::typed_entry::{GraphChange, GraphOp, NamedEdges};
 
 /// Most admin connections served at once.
 pub const MAX_CONNECTIONS: usize = 8;
@@ -760,14 +760,31 @@ fn handle(
                 node_type,
                 id,
                 row: (!features.is_empty()).then(|| encode_row(&features)),
-                edges,
+                edges: edges
+                    .into_iter()
+                    .map(|(name, pairs)| NamedEdges::new(name, pairs))
+                    .collect(),
             },
         )?,
         AdminRequest::TypedAddEdges { edge_type, edges } => change_naming_types(
             daemon,
             runtime,
             GraphOp::AddEdges {
-                edges: vec![(edge_type, edges)],
+                edges: vec![NamedEdges::new(edge_type, edges)],
+            },
+        )?,
+        AdminRequest::AddEdgesWithData {
+            edge_type,
+            edges,
+            data,
+        } => change_naming_types(
+            daemon,
+            runtime,
+            GraphOp::AddEdges {
+                edges: vec![NamedEdges {
+                    data: Some(data),
+                    ..NamedEdges::new(edge_type, edges)
+                }],
             },
         )?,
         AdminRequest::TypedInvalidate { node_type, ids } => {
@@ -977,9 +994,10 @@ fn change(
         change.rows.extend(one.rows);
         change.evicted.extend(one.evicted);
         if let Some(update) = one.update {
-            let merged = change.update.get_or_insert_with(Default::default);
-            merged.nodes.extend(update.nodes);
-            merged.edges.extend(update.edges);
+            change
+                .update
+                .get_or_insert_with(Default::default)
+                .extend(update);
         }
     }
     if let Some(update) = &change.update {

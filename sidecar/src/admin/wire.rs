@@ -135,6 +135,15 @@ pub enum AdminRequest {
         node_type: String,
         ids: Vec<u64>,
     },
+    /// Adds edges of one edge type whose edges carry data, with their data
+    /// as text: per edge, its attributes, then its weight, then its time,
+    /// separated by white space (docs/graph-index.md, "Edge data"; checked
+    /// against the edge type). Answered `Updated`.
+    AddEdgesWithData {
+        edge_type: String,
+        edges: Vec<(u64, u64)>,
+        data: String,
+    },
 }
 
 /// A node added while serving.
@@ -486,6 +495,11 @@ mod tests {
                 node_type: String::new(),
                 ids: vec![],
             },
+            R::AddEdgesWithData {
+                edge_type: String::new(),
+                edges: vec![],
+                data: String::new(),
+            },
         ];
         all.into_iter()
             .map(|r| {
@@ -515,6 +529,7 @@ mod tests {
                     R::TypedAddEdges { .. } => "TypedAddEdges",
                     R::TypedWarmIds { .. } => "TypedWarmIds",
                     R::TypedInvalidate { .. } => "TypedInvalidate",
+                    R::AddEdgesWithData { .. } => "AddEdgesWithData",
                 };
                 (r, name)
             })

@@ -182,7 +182,9 @@ enum GraphAction {
         #[arg(long = "typed-edges", requires = "node_type")]
         typed_edges: Vec<String>,
     },
-    /// Add edges from a text file: `src dst` per line, `#` comments.
+    /// Add edges from a text file: `src dst` per line, `#` comments; with
+    /// --edge-type, an edge type whose edges carry data takes its values
+    /// after `src dst` (attributes, then weight, then time).
     AddEdges {
         #[arg(long)]
         file: PathBuf,
@@ -250,26 +252,52 @@ fn parse_ids(text: &str, source: &str) -> anyhow::Result<Vec<u64>> {
         .collect()
 }
 
-fn parse_edges(path: &PathBuf) -> anyhow::Result<Vec<(u64, u64)>> {
+/// A file's edges, and the values after `src dst` (edge data) as one text
+/// when its lines have any.
+type FileEdges = (Vec<(u64, u64)>, Option<String>);
+
+/// The edges of a file of `src dst [values...]` lines, and the values
+/// after `src dst` (edge data), as one text, when the lines have any: every
+/// line then has as many (the sidecar checks them against the edge type).
+fn parse_edges(path: &PathBuf) -> anyhow::Result<FileEdges> {
     let text =
         std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
     let mut edges = Vec::new();
+    let mut data = String::new();
+    let mut width: Option<(usize, usize)> = None;
     for (i, line) in text.lines().enumerate() {
         let line = line.split('#').next().unwrap_or("").trim();
         if line.is_empty() {
             continue;
         }
-        let mut parts = line.split_whitespace();
-        let (Some(a), Some(b), None) = (parts.next(), parts.next(), parts.next()) else {
+        let parts: Vec<&str> = line.split_whitespace().collect();
+        let [a, b, values @ ..] = parts.as_slice() else {
             bail!("{}:{}: expected `src dst`", path.display(), i + 1);
         };
+        match width {
+            None => width = Some((values.len(), i + 1)),
+            Some((n, first)) if n != values.len() => bail!(
+                "{}:{}: {} values after `src dst`, and line {first} has {n}: every edge of an \
+                 edge type carries the same data (its attributes, then its weight, then its \
+                 time)",
+                path.display(),
+                i + 1,
+                values.len()
+            ),
+            Some(_) => {}
+        }
         let parse = |t: &str| {
             t.parse::<u64>()
                 .with_context(|| format!("{}:{}: {t:?} is not a node id", path.display(), i + 1))
         };
         edges.push((parse(a)?, parse(b)?));
+        for value in values {
+            data.push_str(value);
+            data.push(' ');
+        }
     }
-    Ok(edges)
+    let with_data = width.is_some_and(|(n, _)| n > 0);
+    Ok((edges, with_data.then_some(data)))
 }
 
 /// `EDGE_TYPE=SRC,DST,...`: the edges of one edge type.
@@ -378,17 +406,31 @@ fn request_of(command: Command) -> anyhow::Result<AdminRequest> {
                 file,
                 directed,
                 edge_type: None,
-            } => AdminRequest::AddEdges {
-                edges: parse_edges(&file)?,
-                undirected: !directed,
-            },
+            } => {
+                let (edges, data) = parse_edges(&file)?;
+                if data.is_some() {
+                    bail!(
+                        "{}: values after `src dst` are edge data, which goes to an edge type: \
+                         name it with --edge-type",
+                        file.display()
+                    );
+                }
+                AdminRequest::AddEdges {
+                    edges,
+                    undirected: !directed,
+                }
+            }
             GraphAction::AddEdges {
                 file,
                 edge_type: Some(edge_type),
                 ..
-            } => AdminRequest::TypedAddEdges {
-                edge_type,
-                edges: parse_edges(&file)?,
+            } => match parse_edges(&file)? {
+                (edges, None) => AdminRequest::TypedAddEdges { edge_type, edges },
+                (edges, Some(data)) => AdminRequest::AddEdgesWithData {
+                    edge_type,
+                    edges,
+                    data,
+                },
             },
             GraphAction::Compact => AdminRequest::Compact,
             GraphAction::Checksum => AdminRequest::GraphChecksum,

@@ -12,6 +12,15 @@
 //! file is built under a temporary name and renamed into place. Heap use is
 //! 16 bytes per node plus one read buffer, whatever the edge count: a
 //! 10M-node, 200M-edge graph needs about 160 MB of heap.
+//!
+//! Edges that carry data ([`EdgeDataFiles`]: attributes, a weight, a time,
+//! one row per input edge) are built the same way, except that the scatter
+//! also places each edge's input position (in a temporary file of 8 bytes
+//! per edge beside the output, mapped), each row is sorted by (time, id,
+//! input position) (24 bytes of heap per edge of the largest row),
+//! duplicates are kept (two payments between two accounts are two edges),
+//! and the data is copied into the index's edge-data section in the rows'
+//! order. The data files are mapped, not read into the heap.
 #![allow(unsafe_code)]
 
 use std::fs::{File, OpenOptions};
@@ -24,7 +33,8 @@ use memmap2::MmapMut;
 use xxhash_rust::xxh3::xxh3_64;
 
 use crate::graph::format::{
-    CsrHeader, StreamPosition, FLAG_KNOWN_BITMAP, FLAG_TYPED, FLAG_UNDIRECTED, HEADER_BYTES,
+    CsrHeader, EdgeDataShape, StreamPosition, FLAG_KNOWN_BITMAP, FLAG_TYPED, FLAG_UNDIRECTED,
+    HEADER_BYTES, MAX_EDGE_ATTRS,
 };
 
 /// Edges read per chunk (8 MB of u32 pairs).
@@ -112,6 +122,135 @@ pub struct BuildOptions {
     /// file's `n_nodes`, which must be given, is the destination type's
     /// count), indices the sources (format's `FLAG_TYPED`).
     pub typed: Option<TypedEdges>,
+    /// What each input edge carries (none: a version-1 index).
+    pub edge_data: EdgeDataFiles,
+}
+
+/// Files of what each input edge carries, aligned with the edge file: row
+/// `k` of each belongs to edge `k` (docs/graph-index.md, "Edge data").
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct EdgeDataFiles {
+    /// `E x width` little-endian f32, row-major, and the width.
+    pub attrs: Option<(PathBuf, u32)>,
+    /// `E` little-endian f32.
+    pub weight: Option<PathBuf>,
+    /// `E` little-endian i64.
+    pub time: Option<PathBuf>,
+}
+
+impl EdgeDataFiles {
+    /// What the edges carry.
+    pub fn shape(&self) -> EdgeDataShape {
+        EdgeDataShape {
+            attr_dim: self.attrs.as_ref().map_or(0, |(_, dim)| *dim),
+            weight: self.weight.is_some(),
+            time: self.time.is_some(),
+        }
+    }
+}
+
+/// A read-only mapping of a whole file (empty files map to nothing).
+struct Mapped(Option<memmap2::Mmap>);
+
+impl Mapped {
+    fn open(path: &Path, what: &str, expected: u64) -> anyhow::Result<Self> {
+        let file =
+            File::open(path).with_context(|| format!("opening {what} {}", path.display()))?;
+        let len = file.metadata()?.len();
+        ensure!(
+            len == expected,
+            "{what} {} is {len} bytes; the edges need {expected} (one row per edge, in the edge \
+             file's order): fix the file or meta.json",
+            path.display()
+        );
+        if len == 0 {
+            return Ok(Self(None));
+        }
+        // SAFETY: an input of the import, opened read-only; the import
+        // requires that nothing writes its inputs while it runs (the edge
+        // file's second pass checks it), and every access is bounds-checked.
+        Ok(Self(Some(
+            unsafe { memmap2::Mmap::map(&file) }
+                .with_context(|| format!("mapping {what} {}", path.display()))?,
+        )))
+    }
+
+    fn bytes(&self) -> &[u8] {
+        self.0.as_deref().unwrap_or_default()
+    }
+}
+
+/// The mapped inputs of an edge-data build.
+struct EdgeDataInputs {
+    shape: EdgeDataShape,
+    attrs: Mapped,
+    weights: Mapped,
+    times: Mapped,
+}
+
+impl EdgeDataInputs {
+    /// Maps the data files of `input_edges` edges, and refuses a file of
+    /// the wrong size or a non-finite value, by name.
+    fn open(files: &EdgeDataFiles, input_edges: u64) -> anyhow::Result<Self> {
+        let shape = files.shape();
+        ensure!(
+            shape.attr_dim <= MAX_EDGE_ATTRS,
+            "{} attributes per edge: at most {MAX_EDGE_ATTRS}",
+            shape.attr_dim
+        );
+        let none = || Ok(Mapped(None));
+        let inputs = Self {
+            shape,
+            attrs: files.attrs.as_ref().map_or_else(none, |(path, dim)| {
+                Mapped::open(path, "edge attributes", 4 * u64::from(*dim) * input_edges)
+            })?,
+            weights: files.weight.as_ref().map_or_else(none, |path| {
+                Mapped::open(path, "edge weights", 4 * input_edges)
+            })?,
+            times: files.time.as_ref().map_or_else(none, |path| {
+                Mapped::open(path, "edge times", 8 * input_edges)
+            })?,
+        };
+        let width = shape.attr_dim.max(1) as usize;
+        for (what, file, bytes, width) in [
+            (
+                "attribute",
+                &files.attrs.as_ref().map(|(p, _)| p),
+                &inputs.attrs,
+                width,
+            ),
+            ("weight", &files.weight.as_ref(), &inputs.weights, 1),
+        ] {
+            let bad = bytes
+                .bytes()
+                .chunks_exact(4)
+                .map(|b| f32::from_le_bytes(b.try_into().expect("4 bytes")))
+                .enumerate()
+                .find(|(_, v)| !v.is_finite());
+            if let (Some((at, value)), Some(path)) = (bad, file) {
+                bail!(
+                    "{}: edge {} has {what} {value}{}; edge data must be finite numbers (fix \
+                     the converter that wrote the file)",
+                    path.display(),
+                    at / width,
+                    if width > 1 {
+                        format!(" in column {}", at % width)
+                    } else {
+                        String::new()
+                    }
+                );
+            }
+        }
+        Ok(inputs)
+    }
+
+    fn time(&self, k: u64) -> i64 {
+        if !self.shape.time {
+            return 0;
+        }
+        let at = 8 * k as usize;
+        i64::from_le_bytes(self.times.bytes()[at..at + 8].try_into().expect("8 bytes"))
+    }
 }
 
 /// The source side of a typed edge type's build.
@@ -135,6 +274,27 @@ pub struct BuildStats {
     pub self_loops_dropped: u64,
     pub duplicates_dropped: u64,
     pub seconds: f64,
+    /// What each edge carries (duplicates are kept when it carries
+    /// anything).
+    pub edge_data: EdgeDataShape,
+}
+
+impl BuildStats {
+    /// `N edges (D duplicates and L self loops dropped)`, or with edge
+    /// data `N edges carrying ... (duplicates kept, L self loops dropped)`.
+    pub fn edges_summary(&self) -> String {
+        if self.edge_data.is_empty() {
+            format!(
+                "{} edges ({} duplicates and {} self loops dropped)",
+                self.n_edges, self.duplicates_dropped, self.self_loops_dropped
+            )
+        } else {
+            format!(
+                "{} edges carrying {} (duplicates kept, {} self loops dropped)",
+                self.n_edges, self.edge_data, self.self_loops_dropped
+            )
+        }
+    }
 }
 
 /// Converts a text edge list (`src dst` per line, `#` comments, blank lines)
@@ -190,6 +350,13 @@ pub fn build(edges: &EdgeFile, out: &Path, options: &BuildOptions) -> anyhow::Re
         options.typed.is_none() || edges.n_nodes.is_some() && !options.undirected,
         "an edge type of a typed graph is built with its destination type's count, and not \
          undirected (its reverse is an edge type of its own)"
+    );
+    let data_shape = options.edge_data.shape();
+    let with_data = !data_shape.is_empty();
+    ensure!(
+        !(with_data && options.undirected),
+        "edges with data are imported as they are listed: leave out --undirected and list each \
+         direction with its own data"
     );
     // Pass 1: degrees.
     let declared = edges.n_nodes.unwrap_or(0);
@@ -285,6 +452,11 @@ pub fn build(edges: &EdgeFile, out: &Path, options: &BuildOptions) -> anyhow::Re
         "{n_nodes} nodes: node ids must be below 2^32"
     );
     let raw_edges: u64 = degrees.iter().sum();
+    let inputs = if with_data {
+        Some(EdgeDataInputs::open(&options.edge_data, input_edges)?)
+    } else {
+        None
+    };
     tracing::info!(
         nodes = n_nodes,
         edges = input_edges,
@@ -309,7 +481,7 @@ pub fn build(edges: &EdgeFile, out: &Path, options: &BuildOptions) -> anyhow::Re
         );
     }
     let with_bitmap = options.known.is_some();
-    let raw_len = CsrHeader::file_bytes(n_nodes, raw_edges, with_bitmap);
+    let raw_len = CsrHeader::file_bytes(n_nodes, raw_edges, with_bitmap, data_shape);
     // The blocks are reserved up front: a sparse file's pages written through
     // the mapping on a full device would raise SIGBUS and kill the process
     // (the sidecar, during a compaction); this fails cleanly instead.
@@ -329,6 +501,18 @@ pub fn build(edges: &EdgeFile, out: &Path, options: &BuildOptions) -> anyhow::Re
     let indptr: &mut [u64] =
         bytemuck::cast_slice_mut(&mut head[HEADER_BYTES..][..8 * (n_nodes as usize + 1)]);
     let indices: &mut [u32] = bytemuck::cast_slice_mut(&mut rest[..4 * raw_edges as usize]);
+    // With edge data: each placed edge's input position, beside the output.
+    let mut origin_file = match with_data {
+        true => Some(Scratch::create(
+            out.with_extension("csr.origin.tmp"),
+            8 * raw_edges,
+        )?),
+        false => None,
+    };
+    let origin: &mut [u64] = match &mut origin_file {
+        Some(scratch) => scratch.words(),
+        None => &mut [],
+    };
     indptr[0] = 0;
     for node in 0..n_nodes as usize {
         indptr[node + 1] = indptr[node] + degrees[node];
@@ -342,13 +526,17 @@ pub fn build(edges: &EdgeFile, out: &Path, options: &BuildOptions) -> anyhow::Re
     let mut changed = false;
     let mut placed_edges = 0u64;
     edges.for_each_chunk("placing edges", |pairs| {
+        let first = placed_edges;
         placed_edges += pairs.len() as u64;
-        for &[src, dst] in pairs {
+        for (k, &[src, dst]) in (first..).zip(pairs) {
             let mut place = |from: u32, to: u32| {
                 let from = from as usize;
                 match cursor.get_mut(from) {
                     Some(c) if *c < indptr[from + 1] => {
                         indices[*c as usize] = to;
+                        if let Some(at) = origin.get_mut(*c as usize) {
+                            *at = k;
+                        }
                         *c += 1;
                     }
                     _ => changed = true,
@@ -380,8 +568,33 @@ pub fn build(edges: &EdgeFile, out: &Path, options: &BuildOptions) -> anyhow::Re
     let mut write = 0usize;
     let mut self_loops = 0u64;
     let mut read_start = 0usize;
+    // With edge data: one row's (time, id, input position), sorted.
+    let mut row: Vec<(i64, u32, u64)> = Vec::new();
     for node in 0..n_nodes as usize {
         let read_end = indptr[node + 1] as usize;
+        if let Some(inputs) = &inputs {
+            // By (time, id, input position); duplicates kept. Each key is
+            // read once (a time is a random read of the time file).
+            row.clear();
+            row.extend(
+                (read_start..read_end).map(|i| (inputs.time(origin[i]), indices[i], origin[i])),
+            );
+            row.sort_unstable();
+            let mut kept = 0usize;
+            for &(_, v, k) in &row {
+                if drop_loops && v as usize == node {
+                    self_loops += 1;
+                    continue;
+                }
+                indices[write + kept] = v;
+                origin[write + kept] = k;
+                kept += 1;
+            }
+            indptr[node] = write as u64;
+            write += kept;
+            read_start = read_end;
+            continue;
+        }
         let row = &mut indices[read_start..read_end];
         row.sort_unstable();
         let mut kept = 0usize;
@@ -409,7 +622,7 @@ pub fn build(edges: &EdgeFile, out: &Path, options: &BuildOptions) -> anyhow::Re
     let n_edges = write as u64;
     map.flush()?;
     drop(map);
-    let final_len = CsrHeader::file_bytes(n_nodes, n_edges, with_bitmap);
+    let final_len = CsrHeader::file_bytes(n_nodes, n_edges, with_bitmap, data_shape);
     file.set_len(final_len)?;
     // SAFETY: as above; the file was shrunk before it is mapped again.
     let mut map = unsafe { MmapMut::map_mut(&file) }?;
@@ -430,18 +643,23 @@ pub fn build(edges: &EdgeFile, out: &Path, options: &BuildOptions) -> anyhow::Re
             map[start + 8 * i..start + 8 * i + 8].copy_from_slice(&word.to_le_bytes());
         }
     }
-    let body_checksum = xxh3_64(&map[HEADER_BYTES..]);
-    let header = CsrHeader {
+    let mut header = CsrHeader {
         flags,
         n_nodes,
         n_edges,
         graph_version: options.graph_version,
-        body_checksum,
+        body_checksum: 0,
         position: options.position,
         generation: options.generation,
         consumed: options.consumed,
         n_src: options.typed.map_or(0, |typed| typed.n_src),
+        edge_data: data_shape,
     };
+    if let Some(inputs) = &inputs {
+        write_edge_data(&mut map, &header, inputs, &origin[..n_edges as usize]);
+    }
+    drop(origin_file);
+    header.body_checksum = xxh3_64(&map[HEADER_BYTES..]);
     map[..HEADER_BYTES].copy_from_slice(&header.encode());
     map.flush()?;
     drop(map);
@@ -455,6 +673,7 @@ pub fn build(edges: &EdgeFile, out: &Path, options: &BuildOptions) -> anyhow::Re
         self_loops_dropped: self_loops,
         duplicates_dropped: raw_edges - n_edges - self_loops,
         seconds: started.elapsed().as_secs_f64(),
+        edge_data: data_shape,
     };
     tracing::info!(
         nodes = stats.n_nodes,
@@ -466,4 +685,89 @@ pub fn build(edges: &EdgeFile, out: &Path, options: &BuildOptions) -> anyhow::Re
         "graph import: index written"
     );
     Ok(stats)
+}
+
+/// A temporary file of `bytes` bytes, mapped for writing, removed when
+/// dropped.
+struct Scratch {
+    path: PathBuf,
+    /// `None` for 0 bytes (nothing to map).
+    map: Option<MmapMut>,
+}
+
+impl Scratch {
+    fn create(path: PathBuf, bytes: u64) -> anyhow::Result<Self> {
+        let file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .open(&path)
+            .with_context(|| format!("creating {}", path.display()))?;
+        let scratch = |e: String| {
+            let _ = std::fs::remove_file(&path);
+            anyhow::anyhow!(
+                "cannot reserve {bytes} bytes for {}: {e}; free space on that device and retry",
+                path.display()
+            )
+        };
+        if bytes == 0 {
+            return Ok(Self { path, map: None });
+        }
+        nix::fcntl::posix_fallocate(&file, 0, bytes as i64).map_err(|e| scratch(e.to_string()))?;
+        // SAFETY: created above by this process, removed when dropped;
+        // nothing else maps or writes it.
+        let map = unsafe { MmapMut::map_mut(&file) }.map_err(|e| scratch(e.to_string()))?;
+        Ok(Self {
+            path,
+            map: Some(map),
+        })
+    }
+
+    fn words(&mut self) -> &mut [u64] {
+        match &mut self.map {
+            Some(map) => bytemuck::cast_slice_mut(&mut map[..]),
+            None => &mut [],
+        }
+    }
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.path);
+    }
+}
+
+/// Writes the edge-data section of `header`'s index into `map`: the
+/// descriptor, then each array in the rows' order (`origin[i]`: the input
+/// position of the index's edge `i`), with zero padding between sections.
+fn write_edge_data(map: &mut [u8], header: &CsrHeader, inputs: &EdgeDataInputs, origin: &[u64]) {
+    let ranges = header.edge_data_ranges();
+    let graph_end = CsrHeader::file_bytes(
+        header.n_nodes,
+        header.n_edges,
+        header.has_known_bitmap(),
+        EdgeDataShape::default(),
+    ) as usize;
+    map[graph_end..ranges.descriptor.start].fill(0);
+    map[ranges.descriptor.clone()]
+        .copy_from_slice(&CsrHeader::edge_data_descriptor(header.edge_data));
+    map[ranges.attrs.end..ranges.weights.start].fill(0);
+    map[ranges.weights.end..ranges.times.start].fill(0);
+    let row_bytes = 4 * header.edge_data.attr_dim as usize;
+    for (i, &k) in origin.iter().enumerate() {
+        let k = k as usize;
+        if row_bytes > 0 {
+            map[ranges.attrs.start + i * row_bytes..][..row_bytes]
+                .copy_from_slice(&inputs.attrs.bytes()[k * row_bytes..][..row_bytes]);
+        }
+        if header.edge_data.weight {
+            map[ranges.weights.start + 4 * i..][..4]
+                .copy_from_slice(&inputs.weights.bytes()[4 * k..][..4]);
+        }
+        if header.edge_data.time {
+            map[ranges.times.start + 8 * i..][..8]
+                .copy_from_slice(&inputs.times.bytes()[8 * k..][..8]);
+        }
+    }
 }

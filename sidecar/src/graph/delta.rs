@@ -12,7 +12,9 @@
 //!
 //! An entry's presence makes the node known (an added node's row may be
 //! empty); its row holds the added neighbours, sorted, unique, none already
-//! in the base row.
+//! in the base row. An edge type whose edges carry data keeps the added
+//! edges' data in a map of its own, of [`EdgeRowData`] (`Delta<DataRow>`),
+//! aligned with the row (graph::live).
 
 use std::sync::Arc;
 
@@ -23,13 +25,25 @@ const MASK: u64 = WIDTH as u64 - 1;
 /// An added node's row: sorted, unique neighbour ids.
 pub type Row = Arc<[u32]>;
 
-#[derive(Debug, Clone)]
-enum Node {
-    Inner(Box<[Option<Arc<Node>>; WIDTH]>),
-    Leaf(Box<[Option<Row>; WIDTH]>),
+/// The data of an added row's edges, aligned with it: `attrs` row-major
+/// (`attr_dim` per edge), `weights` and `times` one per edge or empty.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct EdgeRowData {
+    pub attrs: Box<[f32]>,
+    pub weights: Box<[f32]>,
+    pub times: Box<[i64]>,
 }
 
-impl Node {
+/// An added row's edge data.
+pub type DataRow = Arc<EdgeRowData>;
+
+#[derive(Debug, Clone)]
+enum Node<T> {
+    Inner(Box<[Option<Arc<Node<T>>>; WIDTH]>),
+    Leaf(Box<[Option<T>; WIDTH]>),
+}
+
+impl<T> Node<T> {
     fn inner() -> Self {
         Node::Inner(Box::new(std::array::from_fn(|_| None)))
     }
@@ -40,9 +54,9 @@ impl Node {
 }
 
 /// The persistent map; cloning it is O(1).
-#[derive(Debug, Clone, Default)]
-pub struct Delta {
-    root: Option<Arc<Node>>,
+#[derive(Debug, Clone)]
+pub struct Delta<T = Row> {
+    root: Option<Arc<Node<T>>>,
     /// Levels below and including the root; the root covers ids below
     /// `32^levels`.
     levels: u32,
@@ -50,7 +64,17 @@ pub struct Delta {
     len: u64,
 }
 
-impl Delta {
+impl<T> Default for Delta<T> {
+    fn default() -> Self {
+        Self {
+            root: None,
+            levels: 0,
+            len: 0,
+        }
+    }
+}
+
+impl<T: Clone> Delta<T> {
     /// Ids below this bound fit the current depth.
     fn capacity(&self) -> u64 {
         1u64 << (BITS * self.levels)
@@ -66,7 +90,7 @@ impl Delta {
     }
 
     /// The entry of `id`, if any.
-    pub fn get(&self, id: u32) -> Option<&Row> {
+    pub fn get(&self, id: u32) -> Option<&T> {
         let id = u64::from(id);
         if id >= self.capacity() {
             return None;
@@ -84,7 +108,7 @@ impl Delta {
     }
 
     /// Sets the entry of `id` to `row`, returning the entry it replaces.
-    pub fn insert(&mut self, id: u32, row: Row) -> Option<Row> {
+    pub fn insert(&mut self, id: u32, row: T) -> Option<T> {
         let id = u64::from(id);
         if self.root.is_none() {
             self.levels = 1;
@@ -126,7 +150,7 @@ impl Delta {
 
     /// The leaf holding `id`'s entry (tests: which paths an insert copied).
     #[cfg(test)]
-    fn leaf_of(&self, id: u32) -> Option<*const Node> {
+    fn leaf_of(&self, id: u32) -> Option<*const Node<T>> {
         let id = u64::from(id);
         let mut node = self.root.as_deref()?;
         let mut level = self.levels;
@@ -136,14 +160,14 @@ impl Delta {
                 Node::Inner(children) => {
                     node = children[((id >> (BITS * level)) & MASK) as usize].as_deref()?
                 }
-                Node::Leaf(_) => return Some(node as *const Node),
+                Node::Leaf(_) => return Some(node as *const Node<T>),
             }
         }
     }
 
     /// Calls `each` with every entry, in increasing id order.
-    pub fn for_each(&self, mut each: impl FnMut(u32, &Row)) {
-        fn walk(node: &Node, prefix: u64, level: u32, each: &mut impl FnMut(u32, &Row)) {
+    pub fn for_each(&self, mut each: impl FnMut(u32, &T)) {
+        fn walk<T>(node: &Node<T>, prefix: u64, level: u32, each: &mut impl FnMut(u32, &T)) {
             match node {
                 Node::Inner(children) => {
                     for (slot, child) in children.iter().enumerate() {
@@ -228,7 +252,7 @@ mod tests {
         }
         let before = delta.clone();
         delta.insert(5, row(&[1]));
-        let leaves = |d: &Delta| -> Vec<*const Node> {
+        let leaves = |d: &Delta| -> Vec<*const Node<Row>> {
             (0..32 * 32 * 32u32)
                 .step_by(WIDTH)
                 .map(|id| d.leaf_of(id).expect("a leaf"))

@@ -3,7 +3,7 @@
 //! ```text
 //! offset  size        field
 //! 0       8           magic "GNNCSR\0\0"
-//! 8       4           version (1)
+//! 8       4           version (1; 2: the file ends with an edge-data section)
 //! 12      4           flags (bit 0: built with --undirected, informational; bit 1: known-node bitmap;
 //!                     bit 2: one edge type of a typed graph)
 //! 16      8           n_nodes
@@ -26,6 +26,26 @@
 //! ...     8 ceil(n/64) with flag bit 1 only, at known_offset (indices end rounded up
 //!                     to 8): bit i of word i/64 set when node i is known
 //! ```
+//!
+//! Version 2 adds what the edges carry (docs/graph-index.md, "Edge data"),
+//! after the sections above, each section starting on a 64-byte boundary:
+//!
+//! ```text
+//! size         field
+//! 8            magic "EDGEDATA"
+//! 4            attr_dim: attributes per edge (0: none)
+//! 4            what: bit 0 a weight per edge, bit 1 a time per edge
+//! 48           zero
+//! 4 E attr_dim attributes, f32, row-major, row i the attributes of indices[i]
+//! 4 E          with bit 0: weights, f32
+//! 8 E          with bit 1: times, i64
+//! ```
+//!
+//! The data is aligned with the indices: entry `i` of each array belongs to
+//! the edge `indices[i]` of its row. A row is sorted by (time, id) when
+//! the edges have a time, by id otherwise; with edge data a row may list
+//! an id more than once (two payments between the same two accounts are
+//! two edges), without it never. Attributes and weights are finite.
 //!
 //! All integers little-endian. A reader verifies both checksums and the
 //! structure (monotone indptr, ids in range) before it samples from the file.
@@ -51,7 +71,16 @@ use std::ops::Range;
 use xxhash_rust::xxh3::xxh3_64;
 
 pub const MAGIC: [u8; 8] = *b"GNNCSR\0\0";
+/// The version of a file without edge data.
 pub const VERSION: u32 = 1;
+/// The version of a file with an edge-data section.
+pub const VERSION_EDGE_DATA: u32 = 2;
+/// The edge-data section's magic.
+pub const EDGE_DATA_MAGIC: [u8; 8] = *b"EDGEDATA";
+/// Bytes of the edge-data section's descriptor.
+pub const EDGE_DATA_HEADER_BYTES: u64 = 64;
+/// The most attributes an edge may carry.
+pub const MAX_EDGE_ATTRS: u32 = 4096;
 pub const HEADER_BYTES: usize = 128;
 pub const FLAG_UNDIRECTED: u32 = 1;
 /// The file carries a bitmap of known nodes (some ids below n_nodes are not).
@@ -87,6 +116,51 @@ impl std::fmt::Display for StreamPosition {
     }
 }
 
+/// What each edge of an index carries besides its source: attributes (a
+/// width), a weight, a time. All absent: a version-1 file.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
+pub struct EdgeDataShape {
+    pub attr_dim: u32,
+    pub weight: bool,
+    pub time: bool,
+}
+
+impl EdgeDataShape {
+    /// Whether the edges carry nothing.
+    pub fn is_empty(&self) -> bool {
+        self.attr_dim == 0 && !self.weight && !self.time
+    }
+}
+
+impl std::fmt::Display for EdgeDataShape {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let mut parts = Vec::new();
+        if self.attr_dim > 0 {
+            parts.push(format!("{} attributes", self.attr_dim));
+        }
+        if self.weight {
+            parts.push("a weight".to_string());
+        }
+        if self.time {
+            parts.push("a time".to_string());
+        }
+        if parts.is_empty() {
+            return f.write_str("no edge data");
+        }
+        f.write_str(&parts.join(", "))
+    }
+}
+
+/// Byte ranges of an index's edge-data arrays (empty where absent).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EdgeDataRanges {
+    /// The section's descriptor.
+    pub descriptor: Range<usize>,
+    pub attrs: Range<usize>,
+    pub weights: Range<usize>,
+    pub times: Range<usize>,
+}
+
 /// The header of a CSR file.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct CsrHeader {
@@ -106,6 +180,8 @@ pub struct CsrHeader {
     /// With [`FLAG_TYPED`]: the source type's node count (indices are below
     /// it); 0 otherwise.
     pub n_src: u64,
+    /// What the edges carry (version 2's section; empty in version 1).
+    pub edge_data: EdgeDataShape,
 }
 
 /// Why a CSR file was refused.
@@ -122,8 +198,8 @@ pub enum FormatError {
     #[error("graph index {path} is corrupt: {what}; re-run sidecar import")]
     Corrupt { path: String, what: String },
     #[error(
-        "graph index {path} has version {found}, this sidecar reads version {VERSION}; \
-         re-run sidecar import with this release"
+        "graph index {path} has version {found}, this sidecar reads versions {VERSION} and \
+         {VERSION_EDGE_DATA}; re-run sidecar import with this release"
     )]
     Version { path: String, found: u32 },
     #[error("graph index {path} is not a graph index (bad magic); check --data-dir")]
@@ -151,12 +227,77 @@ impl CsrHeader {
         (Self::indices_offset(n_nodes) + 4 * n_edges).next_multiple_of(8)
     }
 
-    /// Bytes of the file: without a bitmap, the end of the indices.
-    pub fn file_bytes(n_nodes: u64, n_edges: u64, known_bitmap: bool) -> u64 {
+    /// Bytes of the file without edge data: without a bitmap, the end of
+    /// the indices.
+    fn graph_bytes(n_nodes: u64, n_edges: u64, known_bitmap: bool) -> u64 {
         if known_bitmap {
             Self::known_offset(n_nodes, n_edges) + 8 * n_nodes.div_ceil(64)
         } else {
             Self::indices_offset(n_nodes) + 4 * n_edges
+        }
+    }
+
+    /// Offsets of the edge-data section's descriptor and arrays (attrs,
+    /// weights, times) and the file's end.
+    fn edge_data_offsets(
+        n_nodes: u64,
+        n_edges: u64,
+        known_bitmap: bool,
+        shape: EdgeDataShape,
+    ) -> [u64; 5] {
+        let descriptor = Self::graph_bytes(n_nodes, n_edges, known_bitmap).next_multiple_of(64);
+        let attrs = descriptor + EDGE_DATA_HEADER_BYTES;
+        let attrs_end = attrs + 4 * n_edges * u64::from(shape.attr_dim);
+        let weights = attrs_end.next_multiple_of(64);
+        let weights_end = weights + if shape.weight { 4 * n_edges } else { 0 };
+        let times = weights_end.next_multiple_of(64);
+        let end = times + if shape.time { 8 * n_edges } else { 0 };
+        [descriptor, attrs, weights, times, end]
+    }
+
+    /// Bytes of the file: the end of its last section.
+    pub fn file_bytes(n_nodes: u64, n_edges: u64, known_bitmap: bool, shape: EdgeDataShape) -> u64 {
+        if shape.is_empty() {
+            Self::graph_bytes(n_nodes, n_edges, known_bitmap)
+        } else {
+            Self::edge_data_offsets(n_nodes, n_edges, known_bitmap, shape)[4]
+        }
+    }
+
+    /// The edge-data section's 64-byte descriptor.
+    pub fn edge_data_descriptor(shape: EdgeDataShape) -> [u8; EDGE_DATA_HEADER_BYTES as usize] {
+        let mut out = [0u8; EDGE_DATA_HEADER_BYTES as usize];
+        out[..8].copy_from_slice(&EDGE_DATA_MAGIC);
+        out[8..12].copy_from_slice(&shape.attr_dim.to_le_bytes());
+        let what = u32::from(shape.weight) | u32::from(shape.time) << 1;
+        out[12..16].copy_from_slice(&what.to_le_bytes());
+        out
+    }
+
+    /// Byte ranges of the edge-data arrays (all empty without edge data).
+    pub fn edge_data_ranges(&self) -> EdgeDataRanges {
+        if self.edge_data.is_empty() {
+            return EdgeDataRanges {
+                descriptor: 0..0,
+                attrs: 0..0,
+                weights: 0..0,
+                times: 0..0,
+            };
+        }
+        let [descriptor, attrs, weights, times, _] = Self::edge_data_offsets(
+            self.n_nodes,
+            self.n_edges,
+            self.has_known_bitmap(),
+            self.edge_data,
+        )
+        .map(|o| o as usize);
+        let e = self.n_edges as usize;
+        let shape = self.edge_data;
+        EdgeDataRanges {
+            descriptor: descriptor..attrs,
+            attrs: attrs..attrs + 4 * e * shape.attr_dim as usize,
+            weights: weights..weights + if shape.weight { 4 * e } else { 0 },
+            times: times..times + if shape.time { 8 * e } else { 0 },
         }
     }
 
@@ -180,14 +321,24 @@ impl CsrHeader {
     }
 
     fn own_file_bytes(&self) -> u64 {
-        Self::file_bytes(self.n_nodes, self.n_edges, self.has_known_bitmap())
+        Self::file_bytes(
+            self.n_nodes,
+            self.n_edges,
+            self.has_known_bitmap(),
+            self.edge_data,
+        )
     }
 
     /// The 128 header bytes.
     pub fn encode(&self) -> [u8; HEADER_BYTES] {
         let mut out = [0u8; HEADER_BYTES];
         out[0..8].copy_from_slice(&MAGIC);
-        out[8..12].copy_from_slice(&VERSION.to_le_bytes());
+        let version = if self.edge_data.is_empty() {
+            VERSION
+        } else {
+            VERSION_EDGE_DATA
+        };
+        out[8..12].copy_from_slice(&version.to_le_bytes());
         out[12..16].copy_from_slice(&self.flags.to_le_bytes());
         out[16..24].copy_from_slice(&self.n_nodes.to_le_bytes());
         out[24..32].copy_from_slice(&self.n_edges.to_le_bytes());
@@ -241,7 +392,7 @@ impl CsrHeader {
             return Err(corrupt("header checksum mismatch".into()));
         }
         let version = u32_at(8);
-        if version != VERSION {
+        if version != VERSION && version != VERSION_EDGE_DATA {
             return Err(FormatError::Version {
                 path: path.to_string(),
                 found: version,
@@ -260,6 +411,7 @@ impl CsrHeader {
             generation: u64_at(96),
             consumed: u64_at(104),
             n_src: u64_at(112),
+            edge_data: EdgeDataShape::default(),
         };
         if header.flags & !(FLAG_UNDIRECTED | FLAG_KNOWN_BITMAP | FLAG_TYPED) != 0 {
             return Err(corrupt(format!("unknown flags {:#x}", header.flags)));
@@ -279,6 +431,10 @@ impl CsrHeader {
                 "{} nodes / {} edges is out of range",
                 header.n_nodes, header.n_edges
             )));
+        }
+        let mut header = header;
+        if version == VERSION_EDGE_DATA {
+            header.edge_data = Self::decode_edge_data(&header, bytes, file_len, path)?;
         }
         let expected = header.own_file_bytes();
         let known_offset = if header.has_known_bitmap() {
@@ -307,6 +463,69 @@ impl CsrHeader {
             )));
         }
         Ok(header)
+    }
+
+    /// Reads a version-2 file's edge-data descriptor (after the sections
+    /// `header`'s counts place).
+    fn decode_edge_data(
+        header: &CsrHeader,
+        bytes: &[u8],
+        file_len: u64,
+        path: &str,
+    ) -> Result<EdgeDataShape, FormatError> {
+        let corrupt = |what: String| FormatError::Corrupt {
+            path: path.to_string(),
+            what,
+        };
+        let start = Self::graph_bytes(header.n_nodes, header.n_edges, header.has_known_bitmap())
+            .next_multiple_of(64);
+        let end = start + EDGE_DATA_HEADER_BYTES;
+        if file_len < end || (bytes.len() as u64) < end {
+            return Err(FormatError::Truncated {
+                path: path.to_string(),
+                found: file_len,
+                expected: end,
+            });
+        }
+        let descriptor = &bytes[start as usize..end as usize];
+        if descriptor[..8] != EDGE_DATA_MAGIC {
+            return Err(corrupt(format!(
+                "version {VERSION_EDGE_DATA} without its edge-data section at byte {start}"
+            )));
+        }
+        let u32_at = |o: usize| u32::from_le_bytes(descriptor[o..o + 4].try_into().expect("4"));
+        let (attr_dim, what) = (u32_at(8), u32_at(12));
+        let shape = EdgeDataShape {
+            attr_dim,
+            weight: what & 1 != 0,
+            time: what & 2 != 0,
+        };
+        if what & !3 != 0
+            || shape.is_empty()
+            || attr_dim > MAX_EDGE_ATTRS
+            || descriptor[16..].iter().any(|&b| b != 0)
+        {
+            return Err(corrupt(format!(
+                "edge-data descriptor with {attr_dim} attributes and flags {what:#x}: a version \
+                 {VERSION_EDGE_DATA} file carries attributes (at most {MAX_EDGE_ATTRS}), a \
+                 weight or a time, and zero reserved bytes"
+            )));
+        }
+        // Before any offset is computed from them: the arrays fit the file.
+        let per_edge =
+            4 * u64::from(attr_dim) + 4 * u64::from(shape.weight) + 8 * u64::from(shape.time);
+        if header
+            .n_edges
+            .checked_mul(per_edge)
+            .is_none_or(|bytes| bytes > file_len)
+        {
+            return Err(FormatError::Truncated {
+                path: path.to_string(),
+                found: file_len,
+                expected: header.n_edges.saturating_mul(per_edge),
+            });
+        }
+        Ok(shape)
     }
 
     /// Byte range of the indptr array.

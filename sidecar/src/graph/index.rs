@@ -12,7 +12,16 @@ use std::path::Path;
 use memmap2::Mmap;
 use xxhash_rust::xxh3::xxh3_64;
 
-use crate::graph::format::{CsrHeader, FormatError};
+use crate::graph::format::{CsrHeader, EdgeDataShape, FormatError};
+
+/// The data of one row's edges ([`CsrIndex::edge_row`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct EdgeRow<'a> {
+    /// `degree x attr_dim`, row-major.
+    pub attrs: &'a [f32],
+    pub weights: &'a [f32],
+    pub times: &'a [i64],
+}
 
 /// A verified, memory-mapped CSR graph.
 #[derive(Debug)]
@@ -61,7 +70,7 @@ impl CsrIndex {
     /// that serves a typed graph (whose edge types have indexes of their
     /// own), so that every one-type request finds no node.
     pub fn empty(graph_version: u64) -> Self {
-        let len = CsrHeader::file_bytes(0, 0, false) as usize;
+        let len = CsrHeader::file_bytes(0, 0, false, EdgeDataShape::default()) as usize;
         let mut bytes = vec![0u8; len];
         // indptr = [0]: the zeros already there.
         let header = CsrHeader {
@@ -74,6 +83,7 @@ impl CsrIndex {
             generation: 0,
             consumed: 0,
             n_src: 0,
+            edge_data: EdgeDataShape::default(),
         };
         bytes[..CsrHeader::indptr_offset()].copy_from_slice(&header.encode());
         let mut map = memmap2::MmapMut::map_anon(len).expect("mapping a few anonymous bytes");
@@ -111,15 +121,47 @@ impl CsrIndex {
         let bound = self.header.source_count();
         // Between two types an equal id is no loop (module doc of format).
         let loops_checked = !self.header.is_typed();
+        let shape = self.header.edge_data;
         for node in 0..n {
             let row = self.neighbors(node);
+            let data = self.edge_row(node);
+            // A row's order (format's module doc): by (time, id) with time,
+            // by id otherwise; repeated ids only where edges carry data.
+            let ordered = |i: usize| match (shape.time, shape.is_empty()) {
+                (true, _) => (data.times[i], row[i]) <= (data.times[i + 1], row[i + 1]),
+                (false, false) => row[i] <= row[i + 1],
+                (false, true) => row[i] < row[i + 1],
+            };
             if row
                 .iter()
                 .any(|&v| u64::from(v) >= bound || loops_checked && v == node)
-                || row.windows(2).any(|w| w[0] >= w[1])
+                || !(0..row.len().saturating_sub(1)).all(ordered)
             {
                 return Err(corrupt(format!(
-                    "row of node {node} has an id out of range, a self loop, or is not sorted and unique"
+                    "row of node {node} has an id out of range, a self loop, or is not in the \
+                     index's order ({})",
+                    if shape.time {
+                        "by time, then id"
+                    } else if shape.is_empty() {
+                        "sorted and unique"
+                    } else {
+                        "sorted"
+                    }
+                )));
+            }
+        }
+        let ranges = self.header.edge_data_ranges();
+        let attrs: &[f32] = bytemuck::cast_slice(&self.map[ranges.attrs]);
+        let weights: &[f32] = bytemuck::cast_slice(&self.map[ranges.weights]);
+        for (name, values, width) in [
+            ("attribute", attrs, shape.attr_dim.max(1) as usize),
+            ("weight", weights, 1),
+        ] {
+            if let Some(at) = values.iter().position(|v| !v.is_finite()) {
+                return Err(corrupt(format!(
+                    "edge {} has a non-finite {name} ({})",
+                    at / width,
+                    values[at]
                 )));
             }
         }
@@ -195,6 +237,35 @@ impl CsrIndex {
             return &[];
         }
         &self.indices()[indptr[node] as usize..indptr[node + 1] as usize]
+    }
+
+    /// What each edge carries besides its source.
+    pub fn edge_data(&self) -> EdgeDataShape {
+        self.header.edge_data
+    }
+
+    /// The data of `node`'s edges, aligned with [`Self::neighbors`]: entry
+    /// `i` (row `i` of the attributes) belongs to `neighbors(node)[i]`.
+    /// Empty slices for what the edges do not carry, and for an id outside
+    /// the graph.
+    pub fn edge_row(&self, node: u32) -> EdgeRow<'_> {
+        let indptr = self.indptr();
+        let node = node as usize;
+        let shape = self.header.edge_data;
+        if shape.is_empty() || node + 1 >= indptr.len() {
+            return EdgeRow::default();
+        }
+        let (start, end) = (indptr[node] as usize, indptr[node + 1] as usize);
+        let ranges = self.header.edge_data_ranges();
+        let dim = shape.attr_dim as usize;
+        let attrs: &[f32] = bytemuck::cast_slice(&self.map[ranges.attrs]);
+        let weights: &[f32] = bytemuck::cast_slice(&self.map[ranges.weights]);
+        let times: &[i64] = bytemuck::cast_slice(&self.map[ranges.times]);
+        EdgeRow {
+            attrs: &attrs[start * dim..end * dim],
+            weights: weights.get(start..end).unwrap_or_default(),
+            times: times.get(start..end).unwrap_or_default(),
+        }
     }
 
     pub fn degree(&self, node: u32) -> u32 {

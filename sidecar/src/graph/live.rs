@@ -40,9 +40,9 @@ use arc_swap::ArcSwap;
 use rustc_hash::FxHashMap;
 use xxhash_rust::xxh3::Xxh3;
 
-use crate::graph::build::{self, BuildOptions, EdgeFile, TypedEdges};
+use crate::graph::build::{self, BuildOptions, EdgeDataFiles, EdgeFile, TypedEdges};
 use crate::graph::changes::{node_key, Changes};
-use crate::graph::delta::{Delta, Row};
+use crate::graph::delta::{DataRow, Delta, EdgeRowData, Row};
 use crate::graph::format::StreamPosition;
 use crate::graph::sampler::{GraphSource, NeighborSource};
 use crate::graph::typed::{self, Location, TypedGraph, TypedSchema};
@@ -57,7 +57,7 @@ pub const MAX_NODE_ID: u64 = u32::MAX as u64 - 1;
 
 /// One update: nodes to add and edges to add, by type index, applied whole
 /// or not at all.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq)]
 pub struct GraphUpdate {
     /// `(node type, id)`: made nodes (without edges until edges arrive).
     pub nodes: Vec<(usize, u64)>,
@@ -65,6 +65,143 @@ pub struct GraphUpdate {
     /// type, `dst` of its destination type (`dst`'s row gains `src`);
     /// endpoints that are not nodes become nodes.
     pub edges: Vec<(usize, Vec<(u64, u64)>)>,
+    /// Empty (no edge carries data), or one per entry of `edges`: the data
+    /// of its edges, which an edge type with data needs and one without
+    /// refuses ([`GraphSnapshot::check`]).
+    pub values: Vec<EdgeValues>,
+}
+
+/// The data of an update's edges of one edge type, aligned with its pairs:
+/// `attrs` row-major (`attr_dim` per edge), a weight and a time per edge;
+/// each empty where the edge type does not carry it.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct EdgeValues {
+    pub attrs: Vec<f32>,
+    pub weights: Vec<f32>,
+    pub times: Vec<i64>,
+}
+
+impl EdgeValues {
+    /// Parses the data of `n` edges of `edge_type` from text: per edge, its
+    /// attributes, then its weight, then its time, as the edge type carries
+    /// them, separated by white space or commas (docs/updates.md, "Typed
+    /// graphs"). A value that is not a number, a time that is not an integer
+    /// and a count that does not fit `n` edges are refused by name.
+    pub fn parse(edge_type: &typed::EdgeType, n: usize, text: &str) -> Result<Self, String> {
+        let key = edge_type.key();
+        let data = edge_type.data();
+        let dim = data.attr_dim as usize;
+        let per_edge = dim + usize::from(data.weight) + usize::from(data.time);
+        let tokens: Vec<&str> = text
+            .split(|c: char| c.is_whitespace() || c == ',')
+            .filter(|t| !t.is_empty())
+            .collect();
+        if per_edge == 0 {
+            return Err(format!(
+                "edge type {key}: its edges carry no data, and {} values were given; leave \
+                 them out",
+                tokens.len()
+            ));
+        }
+        if tokens.len() != n * per_edge {
+            return Err(format!(
+                "edge type {key}: its edges carry {data}, {per_edge} values per edge (the \
+                 attributes, then the weight, then the time): {n} edges need {}, {} were given",
+                n * per_edge,
+                tokens.len()
+            ));
+        }
+        let mut values = EdgeValues {
+            attrs: Vec::with_capacity(n * dim),
+            weights: Vec::with_capacity(if data.weight { n } else { 0 }),
+            times: Vec::with_capacity(if data.time { n } else { 0 }),
+        };
+        for (i, token) in tokens.iter().enumerate() {
+            let (edge, at) = (i / per_edge, i % per_edge);
+            let number = |what: &str| {
+                token.parse::<f32>().map_err(|_| {
+                    format!("edge type {key}: edge {edge}'s {what} {token:?} is not a number")
+                })
+            };
+            if at < dim {
+                values.attrs.push(number("attribute")?);
+            } else if at == dim && data.weight {
+                values.weights.push(number("weight")?);
+            } else {
+                values.times.push(token.parse::<i64>().map_err(|_| {
+                    format!(
+                        "edge type {key}: edge {edge}'s time {token:?} is not an integer (times \
+                         are whole numbers in the dataset's unit, below 2^63)"
+                    )
+                })?);
+            }
+        }
+        Ok(values)
+    }
+
+    /// Refuses values that do not fit `n` edges of `edge_type`, or that are
+    /// not finite, naming the edge type, the edge and the fix.
+    pub fn check(&self, edge_type: &typed::EdgeType, n: usize) -> anyhow::Result<()> {
+        let key = edge_type.key();
+        let data = edge_type.data();
+        let dim = data.attr_dim as usize;
+        for (what, carried, per_edge, given) in [
+            ("attributes", dim > 0, dim, self.attrs.len()),
+            ("weights", data.weight, 1, self.weights.len()),
+            ("times", data.time, 1, self.times.len()),
+        ] {
+            ensure!(
+                carried || given == 0,
+                "edge type {key}: its edges carry {data}, and {given} {what} were given; leave \
+                 them out"
+            );
+            ensure!(
+                !carried || given == n * per_edge,
+                "edge type {key}: its edges carry {data}: {n} edges need {} {what}{}, {given} \
+                 were given",
+                n * per_edge,
+                if per_edge > 1 {
+                    format!(" ({per_edge} per edge)")
+                } else {
+                    String::new()
+                }
+            );
+        }
+        for (what, values, width) in [
+            ("attribute", &self.attrs, dim.max(1)),
+            ("weight", &self.weights, 1),
+        ] {
+            if let Some(at) = values.iter().position(|v| !v.is_finite()) {
+                bail!(
+                    "edge type {key}: edge {} has {what} {}{}; edge data must be finite numbers",
+                    at / width,
+                    values[at],
+                    if width > 1 {
+                        format!(" in column {}", at % width)
+                    } else {
+                        String::new()
+                    }
+                );
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The data of one edge ([`GraphSnapshot::edge_data_at`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct EdgeDatum<'a> {
+    pub attrs: &'a [f32],
+    pub weight: Option<f32>,
+    pub time: Option<i64>,
+}
+
+/// Where an edge of a served row lies: the base index's row (`Base(i)`,
+/// its `i`-th edge) or the edges added since (`Added(j)`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum EdgeAt {
+    Base(usize),
+    Added(usize),
 }
 
 impl GraphUpdate {
@@ -84,7 +221,20 @@ impl GraphUpdate {
             } else {
                 vec![(0, pairs)]
             },
+            values: Vec::new(),
         }
+    }
+
+    /// Appends `other`'s nodes and edges, with their data, to this update.
+    pub fn extend(&mut self, other: GraphUpdate) {
+        if !self.values.is_empty() || !other.values.is_empty() {
+            self.values.resize(self.edges.len(), EdgeValues::default());
+            let mut theirs = other.values;
+            theirs.resize(other.edges.len(), EdgeValues::default());
+            self.values.extend(theirs);
+        }
+        self.nodes.extend(other.nodes);
+        self.edges.extend(other.edges);
     }
 
     /// Every `(node type, id)` the update names.
@@ -130,6 +280,9 @@ pub struct GraphSnapshot {
     filled: Vec<Delta>,
     /// Per edge type: added sources per destination node.
     deltas: Vec<Delta>,
+    /// Per edge type with edge data: the data of the added sources,
+    /// aligned with `deltas` (empty for the others).
+    data: Vec<Delta<DataRow>>,
     /// Per edge type: edges added since the base index.
     added_edges: Vec<u64>,
     /// Updates applied since the graph's import.
@@ -151,6 +304,7 @@ impl GraphSnapshot {
             n_nodes: (0..n_node_types).map(|t| base.known_nodes(t)).collect(),
             filled: vec![Delta::default(); n_node_types],
             deltas: vec![Delta::default(); n_edge_types],
+            data: vec![Delta::default(); n_edge_types],
             added_edges: vec![0; n_edge_types],
             generation: header.generation,
             position: header.position,
@@ -168,6 +322,7 @@ impl GraphSnapshot {
             n_nodes: self.n_nodes.clone(),
             filled: self.filled.clone(),
             deltas: self.deltas.clone(),
+            data: self.data.clone(),
             added_edges: self.added_edges.clone(),
             ..*self
         }
@@ -253,18 +408,64 @@ impl GraphSnapshot {
         self.deltas[e].get(node).map(|row| &row[..]).unwrap_or(&[])
     }
 
+    /// The times of `node`'s added edges of edge type `e` (empty without).
+    fn added_times(&self, e: usize, node: u32) -> &[i64] {
+        self.data[e]
+            .get(node)
+            .map(|data| &data.times[..])
+            .unwrap_or(&[])
+    }
+
+    /// The data of `node`'s added edges of edge type `e`, if it has any.
+    pub fn added_data(&self, e: usize, node: u32) -> Option<&EdgeRowData> {
+        self.data[e].get(node).map(|data| &**data)
+    }
+
+    /// Calls `each` with every edge of edge type `e` into `node` (its
+    /// source, and where it lies), in the row's order: by source id, or by
+    /// (time, source id) where the edges have a time; an edge of the base
+    /// index before an added one they tie with, so that a compaction keeps
+    /// the order (docs/graph-index.md, "Edge data").
+    pub fn for_each_edge(&self, e: usize, node: u32, mut each: impl FnMut(u32, EdgeAt)) {
+        let csr = self.base.csr(e);
+        let (base, added) = (csr.neighbors(node), self.added_row(e, node));
+        let (base_times, added_times) = (csr.edge_row(node).times, self.added_times(e, node));
+        let (mut i, mut j) = (0, 0);
+        while i < base.len() || j < added.len() {
+            if j == added.len()
+                || i < base.len() && row_key(base, base_times, i) <= row_key(added, added_times, j)
+            {
+                each(base[i], EdgeAt::Base(i));
+                i += 1;
+            } else {
+                each(added[j], EdgeAt::Added(j));
+                j += 1;
+            }
+        }
+    }
+
+    /// Where the `i`-th edge of edge type `e` into `node` lies, in the
+    /// order of [`Self::for_each_edge`]: O(log degree).
+    pub fn edge_at(&self, e: usize, node: u32, i: u32) -> EdgeAt {
+        let csr = self.base.csr(e);
+        let (base, added) = (csr.neighbors(node), self.added_row(e, node));
+        if added.is_empty() {
+            return EdgeAt::Base(i as usize);
+        }
+        let (base_times, added_times) = (csr.edge_row(node).times, self.added_times(e, node));
+        kth_in_union(base.len(), added.len(), i as usize, |a, b| {
+            row_key(base, base_times, a) <= row_key(added, added_times, b)
+        })
+    }
+
     /// Edge type `e`'s sources of `node` (a one-type graph's neighbours),
-    /// sorted.
+    /// in the row's order ([`Self::for_each_edge`]).
     pub fn sources(&self, e: usize, node: u64) -> Vec<u64> {
         let Ok(node) = u32::try_from(node) else {
             return Vec::new();
         };
         let mut out = Vec::new();
-        merge_sorted(
-            self.base.csr(e).neighbors(node),
-            self.added_row(e, node),
-            |v| out.push(u64::from(v)),
-        );
+        self.for_each_edge(e, node, |v, _| out.push(u64::from(v)));
         out
     }
 
@@ -289,16 +490,12 @@ impl GraphSnapshot {
             for node in 0..self.id_bounds[dst] {
                 let node = node as u32;
                 let mut count = 0u32;
-                merge_sorted(
-                    self.base.csr(e).neighbors(node),
-                    self.added_row(e, node),
-                    |v| {
-                        count += 1;
-                        if let Some(d) = degree[src].get_mut(v as usize) {
-                            *d = d.saturating_add(1);
-                        }
-                    },
-                );
+                self.for_each_edge(e, node, |v, _| {
+                    count += 1;
+                    if let Some(d) = degree[src].get_mut(v as usize) {
+                        *d = d.saturating_add(1);
+                    }
+                });
                 let d = &mut degree[dst][node as usize];
                 *d = d.saturating_add(count);
             }
@@ -330,9 +527,10 @@ impl GraphSnapshot {
     }
 
     /// A digest of the served graph: each type's id bound, node count and
-    /// gaps, and each edge type's sources per destination, wherever they
-    /// lie (index or delta). Replicas that applied the same updates print
-    /// the same digest, compacted or not.
+    /// gaps, and each edge type's sources per destination (with their
+    /// data, where the edges carry any), wherever they lie (index or
+    /// delta). Replicas that applied the same updates print the same
+    /// digest, compacted or not.
     pub fn checksum(&self) -> u64 {
         let hash = |parts: &[&[u8]]| {
             let mut hasher = Xxh3::new();
@@ -368,11 +566,52 @@ impl GraphSnapshot {
                 row.clear();
                 row.extend_from_slice(&(e as u32).to_le_bytes());
                 row.extend_from_slice(&node.to_le_bytes());
-                merge_sorted(base, added, |v| row.extend_from_slice(&v.to_le_bytes()));
+                self.for_each_edge(e, node, |v, at| {
+                    row.extend_from_slice(&v.to_le_bytes());
+                    self.edge_data_bytes(e, node, at, |bytes| row.extend_from_slice(bytes));
+                });
                 digest = digest.wrapping_add(hash(&[&row]));
             }
         }
         digest
+    }
+
+    /// The data of the edge at `at` of edge type `e` into `node`: its
+    /// attributes (empty without), its weight and its time where the edges
+    /// carry them.
+    pub fn edge_data_at(&self, e: usize, node: u32, at: EdgeAt) -> EdgeDatum<'_> {
+        let dim = self.base.csr(e).edge_data().attr_dim as usize;
+        match at {
+            EdgeAt::Base(i) => {
+                let row = self.base.csr(e).edge_row(node);
+                EdgeDatum {
+                    attrs: row.attrs.get(i * dim..(i + 1) * dim).unwrap_or_default(),
+                    weight: row.weights.get(i).copied(),
+                    time: row.times.get(i).copied(),
+                }
+            }
+            EdgeAt::Added(j) => match self.added_data(e, node) {
+                Some(data) => EdgeDatum {
+                    attrs: data.attrs.get(j * dim..(j + 1) * dim).unwrap_or_default(),
+                    weight: data.weights.get(j).copied(),
+                    time: data.times.get(j).copied(),
+                },
+                None => EdgeDatum::default(),
+            },
+        }
+    }
+
+    /// Calls `each` with the bytes of the data of the edge at `at` of edge
+    /// type `e` into `node`: little-endian attributes, weight, time (three
+    /// calls, each possibly empty; none where the edges carry nothing).
+    fn edge_data_bytes(&self, e: usize, node: u32, at: EdgeAt, mut each: impl FnMut(&[u8])) {
+        if self.base.csr(e).edge_data().is_empty() {
+            return;
+        }
+        let datum = self.edge_data_at(e, node, at);
+        each(bytemuck::cast_slice(datum.attrs));
+        each(bytemuck::cast_slice(datum.weight.as_slice()));
+        each(bytemuck::cast_slice(datum.time.as_slice()));
     }
 
     /// This snapshot with one more node, `id` of type `node_type`, and its
@@ -416,6 +655,7 @@ impl GraphSnapshot {
         let update = GraphUpdate {
             nodes: vec![(node_type, id)],
             edges: edges.iter().cloned().enumerate().collect(),
+            values: Vec::new(),
         };
         self.check(&update)?;
         let mut next = self.next();
@@ -432,8 +672,20 @@ impl GraphSnapshot {
         for &(t, _) in &update.nodes {
             ensure!(t < self.id_bounds.len(), "node type index {t} out of range");
         }
-        for (e, _) in &update.edges {
+        ensure!(
+            update.values.is_empty() || update.values.len() == update.edges.len(),
+            "an update with edge data gives it for each of its {} edge lists, not {}",
+            update.edges.len(),
+            update.values.len()
+        );
+        let none = EdgeValues::default();
+        for (n, (e, pairs)) in update.edges.iter().enumerate() {
             ensure!(*e < ends.len(), "edge type index {e} out of range");
+            update
+                .values
+                .get(n)
+                .unwrap_or(&none)
+                .check(&schema.edge_types[*e], pairs.len())?;
         }
         let mut largest = vec![None::<u64>; self.id_bounds.len()];
         for (t, id) in update.ids(ends) {
@@ -482,9 +734,18 @@ impl GraphSnapshot {
             self.make_node(t, id, touched);
         }
         let (mut edges_added, mut considered) = (0u64, 0u64);
-        for (e, pairs) in &update.edges {
+        let none = EdgeValues::default();
+        for (n, (e, pairs)) in update.edges.iter().enumerate() {
             let e = *e;
             let (src_type, dst_type) = ends[e];
+            if !self.base.csr(e).edge_data().is_empty() {
+                let values = update.values.get(n).unwrap_or(&none);
+                let added = self.add_edges_with_data(e, pairs, values, touched);
+                considered += pairs.len() as u64;
+                self.added_edges[e] += added;
+                edges_added += added;
+                continue;
+            }
             let mut added = 0u64;
             let mut incoming: FxHashMap<u32, Vec<u32>> = FxHashMap::default();
             for &(src, dst) in pairs {
@@ -522,6 +783,113 @@ impl GraphSnapshot {
             edges_ignored: considered - edges_added,
             n_nodes: self.n_nodes(),
             generation: self.generation,
+        }
+    }
+}
+
+impl GraphSnapshot {
+    /// Adds edge type `e`'s edges `pairs` with their data `values` (checked)
+    /// to this (private, next) snapshot: every edge is kept (repeated pairs
+    /// are edges of their own) except the self loops of an edge type whose
+    /// ends are one type. Each destination's added row is merged with the
+    /// new edges in the row's order (by (time, id), the earlier added
+    /// first on ties, then the update's order). Returns the edges added.
+    fn add_edges_with_data(
+        &mut self,
+        e: usize,
+        pairs: &[(u64, u64)],
+        values: &EdgeValues,
+        touched: &mut Vec<u64>,
+    ) -> u64 {
+        let (src_type, dst_type) = self.base.edge_types()[e];
+        let dim = self.base.csr(e).edge_data().attr_dim as usize;
+        let mut incoming: FxHashMap<u32, Vec<usize>> = FxHashMap::default();
+        for (k, &(src, dst)) in pairs.iter().enumerate() {
+            if !(src_type == dst_type && src == dst) {
+                incoming.entry(dst as u32).or_default().push(k);
+            }
+        }
+        let mut added = 0u64;
+        for (node, mut fresh) in incoming {
+            let time = |k: usize| values.times.get(k).copied().unwrap_or(0);
+            fresh.sort_by_key(|&k| (time(k), pairs[k].0 as u32, k));
+            let fresh_ids: Vec<u32> = fresh.iter().map(|&k| pairs[k].0 as u32).collect();
+            let fresh_times: Vec<i64> = fresh
+                .iter()
+                .map(|&k| values.times.get(k).copied().unwrap_or(0))
+                .collect();
+            let previous = self.added_row(e, node);
+            let previous_data = self.added_data(e, node).cloned().unwrap_or_default();
+            let previous_times: &[i64] = &previous_data.times;
+            let mut ids = Vec::with_capacity(previous.len() + fresh.len());
+            let mut data = EdgeRowData::default();
+            let (mut attrs, mut weights, mut times) = (Vec::new(), Vec::new(), Vec::new());
+            let (mut i, mut j) = (0, 0);
+            while i < previous.len() || j < fresh.len() {
+                let from_previous = j == fresh.len()
+                    || i < previous.len()
+                        && row_key(previous, previous_times, i)
+                            <= row_key(&fresh_ids, &fresh_times, j);
+                if from_previous {
+                    ids.push(previous[i]);
+                    attrs.extend_from_slice(&previous_data.attrs[i * dim..(i + 1) * dim]);
+                    weights.extend(previous_data.weights.get(i).copied());
+                    times.extend(previous_data.times.get(i).copied());
+                    i += 1;
+                } else {
+                    let k = fresh[j];
+                    ids.push(fresh_ids[j]);
+                    attrs.extend_from_slice(&values.attrs[k * dim..(k + 1) * dim]);
+                    weights.extend(values.weights.get(k).copied());
+                    times.extend(values.times.get(k).copied());
+                    j += 1;
+                }
+            }
+            (data.attrs, data.weights, data.times) = (attrs.into(), weights.into(), times.into());
+            added += fresh.len() as u64;
+            touched.push(node_key(dst_type, u64::from(node)));
+            self.deltas[e].insert(node, ids.into());
+            self.data[e].insert(node, Arc::new(data));
+        }
+        added
+    }
+}
+
+/// The order key of a row's `i`-th edge: (time, id), the time 0 where
+/// the row has none.
+#[inline]
+fn row_key(ids: &[u32], times: &[i64], i: usize) -> (i64, u32) {
+    (times.get(i).copied().unwrap_or(0), ids[i])
+}
+
+/// Where the element at index `k` of the union of two ordered rows `a`
+/// (of `a_len`) and `b` (of `b_len`) lies, `a_first(i, j)` saying whether
+/// `a[i]` comes before `b[j]`: a binary search over how many of the first
+/// `k + 1` come from `a`.
+fn kth_in_union(
+    a_len: usize,
+    b_len: usize,
+    k: usize,
+    a_first: impl Fn(usize, usize) -> bool,
+) -> EdgeAt {
+    debug_assert!(k < a_len + b_len);
+    let (mut lo, mut hi) = ((k + 1).saturating_sub(b_len), (k + 1).min(a_len));
+    loop {
+        let i = (lo + hi) / 2; // taken from a
+        let j = k + 1 - i; // taken from b
+        if i < a_len && j > 0 && a_first(i, j - 1) {
+            // a[i] comes before b[j - 1]: more from a.
+            lo = i + 1;
+        } else if i > 0 && j < b_len && !a_first(i - 1, j) {
+            // b[j] comes before a[i - 1]: fewer from a.
+            hi = i - 1;
+        } else {
+            return match (i.checked_sub(1), j.checked_sub(1)) {
+                (Some(x), Some(y)) if a_first(x, y) => EdgeAt::Added(y),
+                (Some(x), Some(_)) | (Some(x), None) => EdgeAt::Base(x),
+                (None, Some(y)) => EdgeAt::Added(y),
+                (None, None) => unreachable!("k + 1 >= 1 elements are taken"),
+            };
         }
     }
 }
@@ -610,6 +978,12 @@ impl GraphSource for GraphSnapshot {
         let added = self.added_row(edge_type, node);
         if added.is_empty() {
             return u64::from(base[i as usize]);
+        }
+        if !self.data[edge_type].is_empty() {
+            return u64::from(match self.edge_at(edge_type, node, i) {
+                EdgeAt::Base(i) => base[i],
+                EdgeAt::Added(j) => added[j],
+            });
         }
         u64::from(kth_of_union(base, added, i as usize))
     }
@@ -863,41 +1237,81 @@ impl LiveGraph {
 }
 
 /// Writes edge type `e` of `snapshot` as `(row, entry)` pairs, row by
-/// row, into `edge_file`; `flip` writes `(entry, row)` (a typed index's
-/// edge files are `(src, dst)` and its rows destinations).
+/// row in each row's order, into `edge_file`; `flip` writes `(entry, row)`
+/// (a typed index's edge files are `(src, dst)` and its rows
+/// destinations). Edge data, if the edge type carries any, goes in the
+/// same order into files beside `edge_file`, returned for the build.
 fn write_edges(
     snapshot: &GraphSnapshot,
     e: usize,
     edge_file: &Path,
     flip: bool,
-) -> anyhow::Result<()> {
+) -> anyhow::Result<EdgeDataFiles> {
     let (_, dst) = snapshot.base.edge_types()[e];
-    let mut out = std::io::BufWriter::with_capacity(
-        1 << 20,
-        std::fs::File::create(edge_file)
-            .with_context(|| format!("creating {}", edge_file.display()))?,
-    );
+    let shape = snapshot.base.csr(e).edge_data();
+    let path = |what: &str| edge_file.with_extension(format!("{what}.tmp"));
+    let files = EdgeDataFiles {
+        attrs: (shape.attr_dim > 0).then(|| (path("attrs"), shape.attr_dim)),
+        weight: shape.weight.then(|| path("weights")),
+        time: shape.time.then(|| path("times")),
+    };
+    let create = |file: Option<&std::path::PathBuf>| -> anyhow::Result<_> {
+        file.map(|path| {
+            std::fs::File::create(path)
+                .map(|f| std::io::BufWriter::with_capacity(1 << 20, f))
+                .with_context(|| format!("creating {}", path.display()))
+        })
+        .transpose()
+    };
+    let mut out = create(Some(&edge_file.to_path_buf()))?.expect("an edge file");
+    // The data's parts, in the order edge_data_bytes gives them.
+    let mut parts = [
+        create(files.attrs.as_ref().map(|(path, _)| path))?,
+        create(files.weight.as_ref())?,
+        create(files.time.as_ref())?,
+    ];
     let mut failed = None;
     for node in 0..snapshot.id_bounds[dst] as u32 {
-        merge_sorted(
-            snapshot.base.csr(e).neighbors(node),
-            snapshot.added_row(e, node),
-            |v| {
-                if failed.is_none() {
-                    let (a, b) = if flip { (v, node) } else { (node, v) };
-                    let mut pair = [0u8; 8];
-                    pair[..4].copy_from_slice(&a.to_le_bytes());
-                    pair[4..].copy_from_slice(&b.to_le_bytes());
-                    failed = out.write_all(&pair).err();
+        snapshot.for_each_edge(e, node, |v, at| {
+            if failed.is_some() {
+                return;
+            }
+            let (a, b) = if flip { (v, node) } else { (node, v) };
+            let mut pair = [0u8; 8];
+            pair[..4].copy_from_slice(&a.to_le_bytes());
+            pair[4..].copy_from_slice(&b.to_le_bytes());
+            failed = out.write_all(&pair).err();
+            let mut part = 0;
+            snapshot.edge_data_bytes(e, node, at, |bytes| {
+                if let Some(file) = &mut parts[part] {
+                    if failed.is_none() {
+                        failed = file.write_all(bytes).err();
+                    }
                 }
-            },
-        );
+                part += 1;
+            });
+        });
     }
     if let Some(e) = failed {
-        return Err(e).with_context(|| format!("writing {}", edge_file.display()));
+        return Err(e).with_context(|| format!("writing {} and its data", edge_file.display()));
     }
     out.flush()?;
-    Ok(())
+    for file in parts.iter_mut().flatten() {
+        file.flush()?;
+    }
+    Ok(files)
+}
+
+/// Removes a compaction's temporary edge file and the data files beside it.
+fn remove_edge_files(edge_file: &Path, data: &EdgeDataFiles) {
+    let _ = std::fs::remove_file(edge_file);
+    let attrs = data.attrs.as_ref().map(|(path, _)| path);
+    for path in [attrs, data.weight.as_ref(), data.time.as_ref()]
+        .into_iter()
+        .flatten()
+    {
+        let _ = std::fs::remove_file(path);
+    }
 }
 
 /// Writes `snapshot` where its index lives and maps the result.
@@ -927,7 +1341,9 @@ fn write_index_file(snapshot: &GraphSnapshot, index_path: &Path) -> anyhow::Resu
         }
         bits
     });
-    let built = write_edges(snapshot, 0, &edge_file, false).and_then(|()| {
+    let mut written = EdgeDataFiles::default();
+    let built = write_edges(snapshot, 0, &edge_file, false).and_then(|edge_data| {
+        written = edge_data.clone();
         build::build(
             &EdgeFile {
                 path: edge_file.clone(),
@@ -942,10 +1358,11 @@ fn write_index_file(snapshot: &GraphSnapshot, index_path: &Path) -> anyhow::Resu
                 consumed: snapshot.consumed,
                 generation: snapshot.generation,
                 typed: None,
+                edge_data,
             },
         )
     });
-    let _ = std::fs::remove_file(&edge_file);
+    remove_edge_files(&edge_file, &written);
     built.map(drop)
 }
 
@@ -969,7 +1386,8 @@ fn write_index_dir(snapshot: &GraphSnapshot, data_dir: &Path) -> anyhow::Result<
     for (e, &(src, dst)) in snapshot.base.edge_types().iter().enumerate() {
         let key = schema.edge_types[e].key();
         let edge_file = tmp.join(format!("{key}.edges.tmp"));
-        write_edges(snapshot, e, &edge_file, true)?;
+        let edge_data = write_edges(snapshot, e, &edge_file, true)?;
+        let written = edge_data.clone();
         build::build(
             &EdgeFile {
                 path: edge_file.clone(),
@@ -987,10 +1405,11 @@ fn write_index_dir(snapshot: &GraphSnapshot, data_dir: &Path) -> anyhow::Result<
                     n_src: snapshot.id_bounds[src],
                     same_type: src == dst,
                 }),
+                edge_data,
             },
         )
         .with_context(|| format!("compacting edge type {key}"))?;
-        std::fs::remove_file(&edge_file)?;
+        remove_edge_files(&edge_file, &written);
     }
     let mut compacted = schema.clone();
     for (t, node_type) in compacted.node_types.iter_mut().enumerate() {
@@ -1172,6 +1591,7 @@ mod tests {
             .update(GraphUpdate {
                 nodes: vec![(1, 2)],
                 edges: vec![(0, vec![(4, 2), (2, 0), (0, 0)]), (1, vec![(1, 1)])],
+                values: Vec::new(),
             })
             .unwrap();
         // item 2 and user 3, 4 are new; (0 -> 0) is present, (1 -> 1) a loop.
@@ -1216,6 +1636,7 @@ mod tests {
             .update(GraphUpdate {
                 nodes: vec![],
                 edges: vec![(0, vec![(2, 0)]), (1, vec![(2, 0)])],
+                values: Vec::new(),
             })
             .unwrap();
         assert_eq!(
@@ -1232,6 +1653,7 @@ mod tests {
             .update(GraphUpdate {
                 nodes: vec![(1, 3)],
                 edges: vec![(0, vec![(4, 3), (2, 0)]), (1, vec![(2, 4)])],
+                values: Vec::new(),
             })
             .unwrap();
         let served = graph.snapshot();
@@ -1259,6 +1681,7 @@ mod tests {
             .update(GraphUpdate {
                 nodes: vec![(1, 2)],
                 edges: vec![(0, vec![(far, 0)])],
+                values: Vec::new(),
             })
             .unwrap_err()
             .to_string();

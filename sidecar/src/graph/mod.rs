@@ -29,6 +29,8 @@ pub use build::{BuildOptions, BuildStats};
 pub use changes::Changes;
 pub use format::{CsrHeader, FormatError, StreamPosition};
 pub use index::CsrIndex;
-pub use live::{Compacted, GraphSnapshot, GraphUpdate, LiveGraph, UpdateStats};
+pub use live::{
+    Compacted, EdgeAt, EdgeDatum, EdgeValues, GraphSnapshot, GraphUpdate, LiveGraph, UpdateStats,
+};
 pub use sampler::{GraphFanouts, GraphSampled, GraphSource, NeighborSource, Sampled, Sampler};
 pub use typed::{TypedGraph, TypedSchema};

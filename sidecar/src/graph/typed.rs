@@ -19,6 +19,8 @@ use anyhow::{bail, ensure, Context};
 use serde::{Deserialize, Serialize};
 
 use crate::graph::build::{self, BuildOptions, BuildStats, EdgeFile, TypedEdges};
+use crate::graph::dataset::EdgeDataSpec;
+use crate::graph::format::EdgeDataShape;
 use crate::graph::sampler::GraphSource;
 use crate::graph::CsrIndex;
 
@@ -53,15 +55,48 @@ pub struct NodeType {
     pub dtype: Option<String>,
 }
 
-/// An edge type, by the names of its node types.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+/// An edge type, by the names of its node types, and what its edges
+/// carry (docs/graph-index.md, "Edge data"; absent in schema.json: nothing).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct EdgeType {
     pub src: String,
     pub relation: String,
     pub dst: String,
+    /// Attributes per edge (0: none).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub attr_dim: u32,
+    /// A weight per edge.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub weight: bool,
+    /// A time per edge.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub time: bool,
+}
+
+fn is_zero(n: &u32) -> bool {
+    *n == 0
 }
 
 impl EdgeType {
+    /// `(src, relation, dst)` whose edges carry nothing.
+    pub fn new(src: &str, relation: &str, dst: &str) -> Self {
+        Self {
+            src: src.into(),
+            relation: relation.into(),
+            dst: dst.into(),
+            ..Self::default()
+        }
+    }
+
+    /// What its edges carry.
+    pub fn data(&self) -> EdgeDataShape {
+        EdgeDataShape {
+            attr_dim: self.attr_dim,
+            weight: self.weight,
+            time: self.time,
+        }
+    }
+
     /// `src__relation__dst`: its file's stem and its part of a model's
     /// input name.
     pub fn key(&self) -> String {
@@ -94,11 +129,7 @@ impl TypedSchema {
                 feature_dim,
                 dtype: (feature_dim > 0).then(|| "f32".to_string()),
             }],
-            edge_types: vec![EdgeType {
-                src: ONE_TYPE.into(),
-                relation: ONE_RELATION.into(),
-                dst: ONE_TYPE.into(),
-            }],
+            edge_types: vec![EdgeType::new(ONE_TYPE, ONE_RELATION, ONE_TYPE)],
             graph_version,
         }
     }
@@ -155,7 +186,15 @@ impl TypedSchema {
                     ));
                 }
             }
-            if self.edge_types[..i].contains(e) {
+            if e.attr_dim > crate::graph::format::MAX_EDGE_ATTRS {
+                return Err(format!(
+                    "edge type {}: {} attributes per edge; at most {}",
+                    e.key(),
+                    e.attr_dim,
+                    crate::graph::format::MAX_EDGE_ATTRS
+                ));
+            }
+            if self.edge_types[..i].iter().any(|o| o.key() == e.key()) {
                 return Err(format!("edge type {} is listed twice", e.key()));
             }
         }
@@ -321,6 +360,9 @@ struct DatasetEdgeType {
     num_edges: u64,
     /// The edge file, relative to the dataset directory.
     edges: PathBuf,
+    /// What the edges carry, if anything ([`EdgeDataSpec`]).
+    #[serde(default)]
+    edge_data: Option<serde_json::Value>,
 }
 
 /// Whether `dir` holds a typed dataset: its meta.json lists node types and
@@ -359,6 +401,15 @@ pub fn import_typed(
     let started = Instant::now();
     let meta_path = input.join("meta.json");
     let meta = read_meta(input)?;
+    let mut data_files = Vec::with_capacity(meta.edge_types.len());
+    for e in &meta.edge_types {
+        let key = format!("{}__{}__{}", e.src, e.relation, e.dst);
+        data_files.push(
+            EdgeDataSpec::from_json(e.edge_data.as_ref())
+                .and_then(|spec| spec.files(input))
+                .with_context(|| format!("{}: edge type {key}", meta_path.display()))?,
+        );
+    }
     let schema = TypedSchema {
         node_types: meta
             .node_types
@@ -377,10 +428,15 @@ pub fn import_typed(
         edge_types: meta
             .edge_types
             .iter()
-            .map(|e| EdgeType {
-                src: e.src.clone(),
-                relation: e.relation.clone(),
-                dst: e.dst.clone(),
+            .zip(&data_files)
+            .map(|(e, files)| {
+                let data = files.shape();
+                EdgeType {
+                    attr_dim: data.attr_dim,
+                    weight: data.weight,
+                    time: data.time,
+                    ..EdgeType::new(&e.src, &e.relation, &e.dst)
+                }
             })
             .collect(),
         graph_version,
@@ -408,6 +464,7 @@ pub fn import_typed(
                 n_src: schema.node_types[src].num_nodes,
                 same_type: src == dst,
             }),
+            edge_data: data_files[e].clone(),
             ..BuildOptions::default()
         };
         let built = build::build(&edges, &tmp.join(format!("{key}.csr")), &options)
@@ -517,6 +574,13 @@ impl TypedGraph {
             let index = CsrIndex::open(&path)?;
             let header = index.header();
             ensure!(
+                header.edge_data == edge_type.data(),
+                "{}: its edges carry {}; the schema says {}: re-run sidecar import",
+                path.display(),
+                header.edge_data,
+                edge_type.data()
+            );
+            ensure!(
                 header.is_typed()
                     && header.n_nodes == schema.node_types[dst].num_nodes
                     && header.n_src == schema.node_types[src].num_nodes
@@ -548,11 +612,15 @@ impl TypedGraph {
     /// node lists its neighbours. `path` is where it lives: what a
     /// compaction rewrites.
     pub fn one_type(index: CsrIndex, path: impl Into<PathBuf>, feature_dim: u32) -> Self {
-        let schema = TypedSchema::one_type(
+        let mut schema = TypedSchema::one_type(
             u64::from(index.n_nodes()),
             feature_dim,
             index.graph_version(),
         );
+        let data = index.edge_data();
+        let edge_type = &mut schema.edge_types[0];
+        (edge_type.attr_dim, edge_type.weight, edge_type.time) =
+            (data.attr_dim, data.weight, data.time);
         Self::from_parts(
             schema,
             vec![(0, 0)],

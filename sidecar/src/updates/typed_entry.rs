@@ -4,6 +4,7 @@
 //! against the replica's types (names, widths), before anything is
 //! applied; and the text syntax `sidecar publish` reads for it.
 
+use crate::graph::live::EdgeValues;
 use crate::graph::typed::TypedSchema;
 use crate::graph::typed::{ONE_EDGE_TYPE, ONE_TYPE};
 use crate::graph::GraphUpdate;
@@ -11,13 +12,33 @@ use crate::updates::entry::{parse_id, parse_ids as ids, Op, MAX_IDS_PER_ENTRY};
 
 /// The prefix of an edge field: `edges:<edge type>`.
 pub const EDGES_FIELD: &str = "edges:";
-
-/// Edges of one edge type, by the name the entry gives it (`src__relation__dst`,
-/// or a relation only one edge type has).
-pub type NamedEdges = (String, Vec<(u64, u64)>);
+/// The prefix of an edge-data field: `data:<edge type>`, the data of the
+/// edges of `edges:<edge type>` as text (docs/updates.md, "Typed graphs").
+pub const DATA_FIELD: &str = "data:";
 
 /// Edges of one edge type, by its index in the graph's types.
 type IndexedEdges = (usize, Vec<(u64, u64)>);
+
+/// Edges of one edge type, by the name the entry gives it (`src__relation__dst`,
+/// or a relation only one edge type has), and their data as text, if
+/// given (checked against the edge type by [`GraphOp::resolve`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NamedEdges {
+    pub name: String,
+    pub pairs: Vec<(u64, u64)>,
+    pub data: Option<String>,
+}
+
+impl NamedEdges {
+    /// Edges without data.
+    pub fn new(name: impl Into<String>, pairs: Vec<(u64, u64)>) -> Self {
+        Self {
+            name: name.into(),
+            pairs,
+            data: None,
+        }
+    }
+}
 
 /// One operation on a typed graph.
 #[derive(Debug, Clone, PartialEq)]
@@ -68,7 +89,7 @@ impl From<Op> for GraphOp {
             update
                 .edges
                 .into_iter()
-                .map(|(_, pairs)| (ONE_EDGE_TYPE.to_string(), pairs))
+                .map(|(_, pairs)| NamedEdges::new(ONE_EDGE_TYPE, pairs))
                 .collect()
         };
         match op {
@@ -105,9 +126,11 @@ impl From<Op> for GraphOp {
 /// Whether an entry's fields are a typed operation's: it names a node type
 /// or edges of an edge type.
 pub fn is_typed(fields: &[(Vec<u8>, Vec<u8>)]) -> bool {
-    fields
-        .iter()
-        .any(|(k, _)| k.as_slice() == b"type" || k.starts_with(EDGES_FIELD.as_bytes()))
+    fields.iter().any(|(k, _)| {
+        k.as_slice() == b"type"
+            || k.starts_with(EDGES_FIELD.as_bytes())
+            || k.starts_with(DATA_FIELD.as_bytes())
+    })
 }
 
 impl GraphOp {
@@ -144,11 +167,17 @@ impl GraphOp {
         };
         let mut fields = vec![("op".to_string(), self.name().as_bytes().to_vec())];
         let edges = |fields: &mut Vec<(String, Vec<u8>)>, edges: &[NamedEdges]| {
-            for (name, pairs) in edges {
+            for edges in edges {
                 fields.push((
-                    format!("{EDGES_FIELD}{name}"),
-                    list(&mut pairs.iter().flat_map(|&(s, d)| [s, d])),
+                    format!("{EDGES_FIELD}{}", edges.name),
+                    list(&mut edges.pairs.iter().flat_map(|&(s, d)| [s, d])),
                 ));
+                if let Some(data) = &edges.data {
+                    fields.push((
+                        format!("{DATA_FIELD}{}", edges.name),
+                        data.as_bytes().to_vec(),
+                    ));
+                }
             }
         };
         match self {
@@ -190,11 +219,19 @@ impl GraphOp {
         };
         let mut scalars: Vec<(&str, &[u8])> = Vec::new();
         let mut edges: Vec<NamedEdges> = Vec::new();
+        let mut data: Vec<(String, String)> = Vec::new();
         let mut n_ids = 0usize;
         for (key, value) in fields {
             let key = text("name", key)?;
+            if let Some(name) = key.strip_prefix(DATA_FIELD) {
+                if data.iter().any(|(n, _)| n == name) {
+                    return Err(format!("field `{key}` is repeated"));
+                }
+                data.push((name.to_string(), text(&key, value)?));
+                continue;
+            }
             if let Some(name) = key.strip_prefix(EDGES_FIELD) {
-                if edges.iter().any(|(n, _)| n == name) {
+                if edges.iter().any(|e| e.name == name) {
                     return Err(format!("field `{key}` is repeated"));
                 }
                 let flat = ids(&text(&key, value)?, &key)?;
@@ -205,8 +242,8 @@ impl GraphOp {
                     ));
                 }
                 n_ids += flat.len();
-                edges.push((
-                    name.to_string(),
+                edges.push(NamedEdges::new(
+                    name,
                     flat.chunks(2).map(|p| (p[0], p[1])).collect(),
                 ));
                 continue;
@@ -215,7 +252,7 @@ impl GraphOp {
             let Some(&name) = known.iter().find(|k| **k == key) else {
                 return Err(format!(
                     "unknown field `{key}` for a typed entry (op, type, id, ids, row, \
-                     {EDGES_FIELD}<edge type>)"
+                     {EDGES_FIELD}<edge type>, {DATA_FIELD}<edge type>)"
                 ));
             };
             if scalars.iter().any(|(n, _)| *n == name) {
@@ -223,6 +260,7 @@ impl GraphOp {
             }
             scalars.push((name, value.as_slice()));
         }
+        attach_data(&mut edges, data, DATA_FIELD)?;
         let get = |name: &str| scalars.iter().find(|(n, _)| *n == name).map(|(_, v)| *v);
         let op = text("op", get("op").ok_or("no `op` field")?)?;
         let node_type = || -> Result<String, String> {
@@ -328,10 +366,14 @@ impl GraphOp {
                 }
                 Ok(Some(row.clone()))
             };
-        let edges_of = |named: &[NamedEdges]| -> Result<Vec<IndexedEdges>, String> {
-            named
-                .iter()
-                .map(|(name, pairs)| {
+        // The edge lists by index, and their data (empty when no list
+        // has any: the update's `values` rule).
+        let edges_of =
+            |named: &[NamedEdges]| -> Result<(Vec<IndexedEdges>, Vec<EdgeValues>), String> {
+                let mut lists = Vec::with_capacity(named.len());
+                let mut values = Vec::with_capacity(named.len());
+                for edges in named {
+                    let name = &edges.name;
                     let e = schema.edge_type(name).ok_or_else(|| {
                         let keys: Vec<String> = schema.edge_types.iter().map(|e| e.key()).collect();
                         format!(
@@ -340,10 +382,22 @@ impl GraphOp {
                             keys.join(", ")
                         )
                     })?;
-                    Ok((e, pairs.clone()))
-                })
-                .collect()
-        };
+                    let edge_type = &schema.edge_types[e];
+                    let parsed = match &edges.data {
+                        Some(text) => EdgeValues::parse(edge_type, edges.pairs.len(), text)?,
+                        None => EdgeValues::default(),
+                    };
+                    parsed
+                        .check(edge_type, edges.pairs.len())
+                        .map_err(|e| e.to_string())?;
+                    lists.push((e, edges.pairs.clone()));
+                    values.push(parsed);
+                }
+                if values.iter().all(|v| *v == EdgeValues::default()) {
+                    values.clear();
+                }
+                Ok((lists, values))
+            };
         let mut change = GraphChange::default();
         match self {
             GraphOp::AddNode {
@@ -359,15 +413,19 @@ impl GraphOp {
                 if schema.node_types[t].feature_dim > 0 {
                     change.evicted.push((t, *id));
                 }
+                let (edges, values) = edges_of(edges)?;
                 change.update = Some(GraphUpdate {
                     nodes: vec![(t, *id)],
-                    edges: edges_of(edges)?,
+                    edges,
+                    values,
                 });
             }
             GraphOp::AddEdges { edges } => {
+                let (edges, values) = edges_of(edges)?;
                 change.update = Some(GraphUpdate {
                     nodes: Vec::new(),
-                    edges: edges_of(edges)?,
+                    edges,
+                    values,
                 });
             }
             GraphOp::SetFeatures {
@@ -405,8 +463,10 @@ impl GraphOp {
 
     /// Parses one typed operation in the text syntax of `sidecar publish`:
     ///
-    /// - `add-node TYPE ID [row=V,V,...] [edges:EDGE_TYPE=SRC,DST,...]...`
-    /// - `add-edges edges:EDGE_TYPE=SRC,DST,... [edges:EDGE_TYPE=...]...`
+    /// - `add-node TYPE ID [row=V,V,...] [edges:EDGE_TYPE=SRC,DST,...
+    ///   [data:EDGE_TYPE=V,V,...]]...`
+    /// - `add-edges edges:EDGE_TYPE=SRC,DST,... [data:EDGE_TYPE=V,V,...]
+    ///   [edges:EDGE_TYPE=...]...`
     /// - `set-features TYPE ID row=V,V,...`
     /// - `invalidate TYPE ID [ID...]`
     ///
@@ -416,8 +476,17 @@ impl GraphOp {
         let mut plain = Vec::new();
         let mut row = None;
         let mut edges: Vec<NamedEdges> = Vec::new();
+        let mut data: Vec<(String, String)> = Vec::new();
         for word in rest {
-            if let Some(values) = word.strip_prefix("row=") {
+            if let Some(spec) = word.strip_prefix(DATA_FIELD) {
+                let (name, list) = spec.split_once('=').ok_or_else(|| {
+                    format!("{word:?}: write edge data as {DATA_FIELD}EDGE_TYPE=V,V,...")
+                })?;
+                if data.iter().any(|(n, _)| n == name) {
+                    return Err(format!("{DATA_FIELD}{name} is given twice"));
+                }
+                data.push((name.to_string(), list.to_string()));
+            } else if let Some(values) = word.strip_prefix("row=") {
                 row = Some(crate::updates::entry::parse_row(values)?);
             } else if let Some(path) = word.strip_prefix("row-file=") {
                 row = Some(std::fs::read(path).map_err(|e| format!("reading {path}: {e}"))?);
@@ -433,14 +502,15 @@ impl GraphOp {
                 if flat.is_empty() || !flat.len().is_multiple_of(2) {
                     return Err(format!("{EDGES_FIELD}{name} needs SRC,DST pairs"));
                 }
-                edges.push((
-                    name.to_string(),
+                edges.push(NamedEdges::new(
+                    name,
                     flat.chunks(2).map(|p| (p[0], p[1])).collect(),
                 ));
             } else {
                 plain.push(*word);
             }
         }
+        attach_data(&mut edges, data, DATA_FIELD)?;
         let typed_id = |plain: &[&str]| -> Result<(String, u64), String> {
             match plain {
                 [node_type, id] => Ok((node_type.to_string(), parse_id(id)?)),
@@ -496,6 +566,24 @@ impl GraphOp {
     }
 }
 
+/// Gives each `(edge type, data)` to the edge list of that name; data for
+/// a list the entry does not have is refused by name.
+fn attach_data(
+    edges: &mut [NamedEdges],
+    data: Vec<(String, String)>,
+    prefix: &str,
+) -> Result<(), String> {
+    for (name, text) in data {
+        let Some(list) = edges.iter_mut().find(|e| e.name == name) else {
+            return Err(format!(
+                "{prefix}{name} without {EDGES_FIELD}{name}: edge data goes with its edges"
+            ));
+        };
+        list.data = Some(text);
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -518,16 +606,8 @@ mod tests {
                 },
             ],
             edge_types: vec![
-                EdgeType {
-                    src: "user".into(),
-                    relation: "buys".into(),
-                    dst: "item".into(),
-                },
-                EdgeType {
-                    src: "item".into(),
-                    relation: "rev_buys".into(),
-                    dst: "user".into(),
-                },
+                EdgeType::new("user", "buys", "item"),
+                EdgeType::new("item", "rev_buys", "user"),
             ],
             graph_version: 1,
         }
@@ -548,14 +628,14 @@ mod tests {
             id: 3,
             row: Some(row.clone()),
             edges: vec![
-                ("buys".into(), vec![(3, 0)]),
-                ("item__rev_buys__user".into(), vec![(0, 3)]),
+                NamedEdges::new("buys", vec![(3, 0)]),
+                NamedEdges::new("item__rev_buys__user", vec![(0, 3)]),
             ],
         };
         for op in [
             add.clone(),
             GraphOp::AddEdges {
-                edges: vec![("user__buys__item".into(), vec![(1, 1), (2, 0)])],
+                edges: vec![NamedEdges::new("user__buys__item", vec![(1, 1), (2, 0)])],
             },
             GraphOp::SetFeatures {
                 node_type: "user".into(),
@@ -580,7 +660,93 @@ mod tests {
             Some(GraphUpdate {
                 nodes: vec![(0, 3)],
                 edges: vec![(0, vec![(3, 0)]), (1, vec![(0, 3)])],
+                values: Vec::new(),
             })
+        );
+    }
+
+    #[test]
+    fn edge_data_rides_with_its_edges_and_is_checked_against_the_edge_type() {
+        let mut schema = schema();
+        // user__buys__item carries 2 attributes and a time.
+        (schema.edge_types[0].attr_dim, schema.edge_types[0].time) = (2, true);
+        let with_data = |data: &str| GraphOp::AddEdges {
+            edges: vec![NamedEdges {
+                data: Some(data.into()),
+                ..NamedEdges::new("buys", vec![(1, 1), (2, 0)])
+            }],
+        };
+        let op = with_data("0.5 -1 1700000000 2.25 0 1700000060");
+        let fields = wire(&op);
+        assert!(fields
+            .iter()
+            .any(|(k, v)| k == b"data:buys" && v == b"0.5 -1 1700000000 2.25 0 1700000060"));
+        assert_eq!(GraphOp::from_fields(&fields), Ok(op.clone()));
+        let update = op.resolve(&schema).unwrap().update.unwrap();
+        assert_eq!(update.edges, vec![(0, vec![(1, 1), (2, 0)])]);
+        assert_eq!(
+            update.values,
+            vec![EdgeValues {
+                attrs: vec![0.5, -1.0, 2.25, 0.0],
+                weights: vec![],
+                times: vec![1_700_000_000, 1_700_000_060],
+            }]
+        );
+        // The text syntax of `sidecar publish` gives the same operation.
+        let words = [
+            "add-edges",
+            "edges:buys=1,1,2,0",
+            "data:buys=0.5,-1,1700000000,2.25,0,1700000060",
+        ];
+        let published = GraphOp::from_words(&words).unwrap();
+        assert_eq!(
+            published.resolve(&schema).unwrap().update,
+            op.resolve(&schema).unwrap().update
+        );
+        for (data, expected) in [
+            (
+                "0.5 -1 1700000000.5 2.25 0 1700000060",
+                "edge 0's time \"1700000000.5\" is not an integer",
+            ),
+            ("0.5 -1 1700000000 2.25 0", "2 edges need 6, 5 were given"),
+            (
+                "0.5 x 1700000000 2.25 0 1700000060",
+                "edge 0's attribute \"x\" is not a number",
+            ),
+            (
+                "0.5 NaN 1700000000 2.25 0 1700000060",
+                "edge 0 has attribute NaN in column 1",
+            ),
+        ] {
+            let err = with_data(data).resolve(&schema).unwrap_err();
+            assert!(err.contains("edge type user__buys__item"), "{data}: {err}");
+            assert!(err.contains(expected), "{data}: {err}");
+        }
+        // Edges of a type with data need it; a type without takes none.
+        let err = GraphOp::AddEdges {
+            edges: vec![NamedEdges::new("buys", vec![(1, 1)])],
+        }
+        .resolve(&schema)
+        .unwrap_err();
+        assert!(
+            err.contains("1 edges need 2 attributes (2 per edge), 0 were given"),
+            "{err}"
+        );
+        let err = GraphOp::AddEdges {
+            edges: vec![NamedEdges {
+                data: Some("1".into()),
+                ..NamedEdges::new("rev_buys", vec![(1, 1)])
+            }],
+        }
+        .resolve(&schema)
+        .unwrap_err();
+        assert!(err.contains("its edges carry no data"), "{err}");
+        // Data without its edges.
+        let err =
+            GraphOp::from_words(&["add-edges", "edges:buys=1,1", "data:rev_buys=1"]).unwrap_err();
+        assert!(
+            err.contains("data:rev_buys without edges:rev_buys"),
+            "{err}"
         );
     }
 
@@ -603,7 +769,7 @@ mod tests {
                 "node type item has no features",
             ),
             (
-                op("user", None, vec![("likes".into(), vec![(5, 0)])]),
+                op("user", None, vec![NamedEdges::new("likes", vec![(5, 0)])]),
                 "unknown edge type \"likes\"",
             ),
         ];
@@ -655,7 +821,7 @@ mod tests {
                 node_type: "user".into(),
                 id: 7,
                 row: Some(vec![0, 0, 128, 63, 0, 0, 0, 64]),
-                edges: vec![("buys".into(), vec![(7, 0), (7, 1)])],
+                edges: vec![NamedEdges::new("buys", vec![(7, 0), (7, 1)])],
             })
         );
         assert_eq!(

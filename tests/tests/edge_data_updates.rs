@@ -1,0 +1,233 @@
+//! Edges with data added while serving (docs/graph-index.md, "Edge data";
+//! docs/admin.md; docs/updates.md, "Typed graphs"): through the admin
+//! socket (`sidecarctl graph add-edges --edge-type` with the values after
+//! `src dst`) and through the update stream (`data:<edge type>`), refused
+//! by name when the data does not fit the edge type, and the same graph,
+//! data included, on a replica fed by the socket and on replicas following
+//! the stream, after a compaction and a restart too. Real `sidecar serve`,
+//! `sidecar publish`, `sidecarctl` and redis-server.
+
+use std::path::Path;
+use std::time::Duration;
+
+use tests::eventually;
+use tests::redis::RedisServer;
+use tests::stack::workspace_bin;
+use tests::typed::{self, TypedSidecar};
+
+/// Accounts (2 features each) paying merchants: `pays` carries 2
+/// attributes, a weight and a time; `rev_pays` nothing.
+fn payments(dir: &Path) {
+    std::fs::create_dir_all(dir.join("edges")).unwrap();
+    std::fs::create_dir_all(dir.join("nodes")).unwrap();
+    let write = |name: &str, bytes: Vec<u8>| std::fs::write(dir.join(name), bytes).unwrap();
+    let u32s = |v: &[u32]| v.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<u8>>();
+    let f32s = |v: &[f32]| v.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<u8>>();
+    write(
+        "nodes/account.f32",
+        f32s(&[0.5, 1.0, -1.0, 0.0, 2.0, 0.25, 1.5, -0.5]),
+    );
+    write("edges/pays.u32", u32s(&[0, 0, 1, 0, 2, 2, 1, 2]));
+    write(
+        "edges/pays.attr.f32",
+        f32s(&[1.0, 0.0, 2.0, 1.0, 3.0, 0.0, 4.0, 1.0]),
+    );
+    write("edges/pays.weight.f32", f32s(&[1.0, 1.0, 2.0, 1.0]));
+    write(
+        "edges/pays.time.i64",
+        [
+            1_700_000_000i64,
+            1_700_000_010,
+            1_700_000_005,
+            1_700_000_000,
+        ]
+        .iter()
+        .flat_map(|t| t.to_le_bytes())
+        .collect(),
+    );
+    write("edges/rev_pays.u32", u32s(&[0, 0, 0, 1, 2, 1, 2, 2]));
+    let meta = serde_json::json!({
+        "node_types": [
+            {"name": "account", "num_nodes": 4, "feature_dim": 2, "dtype": "f32",
+             "features": "nodes/account.f32"},
+            {"name": "merchant", "num_nodes": 3},
+        ],
+        "edge_types": [
+            {"src": "account", "relation": "pays", "dst": "merchant", "num_edges": 4,
+             "edges": "edges/pays.u32",
+             "edge_data": {"attrs": "edges/pays.attr.f32", "attr_dim": 2,
+                           "weight": "edges/pays.weight.f32", "time": "edges/pays.time.i64"}},
+            {"src": "merchant", "relation": "rev_pays", "dst": "account", "num_edges": 4,
+             "edges": "edges/rev_pays.u32"},
+        ],
+    });
+    std::fs::write(dir.join("meta.json"), meta.to_string()).unwrap();
+}
+
+/// Three new payments: two repeat the pair (0, 1), two tie in time.
+const NEW_PAYS: &str = "0 1 12.5 1 2 1700000000\n\
+                        3 1 3 0 1 1699999999\n\
+                        0 1 7.5 1 1 1700000000\n";
+
+fn stderr(out: &std::process::Output) -> String {
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+fn publish(url: &str, data: &Path, args: &[&str]) -> std::process::Output {
+    std::process::Command::new(workspace_bin("sidecar"))
+        .args(["publish", "--redis", url, "--data-dir"])
+        .arg(data)
+        .args(args)
+        .output()
+        .expect("running sidecar publish")
+}
+
+fn metric(sidecar: &TypedSidecar, name: &str) -> f64 {
+    let (code, body) =
+        tests::stack::http_request(&sidecar.metrics, "GET", "/metrics", None).unwrap();
+    assert_eq!(code, 200);
+    body.lines()
+        .find(|l| l.starts_with(name) && l[name.len()..].starts_with(' '))
+        .and_then(|l| l.rsplit(' ').next()?.parse().ok())
+        .unwrap_or_else(|| panic!("no {name} in:\n{body}"))
+}
+
+#[test]
+fn edges_with_data_added_through_the_socket_or_the_stream_make_one_graph() {
+    let dir = tempfile::tempdir().unwrap();
+    let source = dir.path().join("payments");
+    payments(&source);
+    let [solo, a, b] = ["solo", "a", "b"].map(|name| dir.path().join(name));
+    for data in [&solo, &a, &b] {
+        typed::import(&source, data, &[]);
+    }
+
+    // Through the admin socket.
+    let sidecar = TypedSidecar::serve(&solo, &[]);
+    let start = sidecar.sidecarctl_json(&["graph", "checksum"]);
+    let file = dir.path().join("pays.txt");
+    let add = |text: &str, edge_type: Option<&str>| {
+        std::fs::write(&file, text).unwrap();
+        let mut args = vec!["graph", "add-edges", "--file", file.to_str().unwrap()];
+        if let Some(edge_type) = edge_type {
+            args.extend(["--edge-type", edge_type]);
+        }
+        sidecar.sidecarctl(&args)
+    };
+    for (text, edge_type, expected) in [
+        (
+            "0 1 12.5 1 2 1700000000.5\n",
+            Some("pays"),
+            "edge type account__pays__merchant: edge 0's time \"1700000000.5\" is not an \
+             integer",
+        ),
+        (
+            "0 1 12.5 1 2\n",
+            Some("pays"),
+            "4 values per edge (the attributes, then the weight, then the time): 1 edges \
+             need 4, 3 were given",
+        ),
+        (
+            "0 1 12.5 1 2 1700000000\n1 2 1 1\n",
+            Some("pays"),
+            "pays.txt:2: 2 values after `src dst`, and line 1 has 4",
+        ),
+        (
+            "0 1 inf 1 2 1700000000\n",
+            Some("pays"),
+            "edge 0 has attribute inf in column 0",
+        ),
+        (
+            "0 1\n",
+            Some("pays"),
+            "1 edges need 2 attributes (2 per edge), 0 were given",
+        ),
+        (
+            "1 0 1 2 3 4\n",
+            Some("rev_pays"),
+            "edge type merchant__rev_pays__account: its edges carry no data, and 4 values \
+             were given",
+        ),
+        (NEW_PAYS, None, "name it with --edge-type"),
+    ] {
+        let out = add(text, edge_type);
+        assert!(!out.status.success(), "{text:?} was taken");
+        assert!(
+            stderr(&out).contains(expected),
+            "{text:?}: {}",
+            stderr(&out)
+        );
+    }
+    assert_eq!(
+        sidecar.sidecarctl_json(&["graph", "checksum"]),
+        start,
+        "nothing changed"
+    );
+    for (text, edge_type) in [(NEW_PAYS, "pays"), ("1 0\n", "rev_pays")] {
+        let out = add(text, Some(edge_type));
+        assert!(out.status.success(), "{text:?}: {}", stderr(&out));
+    }
+    let served = sidecar.sidecarctl_json(&["graph", "checksum"]);
+    assert_eq!(served["n_edges"], start["n_edges"].as_u64().unwrap() + 4);
+    // Compacted, stopped cleanly and started again: the same graph.
+    sidecar.sidecarctl_json(&["graph", "compact"]);
+    assert!(sidecar.stop(), "the sidecar did not stop cleanly");
+    let sidecar = TypedSidecar::serve(&solo, &[]);
+    assert_eq!(
+        sidecar.sidecarctl_json(&["graph", "checksum"])["checksum"],
+        served["checksum"]
+    );
+
+    // Through the stream: `sidecar publish` refuses what does not fit,
+    // a producer that does not check writes an entry the replicas skip.
+    let redis = RedisServer::start();
+    let url = redis.url();
+    let follow = ["--updates-stream", "gnn:updates", "--updates-redis", &url];
+    let replicas = [&a, &b].map(|data| TypedSidecar::serve(data, &follow));
+    for (op, expected) in [
+        (
+            vec!["add-edges", "edges:pays=0,1", "data:pays=12.5,1,2,1.7e9"],
+            "edge 0's time \"1.7e9\" is not an integer",
+        ),
+        (
+            vec!["add-edges", "edges:pays=0,1"],
+            "1 edges need 2 attributes (2 per edge), 0 were given",
+        ),
+        (
+            vec!["add-edges", "edges:rev_pays=1,0", "data:pays=1,2,3,4"],
+            "data:pays without edges:pays",
+        ),
+    ] {
+        let out = publish(&url, &a, &op);
+        assert!(!out.status.success(), "{op:?} was published");
+        assert!(stderr(&out).contains(expected), "{op:?}: {}", stderr(&out));
+    }
+    assert!(
+        redis.command("XLEN gnn:updates").contains(":0"),
+        "nothing appended"
+    );
+    assert!(!redis
+        .command("XADD gnn:updates * op add_edges edges:pays \"0 1\" data:pays \"1 2 3 soon\"")
+        .starts_with('-'));
+    let pays: Vec<&str> = NEW_PAYS.split_whitespace().collect();
+    let (pairs, values): (Vec<&[&str]>, Vec<&[&str]>) =
+        pays.chunks(6).map(|edge| edge.split_at(2)).unzip();
+    let edges = format!("edges:pays={}", pairs.concat().join(","));
+    let data = format!("data:pays={}", values.concat().join(","));
+    for op in [
+        vec!["add-edges", edges.as_str(), data.as_str()],
+        vec!["add-edges", "edges:rev_pays=1,0"],
+    ] {
+        let out = publish(&url, &a, &op);
+        assert!(out.status.success(), "{op:?}: {}", stderr(&out));
+    }
+    let converged = eventually(Duration::from_secs(30), || {
+        replicas
+            .iter()
+            .all(|r| r.sidecarctl_json(&["graph", "checksum"])["checksum"] == served["checksum"])
+    });
+    assert!(converged, "the replicas did not reach the socket-fed graph");
+    for replica in &replicas {
+        assert_eq!(metric(replica, "sidecar_updates_malformed_total"), 1.0);
+    }
+}
