@@ -420,16 +420,6 @@ fn edge_data_that_disagrees_with_its_edges_is_refused_by_name() {
     imported(dir, tempfile::tempdir().unwrap().path());
 }
 
-/// Rewrites both checksums of a CSR file's bytes after an edit, so that
-/// only the structure check can catch the edit.
-fn reseal(bytes: &mut [u8]) {
-    use xxhash_rust::xxh3::xxh3_64;
-    let body = xxh3_64(&bytes[128..]);
-    bytes[64..72].copy_from_slice(&body.to_le_bytes());
-    let header = xxh3_64(&bytes[..120]);
-    bytes[120..128].copy_from_slice(&header.to_le_bytes());
-}
-
 #[test]
 fn an_index_whose_edge_data_is_out_of_order_or_not_finite_is_refused() {
     let source = tempfile::tempdir().unwrap();
@@ -461,7 +451,7 @@ fn an_index_whose_edge_data_is_out_of_order_or_not_finite_is_refused() {
     let open_edited = |edit: &dyn Fn(&mut Vec<u8>)| {
         let mut bytes = original.clone();
         edit(&mut bytes);
-        reseal(&mut bytes);
+        tests::stack::reseal_csr(&mut bytes);
         std::fs::write(&broken, &bytes).unwrap();
         CsrIndex::open(&broken)
             .err()

@@ -571,16 +571,6 @@ fn a_generated_typed_graph_is_seeded_imports_and_trains() {
     );
 }
 
-/// Rewrites both checksums of a CSR file's bytes after an edit, so that
-/// only the structure check can catch the edit.
-fn reseal(bytes: &mut [u8]) {
-    use xxhash_rust::xxh3::xxh3_64;
-    let body = xxh3_64(&bytes[128..]);
-    bytes[64..72].copy_from_slice(&body.to_le_bytes());
-    let header = xxh3_64(&bytes[..120]);
-    bytes[120..128].copy_from_slice(&header.to_le_bytes());
-}
-
 #[test]
 fn a_typed_index_whose_sources_leave_their_type_is_refused_even_with_valid_checksums() {
     let dir = tempfile::tempdir().unwrap();
@@ -605,7 +595,7 @@ fn a_typed_index_whose_sources_leave_their_type_is_refused_even_with_valid_check
     let edited = |offset: usize, value: &[u8]| {
         let mut bytes = original.clone();
         bytes[offset..offset + value.len()].copy_from_slice(value);
-        reseal(&mut bytes);
+        tests::stack::reseal_csr(&mut bytes);
         refused(&bytes)
     };
     let first = header.indices_range().start;

@@ -793,6 +793,17 @@ pub fn metric_value(addr: &str, name: &str) -> f64 {
         .unwrap_or_else(|e| panic!("{name}: {e}"))
 }
 
+/// Rewrites both checksums of a graph index file's bytes
+/// (docs/graph-index.md, "The file") after an edit, so that only the
+/// structure check can catch the edit.
+pub fn reseal_csr(bytes: &mut [u8]) {
+    use xxhash_rust::xxh3::xxh3_64;
+    let body = xxh3_64(&bytes[128..]);
+    bytes[64..72].copy_from_slice(&body.to_le_bytes());
+    let header = xxh3_64(&bytes[..120]);
+    bytes[120..128].copy_from_slice(&header.to_le_bytes());
+}
+
 /// Stops process `pid` (SIGSTOP) and returns once every one of its threads
 /// is stopped: a signal is delivered asynchronously, and a probe sent
 /// before the stop lands would still be answered.

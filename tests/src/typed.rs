@@ -128,6 +128,11 @@ impl TypedSidecar {
         serde_json::from_slice(&out.stdout).expect("sidecarctl --json answers JSON")
     }
 
+    /// The value of the sample `name` on its metrics endpoint.
+    pub fn metric(&self, name: &str) -> f64 {
+        crate::stack::metric_value(&self.metrics, name)
+    }
+
     /// The sidecar's process id.
     pub fn pid(&self) -> u32 {
         self.sidecar.as_ref().map_or(0, |s| s.child.id())
@@ -137,6 +142,17 @@ impl TypedSidecar {
     pub fn stop(mut self) -> bool {
         self.sidecar.take().map(Daemon::stop).unwrap_or(false)
     }
+}
+
+/// `sidecar publish --redis URL --data-dir DATA ARGS...` (the stream is
+/// the default one or ARGS name it).
+pub fn publish(url: &str, data: &Path, args: &[&str]) -> std::process::Output {
+    Command::new(workspace_bin("sidecar"))
+        .args(["publish", "--redis", url, "--data-dir"])
+        .arg(data)
+        .args(args)
+        .output()
+        .expect("running sidecar publish")
 }
 
 impl std::fmt::Debug for TypedSidecar {

@@ -12,7 +12,6 @@ use std::time::Duration;
 
 use tests::eventually;
 use tests::redis::RedisServer;
-use tests::stack::workspace_bin;
 use tests::typed::{self, TypedSidecar};
 
 /// Accounts (2 features each) paying merchants: `pays` carries 2
@@ -71,25 +70,6 @@ const NEW_PAYS: &str = "0 1 12.5 1 2 1700000000\n\
 
 fn stderr(out: &std::process::Output) -> String {
     String::from_utf8_lossy(&out.stderr).into_owned()
-}
-
-fn publish(url: &str, data: &Path, args: &[&str]) -> std::process::Output {
-    std::process::Command::new(workspace_bin("sidecar"))
-        .args(["publish", "--redis", url, "--data-dir"])
-        .arg(data)
-        .args(args)
-        .output()
-        .expect("running sidecar publish")
-}
-
-fn metric(sidecar: &TypedSidecar, name: &str) -> f64 {
-    let (code, body) =
-        tests::stack::http_request(&sidecar.metrics, "GET", "/metrics", None).unwrap();
-    assert_eq!(code, 200);
-    body.lines()
-        .find(|l| l.starts_with(name) && l[name.len()..].starts_with(' '))
-        .and_then(|l| l.rsplit(' ').next()?.parse().ok())
-        .unwrap_or_else(|| panic!("no {name} in:\n{body}"))
 }
 
 #[test]
@@ -198,7 +178,7 @@ fn edges_with_data_added_through_the_socket_or_the_stream_make_one_graph() {
             "data:pays without edges:pays",
         ),
     ] {
-        let out = publish(&url, &a, &op);
+        let out = typed::publish(&url, &a, &op);
         assert!(!out.status.success(), "{op:?} was published");
         assert!(stderr(&out).contains(expected), "{op:?}: {}", stderr(&out));
     }
@@ -218,7 +198,7 @@ fn edges_with_data_added_through_the_socket_or_the_stream_make_one_graph() {
         vec!["add-edges", edges.as_str(), data.as_str()],
         vec!["add-edges", "edges:rev_pays=1,0"],
     ] {
-        let out = publish(&url, &a, &op);
+        let out = typed::publish(&url, &a, &op);
         assert!(out.status.success(), "{op:?}: {}", stderr(&out));
     }
     let converged = eventually(Duration::from_secs(30), || {
@@ -228,6 +208,6 @@ fn edges_with_data_added_through_the_socket_or_the_stream_make_one_graph() {
     });
     assert!(converged, "the replicas did not reach the socket-fed graph");
     for replica in &replicas {
-        assert_eq!(metric(replica, "sidecar_updates_malformed_total"), 1.0);
+        assert_eq!(replica.metric("sidecar_updates_malformed_total"), 1.0);
     }
 }

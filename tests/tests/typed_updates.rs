@@ -7,7 +7,6 @@
 //! (the stream). A real `sidecar serve` on the shipped OpenFlights, a real
 //! redis-server, the Rust ring client.
 
-use std::process::Command;
 use std::time::Duration;
 
 use protocol::graph_schema::GraphSchema;
@@ -15,7 +14,7 @@ use protocol::request::GraphAsk;
 use protocol::{CallRequest, RingClient};
 use tests::eventually;
 use tests::redis::RedisServer;
-use tests::stack::{dataset, workspace_bin};
+use tests::stack::dataset;
 use tests::typed::{self, TypedSidecar};
 
 /// A new airport's 11 features.
@@ -193,26 +192,6 @@ fn a_typed_node_added_through_the_admin_socket_is_answered_in_the_next_call() {
     assert_new_airport_is_served(&restarted.client(), None);
 }
 
-/// `sidecar publish` against the stream on `url`, with `args`.
-fn publish(url: &str, data: &std::path::Path, args: &[&str]) -> std::process::Output {
-    Command::new(workspace_bin("sidecar"))
-        .args(["publish", "--redis", url, "--data-dir"])
-        .arg(data)
-        .args(args)
-        .output()
-        .expect("running sidecar publish")
-}
-
-fn metric(sidecar: &TypedSidecar, name: &str) -> f64 {
-    let (code, body) =
-        tests::stack::http_request(&sidecar.metrics, "GET", "/metrics", None).unwrap();
-    assert_eq!(code, 200);
-    body.lines()
-        .find(|l| l.starts_with(name) && l[name.len()..].starts_with(' '))
-        .and_then(|l| l.rsplit(' ').next()?.parse().ok())
-        .unwrap_or_else(|| panic!("no {name} in:\n{body}"))
-}
-
 #[test]
 fn typed_replicas_following_the_stream_converge_and_skip_what_they_cannot_apply() {
     let redis = RedisServer::start();
@@ -246,7 +225,7 @@ fn typed_replicas_following_the_stream_converge_and_skip_what_they_cannot_apply(
             "the data directory holds a typed graph",
         ),
     ] {
-        let out = publish(&url, &data_a, &op);
+        let out = typed::publish(&url, &data_a, &op);
         let stderr = String::from_utf8_lossy(&out.stderr);
         assert!(!out.status.success(), "{op:?} was published");
         assert!(stderr.contains(expected), "{op:?}: {stderr}");
@@ -270,7 +249,7 @@ fn typed_replicas_following_the_stream_converge_and_skip_what_they_cannot_apply(
         ),
     )
     .unwrap();
-    let out = publish(&url, &data_a, &["--file", ops.to_str().unwrap()]);
+    let out = typed::publish(&url, &data_a, &["--file", ops.to_str().unwrap()]);
     assert!(
         out.status.success(),
         "{}",
@@ -284,7 +263,7 @@ fn typed_replicas_following_the_stream_converge_and_skip_what_they_cannot_apply(
     ] {
         assert!(!redis.command(malformed).starts_with('-'), "{malformed}");
     }
-    let out = publish(&url, &data_a, &["add-edges", "edges:route=7698,5"]);
+    let out = typed::publish(&url, &data_a, &["add-edges", "edges:route=7698,5"]);
     assert!(
         out.status.success(),
         "{}",
@@ -298,7 +277,7 @@ fn typed_replicas_following_the_stream_converge_and_skip_what_they_cannot_apply(
     });
     assert!(converged, "the replicas did not converge");
     for sidecar in [&a, &b] {
-        assert_eq!(metric(sidecar, "sidecar_updates_malformed_total"), 4.0);
+        assert_eq!(sidecar.metric("sidecar_updates_malformed_total"), 4.0);
         assert_new_airport_is_served(&sidecar.client(), Some([0.5, 0.25, 2.0]));
     }
     // A restarted replica replays the stream from its graph's position
