@@ -205,7 +205,13 @@ fn vector_in_doc(doc: &str, marker: &str) -> Vec<u8> {
 }
 
 fn doc() -> String {
-    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs/protocol.md");
+    // Cargo's run-time value first: a binary reused from a shared target
+    // directory may have been compiled in another checkout.
+    let crate_dir = std::env::var_os("CARGO_MANIFEST_DIR").map_or_else(
+        || env!("CARGO_MANIFEST_DIR").into(),
+        std::path::PathBuf::from,
+    );
+    let path = crate_dir.join("../docs/protocol.md");
     std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
 }
 
