@@ -7,7 +7,8 @@ mod common;
 
 use libfuzzer_sys::fuzz_target;
 use sidecar::features::import::FeatureManifest;
-use sidecar::graph::dataset::{DatasetMeta, EdgeDataSpec};
+use sidecar::graph::build::EdgeDataSpec;
+use sidecar::graph::dataset::DatasetMeta;
 
 fuzz_target!(|bytes: &[u8]| {
     let dir = common::scratch();

@@ -701,6 +701,24 @@ fn updates_add_edges_with_their_data_in_the_row_s_order_and_a_compaction_keeps_t
     edges[0].assert_index(reopened.csr(0), 1, false, "pays after a compaction");
     edges[1].assert_index(reopened.csr(1), 1, true, "sends after a compaction");
     edges[2].assert_index(reopened.csr(2), 1, false, "rev_pays after a compaction");
+    // A new node of a request (NEW_NODE) carries no edge data: its edges
+    // of a type with data are refused by name, its others taken.
+    let snapshot = graph.snapshot();
+    let message = snapshot
+        .with_new_node(1, 12, &[vec![(0, 12)], vec![], vec![]])
+        .unwrap_err()
+        .to_string();
+    assert!(
+        message.contains(
+            "the new node's edges of edge type account__pays__merchant: its edges carry 3 \
+             attributes, a weight, a time, and a new node's edges in a request carry none"
+        ),
+        "{message}"
+    );
+    let with_node = snapshot
+        .with_new_node(1, 12, &[vec![], vec![], vec![(12, 0)]])
+        .unwrap();
+    assert_eq!(with_node.sources(2, 0).last(), Some(&12));
     // A digest covers the data: one edge's weight apart, two digests.
     let digest = |weight: f32| {
         let replica = LiveGraph::new(TypedGraph::open(data.path()).unwrap());

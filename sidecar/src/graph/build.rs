@@ -30,6 +30,7 @@ use std::time::Instant;
 
 use anyhow::{bail, ensure, Context};
 use memmap2::MmapMut;
+use serde::Deserialize;
 use xxhash_rust::xxh3::xxh3_64;
 
 use crate::graph::format::{
@@ -146,6 +147,71 @@ impl EdgeDataFiles {
             weight: self.weight.is_some(),
             time: self.time.is_some(),
         }
+    }
+}
+
+/// A dataset's `edge_data` (docs/graph-index.md, "Edge data"): the files
+/// of what each edge carries, one row per edge in the edge file's order,
+/// relative to the dataset directory. The same object in the one-type
+/// layout's meta.json and in each edge type of a typed one.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct EdgeDataSpec {
+    /// `num_edges x attr_dim` little-endian f32, row-major.
+    pub attrs: Option<PathBuf>,
+    #[serde(default)]
+    pub attr_dim: u32,
+    /// The attributes' names, `attr_dim` of them (informational).
+    pub attr_names: Option<Vec<String>>,
+    /// `num_edges` little-endian f32.
+    pub weight: Option<PathBuf>,
+    /// `num_edges` little-endian i64 (the dataset's own unit; its meta.json
+    /// says which).
+    pub time: Option<PathBuf>,
+    /// The unit of `time` (informational).
+    pub time_unit: Option<String>,
+}
+
+impl EdgeDataSpec {
+    /// Reads an `edge_data` object (absent: the edges carry nothing).
+    pub fn from_json(value: Option<&serde_json::Value>) -> anyhow::Result<Self> {
+        match value {
+            None => Ok(Self::default()),
+            Some(value) => Self::deserialize(value).context(
+                "edge_data: an object of attrs, attr_dim, attr_names, weight, time and time_unit \
+                 (docs/graph-index.md, \"Edge data\")",
+            ),
+        }
+    }
+
+    /// The files under `dir`, after the width agrees with the file's
+    /// presence and the names with the width.
+    pub fn files(&self, dir: &Path) -> anyhow::Result<EdgeDataFiles> {
+        let attrs = match (&self.attrs, self.attr_dim) {
+            (None, 0) => None,
+            (Some(file), 1..=MAX_EDGE_ATTRS) => Some((dir.join(file), self.attr_dim)),
+            (file, dim) => bail!(
+                "edge_data has attr_dim {dim} and attrs {file:?}: attributes name their file \
+                 and a width of 1 to {MAX_EDGE_ATTRS}; edges without attributes have neither"
+            ),
+        };
+        if let Some(names) = &self.attr_names {
+            ensure!(
+                names.len() == self.attr_dim as usize,
+                "edge_data lists {} attr_names for attr_dim {}: one name per attribute",
+                names.len(),
+                self.attr_dim
+            );
+        }
+        ensure!(
+            self.time.is_some() || self.time_unit.is_none(),
+            "edge_data has a time_unit but no time file"
+        );
+        Ok(EdgeDataFiles {
+            attrs,
+            weight: self.weight.as_ref().map(|file| dir.join(file)),
+            time: self.time.as_ref().map(|file| dir.join(file)),
+        })
     }
 }
 

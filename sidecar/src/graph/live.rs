@@ -636,6 +636,14 @@ impl GraphSnapshot {
         );
         let ends = self.base.edge_types();
         for (e, pairs) in edges.iter().enumerate() {
+            let data = schema.edge_types[e].data();
+            ensure!(
+                pairs.is_empty() || data.is_empty(),
+                "the new node's edges of edge type {}: its edges carry {data}, and a new node's \
+                 edges in a request carry none; add the node with its edges through an update \
+                 (docs/graph-index.md, \"Edge data\"), then predict it by its id",
+                schema.edge_types[e].key()
+            );
             let (src, dst) = ends[e];
             for &(s, d) in pairs {
                 let (other_type, other) = if src == node_type && s == id {

@@ -18,8 +18,7 @@ use std::time::Instant;
 use anyhow::{bail, ensure, Context};
 use serde::{Deserialize, Serialize};
 
-use crate::graph::build::{self, BuildOptions, BuildStats, EdgeFile, TypedEdges};
-use crate::graph::dataset::EdgeDataSpec;
+use crate::graph::build::{self, BuildOptions, BuildStats, EdgeDataSpec, EdgeFile, TypedEdges};
 use crate::graph::format::EdgeDataShape;
 use crate::graph::sampler::GraphSource;
 use crate::graph::CsrIndex;
