@@ -1039,3 +1039,64 @@ fn precomputed_answers_serve_a_pyg_model_until_its_subgraph_changes() {
     assert!(worst_difference(&model, &[(a, a_now.logits.clone())]) > 1e-5);
     assert!(stack.stop());
 }
+
+/// The export check measures a case past its tolerance against PyG in
+/// float64 and lets float32 rounding explain a difference up to 8 times
+/// what it moves PyG's own answer (an attention softmax over large logits
+/// is so conditioned), while an export that computes something else is
+/// still refused with that measure named. A GAT on cora, tolerances set to
+/// 0 so that every case with a difference is measured so.
+#[test]
+fn a_difference_float32_rounding_explains_passes_and_another_model_is_refused() {
+    let dir = tests::stack::process_dir("pyg-rounding");
+    let script = format!(
+        r#"
+import json, os, sys
+sys.path.insert(0, {model_dir:?})
+import torch
+import pyg_model as pm
+from common import Graph
+ds = Graph({cora:?}, labels=False)
+def net(seed):
+    torch.manual_seed(seed)
+    return pm.build_net("gat", ds, 8, 7, 2, heads=2).eval()
+a, b = net(1), net(2)
+pm.TOLERANCE = pm.LARGE_TOLERANCE = 0.0
+pm.ROUNDING_FACTOR = 1e9
+manifest = pm.export(a, dataset=ds, out={out:?}, fanouts="10,5", check_subgraphs=2)
+cases = manifest["check"]["cases"]
+measured = {{k: c["float32_rounding"] for k, c in cases.items() if "float32_rounding" in c}}
+differing = [k for k, c in cases.items() if c.get("max_rel_diff", 0) > 0]
+pm.ROUNDING_FACTOR = 8
+session = pm.session_of(os.path.join({out:?}, "model.onnx"))
+try:
+    pm.check_export(b, session, ds, ds.target_type, pm.parse_fanouts(ds, "10,5"), 0, 2)
+    refusal = None
+except SystemExit as e:
+    refusal = str(e)
+print(json.dumps({{"measured": measured, "differing": differing, "refusal": refusal}}))
+"#,
+        model_dir = repo_root().join("gnn-worker/model"),
+        cora = shipped_cora(),
+        out = dir.join("model"),
+    );
+    let (stdout, _) = run_ok(
+        Command::new(python()).args(["-c", &script]),
+        "the export check against float64",
+    );
+    let report: serde_json::Value =
+        serde_json::from_str(stdout.lines().last().unwrap_or_default()).unwrap();
+    let measured = report["measured"].as_object().unwrap();
+    let differing = report["differing"].as_array().unwrap();
+    assert!(!differing.is_empty(), "{report}");
+    for case in differing {
+        let rounding = measured[case.as_str().unwrap()].as_f64().unwrap();
+        assert!(rounding > 0.0 && rounding < 1e-4, "{case}: {rounding}");
+    }
+    let refusal = report["refusal"].as_str().unwrap_or_default();
+    assert!(
+        refusal.contains("the export is not faithful")
+            && refusal.contains("float32 rounding alone moves PyG's answer there by"),
+        "{report}"
+    );
+}
