@@ -225,7 +225,7 @@ fn request_flags(request: &CallRequest<'_>) -> u32 {
     if request.new_node.is_some() {
         flags |= NEW_NODE;
     }
-    flags
+    flags | request.graph.map_or(0, |g| g.edge_data.flags())
 }
 
 /// What [`RingClient::status`] reports.
@@ -943,6 +943,26 @@ impl Response {
             &self.limits(),
             self.lease.attachment.segment.graph_schema(),
             target_type,
+            &self.lease.attachment.schemas,
+        )
+    }
+
+    /// [`Response::graph_tables`] of a response to a request that asked
+    /// for the edge data `asked` ([`crate::request::GraphAsk::edge_data`]):
+    /// each edge type's data table, where it carries any, read in place.
+    pub fn graph_tables_with_edge_data(
+        &self,
+        target_type: usize,
+        asked: crate::request::EdgeColumns,
+    ) -> Result<payload::GraphTables, DecodeError> {
+        let segment = &self.lease.attachment.segment;
+        payload::decode_graph_with(
+            &self.area(),
+            &self.limits(),
+            segment.graph(),
+            segment.graph_schema().is_some(),
+            target_type,
+            asked,
             &self.lease.attachment.schemas,
         )
     }

@@ -31,13 +31,83 @@ pub struct NodeTypeDesc {
     pub feature_dim: u32,
 }
 
-/// An edge type: its source and destination node types (indices) and its
-/// relation's name.
+/// An edge type: its source and destination node types (indices), its
+/// relation's name and what its edges carry.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct EdgeTypeDesc {
     pub src: u32,
     pub relation: String,
     pub dst: u32,
+    pub data: EdgeDataDesc,
+}
+
+/// Most f32 attributes an edge carries.
+pub const MAX_EDGE_ATTR_DIM: u32 = 4096;
+
+/// What each edge of an edge type carries besides its ends
+/// (docs/protocol.md, section 2.7): `attr_dim` f32 attributes (0: none), a
+/// weight (f32) and a time (i64). Encoded in 8 bytes: `attr_dim` (u32),
+/// then flags (u32: bit 0 a weight, bit 1 a time).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
+pub struct EdgeDataDesc {
+    pub attr_dim: u32,
+    pub weight: bool,
+    pub time: bool,
+}
+
+impl EdgeDataDesc {
+    /// Its edges carry nothing but their ends.
+    pub fn is_empty(&self) -> bool {
+        *self == Self::default()
+    }
+
+    /// The 8 encoded bytes.
+    pub fn encode(&self) -> [u8; 8] {
+        let flags = u32::from(self.weight) | u32::from(self.time) << 1;
+        let mut out = [0; 8];
+        out[..4].copy_from_slice(&self.attr_dim.to_le_bytes());
+        out[4..].copy_from_slice(&flags.to_le_bytes());
+        out
+    }
+
+    /// Decodes `attr_dim` and the flags; the error says what is wrong.
+    pub fn decode(attr_dim: u32, flags: u32) -> Result<Self, String> {
+        if attr_dim > MAX_EDGE_ATTR_DIM {
+            return Err(format!(
+                "attr_dim {attr_dim}, more than {MAX_EDGE_ATTR_DIM}"
+            ));
+        }
+        if flags & !0b11 != 0 {
+            return Err(format!(
+                "edge data flags {flags:#x}: only bits 0 (weight) and 1 (time) are defined"
+            ));
+        }
+        Ok(Self {
+            attr_dim,
+            weight: flags & 1 != 0,
+            time: flags & 2 != 0,
+        })
+    }
+}
+
+impl std::fmt::Display for EdgeDataDesc {
+    /// `3 attributes, a weight, a time`, or `no edge data`.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let mut parts = Vec::new();
+        if self.attr_dim > 0 {
+            parts.push(format!("{} attributes", self.attr_dim));
+        }
+        if self.weight {
+            parts.push("a weight".into());
+        }
+        if self.time {
+            parts.push("a time".into());
+        }
+        if parts.is_empty() {
+            return f.write_str("no edge data");
+        }
+        f.write_str(&parts.join(", "))
+    }
 }
 
 /// A typed graph's node and edge types, in the graph's order (the order
@@ -96,7 +166,10 @@ impl GraphSchema {
                     e.relation
                 ));
             }
-            if self.edge_types[..i].contains(e) {
+            if self.edge_types[..i]
+                .iter()
+                .any(|o| (o.src, &o.relation, o.dst) == (e.src, &e.relation, e.dst))
+            {
                 return Err(format!("edge type {} is listed twice", self.edge_key(i)));
             }
         }
@@ -121,9 +194,16 @@ impl GraphSchema {
                     src,
                     relation: relation.into(),
                     dst,
+                    data: EdgeDataDesc::default(),
                 })
                 .collect(),
         }
+    }
+
+    /// The schema with edge type `edge_type` carrying `data`.
+    pub fn with_edge_data(mut self, edge_type: usize, data: EdgeDataDesc) -> Self {
+        self.edge_types[edge_type].data = data;
+        self
     }
 
     /// A one-type graph as the 1x1 typed graph: node type `node` with
@@ -197,7 +277,7 @@ impl GraphSchema {
             out.extend_from_slice(&e.src.to_le_bytes());
             out.extend_from_slice(&e.dst.to_le_bytes());
             out.extend_from_slice(&name_bytes(&e.relation));
-            out.extend_from_slice(&[0; 8]);
+            out.extend_from_slice(&e.data.encode());
         }
         out
     }
@@ -254,13 +334,13 @@ impl GraphSchema {
             let at = HEAD_BYTES + ENTRY_BYTES * (n_node + i);
             let relation = name_of(&bytes[at + 8..at + 8 + NAME_BYTES])
                 .ok_or_else(|| format!("edge type {i}: its relation is not NUL-padded ASCII"))?;
-            if bytes[at + 40..at + ENTRY_BYTES].iter().any(|&b| b != 0) {
-                return Err(format!("edge type {i}: non-zero reserved bytes"));
-            }
+            let data = EdgeDataDesc::decode(u32_at(at + 40)?, u32_at(at + 44)?)
+                .map_err(|e| format!("edge type {i} ({relation}): {e}"))?;
             schema.edge_types.push(EdgeTypeDesc {
                 src: u32_at(at)?,
                 relation,
                 dst: u32_at(at + 4)?,
+                data,
             });
         }
         schema.validate()?;
@@ -281,7 +361,10 @@ impl GraphSchema {
         }
         out.push_str("; ");
         let keys: Vec<String> = (0..self.edge_types.len())
-            .map(|e| self.edge_key(e))
+            .map(|e| match self.edge_types[e].data {
+                data if data.is_empty() => self.edge_key(e),
+                data => format!("{} ({data})", self.edge_key(e)),
+            })
             .collect();
         out.push_str(&keys.join(", "));
         out
@@ -346,6 +429,30 @@ mod tests {
     }
 
     #[test]
+    fn what_an_edge_type_carries_round_trips_in_its_entry() {
+        let data = EdgeDataDesc {
+            attr_dim: 3,
+            weight: false,
+            time: true,
+        };
+        let schema = flights().with_edge_data(0, data);
+        let bytes = schema.encode();
+        assert_eq!(
+            &bytes[16 + 96 + 40..16 + 96 + 48],
+            &[3, 0, 0, 0, 2, 0, 0, 0]
+        );
+        assert_eq!(GraphSchema::decode(&bytes).unwrap(), schema);
+        assert!(schema
+            .describe()
+            .ends_with("airport__route__airport (3 attributes, a time), plane__used_at__airport"));
+        // The same triple with other data is still the same edge type.
+        let mut twice = schema.clone();
+        twice.edge_types[1] = schema.edge_types[0].clone();
+        twice.edge_types[1].data = EdgeDataDesc::default();
+        assert!(twice.validate().unwrap_err().contains("listed twice"));
+    }
+
+    #[test]
     fn hostile_bytes_are_refused_by_name() {
         let good = flights().encode();
         type Damage = Box<dyn Fn(&mut Vec<u8>)>;
@@ -360,6 +467,14 @@ mod tests {
             ),
             (Box::new(|b| b[16 + 96] = 7), "names node type 7 -> 0"),
             (Box::new(|b| b[16 + 96 + 8] = 0xff), "not NUL-padded ASCII"),
+            (
+                Box::new(|b| b[16 + 96 + 44] = 4),
+                "edge type 0 (route): edge data flags 0x4",
+            ),
+            (
+                Box::new(|b| b[16 + 96 + 41] = 0x20),
+                "edge type 0 (route): attr_dim 8192, more than 4096",
+            ),
             (Box::new(|b| b[16 + 96 + 14] = b'x'), "not NUL-padded ASCII"),
             (Box::new(|b| b[16] = b'_'), "node type \"_irport\""),
             (

@@ -251,7 +251,11 @@ pub struct Header {
     /// its length; both 0 for a one-type graph.
     pub graph_schema_offset: u64,
     pub graph_schema_bytes: u64,
-    pub _pad1: [u8; 56],
+    /// A one-type graph's edge data ([`crate::graph_schema::EdgeDataDesc`]
+    /// encoded: `attr_dim`, then flags bit 0 weight, bit 1 time); zero in a
+    /// typed graph's segment, whose edge types carry their own.
+    pub one_type_edge_data: [u32; 2],
+    pub _pad1: [u8; 48],
     /// One bit per slot: set by the client after it submits the slot, taken
     /// (swapped to 0) by the sidecar.
     pub submit_bits: [AtomicU64; SUBMIT_WORDS],
@@ -286,11 +290,20 @@ pub mod request_flags {
     /// ([`crate::payload::schema::HOP2_CACHED`]); docs/protocol.md, "Hub
     /// layer-1 embeddings".
     pub const HUB_H1: u32 = 1 << 4;
+    /// Graph layout: the response carries each sampled edge's attributes,
+    /// per edge type that has them, in `edge_index`'s column order
+    /// (docs/protocol.md, "Edge data").
+    pub const EDGE_ATTR: u32 = 1 << 6;
+    /// Graph layout: the same for each sampled edge's weight.
+    pub const EDGE_WEIGHT: u32 = 1 << 7;
+    /// Graph layout: the same for each sampled edge's time.
+    pub const EDGE_TIME: u32 = 1 << 8;
     /// Every defined bit; a sidecar refuses others. Bits 2 and 5
     /// (`NEW_NODE_DIRECTED`, `TYPED`) were retired in layout version 4: a
     /// new node's edges name their direction, and `hops` alone chooses the
     /// layout.
-    pub const KNOWN: u32 = OWN_ROWS_ONLY | NEW_NODE | FRESH_SINCE | HUB_H1;
+    pub const KNOWN: u32 =
+        OWN_ROWS_ONLY | NEW_NODE | FRESH_SINCE | HUB_H1 | EDGE_ATTR | EDGE_WEIGHT | EDGE_TIME;
 }
 
 /// The fixed part of a request, at the start of a slot's data region; the
@@ -511,6 +524,7 @@ mod tests {
         assert_eq!(offset_of!(Header, free_waiters), 820);
         assert_eq!(offset_of!(Header, graph_schema_offset), 824);
         assert_eq!(offset_of!(Header, graph_schema_bytes), 832);
+        assert_eq!(offset_of!(Header, one_type_edge_data), 840);
         assert_eq!(offset_of!(Header, submit_bits), 896);
         assert_eq!(offset_of!(Header, clients), 1024);
         assert_eq!(size_of::<Header>(), 1024 + 64 * MAX_CLIENTS);

@@ -10,7 +10,7 @@
 
 use std::mem::size_of;
 
-use crate::graph_schema::GraphSchema;
+use crate::graph_schema::{EdgeDataDesc, GraphSchema};
 use crate::layout::{
     align_up, request_flags, FeatureSchema, Geometry, RequestHeader, MAX_HOPS, MAX_SUBGRAPH_HOPS,
     SLOT_ALIGN,
@@ -129,15 +129,75 @@ pub struct GraphAsk {
     pub target_type: u32,
     pub hops: u32,
     pub fanouts: Vec<u32>,
+    /// The edge data the response carries (flags `EDGE_ATTR`,
+    /// `EDGE_WEIGHT`, `EDGE_TIME`).
+    pub edge_data: EdgeColumns,
+}
+
+/// Which edge data a graph request asks its response to carry, per edge
+/// type that has it, in `edge_index`'s column order (docs/protocol.md,
+/// "Edge data").
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
+pub struct EdgeColumns {
+    /// `edge_attr`: the edge's attributes (`EDGE_ATTR`).
+    pub attr: bool,
+    /// `edge_weight` (`EDGE_WEIGHT`).
+    pub weight: bool,
+    /// `edge_time` (`EDGE_TIME`).
+    pub time: bool,
+}
+
+impl EdgeColumns {
+    /// Every column.
+    pub const ALL: Self = Self {
+        attr: true,
+        weight: true,
+        time: true,
+    };
+
+    /// Whether it asks for any.
+    pub fn any(&self) -> bool {
+        self.attr || self.weight || self.time
+    }
+
+    /// Its request flag bits.
+    pub fn flags(&self) -> u32 {
+        use crate::layout::request_flags::{EDGE_ATTR, EDGE_TIME, EDGE_WEIGHT};
+        (if self.attr { EDGE_ATTR } else { 0 })
+            | (if self.weight { EDGE_WEIGHT } else { 0 })
+            | (if self.time { EDGE_TIME } else { 0 })
+    }
+
+    /// The columns request flags `flags` ask for.
+    pub fn of_flags(flags: u32) -> Self {
+        use crate::layout::request_flags::{EDGE_ATTR, EDGE_TIME, EDGE_WEIGHT};
+        Self {
+            attr: flags & EDGE_ATTR != 0,
+            weight: flags & EDGE_WEIGHT != 0,
+            time: flags & EDGE_TIME != 0,
+        }
+    }
+
+    /// What an edge type carrying `data` sends of them: the asked columns
+    /// it has.
+    pub fn sent(&self, data: &EdgeDataDesc) -> Self {
+        Self {
+            attr: self.attr && data.attr_dim > 0,
+            weight: self.weight && data.weight,
+            time: self.time && data.time,
+        }
+    }
 }
 
 impl GraphAsk {
-    /// A one-type graph's ask: node type 0, one fanout per hop.
+    /// A one-type graph's ask: node type 0, one fanout per hop, no edge
+    /// data.
     pub fn one_type(fanouts: &[u32]) -> Self {
         Self {
             target_type: 0,
             hops: fanouts.len() as u32,
             fanouts: fanouts.to_vec(),
+            edge_data: EdgeColumns::default(),
         }
     }
 
@@ -267,6 +327,39 @@ pub fn graph_problem(ask: &GraphAsk, geometry: &Geometry, graph: &GraphSchema) -
                 ));
             }
         }
+    }
+    let carried = graph
+        .edge_types
+        .iter()
+        .fold(EdgeColumns::default(), |all, e| {
+            let sent = ask.edge_data.sent(&e.data);
+            EdgeColumns {
+                attr: all.attr || sent.attr,
+                weight: all.weight || sent.weight,
+                time: all.time || sent.time,
+            }
+        });
+    let missing = [
+        (
+            ask.edge_data.attr && !carried.attr,
+            "EDGE_ATTR (0x40): attributes",
+        ),
+        (
+            ask.edge_data.weight && !carried.weight,
+            "EDGE_WEIGHT (0x80): a weight",
+        ),
+        (
+            ask.edge_data.time && !carried.time,
+            "EDGE_TIME (0x100): a time",
+        ),
+    ];
+    if let Some((_, what)) = missing.iter().find(|(missing, _)| *missing) {
+        return Some(format!(
+            "request flag {what} per edge, which no edge type of this graph carries ({}): \
+             leave the flag unset, or import the graph with that edge data \
+             (docs/graph-index.md, \"Edge data\")",
+            graph.describe()
+        ));
     }
     None
 }
@@ -567,6 +660,12 @@ pub enum RequestError {
     )]
     NotForGraph { flag: &'static str },
     #[error(
+        "request flags {flags:#x} (EDGE_ATTR 0x40, EDGE_WEIGHT 0x80, EDGE_TIME 0x100) ask for \
+         edge data, which the graph layout alone carries: send hops 1 to 3 with a fanout per \
+         edge type and hop, or leave them unset"
+    )]
+    GraphOnly { flags: u32 },
+    #[error(
         "a graph-layout FRESH_SINCE request's stored answers were computed at the request's \
          own hops and fanouts: leave fresh_fanouts (bytes 56..64) 0, and ask at the fanouts \
          the answers were computed with"
@@ -696,6 +795,10 @@ pub fn decode(area: &[u8], on: Decoding<'_>) -> Result<Request, RequestError> {
         if header.fanouts != [0; MAX_HOPS] {
             return Err(RequestError::GraphFanoutFields);
         }
+    } else if EdgeColumns::of_flags(header.flags).any() {
+        return Err(RequestError::GraphOnly {
+            flags: EdgeColumns::of_flags(header.flags).flags(),
+        });
     }
     if header.n_targets > geometry.max_targets {
         return Err(RequestError::TooManyTargets {
@@ -859,6 +962,12 @@ fn read_ask(
             .chunks_exact(4)
             .map(|c| u32::from_le_bytes(c.try_into().expect("chunks of 4")))
             .collect(),
+        // The request's own ask carries the edge data flags; the stored
+        // answers' (fresh_hops) none.
+        edge_data: match what {
+            "" => EdgeColumns::of_flags(header.flags),
+            _ => EdgeColumns::default(),
+        },
     };
     match graph_problem(&ask, on.geometry, on.graph) {
         Some(problem) => Err(RequestError::Graph(format!("{what}{problem}"))),

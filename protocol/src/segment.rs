@@ -30,7 +30,7 @@ use nix::fcntl::OFlag;
 use nix::sys::mman::{shm_open, shm_unlink};
 use nix::sys::stat::{fchmod, Mode};
 
-use crate::graph_schema::{GraphSchema, MAX_EDGE_TYPES, MAX_NODE_TYPES};
+use crate::graph_schema::{EdgeDataDesc, GraphSchema, MAX_EDGE_TYPES, MAX_NODE_TYPES};
 use crate::layout::{
     self, align_up, dtype, server_state, FeatureSchema, Geometry, Header, Preamble, SlotControl,
     TypeDesc, BUFFER_ALIGN, LAYOUT_VERSION, MAGIC, MAX_FANOUT, MAX_HOPS, MAX_SLOTS, MAX_TYPES,
@@ -62,6 +62,9 @@ pub struct SegmentConfig {
     /// A typed graph's node and edge types (then `schema.feature_dim` is
     /// 0); `None` for a one-type graph.
     pub graph: Option<GraphSchema>,
+    /// What a one-type graph's edges carry (header offset 840); empty for
+    /// a typed graph, whose schema says it per edge type.
+    pub one_type_edge_data: EdgeDataDesc,
     pub heartbeat_interval: Duration,
     /// A client whose heartbeat stands still this long (and that holds no
     /// lock on its entry) is dead: its slots are reclaimed. Written into the
@@ -93,6 +96,12 @@ pub mod defaults {
 }
 
 impl SegmentConfig {
+    /// A one-type graph's segment's graph: the 1x1 graph of its feature
+    /// width whose edge type carries `one_type_edge_data`.
+    fn one_type_graph(&self) -> GraphSchema {
+        GraphSchema::one_type(self.schema.feature_dim).with_edge_data(0, self.one_type_edge_data)
+    }
+
     /// [`defaults`] for everything but the name and the feature schema.
     pub fn new(name: impl Into<String>, schema: FeatureSchema) -> Self {
         Self {
@@ -106,6 +115,7 @@ impl SegmentConfig {
             max_new_node_edges: defaults::MAX_NEW_NODE_EDGES,
             schema,
             graph: None,
+            one_type_edge_data: EdgeDataDesc::default(),
             heartbeat_interval: defaults::HEARTBEAT_INTERVAL,
             client_timeout: defaults::CLIENT_TIMEOUT,
             stale_after: defaults::STALE_AFTER,
@@ -273,6 +283,10 @@ fn plan_layout(cfg: &SegmentConfig) -> Result<(Geometry, u64, (u64, u64)), Strin
         }
         (None, _) => {}
     }
+    if cfg.graph.is_some() && !cfg.one_type_edge_data.is_empty() {
+        return Err("a typed graph's edge data is in its schema, per edge type".into());
+    }
+    EdgeDataDesc::decode(cfg.one_type_edge_data.attr_dim, 0)?;
     let min_response = size_of::<layout::ResponseHeader>() as u64 + 4096;
     if cfg.response_bytes < min_response {
         return Err(format!(
@@ -298,7 +312,7 @@ fn plan_layout(cfg: &SegmentConfig) -> Result<(Geometry, u64, (u64, u64)), Strin
     let graph = match &cfg.graph {
         Some(graph) => graph,
         None => {
-            one_type = GraphSchema::one_type(cfg.schema.feature_dim);
+            one_type = cfg.one_type_graph();
             &one_type
         }
     };
@@ -437,10 +451,7 @@ impl Segment {
                 map,
                 geometry,
                 schema: cfg.schema,
-                graph: cfg
-                    .graph
-                    .clone()
-                    .unwrap_or_else(|| GraphSchema::one_type(cfg.schema.feature_dim)),
+                graph: cfg.graph.clone().unwrap_or_else(|| cfg.one_type_graph()),
                 typed: cfg.graph.is_some(),
                 epoch,
                 identity: (meta.dev(), meta.ino()),
@@ -507,6 +518,12 @@ impl Segment {
             (&raw mut (*h).schema).write(self.schema);
             (&raw mut (*h).graph_schema_offset).write(schema_offset);
             (&raw mut (*h).graph_schema_bytes).write(schema_bytes);
+            let one_type_edge_data = match self.typed {
+                true => EdgeDataDesc::default(),
+                false => self.graph.edge_types[0].data,
+            };
+            let data = one_type_edge_data.encode();
+            (&raw mut (*h).one_type_edge_data).write(bytemuck::pod_read_unaligned(&data));
         }
         if let Some(graph) = self.graph_schema() {
             let bytes = graph.encode();
@@ -600,7 +617,10 @@ impl Segment {
             geometry: snapshot.geometry,
             schema: snapshot.schema,
             typed: graph.is_some(),
-            graph: graph.unwrap_or_else(|| GraphSchema::one_type(snapshot.schema.feature_dim)),
+            graph: graph.unwrap_or_else(|| {
+                GraphSchema::one_type(snapshot.schema.feature_dim)
+                    .with_edge_data(0, snapshot.one_type_edge_data)
+            }),
             epoch: snapshot.epoch,
             identity: (meta.dev(), meta.ino()),
             created: false,
@@ -951,6 +971,9 @@ struct HeaderSnapshot {
     schema: FeatureSchema,
     graph_schema_offset: u64,
     graph_schema_bytes: u64,
+    /// Decoded in `read`; its raw words when they do not decode.
+    one_type_edge_data: EdgeDataDesc,
+    one_type_edge_data_error: Option<String>,
 }
 
 /// Copies a `T` from `base + offset` without forming a reference.
@@ -1000,8 +1023,29 @@ impl HeaderSnapshot {
                 schema: read_raw(base, offset_of!(Header, schema)),
                 graph_schema_offset: read_raw(base, offset_of!(Header, graph_schema_offset)),
                 graph_schema_bytes: read_raw(base, offset_of!(Header, graph_schema_bytes)),
+                one_type_edge_data: EdgeDataDesc::default(),
+                one_type_edge_data_error: None,
             }
+            .with_edge_data(read_raw(base, offset_of!(Header, one_type_edge_data)))
         }
+    }
+
+    /// Decodes the one-type edge data words: refused in a typed graph's
+    /// segment unless zero, and past their defined bits.
+    fn with_edge_data(mut self, [attr_dim, flags]: [u32; 2]) -> Self {
+        let decoded = if self.graph_schema_bytes != 0 && (attr_dim, flags) != (0, 0) {
+            Err(format!(
+                "{attr_dim} attributes and flags {flags:#x} in a typed graph's segment, whose \
+                 edge types carry their own (section 2.7): zero"
+            ))
+        } else {
+            EdgeDataDesc::decode(attr_dim, flags)
+        };
+        match decoded {
+            Ok(data) => self.one_type_edge_data = data,
+            Err(reason) => self.one_type_edge_data_error = Some(reason),
+        }
+        self
     }
 
     fn validate(&self, name: &str, file_len: u64) -> Result<(), AttachError> {
@@ -1101,6 +1145,9 @@ impl HeaderSnapshot {
         validate_geometry(&self.geometry, file_len).map_err(|r| invalid("geometry", r))?;
         validate_schema(&self.schema, &self.geometry, self.graph_schema_bytes != 0)
             .map_err(|r| invalid("feature schema", r))?;
+        if let Some(reason) = &self.one_type_edge_data_error {
+            return Err(invalid("one_type_edge_data", reason.clone()));
+        }
         Ok(())
     }
 

@@ -260,9 +260,15 @@ fn the_own_rows_flag_is_read_and_other_bits_are_refused() {
     let own = with_flags(protocol::layout::request_flags::OWN_ROWS_ONLY).unwrap();
     assert!(own.own_rows_only);
     assert_eq!((own.request_id, own.targets.as_slice()), (7, &[42u64][..]));
-    let err = with_flags(64).unwrap_err();
-    assert_eq!(err, request::RequestError::UnknownFlags { flags: 64 });
-    assert!(err.to_string().contains("0x40"), "{err}");
+    let err = with_flags(1 << 9).unwrap_err();
+    assert_eq!(err, request::RequestError::UnknownFlags { flags: 1 << 9 });
+    assert!(err.to_string().contains("0x200"), "{err}");
+    // The edge data flags (0x40, 0x80, 0x100) are the graph layout's.
+    for flags in [0x40, 0x80, 0x100, 0x1c0] {
+        let err = with_flags(flags).unwrap_err();
+        assert_eq!(err, request::RequestError::GraphOnly { flags });
+        assert!(err.to_string().contains("graph layout alone"), "{err}");
+    }
     // NEW_NODE_DIRECTED (0x4) and TYPED (0x20) were retired in layout
     // version 4: refused naming what replaced them.
     for retired in [0x4, 0x20] {

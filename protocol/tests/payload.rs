@@ -348,3 +348,69 @@ fn a_subgraph_response_that_lies_is_refused() {
     let err = decode(&|area| area[104..120].fill(0)).unwrap_err();
     assert!(err.to_string().contains("edge table"), "{err}");
 }
+
+/// A one-type graph whose edges carry data answers a request that asks
+/// for it in the subgraph layout with a directory of its own at 384: its
+/// one edge type's data table, one row per `edge_index` column, read in
+/// place; a request that did not ask reads the same response's sample,
+/// and a reader that asked for other columns refuses it.
+#[test]
+fn a_one_type_response_carries_its_edge_data_after_its_own_directory() {
+    use protocol::graph_schema::{EdgeDataDesc, GraphSchema};
+    use protocol::payload::{GraphShape, GraphWriter};
+    use protocol::request::{EdgeColumns, SubgraphFanouts};
+    let data = EdgeDataDesc {
+        attr_dim: 3,
+        weight: true,
+        time: false,
+    };
+    let graph = GraphSchema::one_type(2).with_edge_data(0, data);
+    let asked = EdgeColumns::ALL;
+    let mut area = area();
+    let fanouts = SubgraphFanouts::new(&[2]).unwrap();
+    let shape = GraphShape::subgraph(fanouts, 1, 3, 2).with_edge_data(asked);
+    let cache = SchemaCache::default();
+    let mut writer = GraphWriter::new(area.as_slice_mut(), &graph, shape, &cache).unwrap();
+    {
+        let mut cols = writer.columns();
+        cols.target_id[0] = 5;
+        cols.target_row[0] = 0;
+        cols.nodes[0].node_id.copy_from_slice(&[5, 9, 4]);
+        cols.edge_index[0].copy_from_slice(&[1, 2, 0, 0]);
+        cols.sampled_nodes[0].copy_from_slice(&[1, 2]);
+        cols.sampled_edges[0].copy_from_slice(&[2]);
+        assert!(cols.edge_time[0].is_empty(), "no time is carried");
+        cols.edge_attr[0].copy_from_slice(&[1.0, 2.0, 3.0, 4.0, 5.0, 6.0]);
+        cols.edge_weight[0].copy_from_slice(&[0.5, 2.0]);
+    }
+    writer.finish(42, 3, 0);
+    let buffer: Buffer = area.into();
+    let bytes = buffer.as_slice();
+    let word = |at: usize| u64::from_le_bytes(bytes[at..at + 8].try_into().unwrap());
+    assert!(word(40) >= 448, "the node table follows the directory");
+    let read =
+        |asked| payload::decode_graph_with(&buffer, &limits(2), &graph, false, 0, asked, &cache);
+    let tables = read(asked).unwrap();
+    assert_eq!(tables.edge_attr(0), [1.0, 2.0, 3.0, 4.0, 5.0, 6.0]);
+    assert_eq!(tables.edge_weight(0), [0.5, 2.0]);
+    assert!(tables.edge_time(0).is_empty());
+    assert_eq!(tables.edge_index(0), [1, 2, 0, 0]);
+    let (offset, len) = (word(384) as usize, word(392) as usize);
+    assert!(offset > 0 && len > 0);
+    // Read without asking: the same sample, no data.
+    let plain = decode_subgraph(&buffer, 2).unwrap();
+    assert_eq!(plain.edge_index(0), [1, 2, 0, 0]);
+    assert!(plain.edge_data[0].is_none());
+    // A reader that asked for other columns than the response holds
+    // (a time, which this graph's edges do not carry) finds a table where
+    // its directory must say none, and refuses the response.
+    let time = EdgeColumns {
+        time: true,
+        ..EdgeColumns::default()
+    };
+    let error = read(time).unwrap_err().to_string();
+    assert!(
+        error.contains("sends no edge data asked for") && error.contains("(0+0)"),
+        "{error}"
+    );
+}

@@ -10,11 +10,11 @@
 use std::mem::offset_of;
 
 use arrow_buffer::MutableBuffer;
-use protocol::graph_schema::GraphSchema;
+use protocol::graph_schema::{EdgeDataDesc, GraphSchema};
 use protocol::layout::{dtype, FeatureSchema, Header, Preamble};
 use protocol::payload::schema::{target_status, tier};
 use protocol::payload::{GraphShape, GraphWriter, PayloadShape, ResponseWriter, SchemaCache};
-use protocol::request::SubgraphFanouts;
+use protocol::request::{EdgeColumns, SubgraphFanouts};
 use protocol::{Segment, SegmentConfig};
 
 /// The header vector covers the header up to the end of the feature schema.
@@ -168,6 +168,73 @@ fn typed_response_vector() -> Vec<u8> {
     area.as_slice()[..end].to_vec()
 }
 
+/// The typed answer above to a request that asked for edge data
+/// (`EDGE_ATTR` and `EDGE_TIME`), over the graph whose
+/// `item__rev_buys__user` edges carry 2 attributes and a time: the one
+/// edge's attributes [0.5, -1.0] and time 1700000000.
+fn edge_data_response_vector() -> Vec<u8> {
+    let graph = typed_graph().with_edge_data(
+        1,
+        EdgeDataDesc {
+            attr_dim: 2,
+            weight: false,
+            time: true,
+        },
+    );
+    let asked = EdgeColumns {
+        attr: true,
+        weight: false,
+        time: true,
+    };
+    let mut area = MutableBuffer::from_len_zeroed(8192);
+    let shape = GraphShape::typed(1, 1, vec![1, 1], vec![0, 1]).with_edge_data(asked);
+    let cache = SchemaCache::default();
+    let mut writer = GraphWriter::new(area.as_slice_mut(), &graph, shape, &cache).unwrap();
+    {
+        let mut cols = writer.columns();
+        cols.target_id[0] = 5;
+        cols.status[0] = target_status::OK;
+        cols.target_row[0] = 0;
+        cols.nodes[0].node_id[0] = 5;
+        cols.nodes[0].features.copy_from_slice(&[1.0, 2.0]);
+        cols.nodes[0].tier[0] = tier::L1;
+        cols.nodes[1].node_id[0] = 30;
+        cols.edge_index[1].copy_from_slice(&[0, 0]);
+        cols.sampled_nodes[0].copy_from_slice(&[1, 0]);
+        cols.sampled_nodes[1].copy_from_slice(&[0, 1]);
+        cols.sampled_edges[0].copy_from_slice(&[0]);
+        cols.sampled_edges[1].copy_from_slice(&[1]);
+        cols.edge_attr[1].copy_from_slice(&[0.5, -1.0]);
+        cols.edge_time[1].copy_from_slice(&[1_700_000_000]);
+        assert!(cols.edge_attr[0].is_empty() && cols.edge_weight[1].is_empty());
+    }
+    let end = writer.finish(0x1122_3344_5566_7788, 7, 1000);
+    let bytes = area.as_slice()[..end].to_vec();
+    // What the documented reader reads back, in place.
+    let mut aligned = MutableBuffer::from_len_zeroed(bytes.len());
+    aligned.as_slice_mut().copy_from_slice(&bytes);
+    let buffer: arrow_buffer::Buffer = aligned.into();
+    let tables = protocol::payload::decode_graph_with(
+        &buffer,
+        &protocol::payload::DecodeLimits {
+            feature_dim: 0,
+            max_nodes: 16,
+            max_targets: 4,
+            max_fanouts: [2, 2],
+        },
+        &graph,
+        true,
+        0,
+        asked,
+        &cache,
+    )
+    .unwrap();
+    assert_eq!(tables.edge_attr(1), [0.5, -1.0]);
+    assert_eq!(tables.edge_time(1), [1_700_000_000]);
+    assert!(tables.edge_data[0].is_none() && tables.edge_weight(1).is_empty());
+    bytes
+}
+
 /// `offset: hex bytes` lines, 32 bytes each.
 fn to_hex_lines(bytes: &[u8]) -> String {
     let mut out = String::new();
@@ -282,5 +349,19 @@ fn the_documented_typed_response_vector_is_what_the_sidecar_writes() {
         to_hex_lines(&documented),
         to_hex_lines(&ours),
         "docs/protocol.md appendix A (typed response) differs from the implementation"
+    );
+}
+
+#[test]
+fn the_documented_edge_data_response_vector_is_what_the_sidecar_writes() {
+    let ours = edge_data_response_vector();
+    if std::env::var_os("GNN_PRINT_VECTORS").is_some() {
+        println!("edge data response vector:\n{}", to_hex_lines(&ours));
+    }
+    let documented = vector_in_doc(&doc(), "<!-- vector: edge-data-response -->");
+    assert_eq!(
+        to_hex_lines(&documented),
+        to_hex_lines(&ours),
+        "docs/protocol.md appendix A (edge data response) differs from the implementation"
     );
 }

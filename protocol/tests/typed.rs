@@ -156,7 +156,8 @@ fn a_typed_request_is_read_with_its_fanouts_and_bad_ones_are_refused() {
         Some(GraphAsk {
             target_type: 0,
             hops: 2,
-            fanouts: fanouts.to_vec()
+            fanouts: fanouts.to_vec(),
+            edge_data: Default::default(),
         })
     );
     assert_eq!(request.graph.as_ref().unwrap().fanout(2, 1), 3);
@@ -256,7 +257,8 @@ fn a_typed_request_is_read_with_its_fanouts_and_bad_ones_are_refused() {
         Some(GraphAsk {
             target_type: 0,
             hops: 1,
-            fanouts: vec![4, 0, 2]
+            fanouts: vec![4, 0, 2],
+            edge_data: Default::default(),
         })
     );
     assert_eq!(

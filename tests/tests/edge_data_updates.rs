@@ -211,3 +211,106 @@ fn edges_with_data_added_through_the_socket_or_the_stream_make_one_graph() {
         assert_eq!(replica.metric("sidecar_updates_malformed_total"), 1.0);
     }
 }
+
+/// A graph call that asks for edge data gets each sampled edge's
+/// attributes, weight and time in `edge_index`'s column order, per edge
+/// type that carries them (docs/protocol.md, "Edge data"): the imported
+/// edges and those added since, each row by (time, source id, input
+/// position), repeated pairs each with its own data; an edge type without
+/// data sends none, and a call that asks for none gets the same sample.
+#[test]
+fn a_call_that_asks_for_edge_data_gets_each_sampled_edge_s_own() {
+    use protocol::client::CallRequest;
+    use protocol::request::{EdgeColumns, GraphAsk};
+    let dir = tempfile::tempdir().unwrap();
+    let source = dir.path().join("payments");
+    payments(&source);
+    let data = dir.path().join("data");
+    typed::import(&source, &data, &[]);
+    let sidecar = TypedSidecar::serve(&data, &[]);
+    let file = dir.path().join("pays.txt");
+    std::fs::write(&file, NEW_PAYS).unwrap();
+    let out = sidecar.sidecarctl(&[
+        "graph",
+        "add-edges",
+        "--file",
+        file.to_str().unwrap(),
+        "--edge-type",
+        "pays",
+    ]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let client = sidecar.client();
+    let schema = client.graph_schema().expect("a typed segment");
+    assert_eq!(
+        schema.describe(),
+        "account (2 f32), merchant (ids); account__pays__merchant (2 attributes, a weight, \
+         a time), merchant__rev_pays__account"
+    );
+    let call = |edge_data: EdgeColumns| {
+        let ask = GraphAsk {
+            target_type: 1,
+            hops: 1,
+            fanouts: vec![100, 100],
+            edge_data,
+        };
+        let mut request = CallRequest::new(&[0, 1, 2]);
+        request.graph = Some(&ask);
+        request.timeout = Some(Duration::from_secs(10));
+        client.call(&request)
+    };
+    let response = call(EdgeColumns::ALL).expect("a call asking for edge data");
+    let tables = response
+        .graph_tables_with_edge_data(1, EdgeColumns::ALL)
+        .expect("a valid response with edge data");
+    let (accounts, merchants) = (tables.node_ids(0), tables.node_ids(1));
+    let index = tables.edge_index(0);
+    let n = index.len() / 2;
+    let (attrs, weights, times) = (
+        tables.edge_attr(0),
+        tables.edge_weight(0),
+        tables.edge_time(0),
+    );
+    assert_eq!((attrs.len(), weights.len(), times.len()), (2 * n, n, n));
+    let served: Vec<(u64, u64, Vec<f32>, f32, i64)> = (0..n)
+        .map(|j| {
+            (
+                accounts[index[j] as usize],
+                merchants[index[n + j] as usize],
+                attrs[2 * j..2 * j + 2].to_vec(),
+                weights[j],
+                times[j],
+            )
+        })
+        .collect();
+    // Merchant by merchant (the order they were sampled for), each row by
+    // time, then source id, then input position.
+    let t = 1_700_000_000i64;
+    let expected = vec![
+        (0, 0, vec![1.0, 0.0], 1.0, t),
+        (1, 0, vec![2.0, 1.0], 1.0, t + 10),
+        (3, 1, vec![3.0, 0.0], 1.0, t - 1),
+        (0, 1, vec![12.5, 1.0], 2.0, t),
+        (0, 1, vec![7.5, 1.0], 1.0, t),
+        (1, 2, vec![4.0, 1.0], 1.0, t),
+        (2, 2, vec![3.0, 0.0], 2.0, t + 5),
+    ];
+    assert_eq!(served, expected);
+    // rev_pays carries nothing: no data table.
+    assert!(tables.edge_attr(1).is_empty() && tables.edge_time(1).is_empty());
+    assert!(tables.edge_data[1].is_none());
+    // The same call without edge data: the same sample, no data tables.
+    let plain = call(EdgeColumns::default()).unwrap();
+    let plain = plain.graph_tables(1).unwrap();
+    assert_eq!(plain.edge_index(0), index);
+    assert!(plain.edge_data.iter().all(Option::is_none));
+    // Times alone.
+    let times_only = EdgeColumns {
+        time: true,
+        ..EdgeColumns::default()
+    };
+    let response = call(times_only).unwrap();
+    let only = response.graph_tables_with_edge_data(1, times_only).unwrap();
+    assert_eq!(only.edge_time(0), times);
+    assert!(only.edge_attr(0).is_empty() && only.edge_weight(0).is_empty());
+    assert!(sidecar.stop());
+}

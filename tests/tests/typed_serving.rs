@@ -30,6 +30,7 @@ fn ask(schema: &GraphSchema, hops: u32, fanout: u32) -> GraphAsk {
         target_type: schema.node_type("airport").unwrap() as u32,
         hops,
         fanouts: vec![fanout; schema.edge_types.len() * hops as usize],
+        edge_data: Default::default(),
     }
 }
 
@@ -1143,6 +1144,7 @@ fn manifest_ask(schema: &GraphSchema, model: &std::path::Path) -> GraphAsk {
         target_type: schema.node_type("airport").unwrap() as u32,
         hops: hops as u32,
         fanouts,
+        edge_data: Default::default(),
     }
 }
 

@@ -32,6 +32,7 @@ fn one_hop(schema: &GraphSchema, target_type: &str) -> GraphAsk {
         target_type: schema.node_type(target_type).unwrap() as u32,
         hops: 1,
         fanouts: vec![2048; schema.edge_types.len()],
+        edge_data: Default::default(),
     }
 }
 

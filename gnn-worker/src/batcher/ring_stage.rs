@@ -389,6 +389,7 @@ pub(super) fn jobs_ring_calls(
             target_type: set.target_type,
             hops: set.hops,
             fanouts: set.fanouts,
+            edge_data: Default::default(),
         })
         .filter(|at| Some(at) != gnn.graph);
     let mut responses = ring_calls(

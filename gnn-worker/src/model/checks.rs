@@ -182,6 +182,7 @@ impl Manifest {
             target_type: target_type as u32,
             hops: hops as u32,
             fanouts: asked,
+            edge_data: Default::default(),
         })
     }
 }

@@ -21,17 +21,27 @@ use arrow_buffer::Buffer;
 use crate::graph_schema::GraphSchema;
 use crate::layout::{ResponseHeader, MAX_FANOUT, MAX_HOPS, MAX_SUBGRAPH_HOPS};
 use crate::payload::ipc::{self, ColumnKind};
-use crate::payload::schema::{counts_schema, target_status, tier, NO_ROW};
+use crate::payload::schema::{counts_schema, edge_data_columns, target_status, tier, NO_ROW};
 use crate::payload::table::{decode_table, read_ok_header};
 use crate::payload::writer::{
-    carve, node_kinds, ok_header, place_table, stream_len, CachedSchema, NodeColumns, ResponseMeta,
-    SchemaCache, TablePlacement, WriteError, SUBGRAPH_TARGET_COLUMNS,
+    carve, edge_data_kinds, node_kinds, ok_header, place_table, stream_len, CachedSchema,
+    NodeColumns, ResponseMeta, SchemaCache, TablePlacement, WriteError, SUBGRAPH_TARGET_COLUMNS,
 };
 use crate::payload::{DecodeError, DecodeLimits};
-use crate::request::SubgraphFanouts;
+use crate::request::{EdgeColumns, SubgraphFanouts};
 
 /// Bytes of one table directory entry: the table's offset and length.
 pub const DIRECTORY_ENTRY_BYTES: usize = 16;
+
+/// Data entries of a response's directory: one per edge type when the
+/// request asked for edge data, none otherwise.
+fn directory_data_entries(graph: &GraphSchema, asked: EdgeColumns) -> usize {
+    if asked.any() {
+        graph.edge_types.len()
+    } else {
+        0
+    }
+}
 
 /// Which wire form a graph response takes, and its hops.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -61,6 +71,9 @@ pub struct GraphShape {
     pub node_rows: Vec<u32>,
     /// Per edge type: its edges.
     pub edges: Vec<u32>,
+    /// The edge data asked for: each edge type's data table holds the
+    /// asked columns it carries.
+    pub edge_data: EdgeColumns,
 }
 
 impl GraphShape {
@@ -72,6 +85,7 @@ impl GraphShape {
             n_targets,
             node_rows: vec![n_nodes],
             edges: vec![n_edges],
+            edge_data: EdgeColumns::default(),
         }
     }
 
@@ -82,7 +96,14 @@ impl GraphShape {
             n_targets,
             node_rows,
             edges,
+            edge_data: EdgeColumns::default(),
         }
+    }
+
+    /// The same response carrying the edge data `asked` for.
+    pub fn with_edge_data(mut self, asked: EdgeColumns) -> Self {
+        self.edge_data = asked;
+        self
     }
 
     pub fn hops(&self) -> usize {
@@ -120,6 +141,13 @@ pub struct GraphColumns<'a> {
     pub sampled_nodes: Vec<&'a mut [i64]>,
     /// Per edge type: `hops` counts (PyG's `num_sampled_edges_dict`).
     pub sampled_edges: Vec<&'a mut [i64]>,
+    /// Per edge type: `edges x attr_dim` f32 attributes, row-major, in
+    /// `edge_index`'s column order; empty where not sent.
+    pub edge_attr: Vec<&'a mut [f32]>,
+    /// Per edge type: one weight per edge; empty where not sent.
+    pub edge_weight: Vec<&'a mut [f32]>,
+    /// Per edge type: one time per edge; empty where not sent.
+    pub edge_time: Vec<&'a mut [i64]>,
 }
 
 /// Where each part of a graph response went in the area.
@@ -131,6 +159,8 @@ struct Placed {
     counts: Option<TablePlacement>,
     nodes: Vec<TablePlacement>,
     edges: Vec<TablePlacement>,
+    /// Per edge type: its data table, where it sends any.
+    data: Vec<Option<TablePlacement>>,
 }
 
 /// A graph response being written into a slot's response area.
@@ -139,6 +169,8 @@ pub struct GraphWriter<'a> {
     area: &'a mut [u8],
     shape: GraphShape,
     feature_dims: Vec<u32>,
+    /// Per edge type: the data columns it sends.
+    sent: Vec<EdgeColumns>,
     placed: Placed,
 }
 
@@ -216,10 +248,26 @@ impl<'a> GraphWriter<'a> {
                 tables.push((schemas.edges(false), ipc::plan_body(2, &[edge_list(edges)])));
             }
         }
+        // Each edge type's data table, where it sends any, after the rest.
+        let sent: Vec<EdgeColumns> = graph
+            .edge_types
+            .iter()
+            .map(|e| shape.edge_data.sent(&e.data))
+            .collect();
+        for ((e, &edges), sent) in graph.edge_types.iter().zip(&shape.edges).zip(&sent) {
+            if sent.any() {
+                let kinds = edge_data_kinds(e.data.attr_dim, *sent);
+                tables.push((
+                    schemas.edge_data(e.data.attr_dim, *sent),
+                    ipc::plan_body(edges as usize, &kinds),
+                ));
+            }
+        }
+        let data_entries = directory_data_entries(graph, shape.edge_data);
         let directory_len = if subgraph {
-            0
+            DIRECTORY_ENTRY_BYTES * data_entries
         } else {
-            DIRECTORY_ENTRY_BYTES * counts_rows
+            DIRECTORY_ENTRY_BYTES * (counts_rows + data_entries)
         };
         let header_len = size_of::<ResponseHeader>();
         let first = header_len + directory_len.next_multiple_of(64);
@@ -245,7 +293,7 @@ impl<'a> GraphWriter<'a> {
         }
         let mut placed = placed.into_iter();
         let n_types = graph.node_types.len();
-        let placed = if subgraph {
+        let mut placed_tables = if subgraph {
             let nodes = vec![placed.next().expect("the node table")];
             let targets = placed.next().expect("the target table");
             let edges = vec![placed.next().expect("the edge table")];
@@ -254,18 +302,26 @@ impl<'a> GraphWriter<'a> {
                 counts: None,
                 nodes,
                 edges,
+                data: Vec::new(),
             }
         } else {
             let targets = placed.next().expect("the target table");
             let counts = Some(placed.next().expect("the counts table"));
             let nodes = placed.by_ref().take(n_types).collect();
+            let edges = placed.by_ref().take(graph.edge_types.len()).collect();
             Placed {
                 targets,
                 counts,
                 nodes,
-                edges: placed.collect(),
+                edges,
+                data: Vec::new(),
             }
         };
+        placed_tables.data = sent
+            .iter()
+            .map(|sent| sent.any().then(|| placed.next().expect("a data table")))
+            .collect();
+        let placed = placed_tables;
         // The list offsets follow from the shape: each edge_index's two
         // rows are equal halves; the counts are each node type's hops + 1
         // and each edge type's hops.
@@ -287,17 +343,31 @@ impl<'a> GraphWriter<'a> {
             let n = n as i32;
             bytemuck::cast_slice_mut::<u8, i32>(&mut area[range]).copy_from_slice(&[0, n, 2 * n]);
         }
+        let mut entries: Vec<(u64, u64)> = Vec::new();
         if !subgraph {
-            for (i, table) in placed.nodes.iter().chain(&placed.edges).enumerate() {
-                let at = header_len + DIRECTORY_ENTRY_BYTES * i;
-                area[at..at + 8].copy_from_slice(&(table.stream.start as u64).to_le_bytes());
-                area[at + 8..at + 16].copy_from_slice(&(table.stream.len() as u64).to_le_bytes());
+            for table in placed.nodes.iter().chain(&placed.edges) {
+                entries.push((table.stream.start as u64, table.stream.len() as u64));
             }
+        }
+        if data_entries > 0 {
+            for table in &placed.data {
+                entries.push(
+                    table
+                        .as_ref()
+                        .map_or((0, 0), |t| (t.stream.start as u64, t.stream.len() as u64)),
+                );
+            }
+        }
+        for (i, (offset, len)) in entries.into_iter().enumerate() {
+            let at = header_len + DIRECTORY_ENTRY_BYTES * i;
+            area[at..at + 8].copy_from_slice(&offset.to_le_bytes());
+            area[at + 8..at + 16].copy_from_slice(&len.to_le_bytes());
         }
         let mut writer = Self {
             area,
             shape,
             feature_dims: graph.node_types.iter().map(|t| t.feature_dim).collect(),
+            sent,
             placed,
         };
         for nodes in writer.columns().nodes {
@@ -332,6 +402,11 @@ impl<'a> GraphWriter<'a> {
         for table in &placed.edges {
             ranges.push(table.column(0));
         }
+        for table in placed.data.iter().flatten() {
+            for idx in 0..table.plan.values.len() {
+                ranges.push(table.column(idx));
+            }
+        }
         // Carved in address order, handed out in the order above.
         let mut order: Vec<usize> = (0..ranges.len()).collect();
         order.sort_by_key(|&i| ranges[i].start);
@@ -357,6 +432,23 @@ impl<'a> GraphWriter<'a> {
             .iter()
             .map(|_| bytemuck::cast_slice_mut(next()))
             .collect();
+        let (mut edge_attr, mut edge_weight, mut edge_time) = (Vec::new(), Vec::new(), Vec::new());
+        for sent in &self.sent {
+            // An unsent column is an empty slice of its own type (an empty
+            // byte slice is not aligned for a cast).
+            edge_attr.push(match sent.attr {
+                true => bytemuck::cast_slice_mut(next()),
+                false => &mut [][..],
+            });
+            edge_weight.push(match sent.weight {
+                true => bytemuck::cast_slice_mut(next()),
+                false => &mut [][..],
+            });
+            edge_time.push(match sent.time {
+                true => bytemuck::cast_slice_mut(next()),
+                false => &mut [][..],
+            });
+        }
         let hops = self.shape.hops();
         let mut take = |n: usize| {
             let (head, rest) = std::mem::take(&mut counts).split_at_mut(n);
@@ -375,6 +467,9 @@ impl<'a> GraphWriter<'a> {
             edge_index,
             sampled_nodes,
             sampled_edges,
+            edge_attr,
+            edge_weight,
+            edge_time,
         }
     }
 
@@ -395,7 +490,10 @@ impl<'a> GraphWriter<'a> {
             Some(counts) => (
                 header_len
                     ..header_len
-                        + DIRECTORY_ENTRY_BYTES * (placed.nodes.len() + placed.edges.len()),
+                        + DIRECTORY_ENTRY_BYTES
+                            * (placed.nodes.len()
+                                + placed.edges.len()
+                                + self.shape.edge_data.any() as usize * placed.edges.len()),
                 counts.stream.clone(),
             ),
         };
@@ -419,6 +517,7 @@ impl<'a> GraphWriter<'a> {
             .chain(&placed.counts)
             .chain(&placed.nodes)
             .chain(&placed.edges)
+            .chain(placed.data.iter().flatten())
             .map(|t| t.stream.end)
             .max()
             .expect("a target table")
@@ -439,6 +538,8 @@ pub struct GraphTables {
     pub nodes: Vec<RecordBatch>,
     /// Per edge type.
     pub edges: Vec<RecordBatch>,
+    /// Per edge type: its data table, where the response carries one.
+    pub edge_data: Vec<Option<RecordBatch>>,
     /// Per node type: whether it has features.
     has_features: Vec<bool>,
     n_edge_types: usize,
@@ -457,15 +558,48 @@ pub fn decode_graph(
     target_type: usize,
     schemas: &SchemaCache,
 ) -> Result<GraphTables, DecodeError> {
-    let malformed = |m: String| DecodeError::Malformed(m);
-    let header = read_ok_header(area)?;
     let one_type;
-    let (graph, subgraph) = match graph {
-        Some(graph) => (graph, false),
+    let (graph, typed) = match graph {
+        Some(graph) => (graph, true),
         None => {
             one_type = schemas.one_type(limits.feature_dim);
-            (&*one_type, true)
+            (&*one_type, false)
         }
+    };
+    decode_graph_with(
+        area,
+        limits,
+        graph,
+        typed,
+        target_type,
+        EdgeColumns::default(),
+        schemas,
+    )
+}
+
+/// [`decode_graph`] of a response to a request that asked for the edge
+/// data `asked` (docs/protocol.md, "Edge data"): `graph` is the segment's
+/// (a one-type graph's the 1x1 graph, `typed` false, whose edge type
+/// carries what the segment header says), and each edge type's data table
+/// holds the asked columns it carries, one row per edge.
+pub fn decode_graph_with(
+    area: &Buffer,
+    limits: &DecodeLimits,
+    graph: &GraphSchema,
+    typed: bool,
+    target_type: usize,
+    asked: EdgeColumns,
+    schemas: &SchemaCache,
+) -> Result<GraphTables, DecodeError> {
+    let malformed = |m: String| DecodeError::Malformed(m);
+    let header = read_ok_header(area)?;
+    let subgraph = !typed;
+    let data_entries = directory_data_entries(graph, asked);
+    let header_len = size_of::<ResponseHeader>();
+    let word = |at: usize| -> u64 {
+        area.as_slice().get(at..at + 8).map_or(u64::MAX, |b| {
+            u64::from_le_bytes(b.try_into().expect("8 bytes"))
+        })
     };
     if target_type >= graph.node_types.len() {
         return Err(malformed(format!(
@@ -539,11 +673,10 @@ pub fn decode_graph(
             .expect("hop_counts is the counts table's column");
         (counts, vec![node], vec![edge])
     } else {
-        let n_tables = graph.node_types.len() + graph.edge_types.len();
-        let header_len = size_of::<ResponseHeader>() as u64;
-        if header.node_table_offset != header_len
+        let n_tables = graph.node_types.len() + graph.edge_types.len() + data_entries;
+        if header.node_table_offset != header_len as u64
             || header.node_table_len != (DIRECTORY_ENTRY_BYTES * n_tables) as u64
-            || area.len() < header_len as usize + DIRECTORY_ENTRY_BYTES * n_tables
+            || area.len() < header_len + DIRECTORY_ENTRY_BYTES * n_tables
         {
             return Err(malformed(format!(
                 "table directory at {}+{}; expected {header_len}+{}",
@@ -553,10 +686,7 @@ pub fn decode_graph(
             )));
         }
         let entry = |i: usize| {
-            let at = header_len as usize + DIRECTORY_ENTRY_BYTES * i;
-            let word = |at: usize| {
-                u64::from_le_bytes(area.as_slice()[at..at + 8].try_into().expect("8 bytes"))
-            };
+            let at = header_len + DIRECTORY_ENTRY_BYTES * i;
             (word(at), word(at + 8))
         };
         let counts = decode_table(
@@ -582,12 +712,46 @@ pub fn decode_graph(
         }
         (counts, nodes, edges)
     };
+    // The data entries follow the typed directory's node and edge types;
+    // the subgraph layout's directory holds them alone.
+    let first_data = match subgraph {
+        true => 0,
+        false => graph.node_types.len() + graph.edge_types.len(),
+    };
+    if subgraph && data_entries > 0 && area.len() < header_len + 64 {
+        return Err(malformed("no room for the edge data directory".into()));
+    }
+    let mut edge_data = Vec::with_capacity(graph.edge_types.len());
+    for (e, t) in graph.edge_types.iter().enumerate() {
+        let sent = asked.sent(&t.data);
+        let at = header_len + DIRECTORY_ENTRY_BYTES * (first_data + e);
+        let (offset, len) = match data_entries {
+            0 => (0, 0),
+            _ => (word(at), word(at + 8)),
+        };
+        if !sent.any() {
+            if (offset, len) != (0, 0) {
+                return Err(malformed(format!(
+                    "edge type {} sends no edge data asked for, yet its directory entry is \
+                     {offset}+{len} (0+0)",
+                    graph.edge_key(e)
+                )));
+            }
+            edge_data.push(None);
+            continue;
+        }
+        let expected = schemas.edge_data(t.data.attr_dim, sent);
+        let table = decode_table(area, "edge data", offset, len, &expected)
+            .map_err(|err| malformed(format!("edge type {}: {err}", graph.edge_key(e))))?;
+        edge_data.push(Some(table));
+    }
     let tables = GraphTables {
         header,
         targets,
         counts,
         nodes,
         edges,
+        edge_data,
         has_features: graph.node_types.iter().map(|t| t.feature_dim > 0).collect(),
         n_edge_types: graph.edge_types.len(),
     };
@@ -679,6 +843,37 @@ impl GraphTables {
             .values()
             .as_primitive::<Int64Type>()
             .values()
+    }
+
+    /// Edge type `e`'s `edges x attr_dim` f32 attributes (PyG's
+    /// `edge_attr`), row-major, in `edge_index`'s column order, inside the
+    /// slot; empty where the response carries none.
+    pub fn edge_attr(&self, e: usize) -> &[f32] {
+        self.edge_data_column(e, edge_data_columns::EDGE_ATTR)
+            .map_or(&[], |c| {
+                c.as_fixed_size_list()
+                    .values()
+                    .as_primitive::<Float32Type>()
+                    .values()
+            })
+    }
+
+    /// Edge type `e`'s weights (PyG's `edge_weight`), one per edge in
+    /// `edge_index`'s column order; empty where the response carries none.
+    pub fn edge_weight(&self, e: usize) -> &[f32] {
+        self.edge_data_column(e, edge_data_columns::EDGE_WEIGHT)
+            .map_or(&[], |c| c.as_primitive::<Float32Type>().values())
+    }
+
+    /// Edge type `e`'s times (PyG's `edge_time`), one per edge in
+    /// `edge_index`'s column order; empty where the response carries none.
+    pub fn edge_time(&self, e: usize) -> &[i64] {
+        self.edge_data_column(e, edge_data_columns::EDGE_TIME)
+            .map_or(&[], |c| c.as_primitive::<Int64Type>().values())
+    }
+
+    fn edge_data_column(&self, e: usize, name: &str) -> Option<&arrow_array::ArrayRef> {
+        self.edge_data.get(e)?.as_ref()?.column_by_name(name)
     }
 
     fn counts_row(&self, row: usize) -> &[i64] {
@@ -807,6 +1002,15 @@ impl GraphTables {
                     "edge type {key}: a row is outside its source type's {n_src} or its \
                      destination type's {n_dst} rows"
                 ));
+            }
+            if let Some(data) = &self.edge_data[e] {
+                if data.num_rows() != src.len() {
+                    return bad(format!(
+                        "edge type {key}: its edge data table has {} rows for {} edges",
+                        data.num_rows(),
+                        src.len()
+                    ));
+                }
             }
             if sum(self.sampled_edges(e)) != Some(src.len() as i64) {
                 return bad(format!(

@@ -18,7 +18,9 @@ pub mod schema;
 pub(crate) mod table;
 pub mod writer;
 
-pub use graph::{decode_graph, GraphColumns, GraphForm, GraphShape, GraphTables, GraphWriter};
+pub use graph::{
+    decode_graph, decode_graph_with, GraphColumns, GraphForm, GraphShape, GraphTables, GraphWriter,
+};
 pub use reader::{decode, DecodeLimits, ResponseTables};
 pub use table::{header_message, read_header, status_name, DecodeError};
 pub use writer::{

@@ -10,6 +10,7 @@ use std::sync::Arc;
 use arrow_schema::{DataType, Field, Schema, SchemaRef};
 
 use crate::layout::{LAYOUT_VERSION, MAX_HOPS};
+use crate::request::EdgeColumns;
 
 /// Node table columns, in order.
 pub mod node_columns {
@@ -54,6 +55,19 @@ pub mod edge_columns {
     /// targets), PyG's `num_sampled_nodes` (`hops + 1` values); row 1 the
     /// edges sampled at each hop, PyG's `num_sampled_edges` (`hops` values).
     pub const HOP_COUNTS: &str = "hop_counts";
+}
+
+/// An edge type's data table (docs/protocol.md, "Edge data"): one row per
+/// sampled edge, in `edge_index`'s column order; the columns the request
+/// asked for that the edge type carries, in this order.
+pub mod edge_data_columns {
+    /// FixedSizeList<Float32, attr_dim>: the edge's attributes (the values
+    /// buffer is PyG's `edge_attr`, a row-major `E x attr_dim` matrix).
+    pub const EDGE_ATTR: &str = "edge_attr";
+    /// Float32: the edge's weight (PyG's `edge_weight`).
+    pub const EDGE_WEIGHT: &str = "edge_weight";
+    /// Int64: the edge's time (PyG's `edge_time`).
+    pub const EDGE_TIME: &str = "edge_time";
 }
 
 /// The counts table of a typed response (docs/protocol.md, section 4.4).
@@ -203,4 +217,32 @@ pub fn counts_schema() -> SchemaRef {
         var_list(DataType::Int64),
         false,
     )])
+}
+
+/// An edge type's data table for `attr_dim` attributes and the columns
+/// `sent` (see [`edge_data_columns`]).
+pub fn edge_data_schema(attr_dim: u32, sent: EdgeColumns) -> SchemaRef {
+    let mut fields = Vec::new();
+    if sent.attr {
+        fields.push(Field::new(
+            edge_data_columns::EDGE_ATTR,
+            fixed_list(DataType::Float32, attr_dim),
+            false,
+        ));
+    }
+    if sent.weight {
+        fields.push(Field::new(
+            edge_data_columns::EDGE_WEIGHT,
+            DataType::Float32,
+            false,
+        ));
+    }
+    if sent.time {
+        fields.push(Field::new(
+            edge_data_columns::EDGE_TIME,
+            DataType::Int64,
+            false,
+        ));
+    }
+    with_version(fields)
 }

@@ -12,8 +12,10 @@ use crate::graph_schema::GraphSchema;
 use crate::layout::{status, ResponseHeader, MAX_HOPS, MESSAGE_BYTES};
 use crate::payload::ipc::{self, BodyPlan, ColumnKind, END_OF_STREAM};
 use crate::payload::schema::{
-    counts_schema, edge_schema, node_schema, subgraph_target_schema, target_schema,
+    counts_schema, edge_data_schema, edge_schema, node_schema, subgraph_target_schema,
+    target_schema,
 };
+use crate::request::EdgeColumns;
 
 /// Size of one dense-layout response (the graph layouts' is
 /// [`crate::payload::GraphShape`]).
@@ -46,6 +48,25 @@ pub enum WriteError {
 /// A node table's columns for rows of `dim` features: id, features, tier,
 /// fallback; with `dim` 0 (a typed graph's node type without features) the
 /// id alone.
+/// An edge type's data table's columns: `sent`'s, in
+/// [`edge_data_schema`]'s order.
+pub(crate) fn edge_data_kinds(attr_dim: u32, sent: EdgeColumns) -> Vec<ColumnKind> {
+    let mut kinds = Vec::new();
+    if sent.attr {
+        kinds.push(ColumnKind::List {
+            width: 4,
+            size: attr_dim as usize,
+        });
+    }
+    if sent.weight {
+        kinds.push(ColumnKind::Fixed { width: 4 });
+    }
+    if sent.time {
+        kinds.push(ColumnKind::Fixed { width: 8 });
+    }
+    kinds
+}
+
 pub(crate) fn node_kinds(dim: u32) -> Vec<ColumnKind> {
     let id = ColumnKind::Fixed { width: 8 };
     if dim == 0 {
@@ -111,6 +132,7 @@ pub struct SchemaCache {
     edge_index: OnceLock<Arc<CachedSchema>>,
     counts: OnceLock<Arc<CachedSchema>>,
     one_type: Mutex<HashMap<u32, Arc<GraphSchema>>>,
+    edge_data: Mutex<HashMap<(u32, EdgeColumns), Arc<CachedSchema>>>,
 }
 
 impl SchemaCache {
@@ -155,6 +177,14 @@ impl SchemaCache {
         let mut map = self.one_type.lock().unwrap_or_else(|p| p.into_inner());
         map.entry(dim)
             .or_insert_with(|| Arc::new(GraphSchema::one_type(dim)))
+            .clone()
+    }
+
+    /// An edge type's data table schema ([`edge_data_schema`]).
+    pub fn edge_data(&self, attr_dim: u32, sent: EdgeColumns) -> Arc<CachedSchema> {
+        let mut map = self.edge_data.lock().unwrap_or_else(|p| p.into_inner());
+        map.entry((attr_dim, sent))
+            .or_insert_with(|| CachedSchema::new(edge_data_schema(attr_dim, sent)))
             .clone()
     }
 

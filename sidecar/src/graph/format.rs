@@ -117,39 +117,9 @@ impl std::fmt::Display for StreamPosition {
 }
 
 /// What each edge of an index carries besides its source: attributes (a
-/// width), a weight, a time. All absent: a version-1 file.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
-pub struct EdgeDataShape {
-    pub attr_dim: u32,
-    pub weight: bool,
-    pub time: bool,
-}
-
-impl EdgeDataShape {
-    /// Whether the edges carry nothing.
-    pub fn is_empty(&self) -> bool {
-        self.attr_dim == 0 && !self.weight && !self.time
-    }
-}
-
-impl std::fmt::Display for EdgeDataShape {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let mut parts = Vec::new();
-        if self.attr_dim > 0 {
-            parts.push(format!("{} attributes", self.attr_dim));
-        }
-        if self.weight {
-            parts.push("a weight".to_string());
-        }
-        if self.time {
-            parts.push("a time".to_string());
-        }
-        if parts.is_empty() {
-            return f.write_str("no edge data");
-        }
-        f.write_str(&parts.join(", "))
-    }
-}
+/// width), a weight, a time (all absent: a version-1 file); the shape the
+/// ring's graph schema carries for its edge type.
+pub use protocol::graph_schema::EdgeDataDesc as EdgeDataShape;
 
 /// Byte ranges of an index's edge-data arrays (empty where absent).
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -231,6 +231,9 @@ pub struct GraphSampled {
     pub edge_src: Vec<Vec<i64>>,
     /// Per edge type: each edge's destination row (in the destination type).
     pub edge_dst: Vec<Vec<i64>>,
+    /// Per edge type: each edge's place among its destination's sources
+    /// (the `i` of [`GraphSource::neighbor`]), where its data lies.
+    pub edge_pos: Vec<Vec<u32>>,
     /// Per node type: the nodes first reached at each hop (hop 0: the
     /// unique targets), hops + 1 counts (PyG's `num_sampled_nodes_dict`).
     pub sampled_nodes: Vec<Vec<i64>>,
@@ -345,6 +348,7 @@ impl Sampler {
             target_row: Vec::with_capacity(targets.len()),
             edge_src: vec![Vec::new(); ends.len()],
             edge_dst: vec![Vec::new(); ends.len()],
+            edge_pos: vec![Vec::new(); ends.len()],
             sampled_nodes: vec![Vec::with_capacity(fanouts.hops() + 1); n_types],
             sampled_edges: vec![Vec::with_capacity(fanouts.hops()); ends.len()],
             work: 0,
@@ -407,6 +411,7 @@ impl Sampler {
                         sources.push(i64::from(row));
                         destinations.push(local as i64);
                     }
+                    out.edge_pos[e].extend_from_slice(&self.picked);
                     n_nodes += nodes.len() - added_before;
                     n_edges += self.picked.len();
                     if n_nodes > limits.max_nodes {

@@ -264,6 +264,7 @@ impl TypedSchema {
                     src: src as u32,
                     relation: e.relation.clone(),
                     dst: dst as u32,
+                    data: e.data(),
                 })
                 .collect(),
         }

@@ -86,7 +86,12 @@ pub fn run(config: ServeConfig, log: Option<Arc<LogHandle>>, events: Events) -> 
 
     // The ring: created last, so attaching workers find a ready sidecar.
     let graph_schema = core.ring_schema.clone();
-    let options = ring_options(&daemon.config, loaded.schema, graph_schema);
+    let mut options = ring_options(&daemon.config, loaded.schema, graph_schema);
+    if core.ring_schema.is_none() {
+        // A one-type graph's edge data is in the segment header.
+        let snapshot = core.graph.snapshot();
+        options.segment.one_type_edge_data = snapshot.base().schema().edge_types[0].data();
+    }
     let control =
         control::Control::new(&daemon, core, runtime.handle(), events.receiver(), options);
     let server = control.create_ring()?;

@@ -16,15 +16,28 @@ use rustc_hash::FxHashMap;
 
 use super::{respond_outgrew, subgraph_limits, BatchContext, BatchServer, Pending, SAMPLING_SEED};
 use crate::features::RowSource;
-use crate::graph::sampler::{GraphFanouts, GraphSampled};
+use crate::graph::sampler::{GraphFanouts, GraphSampled, GraphSource};
+use crate::graph::GraphSnapshot;
+use protocol::request::EdgeColumns;
 
 /// A new node's edges: per edge type, `(src, dst)` pairs.
 type EdgeLists = [Vec<(u64, u64)>];
+
+/// The edge data a response carries, per edge type, in its `edge_index`'s
+/// column order (empty where not sent).
+#[derive(Default)]
+struct EdgeData {
+    attrs: Vec<f32>,
+    weights: Vec<f32>,
+    times: Vec<i64>,
+}
 
 /// A graph-layout request sampled, waiting for its rows.
 struct Job {
     pending: Pending,
     sampled: GraphSampled,
+    /// Per edge type, where the request asked for edge data.
+    edge_data: Vec<EdgeData>,
     shape: GraphShape,
     meta: ResponseMeta,
     /// A new node's `(node type, row)`: row 0 of its type, from the
@@ -46,6 +59,7 @@ impl Job {
                 ticket, request, ..
             },
             sampled,
+            edge_data,
             shape,
             meta,
             own_row,
@@ -55,6 +69,11 @@ impl Job {
         let mut late = false;
         let written = ticket.respond_graph(request.request_id, meta, shape, |cols| {
             write_sample(cols, &request.targets, &sampled);
+            for (e, data) in edge_data.iter().enumerate() {
+                cols.edge_attr[e].copy_from_slice(&data.attrs);
+                cols.edge_weight[e].copy_from_slice(&data.weights);
+                cols.edge_time[e].copy_from_slice(&data.times);
+            }
             late = fill(cols, &sampled, own_row.as_ref());
         });
         if written.is_err() {
@@ -285,6 +304,11 @@ impl BatchServer {
                 sampled.nodes.iter().map(|n| n.len() as u32).collect(),
                 sampled.edge_src.iter().map(|e| e.len() as u32).collect(),
             ),
+        }
+        .with_edge_data(ask.edge_data);
+        let edge_data = match ask.edge_data.any() {
+            true => sampled_edge_data(graph, &sampled, ask.edge_data),
+            false => Vec::new(),
         };
         let meta = ResponseMeta {
             graph_version: graph.graph_version(),
@@ -296,11 +320,58 @@ impl BatchServer {
         Some(Job {
             pending,
             sampled,
+            edge_data,
             shape,
             meta,
             own_row,
         })
     }
+}
+
+/// Each sampled edge's data of the columns `asked`, per edge type that
+/// carries them, in its `edge_index`'s column order: the edge a sampled
+/// source was drawn as (its place among its destination's sources), so a
+/// directed edge's data is that edge's.
+fn sampled_edge_data(
+    graph: &GraphSnapshot,
+    sampled: &GraphSampled,
+    asked: EdgeColumns,
+) -> Vec<EdgeData> {
+    let schema = graph.schema();
+    let ends = graph.edge_types();
+    (0..ends.len())
+        .map(|e| {
+            let carried = schema.edge_types[e].data();
+            let sent = asked.sent(&carried);
+            let mut data = EdgeData::default();
+            if !sent.any() {
+                return data;
+            }
+            let dim = carried.attr_dim as usize;
+            let n = sampled.edge_pos[e].len();
+            data.attrs.reserve(if sent.attr { n * dim } else { 0 });
+            let dst_nodes = &sampled.nodes[ends[e].1];
+            for (&row, &i) in sampled.edge_dst[e].iter().zip(&sampled.edge_pos[e]) {
+                let node = dst_nodes[row as usize] as u32;
+                let datum = graph.edge_data_at(e, node, graph.edge_at(e, node, i));
+                if sent.attr {
+                    // Every edge of the type has `dim` (checked at import
+                    // and update); a short row would be zeros, never a panic.
+                    let start = data.attrs.len();
+                    data.attrs.resize(start + dim, 0.0);
+                    let k = datum.attrs.len().min(dim);
+                    data.attrs[start..start + k].copy_from_slice(&datum.attrs[..k]);
+                }
+                if sent.weight {
+                    data.weights.push(datum.weight.unwrap_or_default());
+                }
+                if sent.time {
+                    data.times.push(datum.time.unwrap_or_default());
+                }
+            }
+            data
+        })
+        .collect()
 }
 
 /// The target table, the node ids, the edges and the counts.
