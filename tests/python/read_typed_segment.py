@@ -2,7 +2,8 @@
 
 Written from docs/protocol.md alone: the header offsets, the graph schema
 (section 2.7), the slot state word, the response header and the typed
-response's table directory (section 4.4). The Arrow tables are decoded by
+response's table directory (section 4.4), with the data tables of a
+response to a request that asked for edge data (section 4.5). The Arrow tables are decoded by
 pyarrow from a buffer over the mapping, without a copy; the script reports
 whether every data buffer pyarrow returns lies inside the mapping.
 
@@ -10,7 +11,8 @@ Usage: read_typed_segment.py <segment name> <slot index>
 Prints one JSON object on stdout: per node type its ids (`n_id`), its
 features (`x`, flat, null without features), fallback flags and
 `num_sampled_nodes`; per edge type (`src__relation__dst`) its `edge_index`
-and `num_sampled_edges`; the targets.
+and `num_sampled_edges`, and where the response carries them its
+`edge_attr` (flat), `edge_weight` and `edge_time`; the targets.
 """
 
 import json
@@ -58,6 +60,8 @@ def main() -> int:
         at = schema_off + 16 + 48 * (n_node_types + i)
         src, dst = u32(at), u32(at + 4)
         edge_types.append(f"{node_types[src][0]}__{name_at(at + 8)}__{node_types[dst][0]}")
+        attr_dim, data_flags = u32(at + 40), u32(at + 44)
+        assert attr_dim <= 4096 and data_flags & ~0b11 == 0, "edge data of an edge type"
     assert 0 <= slot_idx < slot_count
 
     state = u64(control_off + 64 * slot_idx) & 0xFF
@@ -67,7 +71,9 @@ def main() -> int:
     target_off, target_len = u64(area + 56), u64(area + 64)
     counts_off, counts_len = u64(area + 104), u64(area + 112)
     hops = u32(area + 120)
-    assert directory_len == 16 * (n_node_types + n_edge_types)
+    # With edge data asked for, one more entry per edge type (section 4.5).
+    with_data = directory_len == 16 * (n_node_types + 2 * n_edge_types)
+    assert with_data or directory_len == 16 * (n_node_types + n_edge_types)
 
     base = pa.py_buffer(mm)
     lo, hi = base.address, base.address + base.size
@@ -86,6 +92,12 @@ def main() -> int:
     counts = read_table(counts_off, counts_len).column("counts").to_pylist()
     nodes = [read_table(*entry(i)) for i in range(n_node_types)]
     edges = [read_table(*entry(n_node_types + i)) for i in range(n_edge_types)]
+    data = [None] * n_edge_types
+    if with_data:
+        for i in range(n_edge_types):
+            off, length = entry(n_node_types + n_edge_types + i)
+            if length:
+                data[i] = read_table(off, length)
 
     inside, outside, misaligned = 0, 0, 0
 
@@ -101,7 +113,7 @@ def main() -> int:
             if buf.address % 64:
                 misaligned += 1
 
-    for table in [targets] + nodes + edges:
+    for table in [targets] + nodes + edges + [d for d in data if d is not None]:
         for column in table.columns:
             check(column)
 
@@ -114,6 +126,7 @@ def main() -> int:
         "target_row": targets.column("target_row").to_pylist(),
         "n_id": {}, "x": {}, "fallback": {}, "num_sampled_nodes": {},
         "edge_index": {}, "num_sampled_edges": {},
+        "edge_attr": {}, "edge_weight": {}, "edge_time": {},
     }
     for i, ((type_name, dim), table) in enumerate(zip(node_types, nodes)):
         out["n_id"][type_name] = table.column("node_id").to_pylist()
@@ -131,8 +144,24 @@ def main() -> int:
         out["edge_index"][key] = index.reshape(2, -1).tolist()
         out["num_sampled_edges"][key] = counts[n_node_types + i]
         del index
+        if data[i] is None:
+            continue
+        names = data[i].schema.names
+        if "edge_attr" in names:
+            # PyG's edge_attr: the values of the fixed-size list, E x attr_dim.
+            attr = data[i].column("edge_attr").values.to_numpy(zero_copy_only=True)
+            out["edge_attr"][key] = [float(v) for v in attr]
+            del attr
+        if "edge_weight" in names:
+            weight = data[i].column("edge_weight").to_numpy(zero_copy_only=True)
+            out["edge_weight"][key] = [float(v) for v in weight]
+            del weight
+        if "edge_time" in names:
+            time = data[i].column("edge_time").to_numpy(zero_copy_only=True)
+            out["edge_time"][key] = [int(v) for v in time]
+            del time
     out.update(buffers_inside=inside, buffers_outside=outside, buffers_misaligned=misaligned)
-    del targets, nodes, edges, base
+    del targets, nodes, edges, data, base
     json.dump(out, sys.stdout)
     return 0
 

@@ -295,6 +295,27 @@ fn a_call_that_asks_for_edge_data_gets_each_sampled_edge_s_own() {
         (2, 2, vec![3.0, 0.0], 2.0, t + 5),
     ];
     assert_eq!(served, expected);
+    // pyarrow, from docs/protocol.md alone, reads the same in place.
+    let (stdout, _) = tests::stack::run_ok(
+        std::process::Command::new(tests::stack::python())
+            .arg(tests::stack::repo_root().join("tests/python/read_typed_segment.py"))
+            .arg(&sidecar.shm_name)
+            .arg(response.slot_index().to_string()),
+        "read_typed_segment.py",
+    );
+    let read: serde_json::Value = serde_json::from_str(&stdout).unwrap();
+    assert_eq!(
+        read["buffers_outside"], 0,
+        "pyarrow copied a buffer: {read}"
+    );
+    assert_eq!(read["buffers_misaligned"], 0);
+    let pays = "account__pays__merchant";
+    assert_eq!(read["edge_attr"][pays], serde_json::json!(attrs));
+    assert_eq!(read["edge_weight"][pays], serde_json::json!(weights));
+    assert_eq!(read["edge_time"][pays], serde_json::json!(times));
+    assert!(read["edge_attr"]
+        .get("merchant__rev_pays__account")
+        .is_none());
     // rev_pays carries nothing: no data table.
     assert!(tables.edge_attr(1).is_empty() && tables.edge_time(1).is_empty());
     assert!(tables.edge_data[1].is_none());
