@@ -172,7 +172,7 @@ fn every_query_of_the_dashboard_and_the_rules_uses_documented_names_and_parses()
 fn promtool_checks_the_rules_and_every_alert_has_a_unit_test_and_a_runbook() {
     let rules = rule_file();
     let alerts = alerts(&rules);
-    assert_eq!(alerts.len(), 6, "{alerts:?}");
+    assert_eq!(alerts.len(), 7, "{alerts:?}");
     let dir = tempfile::tempdir().unwrap();
     std::fs::write(dir.path().join("rules.yaml"), &rules).unwrap();
     let tests_file = observability().join("alerts-test.yaml");

@@ -62,6 +62,9 @@ pub struct Metrics {
     pub hub_slots: Counter,
     pub hub_cached_slots: Counter,
     pub too_large: Counter,
+    /// Ring batches whose serving faulted (a panic): their unanswered
+    /// requests were answered INTERNAL and serving went on.
+    pub serve_faults: Counter,
     /// Requests whose batch served at least one row late.
     pub deadline_misses: Counter,
     /// Node ids invalidated through the admin socket.
@@ -117,6 +120,10 @@ impl Metrics {
             "too_large",
             "requests refused because the response exceeds the slot",
         );
+        let serve_faults = counter(
+            "serve_faults",
+            "ring batches whose serving faulted: their unanswered requests were answered INTERNAL",
+        );
         let deadline_misses = counter(
             "deadline_misses",
             "requests whose batch served at least one feature row late (as a default row)",
@@ -164,6 +171,7 @@ impl Metrics {
             hub_slots,
             hub_cached_slots,
             too_large,
+            serve_faults,
             deadline_misses,
             admin_invalidated_ids,
             stage_seconds,

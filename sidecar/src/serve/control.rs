@@ -268,7 +268,22 @@ impl<'a> ServeThread<'a> {
             response_bytes: server.segment().geometry().response_bytes,
             metrics: &daemon.metrics,
         };
-        self.batch_server
-            .serve(&ctx, std::mem::take(&mut self.tickets));
+        let tickets = std::mem::take(&mut self.tickets);
+        let batch_server = &mut self.batch_server;
+        // A fault while serving one batch (a panic: a defect) answers that
+        // batch's unanswered requests INTERNAL as their tickets drop, and
+        // serving goes on with fresh scratch state: one bad request never
+        // takes the daemon down with every other caller's.
+        let served = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            batch_server.serve(&ctx, tickets)
+        }));
+        if served.is_err() {
+            daemon.metrics.serve_faults.inc();
+            tracing::error!(
+                "a fault while serving a ring batch (the panic above): its unanswered requests \
+                 were answered INTERNAL; serving goes on"
+            );
+            self.batch_server = batch::BatchServer::default();
+        }
     }
 }
