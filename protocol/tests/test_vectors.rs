@@ -141,6 +141,23 @@ fn typed_graph() -> GraphSchema {
     )
 }
 
+/// The typed answer's sample: user 5 (row [1, 2], tier L1) and item 30,
+/// which user 5 bought (rev_buys: 30 -> 5), at hop 1.
+fn write_typed_answer(cols: &mut protocol::payload::GraphColumns<'_>) {
+    cols.target_id[0] = 5;
+    cols.status[0] = target_status::OK;
+    cols.target_row[0] = 0;
+    cols.nodes[0].node_id[0] = 5;
+    cols.nodes[0].features.copy_from_slice(&[1.0, 2.0]);
+    cols.nodes[0].tier[0] = tier::L1;
+    cols.nodes[1].node_id[0] = 30;
+    cols.edge_index[1].copy_from_slice(&[0, 0]);
+    cols.sampled_nodes[0].copy_from_slice(&[1, 0]);
+    cols.sampled_nodes[1].copy_from_slice(&[0, 1]);
+    cols.sampled_edges[0].copy_from_slice(&[0]);
+    cols.sampled_edges[1].copy_from_slice(&[1]);
+}
+
 /// A typed answer (`hops` 1) to request 0x1122334455667788 for user 5:
 /// item 30 bought by user 5 (rev_buys: 30 -> 5); user rows 5 ([1, 2],
 /// tier L1); item rows 30; graph version 7, server_ns 1000.
@@ -151,18 +168,7 @@ fn typed_response_vector() -> Vec<u8> {
     let mut writer = GraphWriter::new(area.as_slice_mut(), &typed_graph(), shape, &cache).unwrap();
     {
         let mut cols = writer.columns();
-        cols.target_id[0] = 5;
-        cols.status[0] = target_status::OK;
-        cols.target_row[0] = 0;
-        cols.nodes[0].node_id[0] = 5;
-        cols.nodes[0].features.copy_from_slice(&[1.0, 2.0]);
-        cols.nodes[0].tier[0] = tier::L1;
-        cols.nodes[1].node_id[0] = 30;
-        cols.edge_index[1].copy_from_slice(&[0, 0]);
-        cols.sampled_nodes[0].copy_from_slice(&[1, 0]);
-        cols.sampled_nodes[1].copy_from_slice(&[0, 1]);
-        cols.sampled_edges[0].copy_from_slice(&[0]);
-        cols.sampled_edges[1].copy_from_slice(&[1]);
+        write_typed_answer(&mut cols);
     }
     let end = writer.finish(0x1122_3344_5566_7788, 7, 1000);
     area.as_slice()[..end].to_vec()
@@ -192,18 +198,7 @@ fn edge_data_response_vector() -> Vec<u8> {
     let mut writer = GraphWriter::new(area.as_slice_mut(), &graph, shape, &cache).unwrap();
     {
         let mut cols = writer.columns();
-        cols.target_id[0] = 5;
-        cols.status[0] = target_status::OK;
-        cols.target_row[0] = 0;
-        cols.nodes[0].node_id[0] = 5;
-        cols.nodes[0].features.copy_from_slice(&[1.0, 2.0]);
-        cols.nodes[0].tier[0] = tier::L1;
-        cols.nodes[1].node_id[0] = 30;
-        cols.edge_index[1].copy_from_slice(&[0, 0]);
-        cols.sampled_nodes[0].copy_from_slice(&[1, 0]);
-        cols.sampled_nodes[1].copy_from_slice(&[0, 1]);
-        cols.sampled_edges[0].copy_from_slice(&[0]);
-        cols.sampled_edges[1].copy_from_slice(&[1]);
+        write_typed_answer(&mut cols);
         cols.edge_attr[1].copy_from_slice(&[0.5, -1.0]);
         cols.edge_time[1].copy_from_slice(&[1_700_000_000]);
         assert!(cols.edge_attr[0].is_empty() && cols.edge_weight[1].is_empty());
