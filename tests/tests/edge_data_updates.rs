@@ -4,8 +4,10 @@
 //! `src dst`) and through the update stream (`data:<edge type>`), refused
 //! by name when the data does not fit the edge type, and the same graph,
 //! data included, on a replica fed by the socket and on replicas following
-//! the stream, after a compaction and a restart too. Real `sidecar serve`,
-//! `sidecar publish`, `sidecarctl` and redis-server.
+//! the stream, after a compaction and a restart too; and a graph call that
+//! asks for edge data getting each sampled edge's own (docs/protocol.md,
+//! section 4.5), typed and one-type. Real `sidecar serve`, `sidecar
+//! publish`, `sidecarctl` and redis-server.
 
 use std::path::Path;
 use std::time::Duration;
@@ -333,5 +335,109 @@ fn a_call_that_asks_for_edge_data_gets_each_sampled_edge_s_own() {
     let only = response.graph_tables_with_edge_data(1, times_only).unwrap();
     assert_eq!(only.edge_time(0), times);
     assert!(only.edge_attr(0).is_empty() && only.edge_weight(0).is_empty());
+    assert!(sidecar.stop());
+}
+
+/// A one-type graph whose edges carry data states it in its segment's
+/// header (docs/protocol.md, section 2.4) and answers a call that asks for
+/// it in the subgraph layout, its data table located by a directory of
+/// its own (section 4.5): the pair `(a, b)` of its edge list is PyG's edge
+/// `b -> a` with that pair's data, a repeated pair's edges each with their
+/// own, the row by time; a column its edges do not carry is refused by
+/// name.
+#[test]
+fn a_one_type_graph_s_call_gets_its_edge_data_in_the_subgraph_layout() {
+    use protocol::client::CallRequest;
+    use protocol::request::{EdgeColumns, GraphAsk};
+    let dir = tempfile::tempdir().unwrap();
+    let source = dir.path().join("one");
+    std::fs::create_dir_all(&source).unwrap();
+    let write = |name: &str, bytes: Vec<u8>| std::fs::write(source.join(name), bytes).unwrap();
+    let f32s = |v: &[f32]| v.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<u8>>();
+    write(
+        "features.f32",
+        f32s(&[0.0, 1.0, 1.0, 0.0, 2.0, 2.0, 3.0, 3.0]),
+    );
+    let pairs: [u32; 8] = [0, 1, 0, 2, 1, 2, 0, 1];
+    write(
+        "edges.u32",
+        pairs.iter().flat_map(|x| x.to_le_bytes()).collect(),
+    );
+    write(
+        "edge_attr.f32",
+        f32s(&[1.0, 1.0, 2.0, 2.0, 3.0, 3.0, 4.0, 4.0]),
+    );
+    write(
+        "edge_time.i64",
+        [30i64, 10, 5, 20]
+            .iter()
+            .flat_map(|t| t.to_le_bytes())
+            .collect(),
+    );
+    let meta = serde_json::json!({
+        "num_nodes": 4, "num_edges": 4, "feature_dim": 2,
+        "edge_data": {"attrs": "edge_attr.f32", "attr_dim": 2, "time": "edge_time.i64"},
+    });
+    std::fs::write(source.join("meta.json"), meta.to_string()).unwrap();
+    let data = dir.path().join("data");
+    typed::import(&source, &data, &[]);
+    let sidecar = TypedSidecar::serve(&data, &[]);
+    let client = sidecar.client();
+    assert!(client.graph_schema().is_none(), "a one-type segment");
+    assert_eq!(
+        client.graph().unwrap().describe(),
+        "node (2 f32); node__to__node (2 attributes, a time)"
+    );
+    let call = |edge_data: EdgeColumns| {
+        let ask = GraphAsk {
+            edge_data,
+            ..GraphAsk::one_type(&[10])
+        };
+        let mut request = CallRequest::new(&[0]);
+        request.graph = Some(&ask);
+        request.timeout = Some(Duration::from_secs(10));
+        client.call(&request)
+    };
+    let asked = EdgeColumns {
+        attr: true,
+        time: true,
+        ..EdgeColumns::default()
+    };
+    let response = call(asked).expect("a call asking for edge data");
+    let tables = response.graph_tables_with_edge_data(0, asked).unwrap();
+    assert!(tables.subgraph_fanouts().is_some(), "the subgraph layout");
+    let ids = tables.node_ids(0);
+    let index = tables.edge_index(0);
+    let n = index.len() / 2;
+    let served: Vec<(u64, u64, Vec<f32>, i64)> = (0..n)
+        .map(|j| {
+            (
+                ids[index[j] as usize],
+                ids[index[n + j] as usize],
+                tables.edge_attr(0)[2 * j..2 * j + 2].to_vec(),
+                tables.edge_time(0)[j],
+            )
+        })
+        .collect();
+    // Node 0's row: the pairs (0, 2), (0, 1) twice, by time.
+    assert_eq!(
+        served,
+        [
+            (2, 0, vec![2.0, 2.0], 10),
+            (1, 0, vec![4.0, 4.0], 20),
+            (1, 0, vec![1.0, 1.0], 30),
+        ]
+    );
+    let weight = EdgeColumns {
+        weight: true,
+        ..EdgeColumns::default()
+    };
+    let refused = call(weight).expect_err("a weight its edges do not carry");
+    assert!(
+        refused.to_string().contains(
+            "EDGE_WEIGHT (0x80): a weight per edge, which no edge type of this graph carries"
+        ),
+        "{refused}"
+    );
     assert!(sidecar.stop());
 }
