@@ -6,9 +6,10 @@ mod common;
 
 use arrow_buffer::{Buffer, MutableBuffer};
 use libfuzzer_sys::fuzz_target;
-use protocol::graph_schema::GraphSchema;
+use protocol::graph_schema::{EdgeDataDesc, GraphSchema};
 use protocol::payload::schema::{target_status, NO_ROW};
 use protocol::payload::{self, DecodeLimits, SchemaCache};
+use protocol::request::EdgeColumns;
 
 fuzz_target!(|bytes: &[u8]| {
     let mut area = MutableBuffer::from_len_zeroed(bytes.len());
@@ -53,6 +54,30 @@ fuzz_target!(|bytes: &[u8]| {
             for (&row, &status) in tables.target_rows().iter().zip(tables.target_status()) {
                 assert!((0..n_target_rows).contains(&row) || (row == NO_ROW && status == target_status::FRESH));
             }
+        }
+    }
+    // The same graphs with edge data, read as the answer to a request that
+    // asked for every column (section 4.5): each data column holds one
+    // value (or attr_dim) per edge of its type, or nothing.
+    let data = EdgeDataDesc { attr_dim: 2, weight: false, time: true };
+    let with_data = [
+        (GraphSchema::one_type(limits.feature_dim).with_edge_data(0, data), false),
+        (common::typed_graph().with_edge_data(1, data), true),
+    ];
+    for (graph, typed) in &with_data {
+        let asked = EdgeColumns::ALL;
+        let Ok(tables) = payload::decode_graph_with(
+            &buffer, &limits, graph, *typed, 0, asked, &SchemaCache::default(),
+        ) else {
+            continue;
+        };
+        for (e, edge_type) in graph.edge_types.iter().enumerate() {
+            let edges = tables.edge_index(e).len() / 2;
+            let sent = asked.sent(&edge_type.data);
+            let dim = edge_type.data.attr_dim as usize;
+            assert_eq!(tables.edge_attr(e).len(), if sent.attr { edges * dim } else { 0 });
+            assert_eq!(tables.edge_weight(e).len(), if sent.weight { edges } else { 0 });
+            assert_eq!(tables.edge_time(e).len(), if sent.time { edges } else { 0 });
         }
     }
 });
