@@ -416,6 +416,16 @@ impl GraphSnapshot {
             .unwrap_or(&[])
     }
 
+    /// The data of `node`'s row of edge type `e` in the base index, its
+    /// `i`-th edge's at `i`, when nothing was added to the row since (then
+    /// the row's order is the index's); `None` when edges were added (read
+    /// each edge's with [`Self::edge_at`] and [`Self::edge_data_at`]).
+    pub fn base_edge_row(&self, e: usize, node: u32) -> Option<crate::graph::index::EdgeRow<'_>> {
+        self.added_row(e, node)
+            .is_empty()
+            .then(|| self.base.csr(e).edge_row(node))
+    }
+
     /// The data of `node`'s added edges of edge type `e`, if it has any.
     pub fn added_data(&self, e: usize, node: u32) -> Option<&EdgeRowData> {
         self.data[e].get(node).map(|data| &**data)

@@ -16,8 +16,9 @@ use rustc_hash::FxHashMap;
 
 use super::{respond_outgrew, subgraph_limits, BatchContext, BatchServer, Pending, SAMPLING_SEED};
 use crate::features::RowSource;
+use crate::graph::index::EdgeRow;
 use crate::graph::sampler::{GraphFanouts, GraphSampled, GraphSource};
-use crate::graph::GraphSnapshot;
+use crate::graph::{EdgeDatum, GraphSnapshot};
 use protocol::request::EdgeColumns;
 
 /// A new node's edges: per edge type, `(src, dst)` pairs.
@@ -351,9 +352,30 @@ fn sampled_edge_data(
             let n = sampled.edge_pos[e].len();
             data.attrs.reserve(if sent.attr { n * dim } else { 0 });
             let dst_nodes = &sampled.nodes[ends[e].1];
+            // A destination's edges are consecutive: its row is looked up
+            // once, and read in place where nothing was added to it.
+            let mut current: Option<(u32, Option<EdgeRow<'_>>)> = None;
             for (&row, &i) in sampled.edge_dst[e].iter().zip(&sampled.edge_pos[e]) {
                 let node = dst_nodes[row as usize] as u32;
-                let datum = graph.edge_data_at(e, node, graph.edge_at(e, node, i));
+                let base = match current {
+                    Some((at, base)) if at == node => base,
+                    _ => {
+                        let base = graph.base_edge_row(e, node);
+                        current = Some((node, base));
+                        base
+                    }
+                };
+                let datum = match base {
+                    Some(base) => {
+                        let i = i as usize;
+                        EdgeDatum {
+                            attrs: base.attrs.get(i * dim..(i + 1) * dim).unwrap_or_default(),
+                            weight: base.weights.get(i).copied(),
+                            time: base.times.get(i).copied(),
+                        }
+                    }
+                    None => graph.edge_data_at(e, node, graph.edge_at(e, node, i)),
+                };
                 if sent.attr {
                     // Every edge of the type has `dim` (checked at import
                     // and update); a short row would be zeros, never a panic.
