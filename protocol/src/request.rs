@@ -328,28 +328,24 @@ pub fn graph_problem(ask: &GraphAsk, geometry: &Geometry, graph: &GraphSchema) -
             }
         }
     }
-    let carried = graph
-        .edge_types
-        .iter()
-        .fold(EdgeColumns::default(), |all, e| {
-            let sent = ask.edge_data.sent(&e.data);
-            EdgeColumns {
-                attr: all.attr || sent.attr,
-                weight: all.weight || sent.weight,
-                time: all.time || sent.time,
-            }
-        });
+    // An asked column some edge type sends.
+    let sent = |column: fn(EdgeColumns) -> bool| {
+        graph
+            .edge_types
+            .iter()
+            .any(|e| column(ask.edge_data.sent(&e.data)))
+    };
     let missing = [
         (
-            ask.edge_data.attr && !carried.attr,
+            ask.edge_data.attr && !sent(|s| s.attr),
             "EDGE_ATTR (0x40): attributes",
         ),
         (
-            ask.edge_data.weight && !carried.weight,
+            ask.edge_data.weight && !sent(|s| s.weight),
             "EDGE_WEIGHT (0x80): a weight",
         ),
         (
-            ask.edge_data.time && !carried.time,
+            ask.edge_data.time && !sent(|s| s.time),
             "EDGE_TIME (0x100): a time",
         ),
     ];
@@ -795,10 +791,13 @@ pub fn decode(area: &[u8], on: Decoding<'_>) -> Result<Request, RequestError> {
         if header.fanouts != [0; MAX_HOPS] {
             return Err(RequestError::GraphFanoutFields);
         }
-    } else if EdgeColumns::of_flags(header.flags).any() {
-        return Err(RequestError::GraphOnly {
-            flags: EdgeColumns::of_flags(header.flags).flags(),
-        });
+    } else {
+        let edge_data = EdgeColumns::of_flags(header.flags);
+        if edge_data.any() {
+            return Err(RequestError::GraphOnly {
+                flags: edge_data.flags(),
+            });
+        }
     }
     if header.n_targets > geometry.max_targets {
         return Err(RequestError::TooManyTargets {

@@ -618,8 +618,9 @@ impl Segment {
             schema: snapshot.schema,
             typed: graph.is_some(),
             graph: graph.unwrap_or_else(|| {
-                GraphSchema::one_type(snapshot.schema.feature_dim)
-                    .with_edge_data(0, snapshot.one_type_edge_data)
+                // Checked by `validate`.
+                let data = snapshot.one_type_edge_data().unwrap_or_default();
+                GraphSchema::one_type(snapshot.schema.feature_dim).with_edge_data(0, data)
             }),
             epoch: snapshot.epoch,
             identity: (meta.dev(), meta.ino()),
@@ -971,9 +972,8 @@ struct HeaderSnapshot {
     schema: FeatureSchema,
     graph_schema_offset: u64,
     graph_schema_bytes: u64,
-    /// Decoded in `read`; its raw words when they do not decode.
-    one_type_edge_data: EdgeDataDesc,
-    one_type_edge_data_error: Option<String>,
+    /// `attr_dim` and flags, as written.
+    one_type_edge_data: [u32; 2],
 }
 
 /// Copies a `T` from `base + offset` without forming a reference.
@@ -1023,29 +1023,22 @@ impl HeaderSnapshot {
                 schema: read_raw(base, offset_of!(Header, schema)),
                 graph_schema_offset: read_raw(base, offset_of!(Header, graph_schema_offset)),
                 graph_schema_bytes: read_raw(base, offset_of!(Header, graph_schema_bytes)),
-                one_type_edge_data: EdgeDataDesc::default(),
-                one_type_edge_data_error: None,
+                one_type_edge_data: read_raw(base, offset_of!(Header, one_type_edge_data)),
             }
-            .with_edge_data(read_raw(base, offset_of!(Header, one_type_edge_data)))
         }
     }
 
-    /// Decodes the one-type edge data words: refused in a typed graph's
-    /// segment unless zero, and past their defined bits.
-    fn with_edge_data(mut self, [attr_dim, flags]: [u32; 2]) -> Self {
-        let decoded = if self.graph_schema_bytes != 0 && (attr_dim, flags) != (0, 0) {
-            Err(format!(
+    /// The one-type edge data words decoded: zero in a typed graph's
+    /// segment, no undefined bit.
+    fn one_type_edge_data(&self) -> Result<EdgeDataDesc, String> {
+        let [attr_dim, flags] = self.one_type_edge_data;
+        if self.graph_schema_bytes != 0 && (attr_dim, flags) != (0, 0) {
+            return Err(format!(
                 "{attr_dim} attributes and flags {flags:#x} in a typed graph's segment, whose \
                  edge types carry their own (section 2.7): zero"
-            ))
-        } else {
-            EdgeDataDesc::decode(attr_dim, flags)
-        };
-        match decoded {
-            Ok(data) => self.one_type_edge_data = data,
-            Err(reason) => self.one_type_edge_data_error = Some(reason),
+            ));
         }
-        self
+        EdgeDataDesc::decode(attr_dim, flags)
     }
 
     fn validate(&self, name: &str, file_len: u64) -> Result<(), AttachError> {
@@ -1145,9 +1138,8 @@ impl HeaderSnapshot {
         validate_geometry(&self.geometry, file_len).map_err(|r| invalid("geometry", r))?;
         validate_schema(&self.schema, &self.geometry, self.graph_schema_bytes != 0)
             .map_err(|r| invalid("feature schema", r))?;
-        if let Some(reason) = &self.one_type_edge_data_error {
-            return Err(invalid("one_type_edge_data", reason.clone()));
-        }
+        self.one_type_edge_data()
+            .map_err(|r| invalid("one_type_edge_data", r))?;
         Ok(())
     }
 

@@ -144,6 +144,29 @@ fn a_mismatch_names_the_field() {
     assert!(Segment::attach(&n).is_ok(), "restored");
     let err = attach_after_patch(&n, offset_of!(Header, schema) + 4, &9u32.to_le_bytes());
     assert!(err.to_string().contains("dtype code 9"), "{err}");
+    patch(&n, offset_of!(Header, schema) + 4, &1u32.to_le_bytes());
+
+    // A one-type graph's edge data: read from the header, refused past
+    // its defined bits and widths.
+    let data = offset_of!(Header, one_type_edge_data);
+    patch(&n, data, &[3, 0, 0, 0, 2, 0, 0, 0]);
+    let attached = Segment::attach(&n).unwrap();
+    assert_eq!(
+        attached.graph().edge_types[0].data,
+        protocol::graph_schema::EdgeDataDesc {
+            attr_dim: 3,
+            weight: false,
+            time: true
+        }
+    );
+    drop(attached);
+    let err = attach_after_patch(&n, data + 4, &4u32.to_le_bytes());
+    assert!(err.to_string().contains("edge data flags 0x4"), "{err}");
+    let err = attach_after_patch(&n, data, &[0, 0x20, 0, 0, 0, 0, 0, 0]);
+    assert!(
+        err.to_string().contains("attr_dim 8192, more than 4096"),
+        "{err}"
+    );
 
     created.unlink().unwrap();
 }
