@@ -8,7 +8,8 @@ planes.dat of jpatokal/openflights at commit
 5a0360255a5a2ff2b9f1e9cb199716da68a8a33f (directory data/). <out-dir> gets
 the typed layout (docs/graph-index.md, "Typed datasets"): meta.json,
 nodes/<type>.f32 for the types with features, edges/<src>__<rel>__<dst>.u32,
-labels.i32 and split.u8 of the airports. The conversion is deterministic:
+the route edges' attributes edges/airport__route__airport.attr.f32, labels.i32
+and split.u8 of the airports. The conversion is deterministic:
 running it again on the same files writes the same bytes (the tests check
 the shipped copy that way).
 
@@ -31,6 +32,9 @@ NULL = "\\N"
 # N none, U unknown; \N counts as U).
 DST_RULES = ["E", "A", "S", "O", "Z", "N", "U"]
 SPLIT_SEED = 0
+# The route edge type's attributes (its edge_data, docs/graph-index.md,
+# "Edge data"), over the known routes of each (source, destination) pair.
+ROUTE_ATTRS = ["routes", "codeshare", "stops", "equipment"]
 
 
 def read_rows(path, width):
@@ -108,6 +112,20 @@ def convert(raw, out):
     route = pairs_array(
         (airport_of[r[3]], airport_of[r[5]]) for r in known if r[3] != r[5]
     )
+    # Each route edge's attributes, over the known routes of its pair (one
+    # per airline flying it): how many, the share of codeshares, the mean
+    # stops and the mean count of equipment codes.
+    on_pair = {}
+    for r in known:
+        if r[3] != r[5]:
+            on_pair.setdefault((airport_of[r[3]], airport_of[r[5]]), []).append(r)
+    route_attr = np.zeros((len(route), len(ROUTE_ATTRS)), dtype="<f4")
+    for i, (a, b) in enumerate(route.tolist()):
+        flown = on_pair[(a, b)]
+        route_attr[i] = [len(flown),
+                         np.mean([r[6] == "Y" for r in flown]),
+                         np.mean([number(r[7]) for r in flown]),
+                         np.mean([len(r[8].split()) for r in flown])]
     serves = pairs_array(
         (airline_of[r[1]], airport_of[a]) for r in known for a in (r[3], r[5])
     )
@@ -172,7 +190,14 @@ def convert(raw, out):
             p = pairs_array(map(tuple, p.tolist()))
             relative = f"edges/{s}__{r}__{d}.u32"
             write(relative, p, f"uint32 LE pairs ({s} id, {d} id), unique, sorted")
-            edge_types.append({"src": s, "relation": r, "dst": d, "num_edges": len(p), "edges": relative})
+            entry = {"src": s, "relation": r, "dst": d, "num_edges": len(p), "edges": relative}
+            if r == "route":
+                attrs = f"edges/{s}__{r}__{d}.attr.f32"
+                write(attrs, route_attr, f"float32 LE row-major {len(p)} x {len(ROUTE_ATTRS)}, "
+                      "one row per edge of the edge file, in its order")
+                entry["edge_data"] = {"attrs": attrs, "attr_dim": len(ROUTE_ATTRS),
+                                      "attr_names": ROUTE_ATTRS}
+            edge_types.append(entry)
 
     write("labels.i32", labels, "int32 LE, one per airport: time-zone region class, -1 unknown")
     write("split.u8", split, "uint8, one per airport: 0 train, 1 val, 2 test, 3 none (no label)")
@@ -203,6 +228,7 @@ def convert(raw, out):
         "conversion": {
             "node_ids": "row i of a type is line i of its .dat file (airports and airlines by their OpenFlights id's line, countries and planes likewise)",
             "route": "one edge per distinct (source airport, destination airport) of the routes whose airline and both airports are known; self loops dropped",
+            "route_attrs": "per route edge, over the known routes of its pair (one per airline): routes (their count), codeshare (the share marked Y), stops (their mean), equipment (the mean count of equipment codes)",
             "serves": "an airline serves each airport at either end of its known routes",
             "located_in": "airports.dat's country name matched to countries.dat's name (first match)",
             "based_in": "airlines.dat's country name matched to countries.dat's name (first match)",

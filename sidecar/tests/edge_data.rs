@@ -6,6 +6,7 @@
 //! name when the files disagree with the edges, checked when the index is
 //! opened, and carried through a compaction.
 
+use protocol::request::EdgeColumns;
 use std::path::Path;
 use std::process::Command;
 
@@ -702,21 +703,36 @@ fn updates_add_edges_with_their_data_in_the_row_s_order_and_a_compaction_keeps_t
     edges[1].assert_index(reopened.csr(1), 1, true, "sends after a compaction");
     edges[2].assert_index(reopened.csr(2), 1, false, "rev_pays after a compaction");
     // A new node of a request (NEW_NODE) carries no edge data: its edges
-    // of a type with data are refused by name, its others taken.
+    // of a type with data are refused by name where the request asks for
+    // that data, taken where it does not; its others taken.
     let snapshot = graph.snapshot();
+    let times = EdgeColumns {
+        time: true,
+        ..Default::default()
+    };
     let message = snapshot
-        .with_new_node(1, 12, &[vec![(0, 12)], vec![], vec![]])
+        .with_new_node(1, 12, &[vec![(0, 12)], vec![], vec![]], times)
         .unwrap_err()
         .to_string();
     assert!(
         message.contains(
-            "the new node's edges of edge type account__pays__merchant: its edges carry 3 \
-             attributes, a weight, a time, and a new node's edges in a request carry none"
+            "the new node's edges of edge type account__pays__merchant: the request asks for \
+             their data (3 attributes, a weight, a time), and a new node's edges in a request \
+             carry none"
         ),
         "{message}"
     );
+    let unasked = snapshot
+        .with_new_node(
+            1,
+            12,
+            &[vec![(0, 12)], vec![], vec![]],
+            EdgeColumns::default(),
+        )
+        .unwrap();
+    assert!(unasked.sources(0, 12).contains(&0));
     let with_node = snapshot
-        .with_new_node(1, 12, &[vec![], vec![], vec![(12, 0)]])
+        .with_new_node(1, 12, &[vec![], vec![], vec![(12, 0)]], times)
         .unwrap();
     assert_eq!(with_node.sources(2, 0).last(), Some(&12));
     // A digest covers the data: one edge's weight apart, two digests.

@@ -74,8 +74,8 @@ fn the_shipped_openflights_is_what_the_converter_writes_from_the_raw_files() {
     let files = meta["files"].as_object().unwrap();
     assert_eq!(
         files.len(),
-        2 + 9 + 2,
-        "features of 2 types, 9 edge types, labels, split"
+        2 + 9 + 1 + 2,
+        "features of 2 types, 9 edge types, the route attributes, labels, split"
     );
     for (file, entry) in files {
         let bytes = std::fs::read(shipped.join(file)).unwrap();

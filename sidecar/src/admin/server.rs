@@ -766,6 +766,37 @@ fn handle(
                     .collect(),
             },
         )?,
+        AdminRequest::TypedAddNodeWithData {
+            node_type,
+            id,
+            features,
+            edges,
+            data,
+        } => {
+            anyhow::ensure!(
+                data.len() == edges.len(),
+                "TypedAddNodeWithData: {} edge lists and {} data entries; give one per list",
+                edges.len(),
+                data.len()
+            );
+            change_naming_types(
+                daemon,
+                runtime,
+                GraphOp::AddNode {
+                    node_type,
+                    id,
+                    row: (!features.is_empty()).then(|| encode_row(&features)),
+                    edges: edges
+                        .into_iter()
+                        .zip(data)
+                        .map(|((name, pairs), data)| NamedEdges {
+                            data,
+                            ..NamedEdges::new(name, pairs)
+                        })
+                        .collect(),
+                },
+            )?
+        }
         AdminRequest::TypedAddEdges { edge_type, edges } => change_naming_types(
             daemon,
             runtime,

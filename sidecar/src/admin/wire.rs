@@ -144,6 +144,17 @@ pub enum AdminRequest {
         edges: Vec<(u64, u64)>,
         data: String,
     },
+    /// [`AdminRequest::TypedAddNode`] whose edges of an edge type with
+    /// data carry it: `data` holds, per entry of `edges`, its edges' data
+    /// as [`AdminRequest::AddEdgesWithData`] takes it (`None` for an edge
+    /// type without data).
+    TypedAddNodeWithData {
+        node_type: String,
+        id: u64,
+        features: Vec<f32>,
+        edges: Vec<(String, Vec<(u64, u64)>)>,
+        data: Vec<Option<String>>,
+    },
 }
 
 /// A node added while serving.
@@ -500,6 +511,13 @@ mod tests {
                 edges: vec![],
                 data: String::new(),
             },
+            R::TypedAddNodeWithData {
+                node_type: String::new(),
+                id: 0,
+                features: vec![],
+                edges: vec![],
+                data: vec![],
+            },
         ];
         all.into_iter()
             .map(|r| {
@@ -530,6 +548,7 @@ mod tests {
                     R::TypedWarmIds { .. } => "TypedWarmIds",
                     R::TypedInvalidate { .. } => "TypedInvalidate",
                     R::AddEdgesWithData { .. } => "AddEdgesWithData",
+                    R::TypedAddNodeWithData { .. } => "TypedAddNodeWithData",
                 };
                 (r, name)
             })

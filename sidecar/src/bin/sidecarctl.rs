@@ -181,6 +181,12 @@ enum GraphAction {
         /// `EDGE_TYPE=SRC,DST,...` (a typed graph; repeat for several).
         #[arg(long = "typed-edges", requires = "node_type")]
         typed_edges: Vec<String>,
+        /// The data of the edges `--typed-edges EDGE_TYPE=...` names, for
+        /// an edge type whose edges carry data, as `EDGE_TYPE=V,V,...`:
+        /// per edge, its attributes, then its weight, then its time
+        /// (repeat for several edge types).
+        #[arg(long = "edge-data", requires = "node_type")]
+        edge_data: Vec<String>,
     },
     /// Add edges from a text file: `src dst` per line, `#` comments; with
     /// --edge-type, an edge type whose edges carry data takes its values
@@ -300,6 +306,32 @@ fn parse_edges(path: &PathBuf) -> anyhow::Result<FileEdges> {
     Ok((edges, with_data.then_some(data)))
 }
 
+/// Each `--edge-data EDGE_TYPE=V,V,...` placed beside the `--typed-edges`
+/// entry of the same EDGE_TYPE (`None` where none is given); one naming
+/// an edge type no `--typed-edges` names, or named twice, is refused.
+fn typed_edge_data(
+    edges: &[(String, Vec<(u64, u64)>)],
+    specs: &[String],
+) -> anyhow::Result<Vec<Option<String>>> {
+    let mut data = vec![None; edges.len()];
+    for spec in specs {
+        let (name, values) = spec
+            .split_once('=')
+            .with_context(|| format!("--edge-data {spec:?}: write EDGE_TYPE=V,V,..."))?;
+        let Some(at) = edges.iter().position(|(n, _)| n == name) else {
+            bail!(
+                "--edge-data {name}: no --typed-edges {name}=... gives its edges; name the edge \
+                 type as --typed-edges does"
+            );
+        };
+        if data[at].is_some() {
+            bail!("--edge-data {name} is given twice: give each edge type's data once");
+        }
+        data[at] = Some(values.to_string());
+    }
+    Ok(data)
+}
+
 /// `EDGE_TYPE=SRC,DST,...`: the edges of one edge type.
 fn parse_typed_edges(spec: &str) -> anyhow::Result<(String, Vec<(u64, u64)>)> {
     let (name, list) = spec
@@ -365,6 +397,7 @@ fn request_of(command: Command) -> anyhow::Result<AdminRequest> {
                 features_file,
                 node_type: Some(node_type),
                 typed_edges,
+                edge_data,
                 ..
             } => {
                 let features = match (&features, &features_file) {
@@ -374,14 +407,26 @@ fn request_of(command: Command) -> anyhow::Result<AdminRequest> {
                             .map_err(anyhow::Error::msg)?
                     }
                 };
-                AdminRequest::TypedAddNode {
-                    node_type,
-                    id,
-                    features,
-                    edges: typed_edges
-                        .iter()
-                        .map(|spec| parse_typed_edges(spec))
-                        .collect::<anyhow::Result<_>>()?,
+                let edges: Vec<(String, Vec<(u64, u64)>)> = typed_edges
+                    .iter()
+                    .map(|spec| parse_typed_edges(spec))
+                    .collect::<anyhow::Result<_>>()?;
+                if edge_data.is_empty() {
+                    AdminRequest::TypedAddNode {
+                        node_type,
+                        id,
+                        features,
+                        edges,
+                    }
+                } else {
+                    let data = typed_edge_data(&edges, &edge_data)?;
+                    AdminRequest::TypedAddNodeWithData {
+                        node_type,
+                        id,
+                        features,
+                        edges,
+                        data,
+                    }
                 }
             }
             GraphAction::AddNode {

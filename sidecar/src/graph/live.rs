@@ -630,12 +630,17 @@ impl GraphSnapshot {
     /// it, for one request to sample from (`NEW_NODE`): nothing is
     /// published. Costs what that update would (the paths of the ids it
     /// touches). Refuses an id the type has or an update could not add,
-    /// and an edge to a node the graph does not have, by name.
+    /// and an edge to a node the graph does not have, by name. A request
+    /// carries no edge data: the new node's edges of an edge type with
+    /// data are taken when the request asks for none of its columns
+    /// (`asked`; their data, zeros, is then never sent) and refused by
+    /// name when it asks for one.
     pub fn with_new_node(
         &self,
         node_type: usize,
         id: u64,
         edges: &[Vec<(u64, u64)>],
+        asked: protocol::request::EdgeColumns,
     ) -> anyhow::Result<GraphSnapshot> {
         let schema = self.schema();
         let name = &schema.node_types[node_type].name;
@@ -645,15 +650,24 @@ impl GraphSnapshot {
              its type does not have)"
         );
         let ends = self.base.edge_types();
+        let mut values = Vec::with_capacity(edges.len());
         for (e, pairs) in edges.iter().enumerate() {
             let data = schema.edge_types[e].data();
             ensure!(
-                pairs.is_empty() || data.is_empty(),
-                "the new node's edges of edge type {}: its edges carry {data}, and a new node's \
-                 edges in a request carry none; add the node with its edges through an update \
-                 (docs/graph-index.md, \"Edge data\"), then predict it by its id",
+                pairs.is_empty() || !asked.sent(&data).any(),
+                "the new node's edges of edge type {}: the request asks for their data ({data}), \
+                 and a new node's edges in a request carry none; add the node with its edges \
+                 through an update (docs/graph-index.md, \"Edge data\"), then predict it by its \
+                 id",
                 schema.edge_types[e].key()
             );
+            // Placeholders of the data no one asked for.
+            let n = pairs.len();
+            values.push(EdgeValues {
+                attrs: vec![0.0; n * data.attr_dim as usize],
+                weights: vec![0.0; if data.weight { n } else { 0 }],
+                times: vec![0; if data.time { n } else { 0 }],
+            });
             let (src, dst) = ends[e];
             for &(s, d) in pairs {
                 let (other_type, other) = if src == node_type && s == id {
@@ -673,7 +687,7 @@ impl GraphSnapshot {
         let update = GraphUpdate {
             nodes: vec![(node_type, id)],
             edges: edges.iter().cloned().enumerate().collect(),
-            values: Vec::new(),
+            values,
         };
         self.check(&update)?;
         let mut next = self.next();

@@ -350,7 +350,10 @@ impl BatchServer {
         let request = &pending.request;
         let node = request.new_node.as_ref().expect("a new-node request");
         let id = request.targets[0];
-        let graph = match ctx.graph.with_new_node(0, id, &node.edges) {
+        let graph = match ctx
+            .graph
+            .with_new_node(0, id, &node.edges, Default::default())
+        {
             Ok(graph) => graph,
             Err(e) => {
                 m.invalid_requests.inc();

@@ -234,7 +234,7 @@ impl BatchServer {
         let with_node;
         let mut graph = ctx.graph;
         if let Some((_, edges)) = new_node {
-            match graph.with_new_node(target_type, request.targets[0], edges) {
+            match graph.with_new_node(target_type, request.targets[0], edges, ask.edge_data) {
                 Ok(snapshot) => {
                     with_node = snapshot;
                     graph = &with_node;
