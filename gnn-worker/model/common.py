@@ -58,11 +58,85 @@ def pick_neighbours(indptr, indices, v, fanout, rng):
     O(fanout) for a node of any degree); all of them with `rng` None,
     with `fanout` -1 (every neighbour) or when there are at most
     `fanout`."""
+    return indices[pick_positions(indptr, v, fanout, rng)]
+
+
+def pick_positions(indptr, v, fanout, rng):
+    """`pick_neighbours`, as positions in the neighbour list (PyG's
+    `e_id` of each sampled edge, which indexes the edge data)."""
     lo, hi = indptr[v], indptr[v + 1]
     degree = hi - lo
     if rng is None or fanout < 0 or degree <= fanout:
-        return indices[lo:hi]
-    return indices[lo + rng.choice(degree, fanout, replace=False)]
+        return np.arange(lo, hi)
+    return lo + rng.choice(degree, fanout, replace=False)
+
+
+# The edge data a dataset's edges may carry (docs/graph-index.md, "Edge
+# data"), by the name PyG's models take them under: `edge_attr` [E, A]
+# f32, `edge_weight` [E] f32, `edge_time` [E] int64.
+EDGE_DATA = ("attr", "weight", "time")
+
+
+class Edges(dict):
+    """A (sub)graph's `edge_index` per edge type, and `data`: per kind of
+    EDGE_DATA, per edge type that carries it, its values in `edge_index`'s
+    column order (what PyG's NeighborLoader puts beside `edge_index`)."""
+
+    def __init__(self, edge_index, data=None):
+        super().__init__(edge_index)
+        self.data = {kind: dict(v) for kind, v in (data or {}).items() if v}
+
+    def map(self, edge_fn, data_fn):
+        """A copy with every edge_index through `edge_fn(et, value)` and
+        every data array through `data_fn(kind, et, value)`."""
+        return Edges({et: edge_fn(et, v) for et, v in self.items()},
+                     {kind: {et: data_fn(kind, et, v) for et, v in per.items()}
+                      for kind, per in self.data.items()})
+
+
+def read_edge_data(path, spec, num_edges, where):
+    """An `edge_data` object's files (docs/graph-index.md, "Edge data"),
+    checked as `sidecar import` checks them: {"attr": [E, A] f32,
+    "weight": [E] f32, "time": [E] int64}, each only where given."""
+    known = {"attrs", "attr_dim", "attr_names", "weight", "time", "time_unit"}
+    unknown = sorted(set(spec) - known)
+    if unknown:
+        sys.exit(f"{where}: edge_data has unknown keys {unknown}; known: {sorted(known)}")
+    data = {}
+    columns = []
+    if "attrs" in spec:
+        dim = int(spec.get("attr_dim", 0))
+        if not 1 <= dim <= 4096:
+            sys.exit(f"{where}: edge_data attrs needs attr_dim 1 to 4096")
+        columns.append(("attr", spec["attrs"], "<f4", (num_edges, dim)))
+    for kind, dtype in (("weight", "<f4"), ("time", "<i8")):
+        if kind in spec:
+            columns.append((kind, spec[kind], dtype, (num_edges,)))
+    for kind, file, dtype, shape in columns:
+        values = np.fromfile(os.path.join(path, file), dtype=dtype)
+        if values.size != int(np.prod(shape)):
+            sys.exit(f"{os.path.join(path, file)}: {values.size} values, {shape} expected "
+                     f"({where})")
+        values = values.reshape(shape)
+        if dtype == "<f4" and not np.isfinite(values).all():
+            sys.exit(f"{os.path.join(path, file)}: a value that is not finite ({where}); edge "
+                     "data must be finite numbers")
+        data[kind] = values
+    return data
+
+
+def edge_rows(n_dst, src, dst, time=None, drop_self_loops=False):
+    """The index's rows of an edge type whose edges carry data: each
+    destination's sources, duplicates kept, sorted by (time, source,
+    position) with times, else by (source, position); self loops dropped
+    where asked. Returns (indptr, indices, order): `order[i]` is the edge
+    file's position of the rows' `i`-th entry."""
+    keep = np.flatnonzero(src != dst) if drop_self_loops else np.arange(len(src))
+    keys = [keep, src[keep]] + ([time[keep]] if time is not None else []) + [dst[keep]]
+    order = keep[np.lexsort(keys)]
+    indptr = np.zeros(n_dst + 1, dtype=np.int64)
+    np.cumsum(np.bincount(dst[order], minlength=n_dst), out=indptr[1:])
+    return indptr, src[order].astype(np.int64), order
 
 
 def fanout_list(text, least=1, what="fanouts"):
@@ -79,7 +153,7 @@ def fanout_list(text, least=1, what="fanouts"):
     return fanouts
 
 
-def sample(ds, target_type, targets, fanouts, rng=None):
+def sample(ds, target_type, targets, fanouts, rng=None, e_id=None):
     """The one sampler of the model tooling: one batch as
     NeighborLoader(num_neighbors=fanouts, replace=False) builds it from a
     HeteroData for seeds of `target_type`, and as the sidecar writes it
@@ -92,7 +166,9 @@ def sample(ds, target_type, targets, fanouts, rng=None):
     hop before (in local order), up to its fanout of sources, uniformly
     without replacement (all of them with `rng` None). A fanout of 0
     samples nothing. Returns (n_id, edge_index, num_sampled_nodes,
-    num_sampled_edges), dicts as PyG names them."""
+    num_sampled_edges), dicts as PyG names them, edge_index an `Edges`
+    holding the sampled edges' data; with `e_id` a dict, it gets each edge
+    type's sampled edges' positions in its rows (PyG's `e_id`)."""
     hops = len(next(iter(fanouts.values())))
     n_id = {t: [] for t in ds.node_types}
     row = {t: {} for t in ds.node_types}
@@ -108,6 +184,7 @@ def sample(ds, target_type, targets, fanouts, rng=None):
         add(target_type, int(v))
     src = {et: [] for et in ds.edge_types}
     dst = {et: [] for et in ds.edge_types}
+    pos = {et: [] for et in ds.edge_types}
     num_nodes = {t: [len(n_id[t])] for t in ds.node_types}
     num_edges = {et: [] for et in ds.edge_types}
     frontier = {t: (0, len(n_id[t])) for t in ds.node_types}
@@ -120,9 +197,10 @@ def sample(ds, target_type, targets, fanouts, rng=None):
             indptr, indices = ds.lists[et]
             begin, end = frontier[d]
             for local in range(begin, end) if fanout else ():
-                for u in pick_neighbours(indptr, indices, n_id[d][local], fanout, rng):
-                    src[et].append(add(s, int(u)))
+                for p in pick_positions(indptr, n_id[d][local], fanout, rng):
+                    src[et].append(add(s, int(indices[p])))
                     dst[et].append(local)
+                    pos[et].append(int(p))
             num_edges[et].append(len(src[et]) - count)
         for t in ds.node_types:
             num_nodes[t].append(len(n_id[t]) - before[t])
@@ -130,7 +208,10 @@ def sample(ds, target_type, targets, fanouts, rng=None):
     n_id = {t: np.array(v, dtype=np.int64) for t, v in n_id.items()}
     edge_index = {et: np.array([src[et], dst[et]], dtype=np.int64).reshape(2, -1)
                   for et in ds.edge_types}
-    return n_id, edge_index, num_nodes, num_edges
+    pos = {et: np.array(p, dtype=np.int64) for et, p in pos.items()}
+    if e_id is not None:
+        e_id.update(pos)
+    return n_id, Edges(edge_index, ds.edge_rows(pos)), num_nodes, num_edges
 
 
 # The names of a one-type graph as the 1x1 typed graph it is (the
@@ -164,7 +245,10 @@ class Graph:
     type: `num_nodes`, `feature_dim` (0: no features), `x`; per edge type
     `edges` ((src, dst) pairs, message src -> dst) and `lists` (each
     destination node's sources, sorted: what the sampler draws from);
-    `y`, `split`, `target_type` and `num_classes` where it has labels."""
+    `y`, `split`, `target_type` and `num_classes` where it has labels;
+    `edge_data` per edge type that carries any ({"attr", "weight",
+    "time"}: `read_edge_data`), aligned with its `edges`, which are then
+    in its rows' order (`edge_rows`: duplicates kept)."""
 
     def __init__(self, path, labels=True):
         with open(os.path.join(path, "meta.json")) as f:
@@ -179,7 +263,17 @@ class Graph:
     def _read_one_type(self, path, labels):
         meta, x, edges, y, split = load_dataset(path, labels)
         n, d = x.shape
-        indptr, indices = neighbour_lists(n, edges)
+        self.edge_data = {}
+        if "edge_data" in meta:
+            # The pair (a, b) lists b in a's row: PyG's edge b -> a.
+            data = read_edge_data(path, meta["edge_data"], len(edges), "meta.json")
+            row, source = edges[:, 0].astype(np.int64), edges[:, 1].astype(np.int64)
+            indptr, indices, order = edge_rows(n, source, row, data.get("time"),
+                                               drop_self_loops=True)
+            self.edge_data[ONE_EDGE_TYPE] = {k: np.ascontiguousarray(v[order])
+                                             for k, v in data.items()}
+        else:
+            indptr, indices = neighbour_lists(n, edges)
         self.num_nodes, self.feature_dim = {ONE_TYPE: n}, {ONE_TYPE: d}
         self.x = {ONE_TYPE: x} if d else {}
         self.node_types, self.edge_types = [ONE_TYPE], [ONE_EDGE_TYPE]
@@ -211,7 +305,7 @@ class Graph:
                     sys.exit(f"{file}: {x.size} values, {n} x {d} expected")
                 self.x[name] = x.reshape(n, d)
         self.node_types = list(self.num_nodes)
-        self.edges = {}
+        self.edges, self.edge_data, self.lists = {}, {}, {}
         for e in meta["edge_types"]:
             et = (e["src"], e["relation"], e["dst"])
             check_name("relation", et[1])
@@ -225,6 +319,15 @@ class Graph:
             if len(pairs) and (pairs[:, 0].max() >= self.num_nodes[et[0]]
                                or pairs[:, 1].max() >= self.num_nodes[et[2]]):
                 sys.exit(f"{file}: a node id past its type's count")
+            if "edge_data" in e:
+                data = read_edge_data(path, e["edge_data"], len(pairs), f"edge type {et}")
+                indptr, indices, order = edge_rows(
+                    self.num_nodes[et[2]], pairs[:, 0], pairs[:, 1], data.get("time"),
+                    drop_self_loops=et[0] == et[2])
+                self.edge_data[et] = {k: np.ascontiguousarray(v[order]) for k, v in data.items()}
+                self.edges[et] = np.ascontiguousarray(pairs[order])
+                self.lists[et] = (indptr, indices)
+                continue
             keys = pairs[:, 0] * self.num_nodes[et[2]] + pairs[:, 1]
             if len(keys) > 1 and not (np.diff(keys) > 0).all():
                 sys.exit(f"{file}: pairs must be unique and sorted by (src, dst)")
@@ -244,8 +347,9 @@ class Graph:
         elif labels:
             sys.exit(f"{path} has no labels: training needs labels and a split")
         # Each destination node's sources (who sends it messages), sorted.
-        self.lists = {}
         for et, pairs in self.edges.items():
+            if et in self.lists:
+                continue
             n_dst = self.num_nodes[et[2]]
             order = np.lexsort((pairs[:, 0], pairs[:, 1]))
             indptr = np.zeros(n_dst + 1, dtype=np.int64)
@@ -267,6 +371,7 @@ class Graph:
         node = np.repeat(np.arange(n, dtype=np.int64), np.diff(indptr))
         g.edges = {ONE_EDGE_TYPE: np.stack([indices, node], axis=1)}
         g.y = g.split = g.target_type = g.num_classes = None
+        g.edge_data = {}
         return g
 
     def featured(self, node_type):
@@ -277,11 +382,27 @@ class Graph:
 
     def full_graph(self):
         """x_dict (features, or every id) and edge_index_dict of the whole
-        graph, as numpy."""
+        graph (`Edges`, with the edge data), as numpy."""
         x = {t: self.x[t] if self.featured(t) else np.arange(self.num_nodes[t], dtype=np.int64)
              for t in self.node_types}
         edge_index = {et: np.ascontiguousarray(p.T) for et, p in self.edges.items()}
-        return x, edge_index
+        return x, Edges(edge_index, self.full_edge_data())
+
+    def carries(self, kind):
+        """The edge types whose edges carry `kind` (one of EDGE_DATA)."""
+        return [et for et in self.edge_types if kind in self.edge_data.get(et, {})]
+
+    def edge_rows(self, e_id, kinds=EDGE_DATA):
+        """The edge data of sampled edges (`sample`'s `e_id`): per kind of
+        `kinds`, per edge type that carries it, its values in the sampled
+        edges' order."""
+        return {kind: {et: np.ascontiguousarray(self.edge_data[et][kind][e_id[et]])
+                       for et in self.carries(kind)} for kind in kinds}
+
+    def full_edge_data(self, kinds=EDGE_DATA):
+        """The edge data of `full_graph`'s edges, as `edge_rows` gives it."""
+        return {kind: {et: self.edge_data[et][kind] for et in self.carries(kind)}
+                for kind in kinds}
 
     def rows(self, n_id):
         """x_dict of a sampled subgraph: each type's rows, or its ids."""

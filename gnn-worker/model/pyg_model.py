@@ -31,7 +31,13 @@ in `x_dict` (float32 [n, D]), a type without features its global ids
 docs/model.md, "Bring your own heterogeneous model": `x__<type>`,
 `n_id__<type>` and `edge_index__<src>__<relation>__<dst>`. Either way the
 output `out` is [n, C], one row per node (of the target type), the targets
-first.
+first. Where the dataset's edges carry data (docs/graph-index.md, "Edge
+data"), a forward parameter named `edge_attr`, `edge_weight` or
+`edge_time` (a typed model's: the same, or with `_dict`) is given it by
+keyword, in edge_index's column order, as PyG's NeighborLoader batch has
+it: inputs `edge_attr` [e, A] f32, `edge_weight` [e] f32, `edge_time` [e]
+int64 (typed: `edge_attr__<src>__<relation>__<dst>` ..., for each edge
+type that carries it).
 
 writes into the model directory:
   model.onnx            TorchScript exporter, opset 18, dynamic sizes; a max
@@ -67,14 +73,12 @@ import time
 
 import numpy as np
 
-from common import (ONE_EDGE_TYPE, ONE_TYPE, Graph, edge_key, fanout_list, file_sha256,
-                    neighbour_lists, progress, sample, session_of)
+from common import (EDGE_DATA, ONE_EDGE_TYPE, ONE_TYPE, Edges, Graph, edge_key, fanout_list,
+                    file_sha256, neighbour_lists, progress, sample, session_of)
 
 OPSET = 18
 OUTPUT = "out"
-# A one-type model's inputs.
-INPUTS = ["x", "edge_index"]
-ONE_TYPE_ARCHS = ("sage", "gcn", "gat", "gin")
+ONE_TYPE_ARCHS = ("sage", "gcn", "gat", "gin", "gine", "transformer")
 TYPED_ARCHS = ("to_hetero", "heteroconv")
 # Outputs are compared relative to the row's magnitude: a float32 sum of
 # large terms differs by its own rounding whatever computes it.
@@ -134,34 +138,88 @@ def edge_input(ds, edge_type):
     return "edge_index" if ds.one_type else "edge_index__" + edge_key(edge_type)
 
 
-def input_spec(ds):
+def data_input(ds, kind, edge_type):
+    """The input name of an edge type's data of `kind` (EDGE_DATA):
+    `edge_attr`, `edge_weight`, `edge_time`, typed `edge_attr__<key>`..."""
+    return f"edge_{kind}" if ds.one_type else f"edge_{kind}__{edge_key(edge_type)}"
+
+
+# The parameters of a model's forward that take each kind of edge data, by
+# PyG's names: a one-type model's tensor, a heterogeneous model's dict per
+# edge type (to_hetero keeps the base module's names and takes dicts).
+EDGE_PARAMS = {kind: (f"edge_{kind}", f"edge_{kind}_dict") for kind in EDGE_DATA}
+
+
+def edge_params(model, ds):
+    """{kind: parameter name} of the edge data `model` takes: each forward
+    parameter named `edge_attr`, `edge_weight` or `edge_time` (or with
+    `_dict`) is given its edges' data by keyword where the dataset carries
+    it (one with a default is left out where it does not; one without
+    ends the export, naming it)."""
+    import inspect
+    try:
+        params = inspect.signature(model.forward).parameters
+    except (TypeError, ValueError):  # no signature to read: no edge data
+        return {}
+    taken = {}
+    for kind, names in EDGE_PARAMS.items():
+        for name in names:
+            if name not in params:
+                continue
+            if ds.carries(kind):
+                taken[kind] = name
+            elif params[name].default is inspect.Parameter.empty:
+                sys.exit(f"the model's forward takes {name}, and no edge type of the dataset "
+                         f"carries edge {kind}s: import data with them (docs/graph-index.md, "
+                         "\"Edge data\"), or give the parameter a default (None)")
+    return taken
+
+
+def input_spec(ds, params=None):
     """(kind, key, input name) of every input a model over `ds` can take:
-    each node type's rows or ids, then each edge type's edge_index."""
+    each node type's rows or ids, then each edge type's edge_index, then
+    each kind of edge data of `params` (edge_params; None: every kind the
+    dataset carries) of each edge type that carries it."""
     spec = [("node", t, x_input(ds, t)) for t in ds.node_types]
     spec += [("edge", et, edge_input(ds, et)) for et in ds.edge_types]
+    kinds = EDGE_DATA if params is None else [k for k in EDGE_DATA if k in params]
+    spec += [(kind, et, data_input(ds, kind, et)) for kind in kinds for et in ds.carries(kind)]
     return spec
 
 
 def flat_inputs(ds, x, edge_index):
-    """The flat input dict of a (sub)graph, every name of input_spec."""
-    return {name: np.ascontiguousarray(x[key] if kind == "node" else edge_index[key])
-            for kind, key, name in input_spec(ds)}
+    """The flat input dict of a (sub)graph (`edge_index` an `Edges`), every
+    name of input_spec."""
+    def value(kind, key):
+        if kind == "node":
+            return x[key]
+        return edge_index[key] if kind == "edge" else edge_index.data[kind][key]
+    return {name: np.ascontiguousarray(value(kind, key)) for kind, key, name in input_spec(ds)}
 
 
 def call(model, ds, x, edge_index, target_type):
     """The model on torch dicts, called as PyG calls a model of this
     graph: `model(x, edge_index)` for one type, `model(x_dict,
-    edge_index_dict)` for a typed graph; the target type's rows."""
+    edge_index_dict)` for a typed graph, with the edge data it takes by
+    keyword (edge_params: `edge_attr=`, or `edge_attr_dict=` per edge type
+    that carries it); the target type's rows."""
+    data = getattr(edge_index, "data", {})
+    extra = {name: (data[kind][ONE_EDGE_TYPE] if ds.one_type else data[kind])
+             for kind, name in edge_params(model, ds).items()}
     if ds.one_type:
-        out = model(x[ONE_TYPE], edge_index[ONE_EDGE_TYPE])
+        out = model(x[ONE_TYPE], edge_index[ONE_EDGE_TYPE], **extra)
     else:
-        out = model(x, edge_index)
+        out = model(x, dict(edge_index), **extra)
     return out[target_type] if isinstance(out, dict) else out
 
 
 def to_torch(arrays):
+    """numpy to torch: a dict of arrays, or an `Edges` with its data."""
     torch = torch_modules()[0]
-    return {k: torch.from_numpy(np.ascontiguousarray(v)) for k, v in arrays.items()}
+    tensor = lambda v: torch.from_numpy(np.ascontiguousarray(v))  # noqa: E731
+    if isinstance(arrays, Edges):
+        return arrays.map(lambda _, v: tensor(v), lambda _k, _e, v: tensor(v))
+    return {k: tensor(v) for k, v in arrays.items()}
 
 
 def pyg_outputs(model, ds, x, edge_index, target_type):
@@ -185,7 +243,11 @@ def pyg_outputs64(model64, ds, x, edge_index, target_type):
     where the model does not run so (a float32 constant inside it)."""
     if model64 is None:
         return None
-    wide = {t: (v.astype(np.float64) if v.dtype == np.float32 else v) for t, v in x.items()}
+    def widen(v):
+        return v.astype(np.float64) if v.dtype == np.float32 else v
+    wide = {t: widen(v) for t, v in x.items()}
+    if isinstance(edge_index, Edges):
+        edge_index = edge_index.map(lambda _, v: v, lambda _k, _e, v: widen(v))
     try:
         return pyg_outputs(model64, ds, wide, edge_index, target_type)
     except Exception:  # the model is float32-only: no float64 reference
@@ -198,7 +260,7 @@ def flat_wrapper(model, ds, target_type):
     target type's rows out (dict outputs are exported by neither
     exporter)."""
     torch = torch_modules()[0]
-    spec = input_spec(ds)
+    spec = input_spec(ds, edge_params(model, ds))
 
     class Flat(torch.nn.Module):
         def __init__(self):
@@ -206,10 +268,15 @@ def flat_wrapper(model, ds, target_type):
             self.model = model
 
         def forward(self, *tensors):
-            x_dict, edge_index_dict = {}, {}
+            x_dict, edges = {}, Edges({})
             for (kind, key, _), tensor in zip(spec, tensors):
-                (edge_index_dict if kind == "edge" else x_dict)[key] = tensor
-            return call(self.model, ds, x_dict, edge_index_dict, target_type)
+                if kind == "node":
+                    x_dict[key] = tensor
+                elif kind == "edge":
+                    edges[key] = tensor
+                else:
+                    edges.data.setdefault(kind, {})[key] = tensor
+            return call(self.model, ds, x_dict, edges, target_type)
 
     return Flat().eval()
 
@@ -219,11 +286,14 @@ def export_onnx(model, ds, target_type, path, x, edge_index):
     on GATConv), opset pinned, every node and edge count dynamic."""
     torch = torch_modules()[0]
     import warnings
-    spec = input_spec(ds)
+    spec = input_spec(ds, edge_params(model, ds))
     feed = flat_inputs(ds, x, edge_index)
     names = [name for _, _, name in spec]
-    dynamic = {name: {1: f"{name}_e"} if kind == "edge" else {0: f"{name}_n"}
-               for kind, _, name in spec}
+    # An edge type's data shares its edge_index's edge count.
+    dynamic = {name: ({1: f"{name}_e"} if kind == "edge" else
+                      {0: f"{x_input(ds, key)}_n"} if kind == "node" else
+                      {0: f"{edge_input(ds, key)}_e"})
+               for kind, key, name in spec}
     dynamic[OUTPUT] = {0: "n"}
     with torch.no_grad(), warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -363,8 +433,9 @@ def pad_inputs(ds, feed, kept):
     of empty inputs): a node type the model reads with no rows, or at an
     end of an edge type it reads with no edges, gets one more row (zeros,
     or node id 0); each such edge type one edge between its ends' extra
-    rows. No edge reaches an extra row from a real one. Returns the padded
-    feed and the inputs that were empty."""
+    rows, with zero attributes, weight 1 and time 0. No edge reaches an
+    extra row from a real one. Returns the padded feed and the inputs that
+    were empty."""
     padded = dict(feed)
     dummy, empty = set(), []
     for kind, key, name in input_spec(ds):
@@ -385,6 +456,10 @@ def pad_inputs(ds, feed, kept):
         if kind == "edge" and name in empty:
             src, dst = (len(feed[x_input(ds, t)]) for t in (et[0], et[2]))
             padded[name] = np.array([[src], [dst]], dtype=np.int64)
+        elif kind in EDGE_DATA and edge_input(ds, et) in empty:
+            fill = {"attr": 0, "weight": 1, "time": 0}[kind]
+            values = feed[name]
+            padded[name] = np.full((1,) + values.shape[1:], fill, dtype=values.dtype)
     return padded, empty
 
 
@@ -392,17 +467,22 @@ def emptied(ds, x, edge_index, node_type=None, edge_type=None):
     """The subgraph with node type `node_type`'s rows and edges (or edge
     type `edge_type`'s edges) taken out."""
     x = dict(x)
-    edge_index = dict(edge_index)
     if node_type is not None:
         x[node_type] = x[node_type][:0]
-    for et in ds.edge_types:
-        if et == edge_type or node_type in (et[0], et[2]):
-            edge_index[et] = np.zeros((2, 0), dtype=np.int64)
+
+    def gone(et):
+        return et == edge_type or node_type in (et[0], et[2])
+    edge_index = edge_index.map(lambda et, v: v[:, :0] if gone(et) else v,
+                                lambda _, et, v: v[:0] if gone(et) else v)
     return x, edge_index
 
 
-def scaled(ds, x, factor):
-    return {t: (v * np.float32(factor) if ds.featured(t) else v) for t, v in x.items()}
+def scaled(ds, x, edge_index, factor):
+    """The subgraph with its features and edge attributes times
+    `factor`."""
+    x = {t: (v * np.float32(factor) if ds.featured(t) else v) for t, v in x.items()}
+    return x, edge_index.map(lambda _, v: v, lambda kind, _, v: (
+        v * np.float32(factor) if kind == "attr" else v))
 
 
 def check_export(model, session, ds, target_type, fanouts, seed, subgraphs=8):
@@ -496,8 +576,8 @@ def check_export(model, session, ds, target_type, fanouts, seed, subgraphs=8):
         if len(lonely):
             n_id, edge_index, _, _ = sample(ds, target_type, [int(lonely[0])], fanouts, None)
             compare(f"no-{edge_key(et)}", ds.rows(n_id), edge_index)
-            compare(f"no-{edge_key(et)}-negative-features", scaled(ds, ds.rows(n_id), -3.0),
-                    edge_index)
+            compare(f"no-{edge_key(et)}-negative-features",
+                    *scaled(ds, ds.rows(n_id), edge_index, -3.0))
             break
     # The target with the most edges into it: its covering subgraph (every
     # neighbour, at every hop), with its features as they are, negated and
@@ -508,8 +588,8 @@ def check_export(model, session, ds, target_type, fanouts, seed, subgraphs=8):
     n_id, edge_index, _, _ = sample(ds, target_type, [busy], fanouts, None)
     x = ds.rows(n_id)
     compare("busy-covering", x, edge_index)
-    compare("busy-negative-features", scaled(ds, x, -3.0), edge_index)
-    compare("busy-large-features", scaled(ds, x, 1e3), edge_index, LARGE_TOLERANCE)
+    compare("busy-negative-features", *scaled(ds, x, edge_index, -3.0))
+    compare("busy-large-features", *scaled(ds, x, edge_index, 1e3), LARGE_TOLERANCE)
     n_id, edge_index, _, _ = sample(ds, target_type, [busy], fanouts,
                                     np.random.default_rng(seed + 3))
     x = ds.rows(n_id)
@@ -519,7 +599,7 @@ def check_export(model, session, ds, target_type, fanouts, seed, subgraphs=8):
     for et in ds.edge_types:
         compare(f"empty-{edge_key(et)}", *emptied(ds, x, edge_index, edge_type=et))
     alone = {t: (v[:1] if t == target_type else v[:0]) for t, v in x.items()}
-    no_edges = {et: np.zeros((2, 0), dtype=np.int64) for et in ds.edge_types}
+    no_edges = edge_index.map(lambda _, v: v[:, :0], lambda _k, _e, v: v[:0])
     lone = compare("target-alone", alone, no_edges)
     if lone is not None:
         results["no_edges"] = lone
@@ -575,12 +655,19 @@ def example_graph(ds, target_type, fanouts, seed):
 
 
 def manifest_graph(ds, target_type, fanouts, kept):
-    """The manifest's description of the graph the model reads."""
+    """The manifest's description of the graph the model reads: with the
+    width of the edge attributes it takes (`edge_dim`, per edge type on a
+    typed graph)."""
+    def edge_dim(et):
+        if data_input(ds, "attr", et) not in kept:
+            return {}
+        return {"edge_dim": int(ds.edge_data[et]["attr"].shape[1])}
     if ds.one_type:
         return {"feature_dim": ds.feature_dim[ONE_TYPE],
                 "dtype": "f32",
                 "fanouts": fanouts[ONE_EDGE_TYPE],
-                "num_nodes": ds.num_nodes[ONE_TYPE]}
+                "num_nodes": ds.num_nodes[ONE_TYPE],
+                **edge_dim(ONE_EDGE_TYPE)}
     node_types = []
     for t in ds.node_types:
         entry = {"name": t, "num_nodes": ds.num_nodes[t], "input": x_input(ds, t)}
@@ -588,7 +675,8 @@ def manifest_graph(ds, target_type, fanouts, kept):
             entry.update(feature_dim=ds.feature_dim[t], dtype="f32")
         node_types.append(entry)
     return {"node_types": node_types,
-            "edge_types": [{"src": s, "relation": r, "dst": d, "input": edge_input(ds, (s, r, d))}
+            "edge_types": [{"src": s, "relation": r, "dst": d, "input": edge_input(ds, (s, r, d)),
+                            **edge_dim((s, r, d))}
                            for s, r, d in ds.edge_types],
             "target_type": target_type,
             "fanouts": {edge_key(et): v for et, v in fanouts.items()}}
@@ -627,10 +715,11 @@ def export(model, *, dataset, out, fanouts, overrides=None, target_type=None, ou
     extrema_fixed = fix_scatter_extrema(path)
     session = session_of(path)
     kept = [i.name for i in session.get_inputs()]
-    dropped = [name for _, _, name in input_spec(ds) if name not in kept]
+    spec = [name for _, _, name in input_spec(ds, edge_params(model, ds))]
+    dropped = [name for name in spec if name not in kept]
     if dropped and ds.one_type:
-        sys.exit(f"the export takes inputs {kept}; gnn-worker feeds exactly {INPUTS}: the model "
-                 "must read both x and edge_index (the exporter drops an input it never reads)")
+        sys.exit(f"the export takes inputs {kept}; gnn-worker feeds exactly {spec}: the model "
+                 "must read each of them (the exporter drops an input it never reads)")
     if dropped:
         progress(f"note: the export dropped {', '.join(dropped)} (they cannot reach the output); "
                  "the worker feeds exactly the inputs the model declares")
@@ -669,6 +758,25 @@ def export(model, *, dataset, out, fanouts, overrides=None, target_type=None, ou
 
 # --- training -----------------------------------------------------------------
 
+def edge_reads(arch, ds):
+    """What a one-type architecture reads of its edges' data: GINEConv
+    and TransformerConv their attributes (the dataset must carry them),
+    GATConv its attributes and GCNConv its weights where the dataset
+    carries them; SAGEConv and GINConv nothing. None, `edge_attr` or
+    `edge_weight`."""
+    attrs, weights = bool(ds.carries("attr")), bool(ds.carries("weight"))
+    if arch in ("gine", "transformer") and not attrs:
+        if arch == "gine":
+            sys.exit("arch gine reads edge attributes and the dataset's edges carry none "
+                     "(docs/graph-index.md, \"Edge data\"): train gin, or import attributes")
+        return None
+    if arch in ("gine", "transformer", "gat") and attrs:
+        return "edge_attr"
+    if arch == "gcn" and weights:
+        return "edge_weight"
+    return None
+
+
 def build_net(arch, ds, hidden, out_dim, layers, *, dropout=0.5, heads=8, row_normalise=True,
               embedding_dim=16, head=False):
     """A PyG GNN over `ds` of `layers` message-passing layers answering for
@@ -681,7 +789,10 @@ def build_net(arch, ds, hidden, out_dim, layers, *, dropout=0.5, heads=8, row_no
     GraphSAGE (sum over edge types) or a stack of `HeteroConv` of SAGEConv;
     a type without features gets an embedding table of `embedding_dim` by
     global id. With `head`, the GNN gives a `hidden` embedding and a linear
-    layer the `out_dim` classes (`encode` returns the embedding)."""
+    layer the `out_dim` classes (`encode` returns the embedding). Where
+    the dataset's edges carry data, GATConv (`edge_dim`) and GINEConv and
+    TransformerConv read their attributes, GCNConv their weights
+    (`edge_reads`)."""
     if ds.one_type and arch not in ONE_TYPE_ARCHS:
         sys.exit(f"arch {arch!r}: a one-type graph trains one of {', '.join(ONE_TYPE_ARCHS)}")
     if not ds.one_type and arch not in TYPED_ARCHS:
@@ -691,16 +802,26 @@ def build_net(arch, ds, hidden, out_dim, layers, *, dropout=0.5, heads=8, row_no
     dims = [hidden] * (layers - 1) + [last_out]
 
     if ds.one_type:
+        reads = edge_reads(arch, ds)
+        edge_dim = (int(ds.edge_data[ONE_EDGE_TYPE]["attr"].shape[1]) if reads == "edge_attr"
+                    else None)
+
         def conv(d_in, d_out, last):
+            h = 1 if last else heads
             if arch == "sage":
                 return pyg_nn.SAGEConv(d_in, d_out)
             if arch == "gcn":
                 return pyg_nn.GCNConv(d_in, d_out)
             if arch == "gat":
-                h = 1 if last else heads
-                return pyg_nn.GATConv(d_in, d_out // h if not last else d_out, heads=h)
+                return pyg_nn.GATConv(d_in, d_out // h if not last else d_out, heads=h,
+                                      edge_dim=edge_dim)
+            if arch == "transformer":
+                return pyg_nn.TransformerConv(d_in, d_out // h if not last else d_out, heads=h,
+                                              edge_dim=edge_dim)
             mlp = torch.nn.Sequential(torch.nn.Linear(d_in, hidden), torch.nn.ReLU(),
                                       torch.nn.Linear(hidden, d_out))
+            if arch == "gine":
+                return pyg_nn.GINEConv(mlp, edge_dim=edge_dim)
             return pyg_nn.GINConv(mlp)
 
         class Net(torch.nn.Module):
@@ -714,21 +835,43 @@ def build_net(arch, ds, hidden, out_dim, layers, *, dropout=0.5, heads=8, row_no
                 self.row_normalise = row_normalise
                 self.dropout = dropout
 
-            def encode(self, x, edge_index):
+            def run(self, x, edge_index, edge_data):
                 if self.row_normalise:
                     x = x / x.sum(dim=-1, keepdim=True).clamp(min=1.0)
                 for i, c in enumerate(self.convs):
                     x = F.dropout(x, p=self.dropout, training=self.training)
-                    x = c(x, edge_index)
+                    x = c(x, edge_index) if edge_data is None else c(x, edge_index, edge_data)
                     if i < len(self.convs) - 1:
                         x = F.elu(x) if arch == "gat" else F.relu(x)
                 return x
 
-            def forward(self, x, edge_index):
-                x = self.encode(x, edge_index)
+            def out(self, x):
                 return self.head(F.relu(x)) if self.head is not None else x
 
-        return Net()
+        # The forward names exactly the edge data the layers read (the
+        # export takes what it names: edge_params).
+        class Plain(Net):
+            def encode(self, x, edge_index):
+                return self.run(x, edge_index, None)
+
+            def forward(self, x, edge_index):
+                return self.out(self.encode(x, edge_index))
+
+        class Attr(Net):
+            def encode(self, x, edge_index, edge_attr):
+                return self.run(x, edge_index, edge_attr)
+
+            def forward(self, x, edge_index, edge_attr):
+                return self.out(self.encode(x, edge_index, edge_attr))
+
+        class Weight(Net):
+            def encode(self, x, edge_index, edge_weight):
+                return self.run(x, edge_index, edge_weight)
+
+            def forward(self, x, edge_index, edge_weight):
+                return self.out(self.encode(x, edge_index, edge_weight))
+
+        return {None: Plain, "edge_attr": Attr, "edge_weight": Weight}[reads]()
 
     metadata = (ds.node_types, ds.edge_types)
     target = ds.target_type
@@ -800,9 +943,15 @@ class Encoder:
                 super().__init__()
                 self.net = net
 
-            def forward(self, *inputs):  # (x, edge_index), or a typed model's dicts
-                return self.net.encode(*inputs)
+            def forward(self, *inputs, **edge_data):  # (x, edge_index), or dicts
+                return self.net.encode(*inputs, **edge_data)
 
+        # Its forward takes the edge data `encode` takes (edge_params).
+        import inspect
+        sig = inspect.signature(net.encode)
+        self_param = inspect.Parameter("self", inspect.Parameter.POSITIONAL_OR_KEYWORD)
+        Wrapped.forward.__signature__ = sig.replace(
+            parameters=[self_param, *sig.parameters.values()])
         return Wrapped().eval()
 
 
@@ -1015,7 +1164,9 @@ def main():
     t = sub.add_parser("train", help="train a PyG GNN, export it, check it, write references")
     common(t)
     t.add_argument("--arch", choices=ONE_TYPE_ARCHS + TYPED_ARCHS,
-                   help="one-type: sage (default), gcn, gat, gin; typed: to_hetero (default), "
+                   help="one-type: sage (default), gcn, gat, gin, gine, transformer (gine, "
+                        "transformer and gat read edge attributes, gcn edge weights, where the "
+                        "dataset carries them); typed: to_hetero (default), "
                         "heteroconv")
     t.add_argument("--layers", type=int, default=2, choices=[1, 2, 3])
     t.add_argument("--hidden", type=int, default=64)

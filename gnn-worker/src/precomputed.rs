@@ -593,7 +593,9 @@ pub fn precompute(job: &PrecomputeJob) -> anyhow::Result<SetMeta> {
                 }
                 Shape::Graph(shape) => {
                     let target_type = shape.ask.target_type as usize;
-                    let tables = response.graph_tables(target_type).context(decoding)?;
+                    let tables = response
+                        .graph_tables_with_edge_data(target_type, shape.ask.edge_data)
+                        .context(decoding)?;
                     let outputs = model.run_subgraph(&tables, &shape.graph, target_type)?;
                     let ids = tables.target_ids().to_vec();
                     (outputs, Vec::new(), ids, tables.target_status().to_vec())

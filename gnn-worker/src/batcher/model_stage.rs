@@ -267,18 +267,21 @@ fn read<'r>(model: &Model, response: &'r Response) -> Result<Read<'r>, PredictEr
     if model.manifest().layout == ModelLayout::Dense {
         return Ok(Read::Dense(response.tables().map_err(decode)?));
     }
-    let target = &model
-        .manifest()
+    let manifest = model.manifest();
+    let model_graph = manifest
         .graph
         .as_ref()
-        .ok_or_else(|| malformed("a graph-layout response under a dense model"))?
-        .target_type;
+        .ok_or_else(|| malformed("a graph-layout response under a dense model"))?;
+    let target = &model_graph.target_type;
     let graph = response.graph();
     let target_type = graph
         .node_type(target)
         .ok_or_else(|| malformed(&format!("no node type {target}")))?;
+    let asked = model_graph.edge_columns(&manifest.inputs);
     Ok(Read::Subgraph {
-        tables: response.graph_tables(target_type).map_err(decode)?,
+        tables: response
+            .graph_tables_with_edge_data(target_type, asked)
+            .map_err(decode)?,
         graph,
         target_type,
     })

@@ -138,6 +138,38 @@ impl Manifest {
                         graph.describe()
                     )));
                 }
+                Some(
+                    role @ (InputRole::EdgeAttr(key)
+                    | InputRole::EdgeWeight(key)
+                    | InputRole::EdgeTime(key)),
+                ) => {
+                    let Some(e) = graph.edge_type(key) else {
+                        return Err(mismatch(format!(
+                            "input {input:?} needs edge type {key}; the sidecar's graph has {}: \
+                             serve the model with the graph it was trained on",
+                            graph.describe()
+                        )));
+                    };
+                    let data = graph.edge_types[e].data;
+                    let lacking = match role {
+                        InputRole::EdgeAttr(_) if data.attr_dim != model.edge_dim(key) => {
+                            Some(format!("{} attributes per edge", model.edge_dim(key)))
+                        }
+                        InputRole::EdgeWeight(_) if !data.weight => {
+                            Some("a weight per edge".into())
+                        }
+                        InputRole::EdgeTime(_) if !data.time => Some("a time per edge".into()),
+                        _ => None,
+                    };
+                    if let Some(lacking) = lacking {
+                        return Err(mismatch(format!(
+                            "input {input:?} takes {lacking} of edge type {key}; the sidecar's \
+                             graph carries {data} there: import the dataset with the edge \
+                             data the model was trained on (docs/graph-index.md, \"Edge \
+                             data\"), or re-export the model"
+                        )));
+                    }
+                }
                 Some(InputRole::Edges(_)) | None => {}
             }
         }
@@ -182,7 +214,7 @@ impl Manifest {
             target_type: target_type as u32,
             hops: hops as u32,
             fanouts: asked,
-            edge_data: Default::default(),
+            edge_data: model.edge_columns(&self.inputs),
         })
     }
 }
@@ -203,9 +235,10 @@ pub(super) fn check_graph_session(
         return Err(if graph.one_type {
             format!(
                 "model.onnx takes inputs {names:?}; a subgraph-layout model takes exactly \
-                 {SUBGRAPH_INPUTS:?}: export model(x, edge_index) with input_names=[\"x\", \
-                 \"edge_index\"] (an input the model never reads is dropped by the exporter: it \
-                 must use edge_index)"
+                 {SUBGRAPH_INPUTS:?} and the edge data its manifest lists ({:?}): export \
+                 model(x, edge_index, ...) with input_names=[\"x\", \"edge_index\", ...] (an \
+                 input the model never reads is dropped by the exporter: it must use each)",
+                manifest.inputs
             )
         } else {
             format!(
@@ -220,7 +253,8 @@ pub(super) fn check_graph_session(
     };
     let dynamic = if graph.one_type {
         "export with dynamic_axes={\"x\": {0: \"n\"}, \"edge_index\": {1: \"e\"}, \
-         <output>: {0: \"n\"}}"
+         <output>: {0: \"n\"}} and {0: \"e\"} for each of edge_attr, edge_weight and \
+         edge_time it takes"
     } else {
         "export with dynamic_axes making every node count and edge count dynamic \
          (pyg_model.py export does)"
@@ -245,6 +279,21 @@ pub(super) fn check_graph_session(
                 "PyG's int64 edge_index",
                 "an int64 (torch.long) edge_index",
             ),
+            InputRole::EdgeAttr(_) => (
+                TensorElementType::Float32,
+                "f32 edge attributes",
+                "a float32 edge_attr",
+            ),
+            InputRole::EdgeWeight(_) => (
+                TensorElementType::Float32,
+                "f32 edge weights",
+                "a float32 edge_weight",
+            ),
+            InputRole::EdgeTime(_) => (
+                TensorElementType::Int64,
+                "int64 edge times",
+                "an int64 (torch.long) edge_time",
+            ),
         };
         if ty != want_ty {
             return Err(format!(
@@ -266,6 +315,16 @@ pub(super) fn check_graph_session(
                 matches!(dims, &[two, -1] if two == 2 || two == -1),
                 "[2, -1]".to_string(),
             ),
+            (InputRole::EdgeAttr(key), dims) => {
+                let dim = i64::from(graph.edge_dim(key));
+                (
+                    matches!(dims, &[-1, d] if d == -1 || d == dim),
+                    format!("[-1, {dim}]"),
+                )
+            }
+            (InputRole::EdgeWeight(_) | InputRole::EdgeTime(_), dims) => {
+                (dims == [-1], "[-1]".to_string())
+            }
         };
         if !fits {
             let hint = match (role, shape.as_slice()) {
@@ -276,6 +335,15 @@ pub(super) fn check_graph_session(
                         "its width {d} is not the segment's feature_dim {} (node type {t}): \
                          train on these features, or re-import the data",
                         graph.feature_dim(t)
+                    )
+                }
+                (InputRole::EdgeAttr(key), &[_, d])
+                    if d != -1 && d != i64::from(graph.edge_dim(key)) =>
+                {
+                    format!(
+                        "its width {d} is not the manifest's edge_dim {} (edge type {key}): \
+                         export the model and its manifest together",
+                        graph.edge_dim(key)
                     )
                 }
                 _ => dynamic.to_string(),

@@ -30,6 +30,12 @@ pub const STUDENT_INPUTS: [&str; 2] = ["features", "target_row"];
 /// takes them.
 pub const SUBGRAPH_INPUTS: [&str; 2] = ["x", "edge_index"];
 
+/// The edge data a one-type subgraph-layout model may take after
+/// [`SUBGRAPH_INPUTS`], as PyG names them: `edge_attr` f32 `[e,
+/// edge_dim]`, `edge_weight` f32 `[e]`, `edge_time` int64 `[e]`, each in
+/// `edge_index`'s column order.
+pub const EDGE_DATA_INPUTS: [&str; 3] = ["edge_attr", "edge_weight", "edge_time"];
+
 /// The opsets a subgraph-layout model may be exported with: what ONNX
 /// Runtime 1.31 runs, from the first with `ScatterElements` reductions.
 pub const SUBGRAPH_OPSETS: std::ops::RangeInclusive<u32> = 16..=23;
@@ -126,6 +132,10 @@ pub struct Manifest {
     /// Width of the embedding (`output` embedding).
     #[serde(default)]
     pub embedding_dim: Option<u32>,
+    /// A one-type subgraph-layout model's edge attribute width, where it
+    /// takes `edge_attr` (absent: 0, none).
+    #[serde(default)]
+    pub edge_dim: u32,
     /// One fanout per hop: two for the dense layout, 1 to 3 for the
     /// subgraph layout (which the worker sends unless `--fanouts` says
     /// otherwise); -1 is every neighbour ([`Manifest::fanouts_at_caps`]).
@@ -192,6 +202,10 @@ pub struct EdgeTypeDecl {
     pub src: String,
     pub relation: String,
     pub dst: String,
+    /// The width of the attributes the model takes as
+    /// `edge_attr__<src>__<relation>__<dst>` (absent: 0, none).
+    #[serde(default)]
+    pub edge_dim: u32,
 }
 
 impl EdgeTypeDecl {
@@ -202,20 +216,40 @@ impl EdgeTypeDecl {
 }
 
 /// A typed model's input names: `x__<type>`, `n_id__<type>`,
-/// `edge_index__<src>__<relation>__<dst>` (docs/model.md).
+/// `edge_index__<src>__<relation>__<dst>`, and the edge type's data
+/// `edge_attr__`, `edge_weight__` and `edge_time__<src>__<relation>__<dst>`
+/// (docs/model.md).
 pub mod graph_inputs {
     pub const X: &str = "x__";
     pub const N_ID: &str = "n_id__";
     pub const EDGE_INDEX: &str = "edge_index__";
+    pub const EDGE_ATTR: &str = "edge_attr__";
+    pub const EDGE_WEIGHT: &str = "edge_weight__";
+    pub const EDGE_TIME: &str = "edge_time__";
 }
 
 /// What a graph-layout model's input reads: a node type's feature rows or
-/// node ids, or an edge type's `edge_index`, by name.
+/// node ids, or an edge type's `edge_index`, attributes, weights or
+/// times, by name.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum InputRole<'a> {
     Features(&'a str),
     NodeIds(&'a str),
     Edges(&'a str),
+    EdgeAttr(&'a str),
+    EdgeWeight(&'a str),
+    EdgeTime(&'a str),
+}
+
+impl InputRole<'_> {
+    /// The edge data column it reads, if it reads one.
+    pub fn edge_columns(&self) -> protocol::request::EdgeColumns {
+        protocol::request::EdgeColumns {
+            attr: matches!(self, InputRole::EdgeAttr(_)),
+            weight: matches!(self, InputRole::EdgeWeight(_)),
+            time: matches!(self, InputRole::EdgeTime(_)),
+        }
+    }
 }
 
 /// The 1x1 graph's edge type key (`node__to__node`).
@@ -223,8 +257,9 @@ pub const ONE_EDGE_TYPE: &str = "node__to__node";
 
 impl GraphManifest {
     /// A one-type graph's model as the 1x1 graph's: node type `node` of
-    /// `feature_dim`, edge type `node__to__node` at `fanouts`.
-    pub fn one_type(feature_dim: u32, fanouts: &[u32]) -> Self {
+    /// `feature_dim`, edge type `node__to__node` at `fanouts` (its
+    /// attributes `edge_dim` wide, where the model takes them).
+    pub fn one_type(feature_dim: u32, edge_dim: u32, fanouts: &[u32]) -> Self {
         Self {
             node_types: vec![NodeTypeDecl {
                 name: super::ONE_TYPE.to_string(),
@@ -234,6 +269,7 @@ impl GraphManifest {
                 src: super::ONE_TYPE.to_string(),
                 relation: super::ONE_RELATION.to_string(),
                 dst: super::ONE_TYPE.to_string(),
+                edge_dim,
             }],
             target_type: super::ONE_TYPE.to_string(),
             fanouts: [(ONE_EDGE_TYPE.to_string(), fanouts.to_vec())].into(),
@@ -246,26 +282,60 @@ impl GraphManifest {
         self.fanouts.values().map(Vec::len).max().unwrap_or(0)
     }
 
-    /// What input `name` reads: a one-type model's `x` and `edge_index`
-    /// are the 1x1 graph's; a typed model's `x__<type>`, `n_id__<type>`
-    /// and `edge_index__<src>__<relation>__<dst>` name theirs. `None`: the
-    /// input is none of these.
+    /// What input `name` reads: a one-type model's `x`, `edge_index`,
+    /// `edge_attr`, `edge_weight` and `edge_time` are the 1x1 graph's; a
+    /// typed model's `x__<type>`, `n_id__<type>` and
+    /// `edge_index__<src>__<relation>__<dst>` (and `edge_attr__`,
+    /// `edge_weight__`, `edge_time__` of an edge type) name theirs.
+    /// `None`: the input is none of these.
     pub fn role<'a>(&self, name: &'a str) -> Option<InputRole<'a>> {
         if self.one_type {
             return match name {
                 "x" => Some(InputRole::Features(super::ONE_TYPE)),
                 "edge_index" => Some(InputRole::Edges(ONE_EDGE_TYPE)),
+                "edge_attr" => Some(InputRole::EdgeAttr(ONE_EDGE_TYPE)),
+                "edge_weight" => Some(InputRole::EdgeWeight(ONE_EDGE_TYPE)),
+                "edge_time" => Some(InputRole::EdgeTime(ONE_EDGE_TYPE)),
                 _ => None,
             };
         }
-        if let Some(t) = name.strip_prefix(graph_inputs::X) {
-            Some(InputRole::Features(t))
-        } else if let Some(t) = name.strip_prefix(graph_inputs::N_ID) {
-            Some(InputRole::NodeIds(t))
-        } else {
-            name.strip_prefix(graph_inputs::EDGE_INDEX)
-                .map(InputRole::Edges)
-        }
+        type Role<'a> = fn(&'a str) -> InputRole<'a>;
+        let roles: [(&str, Role<'a>); 6] = [
+            (graph_inputs::X, InputRole::Features),
+            (graph_inputs::N_ID, InputRole::NodeIds),
+            (graph_inputs::EDGE_INDEX, InputRole::Edges),
+            (graph_inputs::EDGE_ATTR, InputRole::EdgeAttr),
+            (graph_inputs::EDGE_WEIGHT, InputRole::EdgeWeight),
+            (graph_inputs::EDGE_TIME, InputRole::EdgeTime),
+        ];
+        roles
+            .iter()
+            .find_map(|(prefix, role)| name.strip_prefix(prefix).map(role))
+    }
+
+    /// The edge attribute width the model declares for edge type `key`
+    /// (0: none, or no such type).
+    pub fn edge_dim(&self, key: &str) -> u32 {
+        self.edge_types
+            .iter()
+            .find(|e| e.key() == key)
+            .map_or(0, |e| e.edge_dim)
+    }
+
+    /// The edge data columns the model's `inputs` read: what its calls
+    /// ask the sidecar for ([`protocol::request::GraphAsk::edge_data`]).
+    pub fn edge_columns(&self, inputs: &[String]) -> protocol::request::EdgeColumns {
+        inputs
+            .iter()
+            .filter_map(|input| self.role(input))
+            .fold(Default::default(), |all, role| {
+                let one = role.edge_columns();
+                protocol::request::EdgeColumns {
+                    attr: all.attr || one.attr,
+                    weight: all.weight || one.weight,
+                    time: all.time || one.time,
+                }
+            })
     }
 
     /// The feature width the model declares for node type `name` (0: none
@@ -314,13 +384,29 @@ impl GraphManifest {
             let known = match self.role(input) {
                 Some(InputRole::Features(t)) => self.feature_dim(t) > 0,
                 Some(InputRole::NodeIds(t)) => self.node_types.iter().any(|n| n.name == t),
-                Some(InputRole::Edges(k)) => self.edge_types.iter().any(|e| e.key() == k),
+                Some(InputRole::EdgeAttr(k)) => self.edge_dim(k) > 0,
+                Some(InputRole::Edges(k) | InputRole::EdgeWeight(k) | InputRole::EdgeTime(k)) => {
+                    self.edge_types.iter().any(|e| e.key() == k)
+                }
                 None => false,
             };
             if !known {
                 return Err(format!(
                     "input {input:?} is none of x__<type with features>, n_id__<type>, \
-                     edge_index__<src>__<relation>__<dst> of its node_types and edge_types"
+                     edge_index__<src>__<relation>__<dst>, edge_attr__<edge type with \
+                     edge_dim>, edge_weight__<edge type>, edge_time__<edge type> of its \
+                     node_types and edge_types"
+                ));
+            }
+        }
+        for e in &self.edge_types {
+            let key = e.key();
+            let name = format!("{}{key}", graph_inputs::EDGE_ATTR);
+            if e.edge_dim > 0 && !inputs.contains(&name) {
+                return Err(format!(
+                    "edge type {key} declares edge_dim {} but the inputs have no {name:?}: \
+                     export the model and its manifest together (pyg_model.py)",
+                    e.edge_dim
                 ));
             }
         }
@@ -573,6 +659,7 @@ impl Manifest {
                 manifest.check_output().map_err(error)?;
                 manifest.graph = Some(GraphManifest::one_type(
                     manifest.feature_dim,
+                    manifest.edge_dim,
                     &manifest.fanouts,
                 ));
                 return Ok(manifest);
@@ -606,13 +693,30 @@ impl Manifest {
     }
 
     /// What a one-type graph-layout manifest must say: PyG's two inputs,
-    /// and 1 to 3 fanouts of at least 1.
+    /// then any of its edge data inputs once each (`edge_attr` with
+    /// `edge_dim`), and 1 to 3 fanouts of at least 1.
     fn check_one_type_graph(&self) -> Result<(), String> {
-        if self.inputs != SUBGRAPH_INPUTS {
+        let (head, data) = self.inputs.split_at(self.inputs.len().min(2));
+        let mut seen = Vec::new();
+        let data_known = data.iter().all(|input| {
+            let fresh = EDGE_DATA_INPUTS.contains(&input.as_str()) && !seen.contains(&input);
+            seen.push(input);
+            fresh
+        });
+        if head != SUBGRAPH_INPUTS || !data_known {
             return Err(format!(
-                "inputs {:?}: a subgraph-layout model takes {SUBGRAPH_INPUTS:?}; export it with \
-                 input_names=[\"x\", \"edge_index\"] (gnn-worker/model/pyg_model.py export does)",
+                "inputs {:?}: a subgraph-layout model takes {SUBGRAPH_INPUTS:?}, then any of \
+                 {EDGE_DATA_INPUTS:?} once each; export it with input_names=[\"x\", \
+                 \"edge_index\", ...] (gnn-worker/model/pyg_model.py export does)",
                 self.inputs
+            ));
+        }
+        let takes_attr = data.iter().any(|input| input == "edge_attr");
+        if takes_attr != (self.edge_dim > 0) {
+            return Err(format!(
+                "edge_dim {} with inputs {:?}: a model that takes edge_attr declares its width \
+                 as edge_dim (at least 1), and only such a model",
+                self.edge_dim, self.inputs
             ));
         }
         if self.fanouts.is_empty()
@@ -876,6 +980,98 @@ mod tests {
             tensors.typed_edges,
             Some(vec!["city__has__airport".to_string()])
         );
+    }
+
+    /// Edge data inputs: a one-type model's PyG names after `x` and
+    /// `edge_index`, a typed model's per edge type; the columns its calls
+    /// ask for; the manifests that contradict themselves, refused.
+    #[test]
+    fn edge_data_inputs_have_roles_and_ask_for_their_columns() {
+        use protocol::request::EdgeColumns;
+        let dir = student_dir("edge-data");
+        let one_type = |inputs: &str, edge_dim: u32| {
+            std::fs::write(
+                dir.join(Manifest::FILE),
+                format!(
+                    r#"{{"format_version": 1, "layout": "subgraph", "architecture": "pyg",
+                        "feature_dim": 8, "dtype": "f32", "fanouts": [10, 5],
+                        "graph_version": 1, "opset": 18, "inputs": {inputs},
+                        "outputs": ["out"], "num_classes": 2, "edge_dim": {edge_dim}}}"#
+                ),
+            )
+            .unwrap();
+            Manifest::read(&dir)
+        };
+        let gine = one_type(r#"["x", "edge_index", "edge_attr", "edge_time"]"#, 3).unwrap();
+        let graph = gine.graph.as_ref().unwrap();
+        assert_eq!(
+            graph.role("edge_attr"),
+            Some(InputRole::EdgeAttr(ONE_EDGE_TYPE))
+        );
+        assert_eq!(graph.edge_dim(ONE_EDGE_TYPE), 3);
+        assert_eq!(
+            graph.edge_columns(&gine.inputs),
+            EdgeColumns {
+                attr: true,
+                weight: false,
+                time: true
+            }
+        );
+        let refused = |result: Result<Manifest, ModelError>| result.unwrap_err().to_string();
+        assert!(refused(one_type(r#"["x", "edge_index", "edge_attr"]"#, 0))
+            .contains("declares its width as edge_dim"));
+        assert!(refused(one_type(r#"["x", "edge_index"]"#, 3))
+            .contains("declares its width as edge_dim"));
+        assert!(refused(one_type(
+            r#"["x", "edge_index", "edge_weight", "edge_weight"]"#,
+            0
+        ))
+        .contains("then any of [\"edge_attr\", \"edge_weight\", \"edge_time\"] once each"));
+        let typed = |edge_dim: u32, inputs: &str| {
+            std::fs::write(
+                dir.join(Manifest::FILE),
+                format!(
+                    r#"{{"format_version": 1, "layout": "subgraph", "architecture": "to_hetero",
+                        "graph_version": 1, "opset": 18, "outputs": ["out"], "num_classes": 2,
+                        "node_types": [{{"name": "account", "feature_dim": 4}},
+                                       {{"name": "merchant"}}],
+                        "edge_types": [{{"src": "account", "relation": "pays",
+                                         "dst": "merchant", "edge_dim": {edge_dim}}},
+                                       {{"src": "merchant", "relation": "rev_pays",
+                                         "dst": "account"}}],
+                        "target_type": "account",
+                        "fanouts": {{"account__pays__merchant": [5, 5],
+                                     "merchant__rev_pays__account": [5, 5]}},
+                        "inputs": {inputs}}}"#
+                ),
+            )
+            .unwrap();
+            Manifest::read(&dir)
+        };
+        let inputs = r#"["x__account", "n_id__merchant", "edge_index__account__pays__merchant",
+            "edge_index__merchant__rev_pays__account", "edge_attr__account__pays__merchant",
+            "edge_weight__account__pays__merchant"]"#;
+        let hetero = typed(2, inputs).unwrap();
+        let graph = hetero.graph.as_ref().unwrap();
+        assert_eq!(
+            graph.role("edge_weight__account__pays__merchant"),
+            Some(InputRole::EdgeWeight("account__pays__merchant"))
+        );
+        assert_eq!(graph.edge_dim("account__pays__merchant"), 2);
+        assert_eq!(
+            graph.edge_columns(&hetero.inputs),
+            EdgeColumns {
+                attr: true,
+                weight: true,
+                time: false
+            }
+        );
+        assert!(refused(typed(0, inputs)).contains("edge_attr__<edge type with edge_dim>"));
+        let without = r#"["x__account", "n_id__merchant", "edge_index__account__pays__merchant"]"#;
+        assert!(refused(typed(2, without)).contains(
+            "declares edge_dim 2 but the inputs have no \"edge_attr__account__pays__merchant\""
+        ));
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]

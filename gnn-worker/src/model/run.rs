@@ -63,6 +63,13 @@ impl Model {
         edge_index: &[i64],
     ) -> Result<Vec<f32>, ModelError> {
         let run = |e: ort::Error| ModelError::Run(e.to_string());
+        if self.manifest.inputs != SUBGRAPH_INPUTS {
+            return Err(ModelError::Run(format!(
+                "the model takes {:?}, not x and edge_index alone: run it on a response \
+                 (Model::run_subgraph)",
+                self.manifest.inputs
+            )));
+        }
         let dim = self.manifest.feature_dim as usize;
         let (n, e) = (x.len() / dim.max(1), edge_index.len() / 2);
         if e == 0 && n > 0 {
@@ -128,6 +135,16 @@ impl Model {
             InputRole::Edges(key) => {
                 Binding::Edges(graph.edge_type(key).expect("checked at start"))
             }
+            InputRole::EdgeAttr(key) => {
+                let e = graph.edge_type(key).expect("checked at start");
+                Binding::EdgeAttr(e, graph.edge_types[e].data.attr_dim as usize)
+            }
+            InputRole::EdgeWeight(key) => {
+                Binding::EdgeWeight(graph.edge_type(key).expect("checked at start"))
+            }
+            InputRole::EdgeTime(key) => {
+                Binding::EdgeTime(graph.edge_type(key).expect("checked at start"))
+            }
         }
     }
 
@@ -184,6 +201,24 @@ impl Model {
                 Binding::Edges(e) => {
                     let index = padding.edge_index(e, tables);
                     TensorRef::from_array_view(([2, index.len() / 2], index))
+                        .map_err(run)?
+                        .into()
+                }
+                Binding::EdgeAttr(e, dim) => {
+                    let attr = padding.edge_attr(e, dim, tables);
+                    TensorRef::from_array_view(([attr.len() / dim.max(1), dim], attr))
+                        .map_err(run)?
+                        .into()
+                }
+                Binding::EdgeWeight(e) => {
+                    let weight = padding.edge_weight(e, tables);
+                    TensorRef::from_array_view(([weight.len()], weight))
+                        .map_err(run)?
+                        .into()
+                }
+                Binding::EdgeTime(e) => {
+                    let time = padding.edge_time(e, tables);
+                    TensorRef::from_array_view(([time.len()], time))
                         .map_err(run)?
                         .into()
                 }
@@ -419,13 +454,20 @@ enum Binding {
     NodeIds(usize),
     /// An edge type's `edge_index`.
     Edges(usize),
+    /// An edge type's `edge_attr`, of its width.
+    EdgeAttr(usize, usize),
+    /// An edge type's `edge_weight`.
+    EdgeWeight(usize),
+    /// An edge type's `edge_time`.
+    EdgeTime(usize),
 }
 
 /// How [`Model::run_subgraph`] pads a subgraph with an empty input: a
 /// node type the model reads with no rows, or that an edge type the model
 /// reads with no edges ends at, gets one more row (zeros, node id 0) that
 /// no edge of the subgraph reaches; each such edge type gets one edge
-/// between its ends' extra rows. Message passing carries nothing from
+/// between its ends' extra rows, with zero attributes, weight 1 and time
+/// 0 where the model reads them. Message passing carries nothing from
 /// those rows to any other, so every real row's output is the one of the
 /// subgraph as sampled: the padding changes which inputs are empty, not
 /// an answer.
@@ -438,6 +480,8 @@ struct Padding {
     node_ids: Vec<Option<Vec<i64>>>,
     /// Per empty edge type the model reads: the one edge.
     edges: Vec<Option<[i64; 2]>>,
+    /// The padded edge's attributes: zeros, as wide as the widest.
+    attr_zeros: Vec<f32>,
     /// The inputs that were empty, for an error's message.
     padded: Vec<String>,
 }
@@ -456,6 +500,7 @@ impl Padding {
                         padded.push(input.clone());
                     }
                 }
+                Binding::EdgeAttr(..) | Binding::EdgeWeight(_) | Binding::EdgeTime(_) => {}
                 Binding::Edges(e) => {
                     if tables.edge_index(e).is_empty() {
                         empty_edges[e] = true;
@@ -496,11 +541,13 @@ impl Padding {
                 })
             })
             .collect();
+        let widest = graph.edge_types.iter().map(|e| e.data.attr_dim);
         Self {
             dummy,
             features,
             node_ids,
             edges,
+            attr_zeros: vec![0.0; widest.max().unwrap_or(0) as usize],
             padded,
         }
     }
@@ -521,6 +568,27 @@ impl Padding {
         match &self.edges[e] {
             Some(edge) => edge,
             None => tables.edge_index(e),
+        }
+    }
+
+    fn edge_attr<'a>(&'a self, e: usize, dim: usize, tables: &'a GraphTables) -> &'a [f32] {
+        match &self.edges[e] {
+            Some(_) => &self.attr_zeros[..dim],
+            None => tables.edge_attr(e),
+        }
+    }
+
+    fn edge_weight<'a>(&self, e: usize, tables: &'a GraphTables) -> &'a [f32] {
+        match &self.edges[e] {
+            Some(_) => &[1.0],
+            None => tables.edge_weight(e),
+        }
+    }
+
+    fn edge_time<'a>(&self, e: usize, tables: &'a GraphTables) -> &'a [i64] {
+        match &self.edges[e] {
+            Some(_) => &[0],
+            None => tables.edge_time(e),
         }
     }
 }
