@@ -153,7 +153,8 @@ def fanout_list(text, least=1, what="fanouts"):
     return fanouts
 
 
-def sample(ds, target_type, targets, fanouts, rng=None, e_id=None):
+def sample(ds, target_type, targets, fanouts, rng=None, e_id=None, seed_times=None,
+           strategy="uniform"):
     """The one sampler of the model tooling: one batch as
     NeighborLoader(num_neighbors=fanouts, replace=False) builds it from a
     HeteroData for seeds of `target_type`, and as the sidecar writes it
@@ -168,20 +169,38 @@ def sample(ds, target_type, targets, fanouts, rng=None, e_id=None):
     samples nothing. Returns (n_id, edge_index, num_sampled_nodes,
     num_sampled_edges), dicts as PyG names them, edge_index an `Edges`
     holding the sampled edges' data; with `e_id` a dict, it gets each edge
-    type's sampled edges' positions in its rows (PyG's `e_id`)."""
+    type's sampled edges' positions in its rows (PyG's `e_id`).
+
+    With `seed_times` (one per target), temporal sampling as PyG's
+    NeighborLoader with `time_attr` on the edges samples (and as the
+    sidecar does for the request flag SEED_TIME): every target is the root
+    of its own tree (disjoint: a node reached in two trees has a row in
+    each; rows are laid out hop by hop over all trees), and a node of
+    target t's tree draws only among its sources through an edge whose time
+    is at most seed_times[t] (the first ones of its row, which is sorted by
+    time; every source for an edge type without times), at every hop:
+    uniformly (`strategy` "uniform"), or the most recent `fanout` of them
+    ("last"). Then `e_id`, if given, also gets "tree": per node type each
+    row's target (PyG's `batch`)."""
     hops = len(next(iter(fanouts.values())))
     n_id = {t: [] for t in ds.node_types}
     row = {t: {} for t in ds.node_types}
+    temporal = seed_times is not None
+    if temporal and strategy not in ("uniform", "last"):
+        sys.exit(f"temporal strategy {strategy!r}: uniform or last")
+    tree = {t: [] for t in ds.node_types}
 
-    def add(t, v):
-        local = row[t].get(v)
+    def add(t, v, root=0):
+        key = (root, v) if temporal else v
+        local = row[t].get(key)
         if local is None:
-            local = row[t][v] = len(n_id[t])
+            local = row[t][key] = len(n_id[t])
             n_id[t].append(v)
+            tree[t].append(root)
         return local
 
-    for v in targets:
-        add(target_type, int(v))
+    for i, v in enumerate(targets):
+        add(target_type, int(v), i)
     src = {et: [] for et in ds.edge_types}
     dst = {et: [] for et in ds.edge_types}
     pos = {et: [] for et in ds.edge_types}
@@ -196,9 +215,23 @@ def sample(ds, target_type, targets, fanouts, rng=None, e_id=None):
             count = len(src[et])
             indptr, indices = ds.lists[et]
             begin, end = frontier[d]
+            times = ds.edge_data.get(et, {}).get("time") if temporal else None
             for local in range(begin, end) if fanout else ():
-                for p in pick_positions(indptr, n_id[d][local], fanout, rng):
-                    src[et].append(add(s, int(indices[p])))
+                v = n_id[d][local]
+                if times is None:
+                    picked = pick_positions(indptr, v, fanout, rng)
+                else:
+                    lo, hi = indptr[v], indptr[v + 1]
+                    limit = seed_times[tree[d][local]]
+                    valid = lo + int(np.searchsorted(times[lo:hi], limit, side="right"))
+                    if strategy == "last" and fanout >= 0:
+                        picked = np.arange(max(lo, valid - fanout), valid)
+                    elif rng is None or fanout < 0 or valid - lo <= fanout:
+                        picked = np.arange(lo, valid)
+                    else:
+                        picked = lo + rng.choice(valid - lo, fanout, replace=False)
+                for p in picked:
+                    src[et].append(add(s, int(indices[p]), tree[d][local]))
                     dst[et].append(local)
                     pos[et].append(int(p))
             num_edges[et].append(len(src[et]) - count)
@@ -211,6 +244,8 @@ def sample(ds, target_type, targets, fanouts, rng=None, e_id=None):
     pos = {et: np.array(p, dtype=np.int64) for et, p in pos.items()}
     if e_id is not None:
         e_id.update(pos)
+        if temporal:
+            e_id["tree"] = {t: np.array(v, dtype=np.int64) for t, v in tree.items()}
     return n_id, Edges(edge_index, ds.edge_rows(pos)), num_nodes, num_edges
 
 

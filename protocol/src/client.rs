@@ -88,6 +88,9 @@ pub struct CallRequest<'a> {
     /// The trace this request is part of (docs/protocol.md, "Trace
     /// context"); `None`: untraced.
     pub trace: Option<request::TraceContext>,
+    /// With `graph`: temporal sampling at each target's seed time
+    /// (`SEED_TIME`, docs/protocol.md, "Temporal sampling").
+    pub seed_times: Option<&'a request::SeedTimes>,
 }
 
 impl<'a> CallRequest<'a> {
@@ -105,6 +108,7 @@ impl<'a> CallRequest<'a> {
             fresh_at: None,
             accepted: None,
             trace: None,
+            seed_times: None,
         }
     }
 
@@ -225,7 +229,9 @@ fn request_flags(request: &CallRequest<'_>) -> u32 {
     if request.new_node.is_some() {
         flags |= NEW_NODE;
     }
-    flags | request.graph.map_or(0, |g| g.edge_data.flags())
+    flags
+        | request.graph.map_or(0, |g| g.edge_data.flags())
+        | request.seed_times.map_or(0, request::SeedTimes::flags)
 }
 
 /// What [`RingClient::status`] reports.
@@ -694,6 +700,34 @@ impl RingClient {
             }
             (None, None) => {}
         }
+        if let Some(seed) = request.seed_times {
+            let problem = if request.graph.is_none() {
+                Some("seed times go with a graph-layout call (`graph`)".to_string())
+            } else if seed.times.len() != request.targets.len() {
+                Some(format!(
+                    "{} seed times for {} targets: give one per target",
+                    seed.times.len(),
+                    request.targets.len()
+                ))
+            } else if request.new_node.is_some() || request.fresh.is_some() {
+                Some("seed times go with neither a new node nor FRESH_SINCE".to_string())
+            } else {
+                let n_fanouts = request.graph.map_or(0, |g| g.fanouts.len());
+                let end = request::seed_times_offset(request.targets.len() as u32, n_fanouts)
+                    .map(|at| at + 8 * request.targets.len() as u64);
+                (end > Some(geometry.request_bytes) || end.is_none()).then(|| {
+                    format!(
+                        "the seed times of {} targets do not fit the sidecar's {} byte request \
+                         area (a sidecar older than SEED_TIME): upgrade it",
+                        request.targets.len(),
+                        geometry.request_bytes
+                    )
+                })
+            };
+            if let Some(problem) = problem {
+                return Err(CallError::Graph(problem));
+            }
+        }
         if let Some(node) = request.new_node {
             let problem = match request.targets {
                 [id] => {
@@ -771,6 +805,7 @@ impl RingClient {
                     .fresh_at
                     .filter(|_| request.fresh.is_some() && request.graph.is_some()),
                 request.new_node,
+                request.seed_times,
             ),
         );
         // The client rule of DRAINING, again: the sidecar may have begun

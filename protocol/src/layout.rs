@@ -298,12 +298,27 @@ pub mod request_flags {
     pub const EDGE_WEIGHT: u32 = 1 << 7;
     /// Graph layout: the same for each sampled edge's time.
     pub const EDGE_TIME: u32 = 1 << 8;
+    /// Graph layout: temporal sampling. A seed time per target (i64) follows
+    /// the fanouts; each target is sampled as its own tree, and an edge
+    /// whose time is later than its target's seed time is not sampled, at
+    /// every hop (docs/protocol.md, "Temporal sampling").
+    pub const SEED_TIME: u32 = 1 << 9;
+    /// With `SEED_TIME`: each node takes its most recent valid neighbours
+    /// (PyG's `temporal_strategy="last"`) instead of uniform draws.
+    pub const TEMPORAL_LAST: u32 = 1 << 10;
     /// Every defined bit; a sidecar refuses others. Bits 2 and 5
     /// (`NEW_NODE_DIRECTED`, `TYPED`) were retired in layout version 4: a
     /// new node's edges name their direction, and `hops` alone chooses the
     /// layout.
-    pub const KNOWN: u32 =
-        OWN_ROWS_ONLY | NEW_NODE | FRESH_SINCE | HUB_H1 | EDGE_ATTR | EDGE_WEIGHT | EDGE_TIME;
+    pub const KNOWN: u32 = OWN_ROWS_ONLY
+        | NEW_NODE
+        | FRESH_SINCE
+        | HUB_H1
+        | EDGE_ATTR
+        | EDGE_WEIGHT
+        | EDGE_TIME
+        | SEED_TIME
+        | TEMPORAL_LAST;
 }
 
 /// The fixed part of a request, at the start of a slot's data region; the

@@ -25,19 +25,48 @@ pub fn fanouts_offset(n_targets: u32) -> u64 {
     TARGETS_OFFSET as u64 + 8 * u64::from(n_targets)
 }
 
+/// Where a `SEED_TIME` request's seed times start: after the target ids and
+/// `n_fanouts` u32 fanouts, at the next multiple of 8.
+pub fn seed_times_offset(n_targets: u32, n_fanouts: usize) -> Option<u64> {
+    align_up(
+        fanouts_offset(n_targets).checked_add((n_fanouts as u64).checked_mul(4)?)?,
+        8,
+    )
+}
+
 /// Bytes of request area a segment of a graph of `n_edge_types` edge types
 /// needs for `max_targets` targets and, after them, [`MAX_SUBGRAPH_HOPS`]
-/// fanouts per edge type: whole pages (4096 bytes), so that the response
-/// area after it starts on a page and each process can map the areas its
-/// peer writes read-only.
+/// fanouts per edge type and a seed time per target (`SEED_TIME`): whole
+/// pages (4096 bytes), so that the response area after it starts on a page
+/// and each process can map the areas its peer writes read-only.
 pub fn request_bytes_for(max_targets: u32, n_edge_types: usize) -> Option<u64> {
-    let fanouts = (n_edge_types as u64)
-        .checked_mul(MAX_SUBGRAPH_HOPS as u64)?
-        .checked_mul(4)?;
+    let times_at = seed_times_offset(max_targets, n_edge_types.checked_mul(MAX_SUBGRAPH_HOPS)?)?;
     align_up(
-        fanouts_offset(max_targets).checked_add(fanouts)?,
+        times_at.checked_add(u64::from(max_targets).checked_mul(8)?)?,
         SLOT_ALIGN as u64,
     )
+}
+
+/// A temporal graph request's seed times (`SEED_TIME`, docs/protocol.md,
+/// "Temporal sampling"): one per target; an edge later than its target's
+/// seed time is not sampled. `last`: the most recent valid neighbours
+/// (`TEMPORAL_LAST`) instead of uniform draws.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SeedTimes {
+    pub times: Vec<i64>,
+    pub last: bool,
+}
+
+impl SeedTimes {
+    /// Its flag bits.
+    pub fn flags(&self) -> u32 {
+        request_flags::SEED_TIME
+            | if self.last {
+                request_flags::TEMPORAL_LAST
+            } else {
+                0
+            }
+    }
 }
 
 /// Bytes of request area a segment of `graph` needs for `max_targets`
@@ -459,6 +488,7 @@ pub(crate) fn encoded(
     graph: Option<&GraphAsk>,
     fresh_at: Option<&GraphAsk>,
     new_node: Option<&NewNode>,
+    seed_times: Option<&SeedTimes>,
 ) -> Vec<u8> {
     let fanouts: Vec<u32> = [graph, fresh_at]
         .into_iter()
@@ -469,6 +499,12 @@ pub(crate) fn encoded(
     // whole word.
     let mut len =
         fanouts_offset(targets.len() as u32) as usize + (fanouts.len() * 4).next_multiple_of(8);
+    let times_at = seed_times.map(|seed| {
+        let at = seed_times_offset(targets.len() as u32, fanouts.len())
+            .expect("seed times the segment holds") as usize;
+        len = at + seed.times.len() * 8;
+        at
+    });
     let offsets = new_node.map(|node| {
         let (row_at, counts_at, edges_at) =
             new_node_offsets(fanouts.len(), node.features.len() as u32, node.edges.len())
@@ -485,6 +521,11 @@ pub(crate) fn encoded(
     let at = fanouts_offset(targets.len() as u32) as usize;
     for (chunk, fanout) in area[at..].chunks_exact_mut(4).zip(&fanouts) {
         chunk.copy_from_slice(&fanout.to_le_bytes());
+    }
+    if let (Some(seed), Some(at)) = (seed_times, times_at) {
+        for (chunk, time) in area[at..].chunks_exact_mut(8).zip(&seed.times) {
+            chunk.copy_from_slice(&time.to_le_bytes());
+        }
     }
     if let (Some(node), Some((row_at, counts_at, edges_at))) = (new_node, offsets) {
         for (chunk, v) in area[row_at..].chunks_exact_mut(4).zip(&node.features) {
@@ -533,6 +574,8 @@ pub struct Request {
     /// caller's answers were computed at (`fresh_hops`), when not the
     /// request's own.
     pub fresh_at: Option<GraphAsk>,
+    /// `SEED_TIME`: each target's seed time, and the strategy.
+    pub seed_times: Option<SeedTimes>,
 }
 
 /// A request's W3C trace context (docs/protocol.md, "Trace context").
@@ -712,6 +755,11 @@ pub fn occupied_bytes(head: &[u8], on: Decoding<'_>) -> usize {
     };
     let n_fanouts = n_edge_types as u64 * (hops + fresh_hops);
     let mut end = fanouts_offset(targets) + n_fanouts * 4;
+    if header.flags & request_flags::SEED_TIME != 0 {
+        if let Some(times_at) = seed_times_offset(targets, n_fanouts as usize) {
+            end = end.max(times_at + 8 * u64::from(targets));
+        }
+    }
     if header.flags & request_flags::NEW_NODE != 0 && header.n_targets == 1 {
         let dim = on
             .graph
@@ -874,6 +922,7 @@ pub fn decode(area: &[u8], on: Decoding<'_>) -> Result<Request, RequestError> {
         )?),
     };
     let n_fanouts = n_fanouts + fresh_at.as_ref().map_or(0, |a| a.fanouts.len());
+    let seed_times = decode_seed_times(area, &header, ask.as_ref(), n_fanouts, graph)?;
     let new_node = if new_node {
         let node = decode_new_node(area, &header, ask.as_ref(), n_fanouts, graph)?;
         if let Some(problem) = new_node_problem(targets[0], &node, ask.as_ref(), geometry, graph) {
@@ -896,7 +945,76 @@ pub fn decode(area: &[u8], on: Decoding<'_>) -> Result<Request, RequestError> {
         trace: TraceContext::of(&header),
         graph: ask,
         fresh_at,
+        seed_times,
     })
+}
+
+/// A `SEED_TIME` request's seed times (after the `n_fanouts` fanouts) and
+/// strategy, checked: the graph layout, neither `NEW_NODE` nor
+/// `FRESH_SINCE`, an edge type with times among those it samples;
+/// `TEMPORAL_LAST` only with `SEED_TIME`.
+fn decode_seed_times(
+    area: &[u8],
+    header: &RequestHeader,
+    ask: Option<&GraphAsk>,
+    n_fanouts: usize,
+    graph: &GraphSchema,
+) -> Result<Option<SeedTimes>, RequestError> {
+    let refuse = |why: &str| Err(RequestError::Graph(why.to_string()));
+    let flags = header.flags;
+    if flags & request_flags::SEED_TIME == 0 {
+        if flags & request_flags::TEMPORAL_LAST != 0 {
+            return refuse(
+                "request flag TEMPORAL_LAST (0x400) chooses how temporal sampling draws: set it \
+                 with SEED_TIME (0x200) and the targets' seed times",
+            );
+        }
+        return Ok(None);
+    }
+    let Some(ask) = ask else {
+        return refuse(
+            "request flag SEED_TIME (0x200) asks for temporal sampling, which the graph layout \
+             alone does: send hops 1 to 3 with a fanout per edge type and hop",
+        );
+    };
+    if flags & request_flags::NEW_NODE != 0 {
+        return refuse(
+            "request flags SEED_TIME (0x200) and NEW_NODE (0x2) together: a new node's edges \
+             carry no time; add the node through an update, then ask by its id",
+        );
+    }
+    if flags & request_flags::FRESH_SINCE != 0 {
+        return refuse(
+            "request flags SEED_TIME (0x200) and FRESH_SINCE (0x8) together: stored answers \
+             are not vouched for at a seed time; send them apart",
+        );
+    }
+    let timed = (0..graph.edge_types.len()).any(|e| {
+        graph.edge_types[e].data.time && (0..ask.hops as usize).any(|h| ask.fanout(e, h) > 0)
+    });
+    if !timed {
+        return Err(RequestError::Graph(format!(
+            "request flag SEED_TIME (0x200): no edge type the request samples carries a time \
+             ({}): sample an edge type with times, or leave the flag unset",
+            graph.describe()
+        )));
+    }
+    let n = header.n_targets as usize;
+    let times = seed_times_offset(header.n_targets, n_fanouts)
+        .and_then(|at| area.get(at as usize..at as usize + 8 * n));
+    let Some(times) = times else {
+        return Err(RequestError::Graph(format!(
+            "the seed times of {n} targets do not fit the {} byte request area",
+            area.len()
+        )));
+    };
+    Ok(Some(SeedTimes {
+        times: times
+            .chunks_exact(8)
+            .map(|c| i64::from_le_bytes(c.try_into().expect("chunks of 8")))
+            .collect(),
+        last: flags & request_flags::TEMPORAL_LAST != 0,
+    }))
 }
 
 /// The dense layout's fanouts, each asked or (0) the segment's default,
@@ -1124,6 +1242,7 @@ mod tests {
             trace: None,
             graph: None,
             fresh_at: None,
+            seed_times: None,
         };
         assert_eq!(request.remaining_at(5_000), None, "no deadline");
         request.deadline_mono_ns = 8_000;

@@ -260,9 +260,15 @@ fn the_own_rows_flag_is_read_and_other_bits_are_refused() {
     let own = with_flags(protocol::layout::request_flags::OWN_ROWS_ONLY).unwrap();
     assert!(own.own_rows_only);
     assert_eq!((own.request_id, own.targets.as_slice()), (7, &[42u64][..]));
-    let err = with_flags(1 << 9).unwrap_err();
-    assert_eq!(err, request::RequestError::UnknownFlags { flags: 1 << 9 });
-    assert!(err.to_string().contains("0x200"), "{err}");
+    let err = with_flags(1 << 11).unwrap_err();
+    assert_eq!(err, request::RequestError::UnknownFlags { flags: 1 << 11 });
+    assert!(err.to_string().contains("0x800"), "{err}");
+    // Temporal sampling (0x200, 0x400) is the graph layout's, and 'last'
+    // goes with seed times.
+    let err = with_flags(0x200).unwrap_err().to_string();
+    assert!(err.contains("which the graph layout alone does"), "{err}");
+    let err = with_flags(0x400).unwrap_err().to_string();
+    assert!(err.contains("set it with SEED_TIME (0x200)"), "{err}");
     // The edge data flags (0x40, 0x80, 0x100) are the graph layout's.
     for flags in [0x40, 0x80, 0x100, 0x1c0] {
         let err = with_flags(flags).unwrap_err();

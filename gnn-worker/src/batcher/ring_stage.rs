@@ -538,6 +538,7 @@ pub(super) fn ring_call_split(
         graph: call.graph,
         fresh_at: call.fresh_at,
         accepted: call.accepted,
+        seed_times: None,
     };
     metrics.ring_requests.inc();
     let calling = Instant::now();

@@ -804,19 +804,21 @@ fn handle(
                 edges: vec![NamedEdges::new(edge_type, edges)],
             },
         )?,
+        // Edges with data name their edge type on every graph: a one-type
+        // graph's is the 1x1 graph's `node__to__node`.
         AdminRequest::AddEdgesWithData {
             edge_type,
             edges,
             data,
-        } => change_naming_types(
+        } => change(
             daemon,
             runtime,
-            GraphOp::AddEdges {
+            vec![GraphOp::AddEdges {
                 edges: vec![NamedEdges {
                     data: Some(data),
                     ..NamedEdges::new(edge_type, edges)
                 }],
-            },
+            }],
         )?,
         AdminRequest::TypedInvalidate { node_type, ids } => {
             let n = ids.len() as u64;

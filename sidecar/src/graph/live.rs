@@ -1019,6 +1019,19 @@ impl GraphSource for GraphSnapshot {
         }
         u64::from(kth_of_union(base, added, i as usize))
     }
+
+    /// The index's row and the added edges are each sorted by time, and
+    /// the row's order merges them by time: those at most `limit` are the
+    /// first of both.
+    fn valid_degree(&self, edge_type: usize, node: u64, degree: u32, limit: i64) -> u32 {
+        let csr = self.base.csr(edge_type);
+        if !csr.edge_data().time {
+            return degree;
+        }
+        let node = node as u32;
+        let valid = |times: &[i64]| times.partition_point(|&t| t <= limit) as u32;
+        valid(csr.edge_row(node).times) + valid(self.added_times(edge_type, node))
+    }
 }
 
 /// A one-type graph's view: node type 0, edge type 0 (the 1x1 graph's).

@@ -153,6 +153,22 @@ pub trait GraphSource {
     fn degree(&self, edge_type: usize, node: u64) -> Option<u32>;
     /// Its `i`-th source (`i < degree`).
     fn neighbor(&self, edge_type: usize, node: u64, i: u32) -> u64;
+    /// How many of `node`'s `degree` sources come through an edge whose
+    /// time is at most `limit`: the first ones, as a row with times is
+    /// sorted by time; `degree` where the edge type has no times.
+    fn valid_degree(&self, _edge_type: usize, _node: u64, degree: u32, _limit: i64) -> u32 {
+        degree
+    }
+}
+
+/// Temporal sampling (the request flag `SEED_TIME`, docs/protocol.md,
+/// "Temporal sampling"): each target's seed time, and whether a node takes
+/// its most recent valid sources (`last`, PyG's `temporal_strategy="last"`)
+/// or draws among them uniformly.
+#[derive(Debug, Clone, Copy)]
+pub struct Temporal<'a> {
+    pub seed_times: &'a [i64],
+    pub last: bool,
 }
 
 /// A one-type graph as a typed one: one node type, one edge type whose
@@ -234,6 +250,10 @@ pub struct GraphSampled {
     /// Per edge type: each edge's place among its destination's sources
     /// (the `i` of [`GraphSource::neighbor`]), where its data lies.
     pub edge_pos: Vec<Vec<u32>>,
+    /// A temporal sample's: per node type, the target (its index in the
+    /// request) whose tree each row belongs to (PyG's `batch`); empty
+    /// otherwise.
+    pub tree: Vec<Vec<u32>>,
     /// Per node type: the nodes first reached at each hop (hop 0: the
     /// unique targets), hops + 1 counts (PyG's `num_sampled_nodes_dict`).
     pub sampled_nodes: Vec<Vec<i64>>,
@@ -335,6 +355,41 @@ impl Sampler {
         limits: SubgraphLimits,
         fresh: &[bool],
     ) -> Result<GraphSampled, SubgraphTooLarge> {
+        self.sample_graph_at(
+            graph,
+            target_type,
+            targets,
+            fanouts,
+            seed,
+            limits,
+            fresh,
+            None,
+        )
+    }
+
+    /// [`Sampler::sample_graph`], temporal with `temporal` (PyG's
+    /// `NeighborLoader` with `time_attr` on the edges, which samples
+    /// disjoint trees): each target is the root of its own tree, a node
+    /// reached in two trees has a row in each (`tree` says whose), and a
+    /// node of target `t`'s tree draws only among its sources through an
+    /// edge whose time is at most `seed_times[t]` (the first ones of its
+    /// row, sorted by time; every source for an edge type without times),
+    /// at every hop: uniformly, or with `last` the most recent `fanout` of
+    /// them, in the row's order. The trees are laid out hop by hop, as
+    /// the batch of PyG's disjoint sampling is: the targets first, one row
+    /// each, then each hop's new rows of every tree in frontier order.
+    #[allow(clippy::too_many_arguments)]
+    pub fn sample_graph_at(
+        &mut self,
+        graph: &impl GraphSource,
+        target_type: usize,
+        targets: &[u64],
+        fanouts: &GraphFanouts,
+        seed: u64,
+        limits: SubgraphLimits,
+        fresh: &[bool],
+        temporal: Option<Temporal<'_>>,
+    ) -> Result<GraphSampled, SubgraphTooLarge> {
         let ends = graph.edge_types();
         let n_types = graph.n_node_types();
         assert_eq!(
@@ -349,6 +404,7 @@ impl Sampler {
             edge_src: vec![Vec::new(); ends.len()],
             edge_dst: vec![Vec::new(); ends.len()],
             edge_pos: vec![Vec::new(); ends.len()],
+            tree: vec![Vec::new(); if temporal.is_some() { n_types } else { 0 }],
             sampled_nodes: vec![Vec::with_capacity(fanouts.hops() + 1); n_types],
             sampled_edges: vec![Vec::with_capacity(fanouts.hops()); ends.len()],
             work: 0,
@@ -365,11 +421,18 @@ impl Sampler {
                 out.status.push(target_status::FRESH);
                 continue;
             }
-            out.target_row.push(row_in(
+            // A temporal sample's rows are per tree: keyed by the tree too.
+            let key = tree_key(temporal.is_some(), t as u32, target);
+            let before = out.nodes[target_type].len();
+            out.target_row.push(row_in_keyed(
                 &mut rows[target_type],
                 &mut out.nodes[target_type],
+                key,
                 target,
             ));
+            if temporal.is_some() && out.nodes[target_type].len() > before {
+                out.tree[target_type].push(t as u32);
+            }
             out.status.push(if graph.is_node(target_type, target) {
                 target_status::OK
             } else {
@@ -401,13 +464,37 @@ impl Sampler {
                     let Some(degree) = graph.degree(e, node) else {
                         continue;
                     };
-                    let mut rng = SmallRng::seed_from_u64(target_seed(salted, node));
-                    out.work += pick(&mut rng, degree, fanout, &mut self.picked);
+                    let tree = temporal.map(|_| out.tree[dst][local]);
+                    match (temporal, tree) {
+                        (Some(temporal), Some(tree)) => {
+                            let limit = temporal.seed_times[tree as usize];
+                            let valid = graph.valid_degree(e, node, degree, limit);
+                            out.work += u64::from(32 - degree.leading_zeros());
+                            if temporal.last {
+                                self.picked.clear();
+                                self.picked.extend(valid.saturating_sub(fanout)..valid);
+                                out.work += u64::from(valid.min(fanout));
+                            } else {
+                                let mut rng = SmallRng::seed_from_u64(target_seed(salted, node));
+                                out.work += pick(&mut rng, valid, fanout, &mut self.picked);
+                            }
+                        }
+                        _ => {
+                            let mut rng = SmallRng::seed_from_u64(target_seed(salted, node));
+                            out.work += pick(&mut rng, degree, fanout, &mut self.picked);
+                        }
+                    }
                     let (rows, nodes) = (&mut rows[src], &mut out.nodes[src]);
                     let (sources, destinations) = (&mut out.edge_src[e], &mut out.edge_dst[e]);
                     let added_before = nodes.len();
                     for &i in &self.picked {
-                        let row = row_in(rows, nodes, graph.neighbor(e, node, i));
+                        let neighbour = graph.neighbor(e, node, i);
+                        let key = tree_key(tree.is_some(), tree.unwrap_or(0), neighbour);
+                        let before = nodes.len();
+                        let row = row_in_keyed(rows, nodes, key, neighbour);
+                        if let (Some(tree), true) = (tree, nodes.len() > before) {
+                            out.tree[src].push(tree);
+                        }
                         sources.push(i64::from(row));
                         destinations.push(local as i64);
                     }
@@ -518,8 +605,21 @@ impl Sampler {
 }
 
 /// The row of `node` in `nodes`, appending it the first time.
-fn row_in(rows: &mut FxHashMap<u64, i32>, nodes: &mut Vec<u64>, node: u64) -> i32 {
-    *rows.entry(node).or_insert_with(|| {
+/// A row's key in a sample's row map: the node id, and in a temporal
+/// sample (disjoint trees) its tree too. Ids are below 2^32 (the index's
+/// u32 ids; a request's new node is not sampled temporally).
+fn tree_key(temporal: bool, tree: u32, node: u64) -> u64 {
+    if temporal {
+        u64::from(tree) << 32 | (node & 0xffff_ffff)
+    } else {
+        node
+    }
+}
+
+/// The row of `key` (a [`tree_key`]), appending `node` to `nodes` when it
+/// is new.
+fn row_in_keyed(rows: &mut FxHashMap<u64, i32>, nodes: &mut Vec<u64>, key: u64, node: u64) -> i32 {
+    *rows.entry(key).or_insert_with(|| {
         nodes.push(node);
         (nodes.len() - 1) as i32
     })

@@ -714,4 +714,14 @@ impl GraphSource for TypedGraph {
     fn neighbor(&self, edge_type: usize, node: u64, i: u32) -> u64 {
         u64::from(self.indexes[edge_type].neighbors(node as u32)[i as usize])
     }
+
+    /// A row with times is sorted by time: a binary search.
+    fn valid_degree(&self, edge_type: usize, node: u64, degree: u32, limit: i64) -> u32 {
+        let index = &self.indexes[edge_type];
+        if !index.edge_data().time {
+            return degree;
+        }
+        let times = index.edge_row(node as u32).times;
+        times.partition_point(|&t| t <= limit) as u32
+    }
 }

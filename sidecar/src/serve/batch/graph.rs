@@ -274,7 +274,14 @@ impl BatchServer {
             }
             _ => Vec::new(),
         };
-        let sampled = match self.sampler.sample_graph(
+        let temporal = request
+            .seed_times
+            .as_ref()
+            .map(|seed| crate::graph::sampler::Temporal {
+                seed_times: &seed.times,
+                last: seed.last,
+            });
+        let sampled = match self.sampler.sample_graph_at(
             graph,
             target_type,
             &request.targets,
@@ -282,6 +289,7 @@ impl BatchServer {
             SAMPLING_SEED,
             subgraph_limits(ctx),
             &unchanged,
+            temporal,
         ) {
             Ok(sampled) => sampled,
             Err(outgrew) => {
