@@ -204,6 +204,31 @@ async fn cold_rows_come_from_redis_in_one_round_trip_then_warm() {
     assert!(sources.iter().all(|s| s.tier == tier::L1), "warm: L1");
 }
 
+/// A fetch whose ids repeat (a temporal sample has a row per tree): each
+/// missed row is fetched once, in one round trip, and every position gets
+/// it (a repeated miss used to find its own flight not yet open and
+/// panic the serving thread).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn repeated_ids_in_one_fetch_are_fetched_once_and_copied() {
+    let redis = RedisServer::start();
+    let data = tempfile::tempdir().unwrap();
+    let l3 = cora_in_redis(&redis, data.path()).await;
+    let tiers = FeatureTiers::new(&TierConfig::new(DIM), None, Some(l3));
+    let ids = [7u64, 9, 7, 11, 9, 7];
+    let (features, sources) = fetch(&tiers, &ids, Duration::from_secs(2)).await;
+    for (pos, &id) in ids.iter().enumerate() {
+        assert_eq!(
+            &features[pos * DIM..(pos + 1) * DIM],
+            &cora_row(id)[..],
+            "{pos}"
+        );
+        assert_eq!(sources[pos].tier, tier::L3, "{pos}");
+        assert!(!sources[pos].fallback);
+    }
+    let round_trips = &tiers.stats().l3_round_trips;
+    assert_eq!(round_trips.load(std::sync::atomic::Ordering::Relaxed), 1);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_restarted_sidecar_serves_warm_from_l2_without_redis() {
     let redis = RedisServer::start();

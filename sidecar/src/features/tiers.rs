@@ -260,6 +260,10 @@ struct Booking {
     owned_ids: Vec<u64>,
     joined: Vec<(usize, u64, u32)>,
     joined_flights: Vec<(u64, FlightRx)>,
+    /// A row this request misses twice (its ids repeat, as a temporal
+    /// sample's rows do): (its later position, its first), copied once the
+    /// first has landed.
+    repeats: Vec<(usize, usize)>,
     /// This request's own flight, opened.
     mine: Option<(u64, watch::Sender<Option<Arc<FlightRows>>>)>,
 }
@@ -589,8 +593,9 @@ impl FeatureTiers {
         }
     }
 
-    /// Fetches the rows of `ids` (unique) into `features` (`ids.len() x dim`,
-    /// row-major) and reports each row's source. Waits at most until
+    /// Fetches the rows of `ids` into `features` (`ids.len() x dim`,
+    /// row-major) and reports each row's source; an id repeated in `ids`
+    /// is fetched once and copied. Waits at most until
     /// `deadline` (default: now + the configured deadline).
     pub async fn fetch_into(
         &self,
@@ -692,6 +697,11 @@ impl FeatureTiers {
             self.await_joined(no, rx, &booking.joined, deadline, features, sources)
                 .await;
         }
+        let dim = self.inner.dim;
+        for &(pos, first) in &booking.repeats {
+            features.copy_within(first * dim..(first + 1) * dim, pos * dim);
+            sources[pos] = sources[first];
+        }
     }
 
     /// Under the flights' lock: the rows of `missing` another request is
@@ -703,6 +713,7 @@ impl FeatureTiers {
             owned_ids: Vec::with_capacity(missing.len()),
             joined: Vec::new(),
             joined_flights: Vec::new(),
+            repeats: Vec::new(),
             mine: None,
         };
         let mut flights = self
@@ -716,7 +727,12 @@ impl FeatureTiers {
             match flights.by_row.entry(ids[pos]) {
                 Entry::Occupied(entry) => {
                     let (no, idx) = *entry.get();
-                    booking.joined.push((pos, no, idx));
+                    if no == flight_no {
+                        // Repeated in this request: its own flight has it.
+                        booking.repeats.push((pos, booking.owned_pos[idx as usize]));
+                    } else {
+                        booking.joined.push((pos, no, idx));
+                    }
                 }
                 Entry::Vacant(entry) => {
                     entry.insert((flight_no, booking.owned_ids.len() as u32));
