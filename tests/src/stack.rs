@@ -980,6 +980,26 @@ print(json.dumps({{
     serde_json::from_str(&stdout).expect("common.sample prints JSON")
 }
 
+/// Starts `gnn-worker serve` with `model` (and `extra` arguments) beside
+/// the sidecar of ring `shm_name`; it must exit non-zero (a model refused
+/// at start). Returns its stderr.
+pub fn worker_refusal(shm_name: &str, model: &Path, extra: &[&str]) -> String {
+    let port = || format!("127.0.0.1:{}", free_port());
+    let output = Command::new(workspace_bin("gnn-worker"))
+        .arg("serve")
+        .arg("--model")
+        .arg(model)
+        .args(["--shm-name", shm_name, "--grpc", &port(), "--http", &port()])
+        .args(["--attach-timeout-s", "10"])
+        .arg("--onnxruntime-lib")
+        .arg(onnxruntime_lib())
+        .args(extra)
+        .output()
+        .expect("running gnn-worker serve");
+    assert!(!output.status.success(), "{} was served", model.display());
+    String::from_utf8_lossy(&output.stderr).into_owned()
+}
+
 /// Reads an edge file: little-endian u32 `(src, dst)` pairs.
 pub fn read_u32_pairs(path: &Path) -> Vec<(u32, u32)> {
     let ids = read_le4(path, u32::from_le_bytes);

@@ -16,8 +16,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use tests::stack::{
-    dataset, onnxruntime_lib, process_dir, python, read_f32, repo_root, run_ok, shipped_cora,
-    workspace_bin, Stack, StackOptions,
+    dataset, process_dir, python, read_f32, repo_root, run_ok, shipped_cora, Stack, StackOptions,
 };
 use tests::typed::{TypedSidecar, Worker};
 
@@ -212,26 +211,7 @@ fn the_tooling_trains_models_that_read_edge_data() {
 /// Starts a worker with `model` beside `stack`'s sidecar; it must exit
 /// non-zero. Returns its stderr.
 fn worker_refusal(stack: &Stack, model: &Path) -> String {
-    let port = || format!("127.0.0.1:{}", tests::stack::free_port());
-    let output = Command::new(workspace_bin("gnn-worker"))
-        .arg("serve")
-        .arg("--model")
-        .arg(model)
-        .args([
-            "--shm-name",
-            &stack.shm_name,
-            "--grpc",
-            &port(),
-            "--http",
-            &port(),
-        ])
-        .args(["--attach-timeout-s", "10"])
-        .arg("--onnxruntime-lib")
-        .arg(onnxruntime_lib())
-        .output()
-        .expect("running gnn-worker");
-    assert!(!output.status.success(), "{} was served", model.display());
-    String::from_utf8_lossy(&output.stderr).into_owned()
+    tests::stack::worker_refusal(&stack.shm_name, model, &[])
 }
 
 /// A model that reads edge data beside a sidecar whose graph lacks it is

@@ -899,26 +899,7 @@ fn a_model_that_does_not_fit_is_refused_by_name() {
 /// Starts a second worker on `stack`'s sidecar with `model`; it must exit
 /// non-zero. Returns its stderr.
 fn worker_refusal(stack: &Stack, model: &Path) -> String {
-    let port = || format!("127.0.0.1:{}", tests::stack::free_port());
-    let output = Command::new(workspace_bin("gnn-worker"))
-        .arg("serve")
-        .arg("--model")
-        .arg(model)
-        .args([
-            "--shm-name",
-            &stack.shm_name,
-            "--grpc",
-            &port(),
-            "--http",
-            &port(),
-        ])
-        .args(["--attach-timeout-s", "10"])
-        .arg("--onnxruntime-lib")
-        .arg(onnxruntime_lib())
-        .output()
-        .expect("running gnn-worker");
-    assert!(!output.status.success(), "{} was served", model.display());
-    String::from_utf8_lossy(&output.stderr).into_owned()
+    tests::stack::worker_refusal(&stack.shm_name, model, &[])
 }
 
 /// Precomputed answers for a PyG model (docs/strategies.md, "Precomputed

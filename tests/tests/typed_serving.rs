@@ -616,19 +616,7 @@ fn a_pyg_to_hetero_model_is_served_with_pyg_s_answers() {
 /// A worker of `model` (with `args`) beside `sidecar` that exits at
 /// start: its stderr.
 fn refused_worker(sidecar: &TypedSidecar, model: &std::path::Path, args: &[&str]) -> String {
-    let output = Command::new(workspace_bin("gnn-worker"))
-        .arg("serve")
-        .arg("--model")
-        .arg(model)
-        .args(["--shm-name", &sidecar.shm_name])
-        .args(["--grpc", "127.0.0.1:0", "--http", "127.0.0.1:0"])
-        .arg("--onnxruntime-lib")
-        .arg(tests::stack::onnxruntime_lib())
-        .args(args)
-        .output()
-        .expect("running gnn-worker serve");
-    assert!(!output.status.success(), "the worker started");
-    String::from_utf8_lossy(&output.stderr).into_owned()
+    tests::stack::worker_refusal(&sidecar.shm_name, model, args)
 }
 
 #[test]

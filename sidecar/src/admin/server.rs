@@ -753,19 +753,11 @@ fn handle(
             id,
             features,
             edges,
-        } => change_naming_types(
-            daemon,
-            runtime,
-            GraphOp::AddNode {
-                node_type,
-                id,
-                row: (!features.is_empty()).then(|| encode_row(&features)),
-                edges: edges
-                    .into_iter()
-                    .map(|(name, pairs)| NamedEdges::new(name, pairs))
-                    .collect(),
-            },
-        )?,
+        } => {
+            let data = vec![None; edges.len()];
+            let op = typed_add_node(node_type, id, &features, edges, data);
+            change_naming_types(daemon, runtime, op)?
+        }
         AdminRequest::TypedAddNodeWithData {
             node_type,
             id,
@@ -779,23 +771,8 @@ fn handle(
                 edges.len(),
                 data.len()
             );
-            change_naming_types(
-                daemon,
-                runtime,
-                GraphOp::AddNode {
-                    node_type,
-                    id,
-                    row: (!features.is_empty()).then(|| encode_row(&features)),
-                    edges: edges
-                        .into_iter()
-                        .zip(data)
-                        .map(|((name, pairs), data)| NamedEdges {
-                            data,
-                            ..NamedEdges::new(name, pairs)
-                        })
-                        .collect(),
-                },
-            )?
+            let op = typed_add_node(node_type, id, &features, edges, data);
+            change_naming_types(daemon, runtime, op)?
         }
         AdminRequest::TypedAddEdges { edge_type, edges } => change_naming_types(
             daemon,
@@ -980,6 +957,31 @@ fn store_rows(
             .block_on(redis.set_many(rows))
             .context("writing the new rows to Redis"),
         _ => bail!("no feature store to write the new rows to"),
+    }
+}
+
+/// The operation adding a typed graph's node: its row (none for a type
+/// without features) and its edges per edge type, each list with its data
+/// (`None`: none given).
+fn typed_add_node(
+    node_type: String,
+    id: u64,
+    features: &[f32],
+    edges: Vec<(String, Vec<(u64, u64)>)>,
+    data: Vec<Option<String>>,
+) -> GraphOp {
+    GraphOp::AddNode {
+        node_type,
+        id,
+        row: (!features.is_empty()).then(|| encode_row(features)),
+        edges: edges
+            .into_iter()
+            .zip(data)
+            .map(|((name, pairs), data)| NamedEdges {
+                data,
+                ..NamedEdges::new(name, pairs)
+            })
+            .collect(),
     }
 }
 
