@@ -142,6 +142,10 @@ fn a_typed_node_added_through_the_admin_socket_is_answered_in_the_next_call() {
         &row,
         "--typed-edges",
         "route=3482,7698",
+        // Route edges carry 4 attributes (routes, codeshare, stops,
+        // equipment).
+        "--edge-data",
+        "route=1,0,0,2",
         "--typed-edges",
         "airline__serves__airport=0,7698,5,7698",
     ]);
@@ -178,7 +182,7 @@ fn a_typed_node_added_through_the_admin_socket_is_answered_in_the_next_call() {
     let compacted = sidecar.sidecarctl_json(&["graph", "compact"]);
     assert_eq!(compacted["n_edges"], after["n_edges"], "{compacted}");
     assert_eq!(sidecar.sidecarctl_json(&["graph", "checksum"]), after);
-    let added = add_edges("route", "7698 5\n");
+    let added = add_edges("route", "7698 5 1 0 0 2\n");
     assert_eq!(added["edges_added"], 1, "{added}");
     let served = sidecar.sidecarctl_json(&["graph", "checksum"]);
     drop(client);
@@ -242,6 +246,7 @@ fn typed_replicas_following_the_stream_converge_and_skip_what_they_cannot_apply(
         &ops,
         format!(
             "add-node airport {NEW_AIRPORT} row={} edges:route=3482,{NEW_AIRPORT} \
+             data:route=1,0,0,2 \
              edges:serves=0,{NEW_AIRPORT},5,{NEW_AIRPORT}\n\
              add-edges edges:airport__rev_serves__airline={NEW_AIRPORT},0\n\
              set-features airline 5 row=0.5,0.25,2\n\
@@ -264,7 +269,11 @@ fn typed_replicas_following_the_stream_converge_and_skip_what_they_cannot_apply(
     ] {
         assert!(!redis.command(malformed).starts_with('-'), "{malformed}");
     }
-    let out = typed::publish(&url, &data_a, &["add-edges", "edges:route=7698,5"]);
+    let out = typed::publish(
+        &url,
+        &data_a,
+        &["add-edges", "edges:route=7698,5", "data:route=1,1,0,3"],
+    );
     assert!(
         out.status.success(),
         "{}",
