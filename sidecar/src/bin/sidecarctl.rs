@@ -309,7 +309,7 @@ fn parse_edges(path: &PathBuf) -> anyhow::Result<FileEdges> {
 /// Each `--edge-data EDGE_TYPE=V,V,...` placed beside the `--typed-edges`
 /// entry of the same EDGE_TYPE (`None` where none is given); one naming
 /// an edge type no `--typed-edges` names, or named twice, is refused.
-fn typed_edge_data(
+fn edge_data_beside_lists(
     edges: &[(String, Vec<(u64, u64)>)],
     specs: &[String],
 ) -> anyhow::Result<Vec<Option<String>>> {
@@ -419,7 +419,7 @@ fn request_of(command: Command) -> anyhow::Result<AdminRequest> {
                         edges,
                     }
                 } else {
-                    let data = typed_edge_data(&edges, &edge_data)?;
+                    let data = edge_data_beside_lists(&edges, &edge_data)?;
                     AdminRequest::TypedAddNodeWithData {
                         node_type,
                         id,
