@@ -33,12 +33,14 @@ fn cora_with_times(tag: &str) -> PathBuf {
     out
 }
 
-/// A sidecar of `dataset` whose caps cover cora (largest degree 168).
+/// A sidecar of `dataset` whose caps cover cora (largest degree 168),
+/// with nothing pinned in L1 (`--warm-up 0`): a temporal sample's
+/// repeated rows are fetched cold, from the store.
 fn sidecar(dataset: &Path) -> TypedSidecar {
     let dir = tempfile::tempdir().unwrap();
     let data = dir.path().join("data");
     typed::import(dataset, &data, &[]);
-    let sidecar = TypedSidecar::serve(&data, &[]);
+    let sidecar = TypedSidecar::serve(&data, &["--warm-up", "0"]);
     // The data directory outlives this function with the sidecar.
     std::mem::forget(dir);
     sidecar
